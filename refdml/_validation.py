@@ -1,0 +1,157 @@
+"""Input validation shared by the public functions.
+
+Public functions validate once, with these helpers, and raise ``TypeError`` for a
+wrong type and ``ValueError`` for a bad value, naming the parameter and the value.
+Private kernels assume valid input.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "as_float_array",
+    "as_label_array",
+    "check_scalar",
+    "check_rng",
+    "check_choice",
+    "check_same_length",
+]
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def as_float_array(
+    value: Any,
+    name: str,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    min_ndim: int | None = None,
+    allow_empty: bool = False,
+    finite: bool = True,
+) -> np.ndarray:
+    """Return ``value`` as a new float64 array, checking type, rank, size and finiteness.
+
+    Integer and float inputs (including float32) are accepted and converted to float64;
+    booleans, complex numbers, strings and objects raise ``TypeError``.
+    """
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name} must be an array of real numbers, got {_describe(value)}")
+    array = np.asarray(value)
+    if array.dtype == bool or not (
+        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    ):
+        raise TypeError(
+            f"{name} must be an array of real numbers, got dtype {array.dtype}"
+        )
+    array = np.array(array, dtype=np.float64, copy=True)
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if array.ndim not in allowed:
+            raise ValueError(
+                f"{name} must have {' or '.join(map(str, allowed))} dimensions, "
+                f"got shape {array.shape}"
+            )
+    if min_ndim is not None and array.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions, got shape {array.shape}"
+        )
+    if not allow_empty and array.size == 0:
+        raise ValueError(f"{name} must not be empty, got shape {array.shape}")
+    if finite and not np.all(np.isfinite(array)):
+        bad = np.argwhere(~np.isfinite(array))[0]
+        raise ValueError(
+            f"{name} must be finite, got {array[tuple(bad)]} at index {tuple(int(i) for i in bad)}"
+        )
+    return array
+
+
+def as_label_array(value: Any, name: str, *, length: int | None = None) -> np.ndarray:
+    """Return integer class labels as a 1-d int64 array (optionally of a given length)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name} must be a 1-d array of integer labels, got {_describe(value)}")
+    array = np.asarray(value)
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        if np.issubdtype(array.dtype, np.floating) and np.all(np.isfinite(array)) and np.all(
+            array == np.round(array)
+        ):
+            array = array.astype(np.int64)
+        else:
+            raise TypeError(f"{name} must hold integer labels, got dtype {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-d, got shape {array.shape}")
+    if length is not None and array.shape[0] != length:
+        raise ValueError(
+            f"{name} has length {array.shape[0]}, but {length} labels are needed "
+            "(one per embedding)"
+        )
+    return array.astype(np.int64, copy=True)
+
+
+def check_scalar(
+    value: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+    integer: bool = False,
+) -> float | int:
+    """Check a real (or integer) scalar against an interval; return it as float (int)."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        if isinstance(value, np.ndarray) and value.ndim == 0 and not integer:
+            value = value.item()
+        else:
+            wanted = "an integer" if integer else "a real number"
+            raise TypeError(f"{name} must be {wanted}, got {_describe(value)}")
+    value = int(value) if integer else float(value)
+    if not integer and not np.isfinite(value):
+        raise ValueError(f"{name} == {value}, must be finite")
+    lo_ok = low is None or (value >= low if low_inclusive else value > low)
+    hi_ok = high is None or (value <= high if high_inclusive else value < high)
+    if not (lo_ok and hi_ok):
+        left = "-inf" if low is None else f"{low:g}"
+        right = "inf" if high is None else f"{high:g}"
+        interval = (
+            ("[" if low_inclusive and low is not None else "(")
+            + f"{left}, {right}"
+            + ("]" if high_inclusive and high is not None else ")")
+        )
+        raise ValueError(f"{name} == {value!r}, must be in {interval}")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    """Check that ``value`` is one of the allowed strings."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {choices}, got {_describe(value)}")
+    if value not in choices:
+        raise ValueError(f"{name} == {value!r}, must be one of {choices}")
+    return value
+
+
+def check_rng(rng: Any) -> np.random.Generator:
+    """Turn ``None``, an int seed or a Generator into a Generator (never the global one)."""
+    if rng is None or isinstance(rng, (numbers.Integral, np.random.SeedSequence)):
+        if isinstance(rng, bool):
+            raise TypeError(f"rng must be None, an int or a numpy Generator, got {rng!r}")
+        return np.random.default_rng(rng)
+    if isinstance(rng, np.random.Generator):
+        return rng
+    raise TypeError(f"rng must be None, an int or a numpy Generator, got {_describe(rng)}")
+
+
+def check_same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
+    """Check that two arrays have the same leading dimension."""
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"{a_name} has {a.shape[0]} rows but {b_name} has {b.shape[0]}; they must match"
+        )

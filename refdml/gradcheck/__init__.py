@@ -1,0 +1,41 @@
+"""Public gradient-check harness: hand-written backward passes against finite differences.
+
+>>> import numpy as np
+>>> from refdml.gradcheck import check_gradients, assert_gradients
+>>> def forward(x):
+...     return np.sin(x), x
+>>> def backward(x, d_out):
+...     return {"x": np.cos(x) * d_out}
+>>> result = check_gradients(forward, backward, {"x": np.linspace(0, 1, 5)}, rng=0)
+>>> assert_gradients(result, rtol=1e-7)
+
+See :mod:`refdml.gradcheck._core` for the conventions, :mod:`refdml.gradcheck.strategies`
+for hypothesis strategies of well-conditioned inputs, and
+:mod:`refdml.gradcheck.registry` for the registry behind ``refdml gradcheck``.
+"""
+
+from refdml.gradcheck._core import (
+    FULL_JACOBIAN_LIMIT,
+    VJP_LIMIT,
+    GradcheckError,
+    GradcheckResult,
+    InputCheck,
+    assert_gradients,
+    check_gradients,
+    check_loss,
+)
+from refdml.gradcheck.registry import OperatorSpec, all_operators, register
+
+__all__ = [
+    "FULL_JACOBIAN_LIMIT",
+    "VJP_LIMIT",
+    "GradcheckError",
+    "GradcheckResult",
+    "InputCheck",
+    "OperatorSpec",
+    "all_operators",
+    "assert_gradients",
+    "check_gradients",
+    "check_loss",
+    "register",
+]

@@ -1,0 +1,15 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+# CI machines are small (2 cores); keep hypothesis budgets modest and deadline-free.
+settings.register_profile(
+    "ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))

@@ -1,0 +1,39 @@
+import subprocess
+import sys
+
+import refdml
+from refdml.cli import main
+
+
+def test_version(capsys):
+    try:
+        main(["--version"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    assert refdml.__version__ in capsys.readouterr().out
+
+
+def test_gradcheck_subcommand_prints_a_table(capsys):
+    assert main(["gradcheck", "--only", "distances.euclidean", "normalize.l2_normalize"]) == 0
+    out = capsys.readouterr().out
+    assert "distances.euclidean" in out and "pass" in out and "0 failure(s)" in out
+
+
+def test_gradcheck_unknown_operator(capsys):
+    assert main(["gradcheck", "--only", "no.such.op"]) == 2
+
+
+def test_console_script_is_installed():
+    completed = subprocess.run(
+        [sys.executable, "-m", "refdml.cli", "--version"], capture_output=True, text=True
+    )
+    assert completed.returncode == 0 and refdml.__version__ in completed.stdout
+
+
+def test_gpu_and_validation_install_under_refdml():
+    import importlib.util
+
+    assert importlib.util.find_spec("refdml.gpu") is not None
+    assert importlib.util.find_spec("refdml.validation") is not None
+    assert importlib.util.find_spec("gpu") is None
+    assert importlib.util.find_spec("validation") is None

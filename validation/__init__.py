@@ -1,0 +1,1 @@
+"""Numerical checks of the claims of the four papers (installed as ``refdml.validation``)."""
