@@ -1,5 +1,10 @@
 import os
 
+# Tiny matrices on a 2-core machine: threaded BLAS only adds contention. Must be set
+# before numpy is first imported.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 from hypothesis import HealthCheck, settings
 
 # CI machines are small (2 cores); keep hypothesis budgets modest and deadline-free.

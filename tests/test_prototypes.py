@@ -1,0 +1,318 @@
+"""Ridge fits, the RLS recursion and Eq. (2.9) of XML Sec. 2.2-2.3 (refdml.prototypes).
+
+Oracles: ``numpy.linalg.lstsq`` on the stacked, row-weighted least-squares system
+``[sqrt(w_i) Z_i; sqrt(beta) I] V = [sqrt(w_i) Y_i; 0]`` (SVD, never the normal
+equations), literal matrix inverses of the printed formulas, and finite differences.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from refdml import prototypes
+from refdml.gradcheck import assert_gradients, check_gradients
+from refdml.gradcheck import strategies as rst
+
+
+def _lstsq_ridge(blocks_Z, blocks_Y, weights, beta):
+    """argmin sum_i w_i ||Z_i V - Y_i||^2 + beta ||V||^2 by SVD least squares."""
+    m, d = blocks_Z[0].shape[1], blocks_Y[0].shape[1]
+    rows_Z = [np.sqrt(w) * Zi for w, Zi in zip(weights, blocks_Z)]
+    rows_Y = [np.sqrt(w) * Yi for w, Yi in zip(weights, blocks_Y)]
+    if beta > 0:
+        rows_Z.append(np.sqrt(beta) * np.eye(m))
+        rows_Y.append(np.zeros((m, d)))
+    return np.linalg.lstsq(np.vstack(rows_Z), np.vstack(rows_Y), rcond=None)[0]
+
+
+def _batch(rng, b, m, d):
+    return rng.dirichlet(np.ones(m), size=b), rng.standard_normal((b, d))
+
+
+# --------------------------------------------------------------------------- ridge
+
+
+@pytest.mark.parametrize("b, m", [(9, 4), (4, 9), (5, 5)])
+def test_ridge_primal_equals_kernel_equals_lstsq(b, m):
+    rng = np.random.default_rng(b * 10 + m)
+    Z, Y = _batch(rng, b, m, 3)
+    primal = prototypes.ridge_fit(Z, Y, eps=0.05, form="primal")
+    kernel = prototypes.ridge_fit(Z, Y, eps=0.05, form="kernel")
+    np.testing.assert_allclose(primal, kernel, rtol=0, atol=1e-10 * np.abs(primal).max())
+    np.testing.assert_allclose(primal, _lstsq_ridge([Z], [Y], [1.0], 0.05), rtol=1e-10, atol=1e-12)
+    # First-order optimality of the ridge objective.
+    np.testing.assert_allclose(Z.T @ (Z @ primal - Y) + 0.05 * primal, 0.0, atol=1e-12)
+
+
+@given(
+    st.integers(1, 8), st.integers(1, 8),
+    st.floats(1e-3, 10.0), st.data(),
+)
+def test_ridge_forms_agree_hypothesis(b, m, eps, data):
+    Z = data.draw(rst.simplex_vectors(m, batch=b))
+    Y = data.draw(rst.points_in_unit_ball(b, 2))
+    primal = prototypes.ridge_fit(Z, Y, eps=eps, form="primal")
+    kernel = prototypes.ridge_fit(Z, Y, eps=eps, form="kernel")
+    np.testing.assert_allclose(primal, kernel, rtol=0, atol=1e-10 * max(1.0, np.abs(primal).max()))
+
+
+def test_ridge_auto_solves_the_smaller_system():
+    rng = np.random.default_rng(0)
+    Z, Y = _batch(rng, 3, 8, 2)
+    assert prototypes.ridge_fit_forward(Z, Y, eps=0.1)[1].form == "kernel"
+    assert prototypes.ridge_fit_forward(Z.T @ Z, Z.T @ Y, eps=0.1)[1].form == "primal"
+
+
+@pytest.mark.parametrize("form", ["primal", "kernel"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ridge_gradients_fixed_seeds(form, seed):
+    rng = np.random.default_rng(seed)
+    Z, Y = _batch(rng, 6 if form == "primal" else 3, 4, 3)
+
+    def forward(Z, Y):
+        return prototypes.ridge_fit_forward(Z, Y, eps=0.2, form=form)
+
+    result = check_gradients(forward, prototypes.ridge_fit_backward, {"Z": Z, "Y": Y}, rng=seed)
+    assert_gradients(result, rtol=1e-6)
+
+
+@given(st.integers(1, 6), st.integers(1, 6), st.floats(0.05, 2.0), st.data())
+def test_ridge_gradients_hypothesis(b, m, eps, data):
+    Z = data.draw(rst.simplex_vectors(m, batch=b))
+    Y = data.draw(rst.points_in_unit_ball(b, 2))
+    for form in ("primal", "kernel"):
+        def forward(Z, Y):
+            return prototypes.ridge_fit_forward(Z, Y, eps=eps, form=form)
+
+        result = check_gradients(forward, prototypes.ridge_fit_backward, {"Z": Z, "Y": Y}, rng=0)
+        assert_gradients(result, rtol=1e-6)
+
+
+def test_ridge_backward_matches_the_closed_form_of_the_brief():
+    # S = M^{-1} G: dY = Z S, dZ = (Y - Z V) S^T - Z S V^T, evaluated with a dense solve.
+    rng = np.random.default_rng(5)
+    Z, Y = _batch(rng, 3, 6, 2)
+    G = rng.standard_normal((6, 2))
+    V, ctx = prototypes.ridge_fit_forward(Z, Y, eps=0.3, form="kernel")
+    S = np.linalg.solve(Z.T @ Z + 0.3 * np.eye(6), G)
+    grads = prototypes.ridge_fit_backward(ctx, G)
+    np.testing.assert_allclose(grads.Y, Z @ S, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(grads.Z, (Y - Z @ V) @ S.T - Z @ S @ V.T, rtol=1e-10, atol=1e-13)
+
+
+# --------------------------------------------------------------------------- RLS
+
+
+def _check_against_batch(alpha, beta, batches, m, d, rtol):
+    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, beta=beta)
+    seen_Z, seen_Y = [], []
+    for Z, Y in batches:
+        estimator.update(Z, Y)
+        seen_Z.append(Z)
+        seen_Y.append(Y)
+        K = len(seen_Z)
+        weights = alpha ** (K - 1 - np.arange(K, dtype=float))
+        expected = _lstsq_ridge(seen_Z, seen_Y, weights, beta)
+        got = estimator.prototypes
+        np.testing.assert_allclose(got, expected, rtol=0, atol=rtol * max(1.0, np.abs(expected).max()))
+        info = sum(w * Zi.T @ Zi for w, Zi in zip(weights, seen_Z)) + beta * np.eye(m)
+        np.testing.assert_allclose(estimator.information, info, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.9, 0.5])
+@pytest.mark.parametrize("beta", [0.3, 2.0])
+def test_rls_equals_batch_solution_after_every_update(alpha, beta):
+    rng = np.random.default_rng(int(alpha * 10 + beta * 100))
+    batches = [_batch(rng, int(rng.integers(1, 6)), 5, 3) for _ in range(25)]
+    _check_against_batch(alpha, beta, batches, 5, 3, 1e-10)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.8])
+def test_rls_with_beta_zero_starts_once_r_k_is_invertible(alpha):
+    rng = np.random.default_rng(4)
+    estimator = prototypes.RecursivePrototypes(4, 2, alpha=alpha, beta=0.0)
+    with pytest.raises(ValueError, match="R_K is singular after 0 updates"):
+        estimator.prototypes
+    estimator.update(*_batch(rng, 3, 4, 2))  # 3 rows cannot span 4 prototypes
+    with pytest.raises(ValueError, match="no unique solution"):
+        estimator.prototypes
+    seen = [_batch(rng, 3, 4, 2)]
+    seen_Z, seen_Y = [seen[0][0]], [seen[0][1]]
+    estimator = prototypes.RecursivePrototypes(4, 2, alpha=alpha, beta=0.0).update(*seen[0])
+    for _ in range(12):
+        Z, Y = _batch(rng, 3, 4, 2)
+        estimator.update(Z, Y)
+        seen_Z.append(Z)
+        seen_Y.append(Y)
+        K = len(seen_Z)
+        expected = _lstsq_ridge(seen_Z, seen_Y, alpha ** (K - 1 - np.arange(K, dtype=float)), 0.0)
+        np.testing.assert_allclose(estimator.prototypes, expected, rtol=0, atol=1e-9 * np.abs(expected).max())
+
+
+@st.composite
+def _batch_sequences(draw):
+    m = draw(st.integers(1, 5))
+    d = draw(st.integers(1, 3))
+    n_batches = draw(st.integers(1, 8))
+    batches = []
+    for _ in range(n_batches):
+        b = draw(st.integers(1, 5))
+        Z = draw(rst.simplex_vectors(m, batch=b))
+        Y = draw(rst.points_in_unit_ball(b, d, min_radius=0.0))
+        batches.append((Z, Y))
+    return m, d, batches
+
+
+@given(
+    st.one_of(st.just(1.0), st.floats(0.3, 0.99)),
+    st.floats(0.05, 3.0),
+    _batch_sequences(),
+)
+def test_rls_equals_batch_solution_hypothesis(alpha, beta, sequence):
+    m, d, batches = sequence
+    _check_against_batch(alpha, beta, batches, m, d, 1e-9)
+
+
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.5), (0.95, 0.5), (0.95, 0.0)])
+def test_rls_drift_after_thousands_of_updates(alpha, beta):
+    # (1, 0.5) and (0.95, 0) take the Woodbury branch, (0.95, 0.5) the Cholesky one.
+    rng = np.random.default_rng(11)
+    m, d, n_updates = 6, 4, 2000
+    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, beta=beta)
+    seen_Z, seen_Y = [], []
+    for _ in range(n_updates):
+        Z, Y = _batch(rng, 4, m, d)
+        estimator.update(Z, Y)
+        seen_Z.append(Z)
+        seen_Y.append(Y)
+    weights = alpha ** (n_updates - 1 - np.arange(n_updates, dtype=float))
+    expected = _lstsq_ridge(seen_Z, seen_Y, weights, beta)
+    drift = np.abs(estimator.prototypes - expected).max() / np.abs(expected).max()
+    print(f"RLS drift after {n_updates} updates (alpha={alpha}, beta={beta}): {drift:.2e}")
+    assert drift < 1e-11
+
+
+def _literal_printed_weights(R_K, R, alpha):
+    inv = np.linalg.inv
+    return inv(R) @ inv(inv(R_K) + alpha * inv(R))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.7])
+def test_recursion_weights_against_literal_formulas(alpha):
+    rng = np.random.default_rng(2)
+    m, beta = 4, 0.4
+    estimator = prototypes.RecursivePrototypes(m, 2, alpha=alpha, beta=beta)
+    for _ in range(5):
+        estimator.update(*_batch(rng, 3, m, 2))
+    R_K = estimator.information
+    Z, _ = _batch(rng, 6, m, 2)
+    R = Z.T @ Z + (1 - alpha) * beta * np.eye(m)
+    derived = prototypes.recursion_weights(R_K, Z, alpha=alpha, beta=beta)
+    printed = prototypes.recursion_weights(R_K, Z, alpha=alpha, beta=beta, printed=True)
+    inv = np.linalg.inv
+    np.testing.assert_allclose(derived, alpha * inv(R) @ inv(inv(R_K) + alpha * inv(R)), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(printed, _literal_printed_weights(R_K, R, alpha), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.7])
+def test_printed_recursion_reproduces_v_next_only_for_alpha_one(alpha):
+    """Finding, not a bug: the printed W_K of Eq. (2.7) lacks a factor alpha."""
+    rng = np.random.default_rng(8)
+    m, d, beta = 4, 3, 0.4
+    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, beta=beta)
+    for _ in range(6):
+        estimator.update(*_batch(rng, 3, m, d))
+    V_K, R_K = estimator.prototypes, estimator.information
+    Z, Y = _batch(rng, 6, m, d)  # b >= m, so R = Z^T Z + (1-alpha) beta I is invertible
+    V_batch = _lstsq_ridge([Z], [Y], [1.0], (1 - alpha) * beta)
+    V_next = estimator.update(Z, Y).prototypes
+
+    def step(W):
+        return W @ V_K + (np.eye(m) - W) @ V_batch
+
+    derived = prototypes.recursion_weights(R_K, Z, alpha=alpha, beta=beta)
+    printed = prototypes.recursion_weights(R_K, Z, alpha=alpha, beta=beta, printed=True)
+    np.testing.assert_allclose(step(derived), V_next, rtol=0, atol=1e-10)
+    printed_error = np.abs(step(printed) - V_next).max() / np.abs(V_next).max()
+    if alpha == 1.0:
+        np.testing.assert_allclose(printed, derived, rtol=0, atol=1e-14)
+        assert printed_error < 1e-10
+    else:
+        np.testing.assert_allclose(printed, derived / alpha, rtol=1e-12, atol=1e-14)
+        assert printed_error > 1e-2, printed_error
+
+
+# --------------------------------------------------------------------------- Eq. (2.9)
+
+
+@pytest.mark.parametrize("b1, b2, m", [(3, 4, 5), (6, 7, 3)])
+def test_two_batch_decomposition_recovers_the_whole_batch_fit(b1, b2, m):
+    rng = np.random.default_rng(b1 + b2 + m)
+    Z1, Y1 = _batch(rng, b1, m, 2)
+    Z2, Y2 = _batch(rng, b2, m, 2)
+    eps = 0.1
+    result = prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, eps=eps)
+    whole = _lstsq_ridge([np.vstack([Z1, Z2])], [np.vstack([Y1, Y2])], [1.0], eps)
+    np.testing.assert_allclose(result.V, whole, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(result.V1, _lstsq_ridge([Z1], [Y1], [1.0], eps / 2), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(result.V2, _lstsq_ridge([Z2], [Y2], [1.0], eps / 2), rtol=1e-9, atol=1e-11)
+    R1 = Z1.T @ Z1 + eps / 2 * np.eye(m)
+    R2 = Z2.T @ Z2 + eps / 2 * np.eye(m)
+    inv = np.linalg.inv
+    np.testing.assert_allclose(result.W, inv(R2) @ inv(inv(R1) + inv(R2)), rtol=1e-9, atol=1e-12)
+
+
+def test_printed_two_batch_weight_is_the_literal_formula_and_is_wrong():
+    rng = np.random.default_rng(3)
+    m, eps = 4, 0.1
+    Z1, Y1 = _batch(rng, 5, m, 2)
+    Z2, Y2 = _batch(rng, 5, m, 2)
+    printed = prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, eps=eps, printed=True)
+    R1 = Z1.T @ Z1 + eps / 2 * np.eye(m)
+    R2 = Z2.T @ Z2 + eps / 2 * np.eye(m)
+    inv = np.linalg.inv
+    literal = inv(R2) @ inv(inv(R1) + inv(R1) @ inv(R1))
+    np.testing.assert_allclose(printed.W, literal, rtol=1e-8, atol=1e-12)
+    whole = _lstsq_ridge([np.vstack([Z1, Z2])], [np.vstack([Y1, Y2])], [1.0], eps)
+    assert np.abs(printed.V - whole).max() > 1e-2 * np.abs(whole).max()
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_is_rejected_naming_the_parameter():
+    Z, Y = _batch(np.random.default_rng(0), 3, 4, 2)
+    with pytest.raises(ValueError, match=r"eps == 0.0, must be in \(0, inf\)"):
+        prototypes.ridge_fit(Z, Y, eps=0.0)
+    with pytest.raises(ValueError, match="eps == -1.0"):
+        prototypes.two_batch_decomposition(Z, Y, Z, Y, eps=-1.0)
+    with pytest.raises(ValueError, match="Z has 3 rows but Y has 2"):
+        prototypes.ridge_fit(Z, Y[:2], eps=0.1)
+    with pytest.raises(ValueError, match="form == 'dual'"):
+        prototypes.ridge_fit(Z, Y, eps=0.1, form="dual")
+    bad = Z.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match="Z must be finite"):
+        prototypes.ridge_fit(bad, Y, eps=0.1)
+    with pytest.raises(ValueError, match=r"alpha == 0.0, must be in \(0, 1\]"):
+        prototypes.RecursivePrototypes(4, 2, alpha=0.0, beta=1.0)
+    with pytest.raises(ValueError, match="alpha == 1.5"):
+        prototypes.RecursivePrototypes(4, 2, alpha=1.5, beta=1.0)
+    with pytest.raises(ValueError, match="beta == -0.1"):
+        prototypes.RecursivePrototypes(4, 2, alpha=0.5, beta=-0.1)
+    with pytest.raises(ValueError, match="alpha == 2.0"):
+        prototypes.recursion_weights(np.eye(4), Z, alpha=2.0, beta=1.0)
+    with pytest.raises(ValueError, match="R_K has shape"):
+        prototypes.recursion_weights(np.eye(3), Z, alpha=1.0, beta=1.0)
+    estimator = prototypes.RecursivePrototypes(4, 2, alpha=0.5, beta=1.0)
+    with pytest.raises(ValueError, match="expected n_prototypes=4"):
+        estimator.update(Z[:, :3], Y)
+    with pytest.raises(ValueError, match="expected dim=2"):
+        estimator.update(Z, np.hstack([Y, Y]))
+    with pytest.raises(ValueError, match="Y must be finite"):
+        estimator.update(Z, Y * np.inf)
+    with pytest.raises(TypeError, match="n_prototypes must be an integer"):
+        prototypes.RecursivePrototypes(4.5, 2, alpha=0.5, beta=1.0)
+    with pytest.raises(ValueError, match="the halves must have the same columns"):
+        prototypes.two_batch_decomposition(Z, Y, Z[:, :3], Y, eps=0.1)
