@@ -37,11 +37,13 @@ which bounds every directional derivative) and the relative error
 ``max_abs_error <= max(atol, noise_floor) + rtol * scale``, where the noise floor
 ``100 * eps * sum|g * f(x)| / h`` is the rounding error a central difference of the
 contracted output cannot get below; it only matters when the true gradient is (close
-to) zero, where a relative error is meaningless. The step is ``h = cbrt(machine epsilon) * max|x|`` (``cbrt(eps)`` for an all-zero
-input) unless given: the step that balances truncation (O(h^2)) and rounding
+to) zero, where a relative error is meaningless. The step is ``h = cbrt(machine epsilon) * max|x|`` (``cbrt(eps)`` when
+``max|x| < 1e-8``) unless given: the step that balances truncation (O(h^2)) and rounding
 (O(eps/h)) for a function whose scale of variation is that of its input.
 Central differences across a kink (a hinge, a max, a norm at zero) are meaningless:
-draw inputs away from kinks.
+draw inputs away from kinks. Where the true gradient vanishes but the third derivative
+does not (a cosine similarity of exactly parallel vectors), the O(h^2) truncation error is
+all that is measured: pass a smaller ``step`` or an ``atol`` there.
 """
 
 from __future__ import annotations
@@ -306,7 +308,8 @@ def _step(x: np.ndarray, step: float | None) -> float:
     if step is not None:
         return float(step)
     magnitude = float(np.max(np.abs(x)))
-    return float(np.cbrt(np.finfo(np.float64).eps) * (magnitude if magnitude > 0 else 1.0))
+    # Below 1e-8 (all-zero or subnormal inputs) a relative step would vanish; use 1.
+    return float(np.cbrt(np.finfo(np.float64).eps) * (magnitude if magnitude > 1e-8 else 1.0))
 
 
 def _central(phi, inputs, name, idx, direction, h) -> float:
