@@ -1,1 +1,250 @@
-"""Placeholder: this module is being written in this change."""
+r"""XML histogram operator (Sec. 2.1, Eqs. 2.1-2.4), forward and hand-derived backward.
+
+Shapes: features ``(B, n, d)``, prototypes ``nu`` ``(m, d)``, histograms ``z`` ``(B, m)``,
+plans ``pi`` ``(B, m, n)``, scores ``s_ij = nu_i^T x_j`` ``(B, m, n)``.
+
+``histogram_lp`` (2.1), solved with HiGHS, and ``histogram_closed_form`` (Claim 2.1)
+    .. math::
+        \max_{z\in\mathcal S^m,\ \pi\ge 0} \sum_{ij} \nu_i^\top x_j\,\pi_{ij}
+        \quad\text{s.t.}\quad \sum_i\pi_{ij} = 1/n,\ \sum_j \pi_{ij} = z_i
+
+    Each feature sends its ``1/n`` to ``argmax_i nu_i^T x_j``: the largest inner
+    product. The paper's prose says "nearest prototype"; that is the same only when
+    the prototypes have equal norms (``||x - nu||^2 = ||x||^2 - 2 nu^T x + ||nu||^2``).
+
+``histogram_entropic_forward`` / ``histogram_entropic_backward`` (2.4)
+    The entropic version ``+ (1/eps) * entropy(pi)``, solved in closed form:
+    ``pi_ij = (1/n) softmax_i(eps s_.j)``, ``z_i = sum_j pi_ij``. The printed
+    constraint ``sum_ij pi_ij = 1/n`` is a typo for ``sum_i pi_ij = 1/n`` (as in 2.1):
+    as printed, ``sum_i z_i = 1/n``, infeasible with ``z`` in the simplex for n > 1.
+
+``convex_combination_forward`` / ``convex_combination_backward`` (2.3)
+    ``y_hat = sum_k z_k nu_k``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import softmax
+
+from refdml._validation import as_float_array, check_scalar
+from refdml.gradcheck.registry import OperatorSpec, register
+
+__all__ = [
+    "ConvexCombinationContext",
+    "ConvexCombinationGrads",
+    "HistogramEntropicContext",
+    "HistogramGrads",
+    "HistogramResult",
+    "convex_combination",
+    "convex_combination_backward",
+    "convex_combination_forward",
+    "histogram_closed_form",
+    "histogram_entropic",
+    "histogram_entropic_backward",
+    "histogram_entropic_forward",
+    "histogram_lp",
+]
+
+
+@dataclass(frozen=True)
+class HistogramResult:
+    z: np.ndarray          # (B, m) histogram, in the simplex
+    pi: np.ndarray         # (B, m, n) plan
+    objective: np.ndarray  # (B,) sum_ij nu_i^T x_j pi_ij
+
+
+@dataclass(frozen=True)
+class HistogramGrads:
+    features: np.ndarray    # (B, n, d)
+    prototypes: np.ndarray  # (m, d), summed over the batch
+
+
+@dataclass(frozen=True)
+class HistogramEntropicContext:
+    features: np.ndarray    # (B, n, d)
+    prototypes: np.ndarray  # (m, d)
+    assignment: np.ndarray  # (B, m, n), softmax_i(eps s_ij)
+    eps: float
+
+
+@dataclass(frozen=True)
+class ConvexCombinationGrads:
+    z: np.ndarray           # (B, m)
+    prototypes: np.ndarray  # (m, d)
+
+
+@dataclass(frozen=True)
+class ConvexCombinationContext:
+    z: np.ndarray
+    prototypes: np.ndarray
+
+
+def _check_pair(features, prototypes) -> tuple[np.ndarray, np.ndarray]:
+    features = as_float_array(features, "features", ndim=3)
+    prototypes = as_float_array(prototypes, "prototypes", ndim=2)
+    if features.shape[2] != prototypes.shape[1]:
+        raise ValueError(
+            "features and prototypes must have the same last dimension, got "
+            f"features.shape={features.shape}, prototypes.shape={prototypes.shape}"
+        )
+    return features, prototypes
+
+
+def _scores(features: np.ndarray, prototypes: np.ndarray) -> np.ndarray:
+    return np.einsum("id,bjd->bij", prototypes, features)
+
+
+def _lp_one(scores: np.ndarray) -> np.ndarray:
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix, hstack, identity, kron, vstack
+
+    m, n = scores.shape
+    # Variables: pi row-major (pi_ij at i * n + j), then z. Maximise <s, pi>.
+    columns = hstack([coo_matrix(np.tile(np.eye(n), (1, m))), coo_matrix((n, m))])
+    rows = hstack([kron(identity(m), np.ones((1, n))), -identity(m)])
+    simplex = coo_matrix(np.concatenate([np.zeros(m * n), np.ones(m)])[None, :])
+    a_eq = vstack([columns, rows, simplex]).tocsr()
+    b_eq = np.concatenate([np.full(n, 1.0 / n), np.zeros(m), [1.0]])
+    objective = np.concatenate([-scores.ravel(), np.zeros(m)])
+    solution = linprog(objective, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+    if solution.status != 0:
+        raise RuntimeError(f"linprog failed on (2.1): {solution.message}")
+    return np.maximum(solution.x[: m * n], 0.0).reshape(m, n)
+
+
+def histogram_lp(features, prototypes) -> HistogramResult:
+    """Solve the histogram LP (2.1) per image with ``scipy.optimize.linprog`` (HiGHS).
+
+    Returns a :class:`HistogramResult` with ``z`` (B, m), ``pi`` (B, m, n) and the
+    optimal value. An oracle for :func:`histogram_closed_form`; ties between prototypes
+    make the optimum non-unique (the objective is still unique).
+    """
+    features, prototypes = _check_pair(features, prototypes)
+    scores = _scores(features, prototypes)
+    pi = np.stack([_lp_one(s) for s in scores])
+    return HistogramResult(z=pi.sum(axis=2), pi=pi, objective=np.sum(scores * pi, axis=(1, 2)))
+
+
+def histogram_closed_form(features, prototypes) -> HistogramResult:
+    """Claim 2.1: ``pi_ij = (1/n) 1[i = argmax_k nu_k^T x_j]``, ``z_i = sum_j pi_ij``.
+
+    Ties go to the lowest prototype index (``numpy.argmax``), one optimal vertex.
+    Piecewise constant, so it has no useful gradient; see :func:`histogram_entropic_forward`.
+    """
+    features, prototypes = _check_pair(features, prototypes)
+    scores = _scores(features, prototypes)
+    batch, m, n = scores.shape
+    winner = np.argmax(scores, axis=1)  # (B, n)
+    pi = np.zeros((batch, m, n))
+    np.put_along_axis(pi, winner[:, None, :], 1.0 / n, axis=1)
+    return HistogramResult(z=pi.sum(axis=2), pi=pi, objective=np.sum(scores * pi, axis=(1, 2)))
+
+
+def _entropic_forward(features, prototypes, eps):
+    assignment = softmax(eps * _scores(features, prototypes), axis=1)
+    z = assignment.mean(axis=2)
+    return z, HistogramEntropicContext(features, prototypes, assignment, eps)
+
+
+def _entropic_backward(ctx: HistogramEntropicContext, d_z: np.ndarray) -> HistogramGrads:
+    n = ctx.features.shape[1]
+    a = ctx.assignment
+    d_a = d_z[:, :, None] / n
+    # softmax over i of eps * s: d s_ij = eps a_ij (d a_ij - sum_k a_kj d a_kj)
+    d_scores = ctx.eps * a * (d_a - np.sum(a * d_a, axis=1, keepdims=True))
+    d_features = np.einsum("bij,id->bjd", d_scores, ctx.prototypes)
+    d_prototypes = np.einsum("bij,bjd->id", d_scores, ctx.features)
+    return HistogramGrads(features=d_features, prototypes=d_prototypes)
+
+
+def histogram_entropic_forward(features, prototypes, *, eps) -> tuple[np.ndarray, HistogramEntropicContext]:
+    r"""Entropic histogram (2.4): ``z_i = (1/n) sum_j softmax_i(eps nu_i^T x_j)``; ``(z, ctx)``.
+
+    .. math::
+        \max_{z\in\mathcal S^m,\ \pi>0} \sum_{ij}\nu_i^\top x_j\pi_{ij}
+            - \tfrac1\epsilon\sum_{ij}\pi_{ij}\log\pi_{ij}
+        \quad\text{s.t.}\quad \sum_i\pi_{ij} = 1/n,\ \sum_j\pi_{ij} = z_i
+
+    (constraint corrected from the printed ``sum_ij pi_ij = 1/n``, see the module
+    docstring). Stationarity gives ``pi_ij = (1/n) softmax_i(eps s_.j)``.
+
+    Parameters
+    ----------
+    features : array (B, n, d)
+    prototypes : array (m, d)
+    eps : float > 0
+        Larger eps is closer to the LP (2.1).
+    """
+    features, prototypes = _check_pair(features, prototypes)
+    eps = check_scalar(eps, "eps", low=0.0, low_inclusive=False)
+    return _entropic_forward(features, prototypes, eps)
+
+
+def histogram_entropic_backward(ctx: HistogramEntropicContext, d_z) -> HistogramGrads:
+    """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d, summed over the batch)."""
+    d_z = np.asarray(d_z, dtype=np.float64)
+    expected = ctx.assignment.shape[:2]
+    if d_z.shape != expected:
+        raise ValueError(f"d_z has shape {d_z.shape}, expected {expected}")
+    return _entropic_backward(ctx, d_z)
+
+
+def histogram_entropic(features, prototypes, *, eps) -> np.ndarray:
+    """The entropic histogram ``z`` (B, m) (no context kept)."""
+    return histogram_entropic_forward(features, prototypes, eps=eps)[0]
+
+
+def convex_combination_forward(z, prototypes) -> tuple[np.ndarray, ConvexCombinationContext]:
+    """Eq. (2.3): ``y_hat[b] = sum_k z[b, k] nu_k``, shape (B, d); returns ``(y_hat, ctx)``.
+
+    ``z`` is (B, m), usually a histogram; any real weights are accepted.
+    """
+    z = as_float_array(z, "z", ndim=2)
+    prototypes = as_float_array(prototypes, "prototypes", ndim=2)
+    if z.shape[1] != prototypes.shape[0]:
+        raise ValueError(
+            f"z has {z.shape[1]} weights per row but there are {prototypes.shape[0]} prototypes"
+        )
+    return z @ prototypes, ConvexCombinationContext(z, prototypes)
+
+
+def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
+    """Gradients ``.z`` (B, m) and ``.prototypes`` (m, d)."""
+    d_y = np.asarray(d_y, dtype=np.float64)
+    expected = (ctx.z.shape[0], ctx.prototypes.shape[1])
+    if d_y.shape != expected:
+        raise ValueError(f"d_y has shape {d_y.shape}, expected {expected}")
+    return ConvexCombinationGrads(z=d_y @ ctx.prototypes.T, prototypes=ctx.z.T @ d_y)
+
+
+def convex_combination(z, prototypes) -> np.ndarray:
+    """``sum_k z_k nu_k`` per row of ``z`` (no context kept)."""
+    return convex_combination_forward(z, prototypes)[0]
+
+
+def _entropic_inputs(rng: np.random.Generator) -> dict:
+    return {"features": rng.standard_normal((2, 4, 3)), "prototypes": rng.standard_normal((3, 3))}
+
+
+def _combination_inputs(rng: np.random.Generator) -> dict:
+    return {"z": rng.dirichlet(np.ones(3), size=2), "prototypes": rng.standard_normal((3, 4))}
+
+
+register(OperatorSpec(
+    name="histogram.entropic",
+    forward=functools.partial(histogram_entropic_forward, eps=2.0),
+    backward=histogram_entropic_backward,
+    make_inputs=_entropic_inputs,
+    paper="XML Eq. (2.4), softmax solution (constraint sum_i pi_ij = 1/n)",
+))
+register(OperatorSpec(
+    name="histogram.convex_combination",
+    forward=convex_combination_forward,
+    backward=convex_combination_backward,
+    make_inputs=_combination_inputs,
+    paper="XML Eq. (2.3): y_hat = sum_k z_k nu_k",
+))

@@ -1,0 +1,205 @@
+"""The GSP pooling layer (Alg. 2, Eqs. 4.1 and 4.3): forward against loops, backward against FD."""
+
+import functools
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from refdml import ConvergenceWarning, gsp
+from refdml.gradcheck import assert_gradients, check_gradients
+from refdml.gradcheck import strategies as rst
+
+
+def _pool(features, prototypes, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return gsp.gsp_pool_forward(features, prototypes, **kwargs)
+
+
+def _p2_by_bisection(cost, mu, eps):
+    """(P2) for one image from scratch: bisection on t in sum_ij pi_ij(t) = mu, plain exp."""
+    m, n = cost.shape
+    kernel = np.exp(-eps * cost)
+    s = kernel.sum(axis=0)
+
+    def mass(log_t):
+        t = np.exp(log_t)
+        return sum(t * s_j / (1.0 + t * s_j) for s_j in s) / n
+
+    lo, hi = -60.0, 60.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if mass(mid) < mu else (lo, mid)
+    t = np.exp(0.5 * (lo + hi))
+    rho = (1.0 / n) / (1.0 + t * s)
+    return rho, t * kernel * rho[None, :]
+
+
+def _loop_pool(features, prototypes, mu, eps, p):
+    """Alg. 2 written out per image and per feature."""
+    batch, n, d = features.shape
+    pooled, z = [], []
+    for b in range(batch):
+        cost = np.array([
+            [np.linalg.norm(w / max(1.0, np.linalg.norm(w)) - f / max(1.0, np.linalg.norm(f))) for f in features[b]]
+            for w in prototypes
+        ])
+        rho, pi = _p2_by_bisection(cost, mu, eps)
+        total = np.zeros(d)
+        for j in range(n):
+            total += ((1.0 - n * rho[j]) / mu * features[b, j]) ** p
+        pooled.append((total / n) ** (1.0 / p))
+        z.append(pi.sum(axis=1) / mu)
+    return np.array(pooled), np.array(z)
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 3.5])
+@pytest.mark.parametrize("mu, eps", [(0.3, 5.0), (0.7, 0.5)])
+def test_pool_forward_matches_a_loop(p, mu, eps):
+    rng = np.random.default_rng(0)
+    features = rng.uniform(0.0, 1.0, (2, 6, 3)) * rng.uniform(0.5, 2.0, (2, 6, 1))
+    prototypes = rng.standard_normal((4, 3))
+    pooled, z = gsp.gsp_pool(features, prototypes, mu=mu, eps=eps, p=p)
+    pooled_ref, z_ref = _loop_pool(features, prototypes, mu, eps, p)
+    np.testing.assert_allclose(pooled, pooled_ref, rtol=1e-11)
+    np.testing.assert_allclose(z, z_ref, rtol=1e-11)
+    np.testing.assert_allclose(z.sum(axis=1), 1.0, rtol=1e-13)
+
+
+def test_eq_4_1_form_for_p_one():
+    rng = np.random.default_rng(1)
+    features, prototypes = rng.standard_normal((3, 5, 4)), rng.standard_normal((2, 4))
+    (pooled, _), ctx = gsp.gsp_pool_forward(features, prototypes, mu=0.4, eps=2.0)
+    rho = ctx.transport.rho
+    eq_4_1 = np.einsum("bj,bjd->bd", (1.0 / 5 - rho) / 0.4, features)
+    np.testing.assert_allclose(pooled, eq_4_1, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("method", ["exact", "fixed_point"])
+def test_mu_one_is_global_average_pooling(method):
+    rng = np.random.default_rng(2)
+    features = rng.standard_normal((3, 7, 4))
+    prototypes = rng.standard_normal((5, 4))
+    pooled, z = gsp.gsp_pool(features, prototypes, mu=1.0, eps=3.0, method=method)
+    np.testing.assert_allclose(pooled, features.mean(axis=1), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(z.sum(axis=1), 1.0, rtol=1e-14)
+    positive = np.abs(features)
+    gem, _ = gsp.gsp_pool(positive, prototypes, mu=1.0, eps=3.0, p=3.0, method=method)
+    np.testing.assert_allclose(gem, np.mean(positive**3, axis=1) ** (1 / 3), rtol=1e-14)
+
+
+def _inputs(rng, positive=False):
+    features = rng.uniform(0.1, 0.7, (2, 4, 3)) if positive else rng.standard_normal((2, 4, 3)) * 0.8
+    return {"features": features, "prototypes": rng.standard_normal((3, 3))}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mu": 0.3, "eps": 5.0},
+        {"mu": 0.05, "eps": 1.0},
+        {"mu": 0.9, "eps": 20.0},
+        {"mu": 1.0, "eps": 2.0},
+        {"mu": 0.4, "eps": 3.0, "p": 2.0},
+        {"mu": 0.4, "eps": 3.0, "p": 4.5},
+        {"mu": 0.4, "eps": 3.0, "method": "fixed_point", "max_iter": 100},
+    ],
+)
+def test_pool_gradients_fixed_seeds(seed, options):
+    inputs = _inputs(np.random.default_rng(seed), positive=options.get("p", 1.0) > 1.0)
+    _assert_away_from_kinks(inputs)
+    forward = functools.partial(_pool, **options)
+    assert_gradients(check_gradients(forward, gsp.gsp_pool_backward, inputs, rng=seed), rtol=1e-6)
+
+
+def _assert_away_from_kinks(inputs):
+    for name in ("features", "prototypes"):
+        assert np.all(np.abs(np.linalg.norm(inputs[name], axis=-1) - 1.0) > 1e-3), name
+    assert gsp.cost_map(inputs["features"], inputs["prototypes"]).min() > 0.05
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("k", [1, 4, 30])
+@pytest.mark.parametrize("p", [1.0, 3.0])
+def test_pool_unrolled_gradients_fixed_seeds(seed, k, p):
+    inputs = _inputs(np.random.default_rng(seed), positive=p > 1.0)
+    forward = functools.partial(_pool, mu=0.3, eps=4.0, p=p, method="fixed_point", max_iter=k, tol=0.0)
+    backward = functools.partial(gsp.gsp_pool_backward, backward="unrolled")
+    assert_gradients(check_gradients(forward, backward, inputs, rng=seed), rtol=1e-6)
+
+
+@given(
+    rst.points_in_unit_ball(4, 3, min_radius=0.05, max_radius=0.95),
+    rst.points_on_sphere(3, 3, radius=1.6),
+    st.floats(0.05, 0.95),
+    st.floats(0.5, 8.0),
+    st.sampled_from([1.0, 2.5]),
+)
+def test_pool_gradients_hypothesis(points, prototypes, mu, eps, p):
+    # Norms in (0.05, 0.95) and (1.5, 2.9): away from the clip's kink at 1.
+    features = points[None] * np.array([1.0, 3.0, 1.0, 2.0])[None, :, None]
+    if p > 1.0:
+        features = np.abs(features)
+        assume(features.min() > 1e-3)
+    assume(np.all(np.abs(np.linalg.norm(features, axis=-1) - 1.0) > 1e-2))
+    assume(gsp.cost_map(features, prototypes).min() > 0.05)  # norm kink at c = 0
+    forward = functools.partial(_pool, mu=mu, eps=eps, p=p)
+    inputs = {"features": features, "prototypes": prototypes}
+    assert_gradients(check_gradients(forward, gsp.gsp_pool_backward, inputs, rng=0), rtol=1e-6)
+
+
+def test_unrolled_pool_gradient_approaches_closed_form():
+    rng = np.random.default_rng(3)
+    inputs = _inputs(rng)
+    d_pooled, d_z = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+    _, exact_ctx = gsp.gsp_pool_forward(**inputs, mu=0.3, eps=3.0)
+    closed = gsp.gsp_pool_backward(exact_ctx, d_pooled, d_z)
+    errors = []
+    for k in (3, 10, 30, 90):
+        _, ctx = _pool(**inputs, mu=0.3, eps=3.0, method="fixed_point", max_iter=k, tol=0.0)
+        unrolled = gsp.gsp_pool_backward(ctx, d_pooled, d_z, backward="unrolled")
+        errors.append(max(np.abs(unrolled.features - closed.features).max(),
+                          np.abs(unrolled.prototypes - closed.prototypes).max()))
+    assert all(b < a for a, b in zip(errors, errors[1:]))
+    assert errors[-1] < 1e-10
+
+
+def test_float32_and_eps_200_give_finite_correct_results():
+    rng = np.random.default_rng(4)
+    features = rng.standard_normal((2, 6, 3)).astype(np.float32)
+    prototypes = rng.standard_normal((4, 3)).astype(np.float32)
+    (pooled, z), ctx = gsp.gsp_pool_forward(features, prototypes, mu=0.3, eps=200.0)
+    (pooled64, z64), _ = gsp.gsp_pool_forward(
+        features.astype(np.float64), prototypes.astype(np.float64), mu=0.3, eps=200.0
+    )
+    assert pooled.dtype == np.float64
+    np.testing.assert_array_equal(pooled, pooled64)
+    np.testing.assert_array_equal(z, z64)
+    grads = gsp.gsp_pool_backward(ctx, np.ones((2, 3)), np.ones((2, 4)))
+    assert np.all(np.isfinite(grads.features)) and np.all(np.isfinite(grads.prototypes))
+    assert np.all(np.isfinite(pooled)) and np.all(np.isfinite(z))
+    np.testing.assert_allclose(z.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_pool_bad_input():
+    rng = np.random.default_rng(5)
+    features, prototypes = rng.standard_normal((1, 4, 3)), rng.standard_normal((2, 3))
+    with pytest.raises(ValueError, match=r"features\[\(0, \d, \d\)\] == .* is negative; p == 2.0 > 1"):
+        gsp.gsp_pool(features, prototypes, mu=0.3, eps=1.0, p=2.0)
+    with pytest.raises(ValueError, match=r"p == 0.5, must be in \[1, inf\)"):
+        gsp.gsp_pool(np.abs(features), prototypes, mu=0.3, eps=1.0, p=0.5)
+    with pytest.raises(ValueError, match="same last dimension"):
+        gsp.gsp_pool(features, np.ones((2, 4)), mu=0.3, eps=1.0)
+    with pytest.raises(ValueError, match="mu == 0.0"):
+        gsp.gsp_pool(features, prototypes, mu=0.0, eps=1.0)
+    (_, _), ctx = gsp.gsp_pool_forward(features, prototypes, mu=0.3, eps=1.0)
+    with pytest.raises(ValueError, match="backward == 'unrolled' needs method='fixed_point'"):
+        gsp.gsp_pool_backward(ctx, np.ones((1, 3)), None, backward="unrolled")
+    with pytest.raises(ValueError, match="backward == 'implicit'"):
+        gsp.gsp_pool_backward(ctx, np.ones((1, 3)), None, backward="implicit")
+    with pytest.raises(ValueError, match=r"d_z has shape \(1, 3\), expected \(1, 2\)"):
+        gsp.gsp_pool_backward(ctx, None, np.ones((1, 3)))

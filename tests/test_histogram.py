@@ -1,0 +1,187 @@
+"""XML histogram operator: LP (2.1), Claim 2.1, entropic (2.4), convex combination (2.3)."""
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from scipy.optimize import linprog, minimize
+
+from refdml import histogram
+from refdml.gradcheck import assert_gradients, check_gradients
+from refdml.gradcheck import strategies as rst
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_closed_form_solves_the_lp(seed):
+    rng = np.random.default_rng(seed)
+    features = rng.standard_normal((3, 6, 4))
+    prototypes = rng.standard_normal((5, 4)) * rng.uniform(0.3, 3.0, (5, 1))
+    lp = histogram.histogram_lp(features, prototypes)
+    closed = histogram.histogram_closed_form(features, prototypes)
+    np.testing.assert_allclose(lp.objective, closed.objective, rtol=1e-12)
+    # Continuous random data: the argmax is unique, hence so is the LP solution.
+    np.testing.assert_allclose(lp.pi, closed.pi, atol=1e-12)
+    np.testing.assert_allclose(lp.z, closed.z, atol=1e-12)
+    np.testing.assert_allclose(closed.z.sum(axis=1), 1.0, rtol=1e-15)
+
+
+def test_claim_2_1_is_max_inner_product_not_nearest_prototype():
+    features = np.array([[[1.0, 0.0]]])
+    # nu_0 is nearer to x (distance 0.1) but nu_1 has the larger inner product (3 > 0.9).
+    prototypes = np.array([[0.9, 0.0], [3.0, 3.0]])
+    nearest = np.argmin(np.linalg.norm(prototypes - features[0, 0], axis=1))
+    assert nearest == 0
+    lp = histogram.histogram_lp(features, prototypes)
+    np.testing.assert_allclose(lp.z, [[0.0, 1.0]], atol=1e-12)
+    np.testing.assert_allclose(histogram.histogram_closed_form(features, prototypes).z, [[0.0, 1.0]])
+
+
+def test_printed_constraint_of_2_4_is_infeasible():
+    """sum_ij pi_ij = 1/n with sum_j pi_ij = z_i and z in the simplex: infeasible for n > 1."""
+    m, n = 3, 4
+    # Variables (pi row-major, z); the printed constraints only, any objective.
+    a_eq = np.zeros((1 + m + 1, m * n + m))
+    a_eq[0, : m * n] = 1.0                                      # sum_ij pi_ij = 1/n
+    for i in range(m):
+        a_eq[1 + i, i * n:(i + 1) * n] = 1.0                    # sum_j pi_ij - z_i = 0
+        a_eq[1 + i, m * n + i] = -1.0
+    a_eq[-1, m * n:] = 1.0                                      # z in the simplex
+    b_eq = np.concatenate([[1.0 / n], np.zeros(m), [1.0]])
+    printed = linprog(np.zeros(m * n + m), A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+    assert printed.status == 2  # infeasible
+
+
+def _entropic_by_convex_solver(scores, eps):
+    """Maximise (2.4) (corrected constraint) over pi with SLSQP; one image."""
+    m, n = scores.shape
+
+    def negative_objective(flat):
+        pi = flat.reshape(m, n)
+        return -(np.sum(scores * pi) - np.sum(pi * np.log(pi)) / eps)
+
+    def gradient(flat):
+        pi = flat.reshape(m, n)
+        return -(scores - (np.log(pi) + 1.0) / eps).ravel()
+
+    constraints = [{"type": "eq", "fun": lambda flat, j=j: flat.reshape(m, n)[:, j].sum() - 1.0 / n} for j in range(n)]
+    start = np.full(m * n, 1.0 / (m * n))
+    solution = minimize(
+        negative_objective, start, jac=gradient, constraints=constraints,
+        bounds=[(1e-12, None)] * (m * n), method="SLSQP", options={"ftol": 1e-15, "maxiter": 500},
+    )
+    assert solution.success
+    return solution.x.reshape(m, n).sum(axis=1)
+
+
+@pytest.mark.parametrize("eps", [0.5, 2.0])
+def test_entropic_softmax_solves_2_4(eps):
+    rng = np.random.default_rng(3)
+    features, prototypes = rng.standard_normal((2, 4, 3)), rng.standard_normal((3, 3))
+    z = histogram.histogram_entropic(features, prototypes, eps=eps)
+    for b in range(2):
+        scores = prototypes @ features[b].T
+        np.testing.assert_allclose(z[b], _entropic_by_convex_solver(scores, eps), atol=1e-6)
+
+
+def test_entropic_matches_a_loop_and_tends_to_the_lp():
+    rng = np.random.default_rng(4)
+    features, prototypes = rng.standard_normal((2, 5, 3)), rng.standard_normal((4, 3))
+    eps = 1.7
+    loop = np.zeros((2, 4))
+    for b in range(2):
+        for j in range(5):
+            scores = [eps * float(prototypes[i] @ features[b, j]) for i in range(4)]
+            top = max(scores)
+            weights = [np.exp(s - top) for s in scores]
+            for i in range(4):
+                loop[b, i] += weights[i] / sum(weights) / 5
+    np.testing.assert_allclose(histogram.histogram_entropic(features, prototypes, eps=eps), loop, rtol=1e-13)
+    closed = histogram.histogram_closed_form(features, prototypes).z
+    gaps = [np.abs(histogram.histogram_entropic(features, prototypes, eps=e) - closed).max() for e in (1, 10, 100, 1e4)]
+    assert all(b < a for a, b in zip(gaps, gaps[1:]))
+    assert gaps[-1] < 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("eps", [0.3, 2.0, 10.0])
+def test_entropic_gradients_fixed_seeds(seed, eps):
+    rng = np.random.default_rng(seed)
+    inputs = {"features": rng.standard_normal((2, 4, 3)), "prototypes": rng.standard_normal((3, 3))}
+    forward = functools.partial(histogram.histogram_entropic_forward, eps=eps)
+    assert_gradients(check_gradients(forward, histogram.histogram_entropic_backward, inputs, rng=seed), rtol=1e-6)
+
+
+@given(rst.points_in_unit_ball(5, 3), rst.points_on_sphere(4, 3), st.floats(0.1, 10.0))
+def test_entropic_gradients_hypothesis(features, prototypes, eps):
+    forward = functools.partial(histogram.histogram_entropic_forward, eps=eps)
+    inputs = {"features": features[None], "prototypes": prototypes}
+    assert_gradients(check_gradients(forward, histogram.histogram_entropic_backward, inputs, rng=0), rtol=1e-6)
+
+
+def test_convex_combination_matches_a_loop():
+    rng = np.random.default_rng(5)
+    z, prototypes = rng.dirichlet(np.ones(4), size=3), rng.standard_normal((4, 2))
+    loop = np.array([[sum(z[b, k] * prototypes[k, c] for k in range(4)) for c in range(2)] for b in range(3)])
+    np.testing.assert_allclose(histogram.convex_combination(z, prototypes), loop, rtol=1e-14)
+
+
+@given(
+    rst.simplex_vectors(4, batch=3),
+    hnp.arrays(np.float64, (4, 2), elements=st.floats(-3, 3, allow_nan=False, width=64)),
+)
+def test_convex_combination_gradients_hypothesis(z, prototypes):
+    inputs = {"z": z, "prototypes": prototypes}
+    result = check_gradients(
+        histogram.convex_combination_forward, histogram.convex_combination_backward, inputs, rng=0
+    )
+    assert_gradients(result, rtol=1e-6)
+
+
+def test_histogram_then_convex_combination_chain():
+    rng = np.random.default_rng(6)
+    inputs = {"features": rng.standard_normal((2, 4, 3)), "prototypes": rng.standard_normal((3, 3))}
+
+    def forward(features, prototypes):
+        z, hist_ctx = histogram.histogram_entropic_forward(features, prototypes, eps=1.5)
+        y, comb_ctx = histogram.convex_combination_forward(z, prototypes)
+        return y, (hist_ctx, comb_ctx)
+
+    def backward(ctx, d_y):
+        hist_ctx, comb_ctx = ctx
+        comb = histogram.convex_combination_backward(comb_ctx, d_y)
+        hist = histogram.histogram_entropic_backward(hist_ctx, comb.z)
+        return {"features": hist.features, "prototypes": hist.prototypes + comb.prototypes}
+
+    assert_gradients(check_gradients(forward, backward, inputs, rng=0), rtol=1e-6)
+
+
+_ONES = np.ones((1, 4, 3))
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: histogram.histogram_entropic(np.ones((4, 3)), np.ones((2, 3)), eps=1.0),
+         ValueError, "features must have 3"),
+        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 2)), eps=1.0),
+         ValueError, "same last dimension"),
+        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 3)), eps=0.0),
+         ValueError, r"eps == 0.0, must be in \(0, inf\)"),
+        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 3)), eps=np.nan),
+         ValueError, "eps == nan"),
+        (lambda: histogram.histogram_lp(np.ones((1, 0, 3)), np.ones((2, 3))),
+         ValueError, "features must not be empty"),
+        (lambda: histogram.histogram_closed_form(_ONES, np.full((2, 3), np.nan)),
+         ValueError, "prototypes must be finite"),
+        (lambda: histogram.convex_combination(np.ones((2, 3)), np.ones((4, 5))),
+         ValueError, "3 weights per row but there are 4"),
+        (lambda: histogram.convex_combination("z", np.ones((4, 5))),
+         TypeError, "z must be an array of real numbers"),
+    ],
+)
+def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
