@@ -1,1 +1,65 @@
-"""Numerical checks of the claims of the four papers (installed as ``refdml.validation``)."""
+"""Numerical checks of the claims of the four papers (installed as ``refdml.validation``).
+
+Each claim of GSP, XML, ASAP and Wasserstein DML has one check, registered under its id
+(``gsp.prop4.3``, ``xml.eq2.7``, ...). A check tests the claim as printed, inside its
+hypotheses, with a method independent of the code under test (an LP or generic convex
+solver, finite differences, POT, Monte Carlo, brute force), probes just outside the
+hypotheses with a shrinking hypothesis search, and tries the plausible corrections
+where the printed form fails. The verdict is computed from those numbers by
+:func:`decide`; see ``docs/validation.md``.
+
+``refdml verify`` (:func:`run_cli`) runs them; :func:`run_checks` is the library entry.
+Needs ``hypothesis`` (the ``validation`` extra); figures need ``matplotlib`` (``plot``).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ._framework import (
+    CHECKS,
+    ClaimResult,
+    ClaimSpec,
+    Context,
+    Figure,
+    Finding,
+    Reading,
+    Series,
+    Verdict,
+    claim,
+    decide,
+    find_counterexample,
+)
+from ._runner import exit_status, run_checks, run_cli
+
+__all__ = [
+    "CHECKS",
+    "CLAIM_MODULES",
+    "ClaimResult",
+    "ClaimSpec",
+    "Context",
+    "Figure",
+    "Finding",
+    "Reading",
+    "Series",
+    "Verdict",
+    "claim",
+    "decide",
+    "exit_status",
+    "find_counterexample",
+    "run_checks",
+    "run_cli",
+]
+
+CLAIM_MODULES = (
+    "refdml.validation.claims_xml",
+    "refdml.validation.claims_gsp",
+    "refdml.validation.claims_asap",
+    "refdml.validation.claims_wdml",
+)
+
+
+def _load_claims() -> None:
+    """Import the claim modules (each registers its checks on import)."""
+    for name in CLAIM_MODULES:
+        importlib.import_module(name)

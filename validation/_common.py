@@ -1,0 +1,64 @@
+"""Small helpers shared by the claim modules."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+__all__ = ["arrays", "floats", "rel_err", "optional_module", "ridge_lstsq", "jsonable_arrays"]
+
+
+def floats(low: float, high: float) -> st.SearchStrategy[float]:
+    return st.floats(low, high, allow_nan=False, allow_infinity=False, width=64)
+
+
+def arrays(shape, low: float = -1.0, high: float = 1.0) -> st.SearchStrategy[np.ndarray]:
+    return hnp.arrays(np.float64, shape, elements=floats(low, high))
+
+
+def rel_err(a, b, floor: float = 1e-6) -> float:
+    """``||a - b|| / max(||b||, floor)`` in the Frobenius norm.
+
+    The floor keeps a reference that is zero up to rounding (a shrunk counterexample
+    with entries like 1e-17, which lstsq may return as 0) from turning rounding noise
+    into a huge relative error; the data of every check are of order 1.
+    """
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor))
+
+
+def optional_module(name: str, *attributes: str):
+    """The refdml module ``name`` if it imports and has ``attributes``, else None.
+
+    Operator modules are written alongside the checks; a check that cross-checks one
+    says so in its evidence when it is not there yet.
+    """
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return None
+    if all(hasattr(module, a) for a in attributes):
+        return module
+    return None
+
+
+def ridge_lstsq(blocks, beta: float) -> np.ndarray:
+    """``argmin_V sum_k w_k ||Z_k V - Y_k||^2 + beta ||V||^2`` by ``numpy.linalg.lstsq``.
+
+    ``blocks`` is a list of ``(w_k, Z_k (b_k, m), Y_k (b_k, d))``; the stacked system is
+    ``[sqrt(w_k) Z_k; sqrt(beta) I] V = [sqrt(w_k) Y_k; 0]``. Independent of the normal
+    equations the papers print.
+    """
+    m = blocks[0][1].shape[1]
+    d = blocks[0][2].shape[1]
+    lhs = [np.sqrt(w) * Z for w, Z, _ in blocks] + [np.sqrt(beta) * np.eye(m)]
+    rhs = [np.sqrt(w) * Y for w, _, Y in blocks] + [np.zeros((m, d))]
+    return np.linalg.lstsq(np.vstack(lhs), np.vstack(rhs), rcond=None)[0]
+
+
+def jsonable_arrays(**values) -> dict:
+    """Arrays to nested lists (for counterexamples in the JSON)."""
+    return {k: (np.asarray(v).tolist() if isinstance(v, np.ndarray) else v) for k, v in values.items()}
