@@ -1,0 +1,112 @@
+"""Benchmark of refdml.metrics.retrieval_metrics at the shape of the SOP test split.
+
+60,000 random 128-d embeddings in 11,316 classes (every class has at least two members),
+same-set mode. For a few chunk sizes the script reports wall time and peak traced memory
+(tracemalloc, which sees NumPy's buffers), and the ratios to the default chunk size, all
+measured in the same run; then the process's peak resident set size. A smaller problem
+compares the chunked computation with a direct one that builds the full distance matrix
+and sorts every row (the memory the chunking avoids).
+
+    python scripts/bench_metrics.py            # full size (a few minutes on 2 cores)
+    python scripts/bench_metrics.py --quick    # 6,000 x 128, 1,131 classes (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+from refdml.metrics import retrieval_metrics
+
+
+def make_data(n: int, n_classes: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = np.concatenate([np.repeat(np.arange(n_classes), 2), rng.integers(0, n_classes, n - 2 * n_classes)])
+    x = rng.standard_normal((n, d))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x, rng.permutation(labels)
+
+
+def timed(fn) -> tuple[object, float, float]:
+    """Result, seconds, peak traced MiB above the memory traced before the call."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    start = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return result, seconds, peak / 2**20
+
+
+def full_matrix_metrics(x: np.ndarray, labels: np.ndarray) -> float:
+    """Direct P@1 / MAP@R with the whole distance matrix and a full stable sort per row."""
+    sq = np.einsum("ij,ij->i", x, x)
+    dist = sq[None, :] - 2.0 * (x @ x.T)
+    np.fill_diagonal(dist, np.inf)
+    order = np.argsort(dist, axis=1, kind="stable")
+    hits = labels[order] == labels[:, None]
+    r = np.bincount(labels)[labels] - 1
+    ranks = np.arange(1, x.shape[0] + 1)
+    within = ranks[None, :] <= r[:, None]
+    precision = np.cumsum(hits & within, axis=1) / ranks
+    return float(np.mean(np.sum(precision * (hits & within), axis=1) / r))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="6,000 x 128 instead of 60,000 x 128")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    n, n_classes, d = (6_000, 1_131, 128) if args.quick else (60_000, 11_316, 128)
+    x, labels = make_data(n, n_classes, d, args.seed)
+    print(f"retrieval_metrics, same-set mode: {n} x {d} float64, {n_classes} classes")
+    print(f"numpy {np.__version__}, python {sys.version.split()[0]}")
+    full_matrix_mib = n * n * 8 / 2**20
+    print(f"(a full {n} x {n} float64 distance matrix would be {full_matrix_mib:,.0f} MiB)\n")
+
+    retrieval_metrics(x[:2000], labels[:2000] % 100)  # warm-up: BLAS threads, page faults
+    rows = []
+    reference = None
+    for chunk_size in (None, 64, 512):
+        result, seconds, peak = timed(lambda: retrieval_metrics(x, labels, chunk_size=chunk_size))
+        if reference is None:
+            reference = (result, seconds, peak)
+        assert result == reference[0], "results differ between chunk sizes"
+        rows.append(("chunked" if chunk_size else "chunked (default ~32 MiB blocks)",
+                     chunk_size or max(1, 32 * 2**20 // (8 * n)), seconds, peak))
+
+    print(f"{'computation':<34}{'chunk':>7}{'time s':>9}{'peak MiB':>10}{'time ratio':>12}{'mem ratio':>11}")
+    for name, chunk, seconds, peak in rows:
+        print(f"{name:<34}{chunk:>7}{seconds:>9.2f}{peak:>10.1f}"
+              f"{seconds / reference[1]:>12.2f}{peak / reference[2]:>11.2f}")
+    maxrss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(f"process peak resident set size so far (data included): {maxrss_mib:,.0f} MiB")
+    result = reference[0]
+    print("\nmetrics (random embeddings, so near chance):")
+    for key, value in result.items():
+        print(f"  {key:<30}{value:.6g}" if isinstance(value, float) else f"  {key:<30}{value}")
+
+    # Chunked vs full matrix on a problem small enough for the full matrix.
+    small = 4_000
+    xs, ls = make_data(small, small // 5, d, args.seed + 1)
+    chunked, t_chunked, m_chunked = timed(lambda: retrieval_metrics(xs, ls))
+    direct, t_direct, m_direct = timed(lambda: full_matrix_metrics(xs, ls))
+    np.testing.assert_allclose(chunked["mean_average_precision_at_r"], direct, rtol=1e-12)
+    print(f"\n{small} x {d}: chunked vs full matrix + full sort (same MAP@R)")
+    print(f"{'computation':<34}{'time s':>9}{'peak MiB':>10}{'time ratio':>12}{'mem ratio':>11}")
+    print(f"{'chunked, top-K only':<34}{t_chunked:>9.2f}{m_chunked:>10.1f}{1.0:>12.2f}{1.0:>11.2f}")
+    print(f"{'full matrix, argsort':<34}{t_direct:>9.2f}{m_direct:>10.1f}"
+          f"{t_direct / t_chunked:>12.2f}{m_direct / m_chunked:>11.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
