@@ -1,1 +1,209 @@
-"""Placeholder: this module is being written in this change."""
+"""Greedy k-center (farthest-first traversal, Gonzalez 1985) and ASAP proxy selection.
+
+``greedy_k_center``
+    Picks, ``k`` times, the point farthest from the current centres; the covering radius
+    ``max_i min_{s in S} ||x_i - s||`` is within twice the optimal k-center radius. With
+    ``initial`` centres, distances start from that set and only the new picks are returned
+    (ASAP Algorithm 2's ``argmax_{u} min_{v in rho_c u r_c} ||u - v||``; XML Sec. 3.2 uses
+    the same traversal to pick prototypes among local features).
+    Memory: one distance vector of length n plus one block of ``chunk_size`` rows, never
+    an n x n matrix. Squared distances to a new centre come from
+    ``|x|^2 - 2 <x, c> + |c|^2`` (one mat-vec per pick); their absolute error is about
+    machine eps times ``|x|^2``, which only blurs distances far below the covering radius.
+``select_proxies``
+    ASAP Algorithm 2 (Greedy K-Center Proxy): for each class ``c`` sample a pool of
+    ``budget`` instances, then pick ``|rho_c|`` of them farthest-first from the current
+    proxies ``rho_c``. The algorithm as printed seeds the distances with ``rho_c`` and
+    grows ``r_c`` until ``|r_c| = |rho_c|``, so ``budget >= |rho_c|`` is required.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refdml._validation import (
+    as_float_array,
+    as_label_array,
+    check_rng,
+    check_same_length,
+    check_scalar,
+)
+
+__all__ = ["KCenterResult", "ProxySelection", "greedy_k_center", "select_proxies"]
+
+
+@dataclass(frozen=True)
+class KCenterResult:
+    """Farthest-first traversal.
+
+    indices : (k,) selected rows of ``points``, in pick order (initial centres excluded).
+    radii : (k,) covering radius after each pick (w.r.t. initial centres plus picks).
+    initial_radius : covering radius of the initial centres alone (inf without them).
+    """
+
+    indices: np.ndarray
+    radii: np.ndarray
+    initial_radius: float
+
+
+@dataclass(frozen=True)
+class ProxySelection:
+    """New proxies, aligned with the current ones (same rows, same labels).
+
+    indices : (n_proxies,) rows of ``embeddings`` chosen for each proxy slot.
+    proxies : (n_proxies, d) ``embeddings[indices]``.
+    """
+
+    indices: np.ndarray
+    proxies: np.ndarray
+
+
+def _sq_to_center(points, sq_norms, center, chunk_size) -> np.ndarray:
+    out = np.empty(points.shape[0])
+    c_sq = float(center @ center)
+    for start in range(0, points.shape[0], chunk_size):
+        stop = start + chunk_size
+        block = points[start:stop] @ center
+        out[start:stop] = sq_norms[start:stop] - 2.0 * block + c_sq
+    np.maximum(out, 0.0, out=out)
+    return out
+
+
+def _sq_to_set(points, sq_norms, centers, chunk_size) -> np.ndarray:
+    """min_c ||x - c||^2 over a set of centres, in blocks of rows and of centres."""
+    out = np.full(points.shape[0], np.inf)
+    c_sq = np.einsum("cd,cd->c", centers, centers)
+    col_step = max(1, chunk_size)
+    row_step = max(1, chunk_size)
+    for start in range(0, points.shape[0], row_step):
+        rows = points[start:start + row_step]
+        for c0 in range(0, centers.shape[0], col_step):
+            block = sq_norms[start:start + row_step, None] - 2.0 * (rows @ centers[c0:c0 + col_step].T)
+            block += c_sq[None, c0:c0 + col_step]
+            np.minimum(out[start:start + row_step], block.min(axis=1),
+                       out=out[start:start + row_step])
+    np.maximum(out, 0.0, out=out)
+    return out
+
+
+def _farthest_first(points, k, min_sq, first, chunk_size):
+    """k picks; ``min_sq`` (n,) squared distance to the current set (modified in place)."""
+    sq_norms = np.einsum("nd,nd->n", points, points)
+    indices = np.empty(k, dtype=np.int64)
+    radii = np.empty(k)
+    for pick in range(k):
+        q = first if pick == 0 and first is not None else int(np.argmax(min_sq))
+        indices[pick] = q
+        np.minimum(min_sq, _sq_to_center(points, sq_norms, points[q], chunk_size), out=min_sq)
+        # -1 marks a centre: never picked twice, even among duplicate points.
+        min_sq[q] = -1.0
+        radii[pick] = np.sqrt(max(float(min_sq.max()), 0.0))
+    return indices, radii
+
+
+def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KCenterResult:
+    """Greedy k-center by farthest-first traversal.
+
+    Parameters
+    ----------
+    points : (n, d) array.
+    k : number of new centres, ``1 <= k <= n - len(initial)``.
+    initial : None, a 1-d integer array of row indices of ``points``, or an (m, d) float
+        array of centre coordinates. Without it the first centre is drawn uniformly at
+        random with ``rng``.
+    rng : None, int or Generator (used only without ``initial``).
+    chunk_size : rows per block in the distance computations (bounds the memory).
+
+    Returns
+    -------
+    KCenterResult
+    """
+    points = as_float_array(points, "points", ndim=2)
+    n = points.shape[0]
+    k = check_scalar(k, "k", low=1, integer=True)
+    chunk_size = check_scalar(chunk_size, "chunk_size", low=1, integer=True)
+    rng = check_rng(rng)
+    first = None
+    if initial is None:
+        if k > n:
+            raise ValueError(f"k == {k}, must be in [1, {n}] (the number of points)")
+        min_sq = np.full(n, np.inf)
+        first = int(rng.integers(n))
+        initial_radius = float("inf")
+    else:
+        initial_array = np.asarray(initial)
+        sq_norms = np.einsum("nd,nd->n", points, points)
+        if initial_array.ndim == 1 and (
+            np.issubdtype(initial_array.dtype, np.integer) or initial_array.size == 0
+        ):
+            idx = initial_array.astype(np.int64)
+            if idx.size and (idx.min() < -n or idx.max() >= n):
+                raise ValueError(f"initial holds indices outside [0, {n})")
+            idx = np.unique(idx % n)
+            if k > n - idx.size:
+                raise ValueError(
+                    f"k == {k}, must be in [1, {n - idx.size}] (points not already centres)"
+                )
+            if idx.size == 0:
+                min_sq = np.full(n, np.inf)
+                first = int(rng.integers(n))
+            else:
+                min_sq = _sq_to_set(points, sq_norms, points[idx], chunk_size)
+                min_sq[idx] = -1.0
+        else:
+            centers = as_float_array(initial, "initial", ndim=2)
+            if centers.shape[1] != points.shape[1]:
+                raise ValueError(
+                    f"initial centres have dimension {centers.shape[1]}, points {points.shape[1]}"
+                )
+            if k > n:
+                raise ValueError(f"k == {k}, must be in [1, {n}] (the number of points)")
+            min_sq = _sq_to_set(points, sq_norms, centers, chunk_size)
+        initial_radius = (
+            float(np.sqrt(max(float(min_sq.max()), 0.0))) if first is None else float("inf")
+        )
+    indices, radii = _farthest_first(points, k, min_sq, first, chunk_size)
+    return KCenterResult(indices=indices, radii=radii, initial_radius=initial_radius)
+
+
+def select_proxies(embeddings, labels, current_proxies, proxy_labels, *, budget, rng=None,
+                   chunk_size=8192) -> ProxySelection:
+    """ASAP Algorithm 2 (Greedy K-Center Proxy) with a sampling budget ``b`` per class.
+
+    For each class ``c`` of ``proxy_labels``: draw ``budget`` instances of class ``c``
+    (all of them if fewer) without replacement, then pick ``|rho_c|`` of them, each the
+    farthest from ``rho_c`` and the ones already picked. The picks replace the class's
+    proxy rows in order. ``budget = 1`` with one proxy per class is random sampling.
+
+    embeddings : (n, d); labels : (n,); current_proxies : (n_proxies, d);
+    proxy_labels : (n_proxies,).
+    """
+    embeddings = as_float_array(embeddings, "embeddings", ndim=2)
+    labels = as_label_array(labels, "labels", length=embeddings.shape[0])
+    current = as_float_array(current_proxies, "current_proxies", ndim=2)
+    proxy_labels = as_label_array(proxy_labels, "proxy_labels", length=current.shape[0])
+    check_same_length(current, "current_proxies", proxy_labels, "proxy_labels")
+    if current.shape[1] != embeddings.shape[1]:
+        raise ValueError(
+            f"current_proxies have dimension {current.shape[1]}, embeddings {embeddings.shape[1]}"
+        )
+    budget = check_scalar(budget, "budget", low=1, integer=True)
+    rng = check_rng(rng)
+    indices = np.empty(current.shape[0], dtype=np.int64)
+    for c in np.unique(proxy_labels):
+        slots = np.flatnonzero(proxy_labels == c)
+        members = np.flatnonzero(labels == c)
+        pool_size = min(budget, members.size)
+        if pool_size < slots.size:
+            raise ValueError(
+                f"class {c} has {slots.size} proxies but only {pool_size} candidates "
+                f"(budget == {budget}, {members.size} instances); need at least one per proxy"
+            )
+        pool = rng.choice(members, size=pool_size, replace=False)
+        picked = greedy_k_center(
+            embeddings[pool], slots.size, initial=current[slots], chunk_size=chunk_size
+        )
+        indices[slots] = pool[picked.indices]
+    return ProxySelection(indices=indices, proxies=embeddings[indices].copy())

@@ -1,0 +1,130 @@
+"""W_1, Kantorovich-Rubinstein gaps and (lazy) greedy facility location."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import linprog
+from scipy.stats import wasserstein_distance
+
+from refdml import ot as rot
+from refdml.coresets import (
+    facility_location_greedy,
+    kantorovich_rubinstein_gaps,
+    wasserstein1,
+    wcraig,
+)
+
+
+def _lp_w1(x, y, a, b):
+    """W_1 as a linear program solved by HiGHS (independent of POT's network simplex)."""
+    cost = np.linalg.norm(x[:, None] - y[None], axis=-1)
+    n, m = cost.shape
+    rows = np.kron(np.eye(n), np.ones(m))
+    cols = np.kron(np.ones(n), np.eye(m))
+    res = linprog(cost.ravel(), A_eq=np.vstack([rows, cols]), b_eq=np.r_[a, b], bounds=(0, None),
+                  method="highs")
+    assert res.status == 0
+    return res.fun
+
+
+def test_w1_matches_a_linear_program_and_the_1d_formula():
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((7, 3)), rng.standard_normal((5, 3))
+    a, b = rng.uniform(0.1, 1, 7), rng.uniform(0.1, 1, 5)
+    np.testing.assert_allclose(wasserstein1(x, y, a, b), _lp_w1(x, y, a / a.sum(), b / b.sum()),
+                               rtol=1e-9)
+    u, v = rng.standard_normal(9), rng.standard_normal(4)
+    np.testing.assert_allclose(wasserstein1(u, v), wasserstein_distance(u, v), rtol=1e-12)
+
+
+@settings(max_examples=10)
+@given(st.integers(0, 10_000), st.integers(1, 6))
+def test_every_lipschitz_gap_is_below_w1(seed, k):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((12, 2))
+    coreset = x[rng.choice(12, size=k, replace=False)]
+    w1 = wasserstein1(x, coreset)
+    gaps = kantorovich_rubinstein_gaps(x, coreset, n_functions=32, rng=seed)
+    assert gaps.shape == (32,) and np.all(gaps <= w1 + 1e-12)
+
+
+def test_the_optimal_kantorovich_potential_attains_w1():
+    # LP duals (u, v) with u_i + v_j <= |x_i - y_j| give phi(z) = min_j (|z - y_j| - v_j),
+    # 1-Lipschitz with E_mu phi - E_nu phi = W_1 (Kantorovich-Rubinstein).
+    import ot as pot
+
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((8, 2)), rng.standard_normal((5, 2))
+    a, b = np.full(8, 1 / 8), np.full(5, 1 / 5)
+    _, log = pot.emd(a, b, np.linalg.norm(x[:, None] - y[None], axis=-1), log=True)
+    v = log["v"]
+
+    def phi(z):
+        return np.min(np.linalg.norm(z[:, None] - y[None], axis=-1) - v[None], axis=1)
+
+    gap = kantorovich_rubinstein_gaps(x, y, functions=[phi])[0]
+    np.testing.assert_allclose(gap, wasserstein1(x, y), rtol=1e-9)
+
+
+def _objective(sim, subset):
+    return sim[:, list(subset)].max(axis=1).sum()
+
+
+@settings(max_examples=15)
+@given(st.integers(0, 10_000), st.integers(1, 4))
+def test_greedy_is_within_1_minus_1_over_e_of_brute_force(seed, k):
+    rng = np.random.default_rng(seed)
+    sim = rng.uniform(0, 1, (9, 9))
+    result = facility_location_greedy(sim, k)
+    best = max(_objective(sim, s) for s in itertools.combinations(range(9), k))
+    np.testing.assert_allclose(result.objective[-1], _objective(sim, result.indices), rtol=1e-12)
+    assert result.objective[-1] >= (1 - 1 / np.e) * best - 1e-12
+    plain = facility_location_greedy(sim, k, lazy=False)
+    np.testing.assert_array_equal(result.indices, plain.indices)
+    np.testing.assert_array_equal(result.objective, plain.objective)
+
+
+def test_lazy_greedy_saves_evaluations_and_weights_count_the_served():
+    rng = np.random.default_rng(2)
+    points = rng.standard_normal((200, 2))
+    sim = 10.0 - np.linalg.norm(points[:, None] - points[None], axis=-1)
+    lazy = facility_location_greedy(np.maximum(sim, 0.0), 10)
+    plain = facility_location_greedy(np.maximum(sim, 0.0), 10, lazy=False)
+    np.testing.assert_array_equal(lazy.indices, plain.indices)
+    assert lazy.n_evaluations < plain.n_evaluations / 2
+    assert lazy.weights.sum() == 200
+    served = np.argmax(np.maximum(sim, 0.0)[:, lazy.indices], axis=1)
+    np.testing.assert_array_equal(lazy.weights, np.bincount(served, minlength=10))
+
+
+def test_wcraig_on_sinkhorn_divergences():
+    rng = np.random.default_rng(3)
+    centres = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]])
+    clouds = centres[np.repeat(np.arange(3), 4)][:, None, :] + 0.3 * rng.standard_normal((12, 5, 2))
+    divergence = rot.pairwise_sinkhorn_divergence(clouds, eps=0.5, p=2, tol=1e-9)
+    result = wcraig(divergence, 3)
+    # One image per well-separated group, each serving its own group.
+    assert sorted(result.indices // 4) == [0, 1, 2]
+    np.testing.assert_array_equal(result.weights, [4, 4, 4])
+    delta = 1e-2 * divergence[~np.eye(12, dtype=bool)].mean()
+    np.testing.assert_allclose(result.objective[-1],
+                               _objective(1.0 / (np.maximum(divergence, 0) + delta), result.indices),
+                               rtol=1e-12)
+    crai = wcraig(divergence, 3, similarity="max_minus")
+    assert sorted(crai.indices // 4) == [0, 1, 2]
+
+
+def test_inputs_are_validated():
+    with pytest.raises(ValueError, match="similarity must be non-negative"):
+        facility_location_greedy(-np.ones((3, 3)), 1)
+    with pytest.raises(ValueError, match="k == 4"):
+        facility_location_greedy(np.ones((3, 3)), 4)
+    with pytest.raises(ValueError, match="delta == 0.0"):
+        wcraig(np.ones((3, 3)), 1, delta=0.0)
+    with pytest.raises(ValueError, match="delta is only used"):
+        wcraig(np.ones((3, 3)), 1, delta=1.0, similarity="max_minus")
+    with pytest.raises(ValueError, match="x and y must have the same dimension"):
+        wasserstein1(np.zeros((2, 2)), np.zeros((2, 3)))

@@ -1,0 +1,134 @@
+"""Greedy k-center against brute force and a readable loop of ASAP Algorithm 2."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refdml.gradcheck import strategies as rst
+from refdml.kcenter import greedy_k_center, select_proxies
+
+
+def _radius(points, centers):
+    d = np.linalg.norm(points[:, None, :] - centers[None, :, :], axis=-1)
+    return d.min(axis=1).max()
+
+
+def _optimal_radius(points, k):
+    return min(_radius(points, points[list(s)]) for s in itertools.combinations(range(len(points)), k))
+
+
+@settings(max_examples=15)
+@given(rst.points_in_unit_ball(9, 2), st.integers(1, 4), st.integers(0, 8))
+def test_radius_is_within_twice_the_brute_force_optimum(points, k, seed):
+    result = greedy_k_center(points, k, rng=seed)
+    assert len(set(result.indices.tolist())) == k
+    np.testing.assert_allclose(result.radii[-1], _radius(points, points[result.indices]), rtol=1e-9,
+                               atol=1e-12)
+    assert result.radii[-1] <= 2.0 * _optimal_radius(points, k) + 1e-12
+
+
+def test_radii_follow_a_readable_farthest_first_loop():
+    rng = np.random.default_rng(0)
+    points = rng.standard_normal((40, 3))
+    result = greedy_k_center(points, 6, initial=np.array([3]))
+    chosen = [3]
+    for pick in range(6):
+        dist = [min(np.linalg.norm(p - points[c]) for c in chosen) for p in points]
+        q = int(np.argmax(dist))
+        chosen.append(q)
+        assert result.indices[pick] == q
+        radius = max(min(np.linalg.norm(p - points[c]) for c in chosen) for p in points)
+        np.testing.assert_allclose(result.radii[pick], radius, rtol=1e-12)
+    assert np.all(np.diff(result.radii) <= 1e-15)
+
+
+def test_initial_points_and_indices_agree_and_are_not_returned():
+    rng = np.random.default_rng(1)
+    points = rng.standard_normal((50, 4))
+    by_index = greedy_k_center(points, 5, initial=np.array([7, 11]))
+    by_points = greedy_k_center(points, 5, initial=points[[7, 11]])
+    np.testing.assert_array_equal(by_index.indices, by_points.indices)
+    assert not {7, 11} & set(by_index.indices.tolist())
+    np.testing.assert_allclose(by_index.initial_radius, _radius(points, points[[7, 11]]), rtol=1e-12)
+
+
+def test_chunk_size_does_not_change_the_result():
+    rng = np.random.default_rng(2)
+    points = rng.standard_normal((257, 5))
+    a = greedy_k_center(points, 10, rng=3, initial=None)
+    b = greedy_k_center(points, 10, rng=3, chunk_size=7)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_allclose(a.radii, b.radii, rtol=1e-12)
+
+
+def test_duplicates_are_never_picked_twice():
+    points = np.repeat(np.eye(2), 3, axis=0)
+    result = greedy_k_center(points, 6, rng=0)
+    assert sorted(result.indices.tolist()) == list(range(6))
+    np.testing.assert_array_equal(result.radii[1:], 0.0)
+
+
+@pytest.mark.parametrize("k, initial, match", [
+    (0, None, "k == 0"), (11, None, "k == 11"), (9, np.arange(2), "k == 9"),
+])
+def test_bad_k_is_an_error(k, initial, match):
+    with pytest.raises(ValueError, match=match):
+        greedy_k_center(np.zeros((10, 2)), k, initial=initial)
+
+
+def test_empty_and_malformed_input_are_errors():
+    with pytest.raises(ValueError, match="points must not be empty"):
+        greedy_k_center(np.zeros((0, 3)), 1)
+    with pytest.raises(ValueError, match="points must have 2 dimensions"):
+        greedy_k_center(np.zeros(5), 1)
+    with pytest.raises(TypeError, match="k must be an integer"):
+        greedy_k_center(np.zeros((5, 2)), 1.5)
+    with pytest.raises(ValueError, match="initial centres have dimension 3"):
+        greedy_k_center(np.zeros((5, 2)), 1, initial=np.zeros((1, 3)))
+
+
+def _loop_select_proxies(embeddings, labels, proxies, proxy_labels, budget, rng):
+    """ASAP Algorithm 2 as printed, one class and one pick at a time."""
+    out = np.empty(len(proxies), dtype=int)
+    for c in np.unique(proxy_labels):
+        slots = np.flatnonzero(proxy_labels == c)
+        members = np.flatnonzero(labels == c)
+        pool = rng.choice(members, size=min(budget, members.size), replace=False)
+        centres = [proxies[s] for s in slots]
+        picked = []
+        while len(picked) < len(slots):
+            best, best_d = None, -1.0
+            for u in pool:
+                if u in picked:
+                    continue
+                d = min(np.linalg.norm(embeddings[u] - v) for v in centres)
+                if d > best_d:
+                    best, best_d = u, d
+            picked.append(best)
+            centres.append(embeddings[best])
+        out[slots] = picked
+    return out
+
+
+def test_select_proxies_follows_algorithm_2():
+    rng = np.random.default_rng(4)
+    embeddings = rng.standard_normal((60, 3))
+    labels = np.repeat(np.arange(3), 20)
+    proxy_labels = np.array([0, 0, 1, 1, 1, 2])
+    proxies = rng.standard_normal((6, 3))
+    result = select_proxies(embeddings, labels, proxies, proxy_labels, budget=8, rng=5)
+    expected = _loop_select_proxies(embeddings, labels, proxies, proxy_labels, 8,
+                                    np.random.default_rng(5))
+    np.testing.assert_array_equal(result.indices, expected)
+    np.testing.assert_array_equal(labels[result.indices], proxy_labels)
+    np.testing.assert_array_equal(result.proxies, embeddings[result.indices])
+
+
+def test_select_proxies_budget_must_cover_the_proxies():
+    embeddings = np.zeros((10, 2))
+    labels = np.repeat([0, 1], 5)
+    with pytest.raises(ValueError, match="class 0 has 3 proxies but only 2 candidates"):
+        select_proxies(embeddings, labels, np.zeros((3, 2)), [0, 0, 0], budget=2, rng=0)

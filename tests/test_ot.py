@@ -1,0 +1,428 @@
+"""Entropic OT, Sinkhorn divergences and Wasserstein losses against POT, LP limits and
+finite differences."""
+
+import warnings
+
+import numpy as np
+import ot as pot
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from refdml import ConvergenceWarning
+from refdml import ot as rot
+from refdml.gradcheck import assert_gradients, check_gradients, check_loss
+from refdml.gradcheck import strategies as rst
+
+TIGHT = dict(tol=1e-12, max_iter=20000)
+
+
+def _problem(seed, n=6, m=5, d=3):
+    rng = np.random.default_rng(seed)
+    x, y = rng.standard_normal((n, d)), rng.standard_normal((m, d))
+    a = rng.uniform(0.5, 1.5, n)
+    b = rng.uniform(0.5, 1.5, m)
+    return x, y, a / a.sum(), b / b.sum(), pot.dist(x, y)
+
+
+def _pot_plan(a, b, cost, eps):
+    plan, log = pot.sinkhorn(a, b, cost, eps, method="sinkhorn_log", stopThr=1e-14,
+                             numItermax=50000, log=True)
+    return plan, log
+
+
+def _kl_value(plan, a, b, cost, eps):
+    """<pi, C> + eps KL(pi | a x b), evaluated directly on a plan."""
+    return float(np.sum(plan * cost) + eps * np.sum(plan * np.log(plan / np.outer(a, b))))
+
+
+# ---------------------------------------------------------------------------- sinkhorn
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sinkhorn_matches_pot_plan_cost_and_potentials(seed):
+    _, _, a, b, cost = _problem(seed)
+    eps = 0.3 * cost.mean()
+    res = rot.sinkhorn(a, b, cost, eps=eps, **TIGHT)
+    plan, log = _pot_plan(a, b, cost, eps)
+    assert res.converged
+    np.testing.assert_allclose(res.plan, plan, rtol=0, atol=1e-12)
+    transport = pot.sinkhorn2(a, b, cost, eps, method="sinkhorn_log", stopThr=1e-15,
+                              numItermax=200000)
+    np.testing.assert_allclose(res.transport_cost, transport, rtol=1e-11)
+    # POT: pi = exp(log_u + log_v - C/eps), ours: pi = a b exp((f + g - C)/eps).
+    f_shift = res.f - eps * (log["log_u"] - np.log(a))
+    g_shift = res.g - eps * (log["log_v"] - np.log(b))
+    np.testing.assert_allclose(f_shift - f_shift.mean(), 0.0, atol=1e-10 * np.abs(res.f).max())
+    np.testing.assert_allclose(g_shift - g_shift.mean(), 0.0, atol=1e-10 * np.abs(res.g).max())
+    np.testing.assert_allclose(f_shift.mean() + g_shift.mean(), 0.0, atol=1e-10)
+    # Value of Eq. (3) on POT's plan (a different algorithm and a primal formula).
+    np.testing.assert_allclose(res.value, _kl_value(plan, a, b, cost, eps), rtol=1e-11)
+
+
+def test_value_differs_from_pot_entropy_convention_by_the_marginal_entropies():
+    # POT penalises reg * sum pi (log pi - 1); KL(pi | a x b) differs by a constant on Pi(a, b).
+    _, _, a, b, cost = _problem(3)
+    eps = 0.5
+    res = rot.sinkhorn(a, b, cost, eps=eps, **TIGHT)
+    plan, _ = _pot_plan(a, b, cost, eps)
+    pot_objective = np.sum(plan * cost) + eps * np.sum(plan * (np.log(plan) - 1.0))
+    constant = eps * (-1.0 + a @ np.log(a) + b @ np.log(b))
+    np.testing.assert_allclose(res.value, pot_objective - constant, rtol=1e-11)
+
+
+@pytest.mark.parametrize("relative_eps", [1e-2, 1e-3])
+def test_small_eps_is_finite_and_brackets_the_exact_ot(relative_eps):
+    _, _, a, b, cost = _problem(4, n=8, m=7)
+    eps = relative_eps * cost.max()
+    exact = pot.emd2(a, b, cost)
+    for scaling in (None, 0.5):
+        res = rot.sinkhorn(a, b, cost, eps=eps, tol=1e-10, max_iter=100000, eps_scaling=scaling)
+        assert res.converged and np.all(np.isfinite(res.plan))
+        # W <= <pi, C> <= OT_eps <= W + eps * KL(pi* | a x b) <= W + eps log min(n, m).
+        # A plan off its marginals by tol can undercut W by tol * max(C).
+        assert exact - 1e-10 * cost.max() <= res.transport_cost <= res.value + 1e-12
+        assert res.value <= exact + eps * np.log(7) + 1e-12
+    np.testing.assert_allclose(res.transport_cost, exact, rtol=0, atol=eps * np.log(7))
+
+
+def test_eps_scaling_reaches_the_same_solution_in_fewer_iterations():
+    _, _, a, b, cost = _problem(5, n=10, m=9)
+    eps = 2e-3 * cost.max()
+    plain = rot.sinkhorn(a, b, cost, eps=eps, tol=1e-10, max_iter=100000)
+    scaled = rot.sinkhorn(a, b, cost, eps=eps, tol=1e-10, max_iter=100000, eps_scaling=0.5)
+    np.testing.assert_allclose(scaled.plan, plain.plan, atol=1e-9)
+    np.testing.assert_allclose(scaled.value, plain.value, rtol=1e-9)
+    assert scaled.n_iter < plain.n_iter
+
+
+def test_batched_equals_one_problem_at_a_time():
+    rng = np.random.default_rng(6)
+    cost = rng.uniform(0, 2, (2, 3, 5, 4))
+    a = rng.uniform(0.2, 1, (3, 5))            # broadcasts over the first batch axis
+    b = rng.uniform(0.2, 1, 4)
+    res = rot.sinkhorn(a, b, cost, eps=0.2, **TIGHT)
+    assert res.plan.shape == (2, 3, 5, 4) and res.value.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            single = rot.sinkhorn(a[j], b, cost[i, j], eps=0.2, **TIGHT)
+            np.testing.assert_allclose(res.plan[i, j], single.plan, atol=1e-14)
+            np.testing.assert_allclose(res.value[i, j], single.value, rtol=1e-13)
+            assert res.n_iter[i, j] == single.n_iter
+
+
+def test_weights_are_normalised():
+    _, _, a, b, cost = _problem(7)
+    ref = rot.sinkhorn(a, b, cost, eps=0.4, **TIGHT)
+    scaled = rot.sinkhorn(3 * a, 0.5 * b, cost, eps=0.4, **TIGHT)
+    np.testing.assert_allclose(scaled.plan, ref.plan, atol=1e-15)
+
+
+def test_non_convergence_warns_and_reports():
+    _, _, a, b, cost = _problem(8)
+    with pytest.warns(ConvergenceWarning, match="did not reach tol"):
+        res = rot.sinkhorn(a, b, cost, eps=1e-3, max_iter=3, tol=1e-12)
+    assert not res.converged and res.n_iter == 3 and res.residual == res.marginal_error
+    assert res.marginal_error > 1e-12 and np.isfinite(res.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(eps=0.0), ValueError, "eps == 0.0"),
+        (dict(eps=-1.0), ValueError, "eps == -1.0"),
+        (dict(eps=0.1, tol=0.0), ValueError, "tol == 0.0"),
+        (dict(eps=0.1, max_iter=0), ValueError, "max_iter == 0"),
+        (dict(eps=0.1, eps_scaling=1.0), ValueError, "eps_scaling == 1.0"),
+        (dict(eps="big"), TypeError, "eps must be a real number"),
+    ],
+)
+def test_solver_arguments_are_validated(kwargs, error, match):
+    _, _, a, b, cost = _problem(0)
+    with pytest.raises(error, match=match):
+        rot.sinkhorn(a, b, cost, **kwargs)
+
+
+def test_weights_and_cost_are_validated():
+    _, _, a, b, cost = _problem(0)
+    with pytest.raises(ValueError, match="a must be positive"):
+        rot.sinkhorn(np.r_[0.0, a[1:]], b, cost, eps=0.1)
+    with pytest.raises(ValueError, match="b has 4 entries"):
+        rot.sinkhorn(a, b[:4], cost, eps=0.1)
+    with pytest.raises(ValueError, match="cost must be finite"):
+        rot.sinkhorn(a, b, np.where(cost > 1, np.nan, cost), eps=0.1)
+    with pytest.raises(ValueError, match="value == 'exact'"):
+        rot.entropic_ot_forward(a, b, cost, eps=0.1, value="exact")
+
+
+@given(
+    rst.simplex_vectors(4, min_entry=0.2),
+    rst.simplex_vectors(3, min_entry=0.2),
+    rst.points_in_unit_ball(4, 2),
+    rst.points_in_unit_ball(3, 2),
+    st.sampled_from(["regularized", "transport"]),
+)
+def test_entropic_ot_gradients_property(a, b, x, y, value):
+    cost = pot.dist(x, y)
+    inputs = dict(a=a, b=b, cost=cost, eps=0.3, value=value, **TIGHT)
+    result = check_gradients(rot.entropic_ot_forward, rot.entropic_ot_backward, inputs,
+                             wrt=("a", "b", "cost"), rng=0)
+    # atol: where the value barely depends on an input (coincident draws) the check sees
+    # only the solver's noise, tol / step ~ 1e-12 / 1e-6.
+    assert_gradients(result, rtol=1e-6, atol=1e-9)
+
+
+def test_weight_gradient_is_the_centred_potential():
+    _, _, a, b, cost = _problem(9)
+    value, ctx = rot.entropic_ot_forward(a, b, cost, eps=0.3, **TIGHT)
+    grads = rot.entropic_ot_backward(ctx, 1.0)
+    res = rot.sinkhorn(a, b, cost, eps=0.3, **TIGHT)
+    np.testing.assert_allclose(grads.a, res.f - a @ res.f, atol=1e-12)
+    np.testing.assert_allclose(grads.cost, res.plan, atol=1e-15)
+    np.testing.assert_allclose(a @ grads.a, 0.0, atol=1e-14)
+
+
+# ---------------------------------------------------------------- Sinkhorn divergence
+
+
+def _pot_divergence_transport(x, y, eps):
+    """POT's debiased divergence from <pi, C> terms (it clips at 0; we do not)."""
+    kw = dict(method="sinkhorn_log", stopThr=1e-15, numItermax=200000)
+    n, m = len(x), len(y)
+    a, b = np.full(n, 1 / n), np.full(m, 1 / m)
+    terms = [pot.sinkhorn2(p, q, pot.dist(u, v), eps, **kw)
+             for p, q, u, v in ((a, b, x, y), (a, a, x, x), (b, b, y, y))]
+    return terms[0] - 0.5 * (terms[1] + terms[2])
+
+
+def test_transport_divergence_matches_pot_empirical_sinkhorn_divergence():
+    rng = np.random.default_rng(10)
+    x, y = rng.standard_normal((7, 2)), rng.standard_normal((6, 2)) + 1.0
+    eps = 0.5
+    ours, _ = rot.sinkhorn_divergence(x, y, eps=eps, p=2, value="transport", **TIGHT)
+    theirs = pot.bregman.empirical_sinkhorn_divergence(
+        x, y, eps, metric="sqeuclidean", stopThr=1e-15, numIterMax=200000
+    )
+    assert ours > 0.1  # POT clips at 0; compare where it does not
+    np.testing.assert_allclose(ours, float(theirs), rtol=1e-9)
+    np.testing.assert_allclose(ours, _pot_divergence_transport(x, y, eps), rtol=1e-9)
+
+
+def test_regularized_divergence_matches_kl_values_on_pot_plans():
+    rng = np.random.default_rng(11)
+    # Costs of the order of eps: POT's alternating iteration is slow on nearly diagonal
+    # self-transport plans.
+    x, y = 0.5 * rng.standard_normal((5, 3)), 0.5 * rng.standard_normal((4, 3))
+    a, b = rng.uniform(0.5, 1, 5), rng.uniform(0.5, 1, 4)
+    a, b = a / a.sum(), b / b.sum()
+    eps = 0.4
+    terms = []
+    for p_, q_, u, v in ((a, b, x, y), (a, a, x, x), (b, b, y, y)):
+        cost = pot.dist(u, v)
+        plan, _ = _pot_plan(p_, q_, cost, eps)
+        terms.append(_kl_value(plan, p_, q_, cost, eps))
+    ours, _ = rot.sinkhorn_divergence(x, y, a, b, eps=eps, p=2, **TIGHT)
+    np.testing.assert_allclose(ours, terms[0] - 0.5 * (terms[1] + terms[2]), rtol=1e-10)
+
+
+@pytest.mark.parametrize("value", ["regularized", "transport"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_divergence_of_a_measure_with_itself_is_zero(value, p):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((6, 3))
+    a = rng.uniform(0.5, 1, 6)
+    # eps of the order of the costs: a nearly diagonal plan would converge very slowly.
+    sd, grads = rot.sinkhorn_divergence(x, x, a, a, eps=2.0, p=p, value=value, **TIGHT)
+    np.testing.assert_allclose(sd, 0.0, atol=1e-12)
+    # Eq. (4) is stationary at nu = mu: the gradients vanish too.
+    np.testing.assert_allclose(grads.x + grads.y, 0.0, atol=1e-10)
+
+
+def test_self_terms_use_the_symmetric_solver_consistently():
+    rng = np.random.default_rng(13)
+    x = 0.5 * rng.standard_normal((1, 5, 2))
+    cost = rot._ground_cost(rot._self_sq_dist(x, 2.0), 2.0)
+    w = np.full((1, 5), 0.2)
+    sym = rot._solve_batch(w, w.copy(), cost, eps=1.0, max_iter=20000, tol=1e-12,
+                           eps_scaling=None, symmetric=True)
+    gen = rot._solve_batch(w, w.copy(), cost, eps=1.0, max_iter=20000, tol=1e-12,
+                           eps_scaling=None)
+    assert sym.converged.all() and gen.converged.all()
+    assert sym.n_iter[0] < gen.n_iter[0]
+    np.testing.assert_allclose(sym.value, gen.value, rtol=1e-12)
+    # Marginals agree to 1e-12; nearly decoupled flows of the plan less tightly.
+    np.testing.assert_allclose(sym.plan, gen.plan, atol=1e-10)
+
+
+@settings(max_examples=10)
+@given(rst.points_in_unit_ball(4, 2), rst.points_in_unit_ball(5, 2),
+       st.sampled_from([1.0, 1.5, 2.0]), st.floats(0.1, 1.0))
+def test_regularized_divergence_is_nonnegative(x, y, p, eps):
+    sd, _ = rot.sinkhorn_divergence(x, y, eps=eps, p=p, tol=1e-11, max_iter=20000)
+    assert sd >= -1e-12
+
+
+@pytest.mark.parametrize("value", ["regularized", "transport"])
+def test_divergence_is_negative_for_p_above_2(value):
+    # exp(-|x|^p / eps) is not a positive definite kernel for p > 2: Feydy et al.'s
+    # positivity theorem does not apply, and SD(delta_0, (delta_-1 + delta_1)/2) < 0.
+    x, y = np.array([[0.0]]), np.array([[-1.0], [1.0]])
+    sd, _ = rot.sinkhorn_divergence(x, y, eps=10.0, p=4, value=value, **TIGHT)
+    assert sd < -0.3
+
+
+@given(
+    rst.points_in_unit_ball(4, 2), rst.points_in_unit_ball(3, 2),
+    rst.simplex_vectors(4, min_entry=0.2), rst.simplex_vectors(3, min_entry=0.2),
+    st.sampled_from(["regularized", "transport"]), st.sampled_from([1.0, 2.0]),
+)
+def test_sinkhorn_divergence_gradients_property(x, y, a, b, value, p):
+    y = y + 0.3
+    # ||x - y||^p (p < 2) has a kink where two points meet: stay away from it.
+    points = np.concatenate([x, y])
+    gaps = np.linalg.norm(points[:, None] - points[None], axis=-1)[np.triu_indices(7, 1)]
+    assume(p == 2.0 or gaps.min() > 0.05)
+    inputs = dict(x=x, y=y, a=a, b=b, eps=0.3, p=p, value=value, **TIGHT)
+    result = check_loss(rot.sinkhorn_divergence, inputs, wrt=("x", "y", "a", "b"), rng=1)
+    assert_gradients(result, rtol=1e-6, atol=1e-9)   # atol: see the entropic OT property test
+
+
+def test_uniform_weights_give_no_weight_gradient():
+    rng = np.random.default_rng(14)
+    _, grads = rot.sinkhorn_divergence(rng.standard_normal((3, 2)), rng.standard_normal((4, 2)),
+                                       eps=0.5)
+    assert grads.a is None and grads.b is None and grads.x.shape == (3, 2)
+
+
+def test_pairwise_matrix_matches_single_pairs():
+    rng = np.random.default_rng(15)
+    clouds = rng.standard_normal((4, 5, 3))
+    for value in ("regularized", "transport"):
+        matrix = rot.pairwise_sinkhorn_divergence(clouds, eps=0.5, p=2, value=value, **TIGHT)
+        np.testing.assert_array_equal(np.diag(matrix), 0.0)
+        for i in range(4):
+            for j in range(i + 1, 4):
+                single, _ = rot.sinkhorn_divergence_forward(clouds[i], clouds[j], eps=0.5, p=2,
+                                                            value=value, **TIGHT)
+                np.testing.assert_allclose(matrix[i, j], single, rtol=1e-10)
+                assert matrix[j, i] == matrix[i, j]
+
+
+# ---------------------------------------------------------------- Wasserstein losses
+
+
+def _loop_divergence(x, y, eps, p):
+    """d_w by POT plans and the KL value of Eq. (3): independent of refdml's solver."""
+    def term(u, v):
+        cost = pot.dist(u, v, metric="euclidean") ** p
+        w_u, w_v = np.full(len(u), 1 / len(u)), np.full(len(v), 1 / len(v))
+        plan, _ = _pot_plan(w_u, w_v, cost, eps)
+        return _kl_value(plan, w_u, w_v, cost, eps)
+    return term(x, y) - 0.5 * (term(x, x) + term(y, y))
+
+
+def _loop_wcontrastive(features, labels, margin, eps, p):
+    total, count = 0.0, 0
+    for i in range(len(features)):
+        for j in range(i + 1, len(features)):
+            d = _loop_divergence(features[i], features[j], eps, p)
+            total += d if labels[i] == labels[j] else max(margin - d, 0.0)
+            count += 1
+    return total / count
+
+
+def _loop_wtriplet(features, labels, margin, eps, p):
+    total, count = 0.0, 0
+    for a in range(len(features)):
+        for q in range(len(features)):
+            for n in range(len(features)):
+                if a != q and labels[a] == labels[q] and labels[n] != labels[a]:
+                    dp = _loop_divergence(features[a], features[q], eps, p)
+                    dn = _loop_divergence(features[a], features[n], eps, p)
+                    total += max(dp - dn + margin, 0.0)
+                    count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_wasserstein_losses_match_a_loop_over_pot(p):
+    rng = np.random.default_rng(16)
+    features = 0.5 * rng.standard_normal((5, 4, 2))   # costs ~ eps, see above
+    labels = np.array([0, 0, 1, 1, 2])
+    eps = 0.5
+    # A margin between the divergences so that some hinges are active and some are not.
+    matrix = rot.pairwise_sinkhorn_divergence(features, eps=eps, p=p, **TIGHT)
+    margin = float(np.median(matrix[np.triu_indices(5, 1)]))
+    value, grads = rot.wcontrastive(features, labels, margin=margin, eps=eps, p=p, **TIGHT)
+    np.testing.assert_allclose(value, _loop_wcontrastive(features, labels, margin, eps, p),
+                               rtol=1e-9)
+    value, grads = rot.wtriplet(features, labels, margin=0.3 * margin, eps=eps, p=p, **TIGHT)
+    np.testing.assert_allclose(value, _loop_wtriplet(features, labels, 0.3 * margin, eps, p),
+                               rtol=1e-9)
+    assert grads.features.shape == features.shape
+
+
+@settings(max_examples=8)
+@given(st.lists(rst.points_in_unit_ball(3, 2), min_size=4, max_size=4),
+       st.sampled_from([1.0, 2.0]), st.sampled_from(["regularized", "transport"]))
+def test_wasserstein_loss_gradients_property(clouds, p, value):
+    features = np.stack(clouds)
+    points = features.reshape(-1, 2)
+    gaps = np.linalg.norm(points[:, None] - points[None], axis=-1)[np.triu_indices(12, 1)]
+    assume(p == 2.0 or gaps.min() > 0.05)
+    labels = np.array([0, 0, 1, 1])
+    for loss in (rot.wcontrastive, rot.wtriplet):
+        # A margin above every divergence (<= 4 on the unit ball) keeps hinges off their kink.
+        inputs = dict(features=features, labels=labels, margin=10.0, eps=0.3, p=p,
+                      value=value, **TIGHT)
+        result = check_loss(loss, inputs, wrt=("features",), rng=2)
+        assert_gradients(result, rtol=1e-6, atol=1e-9)   # atol: see the entropic OT test
+
+
+def test_wcontrastive_inactive_negative_hinges_have_no_gradient():
+    rng = np.random.default_rng(17)
+    features = rng.standard_normal((2, 3, 2)) * 0.1
+    features[1] += 5.0
+    value, grads = rot.wcontrastive(features, [0, 1], margin=1.0, eps=0.5)
+    assert value == 0.0
+    np.testing.assert_array_equal(grads.features, 0.0)
+
+
+def test_losses_with_explicit_pairs_and_triplets():
+    rng = np.random.default_rng(18)
+    features = 0.5 * rng.standard_normal((4, 3, 2))
+    labels = np.array([0, 0, 1, 1])
+    pairs = np.array([[0, 1], [1, 0], [0, 2]])   # a repeated pair counts twice
+    value, _ = rot.wcontrastive(features, labels, margin=50.0, eps=0.5, pairs=pairs, **TIGHT)
+    d01 = _loop_divergence(features[0], features[1], 0.5, 1)
+    d02 = _loop_divergence(features[0], features[2], 0.5, 1)
+    np.testing.assert_allclose(value, (2 * d01 + 50.0 - d02) / 3, rtol=1e-9)
+    value, _ = rot.wtriplet(features, labels, margin=50.0, eps=0.5,
+                            triplets=np.array([[0, 1, 2]]), **TIGHT)
+    np.testing.assert_allclose(value, d01 - d02 + 50.0, rtol=1e-9)
+
+
+def test_losses_validate_inputs():
+    features = np.zeros((3, 2, 2))
+    with pytest.raises(ValueError, match="labels has length 2"):
+        rot.wcontrastive(features, [0, 1], margin=1.0, eps=0.5)
+    with pytest.raises(ValueError, match="margin == -1.0"):
+        rot.wtriplet(features, [0, 0, 1], margin=-1.0, eps=0.5)
+    with pytest.raises(ValueError, match="features must have 3 dimensions"):
+        rot.wcontrastive(np.zeros((3, 2)), [0, 0, 1], margin=1.0, eps=0.5)
+    with pytest.raises(ValueError, match="pairs must join two different images"):
+        rot.wcontrastive(features, [0, 0, 1], margin=1.0, eps=0.5, pairs=[[1, 1]])
+    with pytest.raises(ValueError, match="p == 0.5"):
+        rot.wcontrastive(features, [0, 0, 1], margin=1.0, eps=0.5, p=0.5)
+    value, grads = rot.wtriplet(features, [0, 1, 2], margin=1.0, eps=0.5)   # no triplet
+    assert value == 0.0 and not grads.features.any()
+
+
+def test_no_runtime_warning_at_tiny_eps_for_the_losses():
+    rng = np.random.default_rng(19)
+    features = rng.standard_normal((3, 4, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        value, grads = rot.wcontrastive(features, [0, 0, 1], margin=1.0, eps=1e-3,
+                                        eps_scaling=0.5, max_iter=2000)
+    assert np.isfinite(value) and np.all(np.isfinite(grads.features))
