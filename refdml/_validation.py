@@ -18,6 +18,7 @@ __all__ = [
     "check_scalar",
     "check_rng",
     "check_choice",
+    "check_features_prototypes",
     "check_same_length",
 ]
 
@@ -35,11 +36,14 @@ def as_float_array(
     min_ndim: int | None = None,
     allow_empty: bool = False,
     finite: bool = True,
+    copy: bool = True,
 ) -> np.ndarray:
-    """Return ``value`` as a new float64 array, checking type, rank, size and finiteness.
+    """Return ``value`` as a float64 array, checking type, rank, size and finiteness.
 
     Integer and float inputs (including float32) are accepted and converted to float64;
-    booleans, complex numbers, strings and objects raise ``TypeError``.
+    booleans, complex numbers, strings and objects raise ``TypeError``. With
+    ``copy=False`` a float64 input is returned without a copy (for read-only use of
+    large inputs); otherwise the result is always a new array.
     """
     if isinstance(value, (str, bytes)) or value is None:
         raise TypeError(f"{name} must be an array of real numbers, got {_describe(value)}")
@@ -50,7 +54,7 @@ def as_float_array(
         raise TypeError(
             f"{name} must be an array of real numbers, got dtype {array.dtype}"
         )
-    array = np.array(array, dtype=np.float64, copy=True)
+    array = np.array(array, dtype=np.float64, copy=True if copy else None)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if array.ndim not in allowed:
@@ -155,3 +159,15 @@ def check_same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) ->
         raise ValueError(
             f"{a_name} has {a.shape[0]} rows but {b_name} has {b.shape[0]}; they must match"
         )
+
+
+def check_features_prototypes(features, prototypes) -> tuple[np.ndarray, np.ndarray]:
+    """Validate per-image local features (B, n, d) and prototypes (m, d) of the same d."""
+    features = as_float_array(features, "features", ndim=3)
+    prototypes = as_float_array(prototypes, "prototypes", ndim=2)
+    if features.shape[2] != prototypes.shape[1]:
+        raise ValueError(
+            "features and prototypes must have the same last dimension, got "
+            f"features.shape={features.shape}, prototypes.shape={prototypes.shape}"
+        )
+    return features, prototypes

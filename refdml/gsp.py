@@ -51,7 +51,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import expit, log_expit, logsumexp
 
-from refdml._validation import as_float_array, check_choice, check_scalar
+from refdml._validation import (
+    as_float_array,
+    check_choice,
+    check_features_prototypes,
+    check_scalar,
+)
 from refdml.distances import EuclideanContext, _euclidean_backward, _euclidean_forward
 from refdml.exceptions import ConvergenceWarning
 from refdml.gradcheck.registry import OperatorSpec, register
@@ -99,17 +104,6 @@ class CostMapContext:
     distance: EuclideanContext
 
 
-def _check_features_prototypes(features, prototypes) -> tuple[np.ndarray, np.ndarray]:
-    features = as_float_array(features, "features", ndim=3)
-    prototypes = as_float_array(prototypes, "prototypes", ndim=2)
-    if features.shape[2] != prototypes.shape[1]:
-        raise ValueError(
-            "features and prototypes must have the same last dimension, got "
-            f"features.shape={features.shape}, prototypes.shape={prototypes.shape}"
-        )
-    return features, prototypes
-
-
 def _cost_map_forward(features, prototypes) -> tuple[np.ndarray, CostMapContext]:
     features_bar, features_ctx = _clip_forward(features)
     prototypes_bar, prototypes_ctx = _clip_forward(prototypes)
@@ -146,7 +140,7 @@ def cost_map_forward(features, prototypes) -> tuple[np.ndarray, CostMapContext]:
     ``c_ij = 0`` (a prototype on a feature): the subgradient 0 of the norm;
     ``||u|| = 1`` exactly: the identity branch of the normalisation.
     """
-    features, prototypes = _check_features_prototypes(features, prototypes)
+    features, prototypes = check_features_prototypes(features, prototypes)
     return _cost_map_forward(features, prototypes)
 
 
@@ -750,7 +744,7 @@ def gsp_pool_forward(
     -------
     (pooled (B, d), z (B, m)), PoolContext
     """
-    features, prototypes = _check_features_prototypes(features, prototypes)
+    features, prototypes = check_features_prototypes(features, prototypes)
     mu, eps, method, max_iter, tol = _check_transport_args(mu, eps, method, max_iter, tol)
     p = check_scalar(p, "p", low=1.0)
     if p > 1.0 and np.any(features < 0.0):

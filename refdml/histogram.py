@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import softmax
 
-from refdml._validation import as_float_array, check_scalar
+from refdml._validation import as_float_array, check_features_prototypes, check_scalar
 from refdml.gradcheck.registry import OperatorSpec, register
 
 __all__ = [
@@ -83,17 +83,6 @@ class ConvexCombinationContext:
     prototypes: np.ndarray
 
 
-def _check_pair(features, prototypes) -> tuple[np.ndarray, np.ndarray]:
-    features = as_float_array(features, "features", ndim=3)
-    prototypes = as_float_array(prototypes, "prototypes", ndim=2)
-    if features.shape[2] != prototypes.shape[1]:
-        raise ValueError(
-            "features and prototypes must have the same last dimension, got "
-            f"features.shape={features.shape}, prototypes.shape={prototypes.shape}"
-        )
-    return features, prototypes
-
-
 def _scores(features: np.ndarray, prototypes: np.ndarray) -> np.ndarray:
     return np.einsum("id,bjd->bij", prototypes, features)
 
@@ -123,7 +112,7 @@ def histogram_lp(features, prototypes) -> HistogramResult:
     optimal value. An oracle for :func:`histogram_closed_form`; ties between prototypes
     make the optimum non-unique (the objective is still unique).
     """
-    features, prototypes = _check_pair(features, prototypes)
+    features, prototypes = check_features_prototypes(features, prototypes)
     scores = _scores(features, prototypes)
     pi = np.stack([_lp_one(s) for s in scores])
     return HistogramResult(z=pi.sum(axis=2), pi=pi, objective=np.sum(scores * pi, axis=(1, 2)))
@@ -135,7 +124,7 @@ def histogram_closed_form(features, prototypes) -> HistogramResult:
     Ties go to the lowest prototype index (``numpy.argmax``), one optimal vertex.
     Piecewise constant, so it has no useful gradient; see :func:`histogram_entropic_forward`.
     """
-    features, prototypes = _check_pair(features, prototypes)
+    features, prototypes = check_features_prototypes(features, prototypes)
     scores = _scores(features, prototypes)
     batch, m, n = scores.shape
     winner = np.argmax(scores, axis=1)  # (B, n)
@@ -179,7 +168,7 @@ def histogram_entropic_forward(features, prototypes, *, eps) -> tuple[np.ndarray
     eps : float > 0
         Larger eps is closer to the LP (2.1).
     """
-    features, prototypes = _check_pair(features, prototypes)
+    features, prototypes = check_features_prototypes(features, prototypes)
     eps = check_scalar(eps, "eps", low=0.0, low_inclusive=False)
     return _entropic_forward(features, prototypes, eps)
 

@@ -120,7 +120,7 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
     -------
     KCenterResult
     """
-    points = as_float_array(points, "points", ndim=2)
+    points = as_float_array(points, "points", ndim=2, copy=False)  # read only
     n = points.shape[0]
     k = check_scalar(k, "k", low=1, integer=True)
     chunk_size = check_scalar(chunk_size, "chunk_size", low=1, integer=True)

@@ -60,7 +60,7 @@ from refdml._validation import (
     check_choice,
     check_scalar,
 )
-from refdml.distances import _pairwise_norm
+from refdml.distances import _pairwise_norm, _sum_to_shape
 from refdml.exceptions import ConvergenceWarning
 from refdml.gradcheck.registry import OperatorSpec, register
 
@@ -559,20 +559,10 @@ def entropic_ot_backward(ctx: EntropicOTContext, d_value) -> OTGrads:
     da = da.reshape(ctx.batch_shape + (n,))
     db = db.reshape(ctx.batch_shape + (m,))
     return OTGrads(
-        a=_sum_to(da, ctx.a_shape),
-        b=_sum_to(db, ctx.b_shape),
+        a=_sum_to_shape(da, ctx.a_shape),
+        b=_sum_to_shape(db, ctx.b_shape),
         cost=d_cost,
     )
-
-
-def _sum_to(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    extra = grad.ndim - len(shape)
-    if extra:
-        grad = grad.sum(axis=tuple(range(extra)))
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
-    if axes:
-        grad = grad.sum(axis=axes, keepdims=True)
-    return grad
 
 
 # ----------------------------------------------------------------------------------------

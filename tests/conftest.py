@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 
 # CI machines are small (2 cores); keep hypothesis budgets modest and deadline-free.
 settings.register_profile(
-    "ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile(
     "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -47,3 +47,20 @@ def test_rng():
     assert check_rng(3).integers(100) == np.random.default_rng(3).integers(100)
     with pytest.raises(TypeError, match="rng must be"):
         check_rng("seed")
+
+
+def test_float_array_copy_option():
+    x = np.arange(6.0).reshape(2, 3)
+    assert as_float_array(x, "x", copy=False) is x or np.shares_memory(as_float_array(x, "x", copy=False), x)
+    assert not np.shares_memory(as_float_array(x, "x"), x)
+    # A conversion is still made when the dtype differs.
+    assert as_float_array(x.astype(np.float32), "x", copy=False).dtype == np.float64
+
+
+def test_features_prototypes_check():
+    from refdml._validation import check_features_prototypes
+
+    with pytest.raises(ValueError, match="same last dimension"):
+        check_features_prototypes(np.ones((2, 3, 4)), np.ones((5, 3)))
+    with pytest.raises(ValueError, match="features must have 3 dimensions"):
+        check_features_prototypes(np.ones((3, 4)), np.ones((5, 4)))
