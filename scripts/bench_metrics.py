@@ -21,6 +21,7 @@ import tracemalloc
 
 import numpy as np
 
+from refdml import metrics as metrics_module
 from refdml.metrics import retrieval_metrics
 
 
@@ -80,8 +81,9 @@ def main(argv=None) -> int:
         if reference is None:
             reference = (result, seconds, peak)
         assert result == reference[0], "results differ between chunk sizes"
-        rows.append(("chunked" if chunk_size else "chunked (default ~32 MiB blocks)",
-                     chunk_size or max(1, 32 * 2**20 // (8 * n)), seconds, peak))
+        default_chunk = max(1, metrics_module._CHUNK_BYTES // (8 * n))
+        label = f"chunked (default, {metrics_module._CHUNK_BYTES >> 20} MiB blocks)"
+        rows.append(("chunked" if chunk_size else label, chunk_size or default_chunk, seconds, peak))
 
     print(f"{'computation':<34}{'chunk':>7}{'time s':>9}{'peak MiB':>10}{'time ratio':>12}{'mem ratio':>11}")
     for name, chunk, seconds, peak in rows:
