@@ -576,7 +576,9 @@ def _sq_dist(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
     ~ machine eps * (|x|^2 + |y|^2) is far below eps (>= 1e-3 of the cost scale), and
     the gradient 2 (x_i - y_j) does not depend on it. For p != 2 the cost and its
     gradient ``p D^(p-2) (x_i - y_j)`` need small distances to full relative accuracy
-    (a sqrt turns a 1e-16 rounding error into 1e-8), so explicit differences are used.
+    (a sqrt turns a 1e-16 rounding error into 1e-8), so they come from
+    ``refdml.distances._pairwise_norm``, which recomputes nearby pairs from explicit
+    differences.
     """
     if p != 2.0:
         return _pairwise_norm(x, y) ** 2
