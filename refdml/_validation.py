@@ -20,6 +20,8 @@ __all__ = [
     "check_choice",
     "check_features_prototypes",
     "check_same_length",
+    "check_context",
+    "check_upstream",
 ]
 
 
@@ -147,6 +149,8 @@ def check_rng(rng: Any) -> np.random.Generator:
     if rng is None or isinstance(rng, (numbers.Integral, np.random.SeedSequence)):
         if isinstance(rng, bool):
             raise TypeError(f"rng must be None, an int or a numpy Generator, got {rng!r}")
+        if isinstance(rng, numbers.Integral) and rng < 0:
+            raise ValueError(f"rng == {int(rng)}, must be a non-negative seed (or None, or a Generator)")
         return np.random.default_rng(rng)
     if isinstance(rng, np.random.Generator):
         return rng
@@ -171,3 +175,57 @@ def check_features_prototypes(features, prototypes) -> tuple[np.ndarray, np.ndar
             f"features.shape={features.shape}, prototypes.shape={prototypes.shape}"
         )
     return features, prototypes
+
+
+def check_context(ctx: Any, name: str, cls: type | tuple[type, ...]) -> Any:
+    """Check that a backward was handed the context its own forward returns.
+
+    Raises ``TypeError`` naming the parameter, the expected and the given type: a
+    context of another operator (or a tuple, or None) must not reach the arithmetic,
+    where it would give an ``AttributeError`` or a plausible but wrong gradient.
+    """
+    if not isinstance(ctx, cls):
+        wanted = (
+            " or ".join(c.__name__ for c in cls) if isinstance(cls, tuple) else cls.__name__
+        )
+        raise TypeError(
+            f"{name} must be the {wanted} returned by the matching forward, "
+            f"got {type(ctx).__name__}"
+        )
+    return ctx
+
+
+def check_upstream(
+    value: Any, name: str, shape: tuple[int, ...], *, allow_none: bool = False
+) -> np.ndarray | None:
+    """Validate an upstream gradient: real, exactly ``shape`` (no broadcasting), finite.
+
+    Returns a float64 array (a 0-d array for a scalar output). ``None`` is returned
+    unchanged only when ``allow_none`` (the caller documents that it means zero).
+    A scalar output (``shape == ()``) also accepts a Python or NumPy real number.
+    """
+    if value is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{name} must be an array of shape {shape}, got None")
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be an array of real numbers, got {_describe(value)}")
+    array = np.asarray(value)
+    if array.dtype == bool or not (
+        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    ):
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {array.dtype}")
+    if array.shape != tuple(shape):
+        raise ValueError(
+            f"{name} has shape {array.shape}, must be {tuple(shape)} (the shape of the "
+            "forward's output; it is not broadcast)"
+        )
+    array = np.array(array, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        if array.ndim == 0:
+            raise ValueError(f"{name} == {array.item()}, must be finite")
+        bad = np.argwhere(~np.isfinite(array))[0]
+        raise ValueError(
+            f"{name} must be finite, got {array[tuple(bad)]} at index {tuple(int(i) for i in bad)}"
+        )
+    return array
