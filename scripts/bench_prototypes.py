@@ -40,8 +40,8 @@ def bench_ridge(repeat: int) -> None:
     for b, m in ((32, 512), (64, 256), (128, 128), (256, 64), (512, 32)):
         Z = rng.dirichlet(np.ones(m), size=b)
         Y = rng.standard_normal((b, 128))
-        t_primal = _best(lambda: ridge_fit(Z, Y, eps=0.05, form="primal"), repeat)
-        t_kernel = _best(lambda: ridge_fit(Z, Y, eps=0.05, form="kernel"), repeat)
+        t_primal = _best(lambda: ridge_fit(Z, Y, ridge=0.05, form="primal"), repeat)
+        t_kernel = _best(lambda: ridge_fit(Z, Y, ridge=0.05, form="kernel"), repeat)
         print(f"  b = {b:4d}, m = {m:4d}{'':14}{1e3 * t_primal:9.3f}  {1e3 * t_kernel:11.3f}"
               f"  {t_primal / t_kernel:13.2f}")
 
@@ -54,8 +54,8 @@ def bench_rls(repeat: int) -> None:
     for m in (64, 256, 512):
         Z = rng.dirichlet(np.ones(m), size=b)
         Y = rng.standard_normal((b, d))
-        woodbury = RecursivePrototypes(m, d, alpha=1.0, beta=0.5)
-        exact = RecursivePrototypes(m, d, alpha=0.99, beta=0.5)
+        woodbury = RecursivePrototypes(m, d, alpha=1.0, ridge=0.5)
+        exact = RecursivePrototypes(m, d, alpha=0.99, ridge=0.5)
         R = exact.information
         Q = np.zeros((m, d))
 

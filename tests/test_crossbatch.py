@@ -77,8 +77,8 @@ def test_split_depends_on_rng_and_losses_use_it():
     assert len(masks) > 1
     rng = np.random.default_rng(0)
     Z, Y = rng.dirichlet(np.ones(4), size=16), rng.standard_normal((16, 3))
-    drawn = crossbatch.xml_loss(Z, Y, labels, eps=0.1, base_loss=smooth_pair_loss, rng=7)[0]
-    fixed = crossbatch.xml_loss(Z, Y, labels, eps=0.1, base_loss=smooth_pair_loss,
+    drawn = crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss=smooth_pair_loss, rng=7)[0]
+    fixed = crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss=smooth_pair_loss,
                                 split=crossbatch.class_disjoint_split(labels, rng=7))[0]
     assert drawn == fixed
 
@@ -89,7 +89,7 @@ def test_fewer_than_two_classes_cannot_be_split():
     with pytest.raises(ValueError, match="fewer than two classes cannot be split"):
         crossbatch.class_disjoint_split([3, 3, 3, 3])
     with pytest.raises(ValueError, match="fewer than two classes cannot be split"):
-        crossbatch.xml_loss(Z, Y, [1, 1, 1, 1], eps=0.1, base_loss=smooth_pair_loss)
+        crossbatch.xml_loss(Z, Y, [1, 1, 1, 1], ridge=0.1, base_loss=smooth_pair_loss)
     with pytest.raises(ValueError, match="fewer than two classes cannot be split"):
         crossbatch.zero_shot_loss(Z, [0, 0, 0, 0], rng.standard_normal((2, 2)))
 
@@ -99,14 +99,14 @@ def test_a_given_split_is_validated():
     Z, Y = rng.dirichlet(np.ones(3), size=4), rng.standard_normal((4, 2))
     labels = np.array([0, 0, 1, 1])
     with pytest.raises(ValueError, match=r"not class-disjoint: classes \[1\]"):
-        crossbatch.xml_loss(Z, Y, labels, eps=0.1, base_loss=smooth_pair_loss,
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss=smooth_pair_loss,
                             split=np.array([True, True, True, False]))
     with pytest.raises(ValueError, match="one half empty"):
-        crossbatch.xml_loss(Z, Y, labels, eps=0.1, base_loss=smooth_pair_loss, split=np.ones(4, bool))
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss=smooth_pair_loss, split=np.ones(4, bool))
     with pytest.raises(TypeError, match="boolean mask"):
-        crossbatch.xml_loss(Z, Y, labels, eps=0.1, base_loss=smooth_pair_loss, split=[1, 1, 0, 0])
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss=smooth_pair_loss, split=[1, 1, 0, 0])
     with pytest.raises(ValueError, match="split has shape"):
-        crossbatch.xml_loss(Z, Y, labels, eps=0.1, base_loss=smooth_pair_loss, split=np.ones(3, bool))
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss=smooth_pair_loss, split=np.ones(3, bool))
 
 
 # --------------------------------------------------------------------------- cross fit
@@ -116,7 +116,7 @@ def test_cross_fit_matches_a_loop_and_its_gradient_is_right():
     rng = np.random.default_rng(1)
     labels, split = _labels_and_split(rng, 4, 3)
     Z, T = rng.dirichlet(np.ones(5), size=12), rng.standard_normal((12, 3))
-    P = crossbatch.cross_fit(Z, T, split, eps=0.2)
+    P = crossbatch.cross_fit(Z, T, split, ridge=0.2)
     V1 = _loop_ridge(Z[split], T[split], 0.2)
     V2 = _loop_ridge(Z[~split], T[~split], 0.2)
     for i in range(12):
@@ -124,20 +124,20 @@ def test_cross_fit_matches_a_loop_and_its_gradient_is_right():
         np.testing.assert_allclose(P[i], expected, rtol=1e-10, atol=1e-12)
 
     def forward(Z, targets):
-        return crossbatch.cross_fit_forward(Z, targets, split, eps=0.2)
+        return crossbatch.cross_fit_forward(Z, targets, split, ridge=0.2)
 
     result = check_gradients(forward, crossbatch.cross_fit_backward, {"Z": Z, "targets": T}, rng=1)
     assert_gradients(result, rtol=1e-6)
     with pytest.raises(TypeError, match="boolean mask"):
-        crossbatch.cross_fit(Z, T, split.astype(int), eps=0.2)
+        crossbatch.cross_fit(Z, T, split.astype(int), ridge=0.2)
     with pytest.raises(ValueError, match="one half empty"):
-        crossbatch.cross_fit(Z, T, np.zeros(12, bool), eps=0.2)
+        crossbatch.cross_fit(Z, T, np.zeros(12, bool), ridge=0.2)
 
 
 # --------------------------------------------------------------------------- XML loss
 
 
-def _loop_xml(Z, Y, labels, split, eps, base_loss, lam, kwargs=None):
+def _loop_xml(Z, Y, labels, split, eps, base_loss, lambda_, kwargs=None):
     """Eqs. (2.10)-(2.11) in the paper's columns: V_k = Y_k (Z_k^T Z_k + eps I)^{-1} Z_k^T
     (d x m), Y_hat_1 = V_2 Z_1, Y_hat_2 = V_1 Z_2."""
     kwargs = kwargs or {}
@@ -152,23 +152,23 @@ def _loop_xml(Z, Y, labels, split, eps, base_loss, lam, kwargs=None):
         predictions = np.array([other @ Z[i] for i in idx])
         total += base_loss(predictions, labels[idx], **kwargs)[0]
     dml = base_loss(Y, labels, **kwargs)[0]
-    return (1 - lam) * dml + lam * total
+    return (1 - lambda_) * dml + lambda_ * total
 
 
-@pytest.mark.parametrize("lam", [1.0, 0.6, 0.0])
+@pytest.mark.parametrize("lambda_", [1.0, 0.6, 0.0])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_xml_loss_matches_a_loop_and_its_gradient_is_right(lam, seed):
+def test_xml_loss_matches_a_loop_and_its_gradient_is_right(lambda_, seed):
     rng = np.random.default_rng(seed)
     labels, split = _labels_and_split(rng, 4, 3)
     Z, Y = rng.dirichlet(np.ones(5), size=12), rng.standard_normal((12, 3))
-    value, grads = crossbatch.xml_loss(Z, Y, labels, eps=0.2, base_loss=smooth_pair_loss,
-                                       split=split, lam=lam)
-    expected = _loop_xml(Z, Y, labels, split, 0.2, smooth_pair_loss, lam)
+    value, grads = crossbatch.xml_loss(Z, Y, labels, ridge=0.2, base_loss=smooth_pair_loss,
+                                       split=split, lambda_=lambda_)
+    expected = _loop_xml(Z, Y, labels, split, 0.2, smooth_pair_loss, lambda_)
     np.testing.assert_allclose(value, expected, rtol=1e-10)
-    inputs = {"Z": Z, "Y": Y, "labels": labels, "eps": 0.2, "base_loss": smooth_pair_loss,
-              "split": split, "lam": lam}
+    inputs = {"Z": Z, "Y": Y, "labels": labels, "ridge": 0.2, "base_loss": smooth_pair_loss,
+              "split": split, "lambda_": lambda_}
     assert_gradients(check_loss(crossbatch.xml_loss, inputs, wrt=("Z", "Y"), rng=seed), rtol=1e-6)
-    if lam == 0.0:
+    if lambda_ == 0.0:
         np.testing.assert_allclose(value, smooth_pair_loss(Y, labels)[0], rtol=1e-13)
         np.testing.assert_array_equal(grads.Z, 0.0)
 
@@ -187,12 +187,12 @@ def _batches(draw, with_targets=True):
 
 
 @given(_batches(), st.floats(0.0, 1.0))
-def test_xml_loss_gradients_hypothesis(batch, lam):
+def test_xml_loss_gradients_hypothesis(batch, lambda_):
     Z, Y, labels, eps, split = batch
-    inputs = {"Z": Z, "Y": 2.0 * Y, "labels": labels, "eps": eps, "base_loss": smooth_pair_loss,
-              "split": split, "lam": lam}
+    inputs = {"Z": Z, "Y": 2.0 * Y, "labels": labels, "ridge": eps, "base_loss": smooth_pair_loss,
+              "split": split, "lambda_": lambda_}
     value = crossbatch.xml_loss(**inputs)[0]
-    np.testing.assert_allclose(value, _loop_xml(Z, 2.0 * Y, labels, split, eps, smooth_pair_loss, lam),
+    np.testing.assert_allclose(value, _loop_xml(Z, 2.0 * Y, labels, split, eps, smooth_pair_loss, lambda_),
                                rtol=1e-8, atol=1e-10)
     assert_gradients(check_loss(crossbatch.xml_loss, inputs, wrt=("Z", "Y"), rng=0), rtol=1e-6)
 
@@ -201,20 +201,20 @@ def test_xml_loss_default_base_loss_is_contrastive():
     rng = np.random.default_rng(3)
     labels, split = _labels_and_split(rng, 4, 3)
     Z, Y = rng.dirichlet(np.ones(5), size=12), rng.standard_normal((12, 3))
-    value, grads = crossbatch.xml_loss(Z, Y, labels, eps=0.2, split=split, lam=0.5)
+    value, grads = crossbatch.xml_loss(Z, Y, labels, ridge=0.2, split=split, lambda_=0.5)
     expected = _loop_xml(Z, Y, labels, split, 0.2, losses.contrastive, 0.5)
     np.testing.assert_allclose(value, expected, rtol=1e-10)
     # Away from the hinge m- = 0.3841 (the default margin) and from coincident points,
     # the default path is smooth: check its gradient with the default margins.
-    predictions = crossbatch.cross_fit(Z, Y, split, eps=0.2)
+    predictions = crossbatch.cross_fit(Z, Y, split, ridge=0.2)
     for points in (predictions[split], predictions[~split], Y):
         distances = np.linalg.norm(points[:, None] - points[None], axis=-1)
         assert np.min(np.abs(distances - 0.3841)) > 1e-3
         assert np.min(distances + np.eye(len(points))) > 1e-3
-    inputs = {"Z": Z, "Y": Y, "labels": labels, "eps": 0.2, "split": split, "lam": 0.5}
+    inputs = {"Z": Z, "Y": Y, "labels": labels, "ridge": 0.2, "split": split, "lambda_": 0.5}
     assert_gradients(check_loss(crossbatch.xml_loss, inputs, wrt=("Z", "Y"), rng=3), rtol=1e-6)
     kwargs = {"pos_margin": 0.0, "neg_margin": 100.0, "reduction": "sum"}
-    value = crossbatch.xml_loss(Z, Y, labels, eps=0.2, split=split, base_loss_kwargs=kwargs)[0]
+    value = crossbatch.xml_loss(Z, Y, labels, ridge=0.2, split=split, base_loss_kwargs=kwargs)[0]
     expected = _loop_xml(Z, Y, labels, split, 0.2, losses.contrastive, 1.0, kwargs)
     np.testing.assert_allclose(value, expected, rtol=1e-10)
 
@@ -223,18 +223,18 @@ def test_xml_loss_bad_input():
     rng = np.random.default_rng(0)
     Z, Y = rng.dirichlet(np.ones(3), size=4), rng.standard_normal((4, 2))
     labels = np.array([0, 0, 1, 1])
-    with pytest.raises(ValueError, match="eps == 0.0"):
-        crossbatch.xml_loss(Z, Y, labels, eps=0.0)
-    with pytest.raises(ValueError, match="lam == 1.5"):
-        crossbatch.xml_loss(Z, Y, labels, eps=0.1, lam=1.5)
+    with pytest.raises(ValueError, match="ridge == 0.0"):
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.0)
+    with pytest.raises(ValueError, match="lambda_ == 1.5"):
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.1, lambda_=1.5)
     with pytest.raises(ValueError, match="Z has 4 rows but Y has 3"):
-        crossbatch.xml_loss(Z, Y[:3], labels, eps=0.1)
+        crossbatch.xml_loss(Z, Y[:3], labels, ridge=0.1)
     with pytest.raises(ValueError, match="labels has length 3"):
-        crossbatch.xml_loss(Z, Y, labels[:3], eps=0.1)
+        crossbatch.xml_loss(Z, Y, labels[:3], ridge=0.1)
     with pytest.raises(ValueError, match="Y must be finite"):
-        crossbatch.xml_loss(Z, Y * np.inf, labels, eps=0.1)
+        crossbatch.xml_loss(Z, Y * np.inf, labels, ridge=0.1)
     with pytest.raises(TypeError, match="base_loss must be callable"):
-        crossbatch.xml_loss(Z, Y, labels, eps=0.1, base_loss="contrastive")
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss="contrastive")
 
 
 # --------------------------------------------------------------------------- zero-shot loss
@@ -324,14 +324,14 @@ def test_zero_shot_losses_hypothesis(batch, scale, data):
     n_classes = int(labels.max()) + 1 + data.draw(st.integers(0, 2))
     upsilon = data.draw(rst.points_in_unit_ball(n_classes, 3))
     np.testing.assert_allclose(
-        crossbatch.zero_shot_loss(Z, labels, upsilon, eps=eps, scale=scale, split=split)[0],
+        crossbatch.zero_shot_loss(Z, labels, upsilon, ridge=eps, scale=scale, split=split)[0],
         _loop_zero_shot(Z, labels, upsilon, split, eps, scale), rtol=1e-8,
     )
     np.testing.assert_allclose(
-        crossbatch.zero_shot_loss_printed(Z, labels, upsilon, eps=eps, split=split)[0],
+        crossbatch.zero_shot_loss_printed(Z, labels, upsilon, ridge=eps, split=split)[0],
         _loop_zero_shot_printed(Z, labels, upsilon, split, eps), rtol=1e-8,
     )
-    inputs = {"Z": Z, "labels": labels, "class_embeddings": upsilon, "eps": eps, "split": split}
+    inputs = {"Z": Z, "labels": labels, "class_embeddings": upsilon, "ridge": eps, "split": split}
     assert_gradients(check_loss(crossbatch.zero_shot_loss_printed, inputs, rng=0), rtol=1e-6)
     inputs["scale"] = scale
     assert_gradients(check_loss(crossbatch.zero_shot_loss, inputs, rng=0), rtol=1e-6)
@@ -345,8 +345,8 @@ def test_zero_shot_bad_input():
         crossbatch.zero_shot_loss_printed(Z, np.where(labels == 0, -1, labels), upsilon)
     with pytest.raises(ValueError, match="scale == 0.0"):
         crossbatch.zero_shot_loss(Z, labels, upsilon, scale=0.0)
-    with pytest.raises(ValueError, match="eps == -0.05"):
-        crossbatch.zero_shot_loss(Z, labels, upsilon, eps=-0.05)
+    with pytest.raises(ValueError, match="ridge == -0.05"):
+        crossbatch.zero_shot_loss(Z, labels, upsilon, ridge=-0.05)
     with pytest.raises(ValueError, match="class_embeddings must be finite"):
         crossbatch.zero_shot_loss(Z, labels, upsilon * np.nan)
     with pytest.raises(ValueError, match="class_embeddings must have 2 dimensions"):

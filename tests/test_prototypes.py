@@ -37,8 +37,8 @@ def _batch(rng, b, m, d):
 def test_ridge_primal_equals_kernel_equals_lstsq(b, m):
     rng = np.random.default_rng(b * 10 + m)
     Z, Y = _batch(rng, b, m, 3)
-    primal = prototypes.ridge_fit(Z, Y, eps=0.05, form="primal")
-    kernel = prototypes.ridge_fit(Z, Y, eps=0.05, form="kernel")
+    primal = prototypes.ridge_fit(Z, Y, ridge=0.05, form="primal")
+    kernel = prototypes.ridge_fit(Z, Y, ridge=0.05, form="kernel")
     np.testing.assert_allclose(primal, kernel, rtol=0, atol=1e-10 * np.abs(primal).max())
     np.testing.assert_allclose(primal, _lstsq_ridge([Z], [Y], [1.0], 0.05), rtol=1e-10, atol=1e-12)
     # First-order optimality of the ridge objective.
@@ -52,16 +52,16 @@ def test_ridge_primal_equals_kernel_equals_lstsq(b, m):
 def test_ridge_forms_agree_hypothesis(b, m, eps, data):
     Z = data.draw(rst.simplex_vectors(m, batch=b))
     Y = data.draw(rst.points_in_unit_ball(b, 2))
-    primal = prototypes.ridge_fit(Z, Y, eps=eps, form="primal")
-    kernel = prototypes.ridge_fit(Z, Y, eps=eps, form="kernel")
+    primal = prototypes.ridge_fit(Z, Y, ridge=eps, form="primal")
+    kernel = prototypes.ridge_fit(Z, Y, ridge=eps, form="kernel")
     np.testing.assert_allclose(primal, kernel, rtol=0, atol=1e-10 * max(1.0, np.abs(primal).max()))
 
 
 def test_ridge_auto_solves_the_smaller_system():
     rng = np.random.default_rng(0)
     Z, Y = _batch(rng, 3, 8, 2)
-    assert prototypes.ridge_fit_forward(Z, Y, eps=0.1)[1].form == "kernel"
-    assert prototypes.ridge_fit_forward(Z.T @ Z, Z.T @ Y, eps=0.1)[1].form == "primal"
+    assert prototypes.ridge_fit_forward(Z, Y, ridge=0.1)[1].form == "kernel"
+    assert prototypes.ridge_fit_forward(Z.T @ Z, Z.T @ Y, ridge=0.1)[1].form == "primal"
 
 
 @pytest.mark.parametrize("form", ["primal", "kernel"])
@@ -71,7 +71,7 @@ def test_ridge_gradients_fixed_seeds(form, seed):
     Z, Y = _batch(rng, 6 if form == "primal" else 3, 4, 3)
 
     def forward(Z, Y):
-        return prototypes.ridge_fit_forward(Z, Y, eps=0.2, form=form)
+        return prototypes.ridge_fit_forward(Z, Y, ridge=0.2, form=form)
 
     result = check_gradients(forward, prototypes.ridge_fit_backward, {"Z": Z, "Y": Y}, rng=seed)
     assert_gradients(result, rtol=1e-6)
@@ -83,7 +83,7 @@ def test_ridge_gradients_hypothesis(b, m, eps, data):
     Y = data.draw(rst.points_in_unit_ball(b, 2))
     for form in ("primal", "kernel"):
         def forward(Z, Y):
-            return prototypes.ridge_fit_forward(Z, Y, eps=eps, form=form)
+            return prototypes.ridge_fit_forward(Z, Y, ridge=eps, form=form)
 
         result = check_gradients(forward, prototypes.ridge_fit_backward, {"Z": Z, "Y": Y}, rng=0)
         assert_gradients(result, rtol=1e-6)
@@ -94,7 +94,7 @@ def test_ridge_backward_matches_the_closed_form_of_the_brief():
     rng = np.random.default_rng(5)
     Z, Y = _batch(rng, 3, 6, 2)
     G = rng.standard_normal((6, 2))
-    V, ctx = prototypes.ridge_fit_forward(Z, Y, eps=0.3, form="kernel")
+    V, ctx = prototypes.ridge_fit_forward(Z, Y, ridge=0.3, form="kernel")
     S = np.linalg.solve(Z.T @ Z + 0.3 * np.eye(6), G)
     grads = prototypes.ridge_fit_backward(ctx, G)
     np.testing.assert_allclose(grads.Y, Z @ S, rtol=1e-10, atol=1e-13)
@@ -105,7 +105,7 @@ def test_ridge_backward_matches_the_closed_form_of_the_brief():
 
 
 def _check_against_batch(alpha, beta, batches, m, d, rtol):
-    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, beta=beta)
+    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, ridge=beta)
     seen_Z, seen_Y = [], []
     for Z, Y in batches:
         estimator.update(Z, Y)
@@ -131,7 +131,7 @@ def test_rls_equals_batch_solution_after_every_update(alpha, beta):
 @pytest.mark.parametrize("alpha", [1.0, 0.8])
 def test_rls_with_beta_zero_starts_once_r_k_is_invertible(alpha):
     rng = np.random.default_rng(4)
-    estimator = prototypes.RecursivePrototypes(4, 2, alpha=alpha, beta=0.0)
+    estimator = prototypes.RecursivePrototypes(4, 2, alpha=alpha, ridge=0.0)
     with pytest.raises(ValueError, match="R_K is singular after 0 updates"):
         estimator.prototypes
     estimator.update(*_batch(rng, 3, 4, 2))  # 3 rows cannot span 4 prototypes
@@ -139,7 +139,7 @@ def test_rls_with_beta_zero_starts_once_r_k_is_invertible(alpha):
         estimator.prototypes
     seen = [_batch(rng, 3, 4, 2)]
     seen_Z, seen_Y = [seen[0][0]], [seen[0][1]]
-    estimator = prototypes.RecursivePrototypes(4, 2, alpha=alpha, beta=0.0).update(*seen[0])
+    estimator = prototypes.RecursivePrototypes(4, 2, alpha=alpha, ridge=0.0).update(*seen[0])
     for _ in range(12):
         Z, Y = _batch(rng, 3, 4, 2)
         estimator.update(Z, Y)
@@ -179,7 +179,7 @@ def test_rls_drift_after_thousands_of_updates(alpha, beta):
     # (1, 0.5) and (0.95, 0) take the Woodbury branch, (0.95, 0.5) the Cholesky one.
     rng = np.random.default_rng(11)
     m, d, n_updates = 6, 4, 2000
-    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, beta=beta)
+    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, ridge=beta)
     seen_Z, seen_Y = [], []
     for _ in range(n_updates):
         Z, Y = _batch(rng, 4, m, d)
@@ -202,14 +202,14 @@ def _literal_printed_weights(R_K, R, alpha):
 def test_recursion_weights_against_literal_formulas(alpha):
     rng = np.random.default_rng(2)
     m, beta = 4, 0.4
-    estimator = prototypes.RecursivePrototypes(m, 2, alpha=alpha, beta=beta)
+    estimator = prototypes.RecursivePrototypes(m, 2, alpha=alpha, ridge=beta)
     for _ in range(5):
         estimator.update(*_batch(rng, 3, m, 2))
     R_K = estimator.information
     Z, _ = _batch(rng, 6, m, 2)
     R = Z.T @ Z + (1 - alpha) * beta * np.eye(m)
-    derived = prototypes.recursion_weights(R_K, Z, alpha=alpha, beta=beta)
-    printed = prototypes.recursion_weights(R_K, Z, alpha=alpha, beta=beta, printed=True)
+    derived = prototypes.recursion_weights(R_K, Z, alpha=alpha, ridge=beta)
+    printed = prototypes.recursion_weights(R_K, Z, alpha=alpha, ridge=beta, printed=True)
     inv = np.linalg.inv
     np.testing.assert_allclose(derived, alpha * inv(R) @ inv(inv(R_K) + alpha * inv(R)), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(printed, _literal_printed_weights(R_K, R, alpha), rtol=1e-9, atol=1e-12)
@@ -220,7 +220,7 @@ def test_printed_recursion_reproduces_v_next_only_for_alpha_one(alpha):
     """Finding, not a bug: the printed W_K of Eq. (2.7) lacks a factor alpha."""
     rng = np.random.default_rng(8)
     m, d, beta = 4, 3, 0.4
-    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, beta=beta)
+    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, ridge=beta)
     for _ in range(6):
         estimator.update(*_batch(rng, 3, m, d))
     V_K, R_K = estimator.prototypes, estimator.information
@@ -231,8 +231,8 @@ def test_printed_recursion_reproduces_v_next_only_for_alpha_one(alpha):
     def step(W):
         return W @ V_K + (np.eye(m) - W) @ V_batch
 
-    derived = prototypes.recursion_weights(R_K, Z, alpha=alpha, beta=beta)
-    printed = prototypes.recursion_weights(R_K, Z, alpha=alpha, beta=beta, printed=True)
+    derived = prototypes.recursion_weights(R_K, Z, alpha=alpha, ridge=beta)
+    printed = prototypes.recursion_weights(R_K, Z, alpha=alpha, ridge=beta, printed=True)
     np.testing.assert_allclose(step(derived), V_next, rtol=0, atol=1e-10)
     printed_error = np.abs(step(printed) - V_next).max() / np.abs(V_next).max()
     if alpha == 1.0:
@@ -252,7 +252,7 @@ def test_two_batch_decomposition_recovers_the_whole_batch_fit(b1, b2, m):
     Z1, Y1 = _batch(rng, b1, m, 2)
     Z2, Y2 = _batch(rng, b2, m, 2)
     eps = 0.1
-    result = prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, eps=eps)
+    result = prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, ridge=eps)
     whole = _lstsq_ridge([np.vstack([Z1, Z2])], [np.vstack([Y1, Y2])], [1.0], eps)
     np.testing.assert_allclose(result.V, whole, rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(result.V1, _lstsq_ridge([Z1], [Y1], [1.0], eps / 2), rtol=1e-9, atol=1e-11)
@@ -268,7 +268,7 @@ def test_printed_two_batch_weight_is_the_literal_formula_and_is_wrong():
     m, eps = 4, 0.1
     Z1, Y1 = _batch(rng, 5, m, 2)
     Z2, Y2 = _batch(rng, 5, m, 2)
-    printed = prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, eps=eps, printed=True)
+    printed = prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, ridge=eps, printed=True)
     R1 = Z1.T @ Z1 + eps / 2 * np.eye(m)
     R2 = Z2.T @ Z2 + eps / 2 * np.eye(m)
     inv = np.linalg.inv
@@ -283,29 +283,29 @@ def test_printed_two_batch_weight_is_the_literal_formula_and_is_wrong():
 
 def test_bad_input_is_rejected_naming_the_parameter():
     Z, Y = _batch(np.random.default_rng(0), 3, 4, 2)
-    with pytest.raises(ValueError, match=r"eps == 0.0, must be in \(0, inf\)"):
-        prototypes.ridge_fit(Z, Y, eps=0.0)
-    with pytest.raises(ValueError, match="eps == -1.0"):
-        prototypes.two_batch_decomposition(Z, Y, Z, Y, eps=-1.0)
+    with pytest.raises(ValueError, match=r"ridge == 0.0, must be in \(0, inf\)"):
+        prototypes.ridge_fit(Z, Y, ridge=0.0)
+    with pytest.raises(ValueError, match="ridge == -1.0"):
+        prototypes.two_batch_decomposition(Z, Y, Z, Y, ridge=-1.0)
     with pytest.raises(ValueError, match="Z has 3 rows but Y has 2"):
-        prototypes.ridge_fit(Z, Y[:2], eps=0.1)
+        prototypes.ridge_fit(Z, Y[:2], ridge=0.1)
     with pytest.raises(ValueError, match="form == 'dual'"):
-        prototypes.ridge_fit(Z, Y, eps=0.1, form="dual")
+        prototypes.ridge_fit(Z, Y, ridge=0.1, form="dual")
     bad = Z.copy()
     bad[1, 2] = np.nan
     with pytest.raises(ValueError, match="Z must be finite"):
-        prototypes.ridge_fit(bad, Y, eps=0.1)
+        prototypes.ridge_fit(bad, Y, ridge=0.1)
     with pytest.raises(ValueError, match=r"alpha == 0.0, must be in \(0, 1\]"):
-        prototypes.RecursivePrototypes(4, 2, alpha=0.0, beta=1.0)
+        prototypes.RecursivePrototypes(4, 2, alpha=0.0, ridge=1.0)
     with pytest.raises(ValueError, match="alpha == 1.5"):
-        prototypes.RecursivePrototypes(4, 2, alpha=1.5, beta=1.0)
-    with pytest.raises(ValueError, match="beta == -0.1"):
-        prototypes.RecursivePrototypes(4, 2, alpha=0.5, beta=-0.1)
+        prototypes.RecursivePrototypes(4, 2, alpha=1.5, ridge=1.0)
+    with pytest.raises(ValueError, match="ridge == -0.1"):
+        prototypes.RecursivePrototypes(4, 2, alpha=0.5, ridge=-0.1)
     with pytest.raises(ValueError, match="alpha == 2.0"):
-        prototypes.recursion_weights(np.eye(4), Z, alpha=2.0, beta=1.0)
+        prototypes.recursion_weights(np.eye(4), Z, alpha=2.0, ridge=1.0)
     with pytest.raises(ValueError, match="R_K has shape"):
-        prototypes.recursion_weights(np.eye(3), Z, alpha=1.0, beta=1.0)
-    estimator = prototypes.RecursivePrototypes(4, 2, alpha=0.5, beta=1.0)
+        prototypes.recursion_weights(np.eye(3), Z, alpha=1.0, ridge=1.0)
+    estimator = prototypes.RecursivePrototypes(4, 2, alpha=0.5, ridge=1.0)
     with pytest.raises(ValueError, match="expected n_prototypes=4"):
         estimator.update(Z[:, :3], Y)
     with pytest.raises(ValueError, match="expected dim=2"):
@@ -313,6 +313,138 @@ def test_bad_input_is_rejected_naming_the_parameter():
     with pytest.raises(ValueError, match="Y must be finite"):
         estimator.update(Z, Y * np.inf)
     with pytest.raises(TypeError, match="n_prototypes must be an integer"):
-        prototypes.RecursivePrototypes(4.5, 2, alpha=0.5, beta=1.0)
+        prototypes.RecursivePrototypes(4.5, 2, alpha=0.5, ridge=1.0)
     with pytest.raises(ValueError, match="the halves must have the same columns"):
-        prototypes.two_batch_decomposition(Z, Y, Z[:, :3], Y, eps=0.1)
+        prototypes.two_batch_decomposition(Z, Y, Z[:, :3], Y, ridge=0.1)
+
+
+# --------------------------------------------------------------------------- extreme input
+
+SCALES = [1e-300, 1e-150, 1e150, 1e300]
+
+
+def _pow2(x):
+    """The power of two nearest to x (rescaling by it is exact)."""
+    return float(np.ldexp(1.0, int(np.round(np.log2(x)))))
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("form", ["primal", "kernel"])
+def test_ridge_fit_at_extreme_scales_of_Z_and_Y(scale, form):
+    # ridge fixed; V(tZ, Y; r) = W(Z, Y; r / t^2) / t, with the oracle on the rescaled data
+    # (lstsq of the augmented system; r / t^2 -> 0 gives the minimum-norm lstsq solution,
+    # r / t^2 -> inf gives Z^T Y / (r / t^2)).
+    rng = np.random.default_rng(7)
+    b, m = (9, 4) if form == "primal" else (4, 9)
+    Z, Y = _batch(rng, b, m, 3)
+    t, ridge = _pow2(scale), 0.05
+    V = prototypes.ridge_fit(t * Z, Y, ridge=ridge, form=form)
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        reduced = np.float64(ridge) / np.float64(t) ** 2
+    if reduced < 1e-20:  # the ridge is negligible: minimum-norm least squares
+        oracle = np.linalg.lstsq(Z, Y, rcond=None)[0] / t
+    elif reduced > 1.0:  # (G + r' I)^{-1} = (G / r' + I)^{-1} / r', and 1 / (r' t) = t / ridge
+        oracle = np.linalg.solve(Z.T @ Z / reduced + np.eye(m), Z.T @ Y) * (t / ridge)
+    else:
+        oracle = np.linalg.solve(Z.T @ Z + reduced * np.eye(m), Z.T @ Y) / t
+    np.testing.assert_allclose(V, oracle, rtol=1e-9, atol=0)
+    # Y is linear: V(Z, sY) = s V(Z, Y).
+    s = _pow2(scale)
+    np.testing.assert_allclose(prototypes.ridge_fit(Z, s * Y, ridge=ridge, form=form),
+                               s * _lstsq_ridge([Z], [Y], [1.0], ridge), rtol=1e-10, atol=0)
+    # The backward works on the same rescaled system: gradients stay finite.
+    _, ctx = prototypes.ridge_fit_forward(t * Z, Y, ridge=ridge, form=form)
+    grads = prototypes.ridge_fit_backward(ctx, np.ones((m, 3)))
+    assert np.all(np.isfinite(grads.Z)) and np.all(np.isfinite(grads.Y))
+
+
+def test_ridge_fit_overflow_and_singular_systems_are_named():
+    rng = np.random.default_rng(0)
+    Z, Y = _batch(rng, 9, 4, 3)
+    with pytest.raises(ValueError, match="V overflows float64"):
+        prototypes.ridge_fit(Z * 1e-10, Y * 1e300, ridge=1e-30)
+    # b > m in the kernel form: Z Z^T (9 x 9, rank 4) with the ridge rounded away.
+    with pytest.raises(ValueError, match=r"Z Z\^T \+ ridge I \(kernel form\) is numerically singular"):
+        prototypes.ridge_fit(Z * 1e300, Y, ridge=1.0, form="kernel")
+
+
+@pytest.mark.parametrize("ridge", [1e-300, 1e-200, 1e-30])
+def test_two_batch_decomposition_with_tiny_ridge_is_a_named_error_or_right(ridge):
+    rng = np.random.default_rng(1)
+    Z1, Y1 = _batch(rng, 2, 5, 2)
+    Z2, Y2 = _batch(rng, 2, 5, 2)  # 4 rows cannot span 5 prototypes
+    with pytest.raises(ValueError, match=r"R_1 \+ R_2 .* is numerically singular.*ridge =="):
+        prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, ridge=ridge)
+    with pytest.raises(ValueError, match=r"R_2 = Z2\^T Z2"):
+        prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, ridge=ridge, printed=True)
+    # Enough rows: R_1 + R_2 is definite and the decomposition is the whole-batch fit.
+    Z1, Y1 = _batch(rng, 6, 3, 2)
+    Z2, Y2 = _batch(rng, 6, 3, 2)
+    result = prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, ridge=ridge)
+    whole = _lstsq_ridge([np.vstack([Z1, Z2])], [np.vstack([Y1, Y2])], [1.0], ridge)
+    np.testing.assert_allclose(result.V, whole, rtol=1e-8, atol=0)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_two_batch_decomposition_at_extreme_scales(scale):
+    rng = np.random.default_rng(2)
+    Z1, Y1 = _batch(rng, 6, 3, 2)
+    Z2, Y2 = _batch(rng, 6, 3, 2)
+    t = _pow2(scale)
+    ridge = 0.1 * t * t if 1e-150 <= scale <= 1e150 else 0.1
+    result = prototypes.two_batch_decomposition(t * Z1, Y1, t * Z2, Y2, ridge=ridge)
+    np.testing.assert_allclose(
+        result.V, prototypes.ridge_fit(t * np.vstack([Z1, Z2]), np.vstack([Y1, Y2]), ridge=ridge),
+        rtol=1e-8, atol=0)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.9])
+def test_rls_with_tiny_ridge_waits_for_a_definite_r_k_then_is_right(alpha):
+    rng = np.random.default_rng(5)
+    ridge = 1e-300
+    estimator = prototypes.RecursivePrototypes(4, 2, alpha=alpha, ridge=ridge)
+    np.testing.assert_array_equal(estimator.prototypes, 0.0)  # V_0 = 0 exactly
+    Z, Y = _batch(rng, 3, 4, 2)
+    estimator.update(Z, Y)  # 3 rows cannot span 4 prototypes: R_1 numerically singular
+    with pytest.raises(ValueError, match="ridge == 1e-300.*no unique solution"):
+        estimator.prototypes
+    seen_Z, seen_Y = [Z], [Y]
+    for _ in range(6):
+        Z, Y = _batch(rng, 3, 4, 2)
+        estimator.update(Z, Y)
+        seen_Z.append(Z)
+        seen_Y.append(Y)
+        K = len(seen_Z)
+        expected = _lstsq_ridge(seen_Z, seen_Y, alpha ** (K - 1 - np.arange(K, dtype=float)), 0.0)
+        np.testing.assert_allclose(estimator.prototypes, expected, rtol=0,
+                                   atol=1e-9 * np.abs(expected).max())
+
+
+def test_rls_overflowing_batch_is_named_and_leaves_the_state():
+    estimator = prototypes.RecursivePrototypes(3, 2, alpha=0.9, ridge=0.5)
+    Z, Y = _batch(np.random.default_rng(0), 4, 3, 2)
+    estimator.update(Z, Y)
+    before = estimator.prototypes
+    with pytest.raises(ValueError, match=r"Z\^T Z overflows float64"):
+        estimator.update(Z * 1e200, Y)
+    np.testing.assert_array_equal(estimator.prototypes, before)
+    assert estimator.n_updates == 1
+
+
+def test_two_batch_messages_name_the_parameter_passed():
+    Z, Y = _batch(np.random.default_rng(0), 3, 4, 2)
+    with pytest.raises(ValueError, match="Z1 has 3 rows but Y1 has 2"):
+        prototypes.two_batch_decomposition(Z, Y[:2], Z, Y, ridge=0.1)
+    with pytest.raises(ValueError, match="Z2 must be finite"):
+        prototypes.two_batch_decomposition(Z, Y, Z * np.nan, Y, ridge=0.1)
+
+
+def test_ridge_backward_rejects_foreign_context_and_bad_upstream():
+    Z, Y = _batch(np.random.default_rng(0), 5, 3, 2)
+    _, ctx = prototypes.ridge_fit_forward(Z, Y, ridge=0.1)
+    with pytest.raises(TypeError, match="ctx must be the RidgeContext"):
+        prototypes.ridge_fit_backward(object(), np.ones((3, 2)))
+    with pytest.raises(ValueError, match=r"d_V has shape \(2, 3\)"):
+        prototypes.ridge_fit_backward(ctx, np.ones((2, 3)))
+    with pytest.raises(ValueError, match="d_V must be finite"):
+        prototypes.ridge_fit_backward(ctx, np.full((3, 2), np.nan))

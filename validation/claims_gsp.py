@@ -424,8 +424,8 @@ def check_eq_4_4(ctx) -> Finding:
     if module is not None:
         Z, labels, U, mask = _zs_instance(rng)
         ce, printed, _, _ = _zs_losses(Z, labels, U, mask)
-        cross = {"zero_shot_loss(scale=1)_vs_CE": abs(module.zero_shot_loss(Z, labels, U, eps=0.05, scale=1.0, split=mask)[0] - ce) / ce,
-                 "zero_shot_loss_printed_vs_printed": abs(module.zero_shot_loss_printed(Z, labels, U, eps=0.05, split=mask)[0] - printed) / printed}
+        cross = {"zero_shot_loss(scale=1)_vs_CE": abs(module.zero_shot_loss(Z, labels, U, ridge=0.05, scale=1.0, split=mask)[0] - ce) / ce,
+                 "zero_shot_loss_printed_vs_printed": abs(module.zero_shot_loss_printed(Z, labels, U, ridge=0.05, split=mask)[0] - printed) / printed}
     return Finding(
         readings=(
             Reading(PRINTED, "(4.4) as printed equals Algorithm 4's cross-entropy", worst["printed"], tol,

@@ -370,7 +370,7 @@ def check_eq_2_6(ctx) -> Finding:
     cross = None
     if module is not None:
         batches = _batches(rng, 6, 4, 5, 3)
-        est = module.RecursivePrototypes(5, 3, alpha=0.8, beta=0.5)
+        est = module.RecursivePrototypes(5, 3, alpha=0.8, ridge=0.5)
         for Zb, Yb in batches:
             est.update(Zb, Yb)
         cross = rel_err(est.prototypes, _rls_oracle(batches, 0.8, 0.5))
@@ -459,8 +459,8 @@ def check_eq_2_7(ctx) -> Finding:
         Z = batches[-1][0]
         R = Z.T @ Z + 0.4 * 0.5 * np.eye(4)
         cross = {
-            "derived": rel_err(module.recursion_weights(R_K, Z, alpha=0.6, beta=0.5), _wk(R_K, R, 0.6, "corrected")),
-            "printed": rel_err(module.recursion_weights(R_K, Z, alpha=0.6, beta=0.5, printed=True),
+            "derived": rel_err(module.recursion_weights(R_K, Z, alpha=0.6, ridge=0.5), _wk(R_K, R, 0.6, "corrected")),
+            "printed": rel_err(module.recursion_weights(R_K, Z, alpha=0.6, ridge=0.5, printed=True),
                                _wk(R_K, R, 0.6, "printed")),
         }
     return Finding(
@@ -600,7 +600,7 @@ def check_eq_2_9(ctx) -> Finding:
     if module is not None:
         Z1, Y1, Z2, Y2 = rng.uniform(0, 1, (5, 4)), rng.standard_normal((5, 3)), rng.uniform(0, 1, (6, 4)), rng.standard_normal((6, 3))
         full = ridge_lstsq([(1.0, np.vstack([Z1, Z2]), np.vstack([Y1, Y2]))], 0.4)
-        cross = rel_err(module.two_batch_decomposition(Z1, Y1, Z2, Y2, eps=0.4).V, full)
+        cross = rel_err(module.two_batch_decomposition(Z1, Y1, Z2, Y2, ridge=0.4).V, full)
     return Finding(
         readings=(
             Reading(PRINTED, "W = R_2^{-1}(R_1^{-1} + R_1^{-2})^{-1}", worst["printed"], tol, as_json["printed"],

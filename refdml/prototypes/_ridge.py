@@ -1,4 +1,4 @@
-"""Ridge fit of XML Eq. (2.8) / GSP (P3), scale-safe, with its backward pass.
+r"""Ridge fit of XML Eq. (2.8) / GSP (P3), scale-safe, with its backward pass.
 
 Exact rescaling. With ``t``, ``s`` powers of two (:func:`refdml._numerics.common_scale`)
 and ``Z = t Zs``, ``Y = s Ys`` (exact), substituting ``V = (s / t) W`` gives
