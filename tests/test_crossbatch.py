@@ -351,3 +351,109 @@ def test_zero_shot_bad_input():
         crossbatch.zero_shot_loss(Z, labels, upsilon * np.nan)
     with pytest.raises(ValueError, match="class_embeddings must have 2 dimensions"):
         crossbatch.zero_shot_loss(Z, labels, upsilon[0])
+
+
+# --------------------------------------------------------------------------- pairs, bad and extreme input
+
+
+def _pairs():
+    Z, labels, upsilon, split = _zero_shot_example(0)
+    Y = np.random.default_rng(0).standard_normal((labels.size, 3))
+    yield "xml", crossbatch.xml_loss_forward(Z, Y, labels, ridge=0.2, base_loss=smooth_pair_loss,
+                                             split=split, lambda_=0.5), crossbatch.xml_loss_backward
+    yield "zs", crossbatch.zero_shot_loss_forward(Z, labels, upsilon, split=split), \
+        crossbatch.zero_shot_loss_backward
+    yield "zsp", crossbatch.zero_shot_loss_printed_forward(Z, labels, upsilon, split=split), \
+        crossbatch.zero_shot_loss_printed_backward
+
+
+def test_loss_pairs_scale_with_d_value_and_check_what_they_are_handed():
+    contexts = []
+    for name, (value, ctx), backward in _pairs():
+        unit, twice = backward(ctx), backward(ctx, 2.5)
+        for field in vars(unit):
+            np.testing.assert_allclose(getattr(twice, field), 2.5 * getattr(unit, field), rtol=1e-12,
+                                       atol=1e-14 * np.abs(getattr(twice, field)).max())
+        with pytest.raises(TypeError, match="ctx must be"):
+            backward(object())
+        with pytest.raises(ValueError, match="d_value == nan"):
+            backward(ctx, np.nan)
+        with pytest.raises(ValueError, match=r"d_value has shape \(1,\)"):
+            backward(ctx, np.ones(1))
+        contexts.append(ctx)
+    # A context of the sibling loss is foreign too.
+    with pytest.raises(TypeError, match="ZeroShotPrintedContext"):
+        crossbatch.zero_shot_loss_printed_backward(contexts[1])
+    with pytest.raises(TypeError, match="ZeroShotContext"):
+        crossbatch.zero_shot_loss_backward(contexts[2])
+
+
+def test_one_call_forms_equal_the_pairs():
+    Z, labels, upsilon, split = _zero_shot_example(1)
+    value, grads = crossbatch.zero_shot_loss(Z, labels, upsilon, split=split)
+    value2, ctx = crossbatch.zero_shot_loss_forward(Z, labels, upsilon, split=split)
+    assert value == value2
+    np.testing.assert_array_equal(grads.Z, crossbatch.zero_shot_loss_backward(ctx).Z)
+
+
+def test_cross_fit_backward_checks_its_upstream():
+    rng = np.random.default_rng(0)
+    Z, T = rng.dirichlet(np.ones(4), size=6), rng.standard_normal((6, 2))
+    split = np.array([True, True, True, False, False, False])
+    P, ctx = crossbatch.cross_fit_forward(Z, T, split, ridge=0.1)
+    with pytest.raises(TypeError, match="CrossFitContext"):
+        crossbatch.cross_fit_backward(object(), P)
+    with pytest.raises(ValueError, match=r"d_predictions has shape \(2, 6\)"):
+        crossbatch.cross_fit_backward(ctx, P.T)
+    with pytest.raises(ValueError, match="d_predictions must be finite"):
+        crossbatch.cross_fit_backward(ctx, P * np.nan)
+    with pytest.raises(ValueError, match="split has shape"):
+        crossbatch.cross_fit(Z, T, split[:5], ridge=0.1)
+    with pytest.raises(ValueError, match="ridge == -1.0"):
+        crossbatch.cross_fit(Z, T, split, ridge=-1.0)
+    with pytest.raises(ValueError, match="lambda_ == -0.5"):
+        crossbatch.xml_loss(Z, T, [0, 0, 0, 1, 1, 1], ridge=0.1, lambda_=-0.5)
+    with pytest.raises(ValueError, match="labels has length 5"):
+        crossbatch.zero_shot_loss(Z, [0, 0, 1, 1, 1], rng.standard_normal((2, 2)))
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_cross_fit_and_xml_loss_at_extreme_scales(scale):
+    # P(tZ, sY; r) = s P(Z, Y; r / t^2): compare with the readable loop on rescaled data.
+    rng = np.random.default_rng(4)
+    labels, split = _labels_and_split(rng, 4, 3)
+    Z, Y = rng.dirichlet(np.ones(8), size=12), rng.standard_normal((12, 3))  # halves: 6 rows < 8
+    t = float(np.ldexp(1.0, int(np.round(np.log2(scale)))))
+    ridge = 0.2
+    P = crossbatch.cross_fit(t * Z, Y, split, ridge=ridge)
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        reduced = np.float64(ridge) / np.float64(t) ** 2
+    if 1e-280 < reduced < 1e280:
+        expected = crossbatch.cross_fit(Z, Y, split, ridge=float(reduced))
+    elif reduced <= 1e-280:  # ridge negligible: minimum-norm fits of the halves
+        expected = np.empty_like(Y)
+        for half, other in ((split, ~split), (~split, split)):
+            expected[half] = Z[half] @ np.linalg.lstsq(Z[other], Y[other], rcond=None)[0]
+    else:  # ridge dominant: V_k = (G_k / r' + I)^{-1} Z_k^T Y_k / r', 1 / r' = t^2 / ridge
+        expected = np.empty_like(Y)
+        for half, other in ((split, ~split), (~split, split)):
+            Zo = Z[other]
+            with np.errstate(under="ignore"):
+                inverse_reduced = t * (t / ridge)
+            fit = np.linalg.solve(Zo.T @ Zo * inverse_reduced + np.eye(8), Zo.T @ Y[other])
+            expected[half] = (Z[half] @ fit) * t * (t / ridge)
+    np.testing.assert_allclose(P, expected, rtol=1e-8, atol=0)
+    # Y scaled: the predictions are linear in Y; the stand-in base loss overflows at 1e300
+    # and must say so rather than return a NaN.
+    s = float(np.ldexp(1.0, int(np.round(np.log2(scale)))))
+    np.testing.assert_allclose(crossbatch.cross_fit(Z, s * Y, split, ridge=ridge),
+                               s * crossbatch.cross_fit(Z, Y, split, ridge=ridge), rtol=1e-12, atol=0)
+    if scale > 1e200:
+        with np.errstate(over="ignore", invalid="ignore"), \
+                pytest.raises(ValueError, match="base_loss returned a non-finite value"):
+            crossbatch.xml_loss(Z, s * Y, labels, ridge=ridge, base_loss=smooth_pair_loss, split=split)
+    elif scale < 1:
+        value = crossbatch.xml_loss(t * Z, Y, labels, ridge=ridge, base_loss=smooth_pair_loss,
+                                    split=split)[0]
+        np.testing.assert_allclose(value, sum(smooth_pair_loss(P[h], labels[h])[0]
+                                              for h in (split, ~split)), rtol=1e-10)
