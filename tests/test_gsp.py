@@ -474,3 +474,87 @@ def test_unrolled_at_mu_one_is_the_closed_form():
         gsp.weight_transport_backward_unrolled(result, None, d_pi).cost,
         gsp.weight_transport_backward(result, None, d_pi).cost,
     )
+
+
+# ----------------------------------------------------------------------------- extreme input
+
+SCALES = (1e-300, 1e-150, 1e150, 1e300)
+
+
+def test_cost_map_and_its_gradient_at_extreme_scales():
+    rng = np.random.default_rng(20)
+    features, prototypes = rng.standard_normal((2, 5, 3)), rng.standard_normal((4, 3))
+    d_cost = rng.standard_normal((2, 4, 5))
+    for s in SCALES:
+        cost, ctx = gsp.cost_map_forward(features * s, prototypes * s)
+        grads = gsp.cost_map_backward(ctx, d_cost)
+        # Reference: the same scale regime at a moderate magnitude t (every norm > 1 for
+        # s, t >= 1e3: the cost is that of the unit vectors; every norm tiny for
+        # s, t <= 1e-20: the cost is t ||w - f|| to 1e-20 relative).
+        t = 1e3 if s > 1.0 else 1e-20
+        ref, ref_ctx = gsp.cost_map_forward(features * t, prototypes * t)
+        ref_grads = gsp.cost_map_backward(ref_ctx, d_cost)
+        factor = 1.0 if s > 1.0 else s / t  # cost ~ s below the ball, ~1 outside it
+        np.testing.assert_allclose(cost, ref * factor, rtol=1e-13)
+        # d cost / d input ~ 1 / s outside the ball, ~ 1 inside it.
+        grad_factor = t / s if s > 1.0 else 1.0
+        np.testing.assert_allclose(grads.features, ref_grads.features * grad_factor, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(grads.prototypes, ref_grads.prototypes * grad_factor, rtol=1e-12, atol=0)
+    # Independently: below the ball the cost is the plain distance, by a loop.
+    tiny = gsp.cost_map(features * 1e-300, prototypes * 1e-300) / 1e-300
+    np.testing.assert_allclose(tiny, _loop_cost(features * 1e-3, prototypes * 1e-3) / 1e-3, rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(180, 192))
+def test_huge_inverse_temperature_satisfies_the_constraints(seed):
+    # At inverse_temperature = 1e16, tau ~ 1e16 and one ulp of tau moves a whole
+    # feature's mass: a single Newton phase left mass errors up to 0.21 (seed 188).
+    rng = np.random.default_rng(seed)
+    m, n = rng.integers(2, 6), rng.integers(3, 12)
+    cost = rng.uniform(0.0, 2.0, (1, m, n))
+    result = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1e16)
+    assert result.converged
+    # The stated tolerance: Newton stops at 16 ulps of logit(g), ~1e-15 of mass.
+    np.testing.assert_allclose(result.pi.sum(axis=(1, 2)), 0.3, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(result.rho + result.pi.sum(axis=1), 1.0 / n, rtol=0, atol=1e-14)
+    # Independent: (P2) at this inverse temperature is the LP to rounding.
+    lp = gsp.solve_p1_linprog(cost, mu=0.3)
+    np.testing.assert_allclose(np.sum(cost * result.pi, axis=(1, 2)), lp.objective, rtol=0, atol=1e-12)
+
+
+def test_huge_inverse_temperature_fixed_point_warns_truthfully():
+    cost = np.random.default_rng(188).uniform(0.0, 2.0, (1, 3, 3))
+    # Prop. 4.2's t-update rounds at tau ~ 1e16: the column residual test passes while
+    # the mass is off; the warning says so instead of blaming max_iter.
+    with pytest.warns(ConvergenceWarning, match=r"stopped after \d+ iterations \(column residual <= tol\)"):
+        result = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1e16, method="fixed_point", max_iter=20)
+    assert not result.converged and result.n_iter < 20
+    with pytest.warns(ConvergenceWarning, match=r"reached max_iter == 2 with residual"):
+        gsp.weight_transport(cost, mu=0.3, inverse_temperature=5.0, method="fixed_point", max_iter=2)
+
+
+def test_weight_transport_is_invariant_to_the_scale_of_the_cost():
+    rng = np.random.default_rng(21)
+    cost = rng.uniform(0.0, 2.0, (2, 3, 6))
+    base = gsp.weight_transport(cost, mu=0.3, inverse_temperature=3.0)
+    for s in SCALES:
+        scaled = gsp.weight_transport(cost * s, mu=0.3, inverse_temperature=3.0 / s)
+        np.testing.assert_allclose(scaled.pi, base.pi, rtol=1e-12, atol=1e-16)
+        np.testing.assert_allclose(scaled.rho, base.rho, rtol=1e-12, atol=1e-16)
+    # A huge constant cost shift does not change (P2) (exact method: cost - min c).
+    shifted = gsp.weight_transport(cost + 1e300, mu=0.3, inverse_temperature=1e10)
+    assert shifted.converged and np.all(np.isinf(shifted.log_t))
+    with pytest.raises(ValueError, match=r"inverse_temperature \* cost overflows float64"):
+        gsp.weight_transport(cost * 1e300, mu=0.3, inverse_temperature=1e10)
+    with pytest.raises(ValueError, match=r"inverse_temperature \* cost overflows float64.*t = 1"):
+        gsp.weight_transport(cost + 1e300, mu=0.3, inverse_temperature=1e10, method="fixed_point")
+
+
+def test_p1_solvers_at_extreme_scales():
+    cost = np.random.default_rng(22).uniform(0.0, 2.0, (2, 3, 7))
+    base = gsp.solve_p1_pot(cost, mu=0.4)
+    for s in SCALES:
+        for solve in (gsp.solve_p1_linprog, gsp.solve_p1_pot):
+            result = solve(cost * s, mu=0.4)
+            np.testing.assert_allclose(result.pi, base.pi, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(result.objective, base.objective * s, rtol=1e-12)

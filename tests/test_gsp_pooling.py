@@ -216,3 +216,53 @@ def test_pool_bad_input():
         gsp.gsp_pool_backward(ctx.transport, np.ones((1, 3)), None)
     with pytest.raises(TypeError, match="unexpected keyword argument 'backward'"):
         gsp.gsp_pool_backward(ctx, np.ones((1, 3)), None, backward="unrolled")
+
+
+@pytest.mark.parametrize("p", [1.0, 3.0])
+def test_pool_and_its_gradient_at_extreme_scales(p):
+    """Right and finite for features X = s f, s in 1e-300 .. 1e300 (NaN before).
+
+    Reference: the same regime at a moderate t. Above the ball (s, t >= 1e3) the cost
+    sees X / ||X|| only; below it (s, t <= 1e-20) the cost is ||wbar - X|| = ||wbar||
+    to 1e-20 relative. So pooled / s and z do not depend on s; through ``pooled`` the
+    feature gradient does not and the prototype gradient is proportional to s; through
+    ``z`` the prototype gradient does not and the feature gradient is proportional to
+    1 / s above the ball and independent of s below it.
+    """
+    rng = np.random.default_rng(30)
+    features = np.abs(rng.standard_normal((2, 5, 3))) + 0.1
+    prototypes = rng.standard_normal((4, 3))
+    d_pooled, d_z = rng.standard_normal((2, 3)), rng.standard_normal((2, 4))
+    options = dict(mu=0.4, inverse_temperature=3.0, p=p)
+    for s in (1e-300, 1e-150, 1e150, 1e300):
+        t = 1e3 if s > 1.0 else 1e-20
+        (pooled, z), ctx = gsp.gsp_pool_forward(features * s, prototypes, **options)
+        (ref_pooled, ref_z), ref_ctx = gsp.gsp_pool_forward(features * t, prototypes, **options)
+        np.testing.assert_allclose(pooled / s, ref_pooled / t, rtol=1e-12)
+        np.testing.assert_allclose(z, ref_z, rtol=1e-12)
+        by_pooled = gsp.gsp_pool_backward(ctx, d_pooled, None)
+        ref = gsp.gsp_pool_backward(ref_ctx, d_pooled, None)
+        np.testing.assert_allclose(by_pooled.features, ref.features, rtol=1e-10)
+        if s > 1.0:
+            np.testing.assert_allclose(by_pooled.prototypes / s, ref.prototypes / t, rtol=1e-10)
+        else:
+            # Below the ball the weights are uniform to O(s): this gradient is O(s^2).
+            np.testing.assert_allclose(by_pooled.prototypes, 0.0, atol=s * 1e-15)
+            np.testing.assert_allclose(ref.prototypes, 0.0, atol=t * 1e-15)
+        by_z = gsp.gsp_pool_backward(ctx, None, d_z)
+        ref = gsp.gsp_pool_backward(ref_ctx, None, d_z)
+        np.testing.assert_allclose(by_z.prototypes, ref.prototypes, rtol=1e-10)
+        feature_factor = t / s if s > 1.0 else 1.0
+        np.testing.assert_allclose(by_z.features, ref.features * feature_factor, rtol=1e-10)
+
+
+def test_pool_with_extreme_prototypes_and_huge_inverse_temperature():
+    rng = np.random.default_rng(31)
+    features, prototypes = rng.standard_normal((2, 5, 3)), rng.standard_normal((4, 3))
+    for s in (1e-300, 1e300):
+        (pooled, z), ctx = gsp.gsp_pool_forward(features * s, prototypes * s, mu=0.4, inverse_temperature=1e16)
+        grads = gsp.gsp_pool_backward(ctx, np.ones((2, 3)), np.ones((2, 4)))
+        assert np.all(np.isfinite(pooled)) and np.all(np.isfinite(z))
+        assert np.all(np.isfinite(grads.features)) and np.all(np.isfinite(grads.prototypes))
+        np.testing.assert_allclose(z.sum(axis=1), 1.0, rtol=1e-14)
+        np.testing.assert_allclose(ctx.weights.mean(axis=1), 1.0, rtol=1e-13)

@@ -185,3 +185,47 @@ _ONES = np.ones((1, 4, 3))
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_histograms_at_extreme_scales(scale):
+    """The LP, the closed form and the entropic histogram at any magnitude.
+
+    The LP and the closed form are invariant under a positive scaling of the scores
+    (their objective scales); the entropic histogram depends on
+    inverse_temperature * scores only, so features * s with inverse_temperature / s is
+    the same problem.
+    """
+    rng = np.random.default_rng(40)
+    features, prototypes = rng.standard_normal((2, 6, 3)), rng.standard_normal((4, 3))
+    lp, closed = histogram.histogram_lp(features, prototypes), histogram.histogram_closed_form(features, prototypes)
+    for scaled_features, scaled_prototypes, factor in (
+        (features * scale, prototypes, scale),
+        (features * scale, prototypes * scale, scale * scale),
+    ):
+        for solve, ref in ((histogram.histogram_lp, lp), (histogram.histogram_closed_form, closed)):
+            if factor > 1e300:  # |objective| ~ 1e600
+                with pytest.raises(ValueError, match="the optimal value overflows float64"):
+                    solve(scaled_features, scaled_prototypes)
+                continue
+            result = solve(scaled_features, scaled_prototypes)
+            np.testing.assert_allclose(result.z, ref.z, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(result.pi, ref.pi, rtol=0, atol=1e-12)
+            if factor >= 1e-300:
+                np.testing.assert_allclose(result.objective, ref.objective * factor, rtol=1e-12)
+            else:  # ~1e-600: rounds to zero
+                np.testing.assert_allclose(result.objective, 0.0, atol=1e-300)
+    z = histogram.histogram_entropic(features, prototypes, inverse_temperature=2.0)
+    same = histogram.histogram_entropic(features * scale, prototypes, inverse_temperature=2.0 / scale)
+    np.testing.assert_allclose(same, z, rtol=1e-13)
+    both = histogram.histogram_entropic(features * scale, prototypes / scale, inverse_temperature=2.0)
+    np.testing.assert_allclose(both, z, rtol=1e-13)
+    if scale > 1e200:  # inverse_temperature * nu^T x ~ 1e600
+        with pytest.raises(ValueError, match=r"inverse_temperature \* nu\^T x overflows float64"):
+            histogram.histogram_entropic(features * scale, prototypes * scale, inverse_temperature=2.0)
+    elif scale > 1.0:  # scores ~ 1e300: the hard assignment of Claim 2.1
+        hard = histogram.histogram_entropic(features * scale, prototypes * scale, inverse_temperature=2.0)
+        np.testing.assert_allclose(hard, closed.z, rtol=0, atol=1e-15)
+    else:  # scores ~ scale^2 underflow: the uniform histogram is the right answer
+        tiny = histogram.histogram_entropic(features * scale, prototypes * scale, inverse_temperature=2.0)
+        np.testing.assert_allclose(tiny, 0.25, rtol=1e-14)
