@@ -28,6 +28,10 @@ Prop. 4.2's iteration is, in these variables, ``tau <- tau + log mu - log g(tau)
 ``delta`` of ``x_j = (tau + l_j) + delta`` (see :func:`_solve_exact`), so that the mass
 constraint holds to rounding even where ``|tau|`` is so large (ε = 1e16) that its own
 ulp would move a whole feature's mass. Nothing forms ``exp(-ε c)``.
+
+Length: ~540 lines, over the house ~450 on purpose: the solvers, the result they fill
+and the two backward passes that read it are one derivation (docs/gsp.md Secs. 2-4)
+and are meant to be read side by side; half of the file is docstring.
 """
 
 from __future__ import annotations
