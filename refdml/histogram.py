@@ -13,25 +13,37 @@ plans ``pi`` ``(B, m, n)``, scores ``s_ij = nu_i^T x_j`` ``(B, m, n)``.
     the prototypes have equal norms (``||x - nu||^2 = ||x||^2 - 2 nu^T x + ||nu||^2``).
 
 ``histogram_entropic_forward`` / ``histogram_entropic_backward`` (2.4)
-    The entropic version ``+ (1/eps) * entropy(pi)``, solved in closed form:
-    ``pi_ij = (1/n) softmax_i(eps s_.j)``, ``z_i = sum_j pi_ij``. The printed
+    The entropic version ``+ (1/ε) * entropy(pi)``, solved in closed form:
+    ``pi_ij = (1/n) softmax_i(ε s_.j)``, ``z_i = sum_j pi_ij``. The keyword is
+    ``inverse_temperature``: the paper's ε (varepsilon), multiplying the scores. The printed
     constraint ``sum_ij pi_ij = 1/n`` is a typo for ``sum_i pi_ij = 1/n`` (as in 2.1):
     as printed, ``sum_i z_i = 1/n``, infeasible with ``z`` in the simplex for n > 1.
 
 ``convex_combination_forward`` / ``convex_combination_backward`` (2.3)
     ``y_hat = sum_k z_k nu_k``.
+
+Extreme scale. The scores are computed from the features and the prototypes divided by
+powers of two (exact), ``s = s_f s_p (nu' ^T x')``: the LP and the closed form (whose
+argmax is invariant under positive scaling) see well-scaled scores at any magnitude, and
+their objective is ``s_f s_p`` times the scaled one. ``ε s`` is formed as
+``((ε s') s_f) s_p``; a ValueError names it where it, or an objective, overflows float64.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import softmax
 
-from refdml._validation import as_float_array, check_features_prototypes, check_scalar
-from refdml.gradcheck.registry import OperatorSpec, register
+from refdml._numerics import common_scale
+from refdml._validation import (
+    as_float_array,
+    check_context,
+    check_features_prototypes,
+    check_scalar,
+    check_upstream,
+)
 
 __all__ = [
     "ConvexCombinationContext",
@@ -67,8 +79,8 @@ class HistogramGrads:
 class HistogramEntropicContext:
     features: np.ndarray    # (B, n, d)
     prototypes: np.ndarray  # (m, d)
-    assignment: np.ndarray  # (B, m, n), softmax_i(eps s_ij)
-    eps: float
+    assignment: np.ndarray  # (B, m, n), softmax_i(inverse_temperature s_ij)
+    inverse_temperature: float
 
 
 @dataclass(frozen=True)
@@ -79,12 +91,25 @@ class ConvexCombinationGrads:
 
 @dataclass(frozen=True)
 class ConvexCombinationContext:
-    z: np.ndarray
-    prototypes: np.ndarray
+    z: np.ndarray           # (B, m)
+    prototypes: np.ndarray  # (m, d)
 
 
-def _scores(features: np.ndarray, prototypes: np.ndarray) -> np.ndarray:
-    return np.einsum("id,bjd->bij", prototypes, features)
+def _scaled_scores(features: np.ndarray, prototypes: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """``(s', s_f, s_p)`` with ``nu_i^T x_j = s_f s_p s'_ij``, ``s'`` computed without overflow."""
+    scale_f, scale_p = common_scale(features), common_scale(prototypes)
+    scaled = np.einsum("id,bjd->bij", prototypes / scale_p, features / scale_f)
+    return scaled, scale_f, scale_p
+
+
+def _unscale(values: np.ndarray, scale_f: float, scale_p: float, what: str) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        out = values * scale_f * scale_p
+    if not np.all(np.isfinite(out)):
+        raise ValueError(
+            f"{what} overflows float64 (|features| ~ {scale_f:.1e}, |prototypes| ~ {scale_p:.1e})"
+        )
+    return out
 
 
 def _lp_one(scores: np.ndarray) -> np.ndarray:
@@ -113,9 +138,11 @@ def histogram_lp(features, prototypes) -> HistogramResult:
     make the optimum non-unique (the objective is still unique).
     """
     features, prototypes = check_features_prototypes(features, prototypes)
-    scores = _scores(features, prototypes)
-    pi = np.stack([_lp_one(s) for s in scores])
-    return HistogramResult(z=pi.sum(axis=2), pi=pi, objective=np.sum(scores * pi, axis=(1, 2)))
+    # The argmax is invariant under positive scaling: HiGHS sees well-scaled scores.
+    scaled, scale_f, scale_p = _scaled_scores(features, prototypes)
+    pi = np.stack([_lp_one(s / common_scale(s)) for s in scaled])
+    objective = _unscale(np.sum(scaled * pi, axis=(1, 2)), scale_f, scale_p, "the optimal value")
+    return HistogramResult(z=pi.sum(axis=2), pi=pi, objective=objective)
 
 
 def histogram_closed_form(features, prototypes) -> HistogramResult:
@@ -125,33 +152,38 @@ def histogram_closed_form(features, prototypes) -> HistogramResult:
     Piecewise constant, so it has no useful gradient; see :func:`histogram_entropic_forward`.
     """
     features, prototypes = check_features_prototypes(features, prototypes)
-    scores = _scores(features, prototypes)
-    batch, m, n = scores.shape
-    winner = np.argmax(scores, axis=1)  # (B, n)
+    scaled, scale_f, scale_p = _scaled_scores(features, prototypes)
+    batch, m, n = scaled.shape
+    winner = np.argmax(scaled, axis=1)  # (B, n)
     pi = np.zeros((batch, m, n))
     np.put_along_axis(pi, winner[:, None, :], 1.0 / n, axis=1)
-    return HistogramResult(z=pi.sum(axis=2), pi=pi, objective=np.sum(scores * pi, axis=(1, 2)))
+    objective = _unscale(np.sum(scaled * pi, axis=(1, 2)), scale_f, scale_p, "the optimal value")
+    return HistogramResult(z=pi.sum(axis=2), pi=pi, objective=objective)
 
 
-def _entropic_forward(features, prototypes, eps):
-    assignment = softmax(eps * _scores(features, prototypes), axis=1)
+def _entropic_forward(features, prototypes, inverse_temperature):
+    scaled, scale_f, scale_p = _scaled_scores(features, prototypes)
+    logits = _unscale(inverse_temperature * scaled, scale_f, scale_p, "inverse_temperature * nu^T x")
+    assignment = softmax(logits, axis=1)
     z = assignment.mean(axis=2)
-    return z, HistogramEntropicContext(features, prototypes, assignment, eps)
+    return z, HistogramEntropicContext(features, prototypes, assignment, inverse_temperature)
 
 
 def _entropic_backward(ctx: HistogramEntropicContext, d_z: np.ndarray) -> HistogramGrads:
     n = ctx.features.shape[1]
     a = ctx.assignment
     d_a = d_z[:, :, None] / n
-    # softmax over i of eps * s: d s_ij = eps a_ij (d a_ij - sum_k a_kj d a_kj)
-    d_scores = ctx.eps * a * (d_a - np.sum(a * d_a, axis=1, keepdims=True))
+    # softmax over i of ε s: d s_ij = ε a_ij (d a_ij - sum_k a_kj d a_kj)
+    d_scores = ctx.inverse_temperature * a * (d_a - np.sum(a * d_a, axis=1, keepdims=True))
     d_features = np.einsum("bij,id->bjd", d_scores, ctx.prototypes)
     d_prototypes = np.einsum("bij,bjd->id", d_scores, ctx.features)
     return HistogramGrads(features=d_features, prototypes=d_prototypes)
 
 
-def histogram_entropic_forward(features, prototypes, *, eps) -> tuple[np.ndarray, HistogramEntropicContext]:
-    r"""Entropic histogram (2.4): ``z_i = (1/n) sum_j softmax_i(eps nu_i^T x_j)``; ``(z, ctx)``.
+def histogram_entropic_forward(
+    features, prototypes, *, inverse_temperature
+) -> tuple[np.ndarray, HistogramEntropicContext]:
+    r"""Entropic histogram (2.4): ``z_i = (1/n) sum_j softmax_i(ε nu_i^T x_j)``; ``(z, ctx)``.
 
     .. math::
         \max_{z\in\mathcal S^m,\ \pi>0} \sum_{ij}\nu_i^\top x_j\pi_{ij}
@@ -159,32 +191,43 @@ def histogram_entropic_forward(features, prototypes, *, eps) -> tuple[np.ndarray
         \quad\text{s.t.}\quad \sum_i\pi_{ij} = 1/n,\ \sum_j\pi_{ij} = z_i
 
     (constraint corrected from the printed ``sum_ij pi_ij = 1/n``, see the module
-    docstring). Stationarity gives ``pi_ij = (1/n) softmax_i(eps s_.j)``.
+    docstring). Stationarity gives ``pi_ij = (1/n) softmax_i(ε s_.j)``.
 
     Parameters
     ----------
     features : array (B, n, d)
     prototypes : array (m, d)
-    eps : float > 0
-        Larger eps is closer to the LP (2.1).
+    inverse_temperature : float > 0
+        The paper's ε (varepsilon), multiplying the scores: larger is closer to the
+        LP (2.1), towards 0 the histogram becomes uniform.
+
+    Raises
+    ------
+    ValueError
+        Also where ``inverse_temperature * nu_i^T x_j`` overflows float64.
     """
     features, prototypes = check_features_prototypes(features, prototypes)
-    eps = check_scalar(eps, "eps", low=0.0, low_inclusive=False)
-    return _entropic_forward(features, prototypes, eps)
+    inverse_temperature = check_scalar(
+        inverse_temperature, "inverse_temperature", low=0.0, low_inclusive=False
+    )
+    return _entropic_forward(features, prototypes, inverse_temperature)
 
 
 def histogram_entropic_backward(ctx: HistogramEntropicContext, d_z) -> HistogramGrads:
-    """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d, summed over the batch)."""
-    d_z = np.asarray(d_z, dtype=np.float64)
-    expected = ctx.assignment.shape[:2]
-    if d_z.shape != expected:
-        raise ValueError(f"d_z has shape {d_z.shape}, expected {expected}")
+    """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d, summed over the batch).
+
+    ``d_z`` must have the shape (B, m) of ``z``.
+    """
+    check_context(ctx, "ctx", HistogramEntropicContext)
+    d_z = check_upstream(d_z, "d_z", ctx.assignment.shape[:2])
     return _entropic_backward(ctx, d_z)
 
 
-def histogram_entropic(features, prototypes, *, eps) -> np.ndarray:
+def histogram_entropic(features, prototypes, *, inverse_temperature) -> np.ndarray:
     """The entropic histogram ``z`` (B, m) (no context kept)."""
-    return histogram_entropic_forward(features, prototypes, eps=eps)[0]
+    return histogram_entropic_forward(
+        features, prototypes, inverse_temperature=inverse_temperature
+    )[0]
 
 
 def convex_combination_forward(z, prototypes) -> tuple[np.ndarray, ConvexCombinationContext]:
@@ -202,11 +245,9 @@ def convex_combination_forward(z, prototypes) -> tuple[np.ndarray, ConvexCombina
 
 
 def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
-    """Gradients ``.z`` (B, m) and ``.prototypes`` (m, d)."""
-    d_y = np.asarray(d_y, dtype=np.float64)
-    expected = (ctx.z.shape[0], ctx.prototypes.shape[1])
-    if d_y.shape != expected:
-        raise ValueError(f"d_y has shape {d_y.shape}, expected {expected}")
+    """Gradients ``.z`` (B, m) and ``.prototypes`` (m, d); ``d_y`` has the shape (B, d) of ``y_hat``."""
+    check_context(ctx, "ctx", ConvexCombinationContext)
+    d_y = check_upstream(d_y, "d_y", (ctx.z.shape[0], ctx.prototypes.shape[1]))
     return ConvexCombinationGrads(z=d_y @ ctx.prototypes.T, prototypes=ctx.z.T @ d_y)
 
 
@@ -214,26 +255,3 @@ def convex_combination(z, prototypes) -> np.ndarray:
     """``sum_k z_k nu_k`` per row of ``z`` (no context kept)."""
     return convex_combination_forward(z, prototypes)[0]
 
-
-def _entropic_inputs(rng: np.random.Generator) -> dict:
-    return {"features": rng.standard_normal((2, 4, 3)), "prototypes": rng.standard_normal((3, 3))}
-
-
-def _combination_inputs(rng: np.random.Generator) -> dict:
-    return {"z": rng.dirichlet(np.ones(3), size=2), "prototypes": rng.standard_normal((3, 4))}
-
-
-register(OperatorSpec(
-    name="histogram.entropic",
-    forward=functools.partial(histogram_entropic_forward, eps=2.0),
-    backward=histogram_entropic_backward,
-    make_inputs=_entropic_inputs,
-    paper="XML Eq. (2.4), softmax solution (constraint sum_i pi_ij = 1/n)",
-))
-register(OperatorSpec(
-    name="histogram.convex_combination",
-    forward=convex_combination_forward,
-    backward=convex_combination_backward,
-    make_inputs=_combination_inputs,
-    paper="XML Eq. (2.3): y_hat = sum_k z_k nu_k",
-))

@@ -151,10 +151,10 @@ def test_p1_linprog_pot_and_greedy_agree(seed, mu):
 # ----------------------------------------------------------------------------- (P2) forward
 
 
-def _alg3_literal(cost, mu, eps, k):
+def _alg3_literal(cost, mu, inverse_temperature, k):
     """Alg. 3 / Prop. 4.2 exactly as printed (no log domain), one image, k iterations."""
     m, n = cost.shape
-    kernel = np.exp(-eps * cost)
+    kernel = np.exp(-inverse_temperature * cost)
     t = 1.0
     for _ in range(k):
         rho = (1.0 / n) / (1.0 + t * kernel.sum(axis=0))
@@ -163,20 +163,20 @@ def _alg3_literal(cost, mu, eps, k):
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 17])
-@pytest.mark.parametrize("eps", [0.5, 8.0])
-def test_fixed_point_reproduces_the_printed_iteration(k, eps):
+@pytest.mark.parametrize("inverse_temperature", [0.5, 8.0])
+def test_fixed_point_reproduces_the_printed_iteration(k, inverse_temperature):
     rng = np.random.default_rng(k)
     cost = rng.uniform(0.0, 2.0, (3, 4, 6))
-    (rho, pi), result = _wt(cost, mu=0.3, eps=eps, method="fixed_point", max_iter=k, tol=0.0)
+    (rho, pi), result = _wt(cost, mu=0.3, inverse_temperature=inverse_temperature, method="fixed_point", max_iter=k, tol=0.0)
     assert result.n_iter == k
     for b in range(3):
-        rho_ref, pi_ref = _alg3_literal(cost[b], 0.3, eps, k)
+        rho_ref, pi_ref = _alg3_literal(cost[b], 0.3, inverse_temperature, k)
         np.testing.assert_allclose(rho[b], rho_ref, rtol=1e-12)
         np.testing.assert_allclose(pi[b], pi_ref, rtol=1e-11, atol=1e-300)
 
 
 def _assert_kkt(result, cost, atol):
-    """(rho, pi) feasible and log pi_ij - log rho_j + eps c_ij constant: the optimum of (P2).
+    """(rho, pi) feasible and log pi_ij - log rho_j + inverse_temperature c_ij constant: the optimum of (P2).
 
     (P2) is strictly convex; feasibility plus stationarity with multipliers (here
     tau = log t) certifies the unique solution, independently of how it was found.
@@ -186,26 +186,26 @@ def _assert_kkt(result, cost, atol):
     np.testing.assert_allclose(result.pi.sum(axis=(1, 2)), result.mu, rtol=0, atol=1e-12)
     assert np.all(result.rho > 0) and np.all(result.pi >= 0)
     visible = result.pi > 1e-280  # log of what did not underflow
-    stationarity = np.log(np.where(visible, result.pi, 1.0)) - np.log(result.rho)[:, None, :] + result.eps * cost
+    stationarity = np.log(np.where(visible, result.pi, 1.0)) - np.log(result.rho)[:, None, :] + result.inverse_temperature * cost
     deviation = np.where(visible, stationarity - result.log_t[:, None, None], 0.0)
     np.testing.assert_allclose(deviation, 0.0, atol=atol)
 
 
 @given(_costs(2, 3, 5), st.floats(0.02, 0.98), st.floats(0.1, 300.0))
-def test_exact_solution_is_feasible_and_stationary(cost, mu, eps):
-    result = gsp.weight_transport(cost, mu=mu, eps=eps)
+def test_exact_solution_is_feasible_and_stationary(cost, mu, inverse_temperature):
+    result = gsp.weight_transport(cost, mu=mu, inverse_temperature=inverse_temperature)
     assert result.converged and result.n_iter <= 60
     assert np.all(result.residual <= 1e-12)
-    _assert_kkt(result, cost, atol=1e-8 * max(1.0, eps))
+    _assert_kkt(result, cost, atol=1e-8 * max(1.0, inverse_temperature))
 
 
-@pytest.mark.parametrize("eps", [0.5, 5.0])
+@pytest.mark.parametrize("inverse_temperature", [0.5, 5.0])
 @pytest.mark.parametrize("mu", [0.05, 0.3, 0.8])
-def test_exact_and_converged_fixed_point_agree(eps, mu):
+def test_exact_and_converged_fixed_point_agree(inverse_temperature, mu):
     rng = np.random.default_rng(4)
     cost = rng.uniform(0.0, 2.0, (3, 6, 9))
-    exact = gsp.weight_transport(cost, mu=mu, eps=eps)
-    fixed = gsp.weight_transport(cost, mu=mu, eps=eps, method="fixed_point", max_iter=2000, tol=1e-14)
+    exact = gsp.weight_transport(cost, mu=mu, inverse_temperature=inverse_temperature)
+    fixed = gsp.weight_transport(cost, mu=mu, inverse_temperature=inverse_temperature, method="fixed_point", max_iter=2000, tol=1e-14)
     assert fixed.converged and fixed.n_iter < 2000
     np.testing.assert_allclose(fixed.rho, exact.rho, rtol=0, atol=1e-10 / 9)
     np.testing.assert_allclose(fixed.pi, exact.pi, rtol=0, atol=1e-10 / 9)
@@ -215,8 +215,8 @@ def test_exact_and_converged_fixed_point_agree(eps, mu):
 def test_fixed_point_contracts_at_the_predicted_rate():
     rng = np.random.default_rng(5)
     cost = rng.uniform(0.0, 2.0, (2, 5, 8))
-    exact = gsp.weight_transport(cost, mu=0.4, eps=4.0)
-    _, fixed = _wt(cost, mu=0.4, eps=4.0, method="fixed_point", max_iter=40, tol=0.0)
+    exact = gsp.weight_transport(cost, mu=0.4, inverse_temperature=4.0)
+    _, fixed = _wt(cost, mu=0.4, inverse_temperature=4.0, method="fixed_point", max_iter=40, tol=0.0)
     errors = np.abs(fixed.tau_history - exact.log_t[:, None])
     observed = errors[:, 12] / errors[:, 11]
     np.testing.assert_allclose(observed, exact.contraction_rate, rtol=1e-3)
@@ -225,8 +225,8 @@ def test_fixed_point_contracts_at_the_predicted_rate():
 
 def test_fixed_point_warns_when_not_converged():
     cost = np.random.default_rng(6).uniform(0.0, 2.0, (2, 4, 6))
-    with pytest.warns(ConvergenceWarning, match="stopped after 3 iterations"):
-        result = gsp.weight_transport(cost, mu=0.3, eps=20.0, method="fixed_point", max_iter=3)
+    with pytest.warns(ConvergenceWarning, match=r"reached max_iter == 3 with residual .* > tol == 1e-12"):
+        result = gsp.weight_transport(cost, mu=0.3, inverse_temperature=20.0, method="fixed_point", max_iter=3)
     assert not result.converged and result.n_iter == 3
     assert np.all(result.residual > 1e-12)
     # The mass constraint is exact after each t-update; the column constraints are not.
@@ -235,16 +235,22 @@ def test_fixed_point_warns_when_not_converged():
 
 def test_fixed_point_stops_early_and_tol_zero_runs_max_iter():
     cost = np.random.default_rng(7).uniform(0.0, 2.0, (2, 4, 6))
-    early = gsp.weight_transport(cost, mu=0.3, eps=1.0, method="fixed_point", max_iter=500)
+    early = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1.0, method="fixed_point", max_iter=500)
     assert early.converged and early.n_iter < 100
     assert early.tau_history.shape == (2, early.n_iter + 1)
     assert np.all(early.residual <= 1e-12)
-    with pytest.warns(ConvergenceWarning):
-        full = gsp.weight_transport(cost, mu=0.3, eps=1.0, method="fixed_point", max_iter=150, tol=0.0)
+    # tol = 0: a fixed count, no ConvergenceWarning, converged only at residual 0.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        full = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1.0, method="fixed_point", max_iter=150, tol=0.0)
+        exact = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1.0, tol=0.0)
     assert full.n_iter == 150
+    assert full.converged == bool(np.all(full.residual == 0.0))
+    assert exact.converged == bool(np.all(exact.residual == 0.0))
+    np.testing.assert_allclose(full.rho, exact.rho, rtol=1e-12)
 
 
-def test_large_eps_approaches_the_lp():
+def test_large_inverse_temperature_approaches_the_lp():
     rng = np.random.default_rng(8)
     m, n, mu = 4, 10, 0.35  # 3.5 features: the LP keeps one of them fractionally
     cost = rng.uniform(0.0, 2.0, (3, m, n))
@@ -252,12 +258,12 @@ def test_large_eps_approaches_the_lp():
     pot = gsp.solve_p1_pot(cost, mu=mu)
     np.testing.assert_allclose(pot.objective, lp.objective, rtol=1e-10)
     gaps = []
-    for eps in (3.0, 30.0, 300.0, 3000.0, 30000.0):
-        result = gsp.weight_transport(cost, mu=mu, eps=eps)
+    for inverse_temperature in (3.0, 30.0, 300.0, 3000.0, 30000.0):
+        result = gsp.weight_transport(cost, mu=mu, inverse_temperature=inverse_temperature)
         gap = np.sum(cost * result.pi, axis=(1, 2)) - lp.objective
-        # 0 <= <c, pi_eps> - LP <= (entropy range) / eps = log(m + 1) / eps (docs/gsp.md)
+        # 0 <= <c, pi_eps> - LP <= (entropy range) / inverse_temperature = log(m + 1) / inverse_temperature (docs/gsp.md)
         assert np.all(gap >= -1e-12)
-        assert np.all(gap <= np.log(m + 1) / eps + 1e-12)
+        assert np.all(gap <= np.log(m + 1) / inverse_temperature + 1e-12)
         gaps.append(gap.max())
     assert gaps[-1] < 1e-4
     # Unique LP solution (continuous costs): rho and pi converge to it.
@@ -265,18 +271,18 @@ def test_large_eps_approaches_the_lp():
     np.testing.assert_allclose(result.pi, lp.pi, atol=1e-6)
 
 
-def test_eps_200_and_float32_are_finite_and_correct():
+def test_inverse_temperature_200_and_float32_are_finite_and_correct():
     rng = np.random.default_rng(9)
     cost64 = rng.uniform(0.0, 2.0, (2, 5, 7))
     cost32 = cost64.astype(np.float32)
-    result = gsp.weight_transport(cost32, mu=0.3, eps=200.0)
+    result = gsp.weight_transport(cost32, mu=0.3, inverse_temperature=200.0)
     assert result.converged and np.all(np.isfinite(result.pi)) and np.all(np.isfinite(result.rho))
     _assert_kkt(result, cost32.astype(np.float64), atol=1e-9)
-    same = gsp.weight_transport(cost32.astype(np.float64), mu=0.3, eps=200.0)
+    same = gsp.weight_transport(cost32.astype(np.float64), mu=0.3, inverse_temperature=200.0)
     np.testing.assert_array_equal(result.pi, same.pi)
     # exp(-200 c) alone underflows to 0 for c > 3.7; the log domain only shifts tau.
-    base = gsp.weight_transport(cost64, mu=0.3, eps=200.0)
-    far = gsp.weight_transport(cost64 + 5.0, mu=0.3, eps=200.0)
+    base = gsp.weight_transport(cost64, mu=0.3, inverse_temperature=200.0)
+    far = gsp.weight_transport(cost64 + 5.0, mu=0.3, inverse_temperature=200.0)
     assert np.all(np.isfinite(far.pi)) and far.converged
     # tau ~ 1000 carries an absolute rounding of ~1e-13, hence rtol 1e-11.
     np.testing.assert_allclose(far.pi, base.pi, rtol=1e-11, atol=1e-15)
@@ -288,13 +294,13 @@ def test_mu_one_is_handled_explicitly_for_both_methods():
     cost = rng.uniform(0.0, 2.0, (2, 3, 5))
     softmax = np.exp(-2.0 * cost) / np.exp(-2.0 * cost).sum(axis=1, keepdims=True)
     for method in ("exact", "fixed_point"):
-        result = gsp.weight_transport(cost, mu=1.0, eps=2.0, method=method)
+        result = gsp.weight_transport(cost, mu=1.0, inverse_temperature=2.0, method=method)
         assert result.converged and result.n_iter == 0
         assert np.all(np.isinf(result.t)) and np.all(np.isinf(result.log_t))
         np.testing.assert_array_equal(result.rho, 0.0)
         np.testing.assert_allclose(result.pi, softmax / 5, rtol=1e-13)
     # The boundary is the limit of the interior.
-    near = gsp.weight_transport(cost, mu=1.0 - 1e-10, eps=2.0)
+    near = gsp.weight_transport(cost, mu=1.0 - 1e-10, inverse_temperature=2.0)
     np.testing.assert_allclose(near.pi, softmax / 5, atol=1e-10)
 
 
@@ -304,9 +310,9 @@ def test_mu_one_is_handled_explicitly_for_both_methods():
         ({"mu": 0.0}, ValueError, r"mu == 0.0, must be in \(0, 1\]"),
         ({"mu": 1.5}, ValueError, r"mu == 1.5, must be in \(0, 1\]"),
         ({"mu": np.nan}, ValueError, "mu == nan, must be finite"),
-        ({"eps": 0.0}, ValueError, r"eps == 0.0, must be in \(0, inf\)"),
-        ({"eps": -1.0}, ValueError, "eps == -1.0"),
-        ({"eps": np.inf}, ValueError, "eps == inf, must be finite"),
+        ({"inverse_temperature": 0.0}, ValueError, r"inverse_temperature == 0.0, must be in \(0, inf\)"),
+        ({"inverse_temperature": -1.0}, ValueError, "inverse_temperature == -1.0"),
+        ({"inverse_temperature": np.inf}, ValueError, "inverse_temperature == inf, must be finite"),
         ({"method": "sinkhorn"}, ValueError, "method == 'sinkhorn'"),
         ({"max_iter": 0}, ValueError, "max_iter == 0"),
         ({"max_iter": 2.5}, TypeError, "max_iter must be an integer"),
@@ -315,7 +321,7 @@ def test_mu_one_is_handled_explicitly_for_both_methods():
     ],
 )
 def test_weight_transport_bad_arguments(kwargs, error, match):
-    args = {"mu": 0.3, "eps": 1.0, **kwargs}
+    args = {"mu": 0.3, "inverse_temperature": 1.0, **kwargs}
     with pytest.raises(error, match=match):
         gsp.weight_transport(np.ones((1, 2, 3)), **args)
 
@@ -332,15 +338,15 @@ def test_weight_transport_bad_arguments(kwargs, error, match):
 )
 def test_weight_transport_bad_cost(cost, match):
     with pytest.raises(ValueError, match=match):
-        gsp.weight_transport(cost, mu=0.3, eps=1.0)
+        gsp.weight_transport(cost, mu=0.3, inverse_temperature=1.0)
 
 
 # ----------------------------------------------------------------------------- (P2) backward
 
 
 def _dense_implicit_gradient(result, d_rho, d_pi):
-    """App. A.3 with an explicit solve: -eps Ibar (D - D A^T H^-1 A D) dL/dx, one image."""
-    rho, pi, eps = result.rho[0], result.pi[0], result.eps
+    """App. A.3 with an explicit solve: -inverse_temperature Ibar (D - D A^T H^-1 A D) dL/dx, one image."""
+    rho, pi, inverse_temperature = result.rho[0], result.pi[0], result.inverse_temperature
     m, n = pi.shape
     x = np.concatenate([rho, pi.ravel()])
     a = np.zeros((n + 1, (m + 1) * n))
@@ -351,30 +357,30 @@ def _dense_implicit_gradient(result, d_rho, d_pi):
     h = a @ d @ a.T
     jac = d - d @ a.T @ np.linalg.solve(h, a @ d)
     g = np.concatenate([d_rho[0], d_pi[0].ravel()])
-    return (-eps * (jac @ g)[n:]).reshape(m, n)
+    return (-inverse_temperature * (jac @ g)[n:]).reshape(m, n)
 
 
 @pytest.mark.parametrize("mu", [0.02, 0.3, 0.9, 0.9999])
 def test_closed_form_matches_dense_implicit_differentiation(mu):
     rng = np.random.default_rng(11)
     cost = rng.uniform(0.0, 2.0, (1, 3, 5))
-    result = gsp.weight_transport(cost, mu=mu, eps=3.0)
+    result = gsp.weight_transport(cost, mu=mu, inverse_temperature=3.0)
     d_rho, d_pi = rng.standard_normal((1, 5)), rng.standard_normal((1, 3, 5))
     closed = gsp.weight_transport_backward(result, d_rho, d_pi).cost
     np.testing.assert_allclose(closed[0], _dense_implicit_gradient(result, d_rho, d_pi), rtol=1e-8, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("mu, eps", [(0.01, 1.0), (0.3, 0.5), (0.3, 20.0), (0.95, 5.0), (1 - 1e-7, 3.0), (1.0, 3.0)])
-def test_closed_form_gradients_fixed_seeds(seed, mu, eps):
+@pytest.mark.parametrize("mu, inverse_temperature", [(0.01, 1.0), (0.3, 0.5), (0.3, 20.0), (0.95, 5.0), (1 - 1e-7, 3.0), (1.0, 3.0)])
+def test_closed_form_gradients_fixed_seeds(seed, mu, inverse_temperature):
     cost = np.random.default_rng(seed).uniform(0.0, 2.0, (2, 3, 4))
-    forward = functools.partial(_wt, mu=mu, eps=eps)
+    forward = functools.partial(_wt, mu=mu, inverse_temperature=inverse_temperature)
     assert_gradients(check_gradients(forward, gsp.weight_transport_backward, {"cost": cost}, rng=seed), rtol=1e-6)
 
 
 @given(_costs(1, 3, 4), st.floats(0.03, 0.97), st.floats(0.3, 8.0))
-def test_closed_form_gradients_hypothesis(cost, mu, eps):
-    forward = functools.partial(_wt, mu=mu, eps=eps)
+def test_closed_form_gradients_hypothesis(cost, mu, inverse_temperature):
+    forward = functools.partial(_wt, mu=mu, inverse_temperature=inverse_temperature)
     assert_gradients(check_gradients(forward, gsp.weight_transport_backward, {"cost": cost}, rng=0), rtol=1e-6)
 
 
@@ -389,9 +395,9 @@ def test_printed_reading_of_4_2_is_wrong():
         eta = np.sum(rho * d_rho, axis=1) - n * np.sum(q * rho, axis=1)
         kappa = 1.0 - result.mu - n * np.sum(rho * rho, axis=1)
         inner = (q - (eta / kappa)[:, None]) * rho
-        return {"cost": -result.eps * (pi * d_pi - n * pi * inner[:, None, :])}
+        return {"cost": -result.inverse_temperature * (pi * d_pi - n * pi * inner[:, None, :])}
 
-    forward = functools.partial(_wt, mu=0.4, eps=2.0)
+    forward = functools.partial(_wt, mu=0.4, inverse_temperature=2.0)
     literal = check_gradients(forward, literal_backward, {"cost": cost}, rng=0)
     assert literal.max_rel_error > 1e-2
     ours = check_gradients(forward, gsp.weight_transport_backward, {"cost": cost}, rng=0)
@@ -402,17 +408,17 @@ def test_closed_form_near_mu_one_is_continuous():
     rng = np.random.default_rng(13)
     cost = rng.uniform(0.0, 2.0, (2, 3, 6))
     d_rho, d_pi = rng.standard_normal((2, 6)), rng.standard_normal((2, 3, 6))
-    at_one = gsp.weight_transport_backward(gsp.weight_transport(cost, mu=1.0, eps=2.0), d_rho, d_pi).cost
+    at_one = gsp.weight_transport_backward(gsp.weight_transport(cost, mu=1.0, inverse_temperature=2.0), d_rho, d_pi).cost
     for gap in (1e-4, 1e-8, 1e-12):
-        near = gsp.weight_transport(cost, mu=1.0 - gap, eps=2.0)
+        near = gsp.weight_transport(cost, mu=1.0 - gap, inverse_temperature=2.0)
         grad = gsp.weight_transport_backward(near, d_rho, d_pi).cost
         assert np.all(np.isfinite(grad))
         np.testing.assert_allclose(grad, at_one, atol=50 * gap)
 
 
 @given(_costs(1, 2, 4), st.floats(0.05, 0.95), st.floats(0.3, 6.0), st.integers(1, 30))
-def test_unrolled_gradient_is_exact_for_any_k(cost, mu, eps, k):
-    forward = functools.partial(_wt, mu=mu, eps=eps, method="fixed_point", max_iter=k, tol=0.0)
+def test_unrolled_gradient_is_exact_for_any_k(cost, mu, inverse_temperature, k):
+    forward = functools.partial(_wt, mu=mu, inverse_temperature=inverse_temperature, method="fixed_point", max_iter=k, tol=0.0)
     result = check_gradients(forward, gsp.weight_transport_backward_unrolled, {"cost": cost}, rng=1)
     assert_gradients(result, rtol=1e-6)
 
@@ -421,7 +427,7 @@ def test_unrolled_gradient_is_exact_for_any_k(cost, mu, eps, k):
 @pytest.mark.parametrize("k", [1, 3, 25])
 def test_unrolled_gradient_fixed_seeds(seed, k):
     cost = np.random.default_rng(seed).uniform(0.0, 2.0, (2, 3, 4))
-    forward = functools.partial(_wt, mu=0.25, eps=4.0, method="fixed_point", max_iter=k, tol=0.0)
+    forward = functools.partial(_wt, mu=0.25, inverse_temperature=4.0, method="fixed_point", max_iter=k, tol=0.0)
     assert_gradients(
         check_gradients(forward, gsp.weight_transport_backward_unrolled, {"cost": cost}, rng=seed), rtol=1e-6
     )
@@ -431,11 +437,11 @@ def test_unrolled_gradient_converges_to_the_closed_form():
     rng = np.random.default_rng(14)
     cost = rng.uniform(0.0, 2.0, (2, 4, 6))
     d_rho, d_pi = rng.standard_normal((2, 6)), rng.standard_normal((2, 4, 6))
-    exact = gsp.weight_transport(cost, mu=0.3, eps=3.0)
+    exact = gsp.weight_transport(cost, mu=0.3, inverse_temperature=3.0)
     closed = gsp.weight_transport_backward(exact, d_rho, d_pi).cost
     errors = []
     for k in (2, 5, 10, 20, 40, 80):
-        _, result = _wt(cost, mu=0.3, eps=3.0, method="fixed_point", max_iter=k, tol=0.0)
+        _, result = _wt(cost, mu=0.3, inverse_temperature=3.0, method="fixed_point", max_iter=k, tol=0.0)
         unrolled = gsp.weight_transport_backward_unrolled(result, d_rho, d_pi).cost
         errors.append(np.abs(unrolled - closed).max() / np.abs(closed).max())
     assert all(b < a for a, b in zip(errors, errors[1:]))
@@ -444,21 +450,111 @@ def test_unrolled_gradient_converges_to_the_closed_form():
 
 def test_unrolled_backward_rejects_exact_results_and_bad_shapes():
     cost = np.random.default_rng(15).uniform(0.0, 2.0, (1, 2, 3))
-    exact = gsp.weight_transport(cost, mu=0.3, eps=1.0)
+    exact = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1.0)
     with pytest.raises(ValueError, match="needs a result of method='fixed_point'"):
         gsp.weight_transport_backward_unrolled(exact, None, np.zeros((1, 2, 3)))
-    with pytest.raises(ValueError, match=r"d_pi has shape \(2, 3\), expected \(1, 2, 3\)"):
+    with pytest.raises(ValueError, match=r"d_pi has shape \(2, 3\), must be \(1, 2, 3\)"):
         gsp.weight_transport_backward(exact, None, np.zeros((2, 3)))
     with pytest.raises(ValueError, match="d_rho has shape"):
         gsp.weight_transport_backward(exact, np.zeros(3), None)
+    with pytest.raises(ValueError, match="d_rho must be finite"):
+        gsp.weight_transport_backward(exact, np.full((1, 3), np.inf), None)
+    with pytest.raises(TypeError, match="result must be the WeightTransportResult"):
+        gsp.weight_transport_backward((exact.rho, exact.pi), None, np.zeros((1, 2, 3)))
+    with pytest.raises(TypeError, match="result must be the WeightTransportResult"):
+        gsp.weight_transport_backward_unrolled(object(), None, np.zeros((1, 2, 3)))
 
 
 def test_unrolled_at_mu_one_is_the_closed_form():
     rng = np.random.default_rng(16)
     cost = rng.uniform(0.0, 2.0, (1, 3, 4))
-    result = gsp.weight_transport(cost, mu=1.0, eps=2.0, method="fixed_point")
+    result = gsp.weight_transport(cost, mu=1.0, inverse_temperature=2.0, method="fixed_point")
     d_pi = rng.standard_normal((1, 3, 4))
     np.testing.assert_array_equal(
         gsp.weight_transport_backward_unrolled(result, None, d_pi).cost,
         gsp.weight_transport_backward(result, None, d_pi).cost,
     )
+
+
+# ----------------------------------------------------------------------------- extreme input
+
+SCALES = (1e-300, 1e-150, 1e150, 1e300)
+
+
+def test_cost_map_and_its_gradient_at_extreme_scales():
+    rng = np.random.default_rng(20)
+    features, prototypes = rng.standard_normal((2, 5, 3)), rng.standard_normal((4, 3))
+    d_cost = rng.standard_normal((2, 4, 5))
+    for s in SCALES:
+        cost, ctx = gsp.cost_map_forward(features * s, prototypes * s)
+        grads = gsp.cost_map_backward(ctx, d_cost)
+        # Reference: the same scale regime at a moderate magnitude t (every norm > 1 for
+        # s, t >= 1e3: the cost is that of the unit vectors; every norm tiny for
+        # s, t <= 1e-20: the cost is t ||w - f|| to 1e-20 relative).
+        t = 1e3 if s > 1.0 else 1e-20
+        ref, ref_ctx = gsp.cost_map_forward(features * t, prototypes * t)
+        ref_grads = gsp.cost_map_backward(ref_ctx, d_cost)
+        factor = 1.0 if s > 1.0 else s / t  # cost ~ s below the ball, ~1 outside it
+        np.testing.assert_allclose(cost, ref * factor, rtol=1e-13)
+        # d cost / d input ~ 1 / s outside the ball, ~ 1 inside it.
+        grad_factor = t / s if s > 1.0 else 1.0
+        np.testing.assert_allclose(grads.features, ref_grads.features * grad_factor, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(grads.prototypes, ref_grads.prototypes * grad_factor, rtol=1e-12, atol=0)
+    # Independently: below the ball the cost is the plain distance, by a loop.
+    tiny = gsp.cost_map(features * 1e-300, prototypes * 1e-300) / 1e-300
+    np.testing.assert_allclose(tiny, _loop_cost(features * 1e-3, prototypes * 1e-3) / 1e-3, rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(180, 192))
+def test_huge_inverse_temperature_satisfies_the_constraints(seed):
+    # At inverse_temperature = 1e16, tau ~ 1e16 and one ulp of tau moves a whole
+    # feature's mass: a single Newton phase left mass errors up to 0.21 (seed 188).
+    rng = np.random.default_rng(seed)
+    m, n = rng.integers(2, 6), rng.integers(3, 12)
+    cost = rng.uniform(0.0, 2.0, (1, m, n))
+    result = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1e16)
+    assert result.converged
+    # The stated tolerance: Newton stops at 16 ulps of logit(g), ~1e-15 of mass.
+    np.testing.assert_allclose(result.pi.sum(axis=(1, 2)), 0.3, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(result.rho + result.pi.sum(axis=1), 1.0 / n, rtol=0, atol=1e-14)
+    # Independent: (P2) at this inverse temperature is the LP to rounding.
+    lp = gsp.solve_p1_linprog(cost, mu=0.3)
+    np.testing.assert_allclose(np.sum(cost * result.pi, axis=(1, 2)), lp.objective, rtol=0, atol=1e-12)
+
+
+def test_huge_inverse_temperature_fixed_point_warns_truthfully():
+    cost = np.random.default_rng(188).uniform(0.0, 2.0, (1, 3, 3))
+    # Prop. 4.2's t-update rounds at tau ~ 1e16: the column residual test passes while
+    # the mass is off; the warning says so instead of blaming max_iter.
+    with pytest.warns(ConvergenceWarning, match=r"stopped after \d+ iterations \(column residual <= tol\)"):
+        result = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1e16, method="fixed_point", max_iter=20)
+    assert not result.converged and result.n_iter < 20
+    with pytest.warns(ConvergenceWarning, match=r"reached max_iter == 2 with residual"):
+        gsp.weight_transport(cost, mu=0.3, inverse_temperature=5.0, method="fixed_point", max_iter=2)
+
+
+def test_weight_transport_is_invariant_to_the_scale_of_the_cost():
+    rng = np.random.default_rng(21)
+    cost = rng.uniform(0.0, 2.0, (2, 3, 6))
+    base = gsp.weight_transport(cost, mu=0.3, inverse_temperature=3.0)
+    for s in SCALES:
+        scaled = gsp.weight_transport(cost * s, mu=0.3, inverse_temperature=3.0 / s)
+        np.testing.assert_allclose(scaled.pi, base.pi, rtol=1e-12, atol=1e-16)
+        np.testing.assert_allclose(scaled.rho, base.rho, rtol=1e-12, atol=1e-16)
+    # A huge constant cost shift does not change (P2) (exact method: cost - min c).
+    shifted = gsp.weight_transport(cost + 1e300, mu=0.3, inverse_temperature=1e10)
+    assert shifted.converged and np.all(np.isinf(shifted.log_t))
+    with pytest.raises(ValueError, match=r"inverse_temperature \* cost overflows float64"):
+        gsp.weight_transport(cost * 1e300, mu=0.3, inverse_temperature=1e10)
+    with pytest.raises(ValueError, match=r"inverse_temperature \* cost overflows float64.*t = 1"):
+        gsp.weight_transport(cost + 1e300, mu=0.3, inverse_temperature=1e10, method="fixed_point")
+
+
+def test_p1_solvers_at_extreme_scales():
+    cost = np.random.default_rng(22).uniform(0.0, 2.0, (2, 3, 7))
+    base = gsp.solve_p1_pot(cost, mu=0.4)
+    for s in SCALES:
+        for solve in (gsp.solve_p1_linprog, gsp.solve_p1_pot):
+            result = solve(cost * s, mu=0.4)
+            np.testing.assert_allclose(result.pi, base.pi, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(result.objective, base.objective * s, rtol=1e-12)

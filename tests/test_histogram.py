@@ -54,17 +54,17 @@ def test_printed_constraint_of_2_4_is_infeasible():
     assert printed.status == 2  # infeasible
 
 
-def _entropic_by_convex_solver(scores, eps):
+def _entropic_by_convex_solver(scores, inverse_temperature):
     """Maximise (2.4) (corrected constraint) over pi with SLSQP; one image."""
     m, n = scores.shape
 
     def negative_objective(flat):
         pi = flat.reshape(m, n)
-        return -(np.sum(scores * pi) - np.sum(pi * np.log(pi)) / eps)
+        return -(np.sum(scores * pi) - np.sum(pi * np.log(pi)) / inverse_temperature)
 
     def gradient(flat):
         pi = flat.reshape(m, n)
-        return -(scores - (np.log(pi) + 1.0) / eps).ravel()
+        return -(scores - (np.log(pi) + 1.0) / inverse_temperature).ravel()
 
     constraints = [{"type": "eq", "fun": lambda flat, j=j: flat.reshape(m, n)[:, j].sum() - 1.0 / n} for j in range(n)]
     start = np.full(m * n, 1.0 / (m * n))
@@ -76,47 +76,47 @@ def _entropic_by_convex_solver(scores, eps):
     return solution.x.reshape(m, n).sum(axis=1)
 
 
-@pytest.mark.parametrize("eps", [0.5, 2.0])
-def test_entropic_softmax_solves_2_4(eps):
+@pytest.mark.parametrize("inverse_temperature", [0.5, 2.0])
+def test_entropic_softmax_solves_2_4(inverse_temperature):
     rng = np.random.default_rng(3)
     features, prototypes = rng.standard_normal((2, 4, 3)), rng.standard_normal((3, 3))
-    z = histogram.histogram_entropic(features, prototypes, eps=eps)
+    z = histogram.histogram_entropic(features, prototypes, inverse_temperature=inverse_temperature)
     for b in range(2):
         scores = prototypes @ features[b].T
-        np.testing.assert_allclose(z[b], _entropic_by_convex_solver(scores, eps), atol=1e-6)
+        np.testing.assert_allclose(z[b], _entropic_by_convex_solver(scores, inverse_temperature), atol=1e-6)
 
 
 def test_entropic_matches_a_loop_and_tends_to_the_lp():
     rng = np.random.default_rng(4)
     features, prototypes = rng.standard_normal((2, 5, 3)), rng.standard_normal((4, 3))
-    eps = 1.7
+    inverse_temperature = 1.7
     loop = np.zeros((2, 4))
     for b in range(2):
         for j in range(5):
-            scores = [eps * float(prototypes[i] @ features[b, j]) for i in range(4)]
+            scores = [inverse_temperature * float(prototypes[i] @ features[b, j]) for i in range(4)]
             top = max(scores)
             weights = [np.exp(s - top) for s in scores]
             for i in range(4):
                 loop[b, i] += weights[i] / sum(weights) / 5
-    np.testing.assert_allclose(histogram.histogram_entropic(features, prototypes, eps=eps), loop, rtol=1e-13)
+    np.testing.assert_allclose(histogram.histogram_entropic(features, prototypes, inverse_temperature=inverse_temperature), loop, rtol=1e-13)
     closed = histogram.histogram_closed_form(features, prototypes).z
-    gaps = [np.abs(histogram.histogram_entropic(features, prototypes, eps=e) - closed).max() for e in (1, 10, 100, 1e4)]
+    gaps = [np.abs(histogram.histogram_entropic(features, prototypes, inverse_temperature=e) - closed).max() for e in (1, 10, 100, 1e4)]
     assert all(b < a for a, b in zip(gaps, gaps[1:]))
     assert gaps[-1] < 1e-12
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("eps", [0.3, 2.0, 10.0])
-def test_entropic_gradients_fixed_seeds(seed, eps):
+@pytest.mark.parametrize("inverse_temperature", [0.3, 2.0, 10.0])
+def test_entropic_gradients_fixed_seeds(seed, inverse_temperature):
     rng = np.random.default_rng(seed)
     inputs = {"features": rng.standard_normal((2, 4, 3)), "prototypes": rng.standard_normal((3, 3))}
-    forward = functools.partial(histogram.histogram_entropic_forward, eps=eps)
+    forward = functools.partial(histogram.histogram_entropic_forward, inverse_temperature=inverse_temperature)
     assert_gradients(check_gradients(forward, histogram.histogram_entropic_backward, inputs, rng=seed), rtol=1e-6)
 
 
 @given(rst.points_in_unit_ball(5, 3), rst.points_on_sphere(4, 3), st.floats(0.1, 10.0))
-def test_entropic_gradients_hypothesis(features, prototypes, eps):
-    forward = functools.partial(histogram.histogram_entropic_forward, eps=eps)
+def test_entropic_gradients_hypothesis(features, prototypes, inverse_temperature):
+    forward = functools.partial(histogram.histogram_entropic_forward, inverse_temperature=inverse_temperature)
     inputs = {"features": features[None], "prototypes": prototypes}
     assert_gradients(check_gradients(forward, histogram.histogram_entropic_backward, inputs, rng=0), rtol=1e-6)
 
@@ -145,7 +145,7 @@ def test_histogram_then_convex_combination_chain():
     inputs = {"features": rng.standard_normal((2, 4, 3)), "prototypes": rng.standard_normal((3, 3))}
 
     def forward(features, prototypes):
-        z, hist_ctx = histogram.histogram_entropic_forward(features, prototypes, eps=1.5)
+        z, hist_ctx = histogram.histogram_entropic_forward(features, prototypes, inverse_temperature=1.5)
         y, comb_ctx = histogram.convex_combination_forward(z, prototypes)
         return y, (hist_ctx, comb_ctx)
 
@@ -164,14 +164,14 @@ _ONES = np.ones((1, 4, 3))
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda: histogram.histogram_entropic(np.ones((4, 3)), np.ones((2, 3)), eps=1.0),
+        (lambda: histogram.histogram_entropic(np.ones((4, 3)), np.ones((2, 3)), inverse_temperature=1.0),
          ValueError, "features must have 3"),
-        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 2)), eps=1.0),
+        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 2)), inverse_temperature=1.0),
          ValueError, "same last dimension"),
-        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 3)), eps=0.0),
-         ValueError, r"eps == 0.0, must be in \(0, inf\)"),
-        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 3)), eps=np.nan),
-         ValueError, "eps == nan"),
+        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 3)), inverse_temperature=0.0),
+         ValueError, r"inverse_temperature == 0.0, must be in \(0, inf\)"),
+        (lambda: histogram.histogram_entropic(_ONES, np.ones((2, 3)), inverse_temperature=np.nan),
+         ValueError, "inverse_temperature == nan"),
         (lambda: histogram.histogram_lp(np.ones((1, 0, 3)), np.ones((2, 3))),
          ValueError, "features must not be empty"),
         (lambda: histogram.histogram_closed_form(_ONES, np.full((2, 3), np.nan)),
@@ -185,3 +185,47 @@ _ONES = np.ones((1, 4, 3))
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_histograms_at_extreme_scales(scale):
+    """The LP, the closed form and the entropic histogram at any magnitude.
+
+    The LP and the closed form are invariant under a positive scaling of the scores
+    (their objective scales); the entropic histogram depends on
+    inverse_temperature * scores only, so features * s with inverse_temperature / s is
+    the same problem.
+    """
+    rng = np.random.default_rng(40)
+    features, prototypes = rng.standard_normal((2, 6, 3)), rng.standard_normal((4, 3))
+    lp, closed = histogram.histogram_lp(features, prototypes), histogram.histogram_closed_form(features, prototypes)
+    for scaled_features, scaled_prototypes, factor in (
+        (features * scale, prototypes, scale),
+        (features * scale, prototypes * scale, scale * scale),
+    ):
+        for solve, ref in ((histogram.histogram_lp, lp), (histogram.histogram_closed_form, closed)):
+            if factor > 1e300:  # |objective| ~ 1e600
+                with pytest.raises(ValueError, match="the optimal value overflows float64"):
+                    solve(scaled_features, scaled_prototypes)
+                continue
+            result = solve(scaled_features, scaled_prototypes)
+            np.testing.assert_allclose(result.z, ref.z, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(result.pi, ref.pi, rtol=0, atol=1e-12)
+            if factor >= 1e-300:
+                np.testing.assert_allclose(result.objective, ref.objective * factor, rtol=1e-12)
+            else:  # ~1e-600: rounds to zero
+                np.testing.assert_allclose(result.objective, 0.0, atol=1e-300)
+    z = histogram.histogram_entropic(features, prototypes, inverse_temperature=2.0)
+    same = histogram.histogram_entropic(features * scale, prototypes, inverse_temperature=2.0 / scale)
+    np.testing.assert_allclose(same, z, rtol=1e-13)
+    both = histogram.histogram_entropic(features * scale, prototypes / scale, inverse_temperature=2.0)
+    np.testing.assert_allclose(both, z, rtol=1e-13)
+    if scale > 1e200:  # inverse_temperature * nu^T x ~ 1e600
+        with pytest.raises(ValueError, match=r"inverse_temperature \* nu\^T x overflows float64"):
+            histogram.histogram_entropic(features * scale, prototypes * scale, inverse_temperature=2.0)
+    elif scale > 1.0:  # scores ~ 1e300: the hard assignment of Claim 2.1
+        hard = histogram.histogram_entropic(features * scale, prototypes * scale, inverse_temperature=2.0)
+        np.testing.assert_allclose(hard, closed.z, rtol=0, atol=1e-15)
+    else:  # scores ~ scale^2 underflow: the uniform histogram is the right answer
+        tiny = histogram.histogram_entropic(features * scale, prototypes * scale, inverse_temperature=2.0)
+        np.testing.assert_allclose(tiny, 0.25, rtol=1e-14)

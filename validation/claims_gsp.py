@@ -95,7 +95,7 @@ def check_thm_4_1(ctx) -> Finding:
     gsp = _gsp()
     cross = None
     if gsp is not None:
-        res = gsp.weight_transport(_cost(rng, 5, 7)[None], mu=1.0, eps=3.0)
+        res = gsp.weight_transport(_cost(rng, 5, 7)[None], mu=1.0, inverse_temperature=3.0)
         cross = float(np.max(np.abs(res.rho)))
     return Finding(
         readings=(Reading(PRINTED, "mu = 1 gives weights p_i = 1/n (LP (P1) by linprog)", worst_lp, tol,
@@ -183,7 +183,7 @@ def check_prop_4_2(ctx) -> Finding:
         c = _cost(rng, 6, 10)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            res = gsp.weight_transport(c[None], mu=0.4, eps=5.0, method="fixed_point", max_iter=37, tol=0.0)
+            res = gsp.weight_transport(c[None], mu=0.4, inverse_temperature=5.0, method="fixed_point", max_iter=37, tol=0.0)
         mine = prop42_iterate(c, 0.4, 5.0, 37)
         cross = {"same_37th_iterate_rho": rel_err(res.rho[0], mine[0]), "pi": rel_err(res.pi[0], mine[2])}
     return Finding(
@@ -261,7 +261,7 @@ def check_prop_4_3(ctx) -> Finding:
         cost = _cost(rng, 6, 8)
         sol = p2_scalar(cost, 0.3, 5.0)
         d_rho, d_pi = rng.standard_normal(8), rng.standard_normal((6, 8))
-        res = gsp.weight_transport(cost[None], mu=0.3, eps=5.0)
+        res = gsp.weight_transport(cost[None], mu=0.3, inverse_temperature=5.0)
         theirs = gsp.weight_transport_backward(res, d_rho[None], d_pi[None]).cost[0]
         cross = rel_err(theirs, prop43_gradient(sol.rho, sol.pi, d_rho, d_pi, 0.3, 5.0, "b"))
     return Finding(
@@ -675,7 +675,7 @@ def check_fig_9(ctx) -> Finding:
         for k in ks:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
-                res = gsp.weight_transport(stacked, mu=mu, eps=eps, method="fixed_point", max_iter=k, tol=0.0)
+                res = gsp.weight_transport(stacked, mu=mu, inverse_temperature=eps, method="fixed_point", max_iter=k, tol=0.0)
             gr, gp = np.stack(d_rho), np.stack(d_pi)
             refdml_times[str(k)] = {
                 "closed_form_s": _best_time(lambda: gsp.weight_transport_backward(res, gr, gp), repeats),
@@ -731,7 +731,7 @@ def check_exact_solver(ctx) -> Finding:
         if _rate(ref, mu) ** 20000 > 1e-14:
             continue  # too slow for the fixed point to reach the fixed point here
         rho_fp, _, pi_fp, _ = prop42_iterate(cost, mu, eps, 20000 if _rate(ref, mu) > 0.9 else 3000)
-        res = gsp.weight_transport(cost[None], mu=mu, eps=eps, method="exact")
+        res = gsp.weight_transport(cost[None], mu=mu, inverse_temperature=eps, method="exact")
         worst_fp = max(worst_fp, n * float(np.max(np.abs(res.rho[0] - rho_fp))), n * float(np.max(np.abs(res.pi[0] - pi_fp))))
         worst_oracle = max(worst_oracle, n * float(np.max(np.abs(res.rho[0] - ref.rho))))
         trials += 1
@@ -739,7 +739,7 @@ def check_exact_solver(ctx) -> Finding:
 
     def disagrees(inst):
         cost, mu, eps = inst
-        res = gsp.weight_transport(cost[None], mu=mu, eps=eps, method="exact")
+        res = gsp.weight_transport(cost[None], mu=mu, inverse_temperature=eps, method="exact")
         return cost.shape[1] * float(np.max(np.abs(res.rho[0] - p2_scalar(cost, mu, eps).rho))) > tol
 
     cex = ctx.search(_p2_instance(), disagrees, max_examples=ctx.pick(25, 100))

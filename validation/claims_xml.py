@@ -274,7 +274,7 @@ def check_eq_2_4(ctx) -> Finding:
     cross = None
     if module is not None:
         V, X = rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (7, 3))
-        cross = float(np.max(np.abs(module.histogram_entropic(X[None], V, eps=3.0)[0] - _softmax_histogram(V, X, 3.0))))
+        cross = float(np.max(np.abs(module.histogram_entropic(X[None], V, inverse_temperature=3.0)[0] - _softmax_histogram(V, X, 3.0))))
     return Finding(
         readings=(
             Reading(PRINTED, "constraint sum_ij pi_ij = 1/n (as printed)", printed_error, tol,

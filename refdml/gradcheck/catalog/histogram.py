@@ -1,7 +1,43 @@
-"""Catalogue entries of ``refdml.histogram``.
+"""Catalogue entries of ``refdml.histogram``: the entropic histogram and the convex combination.
 
-Transitional: the operator module still registers itself through the old shim
-``refdml.gradcheck.registry``; its entries move here.
+``histogram_lp`` and ``histogram_closed_form`` are validation only and piecewise constant
+(no backward), so they have no entry.
 """
 
-import refdml.histogram  # noqa: F401
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from refdml.gradcheck.catalog import OperatorSpec, register
+from refdml.histogram import (
+    convex_combination_backward,
+    convex_combination_forward,
+    histogram_entropic_backward,
+    histogram_entropic_forward,
+)
+
+
+def _entropic_inputs(rng: np.random.Generator) -> dict:
+    return {"features": rng.standard_normal((2, 4, 3)), "prototypes": rng.standard_normal((3, 3))}
+
+
+def _combination_inputs(rng: np.random.Generator) -> dict:
+    return {"z": rng.dirichlet(np.ones(3), size=2), "prototypes": rng.standard_normal((3, 4))}
+
+
+register(OperatorSpec(
+    name="histogram.entropic",
+    forward=functools.partial(histogram_entropic_forward, inverse_temperature=2.0),
+    backward=histogram_entropic_backward,
+    make_inputs=_entropic_inputs,
+    paper="XML Eq. (2.4), softmax solution (constraint sum_i pi_ij = 1/n)",
+))
+register(OperatorSpec(
+    name="histogram.convex_combination",
+    forward=convex_combination_forward,
+    backward=convex_combination_backward,
+    make_inputs=_combination_inputs,
+    paper="XML Eq. (2.3): y_hat = sum_k z_k nu_k",
+))
