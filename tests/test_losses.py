@@ -1,5 +1,6 @@
 """DML losses: values against slow loop oracles written from the papers' formulas, gradients
-against finite differences (refdml.gradcheck, rtol 1e-6, float64), edge cases and input checks.
+against finite differences of the forward/backward pairs (refdml.gradcheck, rtol 1e-6, float64,
+random upstream d_value), extreme scales, edge cases and input checks.
 
 Each oracle returns ``(value, gap)`` where ``gap`` is the distance of the nearest hinge,
 mining threshold or argmax tie to its kink; gradient checks only run with ``gap > 1e-4``
@@ -14,7 +15,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from refdml import losses
-from refdml.gradcheck import assert_gradients, check_loss
+from refdml.gradcheck import assert_gradients, check_gradients
 from refdml.gradcheck import strategies as rst
 
 KINK = 1e-4
@@ -24,7 +25,8 @@ KINK = 1e-4
 
 
 def _dist(a, b):
-    return math.sqrt(sum((u - v) ** 2 for u, v in zip(a, b)))
+    # math.hypot scales internally: right from 1e-300 to 1e300.
+    return math.hypot(*(u - v for u, v in zip(a, b)))
 
 
 def _cos(a, b):
@@ -42,7 +44,8 @@ def _reduce_loop(terms, reduction):
 
 
 def contrastive_loop(x, y, pos_margin, neg_margin, form, reduction):
-    terms, gap, any_positive = [], math.inf, False
+    """One term per unordered pair, positive or negative; no special case without positives."""
+    terms, gap = [], math.inf
     for i in range(len(x)):
         for j in range(i + 1, len(x)):
             if form == "euclidean":
@@ -51,25 +54,21 @@ def contrastive_loop(x, y, pos_margin, neg_margin, form, reduction):
             else:
                 s = _cos(x[i], x[j])
                 pre = pos_margin - s if y[i] == y[j] else s - neg_margin
-            any_positive |= bool(y[i] == y[j])
             terms.append(max(pre, 0.0))
             gap = min(gap, abs(pre))
-    if not any_positive:
-        return 0.0, gap
     return _reduce_loop(terms, reduction), gap
 
 
 def generalized_contrastive_loop(x, y, alpha, beta, reduction):
     """ASAP Eq. (4.2): (iota (d - beta) + alpha)_+, iota = +1 same class, -1 otherwise."""
-    terms, gap, any_positive = [], math.inf, False
+    terms, gap = [], math.inf
     for i in range(len(x)):
         for j in range(i + 1, len(x)):
             iota = 1.0 if y[i] == y[j] else -1.0
-            any_positive |= iota > 0
             pre = iota * (_dist(x[i], x[j]) - beta) + alpha
             terms.append(max(pre, 0.0))
             gap = min(gap, abs(pre))
-    return (_reduce_loop(terms, reduction) if any_positive else 0.0), gap
+    return _reduce_loop(terms, reduction), gap
 
 
 def triplet_loop(x, y, margin, mining, reduction):
@@ -198,10 +197,15 @@ def _assume_value_comparable(gap, reduction):
 
 
 def _gradcheck(loss, inputs, **hyper):
-    def wrapped(**kw):
-        return loss(**kw, **hyper)
+    """Finite differences of the pair ``<loss>_forward`` / ``<loss>_backward`` with a random
+    upstream ``d_value``, on batches and reductions beyond the catalogue's fixed entries."""
+    forward = getattr(losses, f"{loss.__name__}_forward")
+    backward = getattr(losses, f"{loss.__name__}_backward")
 
-    result = check_loss(wrapped, inputs, rng=0)
+    def wrapped(**kw):
+        return forward(**kw, **hyper)
+
+    result = check_gradients(wrapped, backward, inputs, rng=0)
     assert_gradients(result, rtol=1e-6)
     return result
 
@@ -488,12 +492,12 @@ _ANCHOR_LOSSES = [
     (losses.triplet, {"mining": "batch_hard"}),
     (losses.multi_similarity, {}),
 ]
-# All-distinct labels (and a single sample): no positive pair for any loss. One class:
-# no negative, hence no triplet and no multi-similarity anchor (pair losses still have
-# positive pairs there, so they are not in that case).
+# A single sample: no pair at all. All-distinct labels: no positive, hence no triplet and
+# no multi-similarity anchor. One class: no negative, the same. (Pair losses have terms in
+# the last two cases: see test_pair_losses_without_positive_pair_sum_their_negative_terms.)
 _DEGENERATE = (
-    [(loss, kw, labels) for loss, kw in _PAIR_LOSSES + _ANCHOR_LOSSES for labels in ([0, 1, 2, 3], [7])]
-    + [(loss, kw, [5, 5, 5, 5]) for loss, kw in _ANCHOR_LOSSES]
+    [(loss, kw, [7]) for loss, kw in _PAIR_LOSSES + _ANCHOR_LOSSES]
+    + [(loss, kw, labels) for loss, kw in _ANCHOR_LOSSES for labels in ([0, 1, 2, 3], [5, 5, 5, 5])]
 )
 
 
@@ -581,3 +585,243 @@ def test_paper_hyperparameters_are_accepted_and_match_the_oracles(name):
             expected = oracle(x, y, p, pl, *hyper.values(), "mean")
         np.testing.assert_allclose(value, expected, rtol=1e-11, err_msg=dataset)
         assert np.all(np.isfinite(grads.embeddings)), dataset
+
+
+# ------------------------------------------------ batches without a positive pair
+
+
+def _negative_term(x, i, j, form, neg_margin):
+    if form == "euclidean":
+        return max(neg_margin - _dist(x[i], x[j]), 0.0)
+    return max(_cos(x[i], x[j]) - neg_margin, 0.0)
+
+
+def _positive_term(x, i, j, form, pos_margin):
+    if form == "euclidean":
+        return max(_dist(x[i], x[j]) - pos_margin, 0.0)
+    return max(pos_margin - _cos(x[i], x[j]), 0.0)
+
+
+@pytest.mark.parametrize("form, pos, neg", [("euclidean", 0.1, 0.9), ("cosine", 0.8, 0.1)])
+@pytest.mark.parametrize("reduction", ["mean", "mean_nonzero", "sum"])
+def test_pair_losses_without_positive_pair_sum_their_negative_terms(form, pos, neg, reduction):
+    x = 0.4 * np.random.default_rng(11).standard_normal((6, 3))
+    distinct = np.arange(6)
+    value, grads = losses.contrastive(x, distinct, pos_margin=pos, neg_margin=neg, form=form,
+                                      reduction=reduction)
+    expected, gap = contrastive_loop(x, distinct, pos, neg, form, reduction)
+    assert gap > KINK and expected > 0.0       # some negative terms are active
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
+    assert np.any(grads.embeddings != 0.0)
+    if reduction == "sum":
+        # Exactly as when one positive pair appears: relabelling pair (0, 1) as positive
+        # swaps its negative term for its positive term and changes nothing else.
+        one_positive = np.array([0, 0, 2, 3, 4, 5])
+        with_positive, _ = losses.contrastive(x, one_positive, pos_margin=pos, neg_margin=neg,
+                                              form=form, reduction="sum")
+        swapped = value - _negative_term(x, 0, 1, form, neg) + _positive_term(x, 0, 1, form, pos)
+        np.testing.assert_allclose(with_positive, swapped, rtol=1e-12)
+
+
+def test_generalized_contrastive_without_positive_pair_sums_its_negative_terms():
+    x = 0.4 * np.random.default_rng(12).standard_normal((5, 3))
+    value, _ = losses.generalized_contrastive(x, np.arange(5), alpha=0.3, beta=0.6)
+    expected, _ = generalized_contrastive_loop(x, np.arange(5), 0.3, 0.6, "mean")
+    assert expected > 0.0
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ extreme scales
+
+
+SCALES = [1e-300, 1e-150, 1e150, 1e300]
+
+
+def contrastive_grad_loop(x, y, pos_margin, neg_margin):
+    """d/dx of the mean Euclidean contrastive loss: +-(x_i - x_j) / d_ij per active pair."""
+    n, g = len(x), np.zeros_like(x)
+    for i in range(n):
+        for j in range(i + 1, n):
+            d = _dist(x[i], x[j])
+            unit = np.array([(u - v) / d for u, v in zip(x[i], x[j])])
+            if y[i] == y[j] and d - pos_margin > 0:
+                g[i] += unit
+                g[j] -= unit
+            elif y[i] != y[j] and neg_margin - d > 0:
+                g[i] -= unit
+                g[j] += unit
+    return g / (n * (n - 1) / 2)
+
+
+def triplet_grad_loop(x, y, margin, mining):
+    """d/dx of the mean triplet loss, triplet by triplet."""
+    n = len(x)
+    d = [[_dist(x[i], x[j]) for j in range(n)] for i in range(n)]
+
+    def unit(a, b):
+        return np.array([(u - v) / d[a][b] for u, v in zip(x[a], x[b])])
+
+    triplets = []
+    for a in range(n):
+        positives = [p for p in range(n) if p != a and y[p] == y[a]]
+        negatives = [q for q in range(n) if y[q] != y[a]]
+        if mining == "all":
+            triplets += [(a, p, q) for p in positives for q in negatives]
+        elif positives and negatives:
+            triplets.append((a, max(positives, key=lambda p: d[a][p]),
+                             min(negatives, key=lambda q: d[a][q])))
+    g = np.zeros_like(x)
+    for a, p, q in triplets:
+        if d[a][p] - d[a][q] + margin > 0:
+            g[a] += unit(a, p) - unit(a, q)
+            g[p] -= unit(a, p)
+            g[q] += unit(a, q)
+    return g / len(triplets)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_euclidean_losses_are_right_at_extreme_scales(scale):
+    x, y = _fixed_batch(0)
+    x = scale * x
+    value, grads = losses.contrastive(x, y, pos_margin=0.2, neg_margin=0.9)
+    np.testing.assert_allclose(value, contrastive_loop(x, y, 0.2, 0.9, "euclidean", "mean")[0], rtol=1e-12)
+    np.testing.assert_allclose(grads.embeddings, contrastive_grad_loop(x, y, 0.2, 0.9), rtol=1e-10, atol=1e-12)
+    value, _ = losses.generalized_contrastive(x, y, alpha=0.3, beta=0.6)
+    np.testing.assert_allclose(value, generalized_contrastive_loop(x, y, 0.3, 0.6, "mean")[0], rtol=1e-12)
+    for mining in ("all", "batch_hard"):
+        value, grads = losses.triplet(x, y, margin=0.4, mining=mining)
+        np.testing.assert_allclose(value, triplet_loop(x, y, 0.4, mining, "mean")[0], rtol=1e-12)
+        np.testing.assert_allclose(grads.embeddings, triplet_grad_loop(x, y, 0.4, mining), rtol=1e-10, atol=1e-12)
+        assert np.all(np.isfinite(grads.embeddings))
+
+
+def test_euclidean_losses_name_the_overflow_where_the_answer_is_not_representable():
+    # One class of 10 points: 45 positive terms d_ij, each below 1.6e308, whose sum is not.
+    x = 4e307 * np.random.default_rng(1).uniform(-1.0, 1.0, (10, 4))
+    y = np.zeros(10, dtype=int)
+    scaled_sum = math.fsum(_dist(a, b) / 1e300 for k, a in enumerate(x) for b in x[k + 1:])
+    assert scaled_sum > 1.8e8
+    # The mean is representable although the sum of the terms is not: right answer.
+    value, _ = losses.contrastive(x, y, pos_margin=0.0, neg_margin=0.5)
+    np.testing.assert_allclose(value, 1e300 * (scaled_sum / 45), rtol=1e-12)
+    with pytest.raises(ValueError, match="exceeds the float64 range"):
+        losses.contrastive(x, y, pos_margin=0.0, neg_margin=0.5, reduction="sum")
+    # The top binade (|x| >= 2^1023 ~ 9e307) with representable distances: right answer.
+    top = np.array([[1.7e308, 0.0], [1.7e308, 1e300], [1.6e308, 0.0], [1.6e308, 3e307]])
+    for labels in ([0, 0, 1, 1], [0, 1, 2, 3]):
+        value, grads = losses.contrastive(top, labels, pos_margin=0.0, neg_margin=0.5)
+        np.testing.assert_allclose(value, contrastive_loop(top, labels, 0.0, 0.5, "euclidean", "mean")[0], rtol=1e-12)
+        np.testing.assert_allclose(grads.embeddings, contrastive_grad_loop(top, labels, 0.0, 0.5), rtol=1e-10, atol=1e-12)
+        value, _ = losses.triplet(top, [0, 0, 1, 1], margin=0.1)
+        np.testing.assert_allclose(value, triplet_loop(top, [0, 0, 1, 1], 0.1, "all", "mean")[0], rtol=1e-12)
+    # Distances beyond float64: a named error, never inf or NaN.
+    far = np.array([[1.5e308, 0.0], [-1.5e308, 0.0], [0.0, 1.0]])
+    for call in (lambda: losses.contrastive(far, [0, 0, 1]), lambda: losses.triplet(far, [0, 0, 1]),
+                 lambda: losses.generalized_contrastive(far, [0, 0, 1], alpha=0.1, beta=0.2)):
+        with pytest.raises(ValueError, match="embeddings has pairwise distances beyond"):
+            call()
+
+
+def _cosine_cases():
+    x, y, p, pl = _proxy_batch(3)
+    return [
+        ("contrastive_cosine", lambda e, q: losses.contrastive(e, y, form="cosine", neg_margin=0.1), x, None),
+        ("multi_similarity", lambda e, q: losses.multi_similarity(e, y, mining_margin=0.3), x, None),
+        ("proxy_anchor", lambda e, q: losses.proxy_anchor(e, y, proxies=q, proxy_labels=pl), x, p),
+        ("proxy_nca", lambda e, q: losses.proxy_nca(e, y, proxies=q, proxy_labels=pl), x, p),
+        ("soft_triple", lambda e, q: losses.soft_triple(e, y, proxies=q, proxy_labels=pl), x, p),
+    ]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("case", _cosine_cases(), ids=lambda c: c[0])
+def test_cosine_losses_are_scale_invariant_at_extreme_scales(case, scale):
+    _, loss, x, p = case
+    value, grads = loss(x, p)
+    # Proxies at the reciprocal scale: embeddings and proxies are rescaled separately.
+    p_scale = 1.0 / scale
+    scaled_value, scaled = loss(scale * x, None if p is None else p_scale * p)
+    np.testing.assert_allclose(scaled_value, value, rtol=1e-12)
+    # The gradient of a scale-invariant loss scales as 1 / s.
+    peak = np.max(np.abs(grads.embeddings))
+    np.testing.assert_allclose(scale * scaled.embeddings, grads.embeddings, rtol=1e-9, atol=1e-12 * peak)
+    if p is not None:
+        peak = np.max(np.abs(grads.proxies))
+        np.testing.assert_allclose(p_scale * scaled.proxies, grads.proxies, rtol=1e-9, atol=1e-12 * peak)
+
+
+@pytest.mark.parametrize("case", _cosine_cases(), ids=lambda c: c[0])
+def test_cosine_losses_are_invariant_to_each_rows_scale(case):
+    # Rows from 1e-300 to 1e300 in one batch: each row is rescaled on its own.
+    _, loss, x, p = case
+    row = np.array(SCALES * 4)[: x.shape[0], None]
+    value, grads = loss(x, p)
+    scaled_value, scaled = loss(row * x, None if p is None else row[::-1][: p.shape[0]] * p)
+    np.testing.assert_allclose(scaled_value, value, rtol=1e-12)
+    np.testing.assert_allclose(row * scaled.embeddings, grads.embeddings, rtol=1e-9,
+                               atol=1e-12 * np.max(np.abs(grads.embeddings)))
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+def _all_forwards():
+    x, y, p, pl = _proxy_batch(0)
+    proxy = {"proxies": p, "proxy_labels": pl}
+    return x, y, [
+        ("contrastive", {}), ("generalized_contrastive", {"alpha": 0.2, "beta": 0.5}),
+        ("triplet", {}), ("multi_similarity", {}), ("proxy_anchor", proxy),
+        ("proxy_nca", proxy), ("soft_triple", proxy),
+    ]
+
+
+def test_every_loss_names_a_reduction_typo_and_a_wrong_label_length():
+    x, y, cases = _all_forwards()
+    for name, kwargs in cases:
+        for fn in (getattr(losses, name), getattr(losses, f"{name}_forward")):
+            with pytest.raises(ValueError, match=r"reduction == 'meen', must be one of"):
+                fn(x, y, reduction="meen", **kwargs)
+            with pytest.raises(ValueError, match=r"labels has length 7, .* \(one per embedding\)"):
+                fn(x, y[:-1], **kwargs)
+            with pytest.raises(TypeError, match="reduction must be one of"):
+                fn(x, y, reduction=None, **kwargs)
+
+
+def test_proxy_labels_length_has_its_own_message():
+    x, y, p, pl = _proxy_batch(0)
+    for loss in (losses.proxy_anchor, losses.proxy_nca, losses.soft_triple):
+        with pytest.raises(ValueError, match="proxy_labels has length 5, but there are 6 proxies") as info:
+            loss(x, y, proxies=p, proxy_labels=pl[:-1])
+        assert "embedding" not in str(info.value)
+
+
+def test_every_backward_checks_its_context_and_upstream():
+    x, y, cases = _all_forwards()
+    contexts = {name: getattr(losses, f"{name}_forward")(x, y, **kw)[1] for name, kw in cases}
+    for name, _ in cases:
+        backward = getattr(losses, f"{name}_backward")
+        ctx = contexts[name]
+        reference = backward(ctx).embeddings
+        # A scalar in any real form: Python float, NumPy scalar, 0-d array.
+        for d_value in (2.0, np.float32(2.0), np.array(2.0), 2):
+            np.testing.assert_allclose(backward(ctx, d_value).embeddings, 2.0 * reference, rtol=1e-15)
+        for bad, match in ((np.nan, "d_value == nan"), (np.inf, "d_value == inf"),
+                           (np.ones(1), r"d_value has shape \(1,\)"), (np.ones((1, 1)), "d_value has shape")):
+            with pytest.raises(ValueError, match=match):
+                backward(ctx, bad)
+        for bad in ("1.0", None, True, 1j):
+            with pytest.raises(TypeError, match="d_value"):
+                backward(ctx, bad)
+        with pytest.raises(TypeError, match="ctx must be the"):
+            backward(object())
+        with pytest.raises(TypeError, match="ctx must be the"):
+            backward((1.0, ctx))
+        # Another loss's context is refused; one of the same class names both forwards.
+        for other, other_ctx in contexts.items():
+            if other == name:
+                continue
+            same_class = type(other_ctx) is type(ctx)
+            match = (rf"returned by {name}_forward, got the one returned by {other}_forward"
+                     if same_class else "ctx must be the")
+            with pytest.raises(TypeError, match=match):
+                backward(other_ctx)

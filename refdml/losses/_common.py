@@ -1,0 +1,290 @@
+"""Pieces shared by every loss: gradients, contexts, reductions, input checks, and the
+scale-safe pairwise kernels the losses see the embeddings (and proxies) through.
+
+Private: the public losses validate their input with the ``_check_*`` helpers here, then
+call kernels that assume valid input.
+
+Extreme input (entries of magnitude 1e-300 .. 1e300)
+----------------------------------------------------
+* Euclidean losses see ``D_ij = ||x_i - x_j||``, homogeneous of degree 1. The embeddings
+  are divided by one power of two ``s`` (as :func:`refdml._numerics.common_scale`, exact),
+  the distances ``D'`` of ``x / s`` are computed in range and ``D = s D'``. Its gradient
+  with respect to ``x`` is that of ``D'`` with respect to ``x / s`` (degree 0): no factor.
+  A distance beyond the float64 range is a ``ValueError`` naming ``embeddings``.
+* Cosine losses see ``cos(x_i, x_j)`` (or ``cos(x_i, p_k)``), invariant to the scale of
+  each row. Each row is divided by its own power of two ``s_i`` (exact), so the value is
+  the same at any scale; the gradient with respect to row ``i`` is the one of the scaled
+  row divided by ``s_i`` (degree -1), kept in the context as ``row_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refdml._numerics import check_nonzero_rows, masked_logsumexp
+from refdml._validation import (
+    as_float_array,
+    as_label_array,
+    check_choice,
+    check_context,
+    check_upstream,
+)
+from refdml.distances import (
+    CosineContext,
+    EuclideanContext,
+    _cosine_backward,
+    _cosine_forward,
+    _euclidean_backward,
+    _euclidean_forward,
+)
+
+__all__ = ["LossGrads", "PairwiseLossContext", "ProxyLossContext", "ProxyLossGrads", "REDUCTIONS"]
+
+REDUCTIONS = ("mean", "mean_nonzero", "sum")
+
+_COSINE_WHY = "cosine similarity needs non-zero vectors"
+_MAX_EXPONENT = 1023
+_TWO_64 = 2.0**64
+
+
+@dataclass(frozen=True)
+class LossGrads:
+    """Gradient of a loss with respect to the embeddings, shape (n, d)."""
+
+    embeddings: np.ndarray
+
+
+@dataclass(frozen=True)
+class ProxyLossGrads:
+    """Gradients of a proxy loss: embeddings (n, d) and proxies (n_proxies, d)."""
+
+    embeddings: np.ndarray
+    proxies: np.ndarray
+
+
+@dataclass(frozen=True)
+class PairwiseLossContext:
+    """Context of a loss that sees the embeddings only through one (n, n) pairwise matrix.
+
+    ``metric_ctx`` is the context of the Euclidean distances (``EuclideanContext``) or the
+    cosine similarities (``CosineContext``) of the rescaled embeddings; ``d_matrix`` is
+    d value / d matrix for an upstream gradient of 1; the gradient of row ``i`` is divided
+    by ``row_scale[i]`` (the power of two row ``i`` was divided by; ones for Euclidean).
+    ``loss`` names the forward that made the context, so that a backward refuses another
+    loss's context.
+    """
+
+    loss: str
+    metric_ctx: EuclideanContext | CosineContext
+    d_matrix: np.ndarray
+    row_scale: np.ndarray
+
+
+@dataclass(frozen=True)
+class ProxyLossContext:
+    """Context of a proxy loss: the cosine matrix of embeddings and proxies, d value / d it.
+
+    ``d_similarity`` (n, n_proxies) is for an upstream gradient of 1. SoftTriple adds the
+    context of ``cos(proxies, proxies)`` and d value / d it (``None`` for the others).
+    Rows of embeddings and proxies were divided by the powers of two ``embedding_scale``
+    (n, 1) and ``proxy_scale`` (n_proxies, 1).
+    """
+
+    loss: str
+    cosine_ctx: CosineContext
+    d_similarity: np.ndarray
+    embedding_scale: np.ndarray
+    proxy_scale: np.ndarray
+    regularizer_ctx: CosineContext | None = None
+    d_regularizer: np.ndarray | None = None
+
+
+# ----------------------------------------------------------------------- input checks
+
+
+def check_reduction(reduction) -> str:
+    return check_choice(reduction, "reduction", REDUCTIONS)
+
+
+def check_embeddings_labels(embeddings, labels) -> tuple[np.ndarray, np.ndarray]:
+    x = as_float_array(embeddings, "embeddings", ndim=2)
+    y = as_label_array(labels, "labels", length=x.shape[0])
+    return x, y
+
+
+def check_cosine_embeddings(x: np.ndarray) -> None:
+    check_nonzero_rows(x, "embeddings", why=_COSINE_WHY)
+
+
+def _check_proxies(proxies, proxy_labels, labels, d: int) -> tuple[np.ndarray, np.ndarray]:
+    p = as_float_array(proxies, "proxies", ndim=2)
+    if p.shape[1] != d:
+        raise ValueError(
+            f"proxies have dimension {p.shape[1]} but embeddings have dimension {d} "
+            f"(proxies.shape={p.shape})"
+        )
+    if proxy_labels is None:
+        p_labels = np.arange(p.shape[0], dtype=np.int64)
+    else:
+        p_labels = as_label_array(proxy_labels, "proxy_labels")
+        if p_labels.size != p.shape[0]:
+            raise ValueError(
+                f"proxy_labels has length {p_labels.size}, but there are {p.shape[0]} proxies "
+                "(one label per proxy)"
+            )
+    missing = np.setdiff1d(labels, p_labels)
+    if missing.size:
+        raise ValueError(
+            f"labels has class {int(missing[0])}, which no proxy represents "
+            f"(proxy_labels covers {np.unique(p_labels).size} classes)"
+        )
+    return p, p_labels
+
+
+def check_proxy_inputs(embeddings, labels, proxies, proxy_labels):
+    x, y = check_embeddings_labels(embeddings, labels)
+    p, p_labels = _check_proxies(proxies, proxy_labels, y, x.shape[1])
+    check_cosine_embeddings(x)
+    check_nonzero_rows(p, "proxies", why=_COSINE_WHY)
+    return x, y, p, p_labels
+
+
+def check_loss_context(ctx, cls: type, loss: str):
+    """``TypeError`` unless ``ctx`` is a ``cls`` made by ``<loss>_forward``."""
+    check_context(ctx, "ctx", cls)
+    if ctx.loss != loss:
+        raise TypeError(
+            f"ctx must be the {cls.__name__} returned by {loss}_forward, "
+            f"got the one returned by {ctx.loss}_forward"
+        )
+    return ctx
+
+
+def check_d_value(d_value) -> float:
+    """The scalar upstream gradient of a loss value (shape ``()``, real, finite)."""
+    return float(check_upstream(d_value, "d_value", ()))
+
+
+# ------------------------------------------------------------------------- reductions
+
+
+def reduce_terms(terms: np.ndarray, reduction: str) -> tuple[float, np.ndarray]:
+    """Reduce non-negative ``terms``; return the value and d value / d terms.
+
+    An empty set of terms (or no non-zero term for ``mean_nonzero``) reduces to 0. A sum
+    that overflows is formed on ``terms / 2^k``; a value beyond float64 is a ValueError.
+    """
+    if reduction == "mean_nonzero":
+        weight = (terms > 0.0).astype(np.float64)
+        count = int(np.count_nonzero(weight))
+    else:
+        weight = np.ones_like(terms)
+        count = 1 if reduction == "sum" else terms.size
+    if count == 0:
+        return 0.0, np.zeros_like(terms)
+    with np.errstate(over="ignore"):
+        value = float(np.sum(terms)) / count
+        if not np.isfinite(value):
+            # Exact powers of two; the terms too small to survive 2^-64 are negligible
+            # next to a sum beyond 1e308.
+            value = _TWO_64 * (float(np.sum(terms / _TWO_64)) / count)
+    if not np.isfinite(value):
+        raise ValueError(
+            f"the loss value (reduction={reduction!r}) exceeds the float64 range: the "
+            "embeddings are too far apart"
+        )
+    return value, weight / count
+
+
+# ----------------------------------------------------------------- pairwise kernels
+
+
+def row_scale(x: np.ndarray) -> np.ndarray:
+    """Per row, the power of two ``s_i`` with ``max_j |x_ij| / s_i`` in [0.5, 1); (n, 1).
+
+    In the top binade (``|x| >= 2^1023``) ``s_i = 2^1023`` (``2^1024`` is not a float64),
+    and the ratio is in [1, 2): still safe to square.
+    """
+    peak = np.max(np.abs(x), axis=1, keepdims=True)
+    exponent = np.frexp(np.where(peak > 0.0, peak, 1.0))[1]
+    return np.ldexp(1.0, np.minimum(exponent, _MAX_EXPONENT))
+
+
+def _common_scale(x: np.ndarray) -> float:
+    """:func:`refdml._numerics.common_scale` of one array, capped at ``2^1023``.
+
+    ``common_scale`` overflows (``2^1024``) for ``|x| >= 2^1023``; see :func:`row_scale`.
+    """
+    peak = float(np.max(np.abs(x), initial=0.0))
+    if peak == 0.0:
+        return 1.0
+    return float(np.ldexp(1.0, min(int(np.frexp(peak)[1]), _MAX_EXPONENT)))
+
+
+def self_euclidean(x: np.ndarray) -> tuple[np.ndarray, EuclideanContext, np.ndarray]:
+    """``D_ij = ||x_i - x_j||`` at any scale; returns ``(D, ctx, ones((n, 1)))``."""
+    scale = _common_scale(x)
+    scaled = x / scale
+    distance, ctx = _euclidean_forward(scaled, scaled)
+    with np.errstate(over="ignore"):
+        distance = scale * distance
+    if not np.all(np.isfinite(distance)):
+        raise ValueError(
+            "embeddings has pairwise distances beyond the float64 range "
+            f"(max |entry| == {float(np.max(np.abs(x))):.3g})"
+        )
+    return distance, ctx, np.ones((x.shape[0], 1))
+
+
+def self_cosine(x: np.ndarray) -> tuple[np.ndarray, CosineContext, np.ndarray]:
+    """``S_ij = cos(x_i, x_j)`` at any scale; returns ``(S, ctx, row_scale)``."""
+    scale = row_scale(x)
+    scaled = x / scale
+    similarity, ctx = _cosine_forward(scaled, scaled)
+    return similarity, ctx, scale
+
+
+def cross_cosine(x: np.ndarray, p: np.ndarray):
+    """``cos(x_i, p_k)`` at any scale; returns ``(S, ctx, x_scale, p_scale)``."""
+    x_scale, p_scale = row_scale(x), row_scale(p)
+    similarity, ctx = _cosine_forward(x / x_scale, p / p_scale)
+    return similarity, ctx, x_scale, p_scale
+
+
+def pairwise_backward(ctx: PairwiseLossContext, d_value: float) -> LossGrads:
+    """Gradient of ``d_value * value`` through the pairwise matrix (both of its arguments)."""
+    upstream = d_value * ctx.d_matrix
+    if isinstance(ctx.metric_ctx, CosineContext):
+        grads = _cosine_backward(ctx.metric_ctx, upstream)
+    else:
+        grads = _euclidean_backward(ctx.metric_ctx, upstream)
+    # The matrix is a function of two copies of x; the total derivative adds both.
+    return LossGrads(embeddings=(grads.x + grads.y) / ctx.row_scale)
+
+
+def proxy_backward(ctx: ProxyLossContext, d_value: float) -> ProxyLossGrads:
+    grads = _cosine_backward(ctx.cosine_ctx, d_value * ctx.d_similarity)
+    d_proxies = grads.y
+    if ctx.regularizer_ctx is not None:
+        reg = _cosine_backward(ctx.regularizer_ctx, d_value * ctx.d_regularizer)
+        d_proxies = d_proxies + reg.x + reg.y
+    return ProxyLossGrads(
+        embeddings=grads.x / ctx.embedding_scale, proxies=d_proxies / ctx.proxy_scale
+    )
+
+
+def log1p_sum_exp(z: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise ``log(1 + sum_{mask} exp(z))`` and its gradient ``exp(z - lse)`` on the mask.
+
+    The masked log-sum-exp with an extra zero logit (the ``exp(0) = 1``) in front; a row
+    with an empty mask gives ``log 1 = 0`` and zero weights.
+    """
+    zero = np.zeros(z.shape[:-1] + (1,))
+    lse, softmax = masked_logsumexp(
+        np.concatenate([zero, z], axis=-1),
+        np.concatenate([np.ones(zero.shape, dtype=bool), mask], axis=-1),
+        axis=-1,
+    )
+    return lse, softmax[..., 1:]
