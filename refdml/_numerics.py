@@ -46,11 +46,13 @@ def common_scale(*arrays: np.ndarray) -> float:
 
     Dividing by a power of two is exact, so scaled computations lose nothing, and
     squares of the scaled values can neither overflow nor (for the largest) underflow.
+    Above ``2**1023`` (the top binade of float64) ``s`` is capped at ``2**1023``, so
+    ``max|a| / s`` is then in [1, 2): still safe to square.
     """
     largest = max((float(np.max(np.abs(a), initial=0.0)) for a in arrays), default=0.0)
     if largest == 0.0 or not np.isfinite(largest):
         return 1.0
-    return float(np.ldexp(1.0, int(np.frexp(largest)[1])))
+    return float(np.ldexp(1.0, min(int(np.frexp(largest)[1]), 1023)))
 
 
 def row_norm(x: np.ndarray, *, keepdims: bool = False) -> np.ndarray:
