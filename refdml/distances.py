@@ -1,16 +1,26 @@
 """Pairwise distances and similarities between two sets of vectors, forward and backward.
 
 All functions take ``x`` of shape ``(..., n, d)`` and ``y`` of shape ``(..., m, d)`` with
-matching (broadcastable) leading dimensions and return ``(..., n, m)``.
+matching (broadcastable) leading dimensions and return ``(..., n, m)``; each backward
+takes an upstream gradient of exactly that shape and returns gradients shaped like
+``x`` and ``y`` (summed over broadcast leading dimensions).
 
 ``euclidean``: ``D_ij = ||x_i - y_j||``
-    Computed with the Gram identity, then nearby pairs (where its cancellation would
-    lose digits) are recomputed from explicit differences; the result is accurate to
-    ~1e-12 relative everywhere and needs no (n, m, d) array. Gradient ``dD_ij/dx_i = (x_i - y_j) / D_ij``; at ``D_ij = 0``
-    the norm is not differentiable and the backward uses the subgradient 0 (the
-    centre of the subdifferential, the unit ball), never NaN.
+    :func:`refdml._numerics.pairwise_norm`: the Gram identity, with nearby pairs (where
+    its cancellation would lose digits) recomputed from explicit differences, after both
+    sets are divided by one power of two; ~1e-12 relative everywhere, right for any
+    finite input (1e-300 .. 1e300), and no ``(n, m, d)`` array. Gradient
+    ``dD_ij/dx_i = (x_i - y_j) / D_ij``; at ``D_ij = 0`` the norm is not differentiable
+    and the backward uses the subgradient 0 (the centre of the subdifferential, the unit
+    ball), never NaN.
 ``sq_euclidean``: ``D_ij = ||x_i - y_j||^2``, smooth, gradient ``2 (x_i - y_j)``.
+    Where a true squared distance exceeds the float64 range (``|x| ~ 1e155`` and
+    beyond) the forward raises ``ValueError`` (use ``euclidean``) instead of returning
+    ``inf``; squares below the range round to 0 or a subnormal, which is their correctly
+    rounded float64 value (the gradient ``2 (x_i - y_j)`` stays exact there).
 ``cosine``: ``S_ij = <x_i, y_j> / (||x_i|| ||y_j||)``; zero vectors raise ValueError.
+    Each row is normalised by :func:`refdml.normalize.l2_normalize`'s kernel, which
+    rescales it by a power of two first: the same similarities at any scale.
 """
 
 from __future__ import annotations
@@ -19,14 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refdml._validation import as_float_array
-from refdml.gradcheck.registry import OperatorSpec, register
-from refdml.normalize import _l2_backward, _l2_forward
+from refdml._numerics import pairwise_norm, pairwise_sq_distances
+from refdml._validation import as_float_array, check_context, check_upstream
+from refdml.normalize import L2NormalizeContext, _l2_backward, _l2_forward
 
 __all__ = [
     "CosineContext",
     "DistanceGrads",
     "EuclideanContext",
+    "SqEuclideanContext",
     "cosine",
     "cosine_backward",
     "cosine_forward",
@@ -38,10 +49,8 @@ __all__ = [
     "sq_euclidean_forward",
 ]
 
-# Squared distances below this fraction of |x|^2 + |y|^2 are recomputed exactly.
-_REFINE = 1e-3
-# Bytes of explicit differences materialised at once when refining.
-_CHUNK_BYTES = 64 * 2**20
+# Other families import this name; the kernel is shared (refdml._numerics).
+_pairwise_norm = pairwise_norm
 
 
 @dataclass(frozen=True)
@@ -52,23 +61,25 @@ class DistanceGrads:
 
 @dataclass(frozen=True)
 class EuclideanContext:
-    x: np.ndarray
-    y: np.ndarray
-    distance: np.ndarray
+    x: np.ndarray         # (..., n, d)
+    y: np.ndarray         # (..., m, d)
+    distance: np.ndarray  # the output, (..., n, m)
 
 
 @dataclass(frozen=True)
 class SqEuclideanContext:
-    x: np.ndarray
-    y: np.ndarray
+    x: np.ndarray                # (..., n, d)
+    y: np.ndarray                # (..., m, d)
+    shape: tuple[int, ...]       # shape of the output, (..., n, m)
 
 
 @dataclass(frozen=True)
 class CosineContext:
-    x_unit: np.ndarray
-    y_unit: np.ndarray
-    x_norm_ctx: object
-    y_norm_ctx: object
+    x_unit: np.ndarray           # x / ||x||, (..., n, d)
+    y_unit: np.ndarray           # y / ||y||, (..., m, d)
+    x_norm_ctx: L2NormalizeContext
+    y_norm_ctx: L2NormalizeContext
+    shape: tuple[int, ...]       # shape of the output, (..., n, m)
 
 
 def _check_pair(x, y) -> tuple[np.ndarray, np.ndarray]:
@@ -87,37 +98,6 @@ def _check_pair(x, y) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _pairwise_norm(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """||x_i - y_j|| for x (..., n, d), y (..., m, d), accurate to a few ulps of the norm.
-
-    The Gram identity ``|x|^2 + |y|^2 - 2 <x, y>`` is fast (one matrix product) but its
-    absolute error is about ``eps (|x|^2 + |y|^2)``, which destroys the distance of nearby
-    points. Pairs whose squared distance is below ``_REFINE * (|x|^2 + |y|^2)`` are
-    therefore recomputed from explicit differences; elsewhere the relative error of the
-    squared distance is at most ``~4 eps / _REFINE``, i.e. ~1e-12.
-    """
-    lead = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
-    xb = np.broadcast_to(x, lead + x.shape[-2:])
-    yb = np.broadcast_to(y, lead + y.shape[-2:])
-    x_sq = np.einsum("...nd,...nd->...n", xb, xb)
-    y_sq = np.einsum("...md,...md->...m", yb, yb)
-    magnitude = x_sq[..., :, None] + y_sq[..., None, :]
-    sq = magnitude - 2.0 * (xb @ np.swapaxes(yb, -1, -2))
-    refine = sq <= _REFINE * magnitude
-    if np.any(refine):
-        idx = np.nonzero(refine)
-        lead_idx = idx[:-2]
-        diff = xb[lead_idx + (idx[-2],)] - yb[lead_idx + (idx[-1],)]
-        # Bounded memory: at most one (d,)-vector per refined pair, in chunks.
-        values = np.empty(diff.shape[0])
-        step = max(1, _CHUNK_BYTES // max(1, 8 * diff.shape[-1]))
-        for start in range(0, diff.shape[0], step):
-            block = diff[start : start + step]
-            values[start : start + step] = np.einsum("kd,kd->k", block, block)
-        sq[refine] = values
-    return np.sqrt(np.maximum(sq, 0.0))
-
-
 def _sum_to_shape(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Sum a broadcast gradient back to the shape of the input it came from."""
     extra = grad.ndim - len(shape)
@@ -130,12 +110,13 @@ def _sum_to_shape(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _euclidean_forward(x, y) -> tuple[np.ndarray, EuclideanContext]:
-    distance = _pairwise_norm(x, y)
+    distance = pairwise_norm(x, y)
     return distance, EuclideanContext(x=x, y=y, distance=distance)
 
 
 def _euclidean_backward(ctx: EuclideanContext, d_distance: np.ndarray) -> DistanceGrads:
-    # w_ij = g_ij / D_ij, with the subgradient 0 where D_ij = 0.
+    # d_x_i = sum_j w_ij (x_i - y_j), w_ij = g_ij / D_ij (subgradient 0 where D_ij = 0).
+    # Within 1e-300 .. 1e300 neither factor over- nor underflows: w scales as 1 / |x|.
     positive = ctx.distance > 0.0
     w = np.where(positive, d_distance / np.where(positive, ctx.distance, 1.0), 0.0)
     d_x = w.sum(axis=-1)[..., None] * ctx.x - w @ ctx.y
@@ -144,14 +125,28 @@ def _euclidean_backward(ctx: EuclideanContext, d_distance: np.ndarray) -> Distan
 
 
 def euclidean_forward(x, y) -> tuple[np.ndarray, EuclideanContext]:
-    """Pairwise Euclidean distances ``D[..., i, j] = ||x_i - y_j||``; returns ``(D, ctx)``."""
+    """Pairwise Euclidean distances; returns ``(D, ctx)``.
+
+    .. math:: D_{\\dots ij} = \\lVert x_{\\dots i} - y_{\\dots j} \\rVert_2
+
+    ``x (..., n, d)``, ``y (..., m, d)`` -> ``D (..., n, m)``. GSP Alg. 2 cost map,
+    ASAP Sec. 3 ``d_f``. Right for any finite input (no overflow at 1e300).
+    """
     x, y = _check_pair(x, y)
     return _euclidean_forward(x, y)
 
 
 def euclidean_backward(ctx: EuclideanContext, d_distance) -> DistanceGrads:
-    """Gradients ``(x, y)`` of ``<d_distance, D>``; subgradient 0 at coincident points."""
-    return _euclidean_backward(ctx, np.asarray(d_distance, dtype=np.float64))
+    """Gradients ``(x, y)`` of ``<d_distance, D>``; subgradient 0 at coincident points.
+
+    .. math:: \\partial_{x_i} = \\sum_j g_{ij} (x_i - y_j) / D_{ij}, \\quad
+              \\partial_{y_j} = \\sum_i g_{ij} (y_j - x_i) / D_{ij}
+
+    ``d_distance`` must have exactly the shape of ``D`` (no broadcasting).
+    """
+    check_context(ctx, "ctx", EuclideanContext)
+    d_distance = check_upstream(d_distance, "d_distance", ctx.distance.shape)
+    return _euclidean_backward(ctx, d_distance)
 
 
 def euclidean(x, y) -> np.ndarray:
@@ -159,9 +154,19 @@ def euclidean(x, y) -> np.ndarray:
     return euclidean_forward(x, y)[0]
 
 
+def _check_sq_range(distance: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    if np.isinf(distance).any():
+        largest = max(float(np.max(np.abs(x))), float(np.max(np.abs(y))))
+        raise ValueError(
+            "x and y: squared distances overflow float64 "
+            f"(max |x|, |y| == {largest:.3g}); use euclidean"
+        )
+
+
 def _sq_euclidean_forward(x, y) -> tuple[np.ndarray, SqEuclideanContext]:
-    distance = _pairwise_norm(x, y) ** 2
-    return distance, SqEuclideanContext(x=x, y=y)
+    distance = pairwise_sq_distances(x, y)
+    _check_sq_range(distance, x, y)
+    return distance, SqEuclideanContext(x=x, y=y, shape=distance.shape)
 
 
 def _sq_euclidean_backward(ctx: SqEuclideanContext, g: np.ndarray) -> DistanceGrads:
@@ -171,14 +176,23 @@ def _sq_euclidean_backward(ctx: SqEuclideanContext, g: np.ndarray) -> DistanceGr
 
 
 def sq_euclidean_forward(x, y) -> tuple[np.ndarray, SqEuclideanContext]:
-    """Pairwise squared Euclidean distances ``||x_i - y_j||^2``; returns ``(D, ctx)``."""
+    """Pairwise squared Euclidean distances; returns ``(D, ctx)``.
+
+    .. math:: D_{\\dots ij} = \\lVert x_{\\dots i} - y_{\\dots j} \\rVert_2^2
+
+    ``x (..., n, d)``, ``y (..., m, d)`` -> ``D (..., n, m)``. ``ValueError`` where a
+    squared distance exceeds float64 (use :func:`euclidean` there).
+    """
     x, y = _check_pair(x, y)
     return _sq_euclidean_forward(x, y)
 
 
 def sq_euclidean_backward(ctx: SqEuclideanContext, d_distance) -> DistanceGrads:
-    """Gradients ``(x, y)`` of ``<d_distance, D>``."""
-    return _sq_euclidean_backward(ctx, np.asarray(d_distance, dtype=np.float64))
+    """Gradients ``(x, y)`` of ``<d_distance, D>``: ``2 sum_j g_ij (x_i - y_j)`` and the
+    symmetric sum. ``d_distance`` must have exactly the shape of ``D``."""
+    check_context(ctx, "ctx", SqEuclideanContext)
+    d_distance = check_upstream(d_distance, "d_distance", ctx.shape)
+    return _sq_euclidean_backward(ctx, d_distance)
 
 
 def sq_euclidean(x, y) -> np.ndarray:
@@ -190,7 +204,7 @@ def _cosine_forward(x, y) -> tuple[np.ndarray, CosineContext]:
     x_unit, x_ctx = _l2_forward(x, "x")
     y_unit, y_ctx = _l2_forward(y, "y")
     similarity = x_unit @ np.swapaxes(y_unit, -1, -2)
-    return similarity, CosineContext(x_unit, y_unit, x_ctx, y_ctx)
+    return similarity, CosineContext(x_unit, y_unit, x_ctx, y_ctx, similarity.shape)
 
 
 def _cosine_backward(ctx: CosineContext, g: np.ndarray) -> DistanceGrads:
@@ -202,28 +216,27 @@ def _cosine_backward(ctx: CosineContext, g: np.ndarray) -> DistanceGrads:
 
 
 def cosine_forward(x, y) -> tuple[np.ndarray, CosineContext]:
-    """Pairwise cosine similarities; returns ``(S, ctx)``. Zero vectors raise ValueError."""
+    """Pairwise cosine similarities; returns ``(S, ctx)``.
+
+    .. math:: S_{\\dots ij} = \\frac{\\langle x_{\\dots i}, y_{\\dots j} \\rangle}
+              {\\lVert x_{\\dots i} \\rVert \\, \\lVert y_{\\dots j} \\rVert}
+
+    ``x (..., n, d)``, ``y (..., m, d)`` -> ``S (..., n, m)``; the same at any scale of
+    ``x`` or ``y``. ``ValueError`` naming ``x`` or ``y`` and the row of a zero vector.
+    """
     x, y = _check_pair(x, y)
     return _cosine_forward(x, y)
 
 
 def cosine_backward(ctx: CosineContext, d_similarity) -> DistanceGrads:
-    """Gradients ``(x, y)`` of ``<d_similarity, S>``."""
-    return _cosine_backward(ctx, np.asarray(d_similarity, dtype=np.float64))
+    """Gradients ``(x, y)`` of ``<d_similarity, S>``, through ``l2_normalize``'s backward:
+    ``d_x_i = (I - u_i u_i^T) sum_j g_ij v_j / ||x_i||`` with ``u, v`` the unit rows.
+    ``d_similarity`` must have exactly the shape of ``S``."""
+    check_context(ctx, "ctx", CosineContext)
+    d_similarity = check_upstream(d_similarity, "d_similarity", ctx.shape)
+    return _cosine_backward(ctx, d_similarity)
 
 
 def cosine(x, y) -> np.ndarray:
     """Pairwise cosine similarities (no context kept)."""
     return cosine_forward(x, y)[0]
-
-
-def _two_sets(rng: np.random.Generator) -> dict:
-    return {"x": rng.standard_normal((2, 4, 3)), "y": rng.standard_normal((2, 5, 3))}
-
-
-for _name, _fwd, _bwd, _paper in (
-    ("distances.euclidean", euclidean_forward, euclidean_backward, "GSP Alg. 2 cost map; d_f of ASAP Sec. 3"),
-    ("distances.sq_euclidean", sq_euclidean_forward, sq_euclidean_backward, "squared Euclidean distance"),
-    ("distances.cosine", cosine_forward, cosine_backward, "cosine similarity (XBM C1, proxy losses)"),
-):
-    register(OperatorSpec(name=_name, forward=_fwd, backward=_bwd, make_inputs=_two_sets, paper=_paper))

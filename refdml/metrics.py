@@ -25,21 +25,32 @@ the ``K = max(max_i R_i, max k)`` nearest references of each query are kept, so 
 is ``O(chunk_size * n_references + n_queries * K)``, never ``n_queries * n_references``.
 The Gram identity's rounding (about ``eps * ||q|| ||r||``) can swap two references whose
 distances agree to that precision; exact ties (e.g. duplicated references) stay ties.
+Both sets are first divided by one power of two (exact), and for cosine each row is
+normalised by :func:`refdml._numerics.row_norm`, so the metrics are the same for
+embeddings of any magnitude (1e-300 .. 1e300).
 
-Clustering (:func:`clustering_metrics`, :func:`nmi`, :func:`f1`): k-means with as many
-clusters as classes (``scipy.cluster.vq.kmeans2``, k-means++ seeding), then the
-normalised mutual information ``NMI = 2 I(Y; C) / (H(Y) + H(C))`` and the pairwise F1 of
-Song et al. 2016 (precision and recall of the "same cluster" decision over all pairs of
-samples against "same class").
+Clustering of embeddings (:func:`clustering_metrics`): k-means with as many clusters as
+classes (``scipy.cluster.vq.kmeans2``, k-means++ seeding), then three scores of the
+classes ``Y`` against the clusters ``C``, each also a function of two partitions:
+
+``normalized_mutual_information``  ``NMI = 2 I(Y; C) / (H(Y) + H(C))`` (Manning et al. 2008)
+``adjusted_mutual_information``    ``AMI = (I - E[I]) / ((H(Y) + H(C)) / 2 - E[I])``, chance
+                                   corrected under the hypergeometric model (Vinh et al.
+                                   2010), as scikit-learn and pytorch-metric-learning report it
+``pairwise_f1``                    F1 of the "same cluster" decision over all pairs of
+                                   samples against "same class" (Song et al. 2016)
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.cluster.vq import kmeans2
+from scipy.special import gammaln
 
+from refdml._numerics import check_nonzero_rows, common_scale, row_norm
 from refdml._validation import (
     as_float_array,
     as_label_array,
@@ -49,9 +60,8 @@ from refdml._validation import (
 )
 
 __all__ = [
+    "adjusted_mutual_information",
     "clustering_metrics",
-    "f1",
-    "nmi",
     "normalized_mutual_information",
     "pairwise_f1",
     "retrieval_metrics",
@@ -81,7 +91,7 @@ def _nearest(
     if metric == "euclidean":
         ref_sq = np.einsum("ij,ij->i", reference, reference)
     else:
-        reference = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+        reference = reference / row_norm(reference, keepdims=True)
     out = np.empty((n_query, n_keep), dtype=np.int64)
     for start in range(0, n_query, chunk_size):
         stop = min(start + chunk_size, n_query)
@@ -92,8 +102,7 @@ def _nearest(
             score *= -2.0
             score += ref_sq
         else:
-            score = block @ reference.T
-            score /= -np.linalg.norm(block, axis=1, keepdims=True)
+            score = (block / -row_norm(block, keepdims=True)) @ reference.T
         if same_set:
             score[np.arange(stop - start), chunk_rows] = np.inf
         cols = _smallest(score, n_keep)
@@ -195,10 +204,16 @@ def retrieval_metrics(
     ks = _check_k(k)
     metric = check_choice(metric, "metric", _METRICS)
     if metric == "cosine":
-        for array, name in ((query, "query"), (reference, "reference")):
-            zero = ~np.any(array != 0.0, axis=1)
-            if np.any(zero):
-                raise ValueError(f"{name} has a zero vector at row {int(np.argmax(zero))}")
+        check_nonzero_rows(query, "query", why="cosine similarity needs its direction")
+        check_nonzero_rows(reference, "reference", why="cosine similarity needs its direction")
+    else:
+        # Ranking by distance is invariant to a common scaling; a power of two brings the
+        # largest entry to [0.5, 1) exactly, so the squares neither overflow (1e200) nor
+        # underflow (1e-300). Both arrays are our own copies (as_float_array).
+        scale = common_scale(query, reference)
+        query /= scale
+        if not same_set:
+            reference /= scale
     n_ref = reference.shape[0]
     if chunk_size is None:
         chunk_size = max(1, _CHUNK_BYTES // (8 * n_ref))
@@ -244,17 +259,73 @@ def retrieval_metrics(
 # -------------------------------------------------------------------------- clustering
 
 
-def _contingency(labels_true: np.ndarray, labels_pred: np.ndarray) -> np.ndarray:
-    _, true_index = np.unique(labels_true, return_inverse=True)
-    _, pred_index = np.unique(labels_pred, return_inverse=True)
-    table = np.zeros((true_index.max() + 1, pred_index.max() + 1), dtype=np.int64)
-    np.add.at(table, (true_index, pred_index), 1)
-    return table
+@dataclass(frozen=True)
+class _Contingency:
+    """The contingency table of two partitions, kept sparse: ``O(n)`` memory, where the
+    dense ``(n_classes, n_clusters)`` table would be 1 GiB at the SOP test split."""
+
+    cells: np.ndarray   # the nonzero counts n_ij
+    rows: np.ndarray    # a_i = sum_j n_ij (class sizes)
+    cols: np.ndarray    # b_j = sum_i n_ij (cluster sizes)
+    rows_of_cells: np.ndarray  # a_i of each cell
+    cols_of_cells: np.ndarray  # b_j of each cell
+
+
+def _contingency(labels_true: np.ndarray, labels_pred: np.ndarray) -> _Contingency:
+    _, true_index, rows = np.unique(labels_true, return_inverse=True, return_counts=True)
+    _, pred_index, cols = np.unique(labels_pred, return_inverse=True, return_counts=True)
+    pair, cells = np.unique(true_index * cols.size + pred_index, return_counts=True)
+    return _Contingency(cells, rows, cols, rows[pair // cols.size], cols[pair % cols.size])
 
 
 def _entropy(counts: np.ndarray) -> float:
     p = counts[counts > 0] / counts.sum()
     return float(-np.sum(p * np.log(p)))
+
+
+def _mutual_information(table: _Contingency) -> float:
+    """``I(Y; C) = sum_ij (n_ij / n) log(n n_ij / (a_i b_j))`` (natural log)."""
+    n = float(table.rows.sum())
+    joint = table.cells / n
+    outer = (table.rows_of_cells / n) * (table.cols_of_cells / n)
+    return float(np.sum(joint * np.log(joint / outer)))
+
+
+def _expected_mutual_information(a: np.ndarray, b: np.ndarray) -> float:
+    """``E[I(Y; C)]`` over random partitions with the row sums ``a`` and column sums ``b``.
+
+    Under the hypergeometric model (Vinh, Epps & Bailey 2010, Eq. 24a) cell ``(i, j)``
+    holds ``n_ij`` with probability ``C(b_j, n_ij) C(n - b_j, a_i - n_ij) / C(n, a_i)``:
+
+    .. math::
+        E[I] = \\sum_{i,j} \\sum_{n_{ij} = \\max(1, a_i + b_j - n)}^{\\min(a_i, b_j)}
+               \\frac{n_{ij}}{n} \\log\\frac{n\\, n_{ij}}{a_i b_j}
+               \\frac{a_i!\\, b_j!\\, (n - a_i)!\\, (n - b_j)!}
+                    {n!\\, n_{ij}!\\, (a_i - n_{ij})!\\, (b_j - n_{ij})!\\,
+                     (n - a_i - b_j + n_{ij})!}
+
+    with the factorials as ``exp(sum of gammaln)``. The summand depends on ``(a_i, b_j)``
+    only, so the sum runs over the distinct sizes, each weighted by how often it occurs.
+    """
+    n = int(a.sum())
+    sizes_a, count_a = np.unique(a, return_counts=True)
+    sizes_b, count_b = np.unique(b, return_counts=True)
+    bj = sizes_b[None, :].astype(np.float64)
+    total = 0.0
+    for ai, weight in zip(sizes_a.astype(np.float64), count_a):
+        nij = np.arange(1.0, min(ai, sizes_b.max()) + 1.0)[:, None]
+        valid = (nij <= bj) & (nij >= ai + bj - n)
+        # Invalid cells get harmless arguments; they are masked out below.
+        nij_v = np.where(valid, nij, 1.0)
+        bj_v = np.where(valid, bj, ai)
+        log_p = (
+            gammaln(ai + 1) + gammaln(bj_v + 1) + gammaln(n - ai + 1) + gammaln(n - bj_v + 1)
+            - gammaln(n + 1) - gammaln(nij_v + 1) - gammaln(ai - nij_v + 1)
+            - gammaln(bj_v - nij_v + 1) - gammaln(n - ai - bj_v + nij_v + 1)
+        )
+        term = nij_v / n * np.log(n * nij_v / (ai * bj_v)) * np.exp(log_p)
+        total += weight * float(np.sum(np.where(valid, term, 0.0).sum(axis=0) * count_b))
+    return total
 
 
 def _check_partitions(labels_true, labels_pred) -> tuple[np.ndarray, np.ndarray]:
@@ -273,15 +344,45 @@ def normalized_mutual_information(labels_true, labels_pred) -> float:
     """
     labels_true, labels_pred = _check_partitions(labels_true, labels_pred)
     table = _contingency(labels_true, labels_pred)
-    n = table.sum()
-    h_true = _entropy(table.sum(axis=1))
-    h_pred = _entropy(table.sum(axis=0))
+    h_true = _entropy(table.rows)
+    h_pred = _entropy(table.cols)
     if h_true + h_pred == 0.0:
         return 1.0
-    joint = table[table > 0] / n
-    outer = np.outer(table.sum(axis=1), table.sum(axis=0))[table > 0] / n**2
-    mutual = float(np.sum(joint * np.log(joint / outer)))
+    mutual = _mutual_information(table)
     return float(np.clip(2.0 * mutual / (h_true + h_pred), 0.0, 1.0))
+
+
+def adjusted_mutual_information(labels_true, labels_pred) -> float:
+    """Mutual information adjusted for chance (Vinh, Epps & Bailey 2010), natural log.
+
+    .. math::
+        \\mathrm{AMI} = \\frac{I(Y; C) - E[I]}{\\tfrac12 (H(Y) + H(C)) - E[I]}
+
+    with ``E[I]`` the expected mutual information of two random partitions with the
+    same cluster sizes (the hypergeometric model; see :func:`_expected_mutual_information`).
+    The arithmetic mean in the denominator is the default of scikit-learn's
+    ``adjusted_mutual_info_score``, which pytorch-metric-learning reports as "AMI".
+    AMI is 1 for identical partitions (up to relabelling), about 0 (either sign) for
+    independent ones, and symmetric in its arguments.
+
+    Where the denominator vanishes the marginals admit only one value of ``I``, so
+    there is no chance to correct for: this happens only when both partitions are one
+    block, or both put every sample in its own block; the partitions then coincide and
+    AMI is 1 (scikit-learn returns 1 for the first case).
+    """
+    labels_true, labels_pred = _check_partitions(labels_true, labels_pred)
+    table = _contingency(labels_true, labels_pred)
+    n = labels_true.size
+    if table.rows.size == table.cols.size and table.rows.size in (1, n):
+        return 1.0
+    a, b = table.rows, table.cols
+    mutual = _mutual_information(table)
+    expected = _expected_mutual_information(a, b)
+    denominator = 0.5 * (_entropy(a) + _entropy(b)) - expected
+    # E[I] <= mean entropy; rounding can make the difference a tiny number of either sign.
+    eps = np.finfo(np.float64).eps
+    denominator = min(denominator, -eps) if denominator < 0 else max(denominator, eps)
+    return float((mutual - expected) / denominator)
 
 
 def pairwise_f1(labels_true, labels_pred) -> float:
@@ -297,11 +398,11 @@ def pairwise_f1(labels_true, labels_pred) -> float:
     def pairs(counts):
         return float(np.sum(counts * (counts - 1)) / 2)
 
-    true_positive = pairs(table)
+    true_positive = pairs(table.cells)
     if true_positive == 0.0:
         return 0.0
-    precision = true_positive / pairs(table.sum(axis=0))
-    recall = true_positive / pairs(table.sum(axis=1))
+    precision = true_positive / pairs(table.cols)
+    recall = true_positive / pairs(table.rows)
     return 2.0 * precision * recall / (precision + recall)
 
 
@@ -310,11 +411,31 @@ _KMEANS_RNG = "rng" if "rng" in inspect.signature(kmeans2).parameters else "seed
 
 
 def clustering_metrics(embeddings, labels, *, rng=None, kmeans_iter=20) -> dict:
-    """NMI and pairwise F1 of a k-means clustering with as many clusters as classes.
+    """NMI, AMI and pairwise F1 of a k-means clustering with as many clusters as classes.
 
-    ``scipy.cluster.vq.kmeans2`` with k-means++ seeding from ``rng`` runs exactly
-    ``kmeans_iter`` Lloyd iterations (it has no convergence test of its own); SciPy warns
-    (``UserWarning``) if a cluster ends up empty. Returns ``{"nmi", "f1", "n_clusters"}``.
+    Parameters
+    ----------
+    embeddings : array of shape (n, d)
+    labels : int array of shape (n,)
+    rng : None, int or numpy Generator
+        Seeds the k-means++ initialisation.
+    kmeans_iter : int
+        Lloyd iterations: ``scipy.cluster.vq.kmeans2`` runs exactly this many (it has no
+        convergence test of its own); SciPy warns (``UserWarning``) if a cluster ends up
+        empty.
+
+    Returns
+    -------
+    dict
+        ``nmi`` (:func:`normalized_mutual_information`), ``ami``
+        (:func:`adjusted_mutual_information`), ``f1`` (:func:`pairwise_f1`), all of the
+        classes against the clusters, and ``n_clusters``.
+
+    K-means is invariant to a common scaling of the embeddings, so they are first
+    divided by a power of two that brings the largest entry to [0.5, 1) (exact): the
+    clusters are the same at any scale, and SciPy's k-means++ never sees squared
+    distances that overflow (at |x| ~ 1e154 it would otherwise divide inf by inf and
+    crash the interpreter) or underflow to 0.
     """
     x = as_float_array(embeddings, "embeddings", ndim=2)
     y = as_label_array(labels, "labels", length=x.shape[0])
@@ -324,19 +445,11 @@ def clustering_metrics(embeddings, labels, *, rng=None, kmeans_iter=20) -> dict:
     if n_clusters == 1:
         clusters = np.zeros(x.shape[0], dtype=np.int64)
     else:
+        x /= common_scale(x)   # x is our own copy (as_float_array)
         _, clusters = kmeans2(x, n_clusters, iter=kmeans_iter, minit="++", **{_KMEANS_RNG: rng})
     return {
         "nmi": normalized_mutual_information(y, clusters),
+        "ami": adjusted_mutual_information(y, clusters),
         "f1": pairwise_f1(y, clusters),
         "n_clusters": n_clusters,
     }
-
-
-def nmi(embeddings, labels, *, rng=None, kmeans_iter=20) -> float:
-    """NMI of a k-means clustering of ``embeddings``; see :func:`clustering_metrics`."""
-    return clustering_metrics(embeddings, labels, rng=rng, kmeans_iter=kmeans_iter)["nmi"]
-
-
-def f1(embeddings, labels, *, rng=None, kmeans_iter=20) -> float:
-    """Pairwise F1 of a k-means clustering of ``embeddings``; see :func:`clustering_metrics`."""
-    return clustering_metrics(embeddings, labels, rng=rng, kmeans_iter=kmeans_iter)["f1"]

@@ -9,6 +9,16 @@
 
 ``l2_normalize``: ``u -> u / ||u||``
     Jacobian ``(I - y y^T) / ||u||``. A zero vector has no direction: ValueError.
+
+Extreme but finite input (entries of magnitude 1e-300 .. 1e300, and beyond): each row
+``u`` is first divided by a power of two ``s`` with ``max|u| / s`` in ``[1, 2)`` (exact),
+so ``||u / s||`` in ``[1, 2 sqrt(d))`` neither overflows nor underflows. The direction
+``y = (u / s) / ||u / s||`` is then the same at every scale, and the gradient
+``(I - y y^T) / ||u||`` is applied as ``(...) / ||u / s|| / s``, so it scales as ``1 / s``
+without an intermediate ``||u||`` that could overflow. ``np.linalg.norm`` would square
+first: ``inf`` above ~1e154 (zeros out) and ``0`` below ~1e-162 (a false zero vector).
+
+Shapes: ``x`` is ``(..., d)``; the output and every gradient have the shape of ``x``.
 """
 
 from __future__ import annotations
@@ -17,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refdml._validation import as_float_array
-from refdml.gradcheck.registry import OperatorSpec, register
+from refdml._numerics import check_nonzero_rows
+from refdml._validation import as_float_array, check_context, check_upstream
 
 __all__ = [
     "ClipNormalizeContext",
@@ -39,40 +49,88 @@ class NormalizeGrads:
 
 
 @dataclass(frozen=True)
-class ClipNormalizeContext:
-    y: np.ndarray      # the output, shape of x
-    norm: np.ndarray   # ||x|| along the last axis, keepdims
-    outside: np.ndarray  # ||x|| > 1, keepdims
+class L2NormalizeContext:
+    """What the backward of ``u -> u / ||u||`` needs (all keepdims except ``y``).
+
+    ``||u|| = scale * scaled_norm`` is kept as two factors: their product can overflow
+    (or underflow) where the gradient ``1 / ||u||`` itself is representable.
+    """
+
+    y: np.ndarray            # the output u / ||u||, shape of x
+    scale: np.ndarray        # per-row power of two s, shape x.shape[:-1] + (1,)
+    scaled_norm: np.ndarray  # ||u / s|| in [1, 2 sqrt(d)), same shape as scale
 
 
 @dataclass(frozen=True)
-class L2NormalizeContext:
-    y: np.ndarray
-    norm: np.ndarray
+class ClipNormalizeContext:
+    """What the backward of ``u -> u / max(1, ||u||)`` needs (see L2NormalizeContext)."""
+
+    y: np.ndarray            # the output, shape of x
+    scale: np.ndarray        # per-row power of two s (keepdims)
+    scaled_norm: np.ndarray  # ||u / s|| (keepdims)
+    outside: np.ndarray      # ||u|| > 1 (keepdims, bool)
+
+
+def _row_scale(x: np.ndarray) -> np.ndarray:
+    """Per-row power of two ``s`` with ``max|u| / s`` in ``[1, 2)`` (1 for a zero row).
+
+    ``2 ** (e - 1)`` rather than ``2 ** e`` (``frexp``'s exponent): for entries near the
+    float64 maximum ``2 ** e`` would be ``2 ** 1024 = inf``.
+    """
+    peak = np.max(np.abs(x), axis=-1, keepdims=True)
+    exponent = np.frexp(peak)[1]
+    return np.where(peak > 0.0, np.ldexp(1.0, exponent - 1), 1.0)
+
+
+def _scaled_direction(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(u / s) / ||u / s||`` (0 for a zero row), ``s`` and ``||u / s||``, per row."""
+    scale = _row_scale(x)
+    scaled = x / scale
+    scaled_norm = np.sqrt(np.sum(scaled * scaled, axis=-1, keepdims=True))
+    direction = scaled / np.where(scaled_norm > 0.0, scaled_norm, 1.0)
+    return direction, scale, scaled_norm
+
+
+def _tangent(y: np.ndarray, d_y: np.ndarray) -> np.ndarray:
+    """``(I - y y^T) d_y`` per row: the part of ``d_y`` orthogonal to the unit vector ``y``."""
+    return d_y - y * np.sum(y * d_y, axis=-1, keepdims=True)
 
 
 def _clip_forward(x: np.ndarray) -> tuple[np.ndarray, ClipNormalizeContext]:
-    norm = np.linalg.norm(x, axis=-1, keepdims=True)
-    outside = norm > 1.0
-    y = x / np.maximum(norm, 1.0)
-    return y, ClipNormalizeContext(y=y, norm=norm, outside=outside)
+    direction, scale, scaled_norm = _scaled_direction(x)
+    # ||u|| > 1 without forming ||u|| (it can overflow): ||u/s|| > 1/s, with 1/s exact
+    # or, for the tiniest rows (s < 2**-1023), inf: correctly "inside".
+    with np.errstate(over="ignore"):
+        outside = scaled_norm > 1.0 / scale
+    y = np.where(outside, direction, x)
+    return y, ClipNormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm, outside=outside)
 
 
 def _clip_backward(ctx: ClipNormalizeContext, d_y: np.ndarray) -> np.ndarray:
-    radial = np.sum(ctx.y * d_y, axis=-1, keepdims=True)
-    projected = (d_y - ctx.y * radial) / np.maximum(ctx.norm, 1.0)
+    # Inside rows take the identity; their (unused) denominators are set to 1.
+    scale = np.where(ctx.outside, ctx.scale, 1.0)
+    scaled_norm = np.where(ctx.outside, ctx.scaled_norm, 1.0)
+    projected = _tangent(ctx.y, d_y) / scaled_norm / scale
     return np.where(ctx.outside, projected, d_y)
 
 
 def clip_normalize_forward(x) -> tuple[np.ndarray, ClipNormalizeContext]:
-    """``y = x / max(1, ||x||)`` along the last axis; returns ``(y, ctx)``."""
+    """``y = x / max(1, ||x||)`` along the last axis; returns ``(y, ctx)``.
+
+    .. math:: y = \\frac{x}{\\max(1, \\lVert x \\rVert_2)}
+
+    ``x`` of shape ``(..., d)``; ``y`` has the same shape. GSP Alg. 2, ASAP Sec. 4.4.
+    """
     x = as_float_array(x, "x", min_ndim=1)
     return _clip_forward(x)
 
 
 def clip_normalize_backward(ctx: ClipNormalizeContext, d_y) -> NormalizeGrads:
-    """Gradient with respect to ``x`` given the upstream gradient ``d_y``."""
-    return NormalizeGrads(x=_clip_backward(ctx, np.asarray(d_y, dtype=np.float64)))
+    """Gradient with respect to ``x`` of ``<d_y, y>``: ``(I - y y^T) d_y / ||x||`` outside
+    the unit ball, ``d_y`` inside and on the sphere. ``d_y`` must have the shape of ``y``."""
+    check_context(ctx, "ctx", ClipNormalizeContext)
+    d_y = check_upstream(d_y, "d_y", ctx.y.shape)
+    return NormalizeGrads(x=_clip_backward(ctx, d_y))
 
 
 def clip_normalize(x) -> np.ndarray:
@@ -81,56 +139,38 @@ def clip_normalize(x) -> np.ndarray:
 
 
 def _l2_forward(x: np.ndarray, name: str = "x") -> tuple[np.ndarray, L2NormalizeContext]:
-    norm = np.linalg.norm(x, axis=-1, keepdims=True)
-    if np.any(norm == 0.0):
-        index = tuple(int(i) for i in np.argwhere(norm[..., 0] == 0.0)[0])
-        raise ValueError(
-            f"{name} has a zero vector at index {index}; L2 normalisation of zero is undefined"
-        )
-    y = x / norm
-    return y, L2NormalizeContext(y=y, norm=norm)
+    check_nonzero_rows(x, name, why="L2 normalisation of a zero vector is undefined")
+    y, scale, scaled_norm = _scaled_direction(x)
+    return y, L2NormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm)
 
 
 def _l2_backward(ctx: L2NormalizeContext, d_y: np.ndarray) -> np.ndarray:
-    radial = np.sum(ctx.y * d_y, axis=-1, keepdims=True)
-    return (d_y - ctx.y * radial) / ctx.norm
+    return _tangent(ctx.y, d_y) / ctx.scaled_norm / ctx.scale
 
 
 def l2_normalize_forward(x) -> tuple[np.ndarray, L2NormalizeContext]:
-    """``y = x / ||x||`` along the last axis; returns ``(y, ctx)``."""
+    """``y = x / ||x||`` along the last axis; returns ``(y, ctx)``.
+
+    .. math:: y = \\frac{x}{\\lVert x \\rVert_2}
+
+    ``x`` of shape ``(..., d)``; ``y`` has the same shape. ``ValueError`` naming the
+    first zero row of ``x`` (a row of tiny but nonzero entries, e.g. 1e-300, is fine).
+    """
     x = as_float_array(x, "x", min_ndim=1)
     return _l2_forward(x)
 
 
 def l2_normalize_backward(ctx: L2NormalizeContext, d_y) -> NormalizeGrads:
-    """Gradient with respect to ``x`` given the upstream gradient ``d_y``."""
-    return NormalizeGrads(x=_l2_backward(ctx, np.asarray(d_y, dtype=np.float64)))
+    """Gradient with respect to ``x`` of ``<d_y, y>``: ``(I - y y^T) d_y / ||x||``.
+
+    ``d_y`` must have the shape of ``y`` (no broadcasting). The gradient scales as
+    ``1 / ||x||``: ~1e300 for rows of norm ~1e-300, ~1e-300 for rows of norm ~1e300.
+    """
+    check_context(ctx, "ctx", L2NormalizeContext)
+    d_y = check_upstream(d_y, "d_y", ctx.y.shape)
+    return NormalizeGrads(x=_l2_backward(ctx, d_y))
 
 
 def l2_normalize(x) -> np.ndarray:
     """``x / ||x||`` along the last axis (no context kept)."""
     return l2_normalize_forward(x)[0]
-
-
-def _mixed_norm_vectors(rng: np.random.Generator) -> dict:
-    # Rows both inside and outside the unit ball, none near the sphere (the kink).
-    x = rng.standard_normal((6, 4))
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    x *= np.array([0.3, 0.7, 0.9, 1.2, 2.0, 3.5])[:, None]
-    return {"x": x}
-
-
-register(OperatorSpec(
-    name="normalize.clip_normalize",
-    forward=clip_normalize_forward,
-    backward=clip_normalize_backward,
-    make_inputs=_mixed_norm_vectors,
-    paper="GSP Alg. 2 normalisation; ASAP Sec. 4.4",
-))
-register(OperatorSpec(
-    name="normalize.l2_normalize",
-    forward=l2_normalize_forward,
-    backward=l2_normalize_backward,
-    make_inputs=_mixed_norm_vectors,
-    paper="L2 normalisation of embeddings",
-))

@@ -5,7 +5,10 @@ same-set mode. For a few chunk sizes the script reports wall time and peak trace
 (tracemalloc, which sees NumPy's buffers), and the ratios to the default chunk size, all
 measured in the same run; then the process's peak resident set size. A smaller problem
 compares the chunked computation with a direct one that builds the full distance matrix
-and sorts every row (the memory the chunking avoids).
+and sorts every row (the memory the chunking avoids). Last, the partition scores
+(NMI, AMI, pairwise F1) of two random labelings of the same shape (sparse contingency
+table; the dense one would be n_classes^2 int64) and ``clustering_metrics`` on a
+smaller set.
 
     python scripts/bench_metrics.py            # full size (a few minutes on 2 cores)
     python scripts/bench_metrics.py --quick    # 6,000 x 128, 1,131 classes (seconds)
@@ -22,7 +25,13 @@ import tracemalloc
 import numpy as np
 
 from refdml import metrics as metrics_module
-from refdml.metrics import retrieval_metrics
+from refdml.metrics import (
+    adjusted_mutual_information,
+    clustering_metrics,
+    normalized_mutual_information,
+    pairwise_f1,
+    retrieval_metrics,
+)
 
 
 def make_data(n: int, n_classes: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -107,6 +116,26 @@ def main(argv=None) -> int:
     print(f"{'chunked, top-K only':<34}{t_chunked:>9.2f}{m_chunked:>10.1f}{1.0:>12.2f}{1.0:>11.2f}")
     print(f"{'full matrix, argsort':<34}{t_direct:>9.2f}{m_direct:>10.1f}"
           f"{t_direct / t_chunked:>12.2f}{m_direct / m_chunked:>11.2f}")
+
+    # Partition scores at full size: two random labelings into n_classes blocks.
+    rng = np.random.default_rng(args.seed + 2)
+    predicted = rng.integers(0, n_classes, n)
+    dense_mib = n_classes * n_classes * 8 / 2**20
+    print(f"\npartition scores, {n} samples, {n_classes} x {n_classes} contingency "
+          f"(dense: {dense_mib:,.0f} MiB)")
+    print(f"{'score':<34}{'value':>12}{'time s':>9}{'peak MiB':>10}")
+    for name, fn in (("normalized_mutual_information", normalized_mutual_information),
+                     ("adjusted_mutual_information", adjusted_mutual_information),
+                     ("pairwise_f1", pairwise_f1)):
+        value, seconds, peak = timed(lambda fn=fn: fn(labels, predicted))
+        print(f"{name:<34}{value:>12.3g}{seconds:>9.3f}{peak:>10.1f}")
+
+    n_small, classes_small = 6_000, 100
+    xc, lc = make_data(n_small, classes_small, d, args.seed + 3)
+    result, seconds, peak = timed(lambda: clustering_metrics(xc, lc, rng=args.seed))
+    print(f"\nclustering_metrics, {n_small} x {d}, {classes_small} classes (k-means, 20 iterations): "
+          f"{seconds:.2f} s, peak {peak:.1f} MiB, "
+          + ", ".join(f"{k} {v:.3g}" for k, v in result.items()))
     return 0
 
 

@@ -1,7 +1,10 @@
 """Retrieval and clustering metrics: small cases worked out by hand, a brute-force oracle
 (full distance matrix, stable sort, loops over the definitions), memory bound, input checks."""
 
+import itertools
 import math
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -251,9 +254,163 @@ def test_clustering_metrics_separated_blobs_and_seeding():
     labels = np.repeat([0, 1, 2], 10)
     x = centers[labels] + 0.01 * rng.standard_normal((30, 2))
     result = metrics.clustering_metrics(x, labels, rng=0)
+    assert result.keys() == {"nmi", "ami", "f1", "n_clusters"}
     assert result["n_clusters"] == 3
-    np.testing.assert_allclose([result["nmi"], result["f1"]], [1.0, 1.0], rtol=1e-12)
-    assert metrics.nmi(x, labels, rng=1) == pytest.approx(1.0, abs=1e-12)
-    assert metrics.f1(x, labels, rng=1) == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose([result["nmi"], result["ami"], result["f1"]], 1.0, rtol=1e-12)
     noisy = rng.standard_normal((30, 2))
     assert metrics.clustering_metrics(noisy, labels, rng=3) == metrics.clustering_metrics(noisy, labels, rng=3)
+
+
+def test_the_embedding_level_shortcuts_are_gone():
+    # One name, one meaning: nmi / f1 of embeddings are keys of clustering_metrics.
+    assert not hasattr(metrics, "nmi") and not hasattr(metrics, "f1")
+    assert {"adjusted_mutual_information", "clustering_metrics"} <= set(metrics.__all__)
+
+
+def test_clustering_metrics_refuses_a_negative_seed():
+    with pytest.raises(ValueError, match="rng == -1"):
+        metrics.clustering_metrics(np.eye(4), [0, 0, 1, 1], rng=-1)
+
+
+# --------------------------------------------------------- adjusted mutual information
+
+
+def _mutual_information_loop(labels_true, labels_pred):
+    n = len(labels_true)
+    mi = 0.0
+    for u in set(labels_true):
+        for v in set(labels_pred):
+            nij = sum(1 for a, b in zip(labels_true, labels_pred) if a == u and b == v)
+            if nij:
+                ai, bj = list(labels_true).count(u), list(labels_pred).count(v)
+                mi += nij / n * math.log(n * nij / (ai * bj))
+    return mi
+
+
+def _expected_mi_loop(a, b):
+    """Vinh et al. 2010 Eq. 24a as written: each cell, each count, the hypergeometric
+    probability C(b_j, k) C(n - b_j, a_i - k) / C(n, a_i) in exact integers."""
+    n = sum(a)
+    total = 0.0
+    for ai in a:
+        for bj in b:
+            for k in range(max(1, ai + bj - n), min(ai, bj) + 1):
+                p = math.comb(bj, k) * math.comb(n - bj, ai - k) / math.comb(n, ai)
+                total += p * k / n * math.log(n * k / (ai * bj))
+    return total
+
+
+@pytest.mark.parametrize("a, b", [
+    ([2, 2], [3, 1]),
+    ([1, 1, 1, 1], [2, 2]),
+    ([5, 3, 3, 1], [4, 4, 4]),
+    ([10], [3, 3, 4]),
+    ([7, 1, 1, 6, 2, 2, 1], [5, 5, 5, 4, 1]),
+])
+def test_expected_mutual_information_matches_the_loop(a, b):
+    got = metrics._expected_mutual_information(np.array(a), np.array(b))
+    np.testing.assert_allclose(got, _expected_mi_loop(a, b), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("labels_true, labels_pred", [
+    ([0, 0, 1, 1, 2, 2], [0, 0, 0, 1, 1, 1]),
+    ([0, 0, 0, 1, 1, 2], [1, 0, 0, 2, 2, 2]),
+    ([0, 1, 0, 1, 0, 1, 2], [0, 0, 0, 1, 1, 2, 2]),
+])
+def test_ami_matches_an_average_over_every_permutation(labels_true, labels_pred):
+    # E[I] by brute force: the mean of I over all n! relabellings of the samples of one
+    # partition (which is what the hypergeometric model averages), independent of Eq. 24a.
+    n = len(labels_true)
+    mis = [_mutual_information_loop(labels_true, [labels_pred[i] for i in perm])
+           for perm in itertools.permutations(range(n))]
+    expected = float(np.mean(mis))
+    entropy = lambda lab: -sum(c / n * math.log(c / n) for c in (list(lab).count(v) for v in set(lab)))  # noqa: E731
+    mean_h = 0.5 * (entropy(labels_true) + entropy(labels_pred))
+    oracle = (_mutual_information_loop(labels_true, labels_pred) - expected) / (mean_h - expected)
+    np.testing.assert_allclose(
+        metrics.adjusted_mutual_information(labels_true, labels_pred), oracle, rtol=1e-11
+    )
+
+
+def test_ami_properties():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 6, 300)
+    c = np.where(rng.random(300) < 0.7, y, rng.integers(0, 6, 300))
+    # Identical up to relabelling -> 1; symmetric; below NMI for a partial agreement.
+    np.testing.assert_allclose(metrics.adjusted_mutual_information(y, (y + 3) * 7), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(
+        metrics.adjusted_mutual_information(y, c), metrics.adjusted_mutual_information(c, y), rtol=1e-12
+    )
+    assert 0.0 < metrics.adjusted_mutual_information(y, c) < metrics.normalized_mutual_information(y, c)
+    # Independent random partitions: AMI ~ 0 (of either sign), while NMI stays positive.
+    amis = [metrics.adjusted_mutual_information(rng.integers(0, 10, 1000), rng.integers(0, 10, 1000))
+            for _ in range(20)]
+    assert abs(np.mean(amis)) < 2e-3 and max(abs(v) for v in amis) < 1e-2
+    # Degenerate marginals: nothing to correct for.
+    assert metrics.adjusted_mutual_information([3, 3, 3], [1, 1, 1]) == 1.0
+    assert metrics.adjusted_mutual_information([0, 1, 2, 3], [5, 6, 7, 8]) == 1.0
+    assert metrics.adjusted_mutual_information([0, 0, 1, 1], [0, 0, 0, 0]) == pytest.approx(0.0, abs=1e-15)
+    assert metrics.adjusted_mutual_information([0, 1, 2, 3], [0, 0, 1, 1]) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_ami_input_checks():
+    with pytest.raises(ValueError, match="labels_pred has length 2"):
+        metrics.adjusted_mutual_information([0, 1, 1], [0, 1])
+    with pytest.raises(TypeError, match="labels_true must hold integer labels"):
+        metrics.adjusted_mutual_information([0.5, 1.0], [0, 1])
+
+
+# ------------------------------------------------------- extreme but finite embeddings
+
+
+def _clusters(seed, n_per=15, spread=0.6):
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((4, 5)) * 3
+    labels = np.repeat(np.arange(4), n_per)
+    return centers[labels] + spread * rng.standard_normal((labels.size, 5)), labels
+
+
+@pytest.mark.parametrize("exponent", [-997, -500, 500, 997])
+def test_clustering_metrics_is_exactly_scale_invariant_for_powers_of_two(exponent):
+    x, labels = _clusters(0, spread=2.0)   # overlapping: an imperfect clustering
+    expected = metrics.clustering_metrics(x, labels, rng=5)
+    assert expected["nmi"] < 0.95
+    assert metrics.clustering_metrics(np.ldexp(x, exponent), labels, rng=5) == expected
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_clustering_metrics_at_extreme_scales(scale):
+    x, labels = _clusters(1)
+    expected = metrics.clustering_metrics(x, labels, rng=3)
+    assert metrics.clustering_metrics(x * scale, labels, rng=3) == expected
+
+
+def test_clustering_metrics_at_1e154_does_not_crash_the_interpreter():
+    # SciPy's k-means++ on squares that overflow divided inf by inf and died with SIGSEGV;
+    # a subprocess turns such a crash into a failed test instead of a dead pytest.
+    code = (
+        "import numpy as np\n"
+        "from refdml import metrics\n"
+        "x = np.random.default_rng(0).standard_normal((40, 4))\n"
+        "labels = np.repeat(np.arange(4), 10)\n"
+        "a = metrics.clustering_metrics(x * 1e154, labels, rng=0)\n"
+        "b = metrics.clustering_metrics(x, labels, rng=0)\n"
+        "print(a == b, a['n_clusters'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert done.stdout.split() == ["True", "4"]
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_retrieval_metrics_at_extreme_scales(scale, metric):
+    x, labels = _clusters(2, spread=2.5)
+    reference, reference_labels = _clusters(3, spread=2.5)
+    same = metrics.retrieval_metrics(x, labels, metric=metric)
+    assert metrics.retrieval_metrics(x * scale, labels, metric=metric) == same
+    split = metrics.retrieval_metrics(x, labels, reference, reference_labels, metric=metric)
+    assert metrics.retrieval_metrics(
+        x * scale, labels, reference * scale, reference_labels, metric=metric
+    ) == split
+    assert same["precision_at_1"] < 1.0   # not a trivially perfect retrieval
