@@ -37,7 +37,17 @@ class OperatorSpec:
     mode : str
         Mode of :func:`refdml.gradcheck.check_gradients`.
     mirror : str, optional
-        Dotted name of the fast-path forward in :mod:`refdml.gpu` that mirrors ``forward``.
+        Dotted name of the fast-path forward in :mod:`refdml.gpu` that mirrors ``forward``
+        (``"refdml.gpu.losses.contrastive_forward"``). The GPU parity suite calls it with
+        the same ``make_inputs`` keywords as ``forward`` (cast to the dtype and device under
+        test), so hyperparameters belong in ``make_inputs``, not in an adapter.
+    mirror_backward : str, optional
+        Dotted name of the mirror's backward; default ``mirror`` with ``forward`` replaced
+        by ``backward`` in its last component.
+    mirror_rtol : dict, optional
+        Relative tolerance of the mirror against the reference per dtype name, default
+        ``{"float64": 1e-10, "float32": 1e-4}``; widen an entry only with a reason in
+        ``paper`` or a comment beside it.
     no_mirror : str, optional
         Why there is no mirror (e.g. ``"validation only"``); the GPU parity suite fails on
         an entry with neither.
@@ -55,6 +65,8 @@ class OperatorSpec:
     atol: float = 0.0
     mode: str = "auto"
     mirror: str | None = None
+    mirror_backward: str | None = None
+    mirror_rtol: Mapping[str, float] | None = None
     no_mirror: str | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
     # Transitional: a one-call loss ``value, grads = forward(**inputs)``. Every loss is
@@ -64,6 +76,27 @@ class OperatorSpec:
     @property
     def family(self) -> str:
         return self.name.split(".", 1)[0]
+
+    def mirror_pair(self) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+        """Import and return the mirror's ``(forward, backward)``, or None without a mirror."""
+        if self.mirror is None:
+            return None
+        import importlib
+
+        backward = self.mirror_backward
+        if backward is None:
+            head, _, last = self.mirror.rpartition(".")
+            backward = f"{head}.{last.replace('forward', 'backward')}"
+        pair = []
+        for dotted in (self.mirror, backward):
+            module, _, attr = dotted.rpartition(".")
+            pair.append(getattr(importlib.import_module(module), attr))
+        return pair[0], pair[1]
+
+    def mirror_tolerance(self, dtype_name: str) -> float:
+        """Relative tolerance of the mirror against the reference for ``dtype_name``."""
+        defaults = {"float64": 1e-10, "float32": 1e-4}
+        return dict(defaults, **(self.mirror_rtol or {}))[dtype_name]
 
     def check(self, rng: Any = None):
         """Run the gradient check on freshly made inputs; return the GradcheckResult."""
