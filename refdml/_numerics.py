@@ -42,7 +42,8 @@ _CHUNK_BYTES = 64 * 2**20
 
 
 def common_scale(*arrays: np.ndarray) -> float:
-    """A power of two ``s`` with ``max|a| / s`` in [0.5, 1) over all arrays (1.0 for zeros).
+    """A power of two ``s`` with ``max|a| / s`` in [0.5, 1) over all arrays (1.0 for zeros;
+    [1, 2) for ``max|a| >= 2^1023``, where ``2^1024`` would overflow).
 
     Dividing by a power of two is exact, so scaled computations lose nothing, and
     squares of the scaled values can neither overflow nor (for the largest) underflow.
@@ -50,7 +51,8 @@ def common_scale(*arrays: np.ndarray) -> float:
     largest = max((float(np.max(np.abs(a), initial=0.0)) for a in arrays), default=0.0)
     if largest == 0.0 or not np.isfinite(largest):
         return 1.0
-    return float(np.ldexp(1.0, int(np.frexp(largest)[1])))
+    # 2^1024 is not a float64: above 2^1023 the scaled maximum is in [1, 2) instead.
+    return float(np.ldexp(1.0, min(int(np.frexp(largest)[1]), 1023)))
 
 
 def row_norm(x: np.ndarray, *, keepdims: bool = False) -> np.ndarray:
