@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from refdml._numerics import common_scale, pairwise_norm
 from refdml._validation import as_float_array, check_choice, check_rng, check_scalar
 
 __all__ = [
@@ -75,15 +76,18 @@ def _check_measure(x, a, name_x, name_a):
         a = as_float_array(a, name_a, ndim=1)
         if a.shape[0] != x.shape[0]:
             raise ValueError(f"{name_a} has {a.shape[0]} entries but {name_x} has {x.shape[0]} points")
-        if np.any(a < 0.0) or a.sum() <= 0.0:
-            raise ValueError(f"{name_a} must be non-negative with a positive sum")
+        if np.any(a < 0.0) or not np.any(a > 0.0):
+            raise ValueError(
+                f"{name_a} must be non-negative with a positive sum, got {name_a} with min "
+                f"{a.min():.3g} and max {a.max():.3g}"
+            )
+        a = a / a.max()          # first: a sum of weights near 1e308 must not overflow
         a = a / a.sum()
     return x, a
 
 
 def _euclidean_cost(x, y) -> np.ndarray:
-    diff = x[:, None, :] - y[None, :, :]
-    return np.sqrt(np.einsum("nmd,nmd->nm", diff, diff))
+    return pairwise_norm(x, y)
 
 
 def wasserstein1(x, y, a=None, b=None) -> float:
@@ -91,6 +95,11 @@ def wasserstein1(x, y, a=None, b=None) -> float:
 
     x : (n, d) or (n,); y : (m, d) or (m,); a, b : non-negative weights (normalised),
     uniform when None. Euclidean ground cost; solved exactly by ``ot.emd2``.
+
+    ``W_1`` is 1-homogeneous (``W_1(s mu, s nu) = s W_1(mu, nu)``): the points are divided
+    by one power of two ``s`` (exact) before the cost is formed, and the result is
+    multiplied back, so any finite input gives the right value (``ValueError`` if it
+    exceeds the float64 range).
     """
     import ot
 
@@ -98,7 +107,15 @@ def wasserstein1(x, y, a=None, b=None) -> float:
     y, b = _check_measure(y, b, "y", "b")
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must have the same dimension, got {x.shape} and {y.shape}")
-    return float(ot.emd2(a, b, _euclidean_cost(x, y), numItermax=1_000_000))
+    scale = common_scale(x, y)
+    scaled = float(ot.emd2(a, b, pairwise_norm(x / scale, y / scale), numItermax=1_000_000))
+    with np.errstate(over="ignore"):
+        value = scale * scaled
+    if not np.isfinite(value):
+        raise ValueError(
+            f"W_1 of x and y (about {scaled:.3g} * {scale:.3g}) overflows float64; rescale the data"
+        )
+    return value
 
 
 def random_lipschitz_functions(d: int, n_functions: int, *, rng=None, n_cones: int = 4,

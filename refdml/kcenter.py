@@ -10,6 +10,9 @@
     an n x n matrix. Squared distances to a new centre come from
     ``|x|^2 - 2 <x, c> + |c|^2`` (one mat-vec per pick); their absolute error is about
     machine eps times ``|x|^2``, which only blurs distances far below the covering radius.
+    Scale: points (and initial centres) are divided by one power of two (exact) so that
+    ``|x|^2`` neither overflows nor underflows, and the radii are scaled back: any finite
+    input gives the radii and the picks of the unscaled arithmetic.
 ``select_proxies``
     ASAP Algorithm 2 (Greedy K-Center Proxy): for each class ``c`` sample a pool of
     ``budget`` instances, then pick ``|rho_c|`` of them farthest-first from the current
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from refdml._numerics import common_scale
 from refdml._validation import (
     as_float_array,
     as_label_array,
@@ -125,6 +129,22 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
     k = check_scalar(k, "k", low=1, integer=True)
     chunk_size = check_scalar(chunk_size, "chunk_size", low=1, integer=True)
     rng = check_rng(rng)
+    initial_array = None if initial is None else np.asarray(initial)
+    by_index = initial_array is not None and initial_array.ndim == 1 and (
+        np.issubdtype(initial_array.dtype, np.integer) or initial_array.size == 0
+    )
+    centers = None
+    if initial_array is not None and not by_index:
+        centers = as_float_array(initial, "initial", ndim=2)
+        if centers.shape[1] != points.shape[1]:
+            raise ValueError(
+                f"initial centres have dimension {centers.shape[1]}, points {points.shape[1]}"
+            )
+    # Exact rescaling (a power of two): |x|^2 stays in range at any finite scale.
+    scale = common_scale(points) if centers is None else common_scale(points, centers)
+    if scale != 1.0:
+        points = points / scale
+        centers = None if centers is None else centers / scale
     first = None
     if initial is None:
         if k > n:
@@ -133,11 +153,8 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
         first = int(rng.integers(n))
         initial_radius = float("inf")
     else:
-        initial_array = np.asarray(initial)
         sq_norms = np.einsum("nd,nd->n", points, points)
-        if initial_array.ndim == 1 and (
-            np.issubdtype(initial_array.dtype, np.integer) or initial_array.size == 0
-        ):
+        if by_index:
             idx = initial_array.astype(np.int64)
             if idx.size and (idx.min() < -n or idx.max() >= n):
                 raise ValueError(f"initial holds indices outside [0, {n})")
@@ -153,19 +170,15 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
                 min_sq = _sq_to_set(points, sq_norms, points[idx], chunk_size)
                 min_sq[idx] = -1.0
         else:
-            centers = as_float_array(initial, "initial", ndim=2)
-            if centers.shape[1] != points.shape[1]:
-                raise ValueError(
-                    f"initial centres have dimension {centers.shape[1]}, points {points.shape[1]}"
-                )
             if k > n:
                 raise ValueError(f"k == {k}, must be in [1, {n}] (the number of points)")
             min_sq = _sq_to_set(points, sq_norms, centers, chunk_size)
         initial_radius = (
-            float(np.sqrt(max(float(min_sq.max()), 0.0))) if first is None else float("inf")
+            scale * float(np.sqrt(max(float(min_sq.max()), 0.0))) if first is None
+            else float("inf")
         )
     indices, radii = _farthest_first(points, k, min_sq, first, chunk_size)
-    return KCenterResult(indices=indices, radii=radii, initial_radius=initial_radius)
+    return KCenterResult(indices=indices, radii=scale * radii, initial_radius=initial_radius)
 
 
 def select_proxies(embeddings, labels, current_proxies, proxy_labels, *, budget, rng=None,

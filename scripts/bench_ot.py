@@ -54,7 +54,7 @@ def bench_divergences(n_clouds, n_points, dim, eps, tol, max_iter, seed=0):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")      # POT warns on its own non-convergence
         start = time.perf_counter()
-        ours = pairwise_sinkhorn_divergence(clouds, eps=eps, p=2, value="transport", tol=tol,
+        ours = pairwise_sinkhorn_divergence(clouds, eps=eps, p=2, value="transport_cost", tol=tol,
                                             max_iter=max_iter)
         t_ours = time.perf_counter() - start
         start = time.perf_counter()

@@ -128,3 +128,23 @@ def test_inputs_are_validated():
         wcraig(np.ones((3, 3)), 1, delta=1.0, similarity="max_minus")
     with pytest.raises(ValueError, match="x and y must have the same dimension"):
         wasserstein1(np.zeros((2, 2)), np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_w1_is_exact_at_extreme_scales(scale):
+    # W_1 is 1-homogeneous; the reference is the LP (HiGHS) on the unscaled points.
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((6, 2)), rng.standard_normal((4, 2))
+    a, b = rng.uniform(0.1, 1, 6), rng.uniform(0.1, 1, 4)
+    expected = scale * _lp_w1(x, y, a / a.sum(), b / b.sum())
+    np.testing.assert_allclose(wasserstein1(scale * x, scale * y, a, b), expected, rtol=1e-9)
+    # Weights of extreme scale are normalised without overflow.
+    np.testing.assert_allclose(wasserstein1(x, y, 1e300 * a, 1e-300 * b), expected / scale,
+                               rtol=1e-9)
+
+
+def test_w1_that_overflows_is_a_named_error():
+    with pytest.raises(ValueError, match="overflows float64"):
+        wasserstein1(np.array([[-1.5e308]]), np.array([[1.5e308]]))
+    with pytest.raises(ValueError, match="a must be non-negative with a positive sum"):
+        wasserstein1(np.zeros((2, 2)), np.zeros((2, 2)), a=np.zeros(2))

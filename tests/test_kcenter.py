@@ -132,3 +132,20 @@ def test_select_proxies_budget_must_cover_the_proxies():
     labels = np.repeat([0, 1], 5)
     with pytest.raises(ValueError, match="class 0 has 3 proxies but only 2 candidates"):
         select_proxies(embeddings, labels, np.zeros((3, 2)), [0, 0, 0], budget=2, rng=0)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_radii_and_picks_at_extreme_scales(scale):
+    # Reference: brute-force covering radii of the unscaled picks, times the scale.
+    rng = np.random.default_rng(5)
+    points = rng.standard_normal((30, 3))
+    plain = greedy_k_center(points, 6, rng=1)
+    scaled = greedy_k_center(scale * points, 6, rng=1)
+    np.testing.assert_array_equal(scaled.indices, plain.indices)
+    radii = [_radius(points, points[plain.indices[: i + 1]]) for i in range(6)]
+    np.testing.assert_allclose(scaled.radii, scale * np.array(radii), rtol=1e-12)
+    by_points = greedy_k_center(scale * points, 4, initial=scale * points[[2, 9]])
+    by_index = greedy_k_center(points, 4, initial=np.array([2, 9]))
+    np.testing.assert_array_equal(by_points.indices, by_index.indices)
+    np.testing.assert_allclose(by_points.initial_radius, scale * _radius(points, points[[2, 9]]),
+                               rtol=1e-12)

@@ -6,13 +6,13 @@ import warnings
 import numpy as np
 import ot as pot
 import pytest
-from hypothesis.extra import numpy as hnp
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refdml import ConvergenceWarning
 from refdml import ot as rot
-from refdml.gradcheck import assert_gradients, check_gradients, check_loss
+from refdml.ot._divergence import _ground_cost, _self_sq_dist
+from refdml.ot._sinkhorn import _solve_batch
 from refdml.gradcheck import strategies as rst
 
 TIGHT = dict(tol=1e-12, max_iter=20000)
@@ -121,7 +121,7 @@ def test_weights_are_normalised():
 
 def test_non_convergence_warns_and_reports():
     _, _, a, b, cost = _problem(8)
-    with pytest.warns(ConvergenceWarning, match="did not reach tol"):
+    with pytest.warns(ConvergenceWarning, match="stopped at max_iter=3 iterations above tol"):
         res = rot.sinkhorn(a, b, cost, eps=1e-3, max_iter=3, tol=1e-12)
     assert not res.converged and res.n_iter == 3 and res.residual == res.marginal_error
     assert res.marginal_error > 1e-12 and np.isfinite(res.value)
@@ -132,7 +132,7 @@ def test_non_convergence_warns_and_reports():
     [
         (dict(eps=0.0), ValueError, "eps == 0.0"),
         (dict(eps=-1.0), ValueError, "eps == -1.0"),
-        (dict(eps=0.1, tol=0.0), ValueError, "tol == 0.0"),
+        (dict(eps=0.1, tol=-1.0), ValueError, "tol == -1.0"),
         (dict(eps=0.1, max_iter=0), ValueError, "max_iter == 0"),
         (dict(eps=0.1, eps_scaling=1.0), ValueError, "eps_scaling == 1.0"),
         (dict(eps="big"), TypeError, "eps must be a real number"),
@@ -154,23 +154,6 @@ def test_weights_and_cost_are_validated():
         rot.sinkhorn(a, b, np.where(cost > 1, np.nan, cost), eps=0.1)
     with pytest.raises(ValueError, match="value == 'exact'"):
         rot.entropic_ot_forward(a, b, cost, eps=0.1, value="exact")
-
-
-@given(
-    rst.simplex_vectors(4, min_entry=0.2),
-    rst.simplex_vectors(3, min_entry=0.2),
-    rst.points_in_unit_ball(4, 2),
-    rst.points_in_unit_ball(3, 2),
-    st.sampled_from(["regularized", "transport"]),
-)
-def test_entropic_ot_gradients_property(a, b, x, y, value):
-    cost = pot.dist(x, y)
-    inputs = dict(a=a, b=b, cost=cost, eps=0.3, value=value, **TIGHT)
-    result = check_gradients(rot.entropic_ot_forward, rot.entropic_ot_backward, inputs,
-                             wrt=("a", "b", "cost"), rng=0)
-    # atol: where the value barely depends on an input (coincident draws) the check sees
-    # only the solver's noise, tol / step ~ 1e-12 / 1e-6.
-    assert_gradients(result, rtol=1e-6, atol=1e-9)
 
 
 def test_weight_gradient_is_the_centred_potential():
@@ -200,7 +183,7 @@ def test_transport_divergence_matches_pot_empirical_sinkhorn_divergence():
     rng = np.random.default_rng(10)
     x, y = rng.standard_normal((7, 2)), rng.standard_normal((6, 2)) + 1.0
     eps = 0.5
-    ours, _ = rot.sinkhorn_divergence(x, y, eps=eps, p=2, value="transport", **TIGHT)
+    ours, _ = rot.sinkhorn_divergence(x, y, eps=eps, p=2, value="transport_cost", **TIGHT)
     theirs = pot.bregman.empirical_sinkhorn_divergence(
         x, y, eps, metric="sqeuclidean", stopThr=1e-15, numIterMax=200000
     )
@@ -226,7 +209,7 @@ def test_regularized_divergence_matches_kl_values_on_pot_plans():
     np.testing.assert_allclose(ours, terms[0] - 0.5 * (terms[1] + terms[2]), rtol=1e-10)
 
 
-@pytest.mark.parametrize("value", ["regularized", "transport"])
+@pytest.mark.parametrize("value", ["regularized", "transport_cost"])
 @pytest.mark.parametrize("p", [1, 2])
 def test_divergence_of_a_measure_with_itself_is_zero(value, p):
     rng = np.random.default_rng(12)
@@ -242,11 +225,11 @@ def test_divergence_of_a_measure_with_itself_is_zero(value, p):
 def test_self_terms_use_the_symmetric_solver_consistently():
     rng = np.random.default_rng(13)
     x = 0.5 * rng.standard_normal((1, 5, 2))
-    cost = rot._ground_cost(rot._self_sq_dist(x, 2.0), 2.0)
+    cost = _ground_cost(_self_sq_dist(x, 2.0), 2.0)
     w = np.full((1, 5), 0.2)
-    sym = rot._solve_batch(w, w.copy(), cost, eps=1.0, max_iter=20000, tol=1e-12,
+    sym = _solve_batch(w, w.copy(), cost, eps=1.0, max_iter=20000, tol=1e-12,
                            eps_scaling=None, symmetric=True)
-    gen = rot._solve_batch(w, w.copy(), cost, eps=1.0, max_iter=20000, tol=1e-12,
+    gen = _solve_batch(w, w.copy(), cost, eps=1.0, max_iter=20000, tol=1e-12,
                            eps_scaling=None)
     assert sym.converged.all() and gen.converged.all()
     assert sym.n_iter[0] < gen.n_iter[0]
@@ -263,29 +246,13 @@ def test_regularized_divergence_is_nonnegative(x, y, p, eps):
     assert sd >= -1e-12
 
 
-@pytest.mark.parametrize("value", ["regularized", "transport"])
+@pytest.mark.parametrize("value", ["regularized", "transport_cost"])
 def test_divergence_is_negative_for_p_above_2(value):
     # exp(-|x|^p / eps) is not a positive definite kernel for p > 2: Feydy et al.'s
     # positivity theorem does not apply, and SD(delta_0, (delta_-1 + delta_1)/2) < 0.
     x, y = np.array([[0.0]]), np.array([[-1.0], [1.0]])
     sd, _ = rot.sinkhorn_divergence(x, y, eps=10.0, p=4, value=value, **TIGHT)
     assert sd < -0.3
-
-
-@given(
-    rst.points_in_unit_ball(4, 2), rst.points_in_unit_ball(3, 2),
-    rst.simplex_vectors(4, min_entry=0.2), rst.simplex_vectors(3, min_entry=0.2),
-    st.sampled_from(["regularized", "transport"]), st.sampled_from([1.0, 2.0]),
-)
-def test_sinkhorn_divergence_gradients_property(x, y, a, b, value, p):
-    y = y + 0.3
-    # ||x - y||^p (p < 2) has a kink where two points meet: stay away from it.
-    points = np.concatenate([x, y])
-    gaps = np.linalg.norm(points[:, None] - points[None], axis=-1)[np.triu_indices(7, 1)]
-    assume(p == 2.0 or gaps.min() > 0.05)
-    inputs = dict(x=x, y=y, a=a, b=b, eps=0.3, p=p, value=value, **TIGHT)
-    result = check_loss(rot.sinkhorn_divergence, inputs, wrt=("x", "y", "a", "b"), rng=1)
-    assert_gradients(result, rtol=1e-6, atol=1e-9)   # atol: see the entropic OT property test
 
 
 def test_uniform_weights_give_no_weight_gradient():
@@ -298,7 +265,7 @@ def test_uniform_weights_give_no_weight_gradient():
 def test_pairwise_matrix_matches_single_pairs():
     rng = np.random.default_rng(15)
     clouds = rng.standard_normal((4, 5, 3))
-    for value in ("regularized", "transport"):
+    for value in ("regularized", "transport_cost"):
         matrix = rot.pairwise_sinkhorn_divergence(clouds, eps=0.5, p=2, value=value, **TIGHT)
         np.testing.assert_array_equal(np.diag(matrix), 0.0)
         for i in range(4):
@@ -363,27 +330,6 @@ def test_wasserstein_losses_match_a_loop_over_pot(p):
     assert grads.features.shape == features.shape
 
 
-# Twelve points on a 4 x 3 grid of spacing 0.3, each moved by at most 0.1 per coordinate:
-# pairwise gaps stay >= 0.1, away from the kink of |x - y|^p at coincident points (p < 2),
-# by construction rather than by filtering.
-_GRID = np.stack(np.meshgrid(np.linspace(-0.45, 0.45, 4), np.linspace(-0.3, 0.3, 3)), -1).reshape(12, 2)
-
-
-@settings(max_examples=8)
-@given(hnp.arrays(np.float64, (12, 2), elements=st.floats(-0.1, 0.1)),
-       st.permutations(range(12)),
-       st.sampled_from([1.0, 2.0]), st.sampled_from(["regularized", "transport"]))
-def test_wasserstein_loss_gradients_property(jitter, order, p, value):
-    features = (_GRID + jitter)[np.asarray(order)].reshape(4, 3, 2)
-    labels = np.array([0, 0, 1, 1])
-    for loss in (rot.wcontrastive, rot.wtriplet):
-        # A margin above every divergence (<= 4 on the unit ball) keeps hinges off their kink.
-        inputs = dict(features=features, labels=labels, margin=10.0, eps=0.3, p=p,
-                      value=value, **TIGHT)
-        result = check_loss(loss, inputs, wrt=("features",), rng=2)
-        assert_gradients(result, rtol=1e-6, atol=1e-9)   # atol: see the entropic OT test
-
-
 def test_wcontrastive_inactive_negative_hinges_have_no_gradient():
     rng = np.random.default_rng(17)
     features = rng.standard_normal((2, 3, 2)) * 0.1
@@ -431,3 +377,214 @@ def test_no_runtime_warning_at_tiny_eps_for_the_losses():
         value, grads = rot.wcontrastive(features, [0, 0, 1], margin=1.0, eps=1e-3,
                                         eps_scaling=0.5, max_iter=2000)
     assert np.isfinite(value) and np.all(np.isfinite(grads.features))
+
+
+# ---------------------------------------------------------------- tol = 0: a fixed count
+
+
+def test_tol_zero_runs_max_iter_iterations_without_warning():
+    _, _, a, b, cost = _problem(20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        res = rot.sinkhorn(a, b, cost, eps=0.3, tol=0.0, max_iter=7)
+        sd, _ = rot.sinkhorn_divergence_forward(np.eye(3), np.eye(3)[::-1] + 1.0, eps=0.5,
+                                                tol=0.0, max_iter=5)
+    assert res.n_iter == 7 and not res.converged and res.marginal_error > 0.0
+    assert np.isfinite(sd)
+    # The same 7 iterations as a run stopped by max_iter under a tol it cannot reach.
+    with pytest.warns(ConvergenceWarning, match="stopped at max_iter=7"):
+        ref = rot.sinkhorn(a, b, cost, eps=0.3, tol=1e-300, max_iter=7)
+    np.testing.assert_array_equal(res.plan, ref.plan)
+
+
+# ---------------------------------------------------------------- extreme but finite scale
+
+
+@pytest.mark.parametrize("scale", [1e-100, 1e100])
+@pytest.mark.parametrize("p", [1.0, 2.0])
+@pytest.mark.parametrize("value", ["regularized", "transport_cost"])
+def test_divergence_is_p_homogeneous_with_eps_in_cost_units(scale, p, value):
+    rng = np.random.default_rng(21)
+    x, y = 0.5 * rng.standard_normal((5, 2)), 0.5 * rng.standard_normal((4, 2)) + 0.3
+    a, b = rng.uniform(0.5, 1.5, 5), rng.uniform(0.5, 1.5, 4)
+    sd, grads = rot.sinkhorn_divergence(x, y, a, b, eps=0.5, p=p, value=value, **TIGHT)
+    sd_s, grads_s = rot.sinkhorn_divergence(scale * x, scale * y, a, b, eps=0.5 * scale ** p,
+                                            p=p, value=value, **TIGHT)
+    np.testing.assert_allclose(sd_s, scale ** p * sd, rtol=1e-10)
+    np.testing.assert_allclose(grads_s.x, scale ** (p - 1) * grads.x, rtol=1e-8,
+                               atol=1e-10 * scale ** (p - 1) * np.abs(grads.x).max())
+    np.testing.assert_allclose(grads_s.a, scale ** p * grads.a, rtol=1e-8,
+                               atol=1e-10 * scale ** p * np.abs(grads.a).max())
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_entropic_ot_of_an_extreme_cost_matrix_scales_with_it(scale):
+    _, _, a, b, cost = _problem(22)
+    value, ctx = rot.entropic_ot_forward(a, b, cost, eps=0.4, **TIGHT)
+    value_s, ctx_s = rot.entropic_ot_forward(a, b, scale * cost, eps=0.4 * scale, **TIGHT)
+    np.testing.assert_allclose(value_s, scale * value, rtol=1e-12)
+    grads, grads_s = rot.entropic_ot_backward(ctx, 1.0), rot.entropic_ot_backward(ctx_s, 1.0)
+    np.testing.assert_allclose(grads_s.cost, grads.cost, rtol=1e-10, atol=1e-15)
+    np.testing.assert_allclose(grads_s.a, scale * grads.a, rtol=1e-9, atol=1e-12 * scale)
+
+
+def test_p1_divergence_of_clouds_at_1e300_is_right():
+    # p = 1: the costs ~1e300 are representable (p = 2 would overflow, see below).
+    rng = np.random.default_rng(23)
+    x, y = rng.standard_normal((4, 2)), rng.standard_normal((3, 2)) + 1.0
+    sd, _ = rot.sinkhorn_divergence(x, y, eps=0.5, p=1, **TIGHT)
+    sd_s, grads = rot.sinkhorn_divergence(1e300 * x, 1e300 * y, eps=0.5e300, p=1, **TIGHT)
+    np.testing.assert_allclose(sd_s, 1e300 * sd, rtol=1e-10)
+    assert np.all(np.isfinite(grads.x))
+
+
+@pytest.mark.parametrize(
+    "scale, p, eps, match",
+    [
+        (1e100, 2, 0.5, r"eps == 0.5 is .* times the largest cost .* below"),  # eps ~ 1e-200 C
+        (1e-100, 2, 0.5, r"eps == 0.5 is .* times the largest cost .* above"),
+        (1e200, 2, 1.0, "overflows float64"),   # costs ~1e400
+        (1e-200, 2, 1.0, "underflows float64"),  # costs ~1e-400
+    ],
+)
+def test_unresolvable_scales_are_named_errors_not_nan(scale, p, eps, match):
+    rng = np.random.default_rng(24)
+    x, y = scale * rng.standard_normal((4, 2)), scale * rng.standard_normal((3, 2))
+    with pytest.raises(ValueError, match=match):
+        rot.sinkhorn_divergence_forward(x, y, eps=eps, p=p)
+    with pytest.raises(ValueError, match=match):
+        rot.pairwise_sinkhorn_divergence_forward(np.stack([x[:3], y]), eps=eps, p=p)
+    with pytest.raises(ValueError, match=match):
+        rot.wcontrastive_forward(np.stack([x[:3], y]), [0, 1], margin=1.0, eps=eps, p=p)
+
+
+@pytest.mark.parametrize("scale", [1e-100, 1e100])
+@pytest.mark.parametrize("p", [1.0, 2.0])
+def test_wasserstein_losses_and_pairwise_are_p_homogeneous(scale, p):
+    rng = np.random.default_rng(25)
+    features = 0.5 * rng.standard_normal((4, 3, 2))
+    labels = np.array([0, 0, 1, 1])
+    unit = scale ** p
+    matrix = rot.pairwise_sinkhorn_divergence(features, eps=0.5, p=p, **TIGHT)
+    matrix_s = rot.pairwise_sinkhorn_divergence(scale * features, eps=0.5 * unit, p=p, **TIGHT)
+    np.testing.assert_allclose(matrix_s, unit * matrix, rtol=1e-10)
+    margin = float(np.median(matrix[np.triu_indices(4, 1)]))
+    for loss in (rot.wcontrastive, rot.wtriplet):
+        value, grads = loss(features, labels, margin=margin, eps=0.5, p=p, **TIGHT)
+        value_s, grads_s = loss(scale * features, labels, margin=unit * margin, eps=0.5 * unit,
+                                p=p, **TIGHT)
+        np.testing.assert_allclose(value_s, unit * value, rtol=1e-10)
+        np.testing.assert_allclose(grads_s.features, scale ** (p - 1) * grads.features,
+                                   rtol=1e-8, atol=1e-10 * scale ** (p - 1))
+
+
+# ---------------------------------------------------------------- bad input, named errors
+
+
+def _contexts():
+    rng = np.random.default_rng(26)
+    x, y = rng.standard_normal((3, 2)), rng.standard_normal((2, 2))
+    _, _, a, b, cost = _problem(26)
+    clouds = rng.standard_normal((3, 2, 2))
+    return {
+        rot.entropic_ot_backward: (rot.entropic_ot_forward(a, b, cost, eps=1.0)[1], ()),
+        rot.sinkhorn_divergence_backward: (rot.sinkhorn_divergence_forward(x, y, eps=1.0)[1], ()),
+        rot.pairwise_sinkhorn_divergence_backward:
+            (rot.pairwise_sinkhorn_divergence_forward(clouds, eps=1.0)[1], (3, 3)),
+        rot.wcontrastive_backward:
+            (rot.wcontrastive_forward(clouds, [0, 0, 1], margin=1.0, eps=1.0)[1], ()),
+        rot.wtriplet_backward:
+            (rot.wtriplet_forward(clouds, [0, 0, 1], margin=1.0, eps=1.0)[1], ()),
+    }
+
+
+def test_every_backward_refuses_a_context_of_another_ot_operator():
+    contexts = _contexts()
+    for backward, (_, shape) in contexts.items():
+        for other, (ctx, _) in contexts.items():
+            if other is not backward:
+                with pytest.raises(TypeError, match="ctx must be the"):
+                    backward(ctx, np.ones(shape))
+
+
+@pytest.mark.parametrize(
+    "upstream, error, match",
+    [
+        (np.nan, ValueError, "must be finite"),
+        (np.inf, ValueError, "must be finite"),
+        ("1", TypeError, "real numbers"),
+        (None, TypeError, "got None"),
+        (np.ones(2), ValueError, "has shape"),
+    ],
+)
+def test_every_backward_names_its_bad_upstream(upstream, error, match):
+    for backward, (ctx, shape) in _contexts().items():
+        bad = np.full(shape, upstream) if shape and np.ndim(upstream) == 0 and upstream is not None \
+            and not isinstance(upstream, str) else upstream
+        with pytest.raises(error, match=match):
+            backward(ctx, bad)
+
+
+def test_pairwise_backward_adds_both_triangles_and_handles_one_cloud():
+    rng = np.random.default_rng(27)
+    clouds = 0.5 * rng.standard_normal((3, 3, 2))
+    _, ctx = rot.pairwise_sinkhorn_divergence_forward(clouds, eps=0.5, **TIGHT)
+    upper = np.triu(rng.standard_normal((3, 3)), 1)
+    full = rot.pairwise_sinkhorn_divergence_backward(ctx, upper + upper.T + np.diag([5.0, 6, 7]))
+    doubled = rot.pairwise_sinkhorn_divergence_backward(ctx, 2.0 * upper)
+    np.testing.assert_allclose(full.clouds, doubled.clouds, rtol=1e-13, atol=1e-15)
+    out, ctx = rot.pairwise_sinkhorn_divergence_forward(clouds[:1], eps=0.5)
+    np.testing.assert_array_equal(out, 0.0)
+    np.testing.assert_array_equal(rot.pairwise_sinkhorn_divergence_backward(ctx, np.ones((1, 1))).clouds, 0.0)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda x, y: rot.sinkhorn_divergence(x, y, eps=0.0), ValueError, "eps == 0.0"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, eps=-1.0), ValueError, "eps == -1.0"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, eps=np.nan), ValueError, "eps == nan"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, eps=1.0, p=0.5), ValueError, "p == 0.5"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, eps=1.0, p="2"), TypeError, "p must be"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, eps=1.0, tol=-1.0), ValueError, "tol == -1.0"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, eps=1.0, value="transport"), ValueError,
+         r"value == 'transport', must be one of \('regularized', 'transport_cost'\)"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, np.zeros(3), eps=1.0), ValueError,
+         "a must be positive"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, None, -np.ones(2), eps=1.0), ValueError,
+         "b must be positive"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, np.ones(2), eps=1.0), ValueError,
+         "a has 2 entries"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y, np.ones((1, 3)), eps=1.0), ValueError,
+         "a must be 1-d"),
+        (lambda x, y: rot.sinkhorn_divergence(x, y[:, :1], eps=1.0), ValueError, "same dimension"),
+        (lambda x, y: rot.sinkhorn_divergence(x, np.full((2, 2), np.nan), eps=1.0), ValueError,
+         "y must be finite"),
+        (lambda x, y: rot.pairwise_sinkhorn_divergence(x, eps=1.0), ValueError,
+         "clouds must have 3 dimensions"),
+        (lambda x, y: rot.entropic_ot_forward(np.ones(3), np.ones(2), np.ones((3, 2)),
+                                              eps=1.0, value="kind"), ValueError, "value =="),
+        (lambda x, y: rot.wtriplet(np.stack([x, x]), [0, 1], margin=1.0, eps=1.0,
+                                   triplets=[[0, 0, 1]]), ValueError, "anchor != positive"),
+        (lambda x, y: rot.wcontrastive(np.stack([x, x]), [0, 1], margin=1.0, eps=1.0,
+                                       pairs=[[0, 1.5]]), TypeError, "pairs must be an integer"),
+        (lambda x, y: rot.wcontrastive(np.stack([x, x]), [0, 1], margin=1.0, eps=1.0,
+                                       pairs=[[0, 2]]), ValueError, "pairs holds indices"),
+    ],
+)
+def test_bad_input_is_a_named_error(call, error, match):
+    rng = np.random.default_rng(28)
+    with pytest.raises(error, match=match):
+        call(rng.standard_normal((3, 2)), rng.standard_normal((2, 2)))
+
+
+def test_weights_of_any_finite_scale_are_normalised():
+    _, _, a, b, cost = _problem(29)
+    ref = rot.sinkhorn(a, b, cost, eps=0.4, **TIGHT)
+    for s in (1e-300, 1e300):
+        res = rot.sinkhorn(s * a, s * b, cost, eps=0.4, **TIGHT)
+        np.testing.assert_allclose(res.plan, ref.plan, rtol=1e-12, atol=1e-15)
+    # sum(a) = 1.8e308 * 6 overflows; the normalised weights do not.
+    value, ctx = rot.entropic_ot_forward(np.full(6, 1.7e308), b, cost, eps=0.4, **TIGHT)
+    assert np.isfinite(value)
+    assert np.all(np.isfinite(rot.entropic_ot_backward(ctx, 1.0).a))

@@ -148,10 +148,10 @@ def _sd(x, y, a, b, eta, p, convention):
     """Sinkhorn divergence: cross term from POT's plan, self terms by the symmetric iteration.
 
     ``convention``: ``regularized`` (value of Eq. 3), ``root`` (its p-th root, the literal
-    ``W_{p,eta}`` of Eq. 4) or ``transport`` (``<pi, C>`` only).
+    ``W_{p,eta}`` of Eq. 4) or ``transport_cost`` (``<pi, C>`` only).
     """
     def pick(value, transport):
-        if convention == "transport":
+        if convention == "transport_cost":
             return transport
         return value ** (1.0 / p) if convention == "root" else value
 
@@ -182,7 +182,7 @@ def _limit_slope(etas, errors) -> float:
     return float(np.polyfit(np.log(etas), np.log(np.maximum(errors, 1e-300)), 1)[0])
 
 
-CONVENTIONS = ("regularized", "root", "transport")
+CONVENTIONS = ("regularized", "root", "transport_cost")
 
 
 @claim(
@@ -214,7 +214,7 @@ def check_eq4(ctx) -> Finding:
     eta_grid = np.logspace(-2, 3, ctx.pick(6, 16))
     curves = []
     for p in (1, 2):
-        for conv in ("regularized", "transport"):
+        for conv in ("regularized", "transport_cost"):
             curves.append(series(f"p={p}, {conv}", eta_grid, [_sd(x, y, a, b, eta, p, conv) for eta in eta_grid]))
         curves.append(series(f"p={p}: W_p^p (eta -> 0)", eta_grid,
                              np.full(eta_grid.size, float(ot.emd2(a, b, ot.dist(x, y, metric="euclidean") ** p)))))
@@ -225,7 +225,8 @@ def check_eq4(ctx) -> Finding:
     budget = ctx.pick(20, 80)
     negative = {}
     for label, conv, powers in (("regularized", "regularized", (1, 2, 3)), ("regularized_p12", "regularized", (1, 2)),
-                                ("transport", "transport", (1, 2, 3)), ("transport_p12", "transport", (1, 2))):
+                                ("transport_cost", "transport_cost", (1, 2, 3)),
+                                ("transport_cost_p12", "transport_cost", (1, 2))):
         found = ctx.search(_two_clouds(powers), lambda c, conv=conv: _uniform_sd(c, conv) < -1e-9, max_examples=budget)
         if found is None and 3 in powers:
             # A candidate from the eta -> inf limit: with C = |x - y|^3 the limit
@@ -245,7 +246,7 @@ def check_eq4(ctx) -> Finding:
     cross = None
     if module is not None:
         cross = {conv: abs(module.sinkhorn_divergence(x, y, a, b, eps=0.5, p=2, value=conv, tol=1e-12, max_iter=100000)[0]
-                           - _sd(x, y, a, b, 0.5, 2, conv)) for conv in ("regularized", "transport")}
+                           - _sd(x, y, a, b, 0.5, 2, conv)) for conv in ("regularized", "transport_cost")}
     neg = negative["regularized"]
     return Finding(
         readings=(
@@ -266,11 +267,12 @@ def check_eq4(ctx) -> Finding:
                  "negative_search": negative,
                  "root_reading": "W_{p,eta} = (value of Eq. 3)^{1/p} (Eq. 4 without the power): also >= 0 for p in {1, 2} "
                                  "(concavity of the root) but tends to W_p only like sqrt(eta) for p = 2 (see limits)",
-                 "transport_convention": "W_{p,eta} = <pi, C> only; see negative_search['transport*']",
+                 "transport_convention": "W_{p,eta} = <pi, C> only; see negative_search['transport_cost*']",
                  "refdml_sinkhorn_divergence_vs_POT": cross if cross is not None else "not available"},
         figures=(Figure("wdml_sd_vs_eta", "Sinkhorn divergence vs eta (both value conventions)", "eta", "SD",
                         tuple(curves), xscale="log"),),
-        probe={"transport_convention_negative": negative["transport"], "transport_p12_negative": negative["transport_p12"]},
+        probe={"transport_convention_negative": negative["transport_cost"],
+               "transport_p12_negative": negative["transport_cost_p12"]},
     )
 
 

@@ -1,0 +1,441 @@
+"""The batched log-domain Sinkhorn solver of entropic OT (Wasserstein DML Eq. (3)).
+
+For weights ``a`` (n,), ``b`` (m,) on the simplex and a cost ``C`` (n, m)::
+
+    OT_eps(a, b) = min_{pi in Pi(a, b)}  <pi, C> + eps KL(pi | a (x) b)
+
+with ``KL(pi | a (x) b) = sum_ij pi_ij log(pi_ij / (a_i b_j))``. The optimal plan is
+``pi_ij = a_i b_j exp((f_i + g_j - C_ij) / eps)`` for dual potentials ``f``, ``g``, and
+``OT_eps = <a, f> + <b, g>``. The potentials are unique only up to ``(f + t, g - t)``.
+
+``eps`` is the entropic regularisation (POT's ``reg``), a temperature in the units of the
+cost: the kernel is ``exp(-C / eps)``, larger ``eps`` is smoother.
+
+POT's ``ot.sinkhorn`` penalises ``reg * sum pi (log pi - 1)`` instead of the KL to
+``a (x) b``: the difference is constant on ``Pi(a, b)``, so the plans agree and the values
+differ; ``ot.sinkhorn2`` returns ``<pi, C>`` alone (our ``transport_cost``).
+
+Solver details (kernel absorption, the symmetric update, eps-scaling): docs/ot.md, Sec. 2.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from refdml._numerics import common_scale
+from refdml._validation import as_float_array, check_scalar
+from refdml.exceptions import ConvergenceWarning
+
+__all__ = ["SinkhornResult", "sinkhorn"]
+
+#: The OT value conventions: the regularised value of Eq. (3), or ``<pi, C>`` alone.
+VALUES = ("regularized", "transport_cost")
+# Scalings outside [exp(-_ABSORB), exp(_ABSORB)] are folded into the potentials and the
+# kernel is rebuilt in the log domain; inside that range the kernel iteration is exact
+# in float64 and costs one batched mat-vec per half step instead of an exp per entry.
+_ABSORB = 30.0
+_ABSORB_HIGH = float(np.exp(_ABSORB))
+_ABSORB_LOW = float(np.exp(-_ABSORB))
+# A row or column mass below this cannot be rescaled without losing digits: rebuild.
+_TINY = 1e-250
+# Intermediate eps-scaling stages only warm-start the next one.
+_STAGE_TOL = 1e-3
+# eps relative to the largest cost that float64 resolves. Below _MIN_RELATIVE_EPS the
+# kernel exp(-C / eps) cannot tell apart costs that differ by their own rounding error;
+# above _MAX_RELATIVE_EPS the potentials' rounding error eps * 2^-52 exceeds ~1e-4 of the
+# cost, so the regularised value would have no correct digits left in its eps-dependence.
+_MIN_RELATIVE_EPS = 1e-13
+_MAX_RELATIVE_EPS = 1e12
+
+
+# ----------------------------------------------------------------------------------------
+# Result objects
+
+
+@dataclass(frozen=True)
+class SinkhornResult:
+    """Solution of one (or a batch of) entropic OT problems.
+
+    Leading batch dimensions ``...`` are those of the inputs; for a single problem the
+    scalar fields are Python scalars.
+
+    Attributes
+    ----------
+    plan : (..., n, m) optimal coupling ``pi``.
+    f, g : (..., n), (..., m) dual potentials, ``pi = a b^T exp((f + g^T - C) / eps)``.
+    value : regularised value of Eq. (3), ``<pi, C> + eps KL(pi | a (x) b) = <a,f> + <b,g>``.
+    transport_cost : ``<pi, C>``.
+    n_iter : Sinkhorn iterations (over all eps-scaling stages; each stage starts with one
+        extra log-domain half step that is not counted).
+    marginal_error : L1 violation of the row marginal (columns are exact on return).
+    converged : ``marginal_error <= tol``. The plan itself can be further off than ``tol``
+        where it nearly decouples into blocks (eps small against the gaps between
+        clusters): the flows between blocks barely move the marginals.
+    eps : the regularisation.
+    """
+
+    plan: np.ndarray
+    f: np.ndarray
+    g: np.ndarray
+    value: np.ndarray | float
+    transport_cost: np.ndarray | float
+    n_iter: np.ndarray | int
+    marginal_error: np.ndarray | float
+    converged: np.ndarray | bool
+    eps: float
+
+    @property
+    def residual(self):
+        """Alias of ``marginal_error`` (the residual every refdml solver reports)."""
+        return self.marginal_error
+
+
+@dataclass(frozen=True)
+class _OTBatch:
+    """P independent problems of equal size, weights normalised, solved.
+
+    The solver works in rescaled units: ``cost`` and ``eps`` here are the user's divided
+    by ``unit`` (a power of two, so exactly), and so are ``f`` and ``g``; ``value`` and
+    ``transport_cost`` are returned in the user's units. The plan does not depend on it.
+    """
+
+    a: np.ndarray            # (P, n) on the simplex
+    b: np.ndarray            # (P, m)
+    cost: np.ndarray         # (P, n, m), in units of `unit`
+    eps: float               # in units of `unit`
+    f: np.ndarray            # (P, n), in units of `unit`
+    g: np.ndarray            # (P, m)
+    plan: np.ndarray         # (P, n, m)
+    n_iter: np.ndarray       # (P,)
+    marginal_error: np.ndarray
+    converged: np.ndarray
+    unit: float = 1.0
+
+    @property
+    def value(self) -> np.ndarray:
+        # The dual objective; its last term vanishes when the plan has unit mass (exactly
+        # so after a column update, to O(tol) after a symmetric one).
+        mass = self.plan.sum(axis=(1, 2))
+        scaled = (np.einsum("pi,pi->p", self.a, self.f) + np.einsum("pj,pj->p", self.b, self.g)
+                  - self.eps * (mass - 1.0))
+        return self.unit * scaled
+
+    @property
+    def transport_cost(self) -> np.ndarray:
+        return self.unit * np.einsum("pij,pij->p", self.plan, self.cost)
+
+
+# ----------------------------------------------------------------------------------------
+# The batched solver
+
+
+def _log_g_update(log_a, b, cost, f, eps):
+    """Exact g-update in the log domain; returns g and the plan for unit scalings.
+
+    ``g_j = -eps log sum_i a_i exp((f_i - C_ij) / eps)``. The returned kernel
+    ``K_ij = a_i b_j exp((f_i + g_j - C_ij) / eps)`` has columns summing to ``b`` exactly,
+    so every entry is at most 1: nothing can overflow, small entries may underflow.
+    """
+    exponent = (f[:, :, None] - cost) / eps
+    exponent += log_a[:, :, None]
+    peak = exponent.max(axis=1, keepdims=True)
+    exponent -= peak
+    np.exp(exponent, out=exponent)
+    mass = exponent.sum(axis=1, keepdims=True)          # >= 1: the peak contributes 1
+    g = -eps * (peak[:, 0, :] + np.log(mass[:, 0, :]))
+    exponent *= b[:, None, :] / mass
+    return g, exponent
+
+
+def _log_symmetric_update(log_a, cost, f, eps):
+    """Averaged symmetric update ``f <- (f + T(f)) / 2`` in the log domain (Feydy et al.).
+
+    ``T(f)_i = -eps log sum_j a_j exp((f_j - C_ij) / eps)``. Returns the new ``f`` and
+    ``K_ij = a_i a_j exp((f_i + f_j - C_ij) / eps)``, the geometric mean of a kernel with
+    rows summing to ``a`` and its transpose, hence ``K_ij <= sqrt(a_i a_j) <= 1``.
+    """
+    exponent = (f[:, None, :] - cost) / eps
+    exponent += log_a[:, None, :]
+    peak = exponent.max(axis=2, keepdims=True)
+    lse = peak[:, :, 0] + np.log(np.exp(exponent - peak).sum(axis=2))
+    f_new = 0.5 * (f - eps * lse)
+    exponent += log_a[:, :, None] + (f_new[:, :, None] + f_new[:, None, :] - f[:, None, :]) / eps
+    return f_new, np.exp(exponent, out=exponent)
+
+
+def _stage(log_a, a, b, cost, eps, f, g, *, tol, max_iter, want_plan, symmetric):
+    """Sinkhorn at one eps for P problems, freezing each problem once it converges.
+
+    Iterations run on scalings ``u``, ``v`` of a kernel with the potentials absorbed
+    (``pi = u K v``); the kernel is rebuilt in the log domain when a scaling leaves
+    ``exp(+-_ABSORB)``. Symmetric problems (``b = a``, ``C = C^T``) use one scaling and
+    the averaged update ``u <- sqrt(u a / (K u))``: alternating updates converge very
+    slowly there when the plan is nearly diagonal. Returns potentials, plans (if
+    asked), iterations and errors.
+    """
+    n_problems = cost.shape[0]
+    out_f, out_g = f.copy(), g.copy()
+    out_plan = np.empty_like(cost) if want_plan else None
+    out_iter = np.zeros(n_problems, dtype=np.int64)
+    out_err = np.full(n_problems, np.inf)
+
+    active = np.arange(n_problems)
+    la, aa, bb, cc = log_a, a, b, cost
+    ff = f.copy()
+    if symmetric:
+        ff, kernel = _log_symmetric_update(la, cc, ff, eps)
+        gg = ff
+    else:
+        gg, kernel = _log_g_update(la, bb, cc, ff, eps)
+    u = np.ones_like(aa)
+    v = u if symmetric else np.ones_like(bb)
+    for it in range(max_iter + 1):
+        row = np.einsum("pij,pj->pi", kernel, v)
+        err = np.abs(u * row - aa).sum(axis=1)
+        done = err <= tol
+        if it == max_iter:
+            done[:] = True
+        if done.any():
+            idx = active[done]
+            out_f[idx] = ff[done] + eps * np.log(u[done])
+            out_g[idx] = gg[done] + eps * np.log(v[done])
+            if want_plan:
+                out_plan[idx] = u[done, :, None] * kernel[done] * v[done, None, :]
+            out_iter[idx] = it
+            out_err[idx] = err[done]
+            keep = ~done
+            if not keep.any():
+                break
+            active = active[keep]
+            la, aa, bb, cc = la[keep], aa[keep], bb[keep], cc[keep]
+            ff, u, row, kernel = ff[keep], u[keep], row[keep], kernel[keep]
+            gg = ff if symmetric else gg[keep]
+            v = u if symmetric else v[keep]
+        if symmetric:
+            u = np.sqrt(u * aa / np.maximum(row, _TINY))
+            v = u
+            col = row
+        else:
+            u = aa / np.maximum(row, _TINY)
+            col = np.einsum("pij,pi->pj", kernel, u)
+            v = bb / np.maximum(col, _TINY)
+        rebuild = (
+            (u.max(axis=1) > _ABSORB_HIGH) | (u.min(axis=1) < _ABSORB_LOW)
+            | (v.max(axis=1) > _ABSORB_HIGH) | (v.min(axis=1) < _ABSORB_LOW)
+            | (row.min(axis=1) < _TINY) | (col.min(axis=1) < _TINY)
+        )
+        if rebuild.any():
+            ff[rebuild] += eps * np.log(u[rebuild])
+            if symmetric:
+                f_new, k_new = _log_symmetric_update(la[rebuild], cc[rebuild], ff[rebuild], eps)
+                ff[rebuild] = f_new
+                gg = ff
+            else:
+                f_new, k_new = _log_g_update(la[rebuild], bb[rebuild], cc[rebuild], ff[rebuild], eps)
+                gg[rebuild] = f_new
+            kernel[rebuild] = k_new
+            u[rebuild] = 1.0
+            if not symmetric:
+                v[rebuild] = 1.0
+    return out_f, out_g, out_plan, out_iter, out_err
+
+
+def _eps_schedule(cost: np.ndarray, eps: float, eps_scaling: float | None) -> list[float]:
+    if eps_scaling is None:
+        return [eps]
+    start = float(np.max(cost))
+    schedule = []
+    level = start
+    while level > eps:
+        schedule.append(level)
+        level *= eps_scaling
+    return schedule + [eps]
+
+
+def _solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
+                 unit=1.0) -> _OTBatch:
+    """Solve P problems (a (P,n), b (P,m) on the simplex, cost (P,n,m)) together.
+
+    ``symmetric=True`` promises ``b = a`` and ``C = C^T`` (the terms OT(mu, mu) of Eq. (4)).
+    ``cost`` and ``eps`` are in units of ``unit`` (see :class:`_OTBatch`).
+    """
+    log_a = np.log(a)
+    n_problems, n, m = cost.shape
+    f = np.zeros((n_problems, n))
+    g = np.zeros((n_problems, m))
+    n_iter = np.zeros(n_problems, dtype=np.int64)
+    schedule = _eps_schedule(cost, eps, eps_scaling)
+    for level in schedule[:-1]:
+        f, g, _, it, _ = _stage(
+            log_a, a, b, cost, level, f, g,
+            tol=max(tol, _STAGE_TOL), max_iter=max_iter, want_plan=False, symmetric=symmetric,
+        )
+        n_iter += it
+    f, g, plan, it, err = _stage(
+        log_a, a, b, cost, eps, f, g, tol=tol, max_iter=max_iter, want_plan=True,
+        symmetric=symmetric,
+    )
+    n_iter += it
+    converged = err <= tol
+    # tol = 0 asks for a fixed number of iterations: converged only where the residual is
+    # exactly 0, and no warning (the count was asked for). Otherwise the solver stops
+    # only on tol or on max_iter, so the warning below says why it stopped.
+    if tol > 0.0 and not converged.all():
+        warnings.warn(
+            f"Sinkhorn stopped at max_iter={max_iter} iterations above tol={tol:g} for "
+            f"{int((~converged).sum())} of {n_problems} problem(s) (largest marginal error "
+            f"{float(err.max()):.3g}); increase max_iter, eps, or use eps_scaling",
+            ConvergenceWarning,
+            stacklevel=4,
+        )
+    return _OTBatch(a, b, cost, eps, f, g, plan, n_iter, err, converged, unit)
+
+
+# ----------------------------------------------------------------------------------------
+# Input checks shared by the public functions of refdml.ot
+
+
+def _check_solver_args(eps, max_iter, tol, eps_scaling):
+    eps = check_scalar(eps, "eps", low=0.0, low_inclusive=False)
+    max_iter = check_scalar(max_iter, "max_iter", low=1, integer=True)
+    tol = check_scalar(tol, "tol", low=0.0)
+    if eps_scaling is not None:
+        eps_scaling = check_scalar(
+            eps_scaling, "eps_scaling", low=0.0, high=1.0, low_inclusive=False,
+            high_inclusive=False,
+        )
+    return eps, max_iter, tol, eps_scaling
+
+
+def _solve_scaled(a, b, cost, *, eps, max_iter, tol, eps_scaling) -> _OTBatch:
+    """:func:`_solve_batch` on a user's cost matrix of any finite scale.
+
+    The cost and ``eps`` are divided by one power of two (exact) so that the largest cost
+    is in [0.5, 1): every exponent ``(f + g - C) / eps`` and every sum stays in range.
+    """
+    unit = common_scale(cost)
+    cost = cost / unit
+    scaled_eps = eps / unit
+    _check_relative_eps(scaled_eps, float(np.max(np.abs(cost))), user_eps=eps)
+    return _solve_batch(a, b, cost, eps=scaled_eps, max_iter=max_iter, tol=tol,
+                        eps_scaling=eps_scaling, unit=unit)
+
+
+def _check_relative_eps(eps: float, largest_cost: float, *, user_eps: float | None = None,
+                        cost_name: str = "the largest cost") -> None:
+    """Refuse an ``eps`` that float64 cannot resolve against the cost scale.
+
+    ``eps`` and ``largest_cost`` in the same (possibly rescaled) units; ``user_eps`` is
+    the value the user passed, for the message. A zero cost is fine at any ``eps``.
+    """
+    if largest_cost == 0.0:
+        return
+    ratio = eps / largest_cost
+    shown = eps if user_eps is None else user_eps
+    if not ratio >= _MIN_RELATIVE_EPS:
+        raise ValueError(
+            f"eps == {shown!r} is {ratio:.3g} times {cost_name}, below {_MIN_RELATIVE_EPS:g}: "
+            "in float64 the kernel exp(-C / eps) cannot resolve the costs. eps is in the "
+            "units of the cost; scale it with the data (or use an exact OT solver)"
+        )
+    if not ratio <= _MAX_RELATIVE_EPS:
+        raise ValueError(
+            f"eps == {shown!r} is {ratio:.3g} times {cost_name}, above {_MAX_RELATIVE_EPS:g}: "
+            "the regularised value would have no correct digits left in float64 (the plan "
+            "is the independent coupling a b^T). eps is in the units of the cost; scale "
+            "it with the data"
+        )
+
+
+def _check_weights(w, name: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positive weights of length ``size`` (leading batch dims allowed); returns (w/|w|, |w|)."""
+    w = as_float_array(w, name, min_ndim=1)
+    if w.shape[-1] != size:
+        raise ValueError(f"{name} has {w.shape[-1]} entries along its last axis, expected {size}")
+    if np.any(w <= 0.0):
+        bad = tuple(int(i) for i in np.argwhere(w <= 0.0)[0])
+        raise ValueError(
+            f"{name} must be positive, got {w[bad]} at index {bad} "
+            "(drop zero-weight points instead)"
+        )
+    # Divide by the largest weight first: the sum of weights near 1e308 must not overflow.
+    peak = w.max(axis=-1, keepdims=True)
+    w = w / peak
+    scaled_mass = w.sum(axis=-1)
+    with np.errstate(over="ignore"):
+        mass = scaled_mass * peak[..., 0]
+    return w / scaled_mass[..., None], mass
+
+
+def _as_batch(a, b, cost):
+    """Broadcast weights and cost to (P, n), (P, m), (P, n, m); return the batch shape too."""
+    n, m = cost.shape[-2:]
+    batch_shape = np.broadcast_shapes(cost.shape[:-2], a.shape[:-1], b.shape[:-1])
+    cost_b = np.broadcast_to(cost, batch_shape + (n, m)).reshape(-1, n, m)
+    a_b = np.broadcast_to(a, batch_shape + (n,)).reshape(-1, n)
+    b_b = np.broadcast_to(b, batch_shape + (m,)).reshape(-1, m)
+    return np.ascontiguousarray(a_b), np.ascontiguousarray(b_b), np.array(cost_b), batch_shape
+
+
+def _unbatch(array: np.ndarray, batch_shape: tuple[int, ...]):
+    out = array.reshape(batch_shape + array.shape[1:])
+    return out.item() if out.ndim == 0 else out
+
+
+# ----------------------------------------------------------------------------------------
+# Public solver
+
+
+def sinkhorn(a, b, cost, *, eps, max_iter=1000, tol=1e-9, eps_scaling=None) -> SinkhornResult:
+    """Entropic OT of Eq. (3) by log-stabilised Sinkhorn, for one problem or a batch.
+
+    .. math::
+
+        \\min_{\\pi \\in \\Pi(a, b)} \\langle \\pi, C \\rangle
+        + \\varepsilon\\, \\mathrm{KL}(\\pi \\,\\|\\, a \\otimes b)
+
+    Parameters
+    ----------
+    a : (..., n) positive weights (normalised to sum 1).
+    b : (..., m) positive weights (normalised to sum 1).
+    cost : (..., n, m) cost matrix; leading dimensions of ``a``, ``b`` and ``cost``
+        broadcast, and every problem of the batch is solved in one vectorised loop.
+    eps : float > 0, the entropic regularisation (a temperature, in the units of
+        ``cost``). Down to ``1e-3`` of the cost scale the iteration converges in
+        reasonable time; use ``eps_scaling`` there for speed. Outside
+        ``[1e-13, 1e12]`` times the largest ``|C|`` float64 cannot resolve the problem:
+        ``ValueError``. The cost may have any finite scale (it is rescaled exactly).
+    max_iter : iterations per eps stage.
+    tol : float >= 0, L1 marginal error at which a problem is converged (and frozen).
+        ``tol = 0`` runs exactly ``max_iter`` iterations (per stage) and does not warn.
+    eps_scaling : None or a factor in (0, 1): solve at ``max(C), max(C) q, ...`` down to
+        ``eps``, each stage warm-starting the next (only loosely converged).
+
+    Returns
+    -------
+    SinkhornResult
+        Warns :class:`refdml.ConvergenceWarning` if a problem did not reach ``tol``.
+    """
+    eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
+    cost = as_float_array(cost, "cost", min_ndim=2)
+    a, _ = _check_weights(a, "a", cost.shape[-2])
+    b, _ = _check_weights(b, "b", cost.shape[-1])
+    a_b, b_b, cost_b, batch_shape = _as_batch(a, b, cost)
+    batch = _solve_scaled(a_b, b_b, cost_b, eps=eps, max_iter=max_iter, tol=tol,
+                          eps_scaling=eps_scaling)
+    return SinkhornResult(
+        plan=_unbatch(batch.plan, batch_shape),
+        f=_unbatch(batch.unit * batch.f, batch_shape),
+        g=_unbatch(batch.unit * batch.g, batch_shape),
+        value=_unbatch(batch.value, batch_shape),
+        transport_cost=_unbatch(batch.transport_cost, batch_shape),
+        n_iter=_unbatch(batch.n_iter, batch_shape),
+        marginal_error=_unbatch(batch.marginal_error, batch_shape),
+        converged=_unbatch(batch.converged, batch_shape),
+        eps=eps,
+    )
+
+
