@@ -1,5 +1,7 @@
 """The harness itself: it must pass correct backward passes and catch wrong ones."""
 
+import pathlib
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -405,3 +407,38 @@ def test_strategies_refuse_bad_arguments(build, error, match):
 def test_strategies_accept_numpy_integers(points, spd, labels, simplex):
     assert points.shape == (3, 2) and spd.shape == (2, 2) and simplex.shape == (2, 3)
     assert set(np.unique(labels)) == {0, 1}
+
+
+# --- the README example runs as written ----------------------------------------------------
+
+
+def _readme_example() -> str:
+    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    section = text.split("### Checking your own operator", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1, "the README section should hold exactly one python block"
+    return blocks[0]
+
+
+def test_readme_example_runs_and_its_backward_validates(capsys):
+    namespace: dict = {"__name__": "readme_example"}
+    exec(compile(_readme_example(), "README.md", "exec"), namespace)
+    assert "max rel err" in capsys.readouterr().out
+    forward, backward = namespace["dense_tanh_forward"], namespace["dense_tanh_backward"]
+    out, ctx = forward(np.ones((2, 3)), np.ones((3, 4)))
+    with pytest.raises(TypeError, match="ctx"):
+        backward(object(), np.ones(out.shape))
+    with pytest.raises(ValueError, match="d_out"):
+        backward(ctx, np.ones((4, 2)))
+    with pytest.raises(ValueError, match="d_out"):
+        backward(ctx, np.full(out.shape, np.nan))
+    # A wrong backward in the same example is caught.
+    def wrong(ctx, d_out):
+        grads = backward(ctx, d_out)
+        return {"x": grads.x, "w": -grads.w}
+
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.standard_normal((3, 4)), "w": rng.standard_normal((4, 2))}
+    with pytest.raises(GradcheckError, match="w"):
+        assert_gradients(check_gradients(forward, wrong, inputs, rng=1), rtol=1e-6)
