@@ -19,6 +19,7 @@ from refdml.gradcheck import (
 from refdml.gradcheck import strategies as rst
 
 MODES = ["full", "vjp", "directions"]
+NAN, INF = float("nan"), float("inf")
 
 
 def _forward(x, w):
@@ -210,7 +211,8 @@ def test_missing_gradient_is_named(mode):
     def dataclass_no_w(ctx, d_a, d_b):
         return Grads(_backward(ctx, d_a, d_b)["x"])
 
-    with pytest.raises(GradcheckError, match=r"no gradient for 'w' \(it returned dict with fields: \['x'\]\)"):
+    missing = r"no gradient for 'w' \(it returned dict with fields: \['x'\]\)"
+    with pytest.raises(GradcheckError, match=missing):
         check_gradients(_forward, no_w, _INPUTS, mode=mode, rng=0)
     with pytest.raises(GradcheckError, match=r"no gradient for 'w' .*fields: \['x'\]"):
         check_gradients(_forward, dataclass_no_w, _INPUTS, mode=mode, rng=0)
@@ -248,7 +250,8 @@ def test_non_finite_forward_is_an_error_not_a_pass(mode):
     def bwd(x, g):
         return {"x": g / x}
 
-    with pytest.raises(ValueError, match=r"non-finite output 0 \(nan at index \(1,\)\) at the check point"):
+    at_point = r"non-finite output 0 \(nan at index \(1,\)\) at the check point"
+    with pytest.raises(ValueError, match=at_point):
         with np.errstate(invalid="ignore"):
             check_gradients(fwd, bwd, {"x": np.array([1.0, -1.0])}, mode=mode, rng=0)
     # Finite at the check point, not at x[0] - h.
@@ -367,9 +370,10 @@ def test_the_noise_floor_excuses_rounding_but_not_a_wrong_gradient():
         (lambda: rst.points_in_unit_ball(3, -1), ValueError, "d == -1"),
         (lambda: rst.points_in_unit_ball(2.0, 3), TypeError, "n must be an integer"),
         (lambda: rst.points_in_unit_ball(2, 3, min_radius=-0.1), ValueError, "min_radius"),
-        (lambda: rst.points_in_unit_ball(2, 3, max_radius=float("nan")), ValueError, "max_radius == nan"),
+        (lambda: rst.points_in_unit_ball(2, 3, max_radius=NAN), ValueError, "max_radius == nan"),
         (lambda: rst.points_in_unit_ball(2, 3, max_radius=1.5), ValueError, "max_radius == 1.5"),
-        (lambda: rst.points_in_unit_ball(2, 3, min_radius=0.8, max_radius=0.5), ValueError, "min_radius == 0.8"),
+        (lambda: rst.points_in_unit_ball(2, 3, min_radius=0.8, max_radius=0.5), ValueError,
+         "min_radius == 0.8"),
         (lambda: rst.points_on_sphere(2, 0), ValueError, "d == 0"),
         (lambda: rst.points_on_sphere(2, 3, radius=0.0), ValueError, "radius == 0.0"),
         (lambda: rst.points_on_sphere(2, 3, radius=-1.0), ValueError, "radius == -1.0"),
@@ -381,8 +385,8 @@ def test_the_noise_floor_excuses_rounding_but_not_a_wrong_gradient():
         (lambda: rst.simplex_vectors(3, min_entry=float("nan")), ValueError, "min_entry == nan"),
         (lambda: rst.spd_matrices(0), ValueError, "d == 0"),
         (lambda: rst.spd_matrices(3, max_condition=0.5), ValueError, "max_condition == 0.5"),
-        (lambda: rst.spd_matrices(3, max_condition=float("inf")), ValueError, "max_condition == inf"),
-        (lambda: rst.spd_matrices(3, max_condition=float("nan")), ValueError, "max_condition == nan"),
+        (lambda: rst.spd_matrices(3, max_condition=INF), ValueError, "max_condition == inf"),
+        (lambda: rst.spd_matrices(3, max_condition=NAN), ValueError, "max_condition == nan"),
         (lambda: rst.labels(0, 2), ValueError, "n_classes == 0"),
         (lambda: rst.labels(3, 0), ValueError, "samples_per_class == 0"),
         (lambda: rst.labels(3, -2), ValueError, "samples_per_class == -2"),

@@ -67,7 +67,6 @@ one of the wrong shape, or a non-finite one.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -304,7 +303,9 @@ def _as_checked_input(value: Any, name: str) -> np.ndarray:
         or isinstance(value, bool)
         or not np.issubdtype(array.dtype, np.floating)
     ):
-        what = type(value).__name__ if array is None else f"{type(value).__name__} of dtype {array.dtype}"
+        what = type(value).__name__
+        if array is not None:
+            what += f" of dtype {array.dtype}"
         raise TypeError(
             f"wrt names {name!r}, which is a {what}; only floating-point inputs can be "
             "differentiated (integer arrays such as labels are passed through, not perturbed)"
@@ -460,7 +461,9 @@ def check_gradients(
     if not callable(backward):
         raise TypeError(f"backward must be callable, got {type(backward).__name__}")
     if not isinstance(inputs, Mapping):
-        raise TypeError(f"inputs must be a mapping of keyword arguments, got {type(inputs).__name__}")
+        raise TypeError(
+            f"inputs must be a mapping of keyword arguments, got {type(inputs).__name__}"
+        )
     check_choice(mode, "mode", _MODES)
     if step is not None:
         step = float(check_scalar(step, "step", low=0.0, low_inclusive=False))
@@ -539,7 +542,9 @@ def check_loss(
     if not callable(loss):
         raise TypeError(f"loss must be callable, got {type(loss).__name__}")
     if not isinstance(inputs, Mapping):
-        raise TypeError(f"inputs must be a mapping of keyword arguments, got {type(inputs).__name__}")
+        raise TypeError(
+            f"inputs must be a mapping of keyword arguments, got {type(inputs).__name__}"
+        )
     names = _check_wrt(wrt, inputs)
 
     def forward(**kw):
