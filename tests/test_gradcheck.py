@@ -446,3 +446,24 @@ def test_readme_example_runs_and_its_backward_validates(capsys):
     inputs = {"x": rng.standard_normal((3, 4)), "w": rng.standard_normal((4, 2))}
     with pytest.raises(GradcheckError, match="w"):
         assert_gradients(check_gradients(forward, wrong, inputs, rng=1), rtol=1e-6)
+
+
+def test_a_forward_flat_along_the_step_excuses_only_rounding():
+    # The constraints pin the outputs (as GSP's (P2) with m = n = 1): no output moves, the
+    # difference is exactly 0, and the backward's own rounding (1e-18) must pass; a gradient
+    # above what the difference resolves must not.
+    def fwd(x):
+        return np.array([0.95, 0.05]) + 0.0 * x[0], x
+
+    def rounding(x, g):
+        return {"x": np.full(x.shape, 2e-18)}
+
+    def wrong(x, g):
+        return {"x": np.full(x.shape, 1e-3)}
+
+    inputs = {"x": np.zeros(1)}
+    for mode in MODES:
+        result = check_gradients(fwd, rounding, inputs, mode=mode, rng=0)
+        assert result["x"].max_abs_error > 0 and result["x"].noise_floor < 1e-8
+        assert_gradients(result, rtol=1e-6)
+        assert not check_gradients(fwd, wrong, inputs, mode=mode, rng=0).passed(1e-6)

@@ -37,13 +37,17 @@ which bounds every directional derivative) and the relative error
 ``max_abs_error <= atol + rtol * scale``, or when every difference is within
 ``noise + rtol * scale`` where ``noise`` is the rounding error of that very central
 difference: ``100 * eps * sum_k |g_k| (|f_k(x+h)| + |f_k(x-h)|) / (2h)`` over the output
-components ``k`` that the step changed. Outputs the step leaves bitwise unchanged add no
-rounding error (and none is excused), so a huge output that does not depend on an input
-cannot hide a wrong gradient of that input; the differences are contracted component by
-component, ``sum_k g_k (f_k(x+h) - f_k(x-h))``, so such an output costs no precision
-either. The floor matters only where the true gradient is (close to) zero; a gradient
+components ``k`` that the step changed. Outputs the step leaves bitwise unchanged while it
+moves others do not depend on that input: they add no rounding error (and none is
+excused), so a huge output that does not depend on an input cannot hide a wrong gradient
+of that input; the differences are contracted component by component,
+``sum_k g_k (f_k(x+h) - f_k(x-h))``, so such an output costs no precision either. Where the
+step moves no output at all (the forward is numerically flat there, e.g. an input the
+constraints pin down), the sum runs over every output: that is all the difference can
+resolve. The floor matters only where the true gradient is (close to) zero; a gradient
 whose error exceeds the rounding of its own finite difference always fails, whatever the
-size of the outputs. The largest such floor is reported as ``noise_floor``.
+size of the outputs. The largest such floor is reported as ``noise_floor``; a check whose
+``scale`` is below it could not resolve the gradient at this step.
 
 The step is ``h = cbrt(machine epsilon) * max|x|`` (``cbrt(eps)`` when ``max|x| < 1e-8``)
 unless given: the step that balances truncation (O(h^2)) and rounding (O(eps/h)) for a
@@ -364,12 +368,14 @@ class _Differencer:
         fm = self._outputs({**self.inputs, name: xm}, where)
         with np.errstate(over="ignore", invalid="ignore"):
             fd = (fp - fm) / (2.0 * h)
-            # Components the step left bitwise unchanged carry no rounding error of the
-            # difference (and must not excuse one elsewhere).
+            noise = (0.5 * np.abs(fp) + 0.5 * np.abs(fm)) * (_ROUNDING_FACTOR * _EPS) / h
+            # Where the step moves some outputs, those it leaves bitwise unchanged do not
+            # depend on this input: they carry no rounding error of the difference and must
+            # not excuse one elsewhere. Where it moves none, the forward is numerically flat
+            # along the step and every output's rounding bounds what the difference resolves.
             changed = fp != fm
-            noise = np.where(
-                changed, (0.5 * np.abs(fp) + 0.5 * np.abs(fm)) * (_ROUNDING_FACTOR * _EPS) / h, 0.0
-            )
+            if np.any(changed):
+                noise = np.where(changed, noise, 0.0)
         if not (np.all(np.isfinite(fd)) and np.all(np.isfinite(noise))):
             raise ValueError(
                 f"the central difference of the forward overflows float64 {where}: the "
