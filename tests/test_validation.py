@@ -13,7 +13,7 @@ import pytest
 from hypothesis import strategies as st
 
 from refdml.cli import main
-from refdml.gradcheck.registry import _REGISTRY, OperatorSpec
+from refdml.gradcheck.catalog import _CATALOGUE, OperatorSpec
 from refdml.validation import (
     CHECKS,
     ClaimSpec,
@@ -188,7 +188,7 @@ def test_failing_self_check_gives_nonzero_exit(monkeypatch):
     def wrong_backward(x, d_out):
         return {"x": 3.0 * x * d_out}  # the derivative is 2x
 
-    monkeypatch.setitem(_REGISTRY, "zztest.square", OperatorSpec(
+    monkeypatch.setitem(_CATALOGUE, "zztest.square", OperatorSpec(
         name="zztest.square", forward=forward, backward=wrong_backward,
         make_inputs=lambda rng: {"x": rng.uniform(1, 2, 3)}, paper="none"))
 

@@ -1,4 +1,4 @@
-"""Public gradient-check harness: hand-written backward passes against finite differences.
+"""Gradient checks of hand-written backward passes, and the catalogue of every operator.
 
 >>> import numpy as np
 >>> from refdml.gradcheck import check_gradients, assert_gradients
@@ -9,9 +9,12 @@
 >>> result = check_gradients(forward, backward, {"x": np.linspace(0, 1, 5)}, rng=0)
 >>> assert_gradients(result, rtol=1e-7)
 
-See :mod:`refdml.gradcheck._core` for the conventions, :mod:`refdml.gradcheck.strategies`
-for hypothesis strategies of well-conditioned inputs, and
-:mod:`refdml.gradcheck.registry` for the registry behind ``refdml gradcheck``.
+The catalogue, :mod:`refdml.gradcheck.catalog`, has one :class:`OperatorSpec` per
+differentiable operator of refdml (its forward/backward pair, input maker, paper equation,
+tolerance and fast-path mirror); ``refdml gradcheck`` and the test suite loop over
+:func:`all_operators`. See :mod:`refdml.gradcheck._core` for the conventions and what the
+harness refuses, and :mod:`refdml.gradcheck.strategies` for hypothesis strategies of
+well-conditioned inputs.
 """
 
 from refdml.gradcheck._core import (
@@ -24,7 +27,7 @@ from refdml.gradcheck._core import (
     check_gradients,
     check_loss,
 )
-from refdml.gradcheck.registry import OperatorSpec, all_operators, register
+from refdml.gradcheck.catalog import OperatorSpec, all_operators, register
 
 __all__ = [
     "FULL_JACOBIAN_LIMIT",

@@ -31,30 +31,53 @@ the hand-written vector-Jacobian product ``J^T g`` with central differences of
 Errors
 ------
 For each input the harness reports the largest absolute difference, the scale (the
-largest magnitude of either derivative; for ``directions`` the 2-norm of ``J^T g``,
+largest magnitude of either derivative; for ``directions`` also the 2-norm of ``J^T g``,
 which bounds every directional derivative) and the relative error
 ``max_abs_error / scale``. A check passes when
-``max_abs_error <= max(atol, noise_floor) + rtol * scale``, where the noise floor
-``100 * eps * sum|g * f(x)| / h`` is the rounding error a central difference of the
-contracted output cannot get below; it only matters when the true gradient is (close
-to) zero, where a relative error is meaningless. The step is ``h = cbrt(machine epsilon) * max|x|`` (``cbrt(eps)`` when
-``max|x| < 1e-8``) unless given: the step that balances truncation (O(h^2)) and rounding
-(O(eps/h)) for a function whose scale of variation is that of its input.
+``max_abs_error <= atol + rtol * scale``, or when every difference is within
+``noise + rtol * scale`` where ``noise`` is the rounding error of that very central
+difference: ``100 * eps * sum_k |g_k| (|f_k(x+h)| + |f_k(x-h)|) / (2h)`` over the output
+components ``k`` that the step changed. Outputs the step leaves bitwise unchanged while it
+moves others do not depend on that input: they add no rounding error (and none is
+excused), so a huge output that does not depend on an input cannot hide a wrong gradient
+of that input; the differences are contracted component by component,
+``sum_k g_k (f_k(x+h) - f_k(x-h))``, so such an output costs no precision either. Where the
+step moves no output at all (the forward is numerically flat there, e.g. an input the
+constraints pin down), the sum runs over every output: that is all the difference can
+resolve. The floor matters only where the true gradient is (close to) zero; a gradient
+whose error exceeds the rounding of its own finite difference always fails, whatever the
+size of the outputs. The largest such floor is reported as ``noise_floor``; a check whose
+``scale`` is below it could not resolve the gradient at this step.
+
+The step is ``h = cbrt(machine epsilon) * max|x|`` (``cbrt(eps)`` when ``max|x| < 1e-8``)
+unless given: the step that balances truncation (O(h^2)) and rounding (O(eps/h)) for a
+function whose scale of variation is that of its input.
 Central differences across a kink (a hinge, a max, a norm at zero) are meaningless:
 draw inputs away from kinks. Where the true gradient vanishes but the third derivative
 does not (a cosine similarity of exactly parallel vectors), the O(h^2) truncation error is
 all that is measured: pass a smaller ``step`` or an ``atol`` there.
+
+What the harness refuses
+------------------------
+It never turns a defect into a pass. ``ValueError`` (naming the parameter and the value)
+for ``rtol``/``atol`` negative, NaN or infinite, ``step`` not a finite positive number,
+``n_directions <= 0`` (``TypeError`` if not an integer), ``wrt`` naming an input that is
+missing, empty, non-finite (``TypeError`` if it is not floating point), and a forward
+whose outputs are non-finite at the check point or at a finite-difference point;
+:class:`GradcheckError` when the backward returns no gradient for a differentiated input,
+one of the wrong shape, or a non-finite one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_choice, check_rng
+from refdml._validation import check_choice, check_rng, check_scalar
 
 __all__ = [
     "FULL_JACOBIAN_LIMIT",
@@ -70,15 +93,31 @@ __all__ = [
 FULL_JACOBIAN_LIMIT = 4096
 VJP_LIMIT = 2000
 _MODES = ("auto", "full", "vjp", "directions")
+#: Rounding error of one forward evaluation, in units of machine epsilon times |f|.
+_ROUNDING_FACTOR = 100.0
+_EPS = float(np.finfo(np.float64).eps)
 
 
 class GradcheckError(AssertionError):
-    """A backward pass disagrees with finite differences beyond the stated tolerance."""
+    """A backward pass is wrong: it disagrees with finite differences beyond the stated
+    tolerance, or it returned a missing, misshapen or non-finite gradient."""
+
+
+def _check_tolerances(rtol: Any, atol: Any) -> tuple[float, float]:
+    return (
+        float(check_scalar(rtol, "rtol", low=0.0)),
+        float(check_scalar(atol, "atol", low=0.0)),
+    )
 
 
 @dataclass(frozen=True)
 class InputCheck:
-    """The comparison for one differentiated input."""
+    """The comparison for one differentiated input.
+
+    ``max_error_above_noise`` is the largest amount by which a difference exceeds the
+    rounding error of its own finite difference (0 when every difference is within it);
+    ``noise_floor`` is the largest such rounding error.
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -89,10 +128,22 @@ class InputCheck:
     step: float
     n_forward_calls: int
     noise_floor: float = 0.0
+    max_error_above_noise: float | None = None
 
     def passed(self, rtol: float, atol: float = 0.0) -> bool:
-        """True when ``max_abs_error <= max(atol, noise_floor) + rtol * scale``."""
-        return bool(self.max_abs_error <= max(atol, self.noise_floor) + rtol * self.scale)
+        """True when ``max_abs_error <= atol + rtol * scale``, or when every difference is
+        within its own rounding error plus ``rtol * scale`` (see the module docstring).
+
+        ``rtol`` and ``atol`` must be finite and non-negative (``ValueError`` otherwise).
+        """
+        rtol, atol = _check_tolerances(rtol, atol)
+        bound = rtol * self.scale
+        if self.max_abs_error <= atol + bound:
+            return True
+        above = self.max_error_above_noise
+        if above is None:  # built by hand without per-component floors
+            above = self.max_abs_error - self.noise_floor
+        return bool(above <= bound)
 
 
 @dataclass(frozen=True)
@@ -116,20 +167,27 @@ class GradcheckResult:
         raise KeyError(name)
 
     def passed(self, rtol: float, atol: float = 0.0) -> bool:
+        rtol, atol = _check_tolerances(rtol, atol)
         return all(c.passed(rtol, atol) for c in self.checks)
 
     def summary(self) -> str:
-        rows = [f"{'input':<16}{'mode':<12}{'max abs err':>13}{'max rel err':>13}{'step':>11}"]
+        rows = [
+            f"{'input':<16}{'mode':<12}{'max abs err':>13}{'max rel err':>13}"
+            f"{'noise floor':>13}{'step':>11}"
+        ]
         for c in self.checks:
             rows.append(
                 f"{c.name:<16}{c.mode:<12}{c.max_abs_error:>13.2e}"
-                f"{c.max_rel_error:>13.2e}{c.step:>11.1e}"
+                f"{c.max_rel_error:>13.2e}{c.noise_floor:>13.2e}{c.step:>11.1e}"
             )
         return "\n".join(rows)
 
 
 def assert_gradients(result: GradcheckResult, *, rtol: float, atol: float = 0.0) -> None:
     """Raise :class:`GradcheckError` unless every input passes (see :meth:`InputCheck.passed`)."""
+    if not isinstance(result, GradcheckResult):
+        raise TypeError(f"result must be a GradcheckResult, got {type(result).__name__}")
+    rtol, atol = _check_tolerances(rtol, atol)
     failed = [c for c in result.checks if not c.passed(rtol, atol)]
     if failed:
         names = ", ".join(c.name for c in failed)
@@ -139,18 +197,77 @@ def assert_gradients(result: GradcheckResult, *, rtol: float, atol: float = 0.0)
         )
 
 
+# --- what the forward and the backward hand back ----------------------------------------
+
+
 def _as_tuple(outputs: Any) -> tuple[np.ndarray, ...]:
     if isinstance(outputs, (tuple, list)):
         return tuple(np.asarray(o, dtype=np.float64) for o in outputs)
     return (np.asarray(outputs, dtype=np.float64),)
 
 
-def _get_grad(grads: Any, name: str) -> np.ndarray:
+def _first_bad(array: np.ndarray) -> str:
+    bad = np.argwhere(~np.isfinite(array))[0]
+    return f"{array[tuple(bad)]} at index {tuple(int(i) for i in bad)}"
+
+
+def _check_outputs(outputs: tuple[np.ndarray, ...], where: str) -> None:
+    for k, out in enumerate(outputs):
+        if not np.all(np.isfinite(out)):
+            raise ValueError(
+                f"forward returned a non-finite output {k} ({_first_bad(out)}) {where}; "
+                "finite differences need a neighbourhood of the check point where the "
+                "forward is finite: move the check point (or pass a smaller step)"
+            )
+
+
+def _returned_fields(grads: Any) -> list[str]:
     if isinstance(grads, Mapping):
-        value = grads[name]
+        return [str(k) for k in grads]
+    if dataclasses.is_dataclass(grads):
+        return [f.name for f in dataclasses.fields(grads)]
+    return sorted(n for n in dir(grads) if not n.startswith("_"))
+
+
+def _get_grad(grads: Any, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """The gradient of ``name`` in what backward returned, checked (GradcheckError)."""
+    if grads is None:
+        raise GradcheckError(
+            "backward returned None; it must return the gradients named after the inputs "
+            "(a mapping or an object with one attribute per differentiated input)"
+        )
+    if isinstance(grads, Mapping):
+        present = name in grads
+        value = grads[name] if present else None
     else:
-        value = getattr(grads, name)
-    return np.asarray(value, dtype=np.float64)
+        present = hasattr(grads, name)
+        value = getattr(grads, name) if present else None
+    if not present:
+        raise GradcheckError(
+            f"backward returned no gradient for {name!r} "
+            f"(it returned {type(grads).__name__} with fields: {_returned_fields(grads)})"
+        )
+    if value is None:
+        raise GradcheckError(f"backward returned None as the gradient of {name!r}")
+    array = np.asarray(value)
+    if array.dtype == bool or not (
+        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    ):
+        raise GradcheckError(
+            f"backward returned a gradient of dtype {array.dtype} for {name!r}; "
+            "it must be real"
+        )
+    array = np.asarray(array, dtype=np.float64)
+    if shape is not None and array.shape != tuple(shape):
+        raise GradcheckError(
+            f"backward returned a gradient of shape {array.shape} for {name!r} "
+            f"of shape {tuple(shape)}"
+        )
+    if not np.all(np.isfinite(array)):
+        raise GradcheckError(
+            f"backward returned a non-finite gradient for {name!r}: {_first_bad(array)}"
+        )
+    return array
 
 
 def _default_wrt(inputs: Mapping[str, Any]) -> tuple[str, ...]:
@@ -158,6 +275,143 @@ def _default_wrt(inputs: Mapping[str, Any]) -> tuple[str, ...]:
         name
         for name, value in inputs.items()
         if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
+    )
+
+
+def _check_wrt(wrt: Any, inputs: Mapping[str, Any]) -> tuple[str, ...]:
+    if wrt is None:
+        names = _default_wrt(inputs)
+        if not names:
+            raise ValueError("wrt is empty: no floating-point array input to differentiate")
+        return names
+    if isinstance(wrt, str):
+        wrt = (wrt,)
+    names = tuple(wrt)
+    if not names:
+        raise ValueError("wrt is empty: name at least one input to differentiate")
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"wrt must hold input names (str), got {name!r}")
+        if name not in inputs:
+            raise ValueError(f"wrt names {name!r}, which is not among the inputs {list(inputs)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"wrt names an input twice: {list(names)}")
+    return names
+
+
+def _as_checked_input(value: Any, name: str) -> np.ndarray:
+    """A copy of a differentiated input as float64; only floating-point inputs qualify."""
+    array = np.asarray(value) if not isinstance(value, (str, bytes)) else None
+    if (
+        array is None
+        or isinstance(value, bool)
+        or not np.issubdtype(array.dtype, np.floating)
+    ):
+        what = type(value).__name__
+        if array is not None:
+            what += f" of dtype {array.dtype}"
+        raise TypeError(
+            f"wrt names {name!r}, which is a {what}; only floating-point inputs can be "
+            "differentiated (integer arrays such as labels are passed through, not perturbed)"
+        )
+    array = np.array(array, dtype=np.float64, copy=True)
+    if array.size == 0:
+        raise ValueError(f"{name} is empty (shape {array.shape}): nothing to differentiate")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must be finite at the check point, got {_first_bad(array)}")
+    return array
+
+
+# --- the finite differences --------------------------------------------------------------
+
+
+def _step(x: np.ndarray, step: float | None) -> float:
+    if step is not None:
+        return float(step)
+    magnitude = float(np.max(np.abs(x)))
+    # Below 1e-8 (all-zero or subnormal inputs) a relative step would vanish; use 1.
+    return float(np.cbrt(_EPS) * (magnitude if magnitude > 1e-8 else 1.0))
+
+
+class _Differencer:
+    """Central differences of the outputs, component by component, with their rounding."""
+
+    def __init__(self, forward, inputs, shapes):
+        self.forward = forward
+        self.inputs = inputs
+        self.shapes = shapes
+
+    def _outputs(self, trial, where) -> np.ndarray:
+        out, _ = self.forward(**trial)
+        out = _as_tuple(out)
+        if tuple(o.shape for o in out) != self.shapes:
+            raise ValueError(
+                f"forward returned outputs of shapes {[o.shape for o in out]} {where}, "
+                f"but {list(self.shapes)} at the check point"
+            )
+        _check_outputs(out, where)
+        return np.concatenate([o.ravel() for o in out])
+
+    def columns(self, name, idx, direction, h) -> tuple[np.ndarray, np.ndarray]:
+        """``(f(x + h v) - f(x - h v)) / 2h`` and its rounding error, per output component."""
+        x = self.inputs[name]
+        xp, xm = x.copy(), x.copy()
+        if direction is None:
+            xp[idx] += h
+            xm[idx] -= h
+            where = f"at {name}[{', '.join(map(str, idx))}] +/- h (h = {h:.3g})"
+        else:
+            xp += h * direction
+            xm -= h * direction
+            where = f"at {name} +/- h v along a random direction v (h = {h:.3g})"
+        fp = self._outputs({**self.inputs, name: xp}, where)
+        fm = self._outputs({**self.inputs, name: xm}, where)
+        with np.errstate(over="ignore", invalid="ignore"):
+            fd = (fp - fm) / (2.0 * h)
+            noise = (0.5 * np.abs(fp) + 0.5 * np.abs(fm)) * (_ROUNDING_FACTOR * _EPS) / h
+            # Where the step moves some outputs, those it leaves bitwise unchanged do not
+            # depend on this input: they carry no rounding error of the difference and must
+            # not excuse one elsewhere. Where it moves none, the forward is numerically flat
+            # along the step and every output's rounding bounds what the difference resolves.
+            changed = fp != fm
+            if np.any(changed):
+                noise = np.where(changed, noise, 0.0)
+        if not (np.all(np.isfinite(fd)) and np.all(np.isfinite(noise))):
+            raise ValueError(
+                f"the central difference of the forward overflows float64 {where}: the "
+                "outputs are too large for the step; rescale the inputs or pass a larger step"
+            )
+        return fd, noise
+
+    def contracted(self, name, idx, direction, h, upstream) -> tuple[float, float]:
+        """``sum_k g_k (f_k(x + h v) - f_k(x - h v)) / 2h`` and its rounding error."""
+        fd, noise = self.columns(name, idx, direction, h)
+        with np.errstate(over="ignore", invalid="ignore"):
+            value = float(np.sum(upstream * fd))
+            err = float(np.sum(np.abs(upstream) * noise))
+        if not (np.isfinite(value) and np.isfinite(err)):
+            raise ValueError(
+                f"the contracted central difference for {name} overflows float64: the "
+                "outputs are too large; rescale the inputs"
+            )
+        return value, err
+
+
+def _compare(name, shape, mode, analytic, fd, noise, scale, h, calls) -> InputCheck:
+    analytic, fd, noise = np.asarray(analytic), np.asarray(fd), np.asarray(noise)
+    with np.errstate(over="ignore"):
+        diff = np.abs(analytic - fd)
+    max_abs = float(np.max(diff)) if diff.size else 0.0
+    above = float(np.max(diff - noise)) if diff.size else 0.0
+    largest = float(max(np.max(np.abs(analytic), initial=0.0), np.max(np.abs(fd), initial=0.0)))
+    scale = largest if scale is None else max(float(scale), largest)
+    if scale > 0:
+        rel = max_abs / scale
+    else:
+        rel = 0.0 if max_abs == 0.0 else float("inf")
+    return InputCheck(
+        name, tuple(shape), mode, max_abs, rel, scale, h, calls,
+        float(np.max(noise, initial=0.0)), max(above, 0.0),
     )
 
 
@@ -185,41 +439,53 @@ def check_gradients(
         Keyword arguments of ``forward``. Non-array entries (hyperparameters, labels)
         are passed through unchanged.
     wrt : sequence of str, optional
-        Inputs to differentiate; default every floating-point ndarray in ``inputs``.
+        Inputs to differentiate (floating-point arrays or scalars); default every
+        floating-point ndarray in ``inputs``.
     mode : {"auto", "full", "vjp", "directions"}
         See the module docstring.
     step : float, optional
-        Finite-difference step; default ``cbrt(eps) * max|x|`` per input.
+        Finite-difference step (finite, > 0); default ``cbrt(eps) * max|x|`` per input.
     n_directions : int
-        Number of random directions per input in ``"directions"`` mode.
+        Number of random directions per input in ``"directions"`` mode (>= 1).
     rng : None, int or numpy.random.Generator
         Source of the upstream gradient and the directions.
 
     Returns
     -------
     GradcheckResult
-        Per input: max absolute and relative error, scale and step used.
+        Per input: max absolute and relative error, scale, noise floor and step used.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad arguments, or a forward that is non-finite at or next to the check point.
+    GradcheckError
+        The backward returned a missing, misshapen or non-finite gradient.
     """
+    if not callable(forward):
+        raise TypeError(f"forward must be callable, got {type(forward).__name__}")
+    if not callable(backward):
+        raise TypeError(f"backward must be callable, got {type(backward).__name__}")
+    if not isinstance(inputs, Mapping):
+        raise TypeError(
+            f"inputs must be a mapping of keyword arguments, got {type(inputs).__name__}"
+        )
     check_choice(mode, "mode", _MODES)
+    if step is not None:
+        step = float(check_scalar(step, "step", low=0.0, low_inclusive=False))
+    n_directions = int(check_scalar(n_directions, "n_directions", low=1, integer=True))
     rng = check_rng(rng)
     inputs = dict(inputs)
-    wrt = tuple(wrt) if wrt is not None else _default_wrt(inputs)
-    if not wrt:
-        raise ValueError("wrt is empty: no floating-point array input to differentiate")
+    wrt = _check_wrt(wrt, inputs)
     for name in wrt:
-        if name not in inputs:
-            raise ValueError(f"wrt names {name!r}, which is not among the inputs {list(inputs)}")
-        inputs[name] = np.array(inputs[name], dtype=np.float64, copy=True)
+        inputs[name] = _as_checked_input(inputs[name], name)
 
     outputs, ctx = forward(**inputs)
     outputs = _as_tuple(outputs)
-    upstream = tuple(rng.standard_normal(o.shape) for o in outputs)
+    _check_outputs(outputs, "at the check point")
+    shapes = tuple(o.shape for o in outputs)
+    differ = _Differencer(forward, inputs, shapes)
 
-    def phi(trial: Mapping[str, Any]) -> float:
-        trial_out, _ = forward(**trial)
-        return float(sum(np.sum(g * o) for g, o in zip(upstream, _as_tuple(trial_out))))
-
-    contracted = float(sum(np.sum(np.abs(g * o)) for g, o in zip(upstream, outputs)))
     n_out = sum(o.size for o in outputs)
     n_in = sum(inputs[name].size for name in wrt)
     if mode == "auto":
@@ -229,45 +495,35 @@ def check_gradients(
             mode = "vjp"
         else:
             mode = "directions"
-
     if mode == "full":
-        return _check_full(forward, backward, inputs, ctx, outputs, wrt, step)
+        return _check_full(differ, backward, inputs, ctx, outputs, wrt, step)
 
+    upstream = tuple(rng.standard_normal(o.shape) for o in outputs)
+    flat_upstream = np.concatenate([g.ravel() for g in upstream])
     analytic = backward(ctx, *upstream)
     checks = []
     for name in wrt:
         x = inputs[name]
-        a = _get_grad(analytic, name)
-        if a.shape != x.shape:
-            raise ValueError(
-                f"backward returned a gradient of shape {a.shape} for {name} of shape {x.shape}"
-            )
+        a = _get_grad(analytic, name, x.shape)
         h = _step(x, step)
         if mode == "vjp":
-            fd = np.empty_like(x)
+            fd, noise = np.empty_like(x), np.empty_like(x)
             for idx in np.ndindex(x.shape):
-                fd[idx] = _central(phi, inputs, name, idx, None, h)
-            checks.append(
-                _compare(name, x.shape, "vjp", a, fd, None, h, 2 * x.size, _noise(contracted, h))
-            )
+                fd[idx], noise[idx] = differ.contracted(name, idx, None, h, flat_upstream)
+            checks.append(_compare(name, x.shape, "vjp", a, fd, noise, None, h, 2 * x.size))
         else:
-            fd_dirs, an_dirs = [], []
+            fd_dirs, noise_dirs, an_dirs = [], [], []
             for _ in range(n_directions):
                 v = rng.standard_normal(x.shape)
                 v /= np.linalg.norm(v)
-                fd_dirs.append(_central(phi, inputs, name, None, v, h))
+                value, err = differ.contracted(name, None, v, h, flat_upstream)
+                fd_dirs.append(value)
+                noise_dirs.append(err)
                 an_dirs.append(float(np.sum(a * v)))
             checks.append(
                 _compare(
-                    name,
-                    x.shape,
-                    "directions",
-                    np.array(an_dirs),
-                    np.array(fd_dirs),
-                    float(np.linalg.norm(a)),
-                    h,
-                    2 * n_directions,
-                    _noise(contracted, h),
+                    name, x.shape, "directions", an_dirs, fd_dirs, noise_dirs,
+                    float(np.linalg.norm(a)), h, 2 * n_directions,
                 )
             )
     return GradcheckResult(tuple(checks))
@@ -286,66 +542,32 @@ def check_loss(
     """Check a loss of the form ``value, grads = loss(**inputs)``.
 
     The gradient returned with the value is treated as the vector-Jacobian product for
-    an upstream gradient of 1 (scaled by a random upstream scalar).
+    an upstream gradient of 1 (scaled by a random upstream scalar). Arguments and errors
+    as in :func:`check_gradients`.
     """
+    if not callable(loss):
+        raise TypeError(f"loss must be callable, got {type(loss).__name__}")
+    if not isinstance(inputs, Mapping):
+        raise TypeError(
+            f"inputs must be a mapping of keyword arguments, got {type(inputs).__name__}"
+        )
+    names = _check_wrt(wrt, inputs)
 
     def forward(**kw):
         value, grads = loss(**kw)
-        return float(value), grads
+        return np.asarray(value, dtype=np.float64), grads
 
     def backward(grads, upstream):
         scale = float(np.asarray(upstream))
-        names = wrt if wrt is not None else _default_wrt(inputs)
         return {name: scale * _get_grad(grads, name) for name in names}
 
     return check_gradients(
-        forward, backward, inputs, wrt=wrt, mode=mode, step=step,
+        forward, backward, inputs, wrt=names, mode=mode, step=step,
         n_directions=n_directions, rng=rng,
     )
 
 
-def _step(x: np.ndarray, step: float | None) -> float:
-    if step is not None:
-        return float(step)
-    magnitude = float(np.max(np.abs(x)))
-    # Below 1e-8 (all-zero or subnormal inputs) a relative step would vanish; use 1.
-    return float(np.cbrt(np.finfo(np.float64).eps) * (magnitude if magnitude > 1e-8 else 1.0))
-
-
-def _central(phi, inputs, name, idx, direction, h) -> float:
-    plus = dict(inputs)
-    minus = dict(inputs)
-    x = inputs[name]
-    xp = x.copy()
-    xm = x.copy()
-    if direction is None:
-        xp[idx] += h
-        xm[idx] -= h
-    else:
-        xp += h * direction
-        xm -= h * direction
-    plus[name] = xp
-    minus[name] = xm
-    return (phi(plus) - phi(minus)) / (2.0 * h)
-
-
-def _noise(magnitude: float, h: float) -> float:
-    return 100.0 * np.finfo(np.float64).eps * magnitude / h
-
-
-def _compare(name, shape, mode, analytic, fd, scale, h, calls, noise=0.0) -> InputCheck:
-    diff = np.abs(np.asarray(analytic) - np.asarray(fd))
-    max_abs = float(np.max(diff)) if diff.size else 0.0
-    if scale is None:
-        scale = float(max(np.max(np.abs(analytic), initial=0.0), np.max(np.abs(fd), initial=0.0)))
-    if scale > 0:
-        rel = max_abs / scale
-    else:
-        rel = 0.0 if max_abs == 0.0 else float("inf")
-    return InputCheck(name, tuple(shape), mode, max_abs, rel, scale, h, calls, noise)
-
-
-def _check_full(forward, backward, inputs, ctx, outputs, wrt, step) -> GradcheckResult:
+def _check_full(differ, backward, inputs, ctx, outputs, wrt, step) -> GradcheckResult:
     """Whole Jacobian: backward with unit upstream vectors vs column-wise differences."""
     sizes = [o.size for o in outputs]
     n_out = sum(sizes)
@@ -360,34 +582,16 @@ def _check_full(forward, backward, inputs, ctx, outputs, wrt, step) -> Gradcheck
             start += s
         grads = backward(ctx, *parts)
         for name in wrt:
-            g = _get_grad(grads, name)
-            if g.shape != inputs[name].shape:
-                raise ValueError(
-                    f"backward returned a gradient of shape {g.shape} for {name} "
-                    f"of shape {inputs[name].shape}"
-                )
-            rows[name].append(g.ravel())
-
-    magnitude = max((float(np.max(np.abs(o), initial=0.0)) for o in outputs), default=0.0)
-
-    def flat_outputs(trial) -> np.ndarray:
-        out, _ = forward(**trial)
-        return np.concatenate([o.ravel() for o in _as_tuple(out)])
+            rows[name].append(_get_grad(grads, name, inputs[name].shape).ravel())
 
     checks = []
     for name in wrt:
         x = inputs[name]
         h = _step(x, step)
-        analytic = np.array(rows[name])  # (n_out, x.size)
+        analytic = np.array(rows[name]).reshape(n_out, x.size)
         fd = np.empty_like(analytic)
+        noise = np.empty_like(analytic)
         for col, idx in enumerate(np.ndindex(x.shape)):
-            plus, minus = dict(inputs), dict(inputs)
-            xp, xm = x.copy(), x.copy()
-            xp[idx] += h
-            xm[idx] -= h
-            plus[name], minus[name] = xp, xm
-            fd[:, col] = (flat_outputs(plus) - flat_outputs(minus)) / (2.0 * h)
-        checks.append(
-            _compare(name, x.shape, "full", analytic, fd, None, h, 2 * x.size, _noise(magnitude, h))
-        )
+            fd[:, col], noise[:, col] = differ.columns(name, idx, None, h)
+        checks.append(_compare(name, x.shape, "full", analytic, fd, noise, None, h, 2 * x.size))
     return GradcheckResult(tuple(checks))
