@@ -123,13 +123,23 @@ def _method_backward(method: str, backward: str = "closed_form") -> None:
 def _row_norm(xp, u):
     """``||u||`` over the last axis (keepdims), without overflow or underflow of squares.
 
-    Each row is divided by a power of two near its largest magnitude (exact), then
-    squared: two passes more than a plain sum of squares, for any finite input.
+    The plain sum of squares (one pass) is exact enough wherever it lies in
+    ``[2**-100, max/4]`` of the dtype (float64: ``[2**-900, max/4]``); the rows outside
+    (tiny or huge entries; found with one ``nonzero``) are recomputed divided by a power
+    of two near their largest magnitude (exact).
     """
-    peak = xp.max(xp.abs(u), axis=-1, keepdims=True)
-    scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), xp.frexp(peak)[1]), 1)
-    scaled = u / scale
-    return xp.sqrt(xp.einsum("...d,...d->...", scaled, scaled))[..., None] * scale
+    squares = xp.einsum("...d,...d->...", u, u)
+    info = np.finfo(u.dtype)
+    low = 2.0 ** (-100 if info.bits == 32 else -900)
+    bad = xp.nonzero(~((squares >= low) & (squares <= info.max / 4)))
+    norm = xp.sqrt(squares)
+    if bad[0].size:
+        rows = u[bad]
+        peak = xp.max(xp.abs(rows), axis=-1, keepdims=True)
+        scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), xp.frexp(peak)[1]), 1)
+        scaled = rows / scale
+        norm[bad] = xp.sqrt(xp.einsum("kd,kd->k", scaled, scaled)) * scale[:, 0]
+    return norm[..., None]
 
 
 def _cost_map_forward(xp, features, prototypes):
@@ -143,24 +153,31 @@ def _cost_map_forward(xp, features, prototypes):
     prototypes_bar = prototypes / xp.maximum(prototypes_norm, 1.0)
     f_len = xp.minimum(features_norm, 1.0)[:, :, 0]             # ||fbar|| (B, n)
     w_len = xp.minimum(prototypes_norm, 1.0)[:, 0]              # ||wbar|| (m,)
-    # One power of two s with max ||bar|| / s in [0.5, 1): the squares of the scaled
-    # points neither overflow nor underflow. (fbar / s) . (wbar / s) = fbar . (wbar / s / s).
+    # One power of two s with max ||bar|| / s in (0.5, 1] (s = 1 for ordinary input): the
+    # squares of the scaled points neither overflow nor underflow.
+    # (fbar / s) . (wbar / s) = fbar . (wbar / s / s).
     peak = xp.maximum(xp.max(f_len), xp.max(w_len))
-    scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), xp.frexp(peak)[1]), 1)
+    mantissa, exponent = xp.frexp(peak)
+    exponent = exponent - (mantissa == 0.5)
+    scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), exponent), 1)
     f_sq = (f_len / scale) ** 2
     w_sq = (w_len / scale) ** 2
     sq = features_bar.reshape(batch * n, d) @ (prototypes_bar * (-2.0 / scale) / scale).T
     sq = sq.reshape(batch, n, m)
     sq += f_sq[:, :, None]
     sq += w_sq
-    small = sq < _REFINE[np.dtype(dtype)] * (f_sq[:, :, None] + w_sq)
-    b, j, i = xp.nonzero(small)
+    # Pairs to refine: a superset of sq < r (|x|^2 + |y|^2) (every negative sq among
+    # them), found row by row: one compare pass, then nonzero on (B, n) and (K, m).
+    small = sq < (_REFINE[np.dtype(dtype)] * (f_sq + xp.max(w_sq)))[:, :, None]
+    b, j = xp.nonzero(xp.any(small, axis=2))
     if b.size:
+        k, i = xp.nonzero(small[b, j])
+        b, j = b[k], j[k]
         diff = (features_bar[b, j] - prototypes_bar[i]) / scale
         sq[b, j, i] = xp.einsum("kd,kd->k", diff, diff)
-    xp.maximum(sq, 0, out=sq)
-    cost_t = xp.sqrt(sq, out=sq)
-    cost_t *= scale
+    cost_t = xp.sqrt(sq, out=sq)  # >= 0: every sq below the threshold was recomputed
+    if xp is not np or float(scale) != 1.0:  # free on NumPy; a pass saved
+        cost_t *= scale
     ctx = CostMapContext(
         features_bar=features_bar, features_norm=features_norm,
         prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
@@ -192,23 +209,36 @@ def _clip_backward(xp, u_bar, norm, d_bar, extra=None):
 def _cost_map_backward(xp, ctx: CostMapContext, weights_t, d_features_extra=None) -> CostMapGrads:
     """From ``W = d_cost / c'`` (B, n, m), contiguous: the gradients of the raw points.
 
-    ``d ybar_j = (sum_i W_ij) y_j - sum_i W_ij x_i`` and ``d xbar_i = (sum_j W_ij) x_i -
-    sum_j W_ij y_j`` (summed over the batch) with ``x = wbar / s``, ``y = fbar / s``:
-    two matrix products; then the clip's backward.
+    ``d ybar_j = r_j y_j - (W x)_j`` (``r_j = sum_i W_ij``) and ``d xbar_i = (sum_j W_ij)
+    x_i - sum_j W_ij y_j`` (summed over the batch), ``x = wbar / s``, ``y = fbar / s``:
+    two matrix products. The features' clip backward is fused into them: with
+    ``k = 1 / max(||f||, 1)`` and ``radial = fbar . d ybar = r ||fbar||^2 / s - fbar . (W x)``,
+    ``d f = k (W x) * (-1) + fbar (k r / s - [||f|| > 1] k radial) (+ extra)``: the
+    (B, n, d) arrays are touched in four passes.
     """
     batch, n, m = weights_t.shape
     d = ctx.features_bar.shape[2]
     scale = ctx.scale
     flat = weights_t.reshape(batch * n, m)
-    d_features_bar = (flat @ (ctx.prototypes_bar * (-1.0 / scale))).reshape(batch, n, d)
-    d_features_bar += ctx.features_bar * (xp.sum(weights_t, axis=2) / scale)[:, :, None]
+    features_bar = ctx.features_bar
+    # -(W x) with x = wbar / s, as one (B n, m) x (m, d) product.
+    d_features = (flat @ (ctx.prototypes_bar * (-1.0 / scale))).reshape(batch, n, d)
+    row = xp.sum(weights_t, axis=2) / scale                            # r / s (B, n)
+    norm = ctx.features_norm[:, :, 0]
+    inverse = 1.0 / xp.maximum(norm, 1.0)
+    bar_sq = xp.minimum(norm, 1.0) ** 2                                # ||fbar||^2
+    radial = row * bar_sq + xp.einsum("bnd,bnd->bn", features_bar, d_features)
+    coefficient = inverse * (row - xp.where(norm > 1.0, radial, 0))
+    d_features *= inverse[:, :, None]
+    d_features += features_bar * coefficient[:, :, None]
+    if d_features_extra is not None:
+        d_features += d_features_extra
     d_prototypes_bar = (
         ctx.prototypes_bar * xp.sum(flat, axis=0)[:, None]
-        - flat.T @ ctx.features_bar.reshape(batch * n, d)
+        - flat.T @ features_bar.reshape(batch * n, d)
     ) / scale
     return CostMapGrads(
-        features=_clip_backward(xp, ctx.features_bar, ctx.features_norm, d_features_bar,
-                                d_features_extra),
+        features=d_features,
         prototypes=_clip_backward(xp, ctx.prototypes_bar, ctx.prototypes_norm, d_prototypes_bar),
     )
 
@@ -361,11 +391,12 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     d_column = d_z * (1.0 / mu)                                            # (B, m)
     weighted_sum = (pi_t @ d_column[:, :, None])[:, :, 0]                  # (B, n)
     inner = _wt.closed_form_factors(xp, result, d_rho, weighted_sum)
-    # d_cost_t = -ε pi_t (d_column[i] - n inner[j]), then / c' in place.
-    weights_t = d_column[:, None, :] - (n * inner)[:, :, None]
+    # W = d_cost_t / c' = -ε s pi_t (d_column[i] - n inner[j]) / c: three passes.
+    factor = -result.inverse_temperature * ctx.cost.scale
+    weights_t = (factor * d_column)[:, None, :] - (factor * n * inner)[:, :, None]
     weights_t *= pi_t
-    weights_t *= -result.inverse_temperature
-    weights_t = _distance_weights(xp, ctx.cost, weights_t)
+    cost_t = ctx.cost.cost.transpose(0, 2, 1)
+    weights_t /= xp.where(cost_t > 0, cost_t, np.inf)  # 0 where c = 0 (the subgradient)
     return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
 
 
