@@ -28,7 +28,7 @@ summation), and the solve stops at ``|phi| <= 16 u (1 + |logit mu|)`` i.e. ``|g 
 <~ 16 u``. So no computation in that dtype can certify a residual below
 ``~(log2(m n) + 20) u``; the floor used is twice that,
 
-    floor = (2 log2(m n) + 40) u      (float32, m n = 3136: 9.1e-6; float64: 1.7e-14),
+    floor = (2 log2(m n) + 40) u      (float32, m n = 3136: 7.5e-6; float64: 1.4e-14),
 
 and a positive ``tol`` below it is raised to it (``result.tol`` reports the tolerance
 applied). ``tol = 0`` keeps its meaning (run to the rounding floor; converged only if

@@ -21,7 +21,7 @@ What differs from the reference (and why)
   ``backward="unrolled"`` check the paper's Alg. 3 and are validation only: a
   ``ValueError`` says so (use :mod:`refdml.gsp`). So is (P1).
 * float32: a positive ``tol`` below the dtype's residual floor is raised to it (see
-  :func:`refdml.gpu._gsp_transport.residual_floor`, ~9e-6 for float32 at m n = 3136).
+  :func:`refdml.gpu._gsp_transport.residual_floor`, ~7.5e-6 for float32 at m n = 3136).
 * Cost map: the Gram identity is refined from explicit differences where the squared
   distance is below ``_REFINE[dtype]`` of ``|x|^2 + |y|^2`` (so a float32 cost keeps
   ~1e-6 relative accuracy next to a prototype); ``CostMapContext.scale`` is a 0-d array
