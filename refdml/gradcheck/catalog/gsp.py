@@ -31,29 +31,40 @@ def _mixed_norms(rng: np.random.Generator, shape: tuple[int, ...], radii) -> np.
     return x * np.resize(np.asarray(radii), shape[:-1])[..., None]
 
 
-def _pool_inputs(rng: np.random.Generator) -> dict:
+def _cost_map_inputs(rng: np.random.Generator) -> dict:
     return {
         "features": _mixed_norms(rng, (2, 4, 3), [0.4, 0.8, 1.5, 2.5]),
         "prototypes": _mixed_norms(rng, (3, 3), [0.6, 1.3, 2.0]),
     }
 
 
+def _pool_inputs(rng: np.random.Generator) -> dict:
+    return {**_cost_map_inputs(rng), "mu": 0.4, "inverse_temperature": 3.0}
+
+
 def _positive_pool_inputs(rng: np.random.Generator) -> dict:
     return {
         "features": rng.uniform(0.1, 0.6, (2, 4, 3)),
         "prototypes": _mixed_norms(rng, (3, 3), [0.6, 1.3, 2.0]),
+        "mu": 0.4,
+        "inverse_temperature": 3.0,
+        "p": 3.0,
     }
 
 
 def _cost_inputs(rng: np.random.Generator) -> dict:
-    return {"cost": rng.uniform(0.0, 2.0, (2, 3, 4))}
+    return {"cost": rng.uniform(0.0, 2.0, (2, 3, 4)), "mu": 0.4, "inverse_temperature": 3.0}
 
 
-def _wt_forward(cost, *, mu=0.4, inverse_temperature=3.0, method="exact", max_iter=100, tol=1e-12):
-    result = weight_transport(
-        cost, mu=mu, inverse_temperature=inverse_temperature, method=method,
-        max_iter=max_iter, tol=tol,
-    )
+def _wt_forward(cost, **hyperparameters):
+    result = weight_transport(cost, **hyperparameters)
+    return (result.rho, result.pi), result
+
+
+def _wt_mirror_forward(cost, **hyperparameters):
+    from refdml.gpu.gsp import weight_transport as fast_weight_transport
+
+    result = fast_weight_transport(cost, **hyperparameters)
     return (result.rho, result.pi), result
 
 
@@ -61,8 +72,9 @@ register(OperatorSpec(
     name="gsp.cost_map",
     forward=cost_map_forward,
     backward=cost_map_backward,
-    make_inputs=_pool_inputs,
+    make_inputs=_cost_map_inputs,
     paper="GSP Alg. 2: c_ij = ||wbar_i - fbar_j||, ubar = u / max(1, ||u||)",
+    mirror="refdml.gpu.gsp.cost_map_forward",
 ))
 register(OperatorSpec(
     name="gsp.weight_transport",
@@ -70,6 +82,8 @@ register(OperatorSpec(
     backward=weight_transport_backward,
     make_inputs=_cost_inputs,
     paper="GSP (P2), Prop. 4.2 (exact root of the marginal equation), Prop. 4.3 closed form",
+    mirror="refdml.gradcheck.catalog.gsp._wt_mirror_forward",
+    mirror_backward="refdml.gpu.gsp.weight_transport_backward",
 ))
 register(OperatorSpec(
     name="gsp.weight_transport_unrolled",
@@ -82,22 +96,24 @@ register(OperatorSpec(
 ))
 register(OperatorSpec(
     name="gsp.pool",
-    forward=functools.partial(gsp_pool_forward, mu=0.4, inverse_temperature=3.0),
+    forward=gsp_pool_forward,
     backward=gsp_pool_backward,
     make_inputs=_pool_inputs,
     paper="GSP Alg. 2, Eqs. (4.1) and (4.3) with (P2) and Prop. 4.3",
+    mirror="refdml.gpu.gsp.gsp_pool_forward",
 ))
 register(OperatorSpec(
     name="gsp.pool_gemean",
-    forward=functools.partial(gsp_pool_forward, mu=0.4, inverse_temperature=3.0, p=3.0),
+    forward=gsp_pool_forward,
     backward=gsp_pool_backward,
     make_inputs=_positive_pool_inputs,
     paper="GSP Alg. 2, GeMean + GSP (p > 1) and Eq. (4.3)",
+    mirror="refdml.gpu.gsp.gsp_pool_forward",
 ))
 register(OperatorSpec(
     name="gsp.pool_unrolled",
     forward=functools.partial(
-        gsp_pool_forward, mu=0.4, inverse_temperature=3.0, method="fixed_point", max_iter=6,
+        gsp_pool_forward, method="fixed_point", max_iter=6,
         tol=0.0, backward="unrolled",
     ),
     backward=gsp_pool_backward,

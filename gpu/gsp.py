@@ -1,0 +1,411 @@
+r"""GSP on the fast path: cost map, (P2) weight transport and the pooling layer (GeMean too).
+
+The mirror of :mod:`refdml.gsp` (same names, signatures, result and context types,
+which are the reference's dataclasses holding arrays of the input's module), written
+once against the input's array module (NumPy or CuPy), in the input's dtype (float32
+or float64), batched over images with no Python loop over them. The maths, with its
+derivations, is the reference's (docs/gsp.md); read that first.
+
+Shapes: features ``(B, n, d)``, prototypes ``(m, d)``, cost / pi ``(B, m, n)``, rho
+``(B, n)``, pooled ``(B, d)``, z ``(B, m)``. ``inverse_temperature`` is the paper's ε
+(varepsilon), multiplying the cost (``exp(-ε c)``; GSP's defaults 0.5 with proxy
+losses, 5.0 with pair losses).
+
+What differs from the reference (and why)
+------------------------------------------
+* ``(B, m, n)`` arrays live as ``(B, n, m)`` in memory and are returned as transposed
+  views: the cost map is one ``(B n, d) x (d, m)`` product, the backward two more, and
+  every reduction over prototypes runs along the contiguous axis.
+* Only ``method="exact"`` (the batched solver of :mod:`refdml.gpu._gsp_transport`) and
+  ``backward="closed_form"`` (Prop. 4.3). ``method="fixed_point"`` and
+  ``backward="unrolled"`` check the paper's Alg. 3 and are validation only: a
+  ``ValueError`` says so (use :mod:`refdml.gsp`). So is (P1).
+* float32: a positive ``tol`` below the dtype's residual floor is raised to it (see
+  :func:`refdml.gpu._gsp_transport.residual_floor`, ~7.5e-6 for float32 at m n = 3136).
+* Cost map: the Gram identity is refined from explicit differences where the squared
+  distance is below ``_REFINE[dtype]`` of ``|x|^2 + |y|^2`` (so a float32 cost keeps
+  ~1e-6 relative accuracy next to a prototype); ``CostMapContext.scale`` is a 0-d array
+  of the input's module (the common power of two of the clipped points), not a float,
+  so that it never leaves the device.
+
+Synchronisation on CuPy (the results that must reach Python, and the checks): the
+input checks (finiteness, GeMean's sign; switched off by
+:func:`refdml.gpu._validation.set_finite_checks`), the refinement of the cost map
+(one ``nonzero``), the solver's "every image converged?" test once per few sweeps and
+``WeightTransportResult.converged`` (a Python bool, like the reference's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from refdml._validation import check_choice, check_context, check_scalar
+from refdml._xp import array_namespace
+from refdml.gpu import _gsp_transport as _wt
+from refdml.gpu import _validation
+from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml.gsp._cost import CostMapContext, CostMapGrads
+from refdml.gsp._pool import PoolContext, PoolGrads
+from refdml.gsp._transport import WeightTransportGrads, WeightTransportResult, check_transport_args
+
+__all__ = [
+    "CostMapContext",
+    "CostMapGrads",
+    "PoolContext",
+    "PoolGrads",
+    "WeightTransportGrads",
+    "WeightTransportResult",
+    "cost_map",
+    "cost_map_backward",
+    "cost_map_forward",
+    "gsp_pool",
+    "gsp_pool_backward",
+    "gsp_pool_forward",
+    "residual_floor",
+    "weight_transport",
+    "weight_transport_backward",
+]
+
+residual_floor = _wt.residual_floor
+# Squared distances below this fraction of |x|^2 + |y|^2 are recomputed from differences:
+# the Gram identity's relative error on c is then <= ~u / fraction (u = unit roundoff).
+_REFINE = {np.dtype(np.float32): 0.1, np.dtype(np.float64): 1e-3}
+_VALIDATION_ONLY = "is validation only and has no fast path; use refdml.gsp"
+
+
+# --------------------------------------------------------------------------- checks
+def _checks_data(ns) -> bool:
+    return not ns.on_gpu or _validation.CHECK_FINITE_ON_GPU
+
+
+def _features_prototypes(features, prototypes):
+    ns = array_namespace(features, prototypes)
+    dtype = result_dtype(as_fast_array(features, "features", ndim=3, ns=ns),
+                         as_fast_array(prototypes, "prototypes", ndim=2, ns=ns))
+    features = as_fast_array(features, "features", ndim=3, dtype=dtype, ns=ns)
+    prototypes = as_fast_array(prototypes, "prototypes", ndim=2, dtype=dtype, ns=ns)
+    if features.shape[2] != prototypes.shape[1]:
+        raise ValueError(
+            "features and prototypes must have the same last dimension, got "
+            f"features.shape={tuple(features.shape)}, prototypes.shape={tuple(prototypes.shape)}"
+        )
+    return ns, features, prototypes
+
+
+def _upstream(value, name: str, shape, like, *, allow_none: bool = True):
+    """An upstream gradient: real, exactly ``shape``, finite, cast to ``like``'s dtype."""
+    if value is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{name} must be an array of shape {tuple(shape)}, got None")
+    ns = array_namespace(value, like)
+    array = as_fast_array(value, name, dtype=like.dtype, ns=ns)
+    if tuple(array.shape) != tuple(shape):
+        raise ValueError(
+            f"{name} has shape {tuple(array.shape)}, must be {tuple(shape)} (the shape of the "
+            "forward's output; it is not broadcast)"
+        )
+    return array
+
+
+def _method_backward(method: str, backward: str = "closed_form") -> None:
+    if method != "exact":
+        raise ValueError(f"method == {method!r} {_VALIDATION_ONLY}; the fast path has 'exact'")
+    if backward != "closed_form":
+        raise ValueError(
+            f"backward == {backward!r} {_VALIDATION_ONLY}; the fast path has 'closed_form'"
+        )
+
+
+# --------------------------------------------------------------------------- cost map
+def _row_norm(xp, u):
+    """``||u||`` over the last axis (keepdims), without overflow or underflow of squares.
+
+    The plain sum of squares (one pass) is exact enough wherever it lies in
+    ``[2**-100, max/4]`` of the dtype (float64: ``[2**-900, max/4]``); the rows outside
+    (tiny or huge entries; found with one ``nonzero``) are recomputed divided by a power
+    of two near their largest magnitude (exact).
+    """
+    squares = xp.einsum("...d,...d->...", u, u)
+    info = np.finfo(u.dtype)
+    low = 2.0 ** (-100 if info.bits == 32 else -900)
+    bad = xp.nonzero(~((squares >= low) & (squares <= info.max / 4)))
+    norm = xp.sqrt(squares)
+    if bad[0].size:
+        rows = u[bad]
+        peak = xp.max(xp.abs(rows), axis=-1, keepdims=True)
+        scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), xp.frexp(peak)[1]), 1)
+        scaled = rows / scale
+        norm[bad] = xp.sqrt(xp.einsum("kd,kd->k", scaled, scaled)) * scale[:, 0]
+    return norm[..., None]
+
+
+def _cost_map_forward(xp, features, prototypes):
+    """Cost ``(B, n, m)`` in memory and the reference's ``CostMapContext`` (cost as a view)."""
+    batch, n, d = features.shape
+    m = prototypes.shape[0]
+    dtype = features.dtype
+    features_norm = _row_norm(xp, features)                     # (B, n, 1)
+    prototypes_norm = _row_norm(xp, prototypes)                 # (m, 1)
+    features_bar = features * (1.0 / xp.maximum(features_norm, 1.0))
+    prototypes_bar = prototypes / xp.maximum(prototypes_norm, 1.0)
+    f_len = xp.minimum(features_norm, 1.0)[:, :, 0]             # ||fbar|| (B, n)
+    w_len = xp.minimum(prototypes_norm, 1.0)[:, 0]              # ||wbar|| (m,)
+    # One power of two s with max ||bar|| / s in (0.5, 1] (s = 1 for ordinary input): the
+    # squares of the scaled points neither overflow nor underflow.
+    # (fbar / s) . (wbar / s) = fbar . (wbar / s / s).
+    peak = xp.maximum(xp.max(f_len), xp.max(w_len))
+    mantissa, exponent = xp.frexp(peak)
+    exponent = exponent - (mantissa == 0.5)
+    scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), exponent), 1)
+    f_sq = (f_len / scale) ** 2
+    w_sq = (w_len / scale) ** 2
+    sq = features_bar.reshape(batch * n, d) @ (prototypes_bar * (-2.0 / scale) / scale).T
+    sq = sq.reshape(batch, n, m)
+    sq += f_sq[:, :, None]
+    sq += w_sq
+    # Pairs to refine: a superset of sq < r (|x|^2 + |y|^2) (every negative sq among
+    # them), found row by row: one compare pass, then nonzero on (B, n) and (K, m).
+    small = sq < (_REFINE[np.dtype(dtype)] * (f_sq + xp.max(w_sq)))[:, :, None]
+    b, j = xp.nonzero(xp.any(small, axis=2))
+    if b.size:
+        k, i = xp.nonzero(small[b, j])
+        b, j = b[k], j[k]
+        diff = (features_bar[b, j] - prototypes_bar[i]) / scale
+        sq[b, j, i] = xp.einsum("kd,kd->k", diff, diff)
+    cost_t = xp.sqrt(sq, out=sq)  # >= 0: every sq below the threshold was recomputed
+    if xp is not np or float(scale) != 1.0:  # free on NumPy; a pass saved
+        cost_t *= scale
+    ctx = CostMapContext(
+        features_bar=features_bar, features_norm=features_norm,
+        prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
+        cost=cost_t.transpose(0, 2, 1), scale=scale,
+    )
+    return cost_t, ctx
+
+
+def _distance_weights(xp, ctx: CostMapContext, d_cost_t):
+    """``d_cost / c'`` in place (``c' = c / scale``; 0 where ``c = 0``, the subgradient)."""
+    cost_t = ctx.cost.transpose(0, 2, 1)
+    d_cost_t *= ctx.scale
+    d_cost_t /= xp.where(cost_t > 0, cost_t, np.inf)
+    return d_cost_t
+
+
+def _clip_backward(xp, u_bar, norm, d_bar, extra=None):
+    """``d u`` from ``d ubar`` (identity inside the ball, projected outside); ``+ extra``."""
+    outside = norm > 1.0
+    inverse = 1.0 / xp.maximum(norm, 1.0)
+    radial = xp.einsum("...d,...d->...", u_bar, d_bar)[..., None]
+    d_u = d_bar * inverse
+    d_u -= u_bar * xp.where(outside, radial * inverse, 0)
+    if extra is not None:
+        d_u += extra
+    return d_u
+
+
+def _cost_map_backward(xp, ctx: CostMapContext, weights_t, d_features_extra=None) -> CostMapGrads:
+    """From ``W = d_cost / c'`` (B, n, m), contiguous: the gradients of the raw points.
+
+    ``d ybar_j = r_j y_j - (W x)_j`` (``r_j = sum_i W_ij``) and ``d xbar_i = (sum_j W_ij)
+    x_i - sum_j W_ij y_j`` (summed over the batch), ``x = wbar / s``, ``y = fbar / s``:
+    two matrix products. The features' clip backward is fused into them: with
+    ``k = 1 / max(||f||, 1)`` and ``radial = fbar . d ybar = r ||fbar||^2 / s - fbar . (W x)``,
+    ``d f = k (W x) * (-1) + fbar (k r / s - [||f|| > 1] k radial) (+ extra)``: the
+    (B, n, d) arrays are touched in four passes.
+    """
+    batch, n, m = weights_t.shape
+    d = ctx.features_bar.shape[2]
+    scale = ctx.scale
+    flat = weights_t.reshape(batch * n, m)
+    features_bar = ctx.features_bar
+    # -(W x) with x = wbar / s, as one (B n, m) x (m, d) product.
+    d_features = (flat @ (ctx.prototypes_bar * (-1.0 / scale))).reshape(batch, n, d)
+    row = xp.sum(weights_t, axis=2) / scale                            # r / s (B, n)
+    norm = ctx.features_norm[:, :, 0]
+    inverse = 1.0 / xp.maximum(norm, 1.0)
+    bar_sq = xp.minimum(norm, 1.0) ** 2                                # ||fbar||^2
+    radial = row * bar_sq + xp.einsum("bnd,bnd->bn", features_bar, d_features)
+    coefficient = inverse * (row - xp.where(norm > 1.0, radial, 0))
+    d_features *= inverse[:, :, None]
+    d_features += features_bar * coefficient[:, :, None]
+    if d_features_extra is not None:
+        d_features += d_features_extra
+    d_prototypes_bar = (
+        ctx.prototypes_bar * xp.sum(flat, axis=0)[:, None]
+        - flat.T @ features_bar.reshape(batch * n, d)
+    ) / scale
+    return CostMapGrads(
+        features=d_features,
+        prototypes=_clip_backward(xp, ctx.prototypes_bar, ctx.prototypes_norm, d_prototypes_bar),
+    )
+
+
+def cost_map_forward(features, prototypes) -> tuple[Any, CostMapContext]:
+    """GSP cost map ``c[b, i, j] = || wbar_i - fbar_{b,j} ||`` (Alg. 2); ``(cost, ctx)``.
+
+    As :func:`refdml.gsp.cost_map_forward`; ``cost`` (B, m, n) is a transposed view of
+    a ``(B, n, m)`` array, in the input's dtype and module.
+    """
+    ns, features, prototypes = _features_prototypes(features, prototypes)
+    cost_t, ctx = _cost_map_forward(ns.xp, features, prototypes)
+    return ctx.cost, ctx
+
+
+def cost_map_backward(ctx: CostMapContext, d_cost) -> CostMapGrads:
+    """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d); ``d_cost`` (B, m, n)."""
+    check_context(ctx, "ctx", CostMapContext)
+    d_cost = _upstream(d_cost, "d_cost", ctx.cost.shape, ctx.cost, allow_none=False)
+    xp = array_namespace(d_cost).xp
+    weights_t = xp.array(d_cost.transpose(0, 2, 1), order="C", copy=True)  # scaled in place
+    return _cost_map_backward(xp, ctx, _distance_weights(xp, ctx, weights_t))
+
+
+def cost_map(features, prototypes):
+    """The GSP cost map (no context kept)."""
+    return cost_map_forward(features, prototypes)[0]
+
+
+# --------------------------------------------------------------------------- (P2)
+def weight_transport(
+    cost, *, mu, inverse_temperature, method="exact", max_iter=100, tol=1e-12
+) -> WeightTransportResult:
+    """Solve (P2) for each image; as :func:`refdml.gsp.weight_transport` (``method="exact"``).
+
+    ``cost`` (B, m, n) float32 or float64, NumPy or CuPy; the result's arrays are of
+    that dtype and module (``pi``, ``assignment``: transposed views). ``n_iter`` counts
+    the vectorised Newton sweeps of both phases (all images at once). A positive
+    ``tol`` below :func:`residual_floor` of the dtype is raised to it (``result.tol``).
+    """
+    cost = as_fast_array(cost, "cost", ndim=3)
+    mu, inverse_temperature, method, max_iter, tol = check_transport_args(
+        mu, inverse_temperature, method, max_iter, tol
+    )
+    _method_backward(method)
+    xp = array_namespace(cost).xp
+    return _wt.transport(xp, cost.transpose(0, 2, 1), mu, inverse_temperature, max_iter, tol)
+
+
+def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> WeightTransportGrads:
+    """Prop. 4.3, closed form; as :func:`refdml.gsp.weight_transport_backward`.
+
+    ``d_rho`` (B, n), ``d_pi`` (B, m, n), exactly those shapes; ``None`` means zero.
+    """
+    check_context(result, "result", WeightTransportResult)
+    if result.method != "exact":
+        raise ValueError(
+            f"result.method == {result.method!r}: a fixed-point result {_VALIDATION_ONLY}"
+        )
+    d_rho = _upstream(d_rho, "d_rho", result.rho.shape, result.rho)
+    d_pi = _upstream(d_pi, "d_pi", result.pi.shape, result.pi)
+    xp = array_namespace(result.pi).xp
+    d_rho = xp.zeros_like(result.rho) if d_rho is None else d_rho
+    d_pi = xp.zeros_like(result.pi) if d_pi is None else d_pi
+    return WeightTransportGrads(cost=_wt.closed_form_backward(xp, result, d_rho, d_pi))
+
+
+# --------------------------------------------------------------------------- pooling
+def _power_mean(xp, weighted, p: float):
+    """``((1/n) sum_j y_j^p)^(1/p)`` over axis 1, scaled per (image, channel) by a power of two."""
+    peak = xp.max(weighted, axis=1, keepdims=True)
+    scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), xp.frexp(peak)[1]), 1)
+    scaled = weighted / scale
+    scaled **= p
+    return scale[:, 0, :] * xp.mean(scaled, axis=1) ** (1.0 / p)
+
+
+def gsp_pool_forward(
+    features, prototypes, *, mu, inverse_temperature, p=1.0, method="exact", max_iter=100,
+    tol=1e-12, backward="closed_form",
+) -> tuple[tuple[Any, Any], PoolContext]:
+    """GSP pooling layer (Alg. 2, Eqs. 4.1, 4.3): ``((pooled, z), ctx)``.
+
+    As :func:`refdml.gsp.gsp_pool_forward` (``method="exact"``, ``backward="closed_form"``
+    only; the others are validation only and raise ``ValueError``). Outputs in the
+    input's dtype and module.
+    """
+    ns, features, prototypes = _features_prototypes(features, prototypes)
+    xp = ns.xp
+    mu, inverse_temperature, method, max_iter, tol = check_transport_args(
+        mu, inverse_temperature, method, max_iter, tol
+    )
+    p = check_scalar(p, "p", low=1.0)
+    backward = check_choice(backward, "backward", ("closed_form", "unrolled"))
+    _method_backward(method, backward)
+    if p > 1.0 and _checks_data(ns) and bool(xp.any(features < 0)):
+        bad = tuple(int(i) for i in xp.argwhere(features < 0)[0])
+        raise ValueError(
+            f"features[{bad}] == {features[bad]!r} is negative; p == {p!r} > 1 "
+            "(GeMean) needs non-negative features"
+        )
+    n = features.shape[1]
+    cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
+    result = _wt.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
+    weights = result.transported * (1.0 / mu)
+    if p == 1.0:
+        pooled = (weights[:, None, :] @ features)[:, 0, :] * (1.0 / n)
+    else:
+        pooled = _power_mean(xp, weights[:, :, None] * features, p)
+    z = xp.sum(result.pi.transpose(0, 2, 1), axis=1) * (1.0 / mu)
+    ctx = PoolContext(features, weights, pooled, p, backward, cost_ctx, result)
+    return (pooled, z), ctx
+
+
+def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
+    """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d) of the pooling layer.
+
+    ``d_pooled`` (B, d), ``d_z`` (B, m), exactly those shapes; ``None`` means zero.
+    Fused: ``d_pi = d_z / mu`` is never broadcast to (B, m, n); the (B, n, m) array
+    ``W = d_cost / c'`` is built in three passes over the pi.
+    """
+    check_context(ctx, "ctx", PoolContext)
+    result = ctx.transport
+    d_pooled = _upstream(d_pooled, "d_pooled", ctx.pooled.shape, ctx.pooled)
+    d_z = _upstream(d_z, "d_z", result.pi.shape[:2], ctx.pooled)
+    xp = array_namespace(ctx.pooled).xp
+    features, weights = ctx.features, ctx.weights
+    n = features.shape[1]
+    mu = result.mu
+    d_pooled = xp.zeros_like(ctx.pooled) if d_pooled is None else d_pooled
+    d_z = xp.zeros(result.pi.shape[:2], dtype=ctx.pooled.dtype) if d_z is None else d_z
+    if ctx.p == 1.0:
+        upstream = d_pooled * (1.0 / n)                                    # (B, d)
+        d_weights = (features @ upstream[:, :, None])[:, :, 0]            # (B, n)
+        direct = weights[:, :, None] * upstream[:, None, :]
+    else:
+        # d pooled_c / d x_jc = (1/n) (x_jc / pooled_c)^(p-1), bounded; 0 where pooled_c = 0.
+        pooled = ctx.pooled[:, None, :]
+        positive = pooled > 0
+        ratio = weights[:, :, None] * features
+        ratio /= xp.where(positive, pooled, 1.0)
+        ratio **= ctx.p - 1.0
+        ratio *= xp.where(positive, d_pooled[:, None, :] * (1.0 / n), 0)
+        d_weights = xp.einsum("bnd,bnd->bn", ratio, features)
+        ratio *= weights[:, :, None]
+        direct = ratio
+    d_rho = d_weights * (-n / mu)
+    # Prop. 4.3 with d_pi_ij = d_z_i / mu: pi^T d_pi is a matrix-vector product.
+    pi_t = result.pi.transpose(0, 2, 1)
+    d_column = d_z * (1.0 / mu)                                            # (B, m)
+    weighted_sum = (pi_t @ d_column[:, :, None])[:, :, 0]                  # (B, n)
+    inner = _wt.closed_form_factors(xp, result, d_rho, weighted_sum)
+    # W = d_cost_t / c' = -ε s pi_t (d_column[i] - n inner[j]) / c: three passes.
+    factor = -result.inverse_temperature * ctx.cost.scale
+    weights_t = (factor * d_column)[:, None, :] - (factor * n * inner)[:, :, None]
+    weights_t *= pi_t
+    cost_t = ctx.cost.cost.transpose(0, 2, 1)
+    weights_t /= xp.where(cost_t > 0, cost_t, np.inf)  # 0 where c = 0 (the subgradient)
+    return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
+
+
+def gsp_pool(
+    features, prototypes, *, mu, inverse_temperature, p=1.0, method="exact", max_iter=100,
+    tol=1e-12,
+):
+    """``(pooled, z)`` of the GSP layer (no context kept)."""
+    return gsp_pool_forward(
+        features, prototypes, mu=mu, inverse_temperature=inverse_temperature, p=p,
+        method=method, max_iter=max_iter, tol=tol,
+    )[0]

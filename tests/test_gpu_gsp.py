@@ -1,0 +1,172 @@
+"""refdml.gpu.gsp beyond the parity suite: errors named, float32 at extreme ε, no recomputation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from refdml import gsp as reference
+from refdml.gpu import _gsp_transport
+from refdml.gpu import gsp as fast
+
+
+def _inputs(rng, batch=3, n=6, m=4, d=5, dtype=np.float64):
+    features = rng.standard_normal((batch, n, d)) * rng.uniform(0.3, 2.0, (batch, n, 1))
+    prototypes = rng.standard_normal((m, d))
+    return features.astype(dtype), prototypes.astype(dtype)
+
+
+@pytest.fixture
+def pool32():
+    features, prototypes = _inputs(np.random.default_rng(0), dtype=np.float32)
+    return fast.gsp_pool_forward(features, prototypes, mu=0.3, inverse_temperature=5.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        (dict(features=np.zeros((3, 5))), ValueError, "features must have 3 dimensions"),
+        (dict(prototypes=np.zeros((4, 7))), ValueError, "same last dimension"),
+        (dict(mu=1.5), ValueError, "mu"),
+        (dict(inverse_temperature=0.0), ValueError, "inverse_temperature"),
+        (dict(method="fixed_point"), ValueError, "validation only"),
+        (dict(method="fixed_point", backward="unrolled"), ValueError, "validation only"),
+        (dict(p=0.5), ValueError, "p"),
+        (dict(p=2.0), ValueError, "GeMean"),
+        (dict(features=np.full((3, 6, 5), np.nan)), ValueError, "features must be finite"),
+        (dict(prototypes="abc"), TypeError, "prototypes"),
+    ],
+)
+def test_bad_input_is_named(kwargs, error, words):
+    features, prototypes = _inputs(np.random.default_rng(1))
+    args = dict(features=features, prototypes=prototypes, mu=0.3, inverse_temperature=5.0)
+    args.update(kwargs)
+    with pytest.raises(error, match=words):
+        fast.gsp_pool_forward(**args)
+
+
+def test_bad_upstream_and_context_are_named(pool32):
+    (pooled, z), ctx = pool32
+    with pytest.raises(TypeError, match="ctx must be the PoolContext"):
+        fast.gsp_pool_backward(object(), pooled, z)
+    with pytest.raises(ValueError, match="d_pooled has shape"):
+        fast.gsp_pool_backward(ctx, pooled[:, :2], z)
+    bad = z.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="d_z must be finite"):
+        fast.gsp_pool_backward(ctx, pooled, bad)
+    result = fast.weight_transport(ctx.cost.cost, mu=0.3, inverse_temperature=5.0)
+    with pytest.raises(ValueError, match="d_pi has shape"):
+        fast.weight_transport_backward(result, None, result.rho)
+    with pytest.raises(TypeError, match="result must be the WeightTransportResult"):
+        fast.weight_transport_backward(ctx, None, None)
+
+
+def test_dtype_is_kept_and_none_means_zero(pool32):
+    (pooled, z), ctx = pool32
+    grads = fast.gsp_pool_backward(ctx, None, None)
+    arrays = [pooled, z, grads.features, grads.prototypes, ctx.transport.pi, ctx.transport.rho]
+    assert all(a.dtype == np.float32 for a in arrays)
+    assert_allclose(grads.features, 0.0, atol=0.0)
+    assert_allclose(grads.prototypes, 0.0, atol=0.0)
+
+
+@pytest.mark.parametrize("inverse_temperature", [0.5, 5.0, 50.0, 200.0])
+def test_float32_is_finite_and_converged_at_extreme_inverse_temperature(inverse_temperature):
+    rng = np.random.default_rng(2)
+    features, prototypes = _inputs(rng, batch=8, n=49, m=16, d=8)
+    args = dict(mu=0.3, inverse_temperature=inverse_temperature)
+    (ref_pooled, ref_z), ref_ctx = reference.gsp_pool_forward(features, prototypes, **args)
+    d_pooled, d_z = rng.standard_normal(ref_pooled.shape), rng.standard_normal(ref_z.shape)
+    ref_grads = reference.gsp_pool_backward(ref_ctx, d_pooled, d_z)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ConvergenceWarning, no overflow
+        (pooled, z), ctx = fast.gsp_pool_forward(
+            features.astype(np.float32), prototypes.astype(np.float32), **args
+        )
+        grads = fast.gsp_pool_backward(ctx, d_pooled.astype(np.float32), d_z.astype(np.float32))
+    result = ctx.transport
+    assert result.converged
+    assert result.tol == fast.residual_floor(np.float32, 16, 49)
+    assert np.all(result.residual <= result.tol)
+    for a in (pooled, z, grads.features, grads.prototypes, result.pi, result.rho):
+        assert np.all(np.isfinite(a))
+    # float32 carries ~1e-7 relative on ε c, so the error grows with ε (here <= ~ε * 1e-6).
+    rtol = 1e-5 * max(1.0, inverse_temperature / 5.0)
+    assert_allclose(pooled, ref_pooled, atol=rtol * np.abs(ref_pooled).max())
+    assert_allclose(z, ref_z, atol=rtol * np.abs(ref_z).max())
+    assert_allclose(grads.features, ref_grads.features, atol=rtol * np.abs(ref_grads.features).max())
+
+
+def test_mu_one_is_global_average_pooling():
+    features, prototypes = _inputs(np.random.default_rng(3), dtype=np.float32)
+    (pooled, z), ctx = fast.gsp_pool_forward(features, prototypes, mu=1.0, inverse_temperature=5.0)
+    assert_allclose(pooled, features.mean(axis=1), rtol=1e-6, atol=1e-6)
+    assert ctx.transport.converged and np.all(ctx.transport.rho == 0.0)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e30])
+def test_float32_cost_map_at_extreme_scales(scale):
+    features, prototypes = _inputs(np.random.default_rng(4))
+    features, prototypes = features * scale, prototypes * scale
+    expected, ref_ctx = reference.cost_map_forward(features, prototypes)
+    cost, ctx = fast.cost_map_forward(features.astype(np.float32), prototypes.astype(np.float32))
+    assert_allclose(cost, expected, rtol=1e-5, atol=1e-6 * expected.max())
+    d_cost = np.random.default_rng(5).standard_normal(cost.shape)
+    ref = reference.cost_map_backward(ref_ctx, d_cost)
+    got = fast.cost_map_backward(ctx, d_cost.astype(np.float32))
+    for name in ("features", "prototypes"):
+        want = getattr(ref, name)
+        assert_allclose(getattr(got, name), want, atol=1e-4 * np.abs(want).max())
+
+
+def test_refinement_keeps_float32_cost_accurate_next_to_a_prototype():
+    rng = np.random.default_rng(6)
+    prototypes = rng.standard_normal((4, 16)) * 0.2
+    features = prototypes[None, [0, 1, 2]] + 1e-3 * rng.standard_normal((2, 3, 16))
+    expected = reference.cost_map(features, prototypes)
+    cost = fast.cost_map(features.astype(np.float32), prototypes.astype(np.float32))
+    near = expected < 0.01
+    assert near.sum() == 6
+    assert_allclose(cost[near], expected[near], rtol=1e-4)
+
+
+def test_backward_does_not_recompute_the_forward(pool32, monkeypatch):
+    (pooled, z), ctx = pool32
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the backward recomputed part of the forward")
+
+    for name in ("solve", "log_kernel", "transport"):
+        monkeypatch.setattr(_gsp_transport, name, forbidden)
+    monkeypatch.setattr(fast, "_cost_map_forward", forbidden)
+    monkeypatch.setattr(fast, "_row_norm", forbidden)
+    grads = fast.gsp_pool_backward(ctx, pooled, z)
+    assert np.all(np.isfinite(grads.features))
+
+
+def test_tol_zero_asks_for_no_floor_and_warns_not():
+    cost = np.random.default_rng(7).uniform(0, 2, (4, 5, 6)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = fast.weight_transport(cost, mu=0.3, inverse_temperature=5.0, tol=0.0)
+    assert result.tol == 0.0
+    assert result.converged == bool(np.all(result.residual == 0.0))
+
+
+def test_import_without_cupy():
+    code = (
+        "import sys; sys.modules['cupy'] = None\n"
+        "import numpy as np\n"
+        "from refdml.gpu import gsp, cupy_available\n"
+        "assert not cupy_available()\n"
+        "(p, z), ctx = gsp.gsp_pool_forward(np.ones((1, 2, 3), np.float32), np.eye(3, dtype=np.float32),"
+        " mu=0.5, inverse_temperature=1.0)\n"
+        "assert p.dtype == np.float32\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
