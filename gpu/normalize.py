@@ -53,9 +53,11 @@ def _tangent(xp: Any, y: Any, d_y: Any) -> Any:
     return d_y - y * xp.sum(y * d_y, axis=-1, keepdims=True)
 
 
-def _l2_forward(ns: ArrayNamespace, x: Any, name: str = "x") -> tuple[Any, L2NormalizeContext]:
+def _l2_forward(
+    ns: ArrayNamespace, x: Any, name: str = "x", why: str = _ZERO_WHY
+) -> tuple[Any, L2NormalizeContext]:
     """Kernel of ``l2_normalize_forward`` on a checked array (used by distances, losses)."""
-    check_nonzero_rows(ns.xp, x, name, why=_ZERO_WHY, ns=ns)
+    check_nonzero_rows(ns.xp, x, name, why=why, ns=ns)
     y, scale, scaled_norm = _scaled_direction(ns.xp, x)
     return y, L2NormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm)
 
