@@ -73,13 +73,13 @@ def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tup
         weight = xp.ones(terms.shape, dtype=bool)
     else:
         weight = exists
-    weight = weight.astype(terms.dtype)
     if reduction == "sum":
         count = xp.ones((), dtype=terms.dtype)
     elif reduction == "mean" and exists is None:
         count = xp.asarray(max(terms.size, 1), dtype=terms.dtype)
     else:
-        count = xp.maximum(xp.sum(weight), 1)
+        count = xp.maximum(xp.count_nonzero(weight), 1).astype(terms.dtype)
+    weight = weight.astype(terms.dtype)
     value = xp.sum(terms, dtype=xp.float64) / count.astype(xp.float64)
     return value, weight / count
 
@@ -122,9 +122,10 @@ def self_pairwise_backward(xp: Any, metric_ctx: Any, g: Any) -> Any:
     sym = g + g.T
     if isinstance(metric_ctx, CosineContext):
         return _l2_backward(xp, metric_ctx.x_norm_ctx, sym @ metric_ctx.x_unit)
-    positive = metric_ctx.distance > 0
-    w = xp.where(positive, sym / xp.where(positive, metric_ctx.distance, 1), 0)
-    w = w.astype(g.dtype, copy=False)
+    distance = metric_ctx.distance
+    positive = distance > 0
+    one, zero = g.dtype.type(1), g.dtype.type(0)
+    w = xp.where(positive, sym / xp.where(positive, distance, one), zero)
     return w.sum(axis=1)[:, None] * metric_ctx.x - w @ metric_ctx.x
 
 

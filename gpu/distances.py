@@ -93,10 +93,10 @@ def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
     x_sq = xp.sum(x * x, axis=-1)
     y_sq = xp.sum(y * y, axis=-1)
     sq = x_sq[..., :, None] + y_sq[..., None, :] - 2 * (x @ xp.swapaxes(y, -1, -2))
-    sq = xp.maximum(sq, 0)
+    sq = xp.maximum(sq, sq.dtype.type(0))
     if self_pairs:
-        n = sq.shape[-1]
-        sq = xp.where(xp.eye(n, dtype=bool), xp.zeros_like(sq), sq)
+        diagonal = xp.arange(sq.shape[-1])
+        sq[..., diagonal, diagonal] = 0
     return sq
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from refdml._validation import check_choice, check_scalar
 from refdml._xp import ArrayNamespace, array_namespace
 from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
@@ -38,7 +40,8 @@ from refdml.gpu._loss_kernels import (
     self_pairwise_backward,
 )
 from refdml.gpu._validation import as_fast_array, result_dtype
-from refdml.gpu.distances import _cosine_forward
+from refdml.distances import CosineContext
+from refdml.gpu.normalize import _quiet
 from refdml.losses import LossGrads, PairwiseLossContext, ProxyLossContext, ProxyLossGrads
 from refdml.losses._common import check_loss_context, check_reduction
 from refdml.losses._hyperparameters import CONTRASTIVE_DEFAULTS
@@ -74,6 +77,8 @@ __all__ = [
 _FORMS = ("euclidean", "cosine")
 _MINING = ("all", "batch_hard")
 _SOFT_TRIPLE_EPS = 1e-5  # as in the reference (the authors' code)
+# Largest 2 / gamma for which exp(-2 / gamma) is a normal number with room to spare.
+_SHIFT_LIMIT = {"float32": 80.0, "float64": 700.0}
 
 
 # ----------------------------------------------------------------------- input checks
@@ -159,10 +164,15 @@ def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, 
         sign = -1.0
     upper = _upper(xp, n)
     same = labels[:, None] == labels[None, :]
-    pre = xp.where(same, sign * (matrix - pos_margin), sign * (neg_margin - matrix))
-    terms = xp.where(upper, xp.maximum(pre, 0), 0).astype(x.dtype, copy=False)
+    one = x.dtype.type(1)
+    # iota = +1 positives, -1 negatives: pre = sign iota (matrix - margin of the pair).
+    signed = xp.where(same, x.dtype.type(sign), x.dtype.type(-sign))
+    margin = xp.where(same, x.dtype.type(pos_margin), x.dtype.type(neg_margin))
+    pre = signed * (matrix - margin)
+    active = (pre > 0) & upper
+    terms = xp.where(active, pre, x.dtype.type(0))
     value, d_terms = reduce_terms(xp, terms, reduction, upper)
-    slope = xp.where(upper & (pre > 0), xp.where(same, sign, -sign), 0).astype(x.dtype)
+    slope = xp.where(active, signed, x.dtype.type(0)) * one
     ctx = PairwiseLossContext(loss, metric_ctx, d_terms * slope, scale)
     return scalar_value(value, reduction), ctx
 
@@ -445,26 +455,37 @@ def soft_triple_forward(embeddings, labels, *, proxies, proxy_labels=None, lambd
     xp = ns.xp
     s, cosine_ctx = cross_cosine(ns, x, p)
     classes = xp.unique(p_labels)
-    member = classes[:, None] == p_labels[None, :]                        # (C, m)
-    _, q = masked_logsumexp(xp, (s / gamma)[:, None, :], member[None, :, :])  # (n, C, m)
-    weight = xp.sum(q, axis=1)                                            # q_ik, (n, m)
-    relaxed = xp.sum(q * s[:, None, :], axis=2)                           # (n, C)
+    member = (classes[:, None] == p_labels[None, :]).astype(x.dtype)   # (C, m)
+    if 2 / gamma <= _SHIFT_LIMIT[np.dtype(x.dtype).name]:
+        # s in [-1, 1]: one shift 1 / gamma for every class keeps exp(s / gamma - 1 / gamma)
+        # in [exp(-2 / gamma), 1], normal numbers; class sums are one matrix product.
+        with _quiet(xp):
+            weights = xp.exp((s - 1) / gamma)
+        total = weights @ member.T                                        # (n, C)
+        relaxed = ((weights * s) @ member.T) / total
+        weight = weights / (total @ member)                               # q_ik, (n, m)
+    else:
+        # Small gamma: the per-class shift of the masked log-sum-exp, an (n, C, m) block.
+        _, q = masked_logsumexp(xp, (s / gamma)[:, None, :], member[None, :, :] > 0)
+        weight = xp.sum(q, axis=1)
+        relaxed = xp.sum(q * s[:, None, :], axis=2)
     own = y[:, None] == classes[None, :]
     logits = lambda_ * (relaxed - delta * own)
     lse, softmax = masked_logsumexp(xp, logits)
     terms = xp.maximum(lse - xp.sum(xp.where(own, logits, 0), axis=1), 0)
     value, d_terms = reduce_terms(xp, terms, reduction)
     d_relaxed = lambda_ * d_terms[:, None] * (softmax - own)
-    member_f = member.astype(x.dtype)
-    d_similarity = (d_relaxed @ member_f) * weight * (1 + (s - relaxed @ member_f) / gamma)
+    d_similarity = (d_relaxed @ member) * weight * (1 + (s - relaxed @ member) / gamma)
     if tau == 0.0:
         ctx = _proxy_ctx("soft_triple", x, p, cosine_ctx, d_similarity)
         return scalar_value(value, reduction), ctx
     # Regulariser over the pairs t < s of centres of one class (none: 0, no sync needed).
-    counts = xp.sum(member_f, axis=1)
+    counts = xp.sum(member, axis=1)
     denominator = xp.sum(counts * (counts - 1))
     safe = xp.maximum(denominator, 1)
-    center_sim, center_ctx = _cosine_forward(ns, p, p)
+    p_unit, p_norm_ctx = cosine_ctx.y_unit, cosine_ctx.y_norm_ctx
+    center_sim = p_unit @ p_unit.T
+    center_ctx = CosineContext(p_unit, p_unit, p_norm_ctx, p_norm_ctx, tuple(center_sim.shape))
     pairs = (p_labels[:, None] == p_labels[None, :]) & _upper(xp, p.shape[0])
     root = xp.sqrt(xp.where(pairs, 2 + _SOFT_TRIPLE_EPS - 2 * center_sim, 1))
     value = value + tau * xp.sum(xp.where(pairs, root, 0), dtype=xp.float64) / safe
