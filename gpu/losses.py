@@ -274,10 +274,11 @@ def _triplet_forward(ns, x, labels, margin, mining, reduction):
         pre = d_ap - d_an + margin
         terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(x.dtype, copy=False)
         value, d_terms = reduce_terms(xp, terms, reduction, valid)
-        active = xp.where(pre > 0, d_terms, 0).astype(x.dtype, copy=False)[:, None]
-        cols = xp.arange(n)[None, :]
-        d_matrix = ((cols == pos[:, None]) * active - (cols == neg[:, None]) * active)
-        d_matrix = d_matrix.astype(x.dtype, copy=False)
+        active = xp.where(pre > 0, d_terms, x.dtype.type(0))
+        # pos != neg on every row (same class vs not): the two assignments never collide.
+        d_matrix = xp.zeros((n, n), dtype=x.dtype)
+        d_matrix[rows[:, 0], pos] = active
+        d_matrix[rows[:, 0], neg] = -active
     ctx = PairwiseLossContext("triplet", metric_ctx, d_matrix, scale)
     return scalar_value(value, reduction), ctx
 
