@@ -89,19 +89,25 @@ def _check_fit_inputs(Z, Y, ridge, Z_name="Z", Y_name="Y"):
     return ns, Z, Y, ridge
 
 
-def _ridge_forward(ns: ArrayNamespace, Z, Y, ridge: float, form: str, name: str = "Z"):
-    """Kernel of :func:`ridge_fit_forward` on checked input (used by crossbatch too)."""
+def _scaling(ns: ArrayNamespace, Z: Any, Y: Any, ridge: float):
+    """The reference's ``Scaling`` of ``(Z, Y, ridge)``: ``max|Z|``, ``max|Y|`` on the host
+    (one synchronisation), then exact powers of two; and ``max|Z|`` for error messages."""
     xp = ns.xp
-    peaks = [float(v) for v in xp.stack([xp.max(xp.abs(Z)), xp.max(xp.abs(Y))])]  # one sync
-    scaling = scaling_for(np.asarray(peaks[0]), np.asarray(peaks[1]), ridge)
-    Zs = xp.ldexp(Z, -scaling.log2_t).astype(Z.dtype, copy=False)
-    Ys = xp.ldexp(Y, -scaling.log2_s).astype(Y.dtype, copy=False)
+    peaks = [float(v) for v in xp.stack([xp.max(xp.abs(Z)), xp.max(xp.abs(Y))])]
+    return scaling_for(np.asarray(peaks[0]), np.asarray(peaks[1]), ridge), peaks[0]
+
+
+def _fit_normalised(ns: ArrayNamespace, Zs, Ys, scaling, form: str, name: str, ridge: float,
+                    peak: float) -> NormalisedFit:
+    """Solve ``M_n W_n = Zs^T Ys`` in the requested form (named ValueError if singular)."""
+    xp = ns.xp
     b, m = Zs.shape
     if form == "auto":
         form = "primal" if m <= b else "kernel"
     omega, rho = scaling.omega, scaling.rho
     gram = Zs.T @ Zs if form == "primal" else Zs @ Zs.T
-    matrix = Z.dtype.type(omega) * gram + Z.dtype.type(rho) * xp.eye(gram.shape[0], dtype=Z.dtype)
+    dtype = Zs.dtype.type
+    matrix = dtype(omega) * gram + dtype(rho) * xp.eye(gram.shape[0], dtype=Zs.dtype)
     what = f"{name}^T {name} + ridge I" if form == "primal" else f"{name} {name}^T + ridge I"
     singular = data_checks(ns) and not _definite(ns, matrix, rho)
     if not singular:
@@ -112,9 +118,9 @@ def _ridge_forward(ns: ArrayNamespace, Z, Y, ridge: float, form: str, name: str 
     if singular:
         raise ValueError(
             f"{what} ({form} form) is numerically singular: ridge == {ridge!r} is below the "
-            f"rounding level of the Gram matrix of {name} (max |{name}| == {peaks[0]:.3g}) "
+            f"rounding level of the Gram matrix of {name} (max |{name}| == {peak:.3g}) "
             f"and {name} is (numerically) rank deficient, so the ridge fit is not determined "
-            f"in {np.dtype(Z.dtype).name}; use a larger ridge"
+            f"in {np.dtype(Zs.dtype).name}; use a larger ridge"
         )
     if form == "primal":
         W = _cho_solve(ns, factor, Zs.T @ Ys)
@@ -122,10 +128,22 @@ def _ridge_forward(ns: ArrayNamespace, Z, Y, ridge: float, form: str, name: str 
     else:
         kernel_solution = _cho_solve(ns, factor, Ys)
         W = Zs.T @ kernel_solution
-    fit = NormalisedFit(Zs, Ys, W, form, factor, kernel_solution, omega)
-    V = _times_pow2(ns, W, scaling.omega_mantissa,
+    return NormalisedFit(Zs, Ys, W, form, factor, kernel_solution, omega)
+
+
+def _pow2_scaled(xp: Any, x: Any, log2: int) -> Any:
+    return xp.ldexp(x, -log2).astype(x.dtype, copy=False)
+
+
+def _ridge_forward(ns: ArrayNamespace, Z, Y, ridge: float, form: str, name: str = "Z"):
+    """Kernel of :func:`ridge_fit_forward` on checked input."""
+    xp = ns.xp
+    scaling, peak = _scaling(ns, Z, Y, ridge)
+    Zs, Ys = _pow2_scaled(xp, Z, scaling.log2_t), _pow2_scaled(xp, Y, scaling.log2_s)
+    fit = _fit_normalised(ns, Zs, Ys, scaling, form, name, ridge, peak)
+    V = _times_pow2(ns, fit.W, scaling.omega_mantissa,
                     scaling.log2_s - scaling.log2_t + scaling.omega_exponent, "V")
-    return V, RidgeContext(fit=fit, scaling=scaling, form=form, shape=tuple(V.shape))
+    return V, RidgeContext(fit=fit, scaling=scaling, form=fit.form, shape=tuple(V.shape))
 
 
 def _fit_backward(ns: ArrayNamespace, fit: NormalisedFit, d_W: Any) -> tuple[Any, Any]:
