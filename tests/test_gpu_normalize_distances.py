@@ -79,7 +79,7 @@ def test_import_without_cupy():
     code = (
         "import sys; sys.modules['cupy'] = None\n"
         "import numpy as np\n"
-        "from refdml.gpu import normalize, distances, losses\n"
+        "from refdml.gpu import normalize, distances, losses, histogram, prototypes, crossbatch\n"
         "assert 'cupy' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
         "print(distances.cosine(np.eye(2), np.eye(2)).sum())\n"
     )
