@@ -7,7 +7,9 @@
 Each section times the reference (float64 NumPy) and the fast path on NumPy float32 (and
 float64) on the same data in this one process, repeats interleaved, and prints medians
 and the ratio reference / fast path: comparable even on a busy machine (the absolute
-times are not). One function per family (``bench_<family>``), so sections merge cleanly.
+times are not). On a loaded machine pin BLAS to one thread
+(``OPENBLAS_NUM_THREADS=1``): multi-threaded OpenBLAS on busy cores makes 0.3 ms matrix
+products take 5 ms at random. One function per family (``bench_<family>``), so sections merge cleanly.
 """
 
 from __future__ import annotations
