@@ -60,6 +60,7 @@ def _xml_inputs(rng: np.random.Generator) -> dict:
 register(OperatorSpec(
     name="crossbatch.cross_fit",
     forward=cross_fit_forward,
+    mirror="refdml.gpu.crossbatch.cross_fit_forward",
     backward=cross_fit_backward,
     make_inputs=_cross_fit_inputs,
     paper="XML Eq. (2.10) predictions Y_hat_1 = V_2 Z_1, Y_hat_2 = V_1 Z_2; GSP Alg. 4",
@@ -67,6 +68,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="crossbatch.zero_shot_loss",
     forward=zero_shot_loss_forward,
+    mirror="refdml.gpu.crossbatch.zero_shot_loss_forward",
     backward=zero_shot_loss_backward,
     make_inputs=_zero_shot_inputs,
     paper="GSP Sec. 4.3, (P3) and Algorithm 4 (softmax cross-entropy, scale 9.5)",
@@ -84,6 +86,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="crossbatch.xml_loss",
     forward=xml_loss_forward,
+    mirror="refdml.gpu.crossbatch.xml_loss_forward",
     backward=xml_loss_backward,
     make_inputs=_xml_inputs,
     paper="XML Eqs. (2.10)-(2.11) with the contrastive base loss",

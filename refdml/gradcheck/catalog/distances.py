@@ -30,4 +30,5 @@ for _name, _forward, _backward, _paper in (
 ):
     register(OperatorSpec(
         name=_name, forward=_forward, backward=_backward, make_inputs=_two_sets, paper=_paper,
+        mirror=f"refdml.gpu.distances.{_name.split('.')[1]}_forward",
     ))

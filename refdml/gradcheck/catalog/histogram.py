@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from refdml.gradcheck.catalog import OperatorSpec, register
@@ -20,7 +18,11 @@ from refdml.histogram import (
 
 
 def _entropic_inputs(rng: np.random.Generator) -> dict:
-    return {"features": rng.standard_normal((2, 4, 3)), "prototypes": rng.standard_normal((3, 3))}
+    return {
+        "features": rng.standard_normal((2, 4, 3)),
+        "prototypes": rng.standard_normal((3, 3)),
+        "inverse_temperature": 2.0,
+    }
 
 
 def _combination_inputs(rng: np.random.Generator) -> dict:
@@ -29,9 +31,10 @@ def _combination_inputs(rng: np.random.Generator) -> dict:
 
 register(OperatorSpec(
     name="histogram.entropic",
-    forward=functools.partial(histogram_entropic_forward, inverse_temperature=2.0),
+    forward=histogram_entropic_forward,
     backward=histogram_entropic_backward,
     make_inputs=_entropic_inputs,
+    mirror="refdml.gpu.histogram.histogram_entropic_forward",
     paper="XML Eq. (2.4), softmax solution (constraint sum_i pi_ij = 1/n)",
 ))
 register(OperatorSpec(
@@ -39,5 +42,6 @@ register(OperatorSpec(
     forward=convex_combination_forward,
     backward=convex_combination_backward,
     make_inputs=_combination_inputs,
+    mirror="refdml.gpu.histogram.convex_combination_forward",
     paper="XML Eq. (2.3): y_hat = sum_k z_k nu_k",
 ))

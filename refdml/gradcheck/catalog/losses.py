@@ -148,4 +148,5 @@ for _name, _forward, _backward, _make, _paper in (
     register(OperatorSpec(
         name=f"losses.{_name}", forward=_forward, backward=_backward, make_inputs=_make,
         paper=_paper, tags=("loss",),
+        mirror=f"refdml.gpu.losses.{_forward.__name__}",
     ))

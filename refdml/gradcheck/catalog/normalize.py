@@ -25,6 +25,7 @@ register(OperatorSpec(
     name="normalize.clip_normalize",
     forward=clip_normalize_forward,
     backward=clip_normalize_backward,
+    mirror="refdml.gpu.normalize.clip_normalize_forward",
     make_inputs=_mixed_norm_vectors,
     paper="GSP Alg. 2 normalisation; ASAP Sec. 4.4",
 ))
@@ -32,6 +33,7 @@ register(OperatorSpec(
     name="normalize.l2_normalize",
     forward=l2_normalize_forward,
     backward=l2_normalize_backward,
+    mirror="refdml.gpu.normalize.l2_normalize_forward",
     make_inputs=_mixed_norm_vectors,
     paper="L2 normalisation of embeddings",
 ))

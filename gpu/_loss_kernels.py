@@ -1,0 +1,146 @@
+"""Pieces of :mod:`refdml.gpu.losses`: the masked log-sum-exp, the reductions, the
+pairwise matrices the losses see the embeddings through, and their backward.
+
+``masked_logsumexp`` is the one reduction every softmax-type loss goes through
+(multi-similarity, Proxy-Anchor, ProxyNCA++, SoftTriple): a fused CuPy
+``ReductionKernel`` (issue 10) is to replace its body, with this array code as its
+fallback and parity twin; keep its signature.
+
+Scale: the Euclidean losses use :func:`refdml.gpu.distances._pairwise_norm` (one common
+power of two, exact); the cosine losses use :func:`refdml.gpu.normalize._l2_forward`
+(a power of two per row, exact), so the gradient with respect to the raw rows needs no
+further factor and ``row_scale`` / ``embedding_scale`` / ``proxy_scale`` in the
+reference's contexts are ones here. A set compared with itself is normalised once, and
+its backward adds the two arguments' gradients in one matrix product.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from refdml._xp import ArrayNamespace
+from refdml.distances import CosineContext, EuclideanContext
+from refdml.gpu._fast_checks import data_checks
+from refdml.gpu.distances import _cosine_backward, _pairwise_norm
+from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet
+
+__all__ = ["COSINE_WHY", "cosine_backward_sum", "cross_cosine", "masked_logsumexp",
+           "reduce_terms", "scalar_value", "self_cosine", "self_euclidean",
+           "self_pairwise_backward"]
+
+COSINE_WHY = "cosine similarity needs non-zero vectors"  # the reference's wording
+
+
+def masked_logsumexp(
+    xp: Any, z: Any, mask: Any = None, *, axis: int = -1, extra_zero: bool = False
+) -> tuple[Any, Any]:
+    """``log(sum_{mask} exp(z))`` along ``axis`` and the softmax of the masked entries.
+
+    ``extra_zero=True`` adds one more logit 0 to every row (``log(1 + sum exp z)``; its own
+    weight is not returned). A row with nothing in it gives ``-inf`` (``0`` with
+    ``extra_zero``) and zero weights, never NaN. Returns ``(lse, softmax)``; ``lse`` drops
+    ``axis``. Entries of ``z`` outside ``mask`` are never read into the result.
+    """
+    masked = z if mask is None else xp.where(mask, z, -xp.inf).astype(z.dtype, copy=False)
+    shift = xp.max(masked, axis=axis, keepdims=True)
+    if extra_zero:
+        shift = xp.maximum(shift, 0)
+    else:
+        shift = xp.where(xp.isfinite(shift), shift, 0).astype(z.dtype, copy=False)
+    with _quiet(xp):
+        weights = xp.exp(masked - shift)
+        total = xp.sum(weights, axis=axis, keepdims=True)
+        if extra_zero:
+            total = total + xp.exp(-shift)
+        lse = xp.log(total) + shift
+    softmax = weights / xp.where(total > 0, total, xp.ones_like(total))
+    return xp.squeeze(lse, axis=axis), softmax
+
+
+def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tuple[Any, Any]:
+    """Reduce the non-negative ``terms`` that ``exists`` (bool, default all); return the
+    value (0-d float64 array, not yet synchronised) and d value / d terms (dtype of terms).
+
+    ``"mean"`` divides by the number of existing terms, ``"mean_nonzero"`` by the number
+    of strictly positive ones, ``"sum"`` by 1; no term at all gives 0 and zero weights.
+    The sum is accumulated in float64 (float32 terms cannot overflow it).
+    """
+    if reduction == "mean_nonzero":
+        weight = terms > 0
+    elif exists is None:
+        weight = xp.ones(terms.shape, dtype=bool)
+    else:
+        weight = exists
+    if reduction == "sum":
+        count = xp.ones((), dtype=terms.dtype)
+    elif reduction == "mean" and exists is None:
+        count = xp.asarray(max(terms.size, 1), dtype=terms.dtype)
+    else:
+        count = xp.maximum(xp.count_nonzero(weight), 1).astype(terms.dtype)
+    weight = weight.astype(terms.dtype)
+    value = xp.sum(terms, dtype=xp.float64) / count.astype(xp.float64)
+    return value, weight / count
+
+
+def scalar_value(value: Any, reduction: str) -> float:
+    """The loss value as a Python float: the one synchronisation of a loss forward."""
+    out = float(value)
+    if not np.isfinite(out):
+        raise ValueError(
+            f"the loss value (reduction={reduction!r}) exceeds the float64 range: the "
+            "embeddings are too far apart"
+        )
+    return out
+
+
+def self_euclidean(ns: ArrayNamespace, x: Any) -> tuple[Any, EuclideanContext, Any]:
+    """``D_ij = ||x_i - x_j||`` (exact 0 diagonal); ``(D, ctx, ones((n, 1)))``."""
+    xp = ns.xp
+    distance = _pairwise_norm(xp, x, x, self_pairs=True)
+    if data_checks(ns) and not bool(xp.all(xp.isfinite(distance))):
+        raise ValueError(
+            "embeddings has pairwise distances beyond the "
+            f"{np.dtype(x.dtype).name} range (max |entry| == {float(xp.max(xp.abs(x))):.3g})"
+        )
+    ones = xp.ones((x.shape[0], 1), dtype=x.dtype)
+    return distance, EuclideanContext(x=x, y=x, distance=distance), ones
+
+
+def self_cosine(ns: ArrayNamespace, x: Any) -> tuple[Any, CosineContext, Any]:
+    """``S_ij = cos(x_i, x_j)``, one normalisation; ``(S, ctx, ones((n, 1)))``."""
+    xp = ns.xp
+    unit, norm_ctx = _l2_forward(ns, x, "embeddings", COSINE_WHY)
+    similarity = unit @ unit.T
+    ctx = CosineContext(unit, unit, norm_ctx, norm_ctx, tuple(similarity.shape))
+    return similarity, ctx, xp.ones((x.shape[0], 1), dtype=x.dtype)
+
+
+def self_pairwise_backward(xp: Any, metric_ctx: Any, g: Any) -> Any:
+    """Gradient with respect to ``x`` of ``<g, M(x, x)>`` (both arguments), one matmul."""
+    sym = g + g.T
+    if isinstance(metric_ctx, CosineContext):
+        return _l2_backward(xp, metric_ctx.x_norm_ctx, sym @ metric_ctx.x_unit)
+    distance = metric_ctx.distance
+    positive = distance > 0
+    one, zero = g.dtype.type(1), g.dtype.type(0)
+    w = xp.where(positive, sym / xp.where(positive, distance, one), zero)
+    return w.sum(axis=1)[:, None] * metric_ctx.x - w @ metric_ctx.x
+
+
+def cosine_backward_sum(xp: Any, ctx: CosineContext, g: Any):
+    """``(d_x, d_y)`` of ``<g, cos(x, y)>`` (the mirror's cosine backward kernel)."""
+    grads = _cosine_backward(xp, ctx, g)
+    return grads.x, grads.y
+
+
+def cross_cosine(ns: ArrayNamespace, x: Any, p: Any) -> tuple[Any, CosineContext]:
+    """``cos(x_i, p_k)``; the names ``embeddings`` / ``proxies`` in zero-row errors."""
+    xp = ns.xp
+    x_unit, x_ctx = _l2_forward(ns, x, "embeddings", COSINE_WHY)
+    p_unit, p_ctx = _l2_forward(ns, p, "proxies", COSINE_WHY)
+    similarity = x_unit @ p_unit.T
+    return similarity, CosineContext(x_unit, p_unit, x_ctx, p_ctx, tuple(similarity.shape))
+
+

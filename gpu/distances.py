@@ -1,0 +1,220 @@
+"""Fast-path mirror of :mod:`refdml.distances` (NumPy or CuPy, float32 or float64).
+
+Same names, shapes, broadcasting and contexts as the reference. The squared distances
+come from the Gram identity ``|x|^2 + |y|^2 - 2 x y^T`` (one matrix product: the fast
+part) after both sets are divided by one power of two ``s`` held as a 0-d array of the
+input's module (exact, no synchronisation), so the squares stay in range in float32 too.
+Unlike the reference, nearby pairs are not recomputed from explicit differences (that
+needs data-dependent shapes): the absolute error of ``D_ij^2`` is ~ ``eps (|x_i|^2 +
+|y_j|^2)``, i.e. relative to the largest distance it is at the dtype's precision, which
+is what the parity suite measures; a pair closer than ~ ``sqrt(eps) |x|`` is not
+resolved (the reference resolves it). For the distances of a set with itself
+(``self_pairs=True`` in the private kernels, used by the losses) the diagonal is exactly 0.
+
+``sq_euclidean`` raises ``ValueError`` where a squared distance exceeds the dtype's range
+(one synchronisation on CuPy, see :mod:`refdml.gpu._fast_checks`); ``cosine`` refuses zero
+rows like :func:`refdml.gpu.normalize.l2_normalize`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from refdml._validation import check_context
+from refdml._xp import ArrayNamespace, array_namespace
+from refdml.distances import CosineContext, DistanceGrads, EuclideanContext, SqEuclideanContext
+from refdml.gpu._fast_checks import check_fast_upstream, data_checks
+from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet
+
+__all__ = [
+    "CosineContext",
+    "DistanceGrads",
+    "EuclideanContext",
+    "SqEuclideanContext",
+    "cosine",
+    "cosine_backward",
+    "cosine_forward",
+    "euclidean",
+    "euclidean_backward",
+    "euclidean_forward",
+    "sq_euclidean",
+    "sq_euclidean_backward",
+    "sq_euclidean_forward",
+]
+
+
+def _check_pair(x, y) -> tuple[ArrayNamespace, Any, Any]:
+    ns = array_namespace(x, y)
+    dtype = result_dtype(x, y) if hasattr(x, "dtype") and hasattr(y, "dtype") else None
+    x = as_fast_array(x, "x", min_ndim=2, dtype=dtype, ns=ns)
+    y = as_fast_array(y, "y", min_ndim=2, dtype=x.dtype, ns=ns)
+    if x.shape[-1] != y.shape[-1]:
+        raise ValueError(
+            f"x and y must have the same last dimension, got x.shape={tuple(x.shape)}, "
+            f"y.shape={tuple(y.shape)}"
+        )
+    try:
+        np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    except ValueError:
+        raise ValueError(
+            f"leading dimensions of x {tuple(x.shape[:-2])} and y {tuple(y.shape[:-2])} "
+            "do not broadcast"
+        ) from None
+    return ns, x, y
+
+
+def _sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
+    extra = grad.ndim - len(shape)
+    if extra:
+        grad = grad.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
+    if axes:
+        grad = grad.sum(axis=axes, keepdims=True)
+    return grad
+
+
+def common_scale(xp: Any, *arrays: Any) -> Any:
+    """0-d power of two ``s`` (dtype of the arrays) with ``max|a| / s`` in [0.5, 1), 1 for
+    zeros; capped at the top binade like :func:`refdml._numerics.common_scale`."""
+    peak = arrays[0].dtype.type(0)
+    for a in arrays:
+        peak = xp.maximum(peak, xp.max(xp.abs(a)))
+    top = np.finfo(arrays[0].dtype).maxexp - 1
+    exponent = xp.minimum(xp.frexp(peak)[1], top)
+    one = xp.ones_like(peak)
+    return xp.where(peak > 0, xp.ldexp(one, exponent), one)
+
+
+def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
+    """Gram-identity squared distances of inputs of magnitude at most 1, clipped at 0."""
+    x_sq = xp.sum(x * x, axis=-1)
+    y_sq = xp.sum(y * y, axis=-1)
+    sq = x_sq[..., :, None] + y_sq[..., None, :] - 2 * (x @ xp.swapaxes(y, -1, -2))
+    sq = xp.maximum(sq, sq.dtype.type(0))
+    if self_pairs:
+        diagonal = xp.arange(sq.shape[-1])
+        sq[..., diagonal, diagonal] = 0
+    return sq
+
+
+def _pairwise_norm(xp: Any, x: Any, y: Any, self_pairs: bool = False) -> Any:
+    scale = common_scale(xp, x, y)
+    with _quiet(xp):
+        return scale * xp.sqrt(_scaled_sq(xp, x / scale, y / scale, self_pairs))
+
+
+def _pairwise_sq(xp: Any, x: Any, y: Any) -> Any:
+    scale = common_scale(xp, x, y)
+    with _quiet(xp):
+        # (sq * s) * s: inf only where the true value exceeds the range (sq <= ~4).
+        return _scaled_sq(xp, x / scale, y / scale, False) * scale * scale
+
+
+def _euclidean_forward(
+    ns: ArrayNamespace, x: Any, y: Any, self_pairs: bool = False
+) -> tuple[Any, EuclideanContext]:
+    distance = _pairwise_norm(ns.xp, x, y, self_pairs)
+    return distance, EuclideanContext(x=x, y=y, distance=distance)
+
+
+def _euclidean_backward(xp: Any, ctx: EuclideanContext, g: Any) -> DistanceGrads:
+    positive = ctx.distance > 0
+    w = xp.where(positive, g / xp.where(positive, ctx.distance, xp.ones_like(g)), 0)
+    w = w.astype(ctx.distance.dtype, copy=False)
+    d_x = w.sum(axis=-1)[..., None] * ctx.x - w @ ctx.y
+    d_y = w.sum(axis=-2)[..., None] * ctx.y - xp.swapaxes(w, -1, -2) @ ctx.x
+    return DistanceGrads(x=_sum_to_shape(d_x, ctx.x.shape), y=_sum_to_shape(d_y, ctx.y.shape))
+
+
+def euclidean_forward(x, y) -> tuple[Any, EuclideanContext]:
+    """Pairwise Euclidean distances ``D (..., n, m)``; ``(D, ctx)`` like the reference."""
+    ns, x, y = _check_pair(x, y)
+    return _euclidean_forward(ns, x, y)
+
+
+def euclidean_backward(ctx: EuclideanContext, d_distance) -> DistanceGrads:
+    """Gradients ``(x, y)`` of ``<d_distance, D>``; subgradient 0 at coincident points."""
+    check_context(ctx, "ctx", EuclideanContext)
+    ns = array_namespace(ctx.distance)
+    g = check_fast_upstream(d_distance, "d_distance", ctx.distance.shape, ns, ctx.distance.dtype)
+    return _euclidean_backward(ns.xp, ctx, g)
+
+
+def euclidean(x, y) -> Any:
+    """Pairwise Euclidean distances (no context kept)."""
+    return euclidean_forward(x, y)[0]
+
+
+def _sq_euclidean_forward(ns: ArrayNamespace, x: Any, y: Any) -> tuple[Any, SqEuclideanContext]:
+    xp = ns.xp
+    distance = _pairwise_sq(xp, x, y)
+    if data_checks(ns) and bool(xp.any(xp.isinf(distance))):
+        largest = float(xp.maximum(xp.max(xp.abs(x)), xp.max(xp.abs(y))))
+        raise ValueError(
+            f"x and y: squared distances overflow {np.dtype(distance.dtype).name} "
+            f"(max |x|, |y| == {largest:.3g}); use euclidean"
+        )
+    return distance, SqEuclideanContext(x=x, y=y, shape=tuple(distance.shape))
+
+
+def _sq_euclidean_backward(xp: Any, ctx: SqEuclideanContext, g: Any) -> DistanceGrads:
+    d_x = 2 * (g.sum(axis=-1)[..., None] * ctx.x - g @ ctx.y)
+    d_y = 2 * (g.sum(axis=-2)[..., None] * ctx.y - xp.swapaxes(g, -1, -2) @ ctx.x)
+    return DistanceGrads(x=_sum_to_shape(d_x, ctx.x.shape), y=_sum_to_shape(d_y, ctx.y.shape))
+
+
+def sq_euclidean_forward(x, y) -> tuple[Any, SqEuclideanContext]:
+    """Pairwise squared Euclidean distances; ``(D, ctx)`` like the reference."""
+    ns, x, y = _check_pair(x, y)
+    return _sq_euclidean_forward(ns, x, y)
+
+
+def sq_euclidean_backward(ctx: SqEuclideanContext, d_distance) -> DistanceGrads:
+    """Gradients ``(x, y)``: ``2 sum_j g_ij (x_i - y_j)`` and the symmetric sum."""
+    check_context(ctx, "ctx", SqEuclideanContext)
+    ns = array_namespace(ctx.x)
+    g = check_fast_upstream(d_distance, "d_distance", ctx.shape, ns, ctx.x.dtype)
+    return _sq_euclidean_backward(ns.xp, ctx, g)
+
+
+def sq_euclidean(x, y) -> Any:
+    """Pairwise squared Euclidean distances (no context kept)."""
+    return sq_euclidean_forward(x, y)[0]
+
+
+def _cosine_forward(ns: ArrayNamespace, x: Any, y: Any) -> tuple[Any, CosineContext]:
+    xp = ns.xp
+    x_unit, x_ctx = _l2_forward(ns, x, "x")
+    y_unit, y_ctx = _l2_forward(ns, y, "y")
+    similarity = x_unit @ xp.swapaxes(y_unit, -1, -2)
+    return similarity, CosineContext(x_unit, y_unit, x_ctx, y_ctx, tuple(similarity.shape))
+
+
+def _cosine_backward(xp: Any, ctx: CosineContext, g: Any) -> DistanceGrads:
+    d_x_unit = g @ ctx.y_unit
+    d_y_unit = xp.swapaxes(g, -1, -2) @ ctx.x_unit
+    d_x = _l2_backward(xp, ctx.x_norm_ctx, _sum_to_shape(d_x_unit, ctx.x_unit.shape))
+    d_y = _l2_backward(xp, ctx.y_norm_ctx, _sum_to_shape(d_y_unit, ctx.y_unit.shape))
+    return DistanceGrads(x=d_x, y=d_y)
+
+
+def cosine_forward(x, y) -> tuple[Any, CosineContext]:
+    """Pairwise cosine similarities ``S (..., n, m)``; ``(S, ctx)`` like the reference."""
+    ns, x, y = _check_pair(x, y)
+    return _cosine_forward(ns, x, y)
+
+
+def cosine_backward(ctx: CosineContext, d_similarity) -> DistanceGrads:
+    """Gradients ``(x, y)`` of ``<d_similarity, S>`` through the L2 normalisations."""
+    check_context(ctx, "ctx", CosineContext)
+    ns = array_namespace(ctx.x_unit)
+    g = check_fast_upstream(d_similarity, "d_similarity", ctx.shape, ns, ctx.x_unit.dtype)
+    return _cosine_backward(ns.xp, ctx, g)
+
+
+def cosine(x, y) -> Any:
+    """Pairwise cosine similarities (no context kept)."""
+    return cosine_forward(x, y)[0]

@@ -1,0 +1,88 @@
+"""The fast path of normalize and distances beyond the parity suite: bad input named,
+float32 at extreme scales, backward without recomputation, no CuPy needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from refdml import distances as ref_distances
+from refdml import normalize as ref_normalize
+from refdml.gpu import distances, normalize
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="x must be finite"):
+        normalize.l2_normalize_forward(np.array([[1.0, np.nan]]))
+    with pytest.raises(ValueError, match="x has a zero vector at row 1"):
+        normalize.l2_normalize_forward(np.array([[1.0, 2.0], [0.0, 0.0]], dtype=np.float32))
+    with pytest.raises(TypeError, match="x must be an array of real numbers"):
+        normalize.clip_normalize_forward(np.array([True, False]))
+    with pytest.raises(ValueError, match="x and y must have the same last dimension"):
+        distances.euclidean_forward(np.ones((2, 3)), np.ones((2, 4)))
+    with pytest.raises(ValueError, match="y has a zero vector at row 0"):
+        distances.cosine_forward(np.ones((2, 3)), np.zeros((1, 3)))
+    _, ctx = distances.euclidean_forward(np.eye(3), np.ones((2, 3)))
+    with pytest.raises(TypeError, match="ctx must be the EuclideanContext"):
+        distances.euclidean_backward(object(), np.ones((3, 2)))
+    with pytest.raises(ValueError, match="d_distance has shape"):
+        distances.euclidean_backward(ctx, np.ones((2, 3)))
+    with pytest.raises(ValueError, match="d_distance must be finite"):
+        distances.euclidean_backward(ctx, np.full((3, 2), np.inf))
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-20, 1e20, 1e30])
+def test_float32_at_extreme_scales(scale):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 4))
+    y = rng.standard_normal((3, 4))
+    x32, y32 = (scale * x).astype(np.float32), (scale * y).astype(np.float32)
+    out, ctx = normalize.l2_normalize_forward(x32)
+    assert out.dtype == np.float32
+    assert_allclose(out, ref_normalize.l2_normalize(x32.astype(np.float64)), rtol=0, atol=1e-6)
+    d_x = normalize.l2_normalize_backward(ctx, np.ones_like(x32)).x
+    expected = ref_normalize.l2_normalize_backward(
+        ref_normalize.l2_normalize_forward(x32.astype(np.float64))[1], np.ones(x.shape)).x
+    assert np.all(np.isfinite(d_x))
+    assert_allclose(d_x, expected, rtol=1e-5, atol=1e-5 * np.max(np.abs(expected)))
+    s = distances.cosine(x32, y32)
+    assert_allclose(s, ref_distances.cosine(x, y), atol=1e-6)
+    d = distances.euclidean(x32, y32)
+    assert np.all(np.isfinite(d)) and d.dtype == np.float32
+    assert_allclose(d / scale, ref_distances.euclidean(x, y), rtol=1e-5)
+
+
+def test_sq_euclidean_overflow_is_named_in_float32():
+    with pytest.raises(ValueError, match="squared distances overflow float32"):
+        distances.sq_euclidean_forward(np.full((2, 3), 1e30, np.float32),
+                                       np.full((1, 3), -1e30, np.float32))
+
+
+def test_backward_does_not_recompute(monkeypatch):
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+    _, ctx = distances.euclidean_forward(x, y)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the backward recomputed the distances")
+
+    monkeypatch.setattr(distances, "_scaled_sq", boom)
+    monkeypatch.setattr(normalize, "_scaled_direction", boom)
+    distances.euclidean_backward(ctx, np.ones((4, 5)))
+
+
+def test_import_without_cupy():
+    code = (
+        "import sys; sys.modules['cupy'] = None\n"
+        "import numpy as np\n"
+        "from refdml.gpu import normalize, distances, losses, histogram, prototypes, crossbatch\n"
+        "assert 'cupy' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "print(distances.cosine(np.eye(2), np.eye(2)).sum())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2.0"
