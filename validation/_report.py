@@ -44,8 +44,8 @@ def _draw(plt, figure: Figure, result: ClaimResult, path: Path) -> None:
                     label=s.label, zorder=5)
         else:
             ax.plot(s.x, s.y, marker="o", markersize=3, label=s.label)
-    for label, y in figure.thresholds:
-        ax.axhline(y, color="black", linestyle="--", linewidth=1.0, label=label)
+    for (label, y), style in zip(figure.thresholds, ("--", ":", "-.", (0, (5, 1, 1, 1)))):
+        ax.axhline(y, color="black", linestyle=style, linewidth=1.0, label=label)
     ax.set_xscale(figure.xscale)
     ax.set_yscale(figure.yscale)
     ax.set_xlabel(figure.xlabel)
