@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import sys
+import textwrap
 from pathlib import Path
 
 from ._framework import VERDICT_MEANINGS, ClaimResult, Figure, to_jsonable
@@ -50,7 +51,8 @@ def _draw(plt, figure: Figure, result: ClaimResult, path: Path) -> None:
     ax.set_yscale(figure.yscale)
     ax.set_xlabel(figure.xlabel)
     ax.set_ylabel(figure.ylabel)
-    ax.set_title(f"{result.paper} [{result.id}]\n{figure.title}", fontsize=9)
+    ax.set_title(textwrap.fill(f"{result.paper} [{result.id}]", 80) + "\n" + textwrap.fill(figure.title, 80),
+                 fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
