@@ -105,7 +105,7 @@ def test_report_with_matplotlib_draws_pngs(tmp_path):
 
 def test_unknown_claim_id_exits_2(capsys):
     assert main(["verify", "--only", "no.such.claim"]) == 2
-    assert "unknown claim id" in capsys.readouterr().err
+    assert "matches no claim id" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- framework
