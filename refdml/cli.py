@@ -1,4 +1,8 @@
-"""The ``refdml`` command line: ``--version``, ``gradcheck`` and ``verify``."""
+"""The ``refdml`` command line: ``--version``, ``gradcheck`` and ``verify``.
+
+Exit statuses: 0 success, 1 a failure of refdml's own code (a gradient check, a crashed
+claim check), 2 bad arguments (argparse's convention).
+"""
 
 from __future__ import annotations
 
@@ -8,35 +12,56 @@ import sys
 import refdml
 
 
+def _seed(text: str) -> int:
+    """``--seed``: a non-negative integer (NumPy refuses negative seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed == {text!r}, must be a non-negative integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seed == {value}, must be a non-negative integer")
+    return value
+
+
+def _table(rows: list[tuple[str, ...]], header: tuple[str, ...], right: set[int]) -> list[str]:
+    """Rows as text columns two spaces apart, each as wide as its longest cell."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(row):
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        return "  ".join(cells).rstrip()
+
+    return [line(header), "-" * len(line(header)), *map(line, rows)]
+
+
 def _gradcheck(args: argparse.Namespace) -> int:
-    from refdml.gradcheck.registry import all_operators
+    from refdml.gradcheck.catalog import all_operators
+    from refdml.validation import select
 
     specs = all_operators()
     if args.only:
-        wanted = set(args.only)
-        unknown = wanted - {s.name for s in specs}
-        if unknown:
-            print(f"unknown operator(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+        names, unmatched = select([s.name for s in specs], args.only)
+        if unmatched:
+            print(f"refdml gradcheck: error: --only {' '.join(unmatched)} matches no operator "
+                  "(a full name or a prefix such as 'losses'); the operators are:", file=sys.stderr)
+            print("\n".join(f"  {s.name}" for s in specs), file=sys.stderr)
             return 2
-        specs = [s for s in specs if s.name in wanted]
-    header = f"{'operator':<40}{'input':<14}{'mode':<12}{'max rel err':>12}{'tol':>9}  result"
-    print(header)
-    print("-" * len(header))
-    failures = 0
+        specs = [s for s in specs if s.name in names]
+    rows, failures = [], 0
     for spec in specs:
         try:
             result = spec.check(args.seed)
         except Exception as exc:  # a crash is a failure of our own code; report it
             failures += 1
-            print(f"{spec.name:<40}{'-':<14}{'-':<12}{'-':>12}{spec.rtol:>9.0e}  CRASH {exc!r}")
+            rows.append((spec.name, "-", "-", "-", f"{spec.rtol:.0e}", f"CRASH {exc!r}"))
             continue
         for check in result.checks:
             ok = check.passed(spec.rtol, spec.atol)
             failures += not ok
-            print(
-                f"{spec.name:<40}{check.name:<14}{check.mode:<12}"
-                f"{check.max_rel_error:>12.2e}{spec.rtol:>9.0e}  {'pass' if ok else 'FAIL'}"
-            )
+            rows.append((spec.name, check.name, check.mode, f"{check.max_rel_error:.2e}",
+                         f"{spec.rtol:.0e}", "pass" if ok else "FAIL"))
+    header = ("operator", "input", "mode", "max rel err", "rtol", "result")
+    print("\n".join(_table(rows, header, right={3, 4})))
     print(f"\n{len(specs)} operators checked, {failures} failure(s)")
     return 1 if failures else 0
 
@@ -47,32 +72,67 @@ def _verify(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _verify_epilog() -> str:
+    from refdml.validation._framework import VERDICT_MEANINGS
+
+    width = max(len(v.value) for v in VERDICT_MEANINGS)
+    verdicts = "\n".join(f"  {v.value:<{width}}  {text}" for v, text in VERDICT_MEANINGS.items())
+    return (
+        "verdicts (computed from the numbers, never written by hand):\n" + verdicts + "\n"
+        f"  {'crashed':<{width}}  the check itself raised (a defect of refdml or of the check)\n\n"
+        "exit status:\n"
+        "  0  every check ran and every self-check (gradient check of the refdml operators a\n"
+        "     claim uses) passed, whatever the verdicts\n"
+        "  1  a check crashed or a self-check failed\n"
+        "  2  bad arguments (an --only pattern matching no claim, an output path that cannot be written)\n\n"
+        "examples:\n"
+        "  refdml verify --quick\n"
+        "  refdml verify --only gsp.fig9 xml --report out/\n"
+        "  refdml verify --list"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="refdml",
         description="Reference operators of four DML papers, and numerical checks of their claims.",
     )
     parser.add_argument("--version", action="version", version=f"refdml {refdml.__version__}")
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", metavar="{gradcheck,verify}")
 
-    grad = sub.add_parser("gradcheck", help="check every registered backward against finite differences")
-    grad.add_argument("--only", nargs="+", metavar="NAME", help="check only these operators")
-    grad.add_argument("--seed", type=int, default=0, help="seed of the inputs and upstream gradients")
+    grad = sub.add_parser("gradcheck", help="check every catalogued backward against finite differences",
+                          description="Check every backward of the operator catalogue against central "
+                                      "finite differences. Exit status 0 all pass, 1 a failure, 2 bad arguments.")
+    grad.add_argument("--only", nargs="+", metavar="NAME",
+                      help="check only these operators (full names or prefixes, e.g. 'losses' 'gsp.pool')")
+    grad.add_argument("--seed", type=_seed, default=0, help="seed of the inputs and upstream gradients (>= 0)")
     grad.set_defaults(func=_gradcheck)
 
-    verify = sub.add_parser("verify", help="check every claim of the papers numerically")
-    verify.add_argument("--quick", action="store_true", help="smaller sizes, under 30 s")
-    verify.add_argument("--only", nargs="+", metavar="ID", help="run only these claim ids")
+    verify = sub.add_parser("verify", help="check every claim of the papers numerically",
+                            description="Check the claims of GSP, XML, ASAP and Wasserstein DML numerically; "
+                                        "one line per claim with its verdict and key number.",
+                            epilog=_verify_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    verify.add_argument("--quick", action="store_true", help="smaller sizes and searches (about half the time)")
+    verify.add_argument("--only", nargs="+", metavar="ID",
+                        help="run only these claims (full ids or prefixes, e.g. 'gsp' 'gsp.fig9')")
+    verify.add_argument("--list", action="store_true", help="print the claim ids with one-line descriptions and exit")
     verify.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
-    verify.add_argument("--report", metavar="DIR", help="write a Markdown report (and figures) here")
-    verify.add_argument("--seed", type=int, default=0, help="base seed of every check")
+    verify.add_argument("--report", metavar="DIR",
+                        help="write a Markdown report (and figures) here; checked before the run")
+    verify.add_argument("--seed", type=_seed, default=0, help="base seed of every check (>= 0)")
     verify.set_defaults(func=_verify)
+    parser._refdml_subparsers = {"gradcheck": grad, "verify": verify}
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse reports a subcommand's unknown flag with the top-level usage; show the
+        # usage of the subcommand the user was typing instead (exits with status 2).
+        target = parser._refdml_subparsers.get(getattr(args, "command", None), parser)
+        target.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 0

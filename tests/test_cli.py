@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import refdml
 from refdml.cli import main
 
@@ -40,3 +42,143 @@ def test_gpu_and_validation_install_under_refdml():
     # `validation` (a check of the metadata, not of sys.path, which may hold the checkout).
     top_level = importlib.metadata.distribution("refdml").read_text("top_level.txt")
     assert top_level.split() == ["refdml"]
+
+
+# --------------------------------------------------------------------------- gradcheck
+
+
+def test_gradcheck_columns_never_run_together(capsys):
+    from refdml.gradcheck.catalog import all_operators
+
+    longest = max((s.name for s in all_operators()), key=len)
+    assert main(["gradcheck", "--only", longest]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, rows = lines[0], [line for line in lines[2:] if line.startswith(longest)]
+    assert rows and header.split() == ["operator", "input", "mode", "max", "rel", "err", "rtol", "result"]
+    for row in rows:
+        assert row[len(longest):len(longest) + 2] == "  "  # at least two spaces after the name
+        assert len(row.split()) == 6
+
+
+def test_gradcheck_only_accepts_a_prefix(capsys):
+    assert main(["gradcheck", "--only", "normalize"]) == 0
+    out = capsys.readouterr().out
+    assert "normalize.l2_normalize" in out and "normalize.clip_normalize" in out
+    assert "distances." not in out
+
+
+def test_gradcheck_unknown_operator_lists_the_names(capsys):
+    assert main(["gradcheck", "--only", "no.such.op"]) == 2
+    err = capsys.readouterr().err
+    assert "no.such.op matches no operator" in err and "normalize.l2_normalize" in err
+
+
+@pytest.mark.parametrize("command", ["gradcheck", "verify"])
+def test_negative_seed_is_a_named_error(capsys, command):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--seed", "-1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "seed == -1, must be a non-negative integer" in err and f"usage: refdml {command}" in err
+
+
+@pytest.mark.parametrize("command", ["gradcheck", "verify"])
+def test_mistyped_flag_prints_the_subcommands_usage(capsys, command):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--qiuck"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: refdml {command}" in err and "unrecognized arguments: --qiuck" in err
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def test_verify_help_explains_verdicts_and_exit_codes(capsys):
+    from refdml.validation import Verdict
+
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    out = capsys.readouterr().out
+    for verdict in Verdict:
+        assert verdict.value in out
+    assert "exit status" in out and "  0  " in out and "  1  " in out and "  2  " in out
+
+
+def test_verify_list_prints_every_id_with_a_description(capsys):
+    from refdml.validation import CHECKS
+
+    assert main(["verify", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(CHECKS)
+    assert all(len(line.split()) > 3 and len(line) <= 150 for line in lines)
+
+
+def _no_run(monkeypatch):
+    """Make running a claim an error, to prove an argument is refused before any work."""
+    import refdml.validation._runner as runner
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a claim ran")
+
+    monkeypatch.setattr(runner, "_run_one", boom)
+
+
+def test_report_path_that_is_a_file_fails_before_the_run(tmp_path, capsys, monkeypatch):
+    _no_run(monkeypatch)
+    target = tmp_path / "a_file"
+    target.write_text("x")
+    assert main(["verify", "--only", "gsp.fig9", "--report", str(target)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_report_folder_under_a_file_fails_before_the_run(tmp_path, capsys, monkeypatch):
+    _no_run(monkeypatch)
+    (tmp_path / "f").write_text("x")
+    assert main(["verify", "--report", str(tmp_path / "f" / "rep")]) == 2
+    assert "cannot create the folder" in capsys.readouterr().err
+
+
+def test_json_path_that_is_a_folder_fails_before_the_run(tmp_path, capsys, monkeypatch):
+    _no_run(monkeypatch)
+    assert main(["verify", "--json", str(tmp_path)]) == 2
+    assert "is a folder, not a file" in capsys.readouterr().err
+
+
+def test_only_unknown_prefix_lists_the_ids(capsys, monkeypatch):
+    _no_run(monkeypatch)
+    assert main(["verify", "--only", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "nope matches no claim id" in err and "gsp.fig9.backward_cost" in err
+
+
+def test_only_prefix_selects_and_progress_goes_to_stderr(capsys, monkeypatch):
+    from refdml.validation import CHECKS, ClaimSpec, Finding, Reading
+
+    def fine(ctx):
+        return Finding(readings=(Reading("printed", "ok", 0.0, 1.0),), key_number="fine")
+
+    for claim_id in ("zz.a.one", "zz.a.two", "zz.b"):
+        monkeypatch.setitem(CHECKS, claim_id, ClaimSpec(claim_id, "none", "fake", "none", (), fine))
+    assert main(["verify", "--only", "zz.a"]) == 0
+    captured = capsys.readouterr()
+    assert "zz.a.one" in captured.out and "zz.a.two" in captured.out and "zz.b " not in captured.out
+    # not a TTY under pytest: one progress line per claim, with the elapsed time
+    progress = [line for line in captured.err.splitlines() if "running" in line]
+    assert len(progress) == 2 and progress[0].startswith("[ 1/2]") and " s  running zz.a.one" in progress[0]
+
+
+def test_select_prefers_an_exact_name():
+    from refdml.validation import select
+
+    names = ["a.b", "a.bc", "a.c"]
+    assert select(names, ["a.b"]) == (["a.b"], [])
+    assert select(names, ["a."]) == (names, [])
+    assert select(names, ["a.c", "zz"]) == (["a.c"], ["zz"])
+
+
+def test_run_checks_refuses_a_negative_seed():
+    from refdml.validation import run_checks
+
+    with pytest.raises(ValueError, match="seed == -1"):
+        run_checks(["gsp.fig9.backward_cost"], seed=-1)

@@ -83,7 +83,14 @@ def test_report_without_matplotlib_has_every_number(quick_run):
     for r in records:
         assert f"`{r['id']}`" in text
     # figure data are tabulated even without figures
-    assert "Figure: Prop. 4.2" in text and "| iteration k |" in text
+    assert "### Figure: Convergence of the printed iteration" in text and "| iteration k |" in text
+    # what was run and where, and what the verdicts mean
+    assert "- refdml " in text and "- date: " in text and "CPUs" in text and "numpy " in text
+    for verdict in VERDICTS:
+        assert f"| `{verdict}` |" in text
+    # evidence as tables, not long JSON lines
+    assert "| evidence | value |" in text
+    assert max(len(line) for line in text.splitlines() if not line.startswith("| ") ) < 700
 
 
 def test_report_with_matplotlib_draws_pngs(tmp_path):
@@ -92,13 +99,13 @@ def test_report_with_matplotlib_draws_pngs(tmp_path):
                    "--report", str(tmp_path)])
     assert status == 0
     pngs = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
-    assert pngs == ["asap_kcenter.png", "gsp_uniform_limit.png"]
+    assert pngs == ["asap_kcenter.png", "asap_kcenter_radius.png", "gsp_uniform_limit.png"]
     assert "![" in (tmp_path / "report.md").read_text()
 
 
 def test_unknown_claim_id_exits_2(capsys):
     assert main(["verify", "--only", "no.such.claim"]) == 2
-    assert "unknown claim id" in capsys.readouterr().err
+    assert "matches no claim id" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- framework
@@ -277,3 +284,43 @@ def test_wdml_eq6_printed_objective_is_infinite(quick_run):
     assert r["verdict"] == "holds-with-correction"
     assert all(v == "inf" for v in r["details"]["printed_F_w_singletons"].values())
     assert np.diag(np.array(r["details"]["SD_matrix"])).max() == 0.0
+
+
+def test_xml_lemma21_evidence_agrees_with_its_key_number(quick_run):
+    _, records, _ = quick_run
+    r = by_id(records)["xml.lemma2.1"]
+    printed = next(rd for rd in r["readings"] if rd["kind"] == "printed")
+    cex = printed["counterexample"]
+    assert cex is not None and printed["passed"] is False
+    # the printed reading's error is the counterexample's excess error - delta, not 0
+    np.testing.assert_allclose(printed["error"], cex["error"] - cex["delta"], rtol=1e-12)
+    assert printed["error"] > printed["tolerance"]
+    assert r["printed_error"] == printed["error"]
+
+
+def test_fig9_is_decided_by_a_count_of_passes(quick_run):
+    _, records, _ = quick_run
+    r = by_id(records)["gsp.fig9.backward_cost"]
+    assert r["verdict"] == "holds"
+    passes = r["details"]["passes"]
+    assert len({row["closed_form"] for row in passes}) == 1  # independent of k
+    ks = np.array([row["k"] for row in passes], float)
+    unrolled = np.array([row["unrolled"] for row in passes], float)
+    slope, intercept = np.polyfit(ks, unrolled, 1)
+    np.testing.assert_allclose(unrolled, intercept + slope * ks, rtol=0, atol=1e-9)  # exactly linear in k
+    assert slope >= 1
+    assert r["error"] == 1.0  # count(k=100) / count(k=10) of the closed form
+
+
+def test_pass_counter_counts_only_big_passes():
+    from refdml.validation.claims_gsp import _count_passes
+
+    def fn(a, v):
+        b = a * 2.0  # 1
+        c = b.sum(axis=0)  # 2
+        d = c + v  # small: not counted
+        b += 1.0  # 3 (in place)
+        return a @ d  # 4
+
+    a = np.ones((8, 5))
+    assert _count_passes(fn, a.size, a, np.ones(5)) == 4

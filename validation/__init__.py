@@ -9,7 +9,8 @@ where the printed form fails. The verdict is computed from those numbers by
 :func:`decide`; see ``docs/validation.md``.
 
 ``refdml verify`` (:func:`run_cli`) runs them; :func:`run_checks` is the library entry.
-Needs ``hypothesis`` (the ``validation`` extra); figures need ``matplotlib`` (``plot``).
+The searches use ``hypothesis`` and the progress bar ``tqdm`` (both core dependencies);
+figures need ``matplotlib`` (the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from ._framework import (
     Finding,
     Reading,
     Series,
+    VERDICT_MEANINGS,
     Verdict,
     claim,
     decide,
     find_counterexample,
 )
-from ._runner import exit_status, run_checks, run_cli
+from ._runner import check_output_paths, exit_status, list_claims, run_checks, run_cli, select
 
 __all__ = [
     "CHECKS",
@@ -42,13 +44,17 @@ __all__ = [
     "Finding",
     "Reading",
     "Series",
+    "VERDICT_MEANINGS",
     "Verdict",
+    "check_output_paths",
     "claim",
     "decide",
     "exit_status",
     "find_counterexample",
+    "list_claims",
     "run_checks",
     "run_cli",
+    "select",
 ]
 
 CLAIM_MODULES = (

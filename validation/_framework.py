@@ -28,6 +28,7 @@ __all__ = [
     "Finding",
     "Reading",
     "Series",
+    "VERDICT_MEANINGS",
     "Verdict",
     "claim",
     "decide",
@@ -44,6 +45,15 @@ class Verdict(str, enum.Enum):
     FAILS = "fails"
     INCONCLUSIVE = "inconclusive"
 
+
+#: One line per verdict, for ``refdml verify --help`` and the report (the rule is :func:`decide`).
+VERDICT_MEANINGS = {
+    Verdict.HOLDS: "the claim as printed passed every check inside its hypotheses",
+    Verdict.HOLDS_WITH_CORRECTION: "the printed form fails; a corrected statement (given) passes",
+    Verdict.HOLDS_UNDER_EXTRA_HYPOTHESIS: "the printed form fails; it passes under an added hypothesis (given)",
+    Verdict.FAILS: "the printed form is refuted (counterexample or error above tolerance) and no repair passed",
+    Verdict.INCONCLUSIVE: "the numbers cannot decide (e.g. the claim depends on data we cannot reproduce)",
+}
 
 PRINTED = "printed"
 CORRECTION = "correction"
@@ -80,14 +90,22 @@ class Reading:
 
 @dataclass(frozen=True)
 class Series:
+    """One curve of a figure; ``style="points"`` draws markers only (a counterexample, a sample)."""
+
     label: str
     x: tuple[float, ...]
     y: tuple[float, ...]
+    style: str = "line"
 
 
 @dataclass(frozen=True)
 class Figure:
-    """Data of one figure of the report; drawn only when matplotlib is available."""
+    """Data of one figure of the report; drawn only when matplotlib is available.
+
+    One figure shows one data set. ``thresholds`` are labelled horizontal lines (the
+    tolerance a plotted ratio is held to, a bound); the report's title adds the paper and
+    the claim id.
+    """
 
     name: str
     title: str
@@ -96,10 +114,13 @@ class Figure:
     series: tuple[Series, ...]
     xscale: str = "linear"
     yscale: str = "linear"
+    thresholds: tuple[tuple[str, float], ...] = ()
 
 
-def series(label: str, x, y) -> Series:
-    return Series(label, tuple(float(v) for v in x), tuple(float(v) for v in y))
+def series(label: str, x, y, *, style: str = "line") -> Series:
+    if style not in ("line", "points"):
+        raise ValueError(f"style == {style!r}, must be 'line' or 'points'")
+    return Series(label, tuple(float(v) for v in x), tuple(float(v) for v in y), style)
 
 
 @dataclass(frozen=True)
@@ -216,7 +237,7 @@ CHECKS: dict[str, ClaimSpec] = {}
 def claim(id: str, *, paper: str, statement: str, hypotheses: str, operators: Sequence[str] = ()):
     """Register ``function(ctx) -> Finding`` as the check of claim ``id``.
 
-    ``operators`` are prefixes of names in :mod:`refdml.gradcheck.registry` whose
+    ``operators`` are prefixes of names in :mod:`refdml.gradcheck.catalog` whose
     gradient checks the claim relies on; the runner runs them as self-checks.
     """
 
@@ -270,7 +291,8 @@ class ClaimResult:
                 "title": f.title,
                 "xlabel": f.xlabel,
                 "ylabel": f.ylabel,
-                "series": [{"label": s.label, "x": list(s.x), "y": list(s.y)} for s in f.series],
+                "series": [{"label": s.label, "x": list(s.x), "y": list(s.y), "style": s.style} for s in f.series],
+                "thresholds": [{"label": label, "y": y} for label, y in f.thresholds],
             }
             for f in self.figures
         ]

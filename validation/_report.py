@@ -1,13 +1,28 @@
-"""The Markdown report of ``refdml verify --report DIR`` (figures need matplotlib)."""
+"""The Markdown report of ``refdml verify --report DIR`` (figures need matplotlib).
+
+The report says what was run and where (refdml's version, the date, the machine and the
+versions of the numerical libraries), what the five verdicts mean, and for every claim its
+readings, counterexamples and evidence as tables, and its figures (PNG, with the table of
+every plotted number underneath, so nothing depends on matplotlib being there).
+"""
 
 from __future__ import annotations
 
-import json
+import datetime
+import importlib.metadata
+import math
+import os
+import platform
+import sys
+import textwrap
 from pathlib import Path
 
-from ._framework import ClaimResult, Figure, to_jsonable
+from ._framework import VERDICT_MEANINGS, ClaimResult, Figure, to_jsonable
 
-__all__ = ["write_report"]
+__all__ = ["machine_lines", "write_report"]
+
+_CELL = 160  # longest cell of an evidence table, in characters
+_ITEMS = 12  # numbers of a list shown before "... (N values)"
 
 
 def _pyplot():
@@ -22,51 +37,99 @@ def _pyplot():
     return plt
 
 
-def _draw(plt, figure: Figure, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+def _draw(plt, figure: Figure, result: ClaimResult, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for s in figure.series:
-        ax.plot(s.x, s.y, marker="o", markersize=3, label=s.label)
+        if s.style == "points":
+            ax.plot(s.x, s.y, linestyle="none", marker="*", markersize=12, color="crimson",
+                    label=s.label, zorder=5)
+        else:
+            ax.plot(s.x, s.y, marker="o", markersize=3, label=s.label)
+    for (label, y), style in zip(figure.thresholds, ("--", ":", "-.", (0, (5, 1, 1, 1)))):
+        ax.axhline(y, color="black", linestyle=style, linewidth=1.0, label=label)
     ax.set_xscale(figure.xscale)
     ax.set_yscale(figure.yscale)
     ax.set_xlabel(figure.xlabel)
     ax.set_ylabel(figure.ylabel)
-    ax.set_title(figure.title, fontsize=10)
+    ax.set_title(textwrap.fill(f"{result.paper} [{result.id}]", 80) + "\n" + textwrap.fill(figure.title, 80),
+                 fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
+# --------------------------------------------------------------------------- formatting
+
+
+def _num(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return "-" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
     if isinstance(value, float):
-        return f"{value:.3g}"
+        return f"{value:.3g}" if math.isfinite(value) else str(value)
     return str(value)
 
 
-def _json_block(value) -> str:
-    """A dict as one bullet per key with compact JSON values; anything else as one JSON line."""
+def _fmt(value, limit: int = _CELL) -> str:
+    """A JSON-able value as short readable text: numbers to 3 digits, long lists cut."""
     value = to_jsonable(value)
-    if isinstance(value, dict):
-        return "\n".join(f"- `{k}`: `{_compact(v)}`" for k, v in value.items())
-    return f"`{_compact(value)}`"
-
-
-def _compact(value, limit: int = 1500) -> str:
-    text = json.dumps(value, separators=(", ", ": "))
+    if isinstance(value, list):
+        items = [_fmt(v, limit) for v in value[:_ITEMS]]
+        more = f", ... ({len(value)} values)" if len(value) > _ITEMS else ""
+        text = "[" + ", ".join(items) + more + "]"
+    elif isinstance(value, dict):
+        text = "{" + ", ".join(f"{k}: {_fmt(v, limit)}" for k, v in value.items()) + "}"
+    else:
+        text = _num(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _cell(text) -> str:
-    return str(text).replace("|", "\\|")
+def _cell(value) -> str:
+    text = value if isinstance(value, str) else _fmt(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _is_scalar(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _records_table(rows: list[dict]) -> list[str]:
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |")
+    return lines
+
+
+def _evidence(values: dict) -> list[str]:
+    """A dict as tables: scalars in one key/value table, each list of records or dict of
+    records in a table of its own, short lists and small dicts as one readable cell."""
+    values = to_jsonable(values)
+    plain, tables = [], []
+    for key, value in values.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value) \
+                and all(_is_scalar(x) or isinstance(x, list) for v in value for x in v.values()):
+            tables += [f"*{key}*", ""] + _records_table(value) + [""]
+        elif isinstance(value, dict) and len(value) > 1 and all(isinstance(v, dict) for v in value.values()):
+            rows = [{"": k, **v} for k, v in value.items()]
+            tables += [f"*{key}*", ""] + _records_table(rows) + [""]
+        else:
+            plain.append((key, value))
+    lines = []
+    if plain:
+        lines += ["| evidence | value |", "|---|---|"]
+        lines += [f"| {_cell(key)} | {_cell(value)} |" for key, value in plain]
+        lines.append("")
+    return lines + tables
 
 
 def _figure_table(figure: Figure) -> list[str]:
     xs = sorted({x for s in figure.series for x in s.x})
     lines = [
-        f"| {figure.xlabel} | " + " | ".join(s.label for s in figure.series) + " |",
+        f"| {figure.xlabel} | " + " | ".join(_cell(s.label) for s in figure.series) + " |",
         "|---" * (len(figure.series) + 1) + "|",
     ]
     for x in xs:
@@ -75,6 +138,42 @@ def _figure_table(figure: Figure) -> list[str]:
             ys = [y for xx, y in zip(s.x, s.y) if xx == x]
             cells.append(f"{ys[0]:.4g}" if ys else "")
         lines.append(f"| {x:.4g} | " + " | ".join(cells) + " |")
+    if figure.thresholds:
+        lines += ["", "Reference lines: " + "; ".join(f"{label} = {y:.4g}" for label, y in figure.thresholds)]
+    return lines
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def machine_lines() -> list[str]:
+    """refdml's version, the date and the machine, one Markdown bullet each."""
+    import refdml
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    libraries = ", ".join(f"{name} {version(name)}" for name in ("numpy", "scipy", "POT", "hypothesis", "matplotlib"))
+    return [
+        f"- refdml {refdml.__version__}",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {platform.platform()} ({platform.machine() or 'unknown'}), "
+        f"{os.cpu_count()} CPUs, {platform.processor() or 'processor not reported'}",
+        f"- Python {platform.python_version()} ({sys.implementation.name}); {libraries}",
+    ]
+
+
+def _verdict_lines() -> list[str]:
+    lines = ["| verdict | meaning |", "|---|---|"]
+    lines += [f"| `{v.value}` | {meaning} |" for v, meaning in VERDICT_MEANINGS.items()]
+    lines += ["| `crashed` | the check itself raised: a defect of refdml or of the check (exit status 1) |", "",
+              "A verdict is computed from the readings below (`refdml.validation.decide`), never written by "
+              "hand: a reading passes when no counterexample was found and its error is at most its tolerance. "
+              "*Self-checks* are the finite-difference gradient checks of the refdml operators a claim uses; "
+              "one that fails makes the exit status 1 whatever the verdict.", ""]
     return lines
 
 
@@ -92,38 +191,41 @@ def _claim_section(result: ClaimResult, figdir: Path, plt) -> list[str]:
     if result.inconclusive_reason:
         out += [f"**Why inconclusive:** {result.inconclusive_reason}", ""]
     out += [
-        "| error (deciding reading) | tolerance | error as printed | sizes | seeds | runtime |",
-        "|---|---|---|---|---|---|",
+        "| error (deciding reading) | tolerance | error as printed | seeds | runtime |",
+        "|---|---|---|---|---|",
         f"| {_fmt(result.error)} | {_fmt(result.tolerance)} | {_fmt(result.printed_error)} | "
-        f"`{_compact(list(result.sizes), 300)}` | {_fmt(list(result.seeds))} | {result.runtime_s:.2f} s |",
+        f"{_cell(list(result.seeds))} | {result.runtime_s:.2f} s |",
         "",
-        "| reading | statement | error | tolerance | passes | trials |",
-        "|---|---|---|---|---|---|",
+        "| reading | statement | error | tolerance | counterexample | passes | trials |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in result.readings:
-        out.append(f"| {r['kind']} | {_cell(r['statement'])} | {_fmt(r['error'])} | "
-                   f"{_fmt(r['tolerance'])} | {r['passed']} | {r['trials']} |")
+        out.append(f"| {r['kind']} | {_cell(r['statement'])} | {_fmt(r['error'])} | {_fmt(r['tolerance'])} | "
+                   f"{'none' if r['counterexample'] is None else 'found'} | {r['passed']} | {r['trials']} |")
     out.append("")
-    if result.counterexample is not None:
-        out += ["Counterexample to the printed claim (smallest found):", "",
-                _json_block(result.counterexample), ""]
-    if result.probe_counterexample is not None:
-        out += ["Probe just outside the hypotheses (smallest example found):", "",
-                _json_block(result.probe_counterexample), ""]
+    if result.sizes:
+        out += ["Sizes:", ""] + (_records_table(list(to_jsonable(result.sizes)))
+                                 if all(isinstance(s, dict) for s in result.sizes)
+                                 else [_cell(list(result.sizes))]) + [""]
+    for title, example in (("Counterexample to the printed claim (smallest found)", result.counterexample),
+                           ("Probe just outside the hypotheses", result.probe_counterexample)):
+        if example is not None:
+            out += [f"{title}:", ""]
+            out += _evidence(example) if isinstance(example, dict) else [f"`{_fmt(example)}`", ""]
     if result.details:
-        out += ["Evidence:", "", _json_block(result.details), ""]
+        out += ["Evidence:", ""] + _evidence(result.details)
     if result.self_checks:
         out += ["Self-checks (gradient checks of refdml operators this claim uses):", "",
                 "| operator | seed | max rel error | rtol | passed |", "|---|---|---|---|---|"]
         for row in result.self_checks:
             out.append(f"| {row['name']} | {row.get('seed', '-')} | {_fmt(row.get('max_rel_error'))} | "
-                       f"{_fmt(row.get('rtol'))} | {row['passed']} {row.get('error', row.get('note', ''))} |")
+                       f"{_fmt(row.get('rtol'))} | {row['passed']} {_cell(row.get('error', row.get('note', '')))} |")
         out.append("")
     for figure in result.figures:
         out += [f"### Figure: {figure.title}", ""]
         if plt is not None:
             path = figdir / f"{figure.name}.png"
-            _draw(plt, figure, path)
+            _draw(plt, figure, result, path)
             out += [f"![{figure.title}](figures/{path.name})", ""]
         out += _figure_table(figure) + [""]
     return out
@@ -141,11 +243,16 @@ def write_report(results: list[ClaimResult], directory, *, quick: bool, seed: in
         f"Mode: {'quick' if quick else 'default'}; base seed {seed}; {len(results)} claims; "
         f"total runtime {runtime_s:.1f} s.",
         "",
+        *machine_lines(),
+        "",
+        "## What the verdicts mean",
+        "",
+        *_verdict_lines(),
     ]
     if plt is None:
         lines += ["> matplotlib is not installed (`pip install refdml[plot]`): figures are not drawn; "
                   "every number behind them is in the tables below.", ""]
-    lines += ["| claim | verdict | key number |", "|---|---|---|"]
+    lines += ["## Summary", "", "| claim | verdict | key number |", "|---|---|---|"]
     for r in results:
         flag = " (self-check FAILED)" if r.self_check_failed else ""
         lines.append(f"| `{r.id}` | {r.verdict}{flag} | {_cell(r.key_number)} |")

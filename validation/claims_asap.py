@@ -347,13 +347,13 @@ def check_prop_4_1(ctx) -> Finding:
                  "rows": rows, "vacuous_for_all_m": vacuous,
                  "statement_vs_proof": "the statement's O(L sqrt(log(m/gamma))) grows with m; the proof's "
                                        "L sqrt((2K log 2 + 2 log(1/gamma))/m) does not (K/m -> 0)"},
-        figures=(Figure("asap_prop41", "Prop. 4.1: bound vs observed gap", "m (samples)", "value",
+        figures=(Figure("asap_prop41", "Prop. 4.1: bound vs observed generalisation gap", "m (samples)",
+                        "gap or bound (loss units)",
                         (series("median bound", ms, [r["median_bound"] for r in rows]),
                          series("95% quantile of the gap", ms, [r["q95_gap"] for r in rows]),
-                         series("L (trivial bound)", ms, [_L] * len(ms)),
                          series("statement term L sqrt(log(m/gamma))", ms,
                                 [r["statement_term_L_sqrt_log_m_over_gamma"] for r in rows])),
-                        xscale="log", yscale="log"),),
+                        xscale="log", yscale="log", thresholds=((f"L = {_L} (trivial bound)", _L),)),),
     )
 
 
@@ -421,12 +421,13 @@ def check_prop_4_2(ctx) -> Finding:
                  "printed_issue": "(T2.3) <= L sqrt(log(2n/gamma)) is >= L for n >= 2 (vacuous); a Hoeffding bound "
                                   "for one fixed function would read L sqrt(log(2/gamma)/(2n)); the main-text "
                                   "statement's O(L sqrt(log(1/gamma)/n)) matches that, the appendix's O(L sqrt(log(n/gamma))) does not"},
-        figures=(Figure("asap_prop42", "Prop. 4.2: bound vs observed gap", "n (samples)", "value / L",
+        figures=(Figure("asap_prop42", "Prop. 4.2: bounds vs observed gap, relative to L", "n (samples)",
+                        "gap or bound / L",
                         (series("printed bound / L (median)", ns, [r["median_printed_bound_over_L"] for r in rows]),
                          series("with L sqrt(log(2/gamma)/(2n)) / L (median)", ns,
                                 [r["median_hoeffding_bound_over_L"] for r in rows]),
                          series("95% quantile of the gap / L", ns, [r["q95_gap"] / _L for r in rows])),
-                        xscale="log", yscale="log"),),
+                        xscale="log", yscale="log", thresholds=(("1 (a bound above it is vacuous)", 1.0),)),),
     )
 
 
@@ -489,7 +490,7 @@ def check_kcenter(ctx) -> Finding:
     ks = list(range(1, 16))
     greedy_r = [_radius(pts, _gonzalez(pts, k)) for k in ks]
     small = rng.standard_normal((16, 2))
-    opt_ks = [1, 2, 3]
+    opt_ks = [1, 2, 3, 4]
     return Finding(
         readings=(Reading(PRINTED, "greedy radius <= 2 x optimal radius (brute force)", max(worst, worst_refdml) - bound
                           if max(worst, worst_refdml) > bound else 0.0, 1e-12,
@@ -502,8 +503,11 @@ def check_kcenter(ctx) -> Finding:
                  "max_ratio_refdml_greedy_k_center": worst_refdml if module is not None else "not available",
                  "small_set_optimum_vs_greedy": {str(k): {"optimum": _optimum(small, k),
                                                           "greedy": _radius(small, _gonzalez(small, k))} for k in opt_ks}},
-        figures=(Figure("asap_kcenter", "Covering radius vs number of centres (40 points in R^2)", "k", "radius",
-                        (series("greedy", ks, greedy_r),
-                         series("optimum (16 points)", opt_ks, [_optimum(small, k) for k in opt_ks]),
-                         series("greedy (16 points)", opt_ks, [_radius(small, _gonzalez(small, k)) for k in opt_ks]))),),
+        figures=(Figure("asap_kcenter", "Greedy / optimal covering radius (16 points in R^2, brute-force optimum)",
+                        "number of centres k", "greedy radius / optimal radius",
+                        (series("16 standard normal points", opt_ks,
+                                [_radius(small, _gonzalez(small, k)) / _optimum(small, k) for k in opt_ks]),),
+                        thresholds=(("bound 2", bound),)),
+                 Figure("asap_kcenter_radius", "Greedy covering radius vs number of centres (40 points in R^2)",
+                        "number of centres k", "covering radius", (series("greedy (farthest first)", ks, greedy_r),))),
     )

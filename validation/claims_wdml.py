@@ -159,6 +159,10 @@ def _sd(x, y, a, b, eta, p, convention):
     return cross - 0.5 * (pick(*_self_entropic(x, a, eta, p)) + pick(*_self_entropic(y, b, eta, p)))
 
 
+def _fmt_points(points) -> str:
+    return "{" + ", ".join(f"{v:.3g}" for v in np.ravel(points)) + "}"
+
+
 def _energy_half(x, y, a, b, p):
     """Limit eta -> inf: <a x b, C> - (<a x a, C> + <b x b, C>)/2 (half the energy distance for p = 1)."""
     C = lambda u, v: ot.dist(u, v, metric="euclidean") ** p
@@ -212,13 +216,16 @@ def check_eq4(ctx) -> Finding:
                              slope_large_eta=_limit_slope(large, errinf))
             limits[f"p={p},{conv}"] = entry
     eta_grid = np.logspace(-2, 3, ctx.pick(6, 16))
-    curves = []
-    for p in (1, 2):
-        for conv in ("regularized", "transport_cost"):
-            curves.append(series(f"p={p}, {conv}", eta_grid, [_sd(x, y, a, b, eta, p, conv) for eta in eta_grid]))
-        curves.append(series(f"p={p}: W_p^p (eta -> 0)", eta_grid,
-                             np.full(eta_grid.size, float(ot.emd2(a, b, ot.dist(x, y, metric="euclidean") ** p)))))
-        curves.append(series(f"p={p}: eta -> inf limit", eta_grid, np.full(eta_grid.size, _energy_half(x, y, a, b, p))))
+    sd_figures = []
+    for p in (1, 2):  # one figure per p: the same two clouds, a different cost
+        curves = [series(f"SD, {conv} value", eta_grid, [_sd(x, y, a, b, eta, p, conv) for eta in eta_grid])
+                  for conv in ("regularized", "transport_cost")]
+        w_pp = float(ot.emd2(a, b, ot.dist(x, y, metric="euclidean") ** p))
+        sd_figures.append(Figure(
+            f"wdml_sd_vs_eta_p{p}", f"Sinkhorn divergence vs eta, p = {p} (5 vs 6 points in R^2)", "eta",
+            f"Sinkhorn divergence (p = {p})", tuple(curves), xscale="log",
+            thresholds=((f"W_{p}^{p} (limit eta -> 0)", w_pp),
+                        ("<a x b, C> - (<a x a, C> + <b x b, C>)/2 (limit eta -> inf)", _energy_half(x, y, a, b, p)))))
     # Identical measures, the cross term solved separately on a shuffled copy.
     identical = max(abs(_sd(x, x[::-1], a, a[::-1], eta, p, conv))
                     for eta in (0.5, 2.0) for p in (1, 2) for conv in CONVENTIONS)
@@ -248,6 +255,15 @@ def check_eq4(ctx) -> Finding:
         cross = {conv: abs(module.sinkhorn_divergence(x, y, a, b, eps=0.5, p=2, value=conv, tol=1e-12, max_iter=100000)[0]
                            - _sd(x, y, a, b, 0.5, 2, conv)) for conv in ("regularized", "transport_cost")}
     neg = negative["regularized"]
+    if neg is not None:  # the counterexample, plotted: SD of that pair of measures along eta
+        pair = (np.array(neg["x"], float), np.array(neg["y"], float))
+        sd_figures.append(Figure(
+            "wdml_eq4_counterexample", f"Counterexample to SD >= 0: p = {neg['p']}, x = {_fmt_points(pair[0])}, "
+            f"y = {_fmt_points(pair[1])} (uniform weights)", "eta", f"Sinkhorn divergence (p = {neg['p']}, regularized value)",
+            (series("SD of the counterexample", eta_grid,
+                    [_uniform_sd((*pair, eta, neg["p"]), "regularized") for eta in eta_grid]),
+             series(f"found: eta = {neg['eta']:.3g}, SD = {neg['SD']:.3g}", [neg["eta"]], [neg["SD"]], style="points")),
+            xscale="log", thresholds=(("0 (SD >= 0 claimed)", 0.0),)))
     return Finding(
         readings=(
             Reading(PRINTED, "with W_{p,eta} the value of Eq. (3), any p >= 1: SD(mu, mu) = 0, SD >= 0, SD -> W_p^p "
@@ -269,8 +285,7 @@ def check_eq4(ctx) -> Finding:
                                  "(concavity of the root) but tends to W_p only like sqrt(eta) for p = 2 (see limits)",
                  "transport_convention": "W_{p,eta} = <pi, C> only; see negative_search['transport_cost*']",
                  "refdml_sinkhorn_divergence_vs_POT": cross if cross is not None else "not available"},
-        figures=(Figure("wdml_sd_vs_eta", "Sinkhorn divergence vs eta (both value conventions)", "eta", "SD",
-                        tuple(curves), xscale="log"),),
+        figures=tuple(sd_figures),
         probe={"transport_convention_negative": negative["transport_cost"],
                "transport_p12_negative": negative["transport_cost_p12"]},
     )

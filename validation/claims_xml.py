@@ -173,24 +173,31 @@ def check_lemma_2_1(ctx) -> Finding:
     printed_cex = searches["printed"]
     if printed_cex is None and err1 > delta1 + slack:
         printed_cex = {"V": V1.tolist(), "X": X1.tolist(), "error": err1, "delta": delta1}
+
+    def excess(random_margin, cex):
+        # The reading's error is the largest error - delta seen anywhere, the search's example included,
+        # so that it never reads 0 beside a counterexample.
+        return max(random_margin, 0.0, -np.inf if cex is None else cex["error"] - cex["delta"])
     return Finding(
         readings=(
-            Reading(PRINTED, "z* from (2.1) (max inner product)", max(worst["lp"], 0.0), slack,
-                    printed_cex, trials=budget),
+            Reading(PRINTED, "z* from (2.1) (max inner product); error = max(||sum_i z*_i nu_i - mean x|| - delta)",
+                    excess(worst["lp"], printed_cex), slack, printed_cex, trials=budget),
             Reading(CORRECTION, "z* assigns each feature to its nearest prototype in Euclidean "
                     "distance (z_i = #{j: i = argmin_k ||x_j - nu_k||}/n); then the error is at most "
                     "(1/n) sum_j ||nu_a(j) - x_j|| <= delta",
-                    max(worst["nearest"], 0.0), slack, searches["nearest"], trials=budget),
+                    excess(worst["nearest"], searches["nearest"]), slack, searches["nearest"], trials=budget),
             Reading(EXTRA_HYPOTHESIS, "all prototypes have the same norm (then max inner product = "
-                    "nearest prototype and (2.1) is the nearest assignment)", 0.0, slack,
-                    searches["equal_norm"], trials=budget),
+                    "nearest prototype and (2.1) is the nearest assignment)", excess(0.0, searches["equal_norm"]),
+                    slack, searches["equal_norm"], trials=budget),
         ),
-        key_number=(f"printed: error {printed_cex['error']:.3g} > delta {printed_cex['delta']:.3g}"
+        key_number=(f"printed: error {printed_cex['error']:.3g} > delta {printed_cex['delta']:.3g} "
+                    f"(excess {printed_cex['error'] - printed_cex['delta']:.3g})"
                     if printed_cex else f"max(error - delta) = {worst['lp']:.2e}"),
         sizes=[{"m": m, "n": n, "d": d} for m, n, d in sizes],
         seeds=[ctx.seed],
         details={
-            "max_error_minus_delta_random": worst,
+            "max_error_minus_delta_on_random_instances": worst,
+            "note": "random uniform instances rarely break the printed bound; the hypothesis search does",
             "documented_example": {"X": "[-1, 1]", "prototypes": V1.ravel().tolist(), "delta": delta1,
                                    "feature": 0.1, "z_star": z1.tolist(), "error": err1,
                                    "proof_ot_distance": w1},
