@@ -148,7 +148,7 @@ def _binomial_claim(exponent_term: float):
 
 
 def _register(monkeypatch, claim_id, function, operators=()):
-    """Add a fake check to the registry for the duration of one test."""
+    """Add a fake check to the claim list for the duration of one test."""
     monkeypatch.setitem(CHECKS, claim_id, ClaimSpec(claim_id, "none", "a fake claim", "none",
                                                     tuple(operators), function))
 

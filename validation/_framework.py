@@ -1,4 +1,4 @@
-"""The machinery of a claim check: verdicts, readings, results, the registry, the search.
+"""The machinery of a claim check: verdicts, readings, results, the claim list, the search.
 
 A check is a function ``(ctx) -> Finding`` registered with :func:`claim`. It computes,
 for the claim as printed and for each plausible correction or added hypothesis, a

@@ -53,6 +53,9 @@ class OperatorSpec:
         an entry with neither.
     tags : tuple of str
         Free-form labels (``"slow"``, ``"loss"``, ...).
+
+    Every entry is a pair: a loss is ``value, ctx = loss_forward(...)`` with
+    ``grads = loss_backward(ctx, d_value)``, checked with a random scalar ``d_value``.
     """
 
     name: str
@@ -69,9 +72,6 @@ class OperatorSpec:
     mirror_rtol: Mapping[str, float] | None = None
     no_mirror: str | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
-    # Transitional: a one-call loss ``value, grads = forward(**inputs)``. Every loss is
-    # being turned into a pair; the catalogue test fails while any entry still sets it.
-    is_loss: bool = False
 
     @property
     def family(self) -> str:
@@ -101,12 +101,10 @@ class OperatorSpec:
     def check(self, rng: Any = None):
         """Run the gradient check on freshly made inputs; return the GradcheckResult."""
         from refdml._validation import check_rng
-        from refdml.gradcheck._core import check_gradients, check_loss
+        from refdml.gradcheck._core import check_gradients
 
         rng = check_rng(rng)
         inputs = dict(self.make_inputs(rng))
-        if self.is_loss:
-            return check_loss(self.forward, inputs, wrt=self.wrt, mode=self.mode, rng=rng)
         return check_gradients(
             self.forward, self.backward, inputs, wrt=self.wrt, mode=self.mode, rng=rng
         )
