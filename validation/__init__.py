@@ -60,6 +60,7 @@ __all__ = [
 CLAIM_MODULES = (
     "refdml.validation.claims_xml",
     "refdml.validation.claims_gsp",
+    "refdml.validation.claims_gsp_supp",
     "refdml.validation.claims_asap",
     "refdml.validation.claims_wdml",
 )
