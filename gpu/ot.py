@@ -12,7 +12,7 @@ What differs from the reference (and why)
   (:func:`refdml.gpu._ot_sinkhorn._lse_half_step`, the place of a future CuPy kernel), so
   float32 stays finite down to ``eps = 1e-4`` of the largest cost; below that (float32)
   or ``1e-13`` (float64) a ``ValueError`` says the dtype cannot resolve the costs.
-* float32: a positive ``tol`` below the dtype's residual floor (``~8 u (1 + max C /
+* float32: a positive ``tol`` below the dtype's residual floor (``u (1 + max C /
   eps)``, :func:`refdml.gpu._ot_sinkhorn.residual_floor`) is raised to it; ``converged``
   and the warning refer to the raised tol.
 * The implicit (``value="transport_cost"``) gradient's pseudo-inverse cuts eigenvalues
