@@ -101,6 +101,7 @@ def _loss_p1_inputs(rng: np.random.Generator) -> dict:
 register(OperatorSpec(
     name="ot.entropic_ot",
     forward=entropic_ot_forward,
+    mirror="refdml.gpu.ot.entropic_ot_forward",
     backward=entropic_ot_backward,
     make_inputs=_ot_inputs,
     paper="Wasserstein DML Eq. (3): W_{p,eta}^p, regularised value",
@@ -108,6 +109,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="ot.entropic_ot_batched",
     forward=entropic_ot_forward,
+    mirror="refdml.gpu.ot.entropic_ot_forward",
     backward=entropic_ot_backward,
     make_inputs=_ot_batch_inputs,
     paper="Wasserstein DML Eq. (3), a batch of problems with broadcast weights",
@@ -115,6 +117,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="ot.entropic_ot_transport_cost",
     forward=entropic_ot_forward,
+    mirror="refdml.gpu.ot.entropic_ot_forward",
     backward=entropic_ot_backward,
     make_inputs=_ot_transport_inputs,
     paper="Wasserstein DML Eq. (3): <pi, C> of the entropic plan (implicit gradient)",
@@ -122,6 +125,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="ot.sinkhorn_divergence",
     forward=sinkhorn_divergence_forward,
+    mirror="refdml.gpu.ot.sinkhorn_divergence_forward",
     backward=sinkhorn_divergence_backward,
     make_inputs=_divergence_inputs,
     paper="Wasserstein DML Eq. (4): SD_{p,eta}",
@@ -129,6 +133,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="ot.sinkhorn_divergence_transport_cost",
     forward=sinkhorn_divergence_forward,
+    mirror="refdml.gpu.ot.sinkhorn_divergence_forward",
     backward=sinkhorn_divergence_backward,
     make_inputs=_divergence_transport_inputs,
     paper="Wasserstein DML Eq. (4) with <pi, C> in place of W_{p,eta}",
@@ -136,6 +141,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="ot.pairwise_sinkhorn_divergence",
     forward=pairwise_sinkhorn_divergence_forward,
+    mirror="refdml.gpu.ot.pairwise_sinkhorn_divergence_forward",
     backward=pairwise_sinkhorn_divergence_backward,
     make_inputs=_pairwise_inputs,
     paper="Wasserstein DML Eq. (4), all pairs of images (the divergences of Eq. (6))",
@@ -143,6 +149,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="ot.wcontrastive",
     forward=wcontrastive_forward,
+    mirror="refdml.gpu.ot.wcontrastive_forward",
     backward=wcontrastive_backward,
     make_inputs=_loss_inputs,
     paper="Wasserstein DML Eq. (1)",
@@ -152,6 +159,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="ot.wcontrastive_p1",
     forward=wcontrastive_forward,
+    mirror="refdml.gpu.ot.wcontrastive_forward",
     backward=wcontrastive_backward,
     make_inputs=_loss_p1_inputs,
     paper="Wasserstein DML Eq. (1), p = 1 (d_w ~ W_1), transport-cost convention",
@@ -161,6 +169,7 @@ register(OperatorSpec(
 register(OperatorSpec(
     name="ot.wtriplet",
     forward=wtriplet_forward,
+    mirror="refdml.gpu.ot.wtriplet_forward",
     backward=wtriplet_backward,
     make_inputs=_loss_inputs,
     paper="Wasserstein DML Eq. (2)",

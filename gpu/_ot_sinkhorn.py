@@ -1,0 +1,255 @@
+r"""The batched log-domain Sinkhorn solver of :mod:`refdml.gpu.ot` (array path, NumPy or CuPy).
+
+The maths is the reference's (:mod:`refdml.ot._sinkhorn`, docs/ot.md Sec. 2); the
+iteration is not. The reference iterates on kernel scalings (one mat-vec per half step)
+and rebuilds the kernel in the log domain when a scaling leaves ``[e^-30, e^30]``; in
+float32 that window is too narrow to be worth it, so here every half step is a
+log-sum-exp, on potentials in units of ``eps`` (``phi = f / eps``, ``psi = g / eps``)
+and the cost divided by ``eps`` (``S = C / eps``)::
+
+    psi_j <- -log sum_i exp(log a_i + phi_i - S_ij)        (columns exact)
+    phi_i <- -log sum_j exp(log b_j + psi_j - S_ij)
+
+Every exponent has its row maximum subtracted (:func:`_lse_half_step`), so nothing
+overflows or underflows whatever ``eps`` is relative to the cost: float32 stays finite
+down to ``eps = 1e-4`` of the largest cost (the check below refuses less). The residual
+(L1 error of the row marginal of the plan with columns exact) is free: the row sums of
+``a_i b_j exp(phi_i + psi_j - S_ij)`` are ``a_i exp(phi_i - phi'_i)`` with ``phi'`` the
+next half step. Symmetric problems (``OT(mu, mu)``) use the averaged update
+``phi <- (phi + T(phi)) / 2`` (Feydy et al.) as the reference does.
+
+Convergence check (the one synchronisation of the loop on CuPy): every iteration on
+NumPy (free), every :data:`CHECK_EVERY_GPU` iterations on CuPy. Converged problems are
+written out and dropped from the working arrays (compaction) once at least an eighth of
+them (or all) are done, so the batch shrinks as problems converge.
+
+float32: the marginal error cannot go below the rounding of the exponents,
+``~ u * max(S)`` (measured: below 0.1 of that); a positive ``tol`` below :func:`residual_floor` is raised to it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from refdml.exceptions import ConvergenceWarning
+from refdml.ot._sinkhorn import _OTBatch
+
+__all__ = ["CHECK_EVERY_GPU", "residual_floor", "solve_batch", "check_relative_eps"]
+
+#: Iterations between two convergence checks on CuPy (each check synchronises once).
+CHECK_EVERY_GPU = 10
+# Intermediate eps-scaling stages only warm-start the next one (as the reference).
+_STAGE_TOL = 1e-3
+# eps relative to the largest cost that the dtype resolves (reference: float64 limits).
+# float32: below 1e-4 the exponents C / eps > 1e4 carry an absolute rounding error
+# above 1e-3 (a 0.1 % error of every plan entry); above 1e3 the potentials' rounding
+# error exceeds ~1e-4 of the cost.
+_RELATIVE_EPS = {np.dtype(np.float64): (1e-13, 1e12), np.dtype(np.float32): (1e-4, 1e3)}
+# residual_floor = _FLOOR_FACTOR * u * (1 + max S); the computed residual reaches ~0.1 u max(S).
+_FLOOR_FACTOR = 1.0
+
+
+def residual_floor(dtype: Any, largest_scaled_cost: float) -> float:
+    """Smallest marginal error the dtype reaches with ``max(C / eps) = largest_scaled_cost``.
+
+    float64 at the catalogue's scales: ~1e-14 (below any tol anyone asks); float32 with
+    costs in [0, 4] and ``eps = 0.1``: ~5e-6.
+    """
+    return _FLOOR_FACTOR * float(np.finfo(dtype).eps) * (1.0 + largest_scaled_cost)
+
+
+def check_relative_eps(eps: float, largest_cost: float, dtype: Any, *, user_eps: float,
+                       cost_name: str = "the largest cost") -> None:
+    """Refuse an ``eps`` that ``dtype`` cannot resolve against the cost (reference wording)."""
+    if largest_cost == 0.0:
+        return
+    low, high = _RELATIVE_EPS[np.dtype(dtype)]
+    ratio = eps / largest_cost
+    name = np.dtype(dtype).name
+    if not ratio >= low:
+        raise ValueError(
+            f"eps == {user_eps!r} is {ratio:.3g} times {cost_name}, below {low:g}: in {name} "
+            "the kernel exp(-C / eps) cannot resolve the costs. eps is in the units of the "
+            "cost; scale it with the data (or use float64, or an exact OT solver)"
+        )
+    if not ratio <= high:
+        raise ValueError(
+            f"eps == {user_eps!r} is {ratio:.3g} times {cost_name}, above {high:g}: the "
+            f"regularised value would have no correct digits left in {name} (the plan is "
+            "the independent coupling a b^T). eps is in the units of the cost; scale it "
+            "with the data (or use float64)"
+        )
+
+
+def _lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=None):
+    """``-log sum_j exp(log_weight_j + potential_j - scaled_cost_ij)``: (P, n) from (P, n, m).
+
+    The one fused operation of the solver (a CuPy kernel will replace this array path:
+    one read of ``scaled_cost`` per half step). The reduction runs over the last,
+    contiguous axis; ``out`` is a (P, n, m) work buffer (or None).
+
+    Stabiliser. On CuPy (and without ``previous``) the row maximum is subtracted, so the
+    sum is in ``[1, m]``. On NumPy, ``previous`` (the potential this step replaces) is
+    added instead, which saves two passes over the (P, n, m) array: when the other
+    marginal is exact, ``exp(log_weight_j + potential_j - S_ij + previous_i)`` is the plan
+    entry over ``a_i``, at most ``1 / a_i``; rows whose sum leaves the normal range
+    (a far-off start, or the symmetric update) are redone with the maximum.
+    """
+    z = xp.subtract((log_weight + potential)[:, None, :], scaled_cost, out=out)
+    if previous is None or xp is not np:
+        peak = xp.max(z, axis=2, keepdims=True)
+        z -= peak
+        xp.exp(z, out=z)
+        return -(peak[:, :, 0] + xp.log(xp.sum(z, axis=2)))
+    z += previous[:, :, None]
+    xp.exp(z, out=z)
+    total = xp.sum(z, axis=2)
+    info = np.finfo(total.dtype)
+    bad = np.flatnonzero(~((total >= info.tiny / info.eps) & (total <= info.max / 2)))
+    with np.errstate(divide="ignore"):
+        result = previous - xp.log(total)
+    if bad.size:
+        rows = bad // total.shape[1], bad % total.shape[1]
+        redo = (log_weight + potential)[rows[0]] - scaled_cost[rows]
+        peak = xp.max(redo, axis=1, keepdims=True)
+        result[rows] = -(peak[:, 0] + xp.log(xp.sum(xp.exp(redo - peak), axis=1)))
+    return result
+
+
+def _view(work, shape):
+    """The first ``prod(shape)`` entries of the flat work buffer, as an array of ``shape``."""
+    return work[: shape[0] * shape[1] * shape[2]].reshape(shape)
+
+
+def _row_error(xp, a, phi, phi_next):
+    """L1 error of the row marginal ``a_i exp(phi_i - phi'_i)`` against ``a``."""
+    return xp.sum(a * xp.abs(xp.expm1(phi - phi_next)), axis=1)
+
+
+def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter, symmetric,
+           check_every):
+    """Sinkhorn at one eps for P problems; returns phi, psi, n_iter, error (all (P, ...)).
+
+    ``scaled`` = C / eps (P, n, m), ``scaled_t`` its transpose, contiguous (None when
+    symmetric). On return ``psi`` is exact for the columns (non-symmetric problems).
+    """
+    n_problems = scaled.shape[0]
+    out_phi, out_psi = phi.copy(), psi.copy()
+    out_iter = xp.zeros(n_problems, dtype=xp.int64)
+    out_err = xp.full(n_problems, np.inf, dtype=phi.dtype)
+    index = xp.arange(n_problems)                 # problem of each working row
+    live = xp.ones(n_problems, dtype=bool)        # working rows not yet written out
+    work = xp.empty(scaled.size, dtype=scaled.dtype)   # the buffer of every half step
+    if symmetric:
+        psi = phi
+        following = _lse_half_step(xp, scaled, phi, log_a, out=_view(work, scaled.shape))
+    else:
+        psi = _lse_half_step(xp, scaled_t, phi, log_a, out=_view(work, scaled_t.shape))
+        following = _lse_half_step(xp, scaled, psi, log_b, out=_view(work, scaled.shape))
+    for it in range(max_iter + 1):
+        if it % check_every == 0 or it == max_iter:
+            err = _row_error(xp, a, phi, following)
+            done = live & ((err <= tol) if it < max_iter else True)
+            # One synchronisation on CuPy: does any problem stop here?
+            n_done = int(xp.count_nonzero(done))
+            if n_done:
+                rows = index[done]
+                out_phi[rows] = phi[done]
+                out_psi[rows] = psi[done]
+                out_iter[rows] = it
+                out_err[rows] = err[done]
+                live &= ~done
+                n_live = int(xp.count_nonzero(live))
+                if n_live == 0:
+                    break
+                if live.shape[0] - n_live >= max(1, live.shape[0] // 8):
+                    keep = live
+                    index, live = index[keep], live[keep]
+                    a, log_a, phi, following = a[keep], log_a[keep], phi[keep], following[keep]
+                    scaled = scaled[keep]
+                    if not symmetric:
+                        b, log_b, scaled_t = b[keep], log_b[keep], scaled_t[keep]
+                        psi = psi[keep]
+        if symmetric:
+            phi = 0.5 * (phi + following)
+            psi = phi
+            following = _lse_half_step(xp, scaled, phi, log_a, phi, out=_view(work, scaled.shape))
+        else:
+            phi = following
+            psi = _lse_half_step(xp, scaled_t, phi, log_a, psi, out=_view(work, scaled_t.shape))
+            following = _lse_half_step(xp, scaled, psi, log_b, phi, out=_view(work, scaled.shape))
+    return out_phi, out_psi, out_iter, out_err
+
+
+def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
+                unit=1.0, want_plan=True, warn_stacklevel=4) -> _OTBatch:
+    """P problems (a (P, n), b (P, m) on the simplex, cost (P, n, m) in units of ``unit``
+    with its largest entry in [0.5, 1), ``eps`` in the same units) in one batch.
+
+    Returns the reference's :class:`refdml.ot._sinkhorn._OTBatch` holding arrays of
+    ``xp`` (potentials ``f = eps phi`` in units of ``unit``). ``tol`` is raised to
+    :func:`residual_floor` of the dtype when positive and below it.
+    """
+    dtype = cost.dtype
+    check_every = CHECK_EVERY_GPU if xp is not np else 1
+    largest = float(xp.max(cost)) if cost.size else 0.0   # one synchronisation on CuPy
+    if tol > 0.0:
+        tol = max(tol, residual_floor(dtype, largest / eps))
+    log_a, log_b = xp.log(a), xp.log(b)
+    n_problems, n, m = cost.shape
+    phi = xp.zeros((n_problems, n), dtype=dtype)
+    psi = xp.zeros((n_problems, m), dtype=dtype)
+    n_iter = xp.zeros(n_problems, dtype=xp.int64)
+    schedule = [eps]
+    if eps_scaling is not None:
+        schedule, level = [], largest
+        while level > eps:
+            schedule.append(level)
+            level *= eps_scaling
+        schedule.append(eps)
+    previous = schedule[0]
+    for k, level in enumerate(schedule):
+        last = k == len(schedule) - 1
+        phi, psi = phi * (previous / level), psi * (previous / level)
+        scaled = cost * (1.0 / level)
+        scaled_t = None if symmetric else xp.ascontiguousarray(xp.swapaxes(scaled, 1, 2))
+        phi, psi, it, err = _stage(
+            xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi,
+            tol=tol if last else max(tol, _STAGE_TOL), max_iter=max_iter,
+            symmetric=symmetric, check_every=check_every,
+        )
+        n_iter += it
+        previous = level
+    plan = None
+    if want_plan:
+        plan = (log_a + phi)[:, :, None] + (log_b + psi)[:, None, :] - scaled
+        xp.exp(plan, out=plan)
+    converged = err <= tol
+    # tol = 0: a fixed number of iterations, no warning (as the reference).
+    if tol > 0.0:
+        n_bad = int(xp.count_nonzero(~converged))       # one synchronisation on CuPy
+        if n_bad:
+            warnings.warn(
+                f"Sinkhorn stopped at max_iter={max_iter} iterations above tol={tol:g} for "
+                f"{n_bad} of {n_problems} problem(s) (largest marginal error "
+                f"{float(xp.max(err)):.3g}); increase max_iter, eps, or use eps_scaling",
+                ConvergenceWarning,
+                stacklevel=warn_stacklevel,
+            )
+    return _OTBatch(a, b, cost, eps, eps * phi, eps * psi, plan, n_iter, err, converged, unit)
+
+
+def batch_value(xp, batch: _OTBatch):
+    """Regularised value ``unit (<a, f> + <b, g> - eps (mass - 1))`` (P,), like the reference."""
+    mass = xp.sum(batch.plan, axis=(1, 2))
+    scaled = xp.sum(batch.a * batch.f, axis=1) + xp.sum(batch.b * batch.g, axis=1)
+    return batch.unit * (scaled - batch.eps * (mass - 1.0))
+
+
+def batch_transport_cost(xp, batch: _OTBatch):
+    """``unit <pi, C>`` (P,)."""
+    flat = batch.plan.shape[0], -1
+    return batch.unit * xp.sum(batch.plan.reshape(flat) * batch.cost.reshape(flat), axis=1)
