@@ -313,7 +313,7 @@ def test_fig9_is_decided_by_a_count_of_passes(quick_run):
 
 
 def test_pass_counter_counts_only_big_passes():
-    from refdml.validation.claims_gsp import _count_passes
+    from refdml.validation.claims_gsp_supp import _count_passes
 
     def fn(a, v):
         b = a * 2.0  # 1
