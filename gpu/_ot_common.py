@@ -1,0 +1,162 @@
+"""Private helpers of the OT fast path: input checks, the scaled solve, the ground cost."""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from refdml._numerics import common_scale
+from refdml._xp import array_namespace
+from refdml.gpu import _ot_sinkhorn as _solver
+from refdml.gpu._fast_checks import check_fast_upstream, data_checks
+from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml.gpu.distances import _scaled_sq
+from refdml.ot._divergence import (
+    _cost_unit,
+)
+from refdml.ot._sinkhorn import _OTBatch
+
+
+_PINV_RCOND = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-6}
+
+
+# --------------------------------------------------------------------------- checks
+def _weights(w, name: str, size: int, ns, dtype):
+    """Positive weights (leading batch dims allowed); ``(w / |w|, |w|)`` like the reference."""
+    xp = ns.xp
+    w = as_fast_array(w, name, min_ndim=1, dtype=dtype, ns=ns)
+    if w.shape[-1] != size:
+        raise ValueError(f"{name} has {w.shape[-1]} entries along its last axis, expected {size}")
+    if data_checks(ns) and bool(xp.any(w <= 0)):
+        bad = tuple(int(i) for i in xp.argwhere(w <= 0)[0])
+        raise ValueError(
+            f"{name} must be positive, got {w[bad]} at index {bad} "
+            "(drop zero-weight points instead)"
+        )
+    peak = xp.max(w, axis=-1, keepdims=True)
+    w = w / peak
+    scaled_mass = xp.sum(w, axis=-1)
+    with np.errstate(over="ignore"):
+        mass = scaled_mass * peak[..., 0]
+    return w / scaled_mass[..., None], mass
+
+
+def _cost_and_weights(a, b, cost):
+    ns = array_namespace(a, b, cost)
+    dtype = result_dtype(*(as_fast_array(v, k, ns=ns) for v, k in ((a, "a"), (b, "b"))),
+                         as_fast_array(cost, "cost", min_ndim=2, ns=ns))
+    cost = as_fast_array(cost, "cost", min_ndim=2, dtype=dtype, ns=ns)
+    a, a_mass = _weights(a, "a", cost.shape[-2], ns, dtype)
+    b, b_mass = _weights(b, "b", cost.shape[-1], ns, dtype)
+    return ns.xp, a, a_mass, b, b_mass, cost
+
+
+def _as_batch(xp, a, b, cost):
+    n, m = cost.shape[-2:]
+    batch_shape = np.broadcast_shapes(cost.shape[:-2], a.shape[:-1], b.shape[:-1])
+    cost_b = xp.broadcast_to(cost, batch_shape + (n, m)).reshape(-1, n, m)
+    a_b = xp.broadcast_to(a, batch_shape + (n,)).reshape(-1, n)
+    b_b = xp.broadcast_to(b, batch_shape + (m,)).reshape(-1, m)
+    return xp.ascontiguousarray(a_b), xp.ascontiguousarray(b_b), xp.array(cost_b), batch_shape
+
+
+def _unbatch(array, batch_shape):
+    out = array.reshape(tuple(batch_shape) + tuple(array.shape[1:]))
+    return out.item() if out.ndim == 0 else out          # a Python scalar: one sync on CuPy
+
+
+def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel=5):
+    """Solve on the cost divided by one power of two (max |C| in [0.5, 1)); see the reference."""
+    peak = float(xp.max(xp.abs(cost)))                   # one synchronisation on CuPy
+    unit = float(common_scale(np.array(peak)))
+    cost = cost * (1.0 / unit)
+    _solver.check_relative_eps(eps / unit, peak / unit, cost.dtype, user_eps=eps)
+    return _solver.solve_batch(xp, a, b, cost, eps=eps / unit, max_iter=max_iter, tol=tol,
+                               eps_scaling=eps_scaling, unit=unit, warn_stacklevel=stacklevel)
+
+
+# --------------------------------------------------------------------------- ground cost
+def _cloud_sq(xp, x, y, p: float, self_pairs: bool):
+    """``||x_i - y_j||^2`` (P, n, m) of clouds in the unit ball; self: symmetric, 0 diagonal."""
+    sq = _scaled_sq(xp, x, y, self_pairs)
+    if self_pairs:
+        sq = 0.5 * (sq + xp.swapaxes(sq, 1, 2))
+    return sq
+
+
+def _ground_cost(sq, p: float):
+    return sq if p == 2.0 else sq ** (0.5 * p)
+
+
+def _ground_cost_backward(xp, x, y, sq, p, d_cost):
+    """Gradients of ``<d_cost, ||x_i - y_j||^p>`` w.r.t. x and y (0 at x_i = y_j)."""
+    if p == 2.0:
+        w = 2.0 * d_cost
+    else:
+        positive = sq > 0
+        w = xp.where(positive, p * d_cost * xp.where(positive, sq, 1.0) ** (0.5 * p - 1.0), 0.0)
+        w = w.astype(sq.dtype, copy=False)
+    d_x = xp.sum(w, axis=2)[:, :, None] * x - w @ y
+    d_y = xp.sum(w, axis=1)[:, :, None] * y - xp.swapaxes(w, 1, 2) @ x
+    return d_x, d_y
+
+
+def _check_output(xp, values, what: str) -> None:
+    if not bool(xp.all(xp.isfinite(values))):
+        raise ValueError(f"{what} overflows {np.dtype(values.dtype).name}; rescale the data (or eps)")
+
+
+def _scale_and_unit(xp, names: str, p: float, *arrays):
+    peak = max(float(xp.max(xp.abs(v))) for v in arrays)   # one synchronisation on CuPy
+    scale = float(common_scale(np.array(peak)))
+    return scale, _cost_unit(scale, p, names)
+
+
+def _weight_vector(w, name, size, ns, dtype):
+    w_norm, mass = _weights(w, name, size, ns, dtype)
+    if w_norm.ndim != 1:
+        raise ValueError(f"{name} must be 1-d, got shape {tuple(w_norm.shape)}")
+    return w_norm, float(mass)
+
+
+def _term(xp, value: str):
+    if value == "regularized":
+        return lambda t: _solver.batch_value(xp, t)
+    return lambda t: _solver.batch_transport_cost(xp, t)
+
+
+def _scalar_upstream(d_value, ns, dtype):
+    d = check_fast_upstream(d_value, "d_value", (), ns, dtype)
+    return ns.xp.reshape(ns.xp.asarray(d, dtype=dtype), (1,))
+
+
+def _ot_vjp(xp, batch: _OTBatch, value: str, d_value):
+    """Gradients of ``sum_p d_value[p] OT_p`` w.r.t. the cost and the simplex weights."""
+    if value == "regularized":
+        d_cost, da, db = batch.plan, batch.f, batch.g
+    else:
+        d_cost, da, db = _transport_cost_vjp(xp, batch)
+    da = da - xp.sum(da * batch.a, axis=1)[:, None]
+    db = db - xp.sum(db * batch.b, axis=1)[:, None]
+    scale = batch.unit * d_value[:, None]
+    return d_cost * d_value[:, None, None], da * scale, db * scale
+
+
+def _transport_cost_vjp(xp, batch: _OTBatch):
+    """Implicit derivative of ``<pi, C>``: the reference's Schur-complement pseudo-inverse."""
+    plan, cost, a, b, eps = batch.plan, batch.cost, batch.a, batch.b, batch.eps
+    weighted = plan * cost
+    u, v = xp.sum(weighted, axis=2), xp.sum(weighted, axis=1)
+    schur = -(xp.swapaxes(plan, 1, 2) @ (plan / a[:, :, None]))
+    diag = xp.arange(b.shape[1])
+    schur[:, diag, diag] += b
+    schur = 0.5 * (schur + xp.swapaxes(schur, 1, 2))
+    rhs = v - (xp.swapaxes(plan, 1, 2) @ (u / a)[:, :, None])[:, :, 0]
+    eigval, eigvec = xp.linalg.eigh(schur)
+    keep = eigval > _PINV_RCOND[np.dtype(plan.dtype)] * eigval[:, -1:]
+    inv = xp.where(keep, 1.0 / xp.where(keep, eigval, 1.0), 0.0).astype(plan.dtype)
+    coeff = (xp.swapaxes(eigvec, 1, 2) @ rhs[:, :, None])[:, :, 0]
+    z = (eigvec @ (inv * coeff)[:, :, None])[:, :, 0]
+    w = (u - (plan @ z[:, :, None])[:, :, 0]) / a
+    d_cost = plan * (1.0 + (w[:, :, None] + z[:, None, :] - cost) * (1.0 / eps))
+    return d_cost, w, z
