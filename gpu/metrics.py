@@ -12,15 +12,16 @@ of ``_REFERENCE_BLOCK``; for each (query block, reference block) the scores
     s_{ij} = -2 \\langle q_i, r_j \\rangle + |r_j|^2 \\quad\\text{(Euclidean)}, \\qquad
     s_{ij} = -\\langle q_i / |q_i|, r_j / |r_j| \\rangle \\quad\\text{(cosine)}
 
-(the reference's expressions, operation for operation) are merged with the block's
-running ``K`` best ``(score, index)`` pairs: the candidates are ``[running K | block]``,
-the ``K``-th smallest score ``t`` is found by a partition, every candidate below ``t`` is
-kept and the places left go to the candidates equal to ``t`` in column order, and the
-kept ones are stably sorted by score. Column order among equal scores is index order
-(the running part is sorted by (score, index) and holds only lower indices than the
-block), so the result is the lexicographic (score, index) order of the reference with
-no Python loop over queries or references and no host round trip inside the loop.
-Memory: ``O(chunk_size * (K + _REFERENCE_BLOCK))`` plus the inputs.
+(the reference's expressions, operation for operation) give the block's own ``K``
+smallest by ``argpartition`` (rows where the cut value has equal scores left out are
+redone exactly: every score below it, then the equal ones by lower index, as
+``refdml.metrics._smallest`` does), which are merged with the running ``K`` best
+``(score, index)`` pairs by a stable sort of ``[running K | block's K in index order]``.
+Among equal scores column order is index order (the running part is sorted by
+(score, index) and holds only lower indices than the block), so the result is the
+reference's lexicographic (score, index) order, with no Python loop over queries or
+references.
+Memory: ``O(chunk_size * _REFERENCE_BLOCK)`` plus the inputs.
 
 Precision: float64 gives the reference's metrics (same arithmetic; only a matrix
 product's blocking could round differently, which matters only for two references whose
@@ -31,7 +32,9 @@ random data of thousands of points, a few queries in ten thousand; ``scripts/ben
 prints the differences it measures). Exact ties stay ties in either dtype.
 
 Synchronisations on CuPy: the size of the top-K (``K = max(max_i R_i, max k)``, needed
-for the shapes: one sync), the check that some query has a true reference (one), the
+for the shapes: one sync), the check that some query has a true reference (one), one
+per (query block, reference block) to learn whether any row has a tie across the cut
+(``bool(any(tied))``; the redo of those rows needs their count), the
 returned Python floats and ints (one transfer of the summed metrics at the end), and the
 data checks of :mod:`refdml.gpu._validation`.
 """
@@ -63,25 +66,38 @@ def _row_norm(xp: Any, x: Any) -> Any:
     return peak * xp.sqrt(xp.sum((x / safe) ** 2, axis=-1, keepdims=True))
 
 
-def _merge(xp: Any, cand: Any, cand_idx: Any, n_keep: int) -> tuple[Any, Any]:
-    """The ``n_keep`` smallest (score, index) of each row, sorted; see the module docstring."""
-    rows = cand.shape[0]
-    if cand.shape[1] > n_keep:
-        t = xp.partition(cand, n_keep - 1, axis=1)[:, n_keep - 1:n_keep]
-        below = cand < t
-        equal = cand == t
+def _smallest(xp: Any, score: Any, n_keep: int) -> Any:
+    """Columns of the ``n_keep`` smallest scores per row, lowest index first on ties, sorted
+    by column (``refdml.metrics._smallest``: ``argpartition``, then the rows whose cut
+    value ``t`` has equal scores left out are redone: keep every score below ``t``, then
+    the equal ones in index order)."""
+    b, width = score.shape
+    if width <= n_keep:
+        return xp.broadcast_to(xp.arange(width, dtype=xp.int64), (b, width))
+    part = xp.argpartition(score, n_keep - 1, axis=1)[:, :n_keep]
+    kept = xp.take_along_axis(score, part, axis=1)
+    t = xp.max(kept, axis=1, keepdims=True)              # the n_keep-th smallest score
+    tied = xp.sum(score == t, axis=1) > xp.sum(kept == t, axis=1)
+    if bool(xp.any(tied)):   # a sync per block on CuPy: rare rows, redone exactly
+        rows = xp.nonzero(tied)[0]
+        sub, cut = score[rows], t[rows]
+        below, equal = sub < cut, sub == cut
         room = n_keep - xp.sum(below, axis=1, keepdims=True)
         keep = below | (equal & (xp.cumsum(equal, axis=1) <= room))
-        # Compact the kept columns (exactly n_keep per row) in column order by a scatter;
-        # the dropped ones go to a discarded last column.
-        target = xp.where(keep, xp.cumsum(keep, axis=1) - 1, n_keep)
-        row_index = xp.arange(rows)[:, None]
-        kept = xp.empty((rows, n_keep + 1), dtype=cand.dtype)
-        kept_idx = xp.empty((rows, n_keep + 1), dtype=cand_idx.dtype)
-        kept[row_index, target] = cand
-        kept_idx[row_index, target] = cand_idx
-        cand, cand_idx = kept[:, :n_keep], kept_idx[:, :n_keep]
-    order = xp.argsort(cand, axis=1, kind="stable")
+        part[rows] = xp.nonzero(keep)[1].reshape(rows.shape[0], n_keep)
+    return xp.sort(part, axis=1)
+
+
+def _merge(xp: Any, top: Any, top_idx: Any, score: Any, r0: int, n_keep: int):
+    """The running top-K merged with a block's own top-K, in (score, index) order.
+
+    The candidates are ``[running K | block's K in index order]``: among equal scores
+    column order is index order, so a stable sort by score is the lexicographic order.
+    """
+    cols = _smallest(xp, score, n_keep)
+    cand = xp.concatenate([top, xp.take_along_axis(score, cols, axis=1)], axis=1)
+    cand_idx = xp.concatenate([top_idx, cols + r0], axis=1)
+    order = xp.argsort(cand, axis=1, kind="stable")[:, :n_keep]
     return xp.take_along_axis(cand, order, axis=1), xp.take_along_axis(cand_idx, order, axis=1)
 
 
@@ -113,11 +129,7 @@ def _nearest(xp, query, rows, reference, n_keep, same_set, metric, chunk_size):
                 # The query itself: +inf (a no-op write to column 0 for queries outside).
                 score[xp.arange(b), xp.where(inside, own, 0)] = xp.where(
                     inside, np.inf, score[xp.arange(b), 0])
-            cand = xp.concatenate([top, score], axis=1)
-            cand_idx = xp.concatenate(
-                [top_idx, xp.broadcast_to(xp.arange(r0, r1, dtype=xp.int64), (b, r1 - r0))],
-                axis=1)
-            top, top_idx = _merge(xp, cand, cand_idx, n_keep)
+            top, top_idx = _merge(xp, top, top_idx, score, r0, n_keep)
         out[start:start + b] = top_idx
     return out
 
