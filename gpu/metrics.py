@@ -27,9 +27,9 @@ Precision: float64 gives the reference's metrics (same arithmetic; only a matrix
 product's blocking could round differently, which matters only for two references whose
 distances agree to ~1e-16 relative). In float32 the scores round at ~1e-7 relative of
 ``|q| |r|``: two references closer than that may swap, so the float32 metrics equal
-those of the reference on the float32-rounded inputs except for such near-ties (on
-random data of thousands of points, a few queries in ten thousand; ``scripts/bench_gpu.py``
-prints the differences it measures). Exact ties stay ties in either dtype.
+those of the reference on the float32-rounded inputs except for such near-ties (equal
+on the 10,000 x 128 data of ``scripts/bench_gpu.py --only metrics``, which prints any
+difference it measures). Exact ties (duplicated references) stay ties in either dtype.
 
 Synchronisations on CuPy: the size of the top-K (``K = max(max_i R_i, max k)``, needed
 for the shapes: one sync), the check that some query has a true reference (one), one
