@@ -1,4 +1,4 @@
-"""The ``refdml`` command line: ``--version``, ``gradcheck`` and ``verify``.
+"""The ``refdml`` command line: ``--version``, ``gradcheck``, ``gpu-check`` and ``verify``.
 
 Exit statuses: 0 success, 1 a failure of refdml's own code (a gradient check, a crashed
 claim check), 2 bad arguments (argparse's convention).
@@ -36,17 +36,10 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...], right: set[int]
 
 def _gradcheck(args: argparse.Namespace) -> int:
     from refdml.gradcheck.catalog import all_operators
-    from refdml.validation import select
 
-    specs = all_operators()
-    if args.only:
-        names, unmatched = select([s.name for s in specs], args.only)
-        if unmatched:
-            print(f"refdml gradcheck: error: --only {' '.join(unmatched)} matches no operator "
-                  "(a full name or a prefix such as 'losses'); the operators are:", file=sys.stderr)
-            print("\n".join(f"  {s.name}" for s in specs), file=sys.stderr)
-            return 2
-        specs = [s for s in specs if s.name in names]
+    specs = _select_specs("gradcheck", all_operators(), args.only)
+    if specs is None:
+        return 2
     rows, failures = [], 0
     for spec in specs:
         try:
@@ -63,6 +56,71 @@ def _gradcheck(args: argparse.Namespace) -> int:
     header = ("operator", "input", "mode", "max rel err", "rtol", "result")
     print("\n".join(_table(rows, header, right={3, 4})))
     print(f"\n{len(specs)} operators checked, {failures} failure(s)")
+    return 1 if failures else 0
+
+
+def _select_specs(command: str, specs: list, only: list[str] | None) -> list | None:
+    """``specs`` narrowed by ``--only`` (names or prefixes); None after an error message."""
+    from refdml.validation import select
+
+    if not only:
+        return specs
+    names, unmatched = select([s.name for s in specs], only)
+    if unmatched:
+        print(f"refdml {command}: error: --only {' '.join(unmatched)} matches no operator "
+              "(a full name or a prefix such as 'losses'); the operators are:", file=sys.stderr)
+        print("\n".join(f"  {s.name}" for s in specs), file=sys.stderr)
+        return None
+    return [s for s in specs if s.name in names]
+
+
+def _gpu_check(args: argparse.Namespace) -> int:
+    from refdml.gpu.parity import available_backends, check_parity
+    from refdml.gradcheck.catalog import all_operators
+
+    specs = _select_specs("gpu-check", all_operators(), args.only)
+    if specs is None:
+        return 2
+    backends = available_backends()
+    dtypes = list(dict.fromkeys(args.dtype))
+    mirrored = [s for s in specs if s.mirror is not None]
+    if "cupy" in backends:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        print(f"devices: NumPy (CPU) and CuPy {cupy.__version__} on {name}")
+    else:
+        print("devices: NumPy (CPU) only -- CuPy is not installed or sees no CUDA device, "
+              "so no CuPy rows ran")
+    rows, failures = [], 0
+    for spec in mirrored:
+        for backend in backends:
+            for dtype in dtypes:
+                try:
+                    r = check_parity(spec, backend=backend, dtype=dtype, seed=args.seed)
+                except Exception as exc:  # a crash is a failure of our own code; report it
+                    failures += 1
+                    rows.append((spec.name, backend, dtype, "-", "-",
+                                 f"{spec.mirror_tolerance(dtype):.0e}", "-", f"CRASH {exc!r}"))
+                    continue
+                failures += not r.passed
+                verdict = "pass" if r.passed else "FAIL " + "; ".join(r.problems)
+                rows.append((spec.name, backend, dtype, f"{r.output_error:.2e}",
+                             f"{r.gradient_error:.2e}", f"{r.tolerance:.0e}",
+                             f"{1e3 * r.seconds:.2f}", verdict))
+    header = ("operator", "device", "dtype", "max rel err outputs", "max rel err gradients",
+              "tolerance", "time ms", "result")
+    if rows:
+        print("\n".join(_table(rows, header, right={3, 4, 5, 6})))
+    print(f"\n{len(mirrored)} mirrored operators x {len(backends)} device(s) x {len(dtypes)} "
+          f"dtype(s): {len(rows)} checks, {failures} failure(s)")
+    unmirrored = [s for s in specs if s.mirror is None]
+    if unmirrored:
+        print(f"\n{len(unmirrored)} operators without a mirror (not checked):")
+        width = max(len(s.name) for s in unmirrored)
+        for s in unmirrored:
+            print(f"  {s.name:<{width}}  {s.no_mirror or '(no reason recorded)'}")
     return 1 if failures else 0
 
 
@@ -98,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reference operators of four DML papers, and numerical checks of their claims.",
     )
     parser.add_argument("--version", action="version", version=f"refdml {refdml.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{gradcheck,verify}")
+    sub = parser.add_subparsers(dest="command", metavar="{gradcheck,gpu-check,verify}")
 
     grad = sub.add_parser("gradcheck", help="check every catalogued backward against finite differences",
                           description="Check every backward of the operator catalogue against central "
@@ -107,6 +165,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="check only these operators (full names or prefixes, e.g. 'losses' 'gsp.pool')")
     grad.add_argument("--seed", type=_seed, default=0, help="seed of the inputs and upstream gradients (>= 0)")
     grad.set_defaults(func=_gradcheck)
+
+    gpu = sub.add_parser(
+        "gpu-check", help="check the fast path (refdml.gpu) against the reference on this machine",
+        description="Run the parity of every mirrored catalogue entry (refdml.gpu.parity) on "
+                    "NumPy, and on CuPy where it sees a CUDA device: outputs and gradients "
+                    "against the float64 reference, max relative error, tolerance and time of "
+                    "the mirror's forward + backward (catalogue-sized inputs). Exit status 0 all "
+                    "pass, 1 a failure or a crash, 2 bad arguments.")
+    gpu.add_argument("--only", nargs="+", metavar="NAME",
+                     help="check only these operators (full names or prefixes, e.g. 'losses' 'gsp.pool')")
+    gpu.add_argument("--dtype", nargs="+", choices=("float32", "float64"),
+                     default=["float32", "float64"], help="dtypes of the fast path (default both)")
+    gpu.add_argument("--seed", type=_seed, default=0, help="seed of the inputs and upstream gradients (>= 0)")
+    gpu.set_defaults(func=_gpu_check)
 
     verify = sub.add_parser("verify", help="check every claim of the papers numerically",
                             description="Check the claims of GSP, XML, ASAP and Wasserstein DML numerically; "
@@ -121,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write a Markdown report (and figures) here; checked before the run")
     verify.add_argument("--seed", type=_seed, default=0, help="base seed of every check (>= 0)")
     verify.set_defaults(func=_verify)
-    parser._refdml_subparsers = {"gradcheck": grad, "verify": verify}
+    parser._refdml_subparsers = {"gradcheck": grad, "gpu-check": gpu, "verify": verify}
     return parser
 
 

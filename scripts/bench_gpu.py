@@ -182,7 +182,71 @@ def bench_ot(repeats: int) -> None:
           "of the divergences vs the reference)")
 
 
-SECTIONS = {"gsp": bench_gsp, "losses": bench_losses, "ot": bench_ot}
+def bench_kcenter(repeats: int) -> None:
+    """Greedy k-center, 20,000 x 128 points, k = 200 (first centre drawn with seed 0)."""
+    from refdml import kcenter as ref
+    from refdml.gpu import kcenter as fast
+
+    n, d, k = 20_000, 128, 200
+    points = np.random.default_rng(0).standard_normal((n, d))
+    p32 = points.astype(np.float32)
+    runs = {
+        "reference float64": lambda: ref.greedy_k_center(points, k, rng=0),
+        "fast float64": lambda: fast.greedy_k_center(points, k, rng=0),
+        "fast float32": lambda: fast.greedy_k_center(p32, k, rng=0),
+    }
+    results = {name: fn() for name, fn in runs.items()}
+    medians = _interleaved(runs, repeats)
+    print(f"\ngreedy k-center, n={n} d={d} k={k} (median of {repeats}, interleaved; "
+          f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
+    reference = medians["reference float64"]
+    for name, seconds in medians.items():
+        print(f"  {name:20s} {seconds * 1e3:8.2f} ms   {reference / seconds:5.1f}x the reference")
+    r64, f64, f32 = (results[name] for name in runs)
+    on_rounded = ref.greedy_k_center(p32.astype(np.float64), k, rng=0)
+    same = int(np.argmax(f32.indices != on_rounded.indices)) if np.any(
+        f32.indices != on_rounded.indices) else k
+    print(f"  float64: picks equal to the reference: {bool(np.all(f64.indices == r64.indices))}, "
+          f"radii max rel err {float(np.max(np.abs(f64.radii - r64.radii) / r64.radii)):.1e}")
+    print(f"  float32 vs the reference on the float32-rounded points: first {same} of {k} picks "
+          f"equal, radii max rel err over them "
+          f"{float(np.max(np.abs(f32.radii[:same] - on_rounded.radii[:same]) / on_rounded.radii[:same])):.1e}")
+
+
+def bench_metrics(repeats: int) -> None:
+    """Retrieval metrics, same-set, 10,000 x 128 embeddings in 1,000 classes (Euclidean)."""
+    from refdml import metrics as ref
+    from refdml.gpu import metrics as fast
+
+    n, d, n_classes = 10_000, 128, 1_000
+    rng = np.random.default_rng(0)
+    labels = rng.permutation(np.repeat(np.arange(n_classes), n // n_classes))
+    # Class structure so that the metrics are not near zero: centre + noise.
+    x = rng.standard_normal((n_classes, d))[labels] + 1.5 * rng.standard_normal((n, d))
+    x32 = x.astype(np.float32)
+    runs = {
+        "reference float64": lambda: ref.retrieval_metrics(x, labels),
+        "fast float64": lambda: fast.retrieval_metrics(x, labels),
+        "fast float32": lambda: fast.retrieval_metrics(x32, labels),
+    }
+    results = {name: fn() for name, fn in runs.items()}
+    medians = _interleaved(runs, repeats)
+    print(f"\nretrieval metrics, same-set, n={n} d={d}, {n_classes} classes (median of {repeats}, "
+          f"interleaved; BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
+    reference = medians["reference float64"]
+    for name, seconds in medians.items():
+        print(f"  {name:20s} {seconds * 1e3:8.2f} ms   {reference / seconds:5.1f}x the reference")
+    on_rounded = ref.retrieval_metrics(x32.astype(np.float64), labels)
+    r64, f64, f32 = (results[name] for name in runs)
+    print(f"  float64 metrics equal to the reference: {f64 == r64}")
+    diff = {key: f32[key] - on_rounded[key] for key in on_rounded if f32[key] != on_rounded[key]}
+    print(f"  float32 vs the reference on the float32-rounded inputs: "
+          f"{'equal' if not diff else ', '.join(f'{k} {v:+.1e}' for k, v in diff.items())} "
+          f"(MAP@R {r64['mean_average_precision_at_r']:.4f}, P@1 {r64['precision_at_1']:.4f})")
+
+
+SECTIONS = {"gsp": bench_gsp, "losses": bench_losses, "ot": bench_ot,
+            "kcenter": bench_kcenter, "metrics": bench_metrics}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -182,3 +182,64 @@ def test_run_checks_refuses_a_negative_seed():
 
     with pytest.raises(ValueError, match="seed == -1"):
         run_checks(["gsp.fig9.backward_cost"], seed=-1)
+
+
+# --------------------------------------------------------------------------- gpu-check
+
+
+def test_gpu_check_prints_a_table_and_passes(capsys):
+    from refdml.gpu import cupy_available
+
+    assert main(["gpu-check", "--only", "normalize"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("operator"))
+    assert header.split() == ["operator", "device", "dtype", "max", "rel", "err", "outputs", "max",
+                              "rel", "err", "gradients", "tolerance", "time", "ms", "result"]
+    rows = [line for line in lines if line.startswith("normalize.")]
+    devices = 2 if cupy_available() else 1
+    assert len(rows) == 2 * 2 * devices  # two operators x two dtypes x devices
+    for row in rows:
+        assert row.split()[-1] == "pass" and len(row.split()) == 8
+    assert any("float32" in row for row in rows) and any("float64" in row for row in rows)
+    if not cupy_available():
+        assert any("no CuPy rows ran" in line for line in lines)
+    assert any("0 failure(s)" in line for line in lines)
+
+
+def test_gpu_check_one_dtype_and_the_unmirrored_list(capsys):
+    assert main(["gpu-check", "--only", "normalize.l2", "gsp.pool_unrolled",
+                 "--dtype", "float32", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("normalize.l2_normalize ")]
+    assert rows and all("float64" not in row for row in rows)
+    tail = out.split("without a mirror", 1)[1]
+    assert "gsp.pool_unrolled" in tail and "validation only" in tail
+
+
+def test_gpu_check_failure_and_crash_exit_1(capsys, monkeypatch):
+    import dataclasses
+
+    from refdml.gpu import parity
+
+    real = parity.check_parity
+
+    def failing(spec, **kwargs):
+        if spec.name == "normalize.l2_normalize":
+            raise RuntimeError("boom")
+        result = real(spec, **kwargs)
+        return dataclasses.replace(result, passed=False, problems=("output 0: made up",))
+
+    monkeypatch.setattr(parity, "check_parity", failing)
+    assert main(["gpu-check", "--only", "normalize", "--dtype", "float64"]) == 1
+    out = capsys.readouterr().out
+    crash = next(line for line in out.splitlines() if line.startswith("normalize.l2_normalize"))
+    fail = next(line for line in out.splitlines() if line.startswith("normalize.clip_normalize"))
+    assert "CRASH RuntimeError('boom')" in crash
+    assert "FAIL output 0: made up" in fail
+
+
+def test_gpu_check_bad_arguments(capsys):
+    assert main(["gpu-check", "--only", "no.such.op"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["gpu-check", "--dtype", "float16"])
+    assert exc.value.code == 2

@@ -1,0 +1,164 @@
+"""Fast-path mirror of :func:`refdml.kcenter.greedy_k_center` (NumPy or CuPy, float32/64).
+
+Same maths, signature and result type as the reference (read its module docstring):
+farthest-first traversal, ``k`` picks, each the point farthest from the current centres,
+
+.. math::
+    q_{t+1} = \\arg\\max_i \\; m_t(i), \\qquad
+    m_{t+1}(i) = \\min\\big(m_t(i),\\; \\max(|x_i|^2 - 2 \\langle x_i, x_{q}\\rangle + |x_q|^2, 0)\\big),
+
+with ``m(q) = -1`` marking a centre (never picked twice, even among duplicates), ties
+of the arg-max broken by the lowest index (NumPy's and CuPy's ``argmax``), and the
+covering radius after each pick ``sqrt(max(max_i m(i), 0))``. The arithmetic is the
+reference's, operation for operation, so in float64 on NumPy the picks and radii are the
+reference's bit for bit; float32 keeps the input dtype throughout (radii to about 1e-6
+relative; a pick can differ from the float64 one only where two candidates' distances
+agree to float32 rounding).
+
+Per pick (no loop over points, no host round trip): one mat-vec ``points @ x_q``, one
+fused elementwise update of ``m``, one arg-max; the arg-max that chooses the next pick
+also gives the radius of the current set (``m`` at the arg-max is its maximum), so the
+radius costs a gather, not a second reduction. The pick index stays a 1-element device
+array used to gather ``x_q`` and to mark ``m(q) = -1``: no synchronisation inside the
+loop. The loop over the ``k`` picks is sequential by nature (each pick depends on the
+previous one).
+
+Synchronisations on CuPy (results that must reach Python, or checks of the data):
+``initial_radius`` (a Python float, like the reference; one sync when ``initial`` is
+given), the range and count checks of an index ``initial`` (two syncs), and the
+finiteness check of ``points`` / ``initial`` (see :mod:`refdml.gpu._validation`).
+``indices`` (int64) and ``radii`` (input dtype) are arrays of the input's module.
+Scale: points (and centres) are divided by one power of two (exact) as in the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from refdml._validation import check_rng, check_scalar
+from refdml._xp import array_namespace, is_cupy_array
+from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml.gpu.distances import common_scale
+from refdml.kcenter import KCenterResult
+
+__all__ = ["KCenterResult", "greedy_k_center"]
+
+
+def _sq_to_set(xp: Any, points: Any, sq_norms: Any, centers: Any, chunk_size: int) -> Any:
+    """``min_c max(||x - c||^2, 0)`` in blocks of rows and of centres (the reference's blocks)."""
+    n = points.shape[0]
+    out = xp.full(n, np.inf, dtype=points.dtype)
+    c_sq = xp.einsum("cd,cd->c", centers, centers)
+    for start in range(0, n, chunk_size):
+        rows = points[start:start + chunk_size]
+        for c0 in range(0, centers.shape[0], chunk_size):
+            block = sq_norms[start:start + chunk_size, None] - 2.0 * (
+                rows @ centers[c0:c0 + chunk_size].T
+            )
+            block += c_sq[None, c0:c0 + chunk_size]
+            xp.minimum(out[start:start + chunk_size], block.min(axis=1),
+                       out=out[start:start + chunk_size])
+    return xp.maximum(out, 0.0, out=out)
+
+
+def _farthest_first(xp: Any, points: Any, k: int, min_sq: Any, first: Any) -> tuple[Any, Any]:
+    """``k`` picks from ``min_sq`` (modified in place); ``first`` a (1,) index array or None."""
+    sq_norms = xp.einsum("nd,nd->n", points, points)
+    indices = xp.empty(k, dtype=xp.int64)
+    radii_sq = xp.empty(k, dtype=points.dtype)
+    q = first if first is not None else xp.argmax(min_sq, keepdims=True)
+    zero = points.dtype.type(0)
+    for pick in range(k):
+        indices[pick:pick + 1] = q
+        center = points[q[0]]                     # gather on the device (q is an array)
+        to_center = sq_norms - 2.0 * (points @ center)
+        to_center += center @ center
+        xp.minimum(min_sq, xp.maximum(to_center, zero), out=min_sq)
+        min_sq[q] = -1.0
+        q = xp.argmax(min_sq, keepdims=True)      # the next pick ...
+        radii_sq[pick:pick + 1] = min_sq[q]       # ... and the current radius (its value)
+    return indices, xp.sqrt(xp.maximum(radii_sq, zero))
+
+
+def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KCenterResult:
+    """Greedy k-center by farthest-first traversal (see :func:`refdml.kcenter.greedy_k_center`).
+
+    Parameters
+    ----------
+    points : (n, d) NumPy or CuPy array (float32 stays float32; integers become float64).
+    k : number of new centres, ``1 <= k <= n - len(initial)``.
+    initial : None, a 1-d integer array of row indices of ``points``, or an (m, d) float
+        array of centre coordinates (same module as ``points``). Without it the first
+        centre is drawn uniformly at random with ``rng`` (the reference's draw).
+    rng : None, int or Generator (used only without ``initial``).
+    chunk_size : rows (and centres) per block of the initial-centre distances.
+
+    Returns
+    -------
+    KCenterResult
+        ``indices`` (k,) int64 and ``radii`` (k,) in the input dtype, arrays of the input's
+        module; ``initial_radius`` a Python float (one sync on CuPy when ``initial`` is
+        given; see the module docstring).
+    """
+    ns = array_namespace(points, initial)
+    xp = ns.xp
+    points = as_fast_array(points, "points", ndim=2, ns=ns)
+    n = points.shape[0]
+    k = check_scalar(k, "k", low=1, integer=True)
+    chunk_size = check_scalar(chunk_size, "chunk_size", low=1, integer=True)
+    rng = check_rng(rng)
+    initial_array = None
+    if initial is not None:
+        initial_array = initial if is_cupy_array(initial) else np.asarray(initial)
+    kind = None if initial_array is None else np.dtype(initial_array.dtype)
+    by_index = initial_array is not None and initial_array.ndim == 1 and (
+        np.issubdtype(kind, np.integer) or initial_array.size == 0
+    )
+    centers = None
+    if initial_array is not None and not by_index:
+        dtype = result_dtype(points, initial_array)
+        centers = as_fast_array(initial_array, "initial", ndim=2, dtype=dtype, ns=ns)
+        points = points.astype(dtype, copy=False)
+        if centers.shape[1] != points.shape[1]:
+            raise ValueError(
+                f"initial centres have dimension {centers.shape[1]}, points {points.shape[1]}"
+            )
+    scale = common_scale(xp, points) if centers is None else common_scale(xp, points, centers)
+    points = points / scale                         # exact (a power of two); a new array
+    centers = None if centers is None else centers / scale
+    first = None
+    if initial is None:
+        if k > n:
+            raise ValueError(f"k == {k}, must be in [1, {n}] (the number of points)")
+        min_sq = xp.full(n, np.inf, dtype=points.dtype)
+        first = xp.asarray([int(rng.integers(n))], dtype=xp.int64)
+    else:
+        sq_norms = xp.einsum("nd,nd->n", points, points)
+        if by_index:
+            idx = xp.asarray(initial_array).astype(xp.int64)
+            if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):   # sync on CuPy
+                raise ValueError(f"initial holds indices outside [0, {n})")
+            idx = xp.unique(idx % n)
+            if k > n - idx.size:                                            # size: a sync
+                raise ValueError(
+                    f"k == {k}, must be in [1, {n - idx.size}] (points not already centres)"
+                )
+            if idx.size == 0:
+                min_sq = xp.full(n, np.inf, dtype=points.dtype)
+                first = xp.asarray([int(rng.integers(n))], dtype=xp.int64)
+            else:
+                min_sq = _sq_to_set(xp, points, sq_norms, points[idx], chunk_size)
+                min_sq[idx] = -1.0
+        else:
+            if k > n:
+                raise ValueError(f"k == {k}, must be in [1, {n}] (the number of points)")
+            min_sq = _sq_to_set(xp, points, sq_norms, centers, chunk_size)
+    if first is None:
+        # A Python float like the reference: one synchronisation on CuPy.
+        initial_radius = float(scale * xp.sqrt(xp.maximum(xp.max(min_sq), 0.0)))
+    else:
+        initial_radius = float("inf")
+    indices, radii = _farthest_first(xp, points, k, min_sq, first)
+    return KCenterResult(indices=indices, radii=scale * radii, initial_radius=initial_radius)

@@ -1,0 +1,239 @@
+"""Fast-path mirror of :func:`refdml.metrics.retrieval_metrics` (NumPy or CuPy, float32/64).
+
+Same definitions, signature and result as the reference (read its module docstring:
+P@1, R-precision, MAP@R, Recall@k over the queries with at least one true reference;
+ranking by Euclidean distance or cosine similarity; ties broken by the lower reference
+index; both sets divided by one power of two, or each row normalised, first).
+
+Blocked, with a running top-K: queries in blocks of ``chunk_size``, references in blocks
+of ``_REFERENCE_BLOCK``; for each (query block, reference block) the scores
+
+.. math::
+    s_{ij} = -2 \\langle q_i, r_j \\rangle + |r_j|^2 \\quad\\text{(Euclidean)}, \\qquad
+    s_{ij} = -\\langle q_i / |q_i|, r_j / |r_j| \\rangle \\quad\\text{(cosine)}
+
+(the reference's expressions, operation for operation) give the block's own ``K``
+smallest by ``argpartition`` (rows where the cut value has equal scores left out are
+redone exactly: every score below it, then the equal ones by lower index, as
+``refdml.metrics._smallest`` does), which are merged with the running ``K`` best
+``(score, index)`` pairs by a stable sort of ``[running K | block's K in index order]``.
+Among equal scores column order is index order (the running part is sorted by
+(score, index) and holds only lower indices than the block), so the result is the
+reference's lexicographic (score, index) order, with no Python loop over queries or
+references.
+Memory: ``O(chunk_size * _REFERENCE_BLOCK)`` plus the inputs.
+
+Precision: float64 gives the reference's metrics (same arithmetic; only a matrix
+product's blocking could round differently, which matters only for two references whose
+distances agree to ~1e-16 relative). In float32 the scores round at ~1e-7 relative of
+``|q| |r|``: two references closer than that may swap, so the float32 metrics equal
+those of the reference on the float32-rounded inputs except for such near-ties (equal
+on the 10,000 x 128 data of ``scripts/bench_gpu.py --only metrics``, which prints any
+difference it measures). Exact ties (duplicated references) stay ties in either dtype.
+
+Synchronisations on CuPy: the size of the top-K (``K = max(max_i R_i, max k)``, needed
+for the shapes: one sync), the check that some query has a true reference (one), one
+per (query block, reference block) to learn whether any row has a tie across the cut
+(``bool(any(tied))``; the redo of those rows needs their count), the
+returned Python floats and ints (one transfer of the summed metrics at the end), and the
+data checks of :mod:`refdml.gpu._validation`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from refdml._validation import check_choice, check_scalar
+from refdml._xp import array_namespace
+from refdml.gpu._fast_checks import check_nonzero_rows, fast_labels
+from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml.gpu.distances import common_scale
+from refdml.metrics import _check_k
+
+__all__ = ["retrieval_metrics"]
+
+_METRICS = ("euclidean", "cosine")
+_CHUNK_BYTES = 128 * 2**20     # bytes of one (query block, K + reference block) score array
+_REFERENCE_BLOCK = 16384       # references per block of the running top-K
+
+
+def _row_norm(xp: Any, x: Any) -> Any:
+    """``||x||`` per row (keepdims) without overflow or underflow (``refdml._numerics.row_norm``)."""
+    peak = xp.max(xp.abs(x), axis=-1, keepdims=True)
+    safe = xp.where(peak > 0.0, peak, xp.ones_like(peak))
+    return peak * xp.sqrt(xp.sum((x / safe) ** 2, axis=-1, keepdims=True))
+
+
+def _smallest(xp: Any, score: Any, n_keep: int) -> Any:
+    """Columns of the ``n_keep`` smallest scores per row, lowest index first on ties, sorted
+    by column (``refdml.metrics._smallest``: ``argpartition``, then the rows whose cut
+    value ``t`` has equal scores left out are redone: keep every score below ``t``, then
+    the equal ones in index order)."""
+    b, width = score.shape
+    if width <= n_keep:
+        return xp.broadcast_to(xp.arange(width, dtype=xp.int64), (b, width))
+    part = xp.argpartition(score, n_keep - 1, axis=1)[:, :n_keep]
+    kept = xp.take_along_axis(score, part, axis=1)
+    t = xp.max(kept, axis=1, keepdims=True)              # the n_keep-th smallest score
+    tied = xp.sum(score == t, axis=1) > xp.sum(kept == t, axis=1)
+    if bool(xp.any(tied)):   # a sync per block on CuPy: rare rows, redone exactly
+        rows = xp.nonzero(tied)[0]
+        sub, cut = score[rows], t[rows]
+        below, equal = sub < cut, sub == cut
+        room = n_keep - xp.sum(below, axis=1, keepdims=True)
+        keep = below | (equal & (xp.cumsum(equal, axis=1) <= room))
+        part[rows] = xp.nonzero(keep)[1].reshape(rows.shape[0], n_keep)
+    return xp.sort(part, axis=1)
+
+
+def _merge(xp: Any, top: Any, top_idx: Any, score: Any, r0: int, n_keep: int):
+    """The running top-K merged with a block's own top-K, in (score, index) order.
+
+    The candidates are ``[running K | block's K in index order]``: among equal scores
+    column order is index order, so a stable sort by score is the lexicographic order.
+    """
+    cols = _smallest(xp, score, n_keep)
+    cand = xp.concatenate([top, xp.take_along_axis(score, cols, axis=1)], axis=1)
+    cand_idx = xp.concatenate([top_idx, cols + r0], axis=1)
+    order = xp.argsort(cand, axis=1, kind="stable")[:, :n_keep]
+    return xp.take_along_axis(cand, order, axis=1), xp.take_along_axis(cand_idx, order, axis=1)
+
+
+def _nearest(xp, query, rows, reference, n_keep, same_set, metric, chunk_size):
+    """(n_rows, n_keep) indices of the nearest references of ``query[rows]``, in order."""
+    if metric == "euclidean":
+        ref_sq = xp.einsum("ij,ij->i", reference, reference)
+    else:
+        reference = reference / _row_norm(xp, reference)
+    n_ref = reference.shape[0]
+    out = xp.empty((rows.shape[0], n_keep), dtype=xp.int64)
+    for start in range(0, rows.shape[0], chunk_size):
+        chunk_rows = rows[start:start + chunk_size]
+        block = query[chunk_rows]
+        b = block.shape[0]
+        if metric == "cosine":
+            block = block / -_row_norm(xp, block)
+        top = xp.full((b, n_keep), np.inf, dtype=query.dtype)   # placeholders lose to all
+        top_idx = xp.full((b, n_keep), -1, dtype=xp.int64)
+        for r0 in range(0, n_ref, _REFERENCE_BLOCK):
+            r1 = min(r0 + _REFERENCE_BLOCK, n_ref)
+            score = block @ reference[r0:r1].T
+            if metric == "euclidean":
+                score *= -2.0
+                score += ref_sq[r0:r1]
+            if same_set:
+                own = chunk_rows - r0
+                inside = (own >= 0) & (own < r1 - r0)
+                # The query itself: +inf (a no-op write to column 0 for queries outside).
+                score[xp.arange(b), xp.where(inside, own, 0)] = xp.where(
+                    inside, np.inf, score[xp.arange(b), 0])
+            top, top_idx = _merge(xp, top, top_idx, score, r0, n_keep)
+        out[start:start + b] = top_idx
+    return out
+
+
+def retrieval_metrics(
+    query, query_labels, reference=None, reference_labels=None, *,
+    k=(1, 2, 4, 8), metric="euclidean", chunk_size=None,
+) -> dict:
+    """P@1, R-precision, MAP@R and Recall@k (see :func:`refdml.metrics.retrieval_metrics`).
+
+    Parameters
+    ----------
+    query : (n_queries, d) NumPy or CuPy array (float32 stays float32)
+    query_labels : (n_queries,) integer labels (same module)
+    reference, reference_labels : (n_references, d), (n_references,), optional
+        Omitted: same-set mode (each query removed from its own neighbours).
+    k : int or sequence of int
+    metric : {"euclidean", "cosine"}
+    chunk_size : int, optional
+        Queries per block; default: a score block of about 128 MiB.
+
+    Returns
+    -------
+    dict
+        The reference's keys and Python types (floats, and ints for the counts); see the
+        module docstring for the synchronisations on CuPy.
+    """
+    ns = array_namespace(query, query_labels, reference, reference_labels)
+    xp = ns.xp
+    if (reference is None) != (reference_labels is None):
+        raise ValueError("reference and reference_labels must be given together (or neither)")
+    same_set = reference is None
+    if same_set:
+        query = as_fast_array(query, "query", ndim=2, ns=ns)
+    else:
+        dtype = result_dtype(query, reference)
+        query = as_fast_array(query, "query", ndim=2, dtype=dtype, ns=ns)
+    query_labels = fast_labels(query_labels, "query_labels", ns, length=query.shape[0])
+    if same_set:
+        reference, reference_labels = query, query_labels
+    else:
+        reference = as_fast_array(reference, "reference", ndim=2, dtype=query.dtype, ns=ns)
+        reference_labels = fast_labels(reference_labels, "reference_labels", ns,
+                                       length=reference.shape[0])
+        if reference.shape[1] != query.shape[1]:
+            raise ValueError(
+                f"query has dimension {query.shape[1]} but reference has {reference.shape[1]}"
+            )
+    ks = _check_k(k)
+    metric = check_choice(metric, "metric", _METRICS)
+    if metric == "cosine":
+        why = "cosine similarity needs its direction"
+        check_nonzero_rows(xp, query, "query", why=why, ns=ns)
+        check_nonzero_rows(xp, reference, "reference", why=why, ns=ns)
+    else:
+        scale = common_scale(xp, query, reference)
+        query = query / scale                       # exact; new arrays, inputs untouched
+        reference = query if same_set else reference / scale
+    n_ref = reference.shape[0]
+    if chunk_size is None:
+        width = min(n_ref, _REFERENCE_BLOCK)
+        chunk_size = max(1, _CHUNK_BYTES // (query.dtype.itemsize * 3 * width))
+    else:
+        chunk_size = check_scalar(chunk_size, "chunk_size", low=1, integer=True)
+
+    classes, ref_counts = xp.unique(reference_labels, return_counts=True)
+    position = xp.minimum(xp.searchsorted(classes, query_labels), classes.size - 1)
+    n_true = xp.where(classes[position] == query_labels, ref_counts[position], 0)
+    if same_set:
+        n_true = n_true - 1
+    scored = n_true > 0
+    # Two syncs on CuPy: the check, and K (it sets the shapes).
+    if not bool(xp.any(scored)):
+        raise ValueError(
+            "no query has a true reference (every query's class is absent from the "
+            "references, or of size 1 in same-set mode)"
+        )
+    available = n_ref - 1 if same_set else n_ref
+    n_keep = min(max(int(xp.max(n_true)), ks[-1]), available)
+
+    scored_index = xp.nonzero(scored)[0]
+    neighbours = _nearest(xp, query, scored_index, reference, n_keep, same_set, metric,
+                          chunk_size)
+    hits = reference_labels[neighbours] == query_labels[scored_index][:, None]
+    r = n_true[scored_index]
+    positions = xp.arange(1, n_keep + 1)
+    hits_r = hits & (positions[None, :] <= r[:, None])
+    precision_at_j = xp.cumsum(hits_r, axis=1) / positions
+    sums = [
+        xp.mean(hits[:, 0]),
+        xp.mean(hits_r.sum(axis=1) / r),
+        xp.mean(xp.sum(precision_at_j * hits_r, axis=1) / r),
+    ]
+    sums += [xp.mean(hits[:, : min(kk, n_keep)].any(axis=1)) for kk in ks]
+    sums += [scored_index.size]
+    values = xp.stack([xp.asarray(v, dtype=xp.float64) for v in sums]).tolist()  # one transfer
+    result = {
+        "precision_at_1": values[0],
+        "r_precision": values[1],
+        "mean_average_precision_at_r": values[2],
+    }
+    for i, kk in enumerate(ks):
+        result[f"recall_at_{kk}"] = values[3 + i]
+    n_scored = int(values[-1])
+    result["n_queries"] = n_scored
+    result["n_excluded_queries"] = int(query.shape[0] - n_scored)
+    return result
