@@ -71,7 +71,7 @@ def bench_gsp(repeats: int) -> None:
         "fast float64": layer(fast, np.float64),
         "fast float32": layer(fast, np.float32),
     }
-    (ref_grads, ref_ctx), (grads32, ctx32) = runs["reference float64"](), runs["fast float32"]()
+    (ref_grads, _), (grads32, ctx32) = runs["reference float64"](), runs["fast float32"]()
     medians = _interleaved(runs, repeats)
     print(f"GSP pooling forward + backward, B={batch} m={m} n={n} d={d} mu={mu} "
           f"inverse_temperature={inverse_temperature} (median of {repeats}, interleaved; "
