@@ -114,7 +114,7 @@ def _check_labels(labels: np.ndarray, key: str, n_samples: int, min_per_class: i
         integral = np.isfinite(labels) & (labels == np.round(labels))
         if not integral.all():
             first = int(np.flatnonzero(~integral)[0])
-            raise ValueError(f"{key} must hold integer labels, got {labels[first]!r} at index {first}")
+            raise ValueError(f"{key} must hold integer labels, got {labels[first].item()!r} at index {first}")
     labels = labels.astype(np.int64)
     classes, counts = np.unique(labels, return_counts=True)
     if classes.shape[0] < 2:
