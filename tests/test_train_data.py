@@ -366,7 +366,8 @@ _Y = np.array([0, 0, 1, 1])
         ({"features": _X, "labels": np.array([0, 0.5, 1, 1])}, ValueError, "integer labels, got 0.5"),
         ({"features": _X, "labels": np.array(["a", "a", "b", "b"])}, TypeError, "integer labels"),
         ({"features": _X, "labels": np.zeros(4, dtype=int)}, ValueError, "at least 2"),
-        ({"features": _X, "labels": np.array([0, 0, 0, 1])}, ValueError, r"fewer than min_samples_per_class == 2 samples \(first: \[1\]\)"),
+        ({"features": _X, "labels": np.array([0, 0, 0, 1])}, ValueError,
+         r"fewer than min_samples_per_class == 2 samples \(first: \[1\]\)"),
         ({"features": np.array([[[object()]]] * 4, dtype=object), "labels": _Y}, TypeError, "pickle"),
     ],
 )

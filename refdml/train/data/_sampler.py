@@ -163,9 +163,12 @@ class PKBatchSampler:
         if state["fingerprint"] != self._fingerprint():
             raise ValueError(
                 "state was saved by a sampler over other labels or with other settings "
-                "(n_classes_per_batch, n_samples_per_class, short_classes); it cannot resume this one"
+                "(n_classes_per_batch, n_samples_per_class, short_classes); "
+                "it cannot resume this one"
             )
         for key in ("seed", "epoch", "position"):
             check_scalar(state[key], f"state[{key!r}]", low=0, integer=True)
-        self._seed, self._epoch, self._position = int(state["seed"]), int(state["epoch"]), int(state["position"])
+        self._seed = int(state["seed"])
+        self._epoch = int(state["epoch"])
+        self._position = int(state["position"])
         self._cache = None

@@ -14,8 +14,9 @@ A sample of class ``c`` is therefore the multiset of token ids
 
 .. math::
 
-    \mu \sim \mathcal N(0.5,\ 0.1^2),\quad k = \operatorname{rint}(50\,\operatorname{clip}(\mu, 0, 1)),
-    \quad f^{(c)} = \{\nu^{(c)}_{u_1}, \dots, \nu^{(c)}_{u_k},\ \nu^{(b)}_{v_1}, \dots, \nu^{(b)}_{v_{50-k}}\},
+    \mu \sim \mathcal N(0.5,\ 0.1^2),\quad
+    k = \operatorname{rint}(50\,\operatorname{clip}(\mu, 0, 1)),\quad
+    f^{(c)} = \{\nu^{(c)}_{u_1}, \dots, \nu^{(c)}_{u_k},\ \nu^{(b)}_{v_1}, \dots, \nu^{(b)}_{v_{50-k}}\},
 
 with :math:`u_i \sim \mathcal U\{1..4\}`, :math:`v_j \sim \mathcal U\{1..4\}` i.i.d. (with
 replacement), i.e. ``mu`` is the **foreground** (class-token) share: the paper's worked
