@@ -7,5 +7,17 @@ arrays.
 """
 
 from refdml.train._parameter import Parameter
+from refdml.train.optim import SGD, Adam, AdamW, Optimizer
+from refdml.train.schedules import CosineAnnealing, ReduceOnPlateau, Schedule, StepDecay
 
-__all__ = ["Parameter"]
+__all__ = [
+    "Parameter",
+    "Optimizer",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Schedule",
+    "StepDecay",
+    "CosineAnnealing",
+    "ReduceOnPlateau",
+]

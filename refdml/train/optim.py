@@ -1,0 +1,471 @@
+r"""Optimisers written by hand: SGD with momentum, Adam, AdamW.
+
+Each optimiser holds a list of :class:`~refdml.train.Parameter` objects and, at
+:meth:`~Optimizer.step`, reads every ``Parameter.grad`` and updates ``Parameter.value``
+in place, in the parameter's dtype (float32 stays float32), with the parameter's array
+module (NumPy on CPU, CuPy on a GPU: the same code). Hyperparameters are Python floats,
+so ``float32_array * hyperparameter`` stays float32 (NEP 50 weak scalars; CuPy alike).
+Per step, with gradient :math:`g`, weight :math:`w`, step count :math:`t` (1 at the first
+step), learning rate :math:`\eta` (``lr``) and weight decay :math:`\lambda`
+(``weight_decay``):
+
+SGD (PyTorch's convention, dampening 0; Sutskever et al. 2013 for Nesterov):
+
+.. math::
+
+    g \leftarrow g + \lambda w, \qquad v \leftarrow \mu v + g, \qquad
+    w \leftarrow w - \eta\,(g + \mu v \text{ if Nesterov else } v)
+
+with :math:`v_0 = 0` (so :math:`v_1 = g_1` exactly, PyTorch's first-step buffer).
+
+Adam (Kingma & Ba 2015, Algorithm 1; :math:`\lambda > 0` adds the coupled L2 term
+:math:`g \leftarrow g + \lambda w` as PyTorch's ``Adam(weight_decay=...)``):
+
+.. math::
+
+    m \leftarrow \beta_1 m + (1-\beta_1) g, \qquad
+    v \leftarrow \beta_2 v + (1-\beta_2) g^2, \qquad
+    w \leftarrow w - \eta\,\frac{m / (1-\beta_1^t)}{\sqrt{v / (1-\beta_2^t)} + \epsilon}
+
+(``eps`` is added to the square root in the denominator, outside it; this ``eps`` is the
+Adam paper's :math:`\epsilon`, unrelated to the entropic-OT ``eps`` of :mod:`refdml.ot`.)
+The code evaluates the last fraction as ``(lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)``
+with ``bc_i = 1 - beta_i**t``, as PyTorch does (equal in exact arithmetic).
+
+AdamW (Loshchilov & Hutter 2019, decoupled weight decay, PyTorch's ``AdamW``): first
+:math:`w \leftarrow w\,(1 - \eta\lambda)`, then the Adam step above without the L2 term.
+
+A non-finite gradient at :meth:`~Optimizer.step` raises ``ValueError`` naming the
+parameter, before anything is updated. :meth:`~Optimizer.state_dict` returns host NumPy
+copies of every buffer, the step count and the hyperparameters;
+:meth:`~Optimizer.load_state_dict` checks them against this optimiser's parameters
+(names, shapes, dtypes) and restores them, so a resumed run is bit-for-bit the same as
+an uninterrupted one.
+
+GPU synchronisation: :meth:`~Optimizer.step` makes one device-to-host copy (a boolean
+per parameter: is its gradient finite?) to raise before updating; nothing else syncs.
+
+(Slightly over the ~450-line guide, mostly docstrings: the shared checkpoint checks and the
+three rules are kept side by side so they can be read against each other.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from refdml._validation import _describe, check_scalar
+from refdml._xp import array_namespace, to_numpy
+from refdml.train._parameter import Parameter
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
+
+
+def _check_lr(lr: Any, name: str = "lr", *, allow_zero: bool = False) -> float:
+    return check_scalar(lr, name, low=0.0, low_inclusive=allow_zero)
+
+
+def _check_betas(betas: Any) -> tuple[float, float]:
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise TypeError(f"betas must be a pair (beta1, beta2), got {_describe(betas)}")
+    beta1 = check_scalar(betas[0], "betas[0]", low=0.0, high=1.0, high_inclusive=False)
+    beta2 = check_scalar(betas[1], "betas[1]", low=0.0, high=1.0, high_inclusive=False)
+    return (beta1, beta2)
+
+
+class Optimizer:
+    """Base class: the parameter list, ``lr``, the step count, gradient checks, state.
+
+    Subclasses implement ``_check_hyperparameters(values, allow_zero_lr) -> dict`` (the
+    named checks), ``_buffers_for(hyperparameters)`` (the per-parameter state arrays),
+    ``_hyperparameters()`` and ``_update(param, buffers)``.
+
+    Parameters
+    ----------
+    params : iterable of Parameter
+        Non-empty, unique names, all NumPy or all CuPy.
+    lr : float
+        Learning rate, finite and > 0. A schedule may later set ``lr`` to 0 (its end).
+    """
+
+    def __init__(self, params: Iterable[Parameter], *, lr: float) -> None:
+        if isinstance(params, Parameter) or not isinstance(params, Iterable):
+            raise TypeError(
+                f"params must be an iterable of Parameter objects, got {_describe(params)}"
+            )
+        params = list(params)
+        if not params:
+            raise ValueError("params is empty; an optimiser needs at least one Parameter")
+        names: set[str] = set()
+        for index, param in enumerate(params):
+            if not isinstance(param, Parameter):
+                raise TypeError(f"params[{index}] must be a Parameter, got {_describe(param)}")
+            if param.name in names:
+                raise ValueError(f"params holds two parameters named {param.name!r}")
+            names.add(param.name)
+        self._xp = array_namespace(*(p.value for p in params)).xp
+        self.params: list[Parameter] = params
+        self._lr = _check_lr(lr)
+        self.n_steps = 0
+        self._buffers: dict[str, dict[str, Any]] = {
+            p.name: {
+                b: self._xp.zeros_like(p.value)
+                for b in self._buffers_for(self._hyperparameters())
+            }
+            for p in params
+        }
+
+    # -- learning rate (schedules write it) ------------------------------------------
+    @property
+    def lr(self) -> float:
+        """The current learning rate (a schedule may set it; finite, >= 0)."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = _check_lr(value, allow_zero=True)
+
+    # -- the loop's two calls ----------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Clear every parameter's accumulated gradient (in place)."""
+        for param in self.params:
+            param.zero_grad()
+
+    def step(self) -> None:
+        """One update of every parameter from its ``grad``; raises before updating if any
+        gradient has the wrong shape/dtype or is not finite."""
+        self._check_grads()
+        self.n_steps += 1
+        for param in self.params:
+            self._update(param, self._buffers[param.name])
+
+    def _check_grads(self) -> None:
+        xp = self._xp
+        for param in self.params:
+            grad = param.grad
+            if tuple(grad.shape) != param.shape:
+                raise ValueError(
+                    f"gradient of {param.name} has shape {tuple(grad.shape)}, "
+                    f"must be {param.shape}"
+                )
+            if np.dtype(grad.dtype) != param.dtype:
+                raise TypeError(
+                    f"gradient of {param.name} has dtype {grad.dtype}, must be {param.dtype}"
+                )
+        # One device-to-host copy for all parameters (not one sync per parameter).
+        finite = to_numpy(xp.stack([xp.isfinite(p.grad).all() for p in self.params]))
+        if not finite.all():
+            bad = self.params[int(np.argmin(finite))].name
+            raise ValueError(
+                f"gradient of {bad} is not finite (NaN or inf) at step {self.n_steps + 1}; "
+                "no parameter was updated"
+            )
+
+    # -- subclass hooks ------------------------------------------------------------------
+    @classmethod
+    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def _buffers_for(cls, hyperparameters: dict[str, Any]) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _set_hyperparameters(self, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            setattr(self, "_lr" if key == "lr" else key, value)
+
+    def _update(self, param: Parameter, buffers: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a bit-for-bit resume needs, on the host.
+
+        ``{"optimizer": class name, "n_steps": int, "hyperparameters": {...},
+        "params": {name: {"shape": tuple, "dtype": str, <buffer>: np.ndarray, ...}}}``;
+        arrays are NumPy copies (from CuPy too), so the dict outlives the device.
+        """
+        params = {}
+        for param in self.params:
+            entry: dict[str, Any] = {"shape": param.shape, "dtype": param.dtype.name}
+            for buffer_name, buffer in self._buffers[param.name].items():
+                entry[buffer_name] = np.array(to_numpy(buffer), copy=True)
+            params[param.name] = entry
+        return {
+            "optimizer": type(self).__name__,
+            "n_steps": self.n_steps,
+            "hyperparameters": self._hyperparameters(),
+            "params": params,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; everything is checked before anything is set.
+
+        Raises ``TypeError`` for a non-dict or wrong array dtype, ``ValueError`` for another
+        optimiser's state, other parameter names, shapes or dtypes, or bad hyperparameters.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict(), got {_describe(state)}")
+        missing = {"optimizer", "n_steps", "hyperparameters", "params"} - set(state)
+        if missing:
+            raise ValueError(f"state lacks the keys {sorted(missing)}")
+        kind = type(self).__name__
+        if state["optimizer"] != kind:
+            raise ValueError(
+                f"state['optimizer'] == {state['optimizer']!r}, this optimiser is {kind!r}"
+            )
+        n_steps = check_scalar(state["n_steps"], "state['n_steps']", low=0, integer=True)
+        saved = state["params"]
+        if not isinstance(saved, dict):
+            raise TypeError(f"state['params'] must be a dict, got {_describe(saved)}")
+        ours = [p.name for p in self.params]
+        if set(saved) != set(ours):
+            raise ValueError(
+                "state['params'] names do not match this optimiser's parameters: "
+                f"missing {sorted(set(ours) - set(saved))}, "
+                f"unexpected {sorted(set(saved) - set(ours))}"
+            )
+        hyper = self._validated_hyperparameters(state["hyperparameters"])
+        arrays: dict[str, dict[str, np.ndarray]] = {}
+        for param in self.params:
+            entry = saved[param.name]
+            where = f"state['params'][{param.name!r}]"
+            if not isinstance(entry, dict):
+                raise TypeError(f"{where} must be a dict, got {_describe(entry)}")
+            if tuple(entry.get("shape", ())) != param.shape:
+                raise ValueError(
+                    f"{where} has shape {entry.get('shape')}, parameter {param.name} "
+                    f"has shape {param.shape}"
+                )
+            if entry.get("dtype") != param.dtype.name:
+                raise ValueError(
+                    f"{where} has dtype {entry.get('dtype')!r}, parameter {param.name} "
+                    f"has dtype {param.dtype.name!r}"
+                )
+            arrays[param.name] = {}
+            for buffer_name in self._buffers[param.name]:
+                if buffer_name not in entry:
+                    raise ValueError(f"{where} lacks the buffer {buffer_name!r}")
+                host = entry[buffer_name]
+                if not isinstance(host, np.ndarray) or host.dtype != param.dtype:
+                    raise TypeError(
+                        f"{where}[{buffer_name!r}] must be a NumPy {param.dtype.name} array, "
+                        f"got {_describe(host)}"
+                    )
+                if host.shape != param.shape:
+                    raise ValueError(
+                        f"{where}[{buffer_name!r}] has shape {host.shape}, must be {param.shape}"
+                    )
+                if not np.all(np.isfinite(host)):
+                    raise ValueError(f"{where}[{buffer_name!r}] is not finite")
+                arrays[param.name][buffer_name] = host
+        # Everything checked: now set.
+        self._set_hyperparameters(hyper)
+        self.n_steps = n_steps
+        for name, buffers in arrays.items():
+            for buffer_name, host in buffers.items():
+                self._buffers[name][buffer_name] = self._xp.array(host, copy=True)
+
+    def _validated_hyperparameters(self, hyper: Any) -> dict[str, Any]:
+        if not isinstance(hyper, dict):
+            raise TypeError(
+                f"state['hyperparameters'] must be a dict, got {_describe(hyper)}"
+            )
+        expected = set(self._hyperparameters())
+        if set(hyper) != expected:
+            raise ValueError(
+                f"state['hyperparameters'] has keys {sorted(hyper)}, "
+                f"{type(self).__name__} has {sorted(expected)}"
+            )
+        # The constructor's checks (named errors); a schedule may have left lr at 0.
+        checked = self._check_hyperparameters(hyper, allow_zero_lr=True)
+        ours = self._buffers_for(self._hyperparameters())
+        theirs = self._buffers_for(checked)
+        if ours != theirs:
+            raise ValueError(
+                f"state's hyperparameters keep the buffers {list(theirs)}, this "
+                f"optimiser keeps {list(ours)} (e.g. momentum zero in one, not the other)"
+            )
+        return checked
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._hyperparameters().items())
+        return f"{type(self).__name__}({len(self.params)} parameters, {args})"
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum, Nesterov and (L2) weight decay.
+
+    ``v = momentum * v + (g + weight_decay * w)``; ``w -= lr * v`` (or, with Nesterov,
+    ``w -= lr * (g' + momentum * v)`` where ``g' = g + weight_decay * w``). PyTorch's
+    ``torch.optim.SGD`` with ``dampening=0``.
+
+    Parameters
+    ----------
+    params : iterable of Parameter
+    lr : float
+        Learning rate, finite and > 0 (no default: there is no sensible one).
+    momentum : float, default 0
+        In [0, 1); 0 keeps no velocity buffer.
+    weight_decay : float, default 0
+        L2 coefficient added to the gradient, >= 0.
+    nesterov : bool, default False
+        Nesterov momentum; needs ``momentum > 0``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Parameter],
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
+        self._set_hyperparameters(self._check_hyperparameters(
+            {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
+             "nesterov": nesterov},
+            allow_zero_lr=False,
+        ))
+        super().__init__(params, lr=lr)
+
+    @classmethod
+    def _buffers_for(cls, hyperparameters: dict[str, Any]) -> tuple[str, ...]:
+        return ("velocity",) if hyperparameters["momentum"] > 0 else ()
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return {"lr": self._lr, "momentum": self.momentum,
+                "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+
+    @classmethod
+    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool) -> dict:
+        lr = _check_lr(values["lr"], allow_zero=allow_zero_lr)
+        momentum = check_scalar(values["momentum"], "momentum", low=0.0, high=1.0,
+                                high_inclusive=False)
+        weight_decay = check_scalar(values["weight_decay"], "weight_decay", low=0.0)
+        nesterov = values["nesterov"]
+        if not isinstance(nesterov, (bool, np.bool_)):
+            raise TypeError(f"nesterov must be a bool, got {_describe(nesterov)}")
+        if nesterov and momentum == 0:
+            raise ValueError("nesterov == True needs momentum > 0, got momentum == 0.0")
+        return {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
+                "nesterov": bool(nesterov)}
+
+    def _update(self, param: Parameter, buffers: dict[str, Any]) -> None:
+        xp = self._xp
+        w = param.value
+        g = param.grad
+        if self.weight_decay != 0:
+            g = g + self.weight_decay * w  # a new array: param.grad is left as it was
+        if self.momentum > 0:
+            v = buffers["velocity"]
+            xp.multiply(v, self.momentum, out=v)
+            xp.add(v, g, out=v)
+            g = g + self.momentum * v if self.nesterov else v
+        xp.subtract(w, self._lr * g, out=w)
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba 2015, Algorithm 1), bias-corrected; PyTorch's ``torch.optim.Adam``.
+
+    Parameters
+    ----------
+    params : iterable of Parameter
+    lr : float, default 1e-3
+        Step size (the paper's alpha), finite and > 0.
+    betas : (float, float), default (0.9, 0.999)
+        Decay rates of the first and second moment estimates, each in [0, 1).
+    eps : float, default 1e-8
+        The paper's epsilon, added to ``sqrt(v_hat)`` in the denominator; > 0.
+    weight_decay : float, default 0
+        Coupled L2 coefficient (``g += weight_decay * w``), >= 0. For decoupled decay use
+        :class:`AdamW`.
+    """
+
+    _decoupled = False
+
+    def __init__(
+        self,
+        params: Iterable[Parameter],
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        self._set_hyperparameters(self._check_hyperparameters(
+            {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay},
+            allow_zero_lr=False,
+        ))
+        super().__init__(params, lr=lr)
+
+    @classmethod
+    def _buffers_for(cls, hyperparameters: dict[str, Any]) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq")
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return {"lr": self._lr, "betas": self.betas, "eps": self.eps,
+                "weight_decay": self.weight_decay}
+
+    @classmethod
+    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool) -> dict:
+        lr = _check_lr(values["lr"], allow_zero=allow_zero_lr)
+        betas = _check_betas(values["betas"])
+        eps = check_scalar(values["eps"], "eps", low=0.0, low_inclusive=False)
+        weight_decay = check_scalar(values["weight_decay"], "weight_decay", low=0.0)
+        return {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+
+    def _update(self, param: Parameter, buffers: dict[str, Any]) -> None:
+        xp = self._xp
+        beta1, beta2 = self.betas
+        w = param.value
+        g = param.grad
+        if self.weight_decay != 0:
+            if self._decoupled:
+                xp.multiply(w, 1.0 - self._lr * self.weight_decay, out=w)
+            else:
+                g = g + self.weight_decay * w
+        m = buffers["exp_avg"]
+        v = buffers["exp_avg_sq"]
+        xp.multiply(m, beta1, out=m)
+        xp.add(m, (1.0 - beta1) * g, out=m)
+        g_sq = g * g
+        xp.multiply(g_sq, 1.0 - beta2, out=g_sq)
+        xp.multiply(v, beta2, out=v)
+        xp.add(v, g_sq, out=v)
+        bias_correction1 = 1.0 - beta1**self.n_steps
+        bias_correction2 = 1.0 - beta2**self.n_steps
+        denom = xp.sqrt(v)
+        xp.divide(denom, math.sqrt(bias_correction2), out=denom)
+        xp.add(denom, self.eps, out=denom)
+        xp.divide(m, denom, out=denom)
+        xp.multiply(denom, self._lr / bias_correction1, out=denom)
+        xp.subtract(w, denom, out=w)
+
+
+class AdamW(Adam):
+    """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay.
+
+    ``w *= 1 - lr * weight_decay`` before the Adam step (which then has no L2 term);
+    PyTorch's ``torch.optim.AdamW``, whose default ``weight_decay=1e-2`` this follows.
+    Other parameters as :class:`Adam`.
+    """
+
+    _decoupled = True
+
+    def __init__(
+        self,
+        params: Iterable[Parameter],
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
