@@ -6,6 +6,38 @@ reverse by hand. No tape, no autodiff. The same code runs on NumPy (CPU) and CuP
 arrays.
 """
 
+from refdml.train import layers
 from refdml.train._parameter import Parameter
+from refdml.train.layers import (
+    GAP,
+    GMP,
+    Conv2d,
+    Embedding,
+    GeMean,
+    GSPHead,
+    L2Normalize,
+    Layer,
+    Linear,
+    LocalLinear,
+    ReLU,
+    Sequential,
+    XMLHistogramHead,
+)
 
-__all__ = ["Parameter"]
+__all__ = [
+    "GAP",
+    "GMP",
+    "Conv2d",
+    "Embedding",
+    "GSPHead",
+    "GeMean",
+    "L2Normalize",
+    "Layer",
+    "Linear",
+    "LocalLinear",
+    "Parameter",
+    "ReLU",
+    "Sequential",
+    "XMLHistogramHead",
+    "layers",
+]
