@@ -118,7 +118,8 @@ def col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, *,
 # --------------------------------------------------------------------------- conv2d
 @dataclass(frozen=True)
 class Conv2dContext:
-    """``cols`` (im2col of the input), ``weight``, ``x_shape``, ``stride``, ``padding``, ``y_shape``."""
+    """``cols`` (im2col of the input), ``weight``, ``x_shape``, ``stride``, ``padding``,
+    ``y_shape``."""
 
     cols: Any
     weight: Any
@@ -149,7 +150,9 @@ def conv2d_forward(x, weight, bias, *, stride: int = 1, padding: int = 1):
     if k != k2:
         raise ValueError(f"weight has shape {tuple(weight.shape)}, the kernel must be square")
     if x.shape[1] != c_in:
-        raise ValueError(f"x has {x.shape[1]} channels (shape {tuple(x.shape)}), weight expects {c_in}")
+        raise ValueError(
+            f"x has {x.shape[1]} channels (shape {tuple(x.shape)}), weight expects {c_in}"
+        )
     if bias.shape[0] != c_out:
         raise ValueError(f"bias has shape {tuple(bias.shape)}, must be ({c_out},)")
     batch, _, height, width = x.shape

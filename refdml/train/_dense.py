@@ -3,7 +3,9 @@ r"""Dense layers: Linear, ReLU and the token embedding, as pure pairs and as lay
 Each pair is written once against the input's array module (NumPy or CuPy) and dtype.
 
 ``linear_forward(x, weight, bias)``
-    .. math:: y = x W^\top + b,\qquad x\ (\ldots, d_\text{in}),\ W\ (d_\text{out}, d_\text{in}),\ b\ (d_\text{out})
+    .. math:: y = x W^\top + b
+
+    with ``x`` (..., d_in), ``W`` (d_out, d_in), ``b`` (d_out).
 
     Backward: ``d_x = d_y W``, ``d_W = sum over leading axes of d_y^T x``,
     ``d_b = sum over leading axes of d_y``. Any number of leading axes (a batch ``(B, d)``

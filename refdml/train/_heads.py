@@ -91,7 +91,9 @@ def _features(features):
 def _pool_backward(ctx: PoolingContext, d_y, kind: str) -> PoolingGrads:
     check_context(ctx, "ctx", PoolingContext)
     if ctx.kind != kind:
-        raise TypeError(f"ctx must be the PoolingContext of {kind}_forward, got one of {ctx.kind}")
+        raise TypeError(
+            f"ctx must be the PoolingContext of {kind}_forward, got one of {ctx.kind}_forward"
+        )
     d_y = check_upstream_like(d_y, "d_y", ctx.y_shape, ctx.weights)
     return PoolingGrads(features=d_y[:, None, :] * ctx.weights)
 
@@ -123,7 +125,7 @@ def gmp_forward(features):
 
 
 def gmp_backward(ctx: PoolingContext, d_y) -> PoolingGrads:
-    """Gradient ``.features``: ``d_y`` at the arg-max location (lowest index on ties), 0 elsewhere."""
+    """Gradient ``.features``: ``d_y`` at the arg-max location (lowest index on ties), else 0."""
     return _pool_backward(ctx, d_y, "gmp")
 
 
