@@ -28,6 +28,7 @@ PUBLIC_MODULES = (
     "refdml.ot",
     "refdml.coresets",
     "refdml.kcenter",
+    "refdml.train.layers",
 )
 PACKAGE = pathlib.Path(importlib.import_module("refdml").__file__).parent
 

@@ -4,20 +4,55 @@ Every layer is a forward/backward pair catalogued like the operators; parameters
 plain objects with a value and an accumulated gradient; a model walks its layers in
 reverse by hand. No tape, no autodiff. The same code runs on NumPy (CPU) and CuPy (GPU)
 arrays.
+
+So far: parameters, layers and pooling heads (:mod:`refdml.train.layers`), optimisers
+(:mod:`refdml.train.optim`), learning-rate schedules (:mod:`refdml.train.schedules`) and
+data sets, splits and the P x K sampler (:mod:`refdml.train.data`). The objectives, the
+trainer, ``refdml train`` and the scripts come next.
 """
 
+from refdml.train import layers
 from refdml.train._parameter import Parameter
+from refdml.train.layers import (
+    GAP,
+    GMP,
+    Conv2d,
+    Embedding,
+    GeMean,
+    GSPHead,
+    L2Normalize,
+    Layer,
+    Linear,
+    LocalLinear,
+    ReLU,
+    Sequential,
+    XMLHistogramHead,
+)
 from refdml.train.optim import SGD, Adam, AdamW, Optimizer
 from refdml.train.schedules import CosineAnnealing, ReduceOnPlateau, Schedule, StepDecay
 
 __all__ = [
-    "Parameter",
-    "Optimizer",
+    "GAP",
+    "GMP",
     "SGD",
     "Adam",
     "AdamW",
-    "Schedule",
-    "StepDecay",
+    "Conv2d",
     "CosineAnnealing",
+    "Embedding",
+    "GSPHead",
+    "GeMean",
+    "L2Normalize",
+    "Layer",
+    "Linear",
+    "LocalLinear",
+    "Optimizer",
+    "Parameter",
+    "ReLU",
     "ReduceOnPlateau",
+    "Schedule",
+    "Sequential",
+    "StepDecay",
+    "XMLHistogramHead",
+    "layers",
 ]

@@ -32,6 +32,7 @@ FAMILIES = (
     "prototypes",
     "crossbatch",
     "ot",
+    "train",
 )
 
 _CATALOGUE: dict[str, OperatorSpec] = {}
