@@ -148,15 +148,28 @@ def kantorovich_rubinstein_gaps(x, y, a=None, b=None, *, functions: Sequence[Cal
 
     ``functions``: callables mapping (N, d) points to (N,) values, promised 1-Lipschitz;
     default :func:`random_lipschitz_functions` (``n_functions`` of them, scaled to the data).
+    The default family is drawn and evaluated on the points divided by one power of two
+    ``s`` (exact), and the gaps multiplied back: ``s phi(x / s)`` is 1-Lipschitz whenever
+    ``phi`` is, so the gaps are right at any finite scale (1e-300 .. 1e300).
     """
     x, a = _check_measure(x, a, "x", "a")
     y, b = _check_measure(y, b, "y", "b")
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must have the same dimension, got {x.shape} and {y.shape}")
+    scale = 1.0
     if functions is None:
+        scale = common_scale(x, y)
+        x, y = x / scale, y / scale
         spread = float(np.std(np.concatenate([x, y]))) or 1.0
         functions = random_lipschitz_functions(x.shape[1], n_functions, rng=rng, scale=spread)
-    return np.array([abs(float(a @ phi(x) - b @ phi(y))) for phi in functions])
+    with np.errstate(over="ignore", invalid="ignore"):
+        gaps = scale * np.array([abs(float(a @ phi(x) - b @ phi(y))) for phi in functions])
+    if not np.all(np.isfinite(gaps)):
+        raise ValueError(
+            "a gap |E_mu phi - E_nu phi| is not finite: the functions overflow float64 on "
+            "these points (or return NaN); rescale the data or the functions"
+        )
+    return gaps
 
 
 def _gain(similarity: np.ndarray, best: np.ndarray, j: int) -> float:

@@ -148,3 +148,22 @@ def test_w1_that_overflows_is_a_named_error():
         wasserstein1(np.array([[-1.5e308]]), np.array([[1.5e308]]))
     with pytest.raises(ValueError, match="a must be non-negative with a positive sum"):
         wasserstein1(np.zeros((2, 2)), np.zeros((2, 2)), a=np.zeros(2))
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_kantorovich_rubinstein_gaps_are_one_homogeneous_at_extreme_scales(scale):
+    # The default family is drawn on the exactly rescaled points, so scaling the data by
+    # s scales every gap by s (bounded by W_1, which is exact at any scale).
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((7, 3)), rng.standard_normal((5, 3)) + 0.5
+    base = kantorovich_rubinstein_gaps(x, y, rng=0)
+    scaled = kantorovich_rubinstein_gaps(x * scale, y * scale, rng=0)
+    assert np.all(np.isfinite(scaled))
+    np.testing.assert_allclose(scaled / scale, base, rtol=1e-12, atol=0.0)
+    assert np.all(scaled <= wasserstein1(x * scale, y * scale) * (1 + 1e-9))
+
+
+def test_kantorovich_rubinstein_gaps_name_overflowing_functions():
+    x, y = np.zeros((2, 1)), np.ones((2, 1))
+    with pytest.raises(ValueError, match="not finite"):
+        kantorovich_rubinstein_gaps(x, y, functions=[lambda p: np.full(p.shape[0], np.inf)])
