@@ -5,6 +5,9 @@ and the label a fair coin, the generalized contrastive loss of an identity embed
 ``l(z, z') = (iota (|x - x'| - beta) + alpha)_+`` with ``iota = +1`` for equal labels and
 ``-1`` otherwise: 1-Lipschitz in ``x`` and in ``x'`` (``zeta = 1``) and bounded by
 ``L = max(1 - beta, beta) + alpha``. Expectations over ``Z`` use a midpoint grid.
+
+Length: one self-contained check per claim of the paper, in the paper's order (see
+:mod:`.claims_xml`); the bounds' synthetic setting above is shared by all of them.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Every (P2) reference solution comes from :func:`._oracles.p2_scalar` (brentq on 
 scalar dual, derived independently in its docstring), itself checked against SLSQP on
 the primal in ``gsp.prop4.2``; every (P1) value from ``linprog`` and POT. refdml's own
 ``refdml.gsp`` is what ``gsp.exact_solver`` and the cross-checks examine.
+
+Length: one self-contained check per claim of the main paper, in its order; the
+supplement's computational claims (Sec. 1.4, Fig. 9) are in :mod:`.claims_gsp_supp`.
 """
 
 from __future__ import annotations

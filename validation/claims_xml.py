@@ -5,6 +5,10 @@ Conventions: the paper stores samples as columns (``Z`` is ``m x b``, ``Y`` is `
 (``Z`` of shape ``(b, m)``, ``Y`` of shape ``(b, d)``, like ``refdml.prototypes``) and
 write the paper's formulas with ``Z_paper = Z.T``; then ``R = Z_paper Z_paper^T = Z^T Z``
 and the printed solutions ``R^{-1} Q`` are ``m x d``, prototype per row.
+
+Length: one self-contained check per claim of the paper (oracle calls, readings, evidence
+and figures side by side), in the paper's order; a reader follows XML from top to bottom,
+which splitting one paper's claims over several files would break.
 """
 
 from __future__ import annotations

@@ -66,6 +66,10 @@ missing, empty, non-finite (``TypeError`` if it is not floating point), and a fo
 whose outputs are non-finite at the check point or at a finite-difference point;
 :class:`GradcheckError` when the backward returns no gradient for a differentiated input,
 one of the wrong shape, or a non-finite one.
+
+Length: the three modes share the step, the noise floor, the comparison rule and the
+argument checks, and are one algorithm read together; about a third of the file is this
+docstring and the checks that make the harness refuse to pass what it cannot check.
 """
 
 from __future__ import annotations
