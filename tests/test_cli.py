@@ -25,9 +25,10 @@ def test_gradcheck_unknown_operator(capsys):
     assert main(["gradcheck", "--only", "no.such.op"]) == 2
 
 
-def test_console_script_is_installed():
+def test_console_script_is_installed(tmp_path):
     completed = subprocess.run(
-        [sys.executable, "-m", "refdml.cli", "--version"], capture_output=True, text=True
+        [sys.executable, "-m", "refdml.cli", "--version"], capture_output=True, text=True,
+        cwd=tmp_path,  # outside the checkout, whose refdml/ would shadow the installed package
     )
     assert completed.returncode == 0 and refdml.__version__ in completed.stdout
 

@@ -159,7 +159,7 @@ def test_tol_zero_asks_for_no_floor_and_warns_not():
     assert result.converged == bool(np.all(result.residual == 0.0))
 
 
-def test_import_without_cupy():
+def test_import_without_cupy(tmp_path):
     code = (
         "import sys; sys.modules['cupy'] = None\n"
         "import numpy as np\n"
@@ -169,4 +169,5 @@ def test_import_without_cupy():
         " mu=0.5, inverse_temperature=1.0)\n"
         "assert p.dtype == np.float32\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # cwd outside the checkout: its refdml/ has no gpu/ and would shadow the install.
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)

@@ -385,7 +385,7 @@ def test_clustering_metrics_at_extreme_scales(scale):
     assert metrics.clustering_metrics(x * scale, labels, rng=3) == expected
 
 
-def test_clustering_metrics_at_1e154_does_not_crash_the_interpreter():
+def test_clustering_metrics_at_1e154_does_not_crash_the_interpreter(tmp_path):
     # SciPy's k-means++ on squares that overflow divided inf by inf and died with SIGSEGV;
     # a subprocess turns such a crash into a failed test instead of a dead pytest.
     code = (
@@ -397,7 +397,8 @@ def test_clustering_metrics_at_1e154_does_not_crash_the_interpreter():
         "b = metrics.clustering_metrics(x, labels, rng=0)\n"
         "print(a == b, a['n_clusters'])\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
     assert done.stdout.split() == ["True", "4"]
 
