@@ -159,7 +159,8 @@ def _run(objective, outputs, labels=LABELS, d_value=1.7):
     value, ctx = objective.forward(outputs, labels)
     d_out = objective.backward(ctx, d_value)
     d_out = d_out if isinstance(d_out, tuple) else (d_out,)
-    return value, [d for d in d_out if d is not None], [p.grad.copy() for p in objective.parameters()]
+    grads = [p.grad.copy() for p in objective.parameters()]
+    return value, [d for d in d_out if d is not None], grads
 
 
 def _builders():

@@ -75,5 +75,6 @@ class WassersteinObjective(Objective):
         """``d_features`` (B, n, d) of ``d_value * value``."""
         ctx = self._unwrap(ctx)
         ops = operators("ot", ctx.reference)
-        backward = ops.wcontrastive_backward if self.kind == "contrastive" else ops.wtriplet_backward
+        backward = (ops.wcontrastive_backward if self.kind == "contrastive"
+                    else ops.wtriplet_backward)
         return backward(ctx.inner, check_d_value(d_value)).features
