@@ -7,8 +7,8 @@ arrays.
 
 So far: parameters, layers and pooling heads (:mod:`refdml.train.layers`), optimisers
 (:mod:`refdml.train.optim`), learning-rate schedules (:mod:`refdml.train.schedules`) and
-data sets, splits and the P x K sampler (:mod:`refdml.train.data`). The objectives, the
-trainer, ``refdml train`` and the scripts come next.
+data sets, splits and the P x K sampler (:mod:`refdml.train.data`), objectives
+(:mod:`refdml.train.objectives`). The trainer, ``refdml train`` and the scripts come next.
 """
 
 from refdml.train import layers

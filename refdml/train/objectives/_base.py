@@ -1,0 +1,152 @@
+"""The objective protocol shared by every objective of :mod:`refdml.train.objectives`.
+
+An objective turns what the model returned into a scalar loss, by hand:
+
+* ``parameters()``: its own trainable :class:`~refdml.train.Parameter` (proxies, class
+  embeddings; possibly none);
+* ``value, ctx = objective.forward(outputs, labels)``: ``outputs`` is the model's output,
+  ``y`` (B, d), a pair ``(y, z)`` (a GSP model: the pooled vector and the attribute
+  histogram), or local features (B, n, d) for the Wasserstein losses; ``value`` is a
+  Python float (one synchronisation on a GPU); ``ctx`` a frozen :class:`ObjectiveContext`;
+* ``d_outputs = objective.backward(ctx, d_value=1.0)``: the gradient of
+  ``d_value * value`` w.r.t. ``outputs``, with the same structure (``d_y`` or
+  ``(d_y, d_z)``); it ADDS the gradient of its own parameters into their ``.grad``
+  (call :meth:`Objective.zero_grad` between steps, like a layer).
+
+No state is kept between a forward and its backward on the objective itself: the
+context is the record (two forwards before one backward are fine).
+"""
+
+from __future__ import annotations
+
+import importlib
+import numbers
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from refdml._validation import _describe, check_context
+from refdml._xp import is_cupy_array
+from refdml.train._parameter import Parameter
+
+__all__ = ["Objective", "ObjectiveContext"]
+
+
+@dataclass(frozen=True)
+class ObjectiveContext:
+    """The wrapped operators' contexts and which objective made them.
+
+    ``inner``: the loss's own context (or a tuple of contexts, one per term, ``None`` for a
+    term with weight 0); ``reference``: which implementation made them; ``objective``:
+    ``id`` of the objective whose forward returned it; ``output_shapes``: shape of each
+    output (for the zeros of an unused one); ``extra``: per-objective arrays (ASAP's
+    ``theta - theta*``).
+    """
+
+    inner: Any
+    reference: bool
+    objective: int
+    output_shapes: tuple
+    extra: tuple = ()
+
+
+def operators(family: str, reference: bool):
+    """``refdml.<family>`` (the float64 reference) or its mirror ``refdml.gpu.<family>``."""
+    return importlib.import_module(f"refdml.{family}" if reference else f"refdml.gpu.{family}")
+
+
+def check_reference(reference) -> bool:
+    if not isinstance(reference, bool):
+        raise TypeError(f"reference must be a bool, got {_describe(reference)}")
+    return reference
+
+
+def check_positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {_describe(value)}")
+    if value < 1:
+        raise ValueError(f"{name} == {int(value)}, must be >= 1")
+    return int(value)
+
+
+def check_d_value(d_value) -> float:
+    """A real, finite scalar (a Python/NumPy number or a 0-d NumPy/CuPy array) as a float."""
+    if is_cupy_array(d_value) or isinstance(d_value, np.ndarray):
+        if d_value.shape != ():
+            raise ValueError(f"d_value must be a scalar, got shape {tuple(d_value.shape)}")
+        if not np.issubdtype(np.dtype(d_value.dtype), np.floating) and not np.issubdtype(
+                np.dtype(d_value.dtype), np.integer):
+            raise TypeError(f"d_value must be real, got dtype {d_value.dtype}")
+        d_value = float(d_value)
+    if isinstance(d_value, bool) or not isinstance(d_value, numbers.Real):
+        raise TypeError(f"d_value must be a real number, got {_describe(d_value)}")
+    d_value = float(d_value)
+    if not np.isfinite(d_value):
+        raise ValueError(f"d_value == {d_value}, must be finite")
+    return d_value
+
+
+class Objective:
+    """Base class: named parameters and the context bookkeeping (see the module doc)."""
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty str, got {_describe(name)}")
+        self.name = name
+        self._parameters: dict[str, Parameter] = {}
+
+    def add_parameter(self, key: str, value: Any) -> Parameter:
+        parameter = Parameter(value, f"{self.name}.{key}")
+        self._parameters[key] = parameter
+        return parameter
+
+    def parameters(self) -> Iterator[Parameter]:
+        """Its own trainable parameters (those of a wrapped base objective included)."""
+        yield from self._parameters.values()
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        for parameter in self.parameters():
+            yield parameter.name, parameter
+
+    def zero_grad(self) -> None:
+        for parameter in self.parameters():
+            parameter.zero_grad()
+
+    def state_dict(self) -> dict:
+        """State that is not a parameter (a split generator, ASAP's ``theta*``)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict, got {_describe(state)}")
+
+    def _context(self, inner, reference, output_shapes, extra=()) -> ObjectiveContext:
+        return ObjectiveContext(inner, reference, id(self), tuple(output_shapes), tuple(extra))
+
+    def _unwrap(self, ctx) -> ObjectiveContext:
+        check_context(ctx, "ctx", ObjectiveContext)
+        if ctx.objective != id(self):
+            raise TypeError(
+                f"ctx must be the ObjectiveContext returned by the forward of {self.name}")
+        return ctx
+
+    def __call__(self, outputs, labels):
+        return self.forward(outputs, labels)
+
+    def forward(self, outputs, labels):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward(self, ctx, d_value=1.0):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def rng_state(rng: np.random.Generator) -> dict:
+    return {"rng": rng.bit_generator.state}
+
+
+def load_rng_state(rng: np.random.Generator, state: dict, name: str) -> None:
+    if not isinstance(state, dict) or "rng" not in state:
+        raise ValueError(f"state for {name} must be a dict with the key 'rng'")
+    rng.bit_generator.state = state["rng"]
