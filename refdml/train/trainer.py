@@ -18,7 +18,10 @@ After the epoch: the mean training loss over its steps; MAP@R, P@1 and R@1
 float64 and runs on NumPy or CuPy) of the L2-normalised embeddings (the model's first
 output) of the validation and the test data, each in same-set mode (every sample a query
 against the others of its split); the schedule's step (``ReduceOnPlateau`` gets the
-validation MAP@R); a row appended to ``out_dir/log.jsonl``; ``out_dir/checkpoint.npz``
+validation MAP@R); a row appended to ``out_dir/log.jsonl`` (``epoch``, ``train_loss``,
+``lr``: the rate this epoch trained with, ``n_steps``: optimiser steps so far,
+``val_map_at_r``, ``val_precision_at_1``, ``val_recall_at_1``, the same for ``test_``,
+``best_val_map_at_r``, ``seconds``); ``out_dir/checkpoint.npz``
 and, when the validation MAP@R improved, ``out_dir/best.npz``. Epoch 0 evaluates the
 untrained model (``train_loss`` null) and checkpoints it, so a run that diverges in its
 first epoch still leaves a checkpoint.
@@ -279,6 +282,9 @@ class Trainer:
                 if not math.isfinite(value):
                     raise TrainingDiverged(self._diverged(epoch, step, f"the loss is {value}"))
                 d_outputs = self.objective.backward(objective_ctx, 1.0)
+                if not self._finite(d_outputs):
+                    raise TrainingDiverged(self._diverged(
+                        epoch, step, "the objective's gradient of the outputs is not finite"))
                 self.model.backward(ctx, d_outputs)
                 try:
                     self.optimizer.step()
@@ -298,6 +304,13 @@ class Trainer:
         if n_steps == 0:
             raise ValueError(f"train_sampler gave no batch in epoch {epoch}")
         return total / n_steps
+
+    def _finite(self, d_outputs: Any) -> bool:
+        arrays = [a for a in (d_outputs if isinstance(d_outputs, tuple) else (d_outputs,))
+                  if a is not None]
+        xp = self._xp
+        # One device-to-host transfer for all outputs.
+        return bool(to_numpy(xp.stack([xp.isfinite(a).all() for a in arrays])).all())
 
     def _diverged(self, epoch: int, step: int, what: str) -> str:
         return (f"training diverged at epoch {epoch}, step {step} ({what}); stopped without "
@@ -372,7 +385,7 @@ class Trainer:
         log up to its epoch; the next :meth:`fit` continues bit-for-bit."""
         source = self.out_dir if out_dir is None else Path(out_dir)
         saved_config = json.loads((source / "config.json").read_text())
-        ours = self.config()
+        ours = json.loads(json.dumps(self.config()))   # tuples -> lists, as saved
         differ = sorted(k for k in set(ours) | set(saved_config)
                         if k != "epochs" and ours.get(k) != saved_config.get(k))
         if differ:
