@@ -8,7 +8,8 @@ arrays.
 So far: parameters, layers and pooling heads (:mod:`refdml.train.layers`), optimisers
 (:mod:`refdml.train.optim`), learning-rate schedules (:mod:`refdml.train.schedules`) and
 data sets, splits and the P x K sampler (:mod:`refdml.train.data`), objectives
-(:mod:`refdml.train.objectives`). The trainer, ``refdml train`` and the scripts come next.
+(:mod:`refdml.train.objectives`) and the training loop with checkpoints and resume
+(:mod:`refdml.train.trainer`). ``refdml train``, the scripts and the plots come next.
 """
 
 from refdml.train import layers
@@ -30,6 +31,7 @@ from refdml.train.layers import (
 )
 from refdml.train.optim import SGD, Adam, AdamW, Optimizer
 from refdml.train.schedules import CosineAnnealing, ReduceOnPlateau, Schedule, StepDecay
+from refdml.train.trainer import Trainer, TrainingDiverged
 
 __all__ = [
     "GAP",
@@ -53,6 +55,8 @@ __all__ = [
     "Schedule",
     "Sequential",
     "StepDecay",
+    "Trainer",
+    "TrainingDiverged",
     "XMLHistogramHead",
     "layers",
 ]

@@ -1,0 +1,103 @@
+"""Checkpoint files of :class:`refdml.train.trainer.Trainer`: one ``.npz``, written atomically.
+
+Layout (``numpy.savez``, no pickle; ``numpy.load(path)`` reads it back):
+
+- ``param/<name>``: each parameter's value (host copy, its dtype);
+- ``optim/<name>/<buffer>``: each optimiser buffer (Adam's ``m``, ``v``; SGD's momentum);
+- ``meta``: a 0-d unicode array holding one JSON document with everything else (the
+  optimiser's step count and hyperparameters, the schedule's and the sampler's state dicts,
+  the trainer's Generator state ``bit_generator.state``, the objective's state if it has
+  one, the epoch, the best validation MAP@R, ...). JSON keeps Python floats exactly (repr
+  round-trips) and Python's 128-bit integers of the PCG64 state.
+
+Atomic: the file is written to ``<path>.tmp`` then moved over ``<path>`` with
+:func:`os.replace`, so a run killed mid-write leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["save_checkpoint", "load_checkpoint", "write_json_atomic"]
+
+_SEP = "/"
+
+
+def _arrays_of_optimizer(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Split an optimiser state dict into its JSON part and its arrays."""
+    arrays: dict[str, np.ndarray] = {}
+    params: dict[str, Any] = {}
+    for name, entry in state["params"].items():
+        meta = {}
+        for key, value in entry.items():
+            if isinstance(value, np.ndarray):
+                arrays[f"optim{_SEP}{name}{_SEP}{key}"] = value
+                meta[key] = None
+            else:
+                meta[key] = list(value) if isinstance(value, tuple) else value
+        params[name] = meta
+    return {**{k: v for k, v in state.items() if k != "params"}, "params": params}, arrays
+
+
+def _optimizer_from(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    params = {}
+    for name, entry in meta["params"].items():
+        restored = {}
+        for key, value in entry.items():
+            if value is None:
+                restored[key] = arrays[f"optim{_SEP}{name}{_SEP}{key}"]
+            elif key == "shape":
+                restored[key] = tuple(value)
+            else:
+                restored[key] = value
+        params[name] = restored
+    hyper = {k: tuple(v) if isinstance(v, list) else v
+             for k, v in meta["hyperparameters"].items()}
+    return {**meta, "hyperparameters": hyper, "params": params}
+
+
+def save_checkpoint(path: Path, *, parameters: dict[str, np.ndarray],
+                    optimizer_state: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Write parameters (host arrays), an optimiser state dict and a JSON-able ``meta``."""
+    optim_meta, arrays = _arrays_of_optimizer(optimizer_state)
+    for name, value in parameters.items():
+        arrays[f"param{_SEP}{name}"] = value
+    document = json.dumps({**meta, "optimizer": optim_meta})
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        np.savez(handle, meta=np.array(document), **arrays)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
+    """``(parameters, optimizer_state, meta)`` as :func:`save_checkpoint` was given them."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    if "meta" not in arrays:
+        raise ValueError(f"{path} is not a refdml.train checkpoint (no 'meta' entry)")
+    meta = json.loads(str(arrays.pop("meta")))
+    prefix = f"param{_SEP}"
+    parameters = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    optimizer_state = _optimizer_from(meta.pop("optimizer"), arrays)
+    return parameters, optimizer_state, meta
+
+
+def write_json_atomic(path: Path, document: Any) -> None:
+    """``json.dump`` to ``<path>.tmp`` then :func:`os.replace` (indented, sorted keys)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(tmp, path)

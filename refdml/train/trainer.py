@@ -1,0 +1,426 @@
+r"""The training loop: P x K batches, hand-written backward, retrieval metrics, checkpoints.
+
+One epoch of :meth:`Trainer.fit`, for each index batch of the
+:class:`~refdml.train.data.PKBatchSampler`:
+
+1. gather the batch on the host (NumPy), cast floating inputs to ``dtype`` (integer inputs
+   such as token ids stay integers), move inputs and labels to the device (CuPy only when
+   ``device="cuda"``);
+2. ``outputs, ctx = model.forward(x)``; ``value, octx = objective.forward(outputs, labels)``;
+   a NaN or inf ``value`` stops the run (:class:`TrainingDiverged`, naming epoch and step);
+3. ``d_outputs = objective.backward(octx, 1.0)``; ``model.backward(ctx, d_outputs)``;
+4. ``optimizer.step()`` (it refuses a non-finite gradient before touching any parameter:
+   also :class:`TrainingDiverged`); ``after_step()`` if given (e.g. the token study's clip to
+   [-0.3, 0.3]); ``optimizer.zero_grad()``.
+
+After the epoch: the mean training loss over its steps; MAP@R, P@1 and R@1
+(:func:`refdml.gpu.metrics.retrieval_metrics`, the fast-path mirror, which is exact in
+float64 and runs on NumPy or CuPy) of the L2-normalised embeddings (the model's first
+output) of the validation and the test data, each in same-set mode (every sample a query
+against the others of its split); the schedule's step (``ReduceOnPlateau`` gets the
+validation MAP@R); a row appended to ``out_dir/log.jsonl`` (``epoch``, ``train_loss``,
+``lr``: the rate this epoch trained with, ``n_steps``: optimiser steps so far,
+``val_map_at_r``, ``val_precision_at_1``, ``val_recall_at_1``, the same for ``test_``,
+``best_val_map_at_r``, ``seconds``); ``out_dir/checkpoint.npz``
+and, when the validation MAP@R improved, ``out_dir/best.npz``. Epoch 0 evaluates the
+untrained model (``train_loss`` null) and checkpoints it, so a run that diverges in its
+first epoch still leaves a checkpoint.
+
+Early stopping: the run stops after ``early_stopping_patience`` consecutive epochs whose
+validation MAP@R does not exceed the best so far (strictly); ``None`` trains all epochs.
+
+Resuming (:meth:`Trainer.resume`): a trainer built exactly as the interrupted one (same
+model architecture, objective, optimiser, schedule, sampler and data; ``epochs`` may grow)
+loads ``checkpoint.npz`` (parameter values, optimiser buffers and step count, schedule,
+sampler position, the trainer's Generator ``bit_generator.state``, the objective's
+``state_dict()`` if it has one, the epoch and the early-stopping counters), drops log rows
+after that epoch, and :meth:`fit` continues bit-for-bit: the same parameters and log rows
+(except ``seconds``) as an uninterrupted run. ``config.json`` (every hyperparameter the
+trainer knows) must match, apart from ``epochs``, or a ValueError names the difference.
+
+Randomness: :attr:`Trainer.rng` (``numpy.random.default_rng(seed)``) is for objectives and
+hooks that draw during training (e.g. re-initialising proxies); it is checkpointed. The
+sampler has its own seed (and state); the model is initialised by its own ``rng`` before
+the trainer sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from refdml._validation import _describe, check_choice, check_scalar
+from refdml._xp import to_numpy
+from refdml.train._checkpoint import load_checkpoint, save_checkpoint, write_json_atomic
+from refdml.train.data import PKBatchSampler
+from refdml.train.optim import Optimizer
+from refdml.train.schedules import ReduceOnPlateau, Schedule
+
+__all__ = ["Trainer", "TrainingDiverged", "METRIC_KEYS"]
+
+#: Retrieval metrics logged per split (log key suffix -> key of ``retrieval_metrics``).
+METRIC_KEYS = {
+    "map_at_r": "mean_average_precision_at_r",
+    "precision_at_1": "precision_at_1",
+    "recall_at_1": "recall_at_1",
+}
+_INPUT_FIELDS = ("token_ids", "images", "features", "inputs")
+
+
+class TrainingDiverged(RuntimeError):
+    """A NaN or inf loss or gradient; the last good checkpoint is left in place."""
+
+
+def _as_dataset(data: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(inputs, labels)`` host arrays of a data set object or an ``(inputs, labels)`` pair."""
+    if isinstance(data, tuple) and len(data) == 2:
+        inputs, labels = data
+    else:
+        field = next((f for f in _INPUT_FIELDS if hasattr(data, f)), None)
+        if field is None or not hasattr(data, "labels"):
+            raise TypeError(
+                f"{name} must be an (inputs, labels) pair or a data set with .labels and one "
+                f"of {_INPUT_FIELDS} (TokenSamples, CollageSplit, FeatureSet), got "
+                f"{_describe(data)}"
+            )
+        inputs, labels = getattr(data, field), data.labels
+    inputs, labels = np.asarray(inputs), np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{name} labels must be a 1-D integer array, got {_describe(labels)}")
+    if inputs.ndim < 1 or inputs.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"{name} has {inputs.shape[0] if inputs.ndim else 0} inputs and "
+            f"{labels.shape[0]} labels; they must match"
+        )
+    return inputs, labels
+
+
+class Trainer:
+    """Train ``model`` with ``objective`` and ``optimizer`` (see the module docstring).
+
+    Parameters
+    ----------
+    model : Layer
+        ``forward(x) -> (outputs, ctx)``, ``backward(ctx, d_outputs)``; ``outputs`` is the
+        embedding ``y`` (B, d) or a tuple whose first entry is ``y``.
+    objective : object
+        ``parameters()``, ``forward(outputs, labels) -> (value, ctx)``,
+        ``backward(ctx, d_value) -> d_outputs``; optional ``state_dict``/``load_state_dict``.
+    optimizer : Optimizer
+        Over the model's and the objective's parameters (names must be unique).
+    schedule : Schedule, optional
+        Stepped once per epoch (``ReduceOnPlateau`` with the validation MAP@R).
+    train_sampler : PKBatchSampler
+        Over ``train_data``'s labels.
+    train_data, val_data, test_data
+        ``TokenSamples``, ``CollageSplit``, ``FeatureSet`` or an ``(inputs, labels)`` pair
+        of host arrays. ``test_data`` is optional.
+    out_dir : path
+        Created if missing; holds ``config.json``, ``log.jsonl``, ``checkpoint.npz``,
+        ``best.npz``.
+    epochs : int >= 0
+        Training epochs after the epoch-0 evaluation.
+    early_stopping_patience : int >= 1, optional
+    seed : int >= 0
+        Seeds :attr:`rng`.
+    dtype : "float32" or "float64"
+        Of the floating inputs; must be the parameters' dtype.
+    device : "cpu" or "cuda"
+    progress : bool
+        A tqdm bar over each epoch's batches (only on a terminal).
+    after_step : callable, optional
+        Called with no argument after every optimiser step (e.g. a projection).
+    eval_batch_size : int, default 1024
+        Samples per forward pass when embedding the validation and test data.
+    """
+
+    def __init__(
+        self, model: Any, objective: Any, optimizer: Optimizer, *,
+        schedule: Schedule | None = None, train_sampler: PKBatchSampler, train_data: Any,
+        val_data: Any, test_data: Any = None, out_dir: Any, epochs: int,
+        early_stopping_patience: int | None = None, seed: int, dtype: Any,
+        device: str = "cpu", progress: bool = True,
+        after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
+    ) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be an Optimizer, got {_describe(optimizer)}")
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise TypeError(f"schedule must be a Schedule or None, got {_describe(schedule)}")
+        if schedule is not None and schedule.optimizer is not optimizer:
+            raise ValueError("schedule drives another optimiser than optimizer")
+        if not isinstance(train_sampler, PKBatchSampler):
+            raise TypeError(
+                f"train_sampler must be a PKBatchSampler, got {_describe(train_sampler)}")
+        for method in ("parameters", "forward", "backward"):
+            if not callable(getattr(objective, method, None)):
+                raise TypeError(f"objective has no method {method}(); see refdml.train.objectives")
+        if after_step is not None and not callable(after_step):
+            raise TypeError(f"after_step must be callable or None, got {_describe(after_step)}")
+        self.model, self.objective, self.optimizer = model, objective, optimizer
+        self.schedule, self.train_sampler, self.after_step = schedule, train_sampler, after_step
+        self.train_x, self.train_y = _as_dataset(train_data, "train_data")
+        self.val_x, self.val_y = _as_dataset(val_data, "val_data")
+        self.test_x, self.test_y = (None, None) if test_data is None else _as_dataset(
+            test_data, "test_data")
+        if train_sampler._labels.shape != self.train_y.shape or not np.array_equal(
+                train_sampler._labels, self.train_y):
+            raise ValueError("train_sampler was built over other labels than train_data's")
+        self.out_dir = Path(out_dir)
+        self.epochs = check_scalar(epochs, "epochs", low=0, integer=True)
+        self.early_stopping_patience = None if early_stopping_patience is None else check_scalar(
+            early_stopping_patience, "early_stopping_patience", low=1, integer=True)
+        self.seed = check_scalar(seed, "seed", low=0, integer=True)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.device = check_choice(device, "device", ("cpu", "cuda"))
+        self.progress = bool(progress)
+        self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
+                                            integer=True)
+        self.parameters = {p.name: p for p in optimizer.params}
+        for p in self.parameters.values():
+            if p.dtype != self.dtype:
+                raise TypeError(f"parameter {p.name} is {p.dtype.name}, dtype is {self.dtype.name}")
+        if self.device == "cuda":
+            import cupy
+
+            self._xp = cupy
+        else:
+            self._xp = np
+        self.rng = np.random.default_rng(self.seed)
+        self.epoch = 0            # the last finished epoch (0: the untrained model evaluated)
+        self.started = False      # epoch 0 evaluated (or resumed)
+        self.best_metric = -math.inf
+        self.best_epoch = 0
+        self.stopped_early = False
+
+    # -- configuration -------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Every hyperparameter the trainer knows (written to ``config.json``)."""
+        objective_config = (self.objective.config() if callable(getattr(
+            self.objective, "config", None)) else repr(self.objective))
+        sampler = self.train_sampler
+        return {
+            "epochs": self.epochs,
+            "early_stopping_patience": self.early_stopping_patience,
+            "seed": self.seed,
+            "dtype": self.dtype.name,
+            "device": self.device,
+            "eval_batch_size": self.eval_batch_size,
+            "after_step": None if self.after_step is None else getattr(
+                self.after_step, "__name__", repr(self.after_step)),
+            "model": {"repr": repr(self.model), "parameters": {
+                name: list(p.shape) for name, p in self.parameters.items()}},
+            "objective": objective_config,
+            "optimizer": {"name": type(self.optimizer).__name__,
+                          **self.optimizer._hyperparameters(), "lr": self.optimizer.lr
+                          if self.schedule is None else self.schedule.base_lr},
+            "schedule": None if self.schedule is None else {
+                "name": type(self.schedule).__name__, **self.schedule._arguments()},
+            "sampler": {"n_classes_per_batch": sampler.n_classes_per_batch,
+                        "n_samples_per_class": sampler.n_samples_per_class,
+                        "short_classes": sampler.short_classes,
+                        "seed": sampler.state_dict()["seed"]},
+            "data": {split: None if y is None else {
+                "n_samples": int(y.shape[0]), "n_classes": int(np.unique(y).shape[0]),
+                "input_shape": list(x.shape[1:]), "input_dtype": x.dtype.name}
+                for split, x, y in (("train", self.train_x, self.train_y),
+                                    ("val", self.val_x, self.val_y),
+                                    ("test", self.test_x, self.test_y))},
+        }
+
+    # -- data to the device --------------------------------------------------------------
+    def _to_device(self, inputs: np.ndarray, labels: np.ndarray) -> tuple[Any, Any]:
+        if np.issubdtype(inputs.dtype, np.floating):
+            inputs = inputs.astype(self.dtype, copy=False)
+        return self._xp.asarray(inputs), self._xp.asarray(labels)
+
+    # -- evaluation ----------------------------------------------------------------------
+    def embed(self, inputs: np.ndarray) -> Any:
+        """L2-normalised embeddings (the model's first output) of ``inputs``, on the device."""
+        from refdml.gpu.normalize import l2_normalize_forward
+
+        xp = self._xp
+        parts = []
+        for start in range(0, inputs.shape[0], self.eval_batch_size):
+            x, _ = self._to_device(inputs[start:start + self.eval_batch_size], np.zeros(0))
+            outputs, _ = self.model.forward(x)
+            y = outputs[0] if isinstance(outputs, tuple) else outputs
+            parts.append(l2_normalize_forward(y)[0])
+        return xp.concatenate(parts, axis=0)
+
+    def evaluate(self, inputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        """MAP@R, P@1 and R@1 of the L2-normalised embeddings, same-set retrieval."""
+        from refdml.gpu.metrics import retrieval_metrics
+
+        embeddings = self.embed(inputs)
+        result = retrieval_metrics(embeddings, self._xp.asarray(labels), k=(1,))
+        return {key: float(result[name]) for key, name in METRIC_KEYS.items()}
+
+    # -- one epoch -----------------------------------------------------------------------
+    def _train_epoch(self, epoch: int) -> float:
+        from tqdm import tqdm
+
+        self.optimizer.zero_grad()
+        for p in self.objective.parameters():
+            p.zero_grad()
+        total, n_steps = 0.0, 0
+        bar = tqdm(total=len(self.train_sampler), desc=f"epoch {epoch}", unit="batch",
+                   leave=False, disable=None if self.progress else True)
+        try:
+            for step, batch in enumerate(self.train_sampler, start=1):
+                x, labels = self._to_device(self.train_x[batch], self.train_y[batch])
+                outputs, ctx = self.model.forward(x)
+                value, objective_ctx = self.objective.forward(outputs, labels)
+                value = float(value)
+                if not math.isfinite(value):
+                    raise TrainingDiverged(self._diverged(epoch, step, f"the loss is {value}"))
+                d_outputs = self.objective.backward(objective_ctx, 1.0)
+                if not self._finite(d_outputs):
+                    raise TrainingDiverged(self._diverged(
+                        epoch, step, "the objective's gradient of the outputs is not finite"))
+                self.model.backward(ctx, d_outputs)
+                try:
+                    self.optimizer.step()
+                except ValueError as error:
+                    if "not finite" not in str(error):
+                        raise
+                    raise TrainingDiverged(self._diverged(epoch, step, str(error))) from error
+                if self.after_step is not None:
+                    self.after_step()
+                self.optimizer.zero_grad()
+                total += value
+                n_steps += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{value:.4g}")
+        finally:
+            bar.close()
+        if n_steps == 0:
+            raise ValueError(f"train_sampler gave no batch in epoch {epoch}")
+        return total / n_steps
+
+    def _finite(self, d_outputs: Any) -> bool:
+        arrays = [a for a in (d_outputs if isinstance(d_outputs, tuple) else (d_outputs,))
+                  if a is not None]
+        xp = self._xp
+        # One device-to-host transfer for all outputs.
+        return bool(to_numpy(xp.stack([xp.isfinite(a).all() for a in arrays])).all())
+
+    def _diverged(self, epoch: int, step: int, what: str) -> str:
+        return (f"training diverged at epoch {epoch}, step {step} ({what}); stopped without "
+                f"updating the parameters; the last good checkpoint (epoch {self.epoch}) is "
+                f"{self.out_dir / 'checkpoint.npz'}")
+
+    # -- the run -------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, Any]]:
+        """Train to ``epochs`` (or the early stop); return the log rows written by this call."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        rows = []
+        if not self.started:
+            write_json_atomic(self.out_dir / "config.json", self.config())
+            (self.out_dir / "log.jsonl").write_text("")
+            rows.append(self._end_epoch(0, None, time.perf_counter()))
+            self.started = True
+        while self.epoch < self.epochs and not self.stopped_early:
+            epoch = self.epoch + 1
+            start = time.perf_counter()
+            loss = self._train_epoch(epoch)
+            rows.append(self._end_epoch(epoch, loss, start))
+        return rows
+
+    def _end_epoch(self, epoch: int, train_loss: float | None, start: float) -> dict[str, Any]:
+        row: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss,
+                               "lr": self.optimizer.lr, "n_steps": self.optimizer.n_steps}
+        val = self.evaluate(self.val_x, self.val_y)
+        row.update({f"val_{k}": v for k, v in val.items()})
+        if self.test_x is not None:
+            row.update({f"test_{k}": v for k, v in self.evaluate(self.test_x, self.test_y).items()})
+        metric = val["map_at_r"]
+        improved = metric > self.best_metric
+        if improved:
+            self.best_metric, self.best_epoch = metric, epoch
+        if epoch > 0 and self.schedule is not None:
+            if isinstance(self.schedule, ReduceOnPlateau):
+                self.schedule.step(metric)
+            else:
+                self.schedule.step()
+        self.epoch = epoch
+        patience = self.early_stopping_patience
+        self.stopped_early = patience is not None and epoch - self.best_epoch >= patience
+        row["best_val_map_at_r"] = self.best_metric
+        row["seconds"] = time.perf_counter() - start
+        with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as log:
+            log.write(json.dumps(row) + "\n")
+        self._save(self.out_dir / "checkpoint.npz")
+        if improved:
+            self._save(self.out_dir / "best.npz")
+        return row
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _save(self, path: Path) -> None:
+        objective_state = (self.objective.state_dict() if callable(getattr(
+            self.objective, "state_dict", None)) else None)
+        meta = {
+            "epoch": self.epoch,
+            "best_val_map_at_r": self.best_metric,
+            "best_epoch": self.best_epoch,
+            "stopped_early": self.stopped_early,
+            "rng": self.rng.bit_generator.state,
+            "sampler": self.train_sampler.state_dict(),
+            "schedule": None if self.schedule is None else self.schedule.state_dict(),
+            "objective": objective_state,
+        }
+        save_checkpoint(path, parameters={name: np.array(to_numpy(p.value), copy=True)
+                                          for name, p in self.parameters.items()},
+                        optimizer_state=self.optimizer.state_dict(), meta=meta)
+
+    def resume(self, out_dir: Any = None) -> None:
+        """Load ``<out_dir>/checkpoint.npz`` (default: this trainer's ``out_dir``) and the
+        log up to its epoch; the next :meth:`fit` continues bit-for-bit."""
+        source = self.out_dir if out_dir is None else Path(out_dir)
+        saved_config = json.loads((source / "config.json").read_text())
+        ours = json.loads(json.dumps(self.config()))   # tuples -> lists, as saved
+        differ = sorted(k for k in set(ours) | set(saved_config)
+                        if k != "epochs" and ours.get(k) != saved_config.get(k))
+        if differ:
+            raise ValueError(
+                f"cannot resume from {source}: its config.json differs in {differ} "
+                "(only 'epochs' may change)")
+        parameters, optimizer_state, meta = load_checkpoint(source / "checkpoint.npz")
+        if set(parameters) != set(self.parameters):
+            raise ValueError(
+                f"checkpoint parameters {sorted(parameters)} differ from the optimiser's "
+                f"{sorted(self.parameters)}")
+        for name, value in parameters.items():
+            p = self.parameters[name]
+            if value.shape != p.shape or value.dtype != p.dtype:
+                raise ValueError(f"checkpoint {name} is {value.dtype}{value.shape}, parameter "
+                                 f"is {p.dtype}{p.shape}")
+        self.optimizer.load_state_dict(optimizer_state)
+        self.train_sampler.load_state_dict(meta["sampler"])
+        if (meta["schedule"] is None) != (self.schedule is None):
+            raise ValueError("checkpoint and trainer disagree on having a schedule")
+        if self.schedule is not None:
+            self.schedule.load_state_dict(meta["schedule"])
+        if meta["objective"] is not None:
+            self.objective.load_state_dict(meta["objective"])
+        for name, value in parameters.items():
+            self.parameters[name].value[...] = self._xp.asarray(value)
+        self.rng.bit_generator.state = meta["rng"]
+        self.epoch, self.best_epoch = int(meta["epoch"]), int(meta["best_epoch"])
+        self.best_metric = float(meta["best_val_map_at_r"])
+        self.stopped_early = bool(meta["stopped_early"])
+        self.started = True
+        rows = [line for line in (source / "log.jsonl").read_text().splitlines()
+                if line and json.loads(line)["epoch"] <= self.epoch]
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.out_dir / "config.json", ours)
+        (self.out_dir / "log.jsonl").write_text("".join(r + "\n" for r in rows))
+        if source != self.out_dir:
+            self._save(self.out_dir / "checkpoint.npz")
