@@ -302,3 +302,20 @@ def test_loss_objective_ignores_z():
     _, ctx = objective.forward((_y(), _z()), LABELS)
     d_y, d_z = objective.backward(ctx)
     assert d_z is None and d_y.shape == (8, 5)
+
+
+def test_config_is_plain_json_without_object_addresses():
+    import json
+
+    from refdml.train.objectives import GSPObjective, LossObjective
+
+    for objective in (GSPObjective("contrastive", n_classes=4, attribute_dim=8, rng=1),
+                      LossObjective("proxy_nca", n_classes=4, dim=8, rng=1, temperature=0.2)):
+        text = json.dumps(objective.config())
+        assert " at 0x" not in text and "Generator" not in text
+    # Equal for an equal objective (the seed is state, not configuration), different for
+    # another hyperparameter.
+    a = LossObjective("proxy_nca", n_classes=4, dim=8, rng=1, temperature=0.2).config()
+    b = LossObjective("proxy_nca", n_classes=4, dim=8, rng=2, temperature=0.2).config()
+    c = LossObjective("proxy_nca", n_classes=4, dim=8, rng=1, temperature=0.3).config()
+    assert a == b and a != c

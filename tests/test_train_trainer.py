@@ -263,3 +263,47 @@ def test_named_errors(tmp_path):
                 **{**base, "val_data": [1, 2]})
     with pytest.raises(FileNotFoundError):
         _trainer(tmp_path / "empty").resume()
+
+
+# --------------------------------------------------------------- with the package's objectives
+
+
+def _objective_trainer(out_dir, objective_name, *, epochs):
+    from refdml.train import GSPHead
+    from refdml.train.objectives import GSPObjective, LossObjective
+
+    splits = make_token_splits(rng=0, n_classes=N_CLASSES, n_train_per_class=16,
+                               n_val_per_class=8, n_test_per_class=8)
+    rng = np.random.default_rng(0)
+    embedding = Embedding(splits.train.n_tokens, DIM, rng=rng)
+    if objective_name == "gsp":
+        head = GSPHead(8, DIM, mu=0.3, inverse_temperature=5.0, rng=rng)
+        objective = GSPObjective("contrastive", n_classes=N_CLASSES, attribute_dim=8, rng=1)
+    else:
+        head = GAP()
+        objective = LossObjective("proxy_nca", n_classes=N_CLASSES, dim=DIM, rng=1)
+    model = Sequential([embedding, head, Linear(DIM, DIM, rng=rng), L2Normalize()])
+    optimizer = Adam(list(model.parameters()) + list(objective.parameters()), lr=LR)
+    sampler = PKBatchSampler(splits.train.labels, n_classes_per_batch=4, n_samples_per_class=4,
+                             rng=0)
+    return Trainer(model, objective, optimizer, train_sampler=sampler, train_data=splits.train,
+                   val_data=splits.val, test_data=splits.test, out_dir=out_dir, epochs=epochs,
+                   seed=0, dtype="float64", progress=False)
+
+
+@pytest.mark.parametrize("objective_name", ["gsp", "proxy_nca"])
+def test_trainer_runs_the_package_objectives_and_resumes_them(tmp_path, objective_name):
+    # A GSP model (outputs (y, z)) with GSP Alg. 1's objective, and a proxy loss whose
+    # proxies are trained too: both train, and 1 + resume + 1 epochs equal 2 straight.
+    straight = _objective_trainer(tmp_path / "straight", objective_name, epochs=2)
+    rows = straight.fit()
+    assert all(math.isfinite(r["train_loss"]) for r in rows[1:])
+    first = _objective_trainer(tmp_path / "split", objective_name, epochs=1)
+    first.fit()
+    again = _objective_trainer(tmp_path / "split", objective_name, epochs=2)
+    again.resume()
+    again.fit()
+    for name, value in _values(straight).items():
+        assert_array_equal(_values(again)[name], value)
+    for p, q in zip(straight.objective.parameters(), again.objective.parameters()):
+        assert_array_equal(p.value, q.value)

@@ -88,6 +88,9 @@ def check_d_value(d_value) -> float:
     return d_value
 
 
+_SKIP = object()  # marks an attribute that config() does not record (arrays, generators)
+
+
 class Objective:
     """Base class: named parameters and the context bookkeeping (see the module doc)."""
 
@@ -113,6 +116,43 @@ class Objective:
     def zero_grad(self) -> None:
         for parameter in self.parameters():
             parameter.zero_grad()
+
+    def config(self) -> dict:
+        """Its hyperparameters as plain JSON values (what ``Trainer`` records and compares).
+
+        The class, the name, every public attribute that is a number, string, bool or a
+        tuple/list/dict of them, a wrapped objective's own ``config()``, and the shapes and
+        dtypes of its parameters; never a ``repr`` with an object address, so a resumed run
+        can check it is the same objective.
+        """
+        def plain(value):
+            if value is None or isinstance(value, (bool, int, float, str)):
+                return value
+            if isinstance(value, np.generic):
+                return value.item()
+            if isinstance(value, (tuple, list)):
+                items = [plain(v) for v in value]
+                return items if all(i is not _SKIP for i in items) else _SKIP
+            if isinstance(value, dict):
+                items = {str(k): plain(v) for k, v in value.items()}
+                return items if all(i is not _SKIP for i in items.values()) else _SKIP
+            if isinstance(value, Objective):
+                return value.config()
+            if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+                return np.dtype(value).name
+            return _SKIP
+
+        config = {"class": type(self).__name__}
+        for key, value in sorted(vars(self).items()):
+            if key.startswith("_"):
+                continue
+            converted = plain(value)
+            if converted is not _SKIP:
+                config[key] = converted
+        config["parameters"] = {
+            name: {"shape": list(p.shape), "dtype": p.dtype.name} for name, p in self.named_parameters()
+        }
+        return config
 
     def state_dict(self) -> dict:
         """State that is not a parameter (a split generator, ASAP's ``theta*``)."""
