@@ -84,7 +84,10 @@ def _save(fig, out_path) -> Path:
 
 # --------------------------------------------------------------------------- GSP weights
 def _gsp_contexts(model: Layer, ctx: Any) -> list[tuple[GSPHead, HeadContext, Any]]:
-    """``(head, head_ctx, preceding_ctx)`` for every GSP head of ``model``, in layer order."""
+    """``(head, head_ctx, local_ctx)`` for every GSP head of ``model``, in layer order.
+
+    ``local_ctx`` is the context of the last LocalLinear before the head (None if none).
+    """
     if isinstance(model, GSPHead):
         check_context(ctx, "ctx", HeadContext)
         return [(model, ctx, None)]
@@ -101,7 +104,8 @@ def _gsp_contexts(model: Layer, ctx: Any) -> list[tuple[GSPHead, HeadContext, An
             found.extend((h, c, p if p is not None else previous) for h, c, p in inner)
         elif isinstance(layer, GSPHead):
             found.append((layer, layer_ctx, previous))
-        previous = layer_ctx
+        if isinstance(layer_ctx, LocalLinearContext):
+            previous = layer_ctx
     return found
 
 
@@ -133,14 +137,15 @@ def gsp_weights(model: Layer, ctx: Any, *, head: int = 0):
 def feature_grid(model: Layer, ctx: Any, *, head: int = 0) -> tuple[int, int] | None:
     """``(H', W')`` of the feature map the GSP head pooled, or None if unknown.
 
-    Known when the layer right before the head is a
-    :class:`~refdml.train.layers.LocalLinear` (the 1x1 conv that turns a ``(B, C, H', W')``
-    map into local features ``j = h W' + w``).
+    Known when a :class:`~refdml.train.layers.LocalLinear` (the 1x1 conv that turns a
+    ``(B, C, H', W')`` map into local features ``j = h W' + w``) comes before the head
+    (shape-keeping layers such as a ReLU may sit between) and ``H' W'`` is the head's ``n``.
     """
-    _, _, previous = _one_head(model, ctx, head)
-    if isinstance(previous, LocalLinearContext):
-        return tuple(int(s) for s in previous.x_shape[2:])
-    return None
+    _, head_ctx, local = _one_head(model, ctx, head)
+    if local is None:
+        return None
+    grid = tuple(int(s) for s in local.x_shape[2:])
+    return grid if grid[0] * grid[1] == head_ctx.inner.features.shape[1] else None
 
 
 def upsample_weights(weights, grid: tuple[int, int], image_shape: tuple[int, int]) -> np.ndarray:
@@ -333,6 +338,8 @@ def plot_attention(images, weights, out_path, *, grid: tuple[int, int] | None = 
             subtitle = f"weight in class cell: {share:.0%}"
         map_ax.set_title(subtitle, fontsize="medium")
         for ax in (image_ax, map_ax):
+            ax.set_xticks(range(0, width, max(1, width // 4)))
+            ax.set_yticks(range(0, height, max(1, height // 4)))
             ax.set_xlabel("x (pixel)")
             ax.set_ylabel("y (pixel)")
     fig.colorbar(last_map, ax=axes[:, 1].tolist(), shrink=0.8,
