@@ -18,8 +18,8 @@ machine slows them alike, so their ratio holds; the absolute times do not). The 
 time per layer comes from a second, separate pass in which every layer's ``forward`` and
 ``backward`` (and the objective's and the optimiser's calls) are wrapped by timers (on a
 GPU each timer synchronises the device, which costs a little and is why this pass is
-separate from the step timing); shares are of the summed component times, medians over
-the repeats.
+separate from the step timing); a share is the component's median time over the sum of
+the components' medians (so the column adds up to 100%).
 
 Models (the same as the training scripts' defaults are meant to be; change them here if
 those change):
@@ -180,7 +180,7 @@ def _wrap(obj, method: str, key: str, record: dict, sync) -> None:
 
 
 def layer_shares(step: Step, repeats: int) -> dict:
-    """Median share (of the summed component times) of each layer's forward / backward."""
+    """Share of each component: its median time over the sum of the components' medians."""
     record: dict = defaultdict(float)
     for layer in step.model.layers:
         _wrap(layer, "forward", f"{layer.name} fwd", record, step.sync)
@@ -189,14 +189,15 @@ def layer_shares(step: Step, repeats: int) -> dict:
     _wrap(step.objective, "backward", "objective bwd", record, step.sync)
     _wrap(step.optimizer, "step", "adam step", record, step.sync)
     step()
-    shares = defaultdict(list)
+    times = defaultdict(list)
     for _ in range(repeats):
         record.clear()
         step()
-        total = sum(record.values())
         for key, value in record.items():
-            shares[key].append(value / total)
-    return {key: statistics.median(values) for key, values in shares.items()}
+            times[key].append(value)
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    total = sum(medians.values())
+    return {key: value / total for key, value in medians.items()}
 
 
 def bench(which: str, device: str, repeats: int) -> None:
