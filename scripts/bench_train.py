@@ -1,0 +1,237 @@
+"""Time per training step of the digits-collage and token models (a benchmark, not a test).
+
+    python scripts/bench_train.py                    # both models, CPU, 15 repeats
+    python scripts/bench_train.py --only collage     # one model (repeatable: --only tokens)
+    python scripts/bench_train.py --device cuda      # CuPy on a GPU (where one is lent)
+    python scripts/bench_train.py --quick            # 3 repeats, a smoke run
+
+A step is what :class:`refdml.train.Trainer` does per batch: ``zero_grad``, model forward,
+objective forward and backward, model backward, Adam step. Per model, three paths:
+
+- ``fast f32`` / ``fast f64``: the fast path (:mod:`refdml.gpu` operators in the heads and
+  the objective; the layers' own pairs), in float32 / float64;
+- ``ref f64``: ``reference=True`` (the float64 NumPy reference operators, what
+  ``--reference`` runs). The reference is float64 only, so there is no ``ref f32``.
+
+Step times are medians of ``--repeats`` steps, the paths interleaved in one process (a busy
+machine slows them alike, so their ratio holds; the absolute times do not). The share of
+time per layer comes from a second, separate pass in which every layer's ``forward`` and
+``backward`` (and the objective's and the optimiser's calls) are wrapped by timers (on a
+GPU each timer synchronises the device, which costs a little and is why this pass is
+separate from the step timing); a share is the component's median time over the sum of
+the components' medians (so the column adds up to 100%).
+
+Models (the same as the training scripts' defaults are meant to be; change them here if
+those change):
+
+- ``collage``: 16 x 16 collages (batch 64 = 8 classes x 8), Conv2d(1->16, 3x3) - ReLU -
+  Conv2d(16->32, 3x3, stride 2) - ReLU - LocalLinear(32->64) on the 8 x 8 map (n = 64
+  local features) - GSPHead(m = 16, mu = 0.3, inverse_temperature = 5) - L2Normalize;
+  objective GSP Alg. 1 with the contrastive loss, lambda_ = 0.5 (supp. 2.2).
+- ``tokens``: the GSP token study's batch (4 samples x 16 classes, 50 tokens each),
+  Embedding(68 tokens, 32) - GSPHead(m = 16, mu = 0.5, inverse_temperature = 5) -
+  L2Normalize; objective GSP Alg. 1 with the contrastive loss, lambda_ = 0.1.
+
+BLAS threads: OpenBLAS's worker threads spin while they wait, and on a machine whose cores
+are busy with other work they make a matrix product many times slower, not faster; the
+script therefore pins BLAS (OpenBLAS, MKL, OpenMP) to ``REFDML_BENCH_BLAS_THREADS`` threads
+(default 1, as scripts/bench_gpu.py does) unless those variables are already set. Single-
+thread numbers are also the fair basis of the issue's "2 CPU cores" goals.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, os.environ.get("REFDML_BENCH_BLAS_THREADS", "1"))
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from refdml.train import Adam  # noqa: E402
+from refdml.train.data import PAPER_BATCH, make_digits_collage, make_tokens  # noqa: E402
+from refdml.train.layers import (  # noqa: E402
+    Conv2d,
+    Embedding,
+    GSPHead,
+    L2Normalize,
+    LocalLinear,
+    ReLU,
+    Sequential,
+)
+from refdml.train.objectives import GSPObjective  # noqa: E402
+
+PATHS = (("fast", "float32"), ("fast", "float64"), ("ref", "float64"))
+
+
+def collage_model(*, reference: bool, dtype, device: str = "cpu", seed: int = 0):
+    """The digits-collage model and objective of the module docstring."""
+    rng = np.random.default_rng(seed)
+    common = dict(rng=rng, dtype=dtype, device=device)
+    model = Sequential([
+        Conv2d(1, 16, name="conv1", **common), ReLU(name="relu1"),
+        Conv2d(16, 32, stride=2, name="conv2", **common), ReLU(name="relu2"),
+        LocalLinear(32, 64, name="local", **common),
+        GSPHead(16, 64, mu=0.3, inverse_temperature=5.0, reference=reference, **common),
+        L2Normalize(reference=reference),
+    ])
+    objective = GSPObjective("contrastive", lambda_=0.5, n_classes=20, attribute_dim=16,
+                             reference=reference, rng=seed, dtype=dtype, device=device)
+    return model, objective
+
+
+def collage_batch(seed: int = 0):
+    """64 collages of the training split, 8 classes x 8 images (host arrays)."""
+    data = make_digits_collage(rng=seed).train
+    rng = np.random.default_rng(seed)
+    index = np.concatenate([rng.choice(np.nonzero(data.labels == c)[0], 8, replace=False)
+                            for c in data.classes[:8]])
+    return data.images[index], data.labels[index]
+
+
+def tokens_model(*, reference: bool, dtype, device: str = "cpu", seed: int = 0, n_tokens: int):
+    rng = np.random.default_rng(seed)
+    common = dict(rng=rng, dtype=dtype, device=device)
+    model = Sequential([
+        Embedding(n_tokens, 32, name="tokens", **common),
+        GSPHead(16, 32, mu=0.5, inverse_temperature=5.0, reference=reference, **common),
+        L2Normalize(reference=reference),
+    ])
+    objective = GSPObjective("contrastive", lambda_=0.1, n_classes=16, attribute_dim=16,
+                             reference=reference, rng=seed, dtype=dtype, device=device)
+    return model, objective
+
+
+def tokens_batch(seed: int = 0):
+    """The paper's batch: 4 samples of each of the 16 classes (64 x 50 token ids)."""
+    samples = make_tokens(PAPER_BATCH["n_samples_per_class"], rng=seed)
+    return samples.token_ids, samples.labels, samples.n_tokens
+
+
+class Step:
+    """One model + objective + Adam on a fixed batch; ``__call__`` runs one training step."""
+
+    def __init__(self, which: str, path: str, dtype: str, device: str) -> None:
+        reference = path == "ref"
+        if which == "collage":
+            x, labels = collage_batch()
+            x = x.astype(dtype)
+            self.model, self.objective = collage_model(reference=reference, dtype=dtype,
+                                                       device=device)
+        else:
+            x, labels, n_tokens = tokens_batch()
+            self.model, self.objective = tokens_model(reference=reference, dtype=dtype,
+                                                      device=device, n_tokens=n_tokens)
+        self.xp = np
+        if device == "cuda":
+            import cupy
+
+            self.xp = cupy
+            x, labels = cupy.asarray(x), cupy.asarray(labels)
+        self.x, self.labels = x, labels
+        params = [*self.model.parameters(), *self.objective.parameters()]
+        self.optimizer = Adam(params, lr=1e-4)
+        self.device = device
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            self.xp.cuda.Device().synchronize()
+
+    def __call__(self) -> None:
+        self.optimizer.zero_grad()
+        outputs, ctx = self.model.forward(self.x)
+        _, octx = self.objective.forward(outputs, self.labels)
+        self.model.backward(ctx, self.objective.backward(octx, 1.0))
+        self.optimizer.step()
+        self.sync()
+
+
+def _interleaved(functions: dict, repeats: int) -> dict:
+    """Median seconds of each function, the functions run in turn ``repeats`` times."""
+    times = {name: [] for name in functions}
+    for fn in functions.values():  # warm-up (imports, caches, CuPy kernels)
+        fn()
+        fn()
+    for _ in range(repeats):
+        for name, fn in functions.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _wrap(obj, method: str, key: str, record: dict, sync) -> None:
+    inner = getattr(obj, method)
+
+    def timed(*args, **kwargs):
+        sync()
+        start = time.perf_counter()
+        out = inner(*args, **kwargs)
+        sync()
+        record[key] += time.perf_counter() - start
+        return out
+
+    setattr(obj, method, timed)  # instance attribute: shadows the class method
+
+
+def layer_shares(step: Step, repeats: int) -> dict:
+    """Share of each component: its median time over the sum of the components' medians."""
+    record: dict = defaultdict(float)
+    for layer in step.model.layers:
+        _wrap(layer, "forward", f"{layer.name} fwd", record, step.sync)
+        _wrap(layer, "backward", f"{layer.name} bwd", record, step.sync)
+    _wrap(step.objective, "forward", "objective fwd", record, step.sync)
+    _wrap(step.objective, "backward", "objective bwd", record, step.sync)
+    _wrap(step.optimizer, "step", "adam step", record, step.sync)
+    step()
+    times = defaultdict(list)
+    for _ in range(repeats):
+        record.clear()
+        step()
+        for key, value in record.items():
+            times[key].append(value)
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    total = sum(medians.values())
+    return {key: value / total for key, value in medians.items()}
+
+
+def bench(which: str, device: str, repeats: int) -> None:
+    steps = {f"{path} {dtype[-2:]}": Step(which, path, dtype, device) for path, dtype in PATHS}
+    for step in steps.values():  # keep a row of the table from timing a broken step
+        step()
+    medians = _interleaved(steps, repeats)
+    print(f"\n== {which} model, batch {steps['fast 64'].labels.shape[0]}, device {device}, "
+          f"median of {repeats} interleaved steps ==")
+    ref = medians["ref 64"]
+    print(f"{'path':<10}{'ms/step':>10}{'vs ref f64':>12}")
+    for name, seconds in medians.items():
+        print(f"{name:<10}{1e3 * seconds:>10.2f}{ref / seconds:>11.2f}x")
+    shares = {name: layer_shares(step, repeats) for name, step in steps.items()}
+    keys = list(next(iter(shares.values())))
+    print(f"\nshare of step time per component ({', '.join(shares)})")
+    print(f"{'component':<16}" + "".join(f"{name:>10}" for name in shares))
+    for key in keys:
+        print(f"{key:<16}" + "".join(f"{shares[name].get(key, 0.0):>10.1%}" for name in shares))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=("collage", "tokens"))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="3 repeats: a smoke run")
+    args = parser.parse_args(argv)
+    repeats = 3 if args.quick else args.repeats
+    print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "
+          f"(see the module docstring); numpy {np.__version__}")
+    for which in args.only or ("collage", "tokens"):
+        bench(which, args.device, repeats)
+
+
+if __name__ == "__main__":
+    main()
