@@ -1,7 +1,10 @@
-"""Train the `digits-collage` study: `python scripts/train_digits_collage.py --out DIR [--epochs N] [--config FILE.toml] ...`.
+"""Train the `digits-collage` study.
 
-A thin wrapper over `refdml train --study digits-collage` (refdml.train._cli); flags and TOML keys in
-docs/train.md ("Running a training").
+    python scripts/train_digits_collage.py --out DIR [--epochs N] [--config FILE.toml] ...
+
+
+A thin wrapper over `refdml train --study digits-collage` (refdml.train._cli);
+flags and TOML keys in docs/train.md ("Running a training").
 """
 
 import sys

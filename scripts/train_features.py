@@ -1,7 +1,10 @@
-"""Train the `features` study: `python scripts/train_features.py --out DIR [--epochs N] [--config FILE.toml] ...`.
+"""Train the `features` study.
 
-A thin wrapper over `refdml train --study features` (refdml.train._cli); flags and TOML keys in
-docs/train.md ("Running a training").
+    python scripts/train_features.py --out DIR [--epochs N] [--config FILE.toml] ...
+
+
+A thin wrapper over `refdml train --study features` (refdml.train._cli);
+flags and TOML keys in docs/train.md ("Running a training").
 """
 
 import sys

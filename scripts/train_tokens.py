@@ -1,7 +1,10 @@
-"""Train the `tokens` study: `python scripts/train_tokens.py --out DIR [--epochs N] [--config FILE.toml] ...`.
+"""Train the `tokens` study.
 
-A thin wrapper over `refdml train --study tokens` (refdml.train._cli); flags and TOML keys in
-docs/train.md ("Running a training").
+    python scripts/train_tokens.py --out DIR [--epochs N] [--config FILE.toml] ...
+
+
+A thin wrapper over `refdml train --study tokens` (refdml.train._cli);
+flags and TOML keys in docs/train.md ("Running a training").
 """
 
 import sys

@@ -124,7 +124,7 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
 
 
 def main_for_study(study: str, argv: list[str] | None = None) -> int:
-    """Entry point of ``scripts/train_<study>.py``: the flags of ``refdml train`` less ``--study``."""
+    """Entry point of ``scripts/train_<study>.py``: ``refdml train``'s flags less ``--study``."""
     parser = argparse.ArgumentParser(
         prog=f"train_{study.replace('-', '_')}.py",
         description=f"Train the {study} study (same flags as `refdml train --study {study}`).")

@@ -106,7 +106,8 @@ KEYS: dict[str, Key] = {
     "device": Key(_same("cpu"), "ours", "str", choices=("cpu", "cuda")),
     "reference": Key(_same(False), "ours", "bool"),
     "early_stopping_patience": Key({"tokens": 30, "digits-collage": 10, "features": 10},
-                                   "tokens: paper (GSP supp. 2.1, 30 epochs on MAP@R); others: ours",
+                                   "tokens: paper (GSP supp. 2.1, 30 epochs on MAP@R); "
+                                   "others: ours",
                                    "int", low=1, optional=True),
     "eval_batch_size": Key(_same(1024), "ours", "int", low=1),
     "progress": Key(_same(True), "ours", "bool"),
@@ -216,8 +217,11 @@ def _check_value(name: str, key: Key, value: Any) -> Any:
             value = float(value)
             if not np.isfinite(value):
                 raise ValueError(f"{name} == {value}, must be finite")
-        if key.low is not None and (value < key.low or (value == key.low and not key.low_inclusive)):
-            raise ValueError(f"{name} == {value}, must be {'>=' if key.low_inclusive else '>'} {key.low}")
+        below = key.low is not None and (
+            value < key.low or (value == key.low and not key.low_inclusive))
+        if below:
+            relation = ">=" if key.low_inclusive else ">"
+            raise ValueError(f"{name} == {value}, must be {relation} {key.low}")
         if key.high is not None and value > key.high:
             raise ValueError(f"{name} == {value}, must be <= {key.high}")
         return value
@@ -234,7 +238,8 @@ def _check_value(name: str, key: Key, value: Any) -> Any:
         raise TypeError(f"{name} must be a list of {length} numbers, got {_describe(value)}")
     out = []
     for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not np.isfinite(v):
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
+                or not np.isfinite(v)):
             raise ValueError(f"{name} == {list(value)}, each entry must be a positive number")
         if kind == "pair" and float(v) != int(v):
             raise ValueError(f"{name} == {list(value)}, each entry must be an integer")
