@@ -2,7 +2,6 @@
 
     python scripts/train_digits_collage.py --out DIR [--epochs N] [--config FILE.toml] ...
 
-
 A thin wrapper over `refdml train --study digits-collage` (refdml.train._cli);
 flags and TOML keys in docs/train.md ("Running a training").
 """

@@ -2,7 +2,6 @@
 
     python scripts/train_features.py --out DIR [--epochs N] [--config FILE.toml] ...
 
-
 A thin wrapper over `refdml train --study features` (refdml.train._cli);
 flags and TOML keys in docs/train.md ("Running a training").
 """
