@@ -1,4 +1,4 @@
-"""The ``refdml`` command line: ``--version``, ``gradcheck``, ``gpu-check`` and ``verify``.
+"""The ``refdml`` command line: ``--version``, ``gradcheck``, ``gpu-check``, ``verify``, ``train``.
 
 Exit statuses: 0 success, 1 a failure of refdml's own code (a gradient check, a crashed
 claim check), 2 bad arguments (argparse's convention).
@@ -130,6 +130,12 @@ def _verify(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _train(args: argparse.Namespace) -> int:
+    from refdml.train._cli import run_from_args
+
+    return run_from_args(args)
+
+
 def _verify_epilog() -> str:
     from refdml.validation._framework import VERDICT_MEANINGS
 
@@ -156,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reference operators of four DML papers, and numerical checks of their claims.",
     )
     parser.add_argument("--version", action="version", version=f"refdml {refdml.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{gradcheck,gpu-check,verify}")
+    sub = parser.add_subparsers(dest="command", metavar="{gradcheck,gpu-check,verify,train}")
 
     grad = sub.add_parser("gradcheck", help="check every catalogued backward against finite differences",
                           description="Check every backward of the operator catalogue against central "
@@ -193,7 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write a Markdown report (and figures) here; checked before the run")
     verify.add_argument("--seed", type=_seed, default=0, help="base seed of every check (>= 0)")
     verify.set_defaults(func=_verify)
-    parser._refdml_subparsers = {"gradcheck": grad, "gpu-check": gpu, "verify": verify}
+    train = sub.add_parser(
+        "train", help="train a study (tokens, digits-collage, features) with refdml.train",
+        description="Train one of the studies of refdml.train with hand-written backward "
+                    "passes: flags override the --config TOML, which overrides the study's "
+                    "defaults (docs/train.md, 'Running a training'). Writes config.json (the "
+                    "effective config), log.jsonl, checkpoint.npz and best.npz to --out. Exit "
+                    "status 0 done, 1 the run diverged, 2 bad arguments, config or device.")
+    from refdml.train._cli import add_train_arguments
+
+    add_train_arguments(train, study=None)
+    train.set_defaults(func=_train)
+    parser._refdml_subparsers = {"gradcheck": grad, "gpu-check": gpu, "verify": verify,
+                                 "train": train}
     return parser
 
 

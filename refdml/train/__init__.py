@@ -9,7 +9,9 @@ So far: parameters, layers and pooling heads (:mod:`refdml.train.layers`), optim
 (:mod:`refdml.train.optim`), learning-rate schedules (:mod:`refdml.train.schedules`) and
 data sets, splits and the P x K sampler (:mod:`refdml.train.data`), objectives
 (:mod:`refdml.train.objectives`) and the training loop with checkpoints and resume
-(:mod:`refdml.train.trainer`). ``refdml train``, the scripts and the plots come next.
+(:mod:`refdml.train.trainer`), complete runs of the three studies from a plain config
+(:func:`refdml.train.runs.build_run`; ``refdml train`` and ``scripts/train_*.py`` wrap it).
+The plots come next.
 """
 
 from refdml.train import layers
@@ -32,6 +34,7 @@ from refdml.train.layers import (
 from refdml.train.optim import SGD, Adam, AdamW, Optimizer
 from refdml.train.schedules import CosineAnnealing, ReduceOnPlateau, Schedule, StepDecay
 from refdml.train.trainer import Trainer, TrainingDiverged
+from refdml.train.runs import build_run
 
 __all__ = [
     "GAP",
@@ -58,5 +61,6 @@ __all__ = [
     "Trainer",
     "TrainingDiverged",
     "XMLHistogramHead",
+    "build_run",
     "layers",
 ]

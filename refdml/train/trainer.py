@@ -73,6 +73,13 @@ METRIC_KEYS = {
 _INPUT_FIELDS = ("token_ids", "images", "features", "inputs")
 
 
+def _without_run_epochs(value: Any, key: str) -> Any:
+    """The ``"run"`` entry of a config less the keys a resume may change."""
+    if key != "run" or not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if k not in ("epochs", "progress")}
+
+
 class TrainingDiverged(RuntimeError):
     """A NaN or inf loss or gradient; the last good checkpoint is left in place."""
 
@@ -138,6 +145,9 @@ class Trainer:
         Called with no argument after every optimiser step (e.g. a projection).
     eval_batch_size : int, default 1024
         Samples per forward pass when embedding the validation and test data.
+    run_config : dict, optional
+        The plain config a run was built from (:func:`refdml.train.runs.build_run`),
+        recorded as ``"run"`` in ``config.json`` (JSON types only).
     """
 
     def __init__(
@@ -147,6 +157,7 @@ class Trainer:
         early_stopping_patience: int | None = None, seed: int, dtype: Any,
         device: str = "cpu", progress: bool = True,
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
+        run_config: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an Optimizer, got {_describe(optimizer)}")
@@ -181,6 +192,9 @@ class Trainer:
             raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
         self.device = check_choice(device, "device", ("cpu", "cuda"))
         self.progress = bool(progress)
+        if run_config is not None and not isinstance(run_config, dict):
+            raise TypeError(f"run_config must be a dict or None, got {_describe(run_config)}")
+        self.run_config = None if run_config is None else dict(run_config)
         self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
                                             integer=True)
         self.parameters = {p.name: p for p in optimizer.params}
@@ -207,6 +221,7 @@ class Trainer:
             self.objective, "config", None)) else repr(self.objective))
         sampler = self.train_sampler
         return {
+            "run": self.run_config,
             "epochs": self.epochs,
             "early_stopping_patience": self.early_stopping_patience,
             "seed": self.seed,
@@ -387,7 +402,8 @@ class Trainer:
         saved_config = json.loads((source / "config.json").read_text())
         ours = json.loads(json.dumps(self.config()))   # tuples -> lists, as saved
         differ = sorted(k for k in set(ours) | set(saved_config)
-                        if k != "epochs" and ours.get(k) != saved_config.get(k))
+                        if k != "epochs" and _without_run_epochs(ours.get(k), k)
+                        != _without_run_epochs(saved_config.get(k), k))
         if differ:
             raise ValueError(
                 f"cannot resume from {source}: its config.json differs in {differ} "

@@ -1,0 +1,132 @@
+"""``refdml train`` and ``scripts/train_*.py``: flags and a TOML config over :func:`build_run`.
+
+Precedence: a flag given on the command line > the TOML file (``--config``) > the study's
+defaults (:data:`refdml.train.runs.KEYS`). The effective config is recorded in
+``<out>/config.json`` under ``"run"``. Exit statuses: 0 done (or stopped early), 1 the run
+diverged (:class:`~refdml.train.TrainingDiverged`), 2 bad arguments, a bad config or an
+unavailable device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_train_arguments", "run_from_args", "load_toml", "main_for_study"]
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """The TOML file at ``path`` as a dict (tomllib, or the tomli backport on Python 3.10)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    with open(path, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def add_train_arguments(parser: argparse.ArgumentParser, *, study: str | None) -> None:
+    """The flags of ``refdml train`` (``--study`` only when ``study`` is None)."""
+    from refdml.train.runs import STUDIES
+
+    if study is None:
+        parser.add_argument("--study", required=True, choices=STUDIES, help="which study to train")
+    parser.add_argument("--config", metavar="FILE.toml",
+                        help="TOML file of config keys (docs/train.md); flags override it")
+    parser.add_argument("--epochs", type=_nonnegative_int, help="training epochs (after epoch 0)")
+    parser.add_argument("--out", metavar="DIR", required=True,
+                        help="output folder: config.json, log.jsonl, checkpoint.npz, best.npz")
+    parser.add_argument("--seed", type=_nonnegative_int, help="seed of data, init, batches (>= 0)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="cpu (NumPy) or cuda (CuPy)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), help="of parameters and data")
+    parser.add_argument("--reference", action="store_true", default=None,
+                        help="run the float64 NumPy reference operators (needs --dtype float64)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its checkpoint.npz (bit-for-bit)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                        help="no tqdm bar")
+    if study in (None, "features"):
+        parser.add_argument("--features", metavar="PATH",
+                            help="features study: .npz with 'features' (N, n, d) and 'labels' (N,)")
+
+
+def run_from_args(args: argparse.Namespace, *, study: str | None = None,
+                  prog: str = "refdml train") -> int:
+    """Build the run from the flags and the TOML, train it, print a summary; exit status."""
+    from refdml.train.runs import DeviceUnavailable, build_run
+    from refdml.train.trainer import TrainingDiverged
+
+    study = study or args.study
+    config: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            config = load_toml(args.config)
+        except FileNotFoundError:
+            print(f"{prog}: error: --config {args.config}: no such file", file=sys.stderr)
+            return 2
+        except Exception as exc:  # tomllib.TOMLDecodeError (no common import on 3.10)
+            print(f"{prog}: error: --config {args.config} is not valid TOML: {exc}",
+                  file=sys.stderr)
+            return 2
+    for flag in ("epochs", "seed", "device", "dtype", "reference", "progress", "features"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            config[flag] = str(Path(value)) if flag == "features" else value
+    out = Path(args.out)
+    if args.resume and not (out / "checkpoint.npz").is_file():
+        print(f"{prog}: error: --resume: {out / 'checkpoint.npz'} does not exist", file=sys.stderr)
+        return 2
+    if not args.resume and (out / "log.jsonl").is_file():
+        print(f"{prog}: error: --out {out} already holds a run (log.jsonl); pass --resume to "
+              "continue it or choose another folder", file=sys.stderr)
+        return 2
+    try:
+        run = build_run(study, config, out_dir=out)
+    except DeviceUnavailable as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except (TypeError, ValueError, KeyError, FileNotFoundError) as exc:
+        where = f" (in {args.config} or the flags)" if args.config else ""
+        print(f"{prog}: error: bad config{where}: {exc}", file=sys.stderr)
+        return 2
+    if args.resume:
+        try:
+            run.trainer.resume()
+        except ValueError as exc:
+            print(f"{prog}: error: --resume: {exc}", file=sys.stderr)
+            return 2
+    try:
+        rows = run.trainer.fit()
+    except TrainingDiverged as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    trainer = run.trainer
+    for row in rows:
+        loss = "-" if row["train_loss"] is None else f"{row['train_loss']:.4f}"
+        print(f"epoch {row['epoch']:>3}  loss {loss:>8}  val MAP@R {row['val_map_at_r']:.4f}  "
+              f"test MAP@R {row.get('test_map_at_r', float('nan')):.4f}  {row['seconds']:.2f} s")
+    stop = " (early stop)" if trainer.stopped_early else ""
+    print(f"{study}: {trainer.epoch} epoch(s){stop}; best val MAP@R {trainer.best_metric:.4f} "
+          f"at epoch {trainer.best_epoch}; outputs in {out}")
+    return 0
+
+
+def main_for_study(study: str, argv: list[str] | None = None) -> int:
+    """Entry point of ``scripts/train_<study>.py``: ``refdml train``'s flags less ``--study``."""
+    parser = argparse.ArgumentParser(
+        prog=f"train_{study.replace('-', '_')}.py",
+        description=f"Train the {study} study (same flags as `refdml train --study {study}`).")
+    add_train_arguments(parser, study=study)
+    return run_from_args(parser.parse_args(argv), study=study, prog=parser.prog)
