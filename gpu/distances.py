@@ -91,9 +91,13 @@ def common_scale(xp: Any, *arrays: Any) -> Any:
 def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
     """Gram-identity squared distances of inputs of magnitude at most 1, clipped at 0."""
     x_sq = xp.sum(x * x, axis=-1)
-    y_sq = xp.sum(y * y, axis=-1)
-    sq = x_sq[..., :, None] + y_sq[..., None, :] - 2 * (x @ xp.swapaxes(y, -1, -2))
-    sq = xp.maximum(sq, sq.dtype.type(0))
+    # ``x is y`` (a set with itself): one norm pass, and ``x @ x.T`` lets BLAS use syrk.
+    y_sq = x_sq if y is x else xp.sum(y * y, axis=-1)
+    sq = x @ xp.swapaxes(y, -1, -2)
+    sq *= sq.dtype.type(-2)
+    sq += x_sq[..., :, None]
+    sq += y_sq[..., None, :]
+    sq = xp.maximum(sq, sq.dtype.type(0), out=sq)
     if self_pairs:
         diagonal = xp.arange(sq.shape[-1])
         sq[..., diagonal, diagonal] = 0
@@ -101,9 +105,13 @@ def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
 
 
 def _pairwise_norm(xp: Any, x: Any, y: Any, self_pairs: bool = False) -> Any:
-    scale = common_scale(xp, x, y)
+    scale = common_scale(xp, x) if y is x else common_scale(xp, x, y)
+    x_scaled = x / scale
+    y_scaled = x_scaled if y is x else y / scale
     with _quiet(xp):
-        return scale * xp.sqrt(_scaled_sq(xp, x / scale, y / scale, self_pairs))
+        distance = xp.sqrt(_scaled_sq(xp, x_scaled, y_scaled, self_pairs))
+        distance *= scale
+        return distance
 
 
 def _pairwise_sq(xp: Any, x: Any, y: Any) -> Any:
