@@ -247,3 +247,17 @@ def test_scripts_take_the_same_flags(tmp_path):
         sys.argv = argv
     assert exc.value.code == 0
     assert [r["epoch"] for r in _rows(tmp_path / "o")] == [0, 1]
+
+
+def test_cli_train_writes_the_run_figures(tmp_path, capsys):
+    cfg = _toml(tmp_path / "run.toml", dict(SMALL_TOKENS, n_train_per_class=8))
+    out = tmp_path / "run"
+    assert main(["train", "--study", "tokens", "--config", str(cfg), "--out", str(out),
+                 "--epochs", "1"]) == 0
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert 'pip install "refdml[plot]"' in capsys.readouterr().err
+        return
+    for name in ("curves.png", "embeddings_2d.png"):
+        assert (out / "figures" / name).stat().st_size > 1000

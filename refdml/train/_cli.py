@@ -120,6 +120,14 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
     stop = " (early stop)" if trainer.stopped_early else ""
     print(f"{study}: {trainer.epoch} epoch(s){stop}; best val MAP@R {trainer.best_metric:.4f} "
           f"at epoch {trainer.best_epoch}; outputs in {out}")
+    try:
+        from refdml.train.plots import write_run_figures
+
+        figures = write_run_figures(run, out)
+    except ImportError as exc:  # matplotlib missing: the run itself is complete
+        print(f"no figures: {exc}", file=sys.stderr)
+    else:
+        print("figures: " + ", ".join(str(path) for path in figures))
     return 0
 
 

@@ -417,3 +417,40 @@ def plot_embeddings_2d(embeddings, labels, out_path, *, class_names=None,
                   title="class")
     _save(fig, out_path)
     return fig
+
+
+def write_run_figures(run, out_dir, *, n_attention: int = 8) -> list[Path]:
+    """The figures of a finished run (:func:`refdml.train.runs.build_run`), in ``out_dir/figures``.
+
+    ``curves.png`` (loss and MAP@R per epoch), ``embeddings_2d.png`` (PCA of the test
+    embeddings, validation if there is no test split), and for a digits-collage model with
+    a GSP head ``attention.png`` (the pooling weights over ``n_attention`` test collages, the
+    class cell outlined). Needs matplotlib (``pip install "refdml[plot]"``).
+    """
+    _figure_class()  # the install hint, before any work
+    out_dir = Path(out_dir)
+    figures = out_dir / "figures"
+    trainer = run.trainer
+    written = []
+    plot_curves(out_dir / "log.jsonl", figures / "curves.png")
+    written.append(figures / "curves.png")
+    inputs, labels = (trainer.test_x, trainer.test_y) if trainer.test_x is not None else (
+        trainer.val_x, trainer.val_y)
+    plot_embeddings_2d(to_numpy(trainer.embed(inputs)), labels, figures / "embeddings_2d.png",
+                       title=f"{run.study}: test embeddings after epoch {trainer.epoch} (PCA)")
+    written.append(figures / "embeddings_2d.png")
+    has_gsp = any(isinstance(layer, GSPHead) for layer in getattr(run.model, "layers", ()))
+    if run.collage is not None and has_gsp:
+        test = run.collage.test
+        pick = np.linspace(0, test.images.shape[0] - 1, min(n_attention, test.images.shape[0]))
+        pick = np.unique(pick.astype(np.int64))
+        x, _ = trainer._to_device(test.images[pick], np.zeros(0))
+        _, ctx = run.model.forward(x)
+        head = next(layer for layer in run.model.layers if isinstance(layer, GSPHead))
+        plot_attention(test.images[pick], gsp_weights(run.model, ctx),
+                       figures / "attention.png", grid=feature_grid(run.model, ctx),
+                       foreground=test.foreground[pick], labels=test.labels[pick], mu=head.mu,
+                       title=f"digits-collage: GSP pooling weights after epoch {trainer.epoch}")
+        written.append(figures / "attention.png")
+    return written
+

@@ -320,6 +320,7 @@ class Run:
     trainer: Trainer
     model: Sequential
     objective: Any
+    collage: Any = None          # the DigitsCollage data (class-cell masks for attention maps)
 
 
 def _reindex(labels: np.ndarray) -> tuple[np.ndarray, int]:
@@ -436,4 +437,5 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
         early_stopping_patience=c["early_stopping_patience"], seed=seed, dtype=dtype,
         device=device, progress=c["progress"], after_step=after_step,
         eval_batch_size=c["eval_batch_size"], run_config={"study": study, **c})
-    return Run(study=study, config=c, trainer=trainer, model=model, objective=objective)
+    return Run(study=study, config=c, trainer=trainer, model=model, objective=objective,
+               collage=data if study == "digits-collage" else None)
