@@ -184,19 +184,23 @@ def _stage_scaling(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, m
     def absorb(rows):
         """Fold the scalings of ``rows`` into the potentials; rebuild their kernel."""
         sub = (slice(None),) if rows is None else (rows,)
+        # scaled / scaled_t keep every problem (compaction copies only the kernel).
+        problems = index if rows is None else index[rows]
+        out = kernel if rows is None else None
         phi_r = phi[sub] + xp.log(u[sub])
-        la, s = log_a[sub], scaled[sub]
+        la, s = log_a[sub], scaled[problems]
         if symmetric:
             phi_r = 0.5 * (phi_r + _lse_half_step(xp, s, phi_r, la))
             psi_r = phi_r
-            k = _absorbed_kernel(xp, la, la, s, phi_r, phi_r)
+            k = _absorbed_kernel(xp, la, la, s, phi_r, phi_r, out=out)
         else:
-            psi_r = _lse_half_step(xp, scaled_t[sub], phi_r, la)
-            k = _absorbed_kernel(xp, la, log_b[sub], s, phi_r, psi_r)
+            psi_r = _lse_half_step(xp, scaled_t[problems], phi_r, la)
+            k = _absorbed_kernel(xp, la, log_b[sub], s, phi_r, psi_r, out=out)
         phi[sub] = phi_r
         if not symmetric:
             psi[sub] = psi_r
-        kernel[sub] = k
+        if rows is not None:
+            kernel[sub] = k
         u[sub] = 1.0
         if not symmetric:
             v[sub] = 1.0
@@ -223,11 +227,11 @@ def _stage_scaling(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, m
                 break
             keep = ~done
             index, a, log_a, phi, u, row = index[keep], a[keep], log_a[keep], phi[keep], u[keep], row[keep]
-            kernel, scaled = kernel[keep], scaled[keep]
+            kernel = kernel[keep]
             if symmetric:
                 psi, v = phi, u
             else:
-                b, log_b, psi, v, scaled_t = b[keep], log_b[keep], psi[keep], v[keep], scaled_t[keep]
+                b, log_b, psi, v = b[keep], log_b[keep], psi[keep], v[keep]
         if symmetric:
             u *= a / xp.maximum(row, tiny)
             xp.sqrt(u, out=u)
