@@ -18,6 +18,11 @@ down to ``eps = 1e-4`` of the largest cost (the check below refuses less). The r
 next half step. Symmetric problems (``OT(mu, mu)``) use the averaged update
 ``phi <- (phi + T(phi)) / 2`` (Feydy et al.) as the reference does.
 
+On NumPy the loop runs on kernel scalings instead (:func:`_stage_scaling`, one
+matrix-vector product per half step, :func:`_kernel_half_step`), with the log-domain half
+step as its absorption and fallback: 3x (float32) to 4x (float64) faster on the all-pairs
+benchmark, since a mat-vec costs a fraction of an exponential per entry.
+
 Convergence check (the one synchronisation of the loop on CuPy): every iteration on
 NumPy (free), every :data:`CHECK_EVERY_GPU` iterations on CuPy. Converged problems are
 written out and dropped from the working arrays (compaction) once at least an eighth of
