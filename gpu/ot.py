@@ -8,9 +8,10 @@ The maths and the gradients are the reference's (docs/ot.md); read that first.
 
 What differs from the reference (and why)
 ------------------------------------------
-* The solver (:mod:`refdml.gpu._ot_sinkhorn`) is log-domain at every half step
-  (:func:`refdml.gpu._ot_sinkhorn._lse_half_step`, the place of a future CuPy kernel), so
-  float32 stays finite down to ``eps = 1e-4`` of the largest cost; below that (float32)
+* The solver (:mod:`refdml.gpu._ot_sinkhorn`) is log-domain at every half step on CuPy
+  (:func:`refdml.gpu._ot_sinkhorn._lse_half_step`, the place of a future CuPy kernel); on
+  NumPy it iterates on kernel scalings with that log-domain step as absorption and
+  fallback whenever a scaling leaves ``e^±B``, so in both cases float32 stays finite down to ``eps = 1e-4`` of the largest cost; below that (float32)
   or ``1e-13`` (float64) a ``ValueError`` says the dtype cannot resolve the costs.
 * float32: a positive ``tol`` below the dtype's residual floor (``u (1 + max C /
   eps)``, :func:`refdml.gpu._ot_sinkhorn.residual_floor`) is raised to it; ``converged``

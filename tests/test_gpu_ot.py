@@ -117,3 +117,31 @@ def test_backward_does_not_resolve(monkeypatch):
                                       value="transport_cost")
     fast.entropic_ot_backward(ctx, 1.0)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_kernel_scaling_matches_log_domain(monkeypatch, symmetric):
+    # The NumPy kernel-scaling loop (re-absorbing problems whose scalings leave range)
+    # and the log-domain loop solve the same problems to the same potentials.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 8, 2))
+    y = x if symmetric else rng.standard_normal((6, 8, 2))
+    cost = np.sum((x[:, :, None] - y[:, None]) ** 2, axis=-1)
+    cost /= 2 * cost.max()
+    a = np.full((6, 8), 1 / 8)
+    absorbed = []
+    kernel = _ot_sinkhorn._absorbed_kernel
+    # A narrow window [e^-0.01, e^0.01] forces re-absorptions.
+    monkeypatch.setattr(_ot_sinkhorn, "_ABSORB", {np.dtype(np.float64): 0.01})
+    monkeypatch.setattr(_ot_sinkhorn, "_absorbed_kernel",
+                        lambda *args, out=None: absorbed.append(out is None) or kernel(*args, out=out))
+    results = {}
+    for scaling in (True, False):
+        monkeypatch.setattr(_ot_sinkhorn, "_USE_SCALING", scaling)
+        results[scaling] = _ot_sinkhorn.solve_batch(np, a, a, cost, eps=1e-2, max_iter=5000,
+                                                    tol=1e-10, eps_scaling=None,
+                                                    symmetric=symmetric)
+    assert any(absorbed)                          # some problem was re-absorbed
+    assert results[True].converged.all() and results[False].converged.all()
+    assert_allclose(results[True].f, results[False].f, rtol=0, atol=1e-8)
+    assert_allclose(results[True].plan, results[False].plan, rtol=0, atol=1e-9)
