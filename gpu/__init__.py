@@ -1,8 +1,12 @@
-"""CuPy and Numba CUDA mirrors of the reference operators (installed as ``refdml.gpu``).
+"""The fast path: the reference operators again, on NumPy or CuPy arrays (``refdml.gpu``).
 
-The mirrors are cross-validated against the NumPy reference by the parity tests. CuPy
-is not a dependency: install the wheel for your CUDA version (``cupy-cuda12x``).
-Numba CUDA comes with the ``gpu`` extra (``numba-cuda``).
+``refdml.gpu.<family>`` has the same names, signatures, result and context types as
+``refdml.<family>`` (normalize, distances, losses, histogram, prototypes, crossbatch, gsp,
+ot, kcenter, metrics), written once against the input's array module, float32 or float64,
+batched. ``refdml.gpu.parity.check_parity`` and ``refdml gpu-check`` hold each mirror to the
+float64 reference; see docs/gpu.md. CuPy is not a dependency: install the wheel for your
+CUDA version (``cupy-cuda12x``); without it everything runs on NumPy. No custom CUDA
+kernel exists yet (the ``gpu`` extra's ``numba-cuda`` is for the coming Numba kernels).
 """
 
 from __future__ import annotations
