@@ -61,10 +61,39 @@ def _optimizer_from(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict
     return {**meta, "hyperparameters": hyper, "params": params}
 
 
+_ARRAY_REF = "__array__"
+
+
+def _arrays_out_of(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """``value`` with every NumPy array (in dicts, lists, tuples) replaced by a reference
+    ``{"__array__": key}``; the arrays go into ``arrays`` under ``meta/<n>``."""
+    if isinstance(value, np.ndarray):
+        key = f"meta{_SEP}{len([k for k in arrays if k.startswith('meta' + _SEP)])}"
+        arrays[key] = value
+        return {_ARRAY_REF: key}
+    if isinstance(value, dict):
+        return {k: _arrays_out_of(v, arrays) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_arrays_out_of(v, arrays) for v in value]
+    return value
+
+
+def _arrays_into(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_ARRAY_REF}:
+            return arrays[value[_ARRAY_REF]]
+        return {k: _arrays_into(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_arrays_into(v, arrays) for v in value]
+    return value
+
+
 def save_checkpoint(path: Path, *, parameters: dict[str, np.ndarray],
                     optimizer_state: dict[str, Any], meta: dict[str, Any]) -> None:
-    """Write parameters (host arrays), an optimiser state dict and a JSON-able ``meta``."""
+    """Write parameters (host arrays), an optimiser state dict and a ``meta`` of JSON
+    types and NumPy arrays (e.g. an objective's ``state_dict``; tuples come back as lists)."""
     optim_meta, arrays = _arrays_of_optimizer(optimizer_state)
+    meta = _arrays_out_of(meta, arrays)
     for name, value in parameters.items():
         arrays[f"param{_SEP}{name}"] = value
     document = json.dumps({**meta, "optimizer": optim_meta})
@@ -90,6 +119,7 @@ def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any], 
     prefix = f"param{_SEP}"
     parameters = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
     optimizer_state = _optimizer_from(meta.pop("optimizer"), arrays)
+    meta = _arrays_into(meta, arrays)
     return parameters, optimizer_state, meta
 
 

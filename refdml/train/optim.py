@@ -117,6 +117,9 @@ class Optimizer:
             }
             for p in params
         }
+        #: Per parameter, ``n_steps`` at its last :meth:`reset_state` (0: never reset);
+        #: Adam's bias correction counts the steps since then.
+        self._step_offsets: dict[str, int] = {p.name: 0 for p in params}
 
     # -- learning rate (schedules write it) ------------------------------------------
     @property
@@ -141,6 +144,27 @@ class Optimizer:
         self.n_steps += 1
         for param in self.params:
             self._update(param, self._buffers[param.name])
+
+    def reset_state(self, params: Iterable[Parameter]) -> None:
+        """Forget the state of ``params`` (a subset of :attr:`params`): their buffers
+        (momentum, Adam's moments) become zero and, for Adam/AdamW, their bias correction
+        restarts (the next step is step 1 for them, as for a freshly built optimiser).
+        The other parameters and ``n_steps`` are untouched. Used when parameters are
+        re-initialised during training (ASAP's proxies at a new problem instance).
+        """
+        if isinstance(params, Parameter) or not isinstance(params, Iterable):
+            raise TypeError(
+                f"params must be an iterable of Parameter objects, got {_describe(params)}")
+        params = list(params)
+        ours = {id(p) for p in self.params}
+        for param in params:
+            if not isinstance(param, Parameter) or id(param) not in ours:
+                raise ValueError(f"reset_state: {_describe(param)} is not a parameter of this "
+                                 "optimiser")
+        for param in params:
+            for buffer in self._buffers[param.name].values():
+                buffer[...] = 0
+            self._step_offsets[param.name] = self.n_steps
 
     def _check_grads(self) -> None:
         xp = self._xp
@@ -194,6 +218,8 @@ class Optimizer:
         params = {}
         for param in self.params:
             entry: dict[str, Any] = {"shape": param.shape, "dtype": param.dtype.name}
+            if self._step_offsets[param.name]:
+                entry["step_offset"] = self._step_offsets[param.name]
             for buffer_name, buffer in self._buffers[param.name].items():
                 entry[buffer_name] = np.array(to_numpy(buffer), copy=True)
             params[param.name] = entry
@@ -233,6 +259,7 @@ class Optimizer:
             )
         hyper = self._validated_hyperparameters(state["hyperparameters"])
         arrays: dict[str, dict[str, np.ndarray]] = {}
+        offsets: dict[str, int] = {}
         for param in self.params:
             entry = saved[param.name]
             where = f"state['params'][{param.name!r}]"
@@ -248,6 +275,9 @@ class Optimizer:
                     f"{where} has dtype {entry.get('dtype')!r}, parameter {param.name} "
                     f"has dtype {param.dtype.name!r}"
                 )
+            offsets[param.name] = check_scalar(
+                entry.get("step_offset", 0), f"{where}['step_offset']", low=0, high=n_steps,
+                integer=True)
             arrays[param.name] = {}
             for buffer_name in self._buffers[param.name]:
                 if buffer_name not in entry:
@@ -268,6 +298,7 @@ class Optimizer:
         # Everything checked: now set.
         self._set_hyperparameters(hyper)
         self.n_steps = n_steps
+        self._step_offsets = offsets
         for name, buffers in arrays.items():
             for buffer_name, host in buffers.items():
                 self._buffers[name][buffer_name] = self._xp.array(host, copy=True)
@@ -439,8 +470,9 @@ class Adam(Optimizer):
         xp.multiply(g_sq, 1.0 - beta2, out=g_sq)
         xp.multiply(v, beta2, out=v)
         xp.add(v, g_sq, out=v)
-        bias_correction1 = 1.0 - beta1**self.n_steps
-        bias_correction2 = 1.0 - beta2**self.n_steps
+        t = self.n_steps - self._step_offsets[param.name]   # steps since a reset_state
+        bias_correction1 = 1.0 - beta1**t
+        bias_correction2 = 1.0 - beta2**t
         denom = xp.sqrt(v)
         xp.divide(denom, math.sqrt(bias_correction2), out=denom)
         xp.add(denom, self.eps, out=denom)

@@ -19,6 +19,13 @@ r"""Complete training runs from a plain config dict: the three studies of issue 
     head -> ``Linear(d, embedding_dim) -> L2Normalize``; class-disjoint split of the
     user's classes.
 
+``objective = "asap"`` (digits-collage, features): ASAP Alg. 1-2
+(:class:`~refdml.train.objectives.ASAPObjective`) around ``loss`` (default ``proxy_nca``):
+``proxies_per_class`` proxies per class, ``asap_lambda/2 ||theta - theta*||^2`` on the
+model's parameters, and every ``instance_every`` epochs a new problem instance (proxies by
+greedy k-center on per-class pools of ``budget`` training samples, ``theta* <- theta``,
+the proxies' Adam state reset); the log gains ``proxy_covering_radius``.
+
 The config is flat: every key of :data:`KEYS` that applies to the study (unknown keys are
 a ValueError naming them). :func:`effective_config` fills the defaults; the defaults that
 depend on other keys (``inverse_temperature`` on the loss, ``zero_shot`` on the head) are
@@ -58,7 +65,7 @@ from refdml.train.data import (
     make_digits_collage,
     make_token_splits,
 )
-from refdml.train.objectives import PROXY_LOSSES, GSPObjective, LossObjective
+from refdml.train.objectives import PROXY_LOSSES, ASAPObjective, GSPObjective, LossObjective
 from refdml.train.optim import Adam
 from refdml.train.schedules import ReduceOnPlateau
 from refdml.train.trainer import Trainer
@@ -70,6 +77,8 @@ STUDIES = ("tokens", "digits-collage", "features")
 HEADS = ("gap", "gmp", "gemean", "gsp")
 _LOSSES = ("contrastive", "proxy_nca")
 _ALL = STUDIES
+#: The keys that only objective == "asap" reads.
+ASAP_KEYS = ("proxies_per_class", "budget", "asap_lambda", "instance_every")
 
 
 class DeviceUnavailable(RuntimeError):
@@ -168,6 +177,22 @@ KEYS: dict[str, Key] = {
     "gemean_p": Key({"digits-collage": 3.0, "features": 3.0}, "ours (GeM's usual 3)", "float",
                     low=1.0, low_inclusive=False),
     # -- objective
+    "objective": Key({"digits-collage": "loss", "features": "loss"},
+                     "ours: 'loss' (the loss below, with GSP's zero-shot regulariser when "
+                     "zero_shot) or 'asap' (ASAP Alg. 1-2 around a proxy loss)", "str",
+                     choices=("loss", "asap")),
+    "proxies_per_class": Key({"digits-collage": 8, "features": 8},
+                             "paper (ASAP App. A.2: 8 for CUB and Cars, 4 for SOP/In-shop)",
+                             "int", low=1),
+    "budget": Key({"digits-collage": 12, "features": 12},
+                  "paper (ASAP App. A.2: pool size b = 12 for CUB and Cars, 7 for "
+                  "SOP/In-shop)", "int", low=1),
+    "asap_lambda": Key({"digits-collage": 2e-4, "features": 2e-4},
+                       "paper (ASAP App. A.2: lambda = 2e-4 for all data sets)", "float",
+                       low=0.0),
+    "instance_every": Key({"digits-collage": 5, "features": 5},
+                          "ours (ASAP Alg. 1 runs each instance 'until convergence' and "
+                          "App. A.2 gives no length)", "int", low=1),
     "loss": Key({"tokens": "contrastive", "digits-collage": "contrastive",
                  "features": "contrastive"}, "ours", "str", choices=_LOSSES),
     "margin": Key(_same(None), "the loss's own default (refdml.losses)", "float",
@@ -265,7 +290,25 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
     given = set(k for k, v in config.items() if v is not None)
     merged = {**allowed, **config}
     head = _check_value("head", KEYS["head"], merged["head"])
+    asap = "objective" in merged and _check_value(
+        "objective", KEYS["objective"], merged["objective"]) == "asap"
+    if asap:
+        if "loss" not in given:
+            merged["loss"] = "proxy_nca"
+        if merged["zero_shot"]:
+            raise ValueError("objective == 'asap' has no zero-shot regulariser: leave "
+                             "zero_shot out or set it false")
+        merged["zero_shot"] = False
+    elif "objective" in merged:
+        # a value other than the default would be silently ignored: refuse it
+        extra = sorted(k for k in ASAP_KEYS if k in given and config[k] != allowed[k])
+        if extra:
+            raise ValueError(f"{extra} apply to objective == 'asap', not to objective == "
+                             f"{merged['objective']!r}")
     loss = _check_value("loss", KEYS["loss"], merged["loss"])
+    if asap and loss not in PROXY_LOSSES:
+        raise ValueError(f"objective == 'asap' needs a proxy loss (loss one of "
+                         f"{sorted(set(PROXY_LOSSES) & set(_LOSSES))}), got loss == {loss!r}")
     if merged["zero_shot"] is None:
         merged["zero_shot"] = head == "gsp"
     if merged["inverse_temperature"] is None:
@@ -288,6 +331,9 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
             f"reference == true runs the float64 NumPy reference operators: it needs dtype == "
             f"'float64' and device == 'cpu', got dtype == {out['dtype']!r}, device == "
             f"{out['device']!r}")
+    if asap and out["budget"] < out["proxies_per_class"]:
+        raise ValueError(f"budget == {out['budget']} must be >= proxies_per_class == "
+                         f"{out['proxies_per_class']} (ASAP Alg. 2 picks that many per pool)")
     if "margin" in given and loss != "contrastive":
         raise ValueError(f"margin is a hyperparameter of the contrastive loss, not of {loss!r}")
     return out
@@ -347,8 +393,13 @@ def _tail(c: dict, d: int, rng, dtype, device) -> list:
     return layers
 
 
-def _objective(c: dict, n_classes: int, rng, dtype, device):
+def _objective(c: dict, n_classes: int, rng, dtype, device, model_parameters=()):
     loss = c["loss"]
+    if c.get("objective") == "asap":
+        return ASAPObjective(loss, n_classes=n_classes, dim=c["embedding_dim"],
+                             proxies_per_class=c["proxies_per_class"], budget=c["budget"],
+                             lambda_=c["asap_lambda"], model_parameters=model_parameters,
+                             reference=c["reference"], rng=rng, dtype=dtype, device=device)
     kwargs: dict[str, Any] = {}
     if loss in PROXY_LOSSES:
         kwargs["dim"] = c["embedding_dim"]
@@ -419,7 +470,7 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
     train_labels, n_classes = _reindex(train[1])
     train = (train[0], train_labels)
     model = Sequential(layers)
-    objective = _objective(c, n_classes, init, dtype, device)
+    objective = _objective(c, n_classes, init, dtype, device, list(model.parameters()))
     optimizer = Adam([*model.parameters(), *objective.parameters()], lr=c["lr"],
                      weight_decay=c["weight_decay"])
     schedule = None
@@ -436,6 +487,7 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
         train_data=train, val_data=val, test_data=test, out_dir=out_dir, epochs=c["epochs"],
         early_stopping_patience=c["early_stopping_patience"], seed=seed, dtype=dtype,
         device=device, progress=c["progress"], after_step=after_step,
-        eval_batch_size=c["eval_batch_size"], run_config={"study": study, **c})
+        eval_batch_size=c["eval_batch_size"], run_config={"study": study, **c},
+        instance_every=c["instance_every"] if c.get("objective") == "asap" else None)
     return Run(study=study, config=c, trainer=trainer, model=model, objective=objective,
                collage=data if study == "digits-collage" else None)

@@ -38,6 +38,21 @@ after that epoch, and :meth:`fit` continues bit-for-bit: the same parameters and
 (except ``seconds``) as an uninterrupted run. ``config.json`` (every hyperparameter the
 trainer knows) must match, apart from ``epochs``, or a ValueError names the difference.
 
+New problem instances (ASAP Alg. 1's outer loop): when ``instance_every`` is set and the
+objective has ``new_problem_instance(embeddings, labels, rng)``, the trainer calls it at the
+start of epochs ``1, 1 + instance_every, 1 + 2 instance_every, ...``, before the epoch's
+first step, with the L2-normalised embeddings of ALL training samples (:meth:`embed`, the
+current model), the training labels (on the host) and :attr:`rng` (which draws ASAP's
+per-class pools); then it resets the optimiser's state of the objective's
+``parameters()`` (:meth:`~refdml.train.optim.Optimizer.reset_state`: zero moments, Adam's
+bias correction restarted), since the re-initialised values are new parameters. An
+objective cannot do that itself (it does not know the optimiser). Everything the hook
+changes is in the checkpoint (parameter values, optimiser buffers and step offsets,
+the objective's ``state_dict``, e.g. ASAP's ``theta*``, and :attr:`rng`), so a resume
+across an instance boundary is bit-for-bit. When the objective has
+``covering_radius(embeddings, labels) -> float``, each log row (epoch 0 too) also holds
+``proxy_covering_radius``, evaluated on the training embeddings after the epoch.
+
 Randomness: :attr:`Trainer.rng` (``numpy.random.default_rng(seed)``) is for objectives and
 hooks that draw during training (e.g. re-initialising proxies); it is checkpointed. The
 sampler has its own seed (and state); the model is initialised by its own ``rng`` before
@@ -145,6 +160,10 @@ class Trainer:
         Called with no argument after every optimiser step (e.g. a projection).
     eval_batch_size : int, default 1024
         Samples per forward pass when embedding the validation and test data.
+    instance_every : int >= 1, optional
+        Epochs per problem instance: calls the objective's ``new_problem_instance`` at
+        the start of epochs 1, 1 + k, 1 + 2k, ... (see the module docstring); needs an
+        objective that has that method. ``None``: never.
     run_config : dict, optional
         The plain config a run was built from (:func:`refdml.train.runs.build_run`),
         recorded as ``"run"`` in ``config.json`` (JSON types only).
@@ -157,7 +176,7 @@ class Trainer:
         early_stopping_patience: int | None = None, seed: int, dtype: Any,
         device: str = "cpu", progress: bool = True,
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
-        run_config: dict[str, Any] | None = None,
+        run_config: dict[str, Any] | None = None, instance_every: int | None = None,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an Optimizer, got {_describe(optimizer)}")
@@ -197,6 +216,12 @@ class Trainer:
         self.run_config = None if run_config is None else dict(run_config)
         self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
                                             integer=True)
+        self.instance_every = None if instance_every is None else check_scalar(
+            instance_every, "instance_every", low=1, integer=True)
+        if self.instance_every is not None and not callable(
+                getattr(objective, "new_problem_instance", None)):
+            raise TypeError("instance_every needs an objective with new_problem_instance(); "
+                            f"{type(objective).__name__} has none")
         self.parameters = {p.name: p for p in optimizer.params}
         for p in self.parameters.values():
             if p.dtype != self.dtype:
@@ -228,6 +253,7 @@ class Trainer:
             "dtype": self.dtype.name,
             "device": self.device,
             "eval_batch_size": self.eval_batch_size,
+            "instance_every": self.instance_every,
             "after_step": None if self.after_step is None else getattr(
                 self.after_step, "__name__", repr(self.after_step)),
             "model": {"repr": repr(self.model), "parameters": {
@@ -277,6 +303,23 @@ class Trainer:
         embeddings = self.embed(inputs)
         result = retrieval_metrics(embeddings, self._xp.asarray(labels), k=(1,))
         return {key: float(result[name]) for key, name in METRIC_KEYS.items()}
+
+    # -- problem instances ---------------------------------------------------------------
+    def instance_due(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` (1-based) starts a new problem instance."""
+        return self.instance_every is not None and epoch >= 1 and (
+            (epoch - 1) % self.instance_every == 0)
+
+    def new_problem_instance(self, epoch: int) -> Any:
+        """Embed the training samples, call the objective's ``new_problem_instance`` with
+        :attr:`rng`, reset the optimiser state of the objective's parameters; returns what
+        the objective returned."""
+        embeddings = self.embed(self.train_x)
+        result = self.objective.new_problem_instance(embeddings, self.train_y, self.rng)
+        params = list(self.objective.parameters())
+        if params:
+            self.optimizer.reset_state(params)
+        return result
 
     # -- one epoch -----------------------------------------------------------------------
     def _train_epoch(self, epoch: int) -> float:
@@ -345,6 +388,8 @@ class Trainer:
         while self.epoch < self.epochs and not self.stopped_early:
             epoch = self.epoch + 1
             start = time.perf_counter()
+            if self.instance_due(epoch):
+                self.new_problem_instance(epoch)
             loss = self._train_epoch(epoch)
             rows.append(self._end_epoch(epoch, loss, start))
         return rows
@@ -356,6 +401,9 @@ class Trainer:
         row.update({f"val_{k}": v for k, v in val.items()})
         if self.test_x is not None:
             row.update({f"test_{k}": v for k, v in self.evaluate(self.test_x, self.test_y).items()})
+        if callable(getattr(self.objective, "covering_radius", None)):
+            row["proxy_covering_radius"] = float(self.objective.covering_radius(
+                self.embed(self.train_x), self.train_y))
         metric = val["map_at_r"]
         improved = metric > self.best_metric
         if improved:

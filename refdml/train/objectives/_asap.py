@@ -147,6 +147,28 @@ class ASAPObjective(Objective):
             parameter.accumulate((d_value * self.lambda_) * difference)
         return d_y if len(ctx.output_shapes) == 1 else (d_y, None)
 
+    def covering_radius(self, embeddings, labels) -> float:
+        """``max_i min_{p: class(p) = y_i} ||e_i - p / ||p|| ||``: the largest distance of a
+        sample to its nearest own-class proxy (ASAP Prop. 4.2 / App. proof: the radius of
+        the smallest balls around the class proxies covering the class's samples), with
+        the proxies L2-normalised (the base losses compare by cosine). ``embeddings``
+        (N, dim) as the trainer's ``embed`` gives them (L2-normalised). Host, float64.
+        """
+        e = to_numpy(embeddings).astype(np.float64)
+        y = np.asarray(to_numpy(labels))
+        p = to_numpy(self.proxies.value).astype(np.float64)
+        p = p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), np.finfo(np.float64).tiny)
+        proxy_labels = np.asarray(to_numpy(self.proxy_labels))
+        radius = 0.0
+        for c in np.unique(y):
+            own = p[proxy_labels == c]
+            if own.shape[0] == 0:
+                raise ValueError(f"class {c} has no proxy")
+            x = e[y == c]
+            d2 = ((x[:, None, :] - own[None, :, :]) ** 2).sum(axis=2)
+            radius = max(radius, float(np.sqrt(d2.min(axis=1).max())))
+        return radius
+
     def new_problem_instance(self, embeddings, labels, rng=None):
         """ASAP Alg. 1's outer step: ``theta* <- theta``, proxies by Alg. 2.
 
