@@ -16,6 +16,7 @@ its backward adds the two arguments' gradients in one matrix product.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -26,11 +27,40 @@ from refdml.gpu._fast_checks import data_checks
 from refdml.gpu.distances import _cosine_backward, _pairwise_norm
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet
 
-__all__ = ["COSINE_WHY", "cosine_backward_sum", "cross_cosine", "masked_logsumexp",
+__all__ = ["COSINE_WHY", "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits",
+           "exp_limit", "masked_logsumexp",
            "reduce_terms", "scalar_value", "self_cosine", "self_euclidean",
            "self_pairwise_backward"]
 
 COSINE_WHY = "cosine similarity needs non-zero vectors"  # the reference's wording
+
+# Largest |t| for which exp(t) is a normal number with room to spare: float32 normals span
+# exp(-87.3) .. exp(88.7), float64 exp(-708) .. exp(709).
+_EXP_LIMIT = {"float32": 80.0, "float64": 700.0}
+
+
+def exp_limit(dtype: Any) -> float:
+    """The largest ``|t|`` for which the arithmetic paths take ``exp(t)`` in ``dtype``."""
+    return _EXP_LIMIT[np.dtype(dtype).name]
+
+
+def exp_fits(dtype: Any, bound: float, count: int) -> bool:
+    """True when ``exp(t)`` for every ``|t| <= bound`` is a normal number of ``dtype`` and
+    a sum of ``count`` of them (plus one more term of at most 1) stays finite.
+
+    This is the condition of the arithmetic (``where``-free) log-sum-exp of the proxy
+    losses: with logits known to lie in ``[c - bound, c + bound]`` a constant shift ``c``
+    replaces the per-row maximum, and masks become 0/1 factors (every ``exp`` is finite,
+    none underflows, so no row sum is 0 and ``0 * exp`` is an exact 0). Pure Python on
+    the hyperparameters: no synchronisation.
+    """
+    return bool(np.isfinite(bound)) and bound + math.log(count + 1) <= exp_limit(dtype)
+
+
+def cosine_bound(dtype: Any, dim: int) -> float:
+    """An upper bound of ``|cos|`` as computed in ``dtype`` from unit rows of length ``dim``:
+    1 plus the rounding of the row norms and of the dot product (``(dim + 4) u``)."""
+    return 1.0 + (dim + 4) * float(np.finfo(dtype).eps)
 
 
 def masked_logsumexp(

@@ -35,6 +35,9 @@ from refdml._xp import ArrayNamespace, array_namespace
 from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
 from refdml.gpu._loss_kernels import (
     cosine_backward_sum,
+    cosine_bound,
+    exp_fits,
+    exp_limit,
     cross_cosine,
     masked_logsumexp,
     reduce_terms,
@@ -407,12 +410,36 @@ def proxy_anchor_forward(embeddings, labels, *, proxies, proxy_labels=None, delt
     reduction = check_reduction(reduction)
     xp = ns.xp
     similarity, cosine_ctx = cross_cosine(ns, x, p)
-    same_t = (y[:, None] == p_labels[None, :]).T                    # (n_proxies, n)
-    lse_pos, w_pos = masked_logsumexp(xp, -alpha * (similarity.T - delta), same_t, extra_zero=True)
-    lse_neg, w_neg = masked_logsumexp(xp, alpha * (similarity.T + delta), ~same_t, extra_zero=True)
-    value_pos, d_pos = reduce_terms(xp, lse_pos, reduction, xp.any(same_t, axis=1))
-    value_neg, d_neg = reduce_terms(xp, lse_neg, reduction)
-    d_similarity = alpha * (d_neg[:, None] * w_neg - d_pos[:, None] * w_pos).T
+    same = y[:, None] == p_labels[None, :]                          # (n, n_proxies)
+    if exp_fits(x.dtype, alpha * cosine_bound(x.dtype, x.shape[1]), x.shape[0]) and (
+            alpha * delta <= exp_limit(x.dtype)):
+        # Arithmetic path (no ``where``): shifted by alpha * delta, the logits of both sums
+        # are +-alpha * s, bounded, so E = exp(alpha s) and 1 / E are normal numbers and
+        # the masks are 0/1 factors; the extra logit 0 becomes exp(-alpha delta).
+        same_f = same.astype(x.dtype)
+        with _quiet(xp):
+            e_neg = xp.exp(alpha * similarity)
+        e_pos = same_f / e_neg                                      # exp(-alpha (s - delta) - alpha delta)
+        e_neg -= e_neg * same_f                                     # exp(alpha (s + delta) - alpha delta)
+        extra = float(np.exp(-alpha * delta))
+        total_pos = xp.sum(e_pos, axis=0) + extra
+        total_neg = xp.sum(e_neg, axis=0) + extra
+        lse_pos = xp.log(total_pos) + alpha * delta
+        lse_neg = xp.log(total_neg) + alpha * delta
+        value_pos, d_pos = reduce_terms(xp, lse_pos, reduction, xp.any(same, axis=0))
+        value_neg, d_neg = reduce_terms(xp, lse_neg, reduction)
+        d_similarity = e_neg * (alpha * d_neg / total_neg)
+        d_similarity -= e_pos * (alpha * d_pos / total_pos)
+    else:
+        # Large alpha: the shifted masked log-sum-exp (``where`` masks), per proxy row.
+        same_t = same.T                                             # (n_proxies, n)
+        lse_pos, w_pos = masked_logsumexp(xp, -alpha * (similarity.T - delta), same_t,
+                                          extra_zero=True)
+        lse_neg, w_neg = masked_logsumexp(xp, alpha * (similarity.T + delta), ~same_t,
+                                          extra_zero=True)
+        value_pos, d_pos = reduce_terms(xp, lse_pos, reduction, xp.any(same_t, axis=1))
+        value_neg, d_neg = reduce_terms(xp, lse_neg, reduction)
+        d_similarity = alpha * (d_neg[:, None] * w_neg - d_pos[:, None] * w_pos).T
     ctx = _proxy_ctx("proxy_anchor", x, p, cosine_ctx, d_similarity)
     return scalar_value(value_pos + value_neg, reduction), ctx
 
@@ -440,13 +467,30 @@ def proxy_nca_forward(embeddings, labels, *, proxies, proxy_labels=None, tempera
     reduction = check_reduction(reduction)
     xp = ns.xp
     similarity, cosine_ctx = cross_cosine(ns, x, p)
-    logits = -(2 - 2 * similarity) / temperature
     same = y[:, None] == p_labels[None, :]
-    lse_all, softmax_all = masked_logsumexp(xp, logits)
-    lse_pos, softmax_pos = masked_logsumexp(xp, logits, same)
-    terms = xp.maximum(lse_all - lse_pos, 0)
-    value, d_terms = reduce_terms(xp, terms, reduction)
-    d_similarity = (2 / temperature) * d_terms[:, None] * (softmax_all - softmax_pos)
+    scale = 2 / temperature
+    if exp_fits(x.dtype, scale * cosine_bound(x.dtype, x.shape[1]), p.shape[0]):
+        # Arithmetic path (no ``where``): the logits -(2 - 2 s) / T shifted by 2 / T are
+        # (2 / T) s, bounded, so E = exp(2 s / T) are normal numbers, the positive mask
+        # is a 0/1 factor, and the shift cancels in lse_all - lse_pos.
+        with _quiet(xp):
+            e_all = xp.exp(scale * similarity)
+        e_pos = e_all * same.astype(x.dtype)
+        total_all = xp.sum(e_all, axis=1)
+        total_pos = xp.sum(e_pos, axis=1)
+        terms = xp.maximum(xp.log(total_all) - xp.log(total_pos), 0)
+        value, d_terms = reduce_terms(xp, terms, reduction)
+        d_terms = scale * d_terms
+        d_similarity = e_all * (d_terms / total_all)[:, None]
+        d_similarity -= e_pos * (d_terms / total_pos)[:, None]
+    else:
+        # Small temperature: the shifted masked log-sum-exp.
+        logits = -(2 - 2 * similarity) / temperature
+        lse_all, softmax_all = masked_logsumexp(xp, logits)
+        lse_pos, softmax_pos = masked_logsumexp(xp, logits, same)
+        terms = xp.maximum(lse_all - lse_pos, 0)
+        value, d_terms = reduce_terms(xp, terms, reduction)
+        d_similarity = scale * d_terms[:, None] * (softmax_all - softmax_pos)
     ctx = _proxy_ctx("proxy_nca", x, p, cosine_ctx, d_similarity)
     return scalar_value(value, reduction), ctx
 
