@@ -23,12 +23,13 @@ import numpy as np
 
 from refdml._xp import ArrayNamespace
 from refdml.distances import CosineContext, EuclideanContext
+from refdml.normalize import L2NormalizeContext
 from refdml.gpu._fast_checks import data_checks
 from refdml.gpu.distances import _cosine_backward, _pairwise_norm
-from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet
+from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
 __all__ = ["COSINE_WHY", "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits",
-           "exp_limit", "masked_logsumexp",
+           "exp_limit", "is_ones_column", "masked_logsumexp", "ones_column",
            "reduce_terms", "scalar_value", "self_cosine", "self_euclidean",
            "self_pairwise_backward"]
 
@@ -169,12 +170,40 @@ def cosine_backward_sum(xp: Any, ctx: CosineContext, g: Any):
     return grads.x, grads.y
 
 
+# Row sums of squares inside which the plain ``x / sqrt(sum x^2)`` is as accurate as the
+# scaled normalisation: no square overflows, and squares lost to underflow (each below the
+# subnormal spacing) are negligible against the sum.
+_PLAIN_NORM_RANGE = {"float32": (1e-30, 1e36), "float64": (1e-280, 1e300)}
+
+
 def cross_cosine(ns: ArrayNamespace, x: Any, p: Any) -> tuple[Any, CosineContext]:
-    """``cos(x_i, p_k)``; the names ``embeddings`` / ``proxies`` in zero-row errors."""
+    """``cos(x_i, p_k)``; the names ``embeddings`` / ``proxies`` in zero-row errors.
+
+    Both sets are normalised in one pass over ``[x; p]``: where every row's sum of squares
+    lies in :data:`_PLAIN_NORM_RANGE` (one reduction and one synchronisation, which also
+    stands for the zero-row check) the rows are divided by their plain norm and the
+    contexts' ``scale`` are ones; otherwise (a zero row, entries near the ends of the
+    range, or the data checks turned off on CuPy) each set goes through the scaled
+    :func:`refdml.gpu.normalize._l2_forward`, which names the zero row.
+    """
     xp = ns.xp
+    n = x.shape[0]
+    if data_checks(ns):
+        joint = xp.concatenate([x, p])
+        sumsq = xp.einsum("ij,ij->i", joint, joint)[:, None]
+        low, high = _PLAIN_NORM_RANGE[np.dtype(x.dtype).name]
+        if bool(xp.all((sumsq >= low) & (sumsq <= high))):
+            norm = xp.sqrt(sumsq)
+            unit = joint / norm
+            x_unit, p_unit = unit[:n], unit[n:]
+            x_ctx = L2NormalizeContext(y=x_unit, scale=ones_column(xp, n, x.dtype),
+                                       scaled_norm=norm[:n])
+            p_ctx = L2NormalizeContext(y=p_unit, scale=ones_column(xp, p.shape[0], x.dtype),
+                                       scaled_norm=norm[n:])
+            similarity = x_unit @ p_unit.T
+            return similarity, CosineContext(x_unit, p_unit, x_ctx, p_ctx,
+                                             tuple(similarity.shape))
     x_unit, x_ctx = _l2_forward(ns, x, "embeddings", COSINE_WHY)
     p_unit, p_ctx = _l2_forward(ns, p, "proxies", COSINE_WHY)
     similarity = x_unit @ p_unit.T
     return similarity, CosineContext(x_unit, p_unit, x_ctx, p_ctx, tuple(similarity.shape))
-
-

@@ -38,6 +38,8 @@ from refdml.gpu._loss_kernels import (
     cosine_bound,
     exp_fits,
     exp_limit,
+    is_ones_column,
+    ones_column,
     cross_cosine,
     masked_logsumexp,
     reduce_terms,
@@ -149,7 +151,11 @@ def _proxy_backward(ctx: ProxyLossContext, d_value) -> ProxyLossGrads:
     d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, scale * ctx.d_similarity)
     if ctx.regularizer_ctx is not None:
         d_p = d_p + self_pairwise_backward(xp, ctx.regularizer_ctx, scale * ctx.d_regularizer)
-    return ProxyLossGrads(embeddings=d_x / ctx.embedding_scale, proxies=d_p / ctx.proxy_scale)
+    if not is_ones_column(ctx.embedding_scale):
+        d_x = d_x / ctx.embedding_scale
+    if not is_ones_column(ctx.proxy_scale):
+        d_p = d_p / ctx.proxy_scale
+    return ProxyLossGrads(embeddings=d_x, proxies=d_p)
 
 
 _UPPER_CACHE: dict[int, Any] = {}
@@ -395,7 +401,7 @@ def _proxy_ctx(loss, x, p, cosine_ctx, d_similarity, regularizer_ctx=None, d_reg
     xp = array_namespace(x).xp
     return ProxyLossContext(
         loss, cosine_ctx, d_similarity.astype(x.dtype, copy=False),
-        xp.ones((x.shape[0], 1), dtype=x.dtype), xp.ones((p.shape[0], 1), dtype=x.dtype),
+        ones_column(xp, x.shape[0], x.dtype), ones_column(xp, p.shape[0], x.dtype),
         regularizer_ctx, d_regularizer,
     )
 
@@ -419,8 +425,8 @@ def proxy_anchor_forward(embeddings, labels, *, proxies, proxy_labels=None, delt
         same_f = same.astype(x.dtype)
         with _quiet(xp):
             e_neg = xp.exp(alpha * similarity)
-        e_pos = same_f / e_neg                                      # exp(-alpha (s - delta) - alpha delta)
-        e_neg -= e_neg * same_f                                     # exp(alpha (s + delta) - alpha delta)
+        e_pos = same_f / e_neg              # positives: exp(-alpha (s - delta) - alpha delta)
+        e_neg -= e_neg * same_f             # negatives: exp(alpha (s + delta) - alpha delta)
         extra = float(np.exp(-alpha * delta))
         total_pos = xp.sum(e_pos, axis=0) + extra
         total_neg = xp.sum(e_neg, axis=0) + extra
