@@ -98,16 +98,14 @@ def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tup
     of strictly positive ones, ``"sum"`` by 1; no term at all gives 0 and zero weights.
     The sum is accumulated in float64 (float32 terms cannot overflow it).
     """
-    if reduction == "mean_nonzero":
-        weight = terms > 0
-    elif exists is None:
-        weight = xp.ones(terms.shape, dtype=bool)
-    else:
-        weight = exists
+    if exists is None and reduction != "mean_nonzero":
+        # Every term counts: a constant weight, no mask to build or count.
+        count = 1 if reduction == "sum" else max(terms.size, 1)
+        value = xp.sum(terms, dtype=xp.float64) / count
+        return value, xp.full(terms.shape, 1 / count, dtype=terms.dtype)
+    weight = terms > 0 if reduction == "mean_nonzero" else exists
     if reduction == "sum":
         count = xp.ones((), dtype=terms.dtype)
-    elif reduction == "mean" and exists is None:
-        count = xp.asarray(max(terms.size, 1), dtype=terms.dtype)
     else:
         count = xp.maximum(xp.count_nonzero(weight), 1).astype(terms.dtype)
     weight = weight.astype(terms.dtype)

@@ -122,15 +122,16 @@ def _proxy_inputs(embeddings, labels, proxies, proxy_labels):
                 f"proxy_labels has length {p_labels.size}, but there are {p.shape[0]} proxies "
                 "(one label per proxy)"
             )
+    same = y[:, None] == p_labels[None, :]        # (n, n_proxies): proxy k has i's class
     if data_checks(ns):
-        covered = xp.any(y[:, None] == p_labels[None, :], axis=1)
+        covered = xp.any(same, axis=1)
         if not bool(xp.all(covered)):
             missing = int(xp.min(xp.where(covered, xp.max(y), y)))
             raise ValueError(
                 f"labels has class {missing}, which no proxy represents "
                 f"(proxy_labels covers {int(xp.unique(p_labels).size)} classes)"
             )
-    return ns, x, y, p, p_labels
+    return ns, x, y, p, p_labels, same
 
 
 def _d_value(ctx, d_value) -> Any:
@@ -410,13 +411,12 @@ def proxy_anchor_forward(embeddings, labels, *, proxies, proxy_labels=None, delt
                          alpha=32.0, reduction="mean"):
     """Proxy-Anchor loss (Kim et al. 2020, Eq. 4); see
     :func:`refdml.losses.proxy_anchor_forward`. ``(value, ctx)``."""
-    ns, x, y, p, p_labels = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
+    ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
     delta = check_scalar(delta, "delta", low=0.0)
     alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
     reduction = check_reduction(reduction)
     xp = ns.xp
     similarity, cosine_ctx = cross_cosine(ns, x, p)
-    same = y[:, None] == p_labels[None, :]                          # (n, n_proxies)
     if exp_fits(x.dtype, alpha * cosine_bound(x.dtype, x.shape[1]), x.shape[0]) and (
             alpha * delta <= exp_limit(x.dtype)):
         # Arithmetic path (no ``where``): shifted by alpha * delta, the logits of both sums
@@ -468,12 +468,11 @@ def proxy_anchor(embeddings, labels, *, proxies, proxy_labels=None, delta=0.1, a
 def proxy_nca_forward(embeddings, labels, *, proxies, proxy_labels=None, temperature=0.11,
                       reduction="mean"):
     """ProxyNCA++ loss (Teh et al. 2020, Eq. 5); see :func:`refdml.losses.proxy_nca_forward`."""
-    ns, x, y, p, p_labels = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
+    ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
     temperature = check_scalar(temperature, "temperature", low=0.0, low_inclusive=False)
     reduction = check_reduction(reduction)
     xp = ns.xp
     similarity, cosine_ctx = cross_cosine(ns, x, p)
-    same = y[:, None] == p_labels[None, :]
     scale = 2 / temperature
     if exp_fits(x.dtype, scale * cosine_bound(x.dtype, x.shape[1]), p.shape[0]):
         # Arithmetic path (no ``where``): the logits -(2 - 2 s) / T shifted by 2 / T are
@@ -522,7 +521,7 @@ def soft_triple_forward(embeddings, labels, *, proxies, proxy_labels=None, lambd
     :func:`refdml.losses.soft_triple_forward`. The per-class softmax over the centres is
     one masked log-sum-exp over an ``(n, C, m)`` block; the classes of the centres
     (``unique``) cost one synchronisation on CuPy."""
-    ns, x, y, p, p_labels = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
+    ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
     lambda_ = check_scalar(lambda_, "lambda_", low=0.0, low_inclusive=False)
     gamma = check_scalar(gamma, "gamma", low=0.0, low_inclusive=False)
     tau = check_scalar(tau, "tau", low=0.0)
