@@ -25,7 +25,7 @@ from refdml._xp import ArrayNamespace
 from refdml.distances import CosineContext, EuclideanContext
 from refdml.normalize import L2NormalizeContext
 from refdml.gpu._fast_checks import data_checks
-from refdml.gpu.distances import _cosine_backward, _pairwise_norm
+from refdml.gpu.distances import _pairwise_norm
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
 __all__ = ["COSINE_WHY", "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits",
@@ -163,9 +163,23 @@ def self_pairwise_backward(xp: Any, metric_ctx: Any, g: Any) -> Any:
 
 
 def cosine_backward_sum(xp: Any, ctx: CosineContext, g: Any):
-    """``(d_x, d_y)`` of ``<g, cos(x, y)>`` (the mirror's cosine backward kernel)."""
-    grads = _cosine_backward(xp, ctx, g)
-    return grads.x, grads.y
+    """``(d_x, d_y)`` of ``<g, cos(x, y)>`` for 2-d ``x``, ``y`` (the proxy losses' kernel).
+
+    Per set one matrix product ``d_u`` and the tangent projection
+    ``(d_u - u (u . d_u)) / ||row||`` in place, the row dot an ``einsum``; the division by
+    the power-of-two ``scale`` is skipped where it is the fast path's cached ones.
+    """
+    grads = []
+    for norm_ctx, other, upstream in ((ctx.x_norm_ctx, ctx.y_unit, g),
+                                      (ctx.y_norm_ctx, ctx.x_unit, g.T)):
+        unit = norm_ctx.y
+        grad = upstream @ other
+        grad -= unit * xp.einsum("ij,ij->i", unit, grad)[:, None]
+        grad /= norm_ctx.scaled_norm
+        if not is_ones_column(norm_ctx.scale):
+            grad /= norm_ctx.scale
+        grads.append(grad)
+    return grads[0], grads[1]
 
 
 # Row sums of squares inside which the plain ``x / sqrt(sum x^2)`` is as accurate as the

@@ -124,7 +124,10 @@ def _proxy_inputs(embeddings, labels, proxies, proxy_labels):
             )
     same = y[:, None] == p_labels[None, :]        # (n, n_proxies): proxy k has i's class
     if data_checks(ns):
-        covered = xp.any(same, axis=1)
+        if proxy_labels is None:                   # proxy k is class k
+            covered = (y >= 0) & (y < p.shape[0])
+        else:
+            covered = xp.any(same, axis=1)
         if not bool(xp.all(covered)):
             missing = int(xp.min(xp.where(covered, xp.max(y), y)))
             raise ValueError(
@@ -149,7 +152,8 @@ def _pairwise_backward(ctx: PairwiseLossContext, d_value) -> LossGrads:
 def _proxy_backward(ctx: ProxyLossContext, d_value) -> ProxyLossGrads:
     xp = array_namespace(ctx.d_similarity).xp
     scale = _d_value(ctx, d_value)
-    d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, scale * ctx.d_similarity)
+    g = ctx.d_similarity if isinstance(scale, float) and scale == 1.0 else scale * ctx.d_similarity
+    d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, g)
     if ctx.regularizer_ctx is not None:
         d_p = d_p + self_pairwise_backward(xp, ctx.regularizer_ctx, scale * ctx.d_regularizer)
     if not is_ones_column(ctx.embedding_scale):
