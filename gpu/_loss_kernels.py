@@ -8,9 +8,15 @@ fallback and parity twin; keep its signature.
 
 Scale: the Euclidean losses use :func:`refdml.gpu.distances._pairwise_norm` (one common
 power of two, exact); the cosine losses use :func:`refdml.gpu.normalize._l2_forward`
-(a power of two per row, exact), so the gradient with respect to the raw rows needs no
-further factor and ``row_scale`` / ``embedding_scale`` / ``proxy_scale`` in the
-reference's contexts are ones here. A set compared with itself is normalised once, and
+(a power of two per row, exact), or for the proxy losses :func:`cross_cosine`'s one pass
+over embeddings and proxies by their plain norms where that is as accurate, so the
+gradient with respect to the raw rows needs no further factor and ``row_scale`` /
+``embedding_scale`` / ``proxy_scale`` in the reference's contexts are ones here (cached,
+read-only, recognised by the backward: :func:`refdml.gpu.normalize.ones_column`).
+
+Proxy-Anchor and ProxyNCA++ take a where-free log-sum-exp with a constant shift where
+:func:`exp_fits` says the hyperparameters bound the logits tightly enough
+(:func:`cosine_bound`), and :func:`masked_logsumexp` otherwise. A set compared with itself is normalised once, and
 its backward adds the two arguments' gradients in one matrix product.
 """
 
