@@ -1,8 +1,8 @@
 """Pieces of :mod:`refdml.gpu.losses`: the masked log-sum-exp, the reductions, the
 pairwise matrices the losses see the embeddings through, and their backward.
 
-``masked_logsumexp`` is the one reduction every softmax-type loss goes through
-(multi-similarity, Proxy-Anchor, ProxyNCA++, SoftTriple): a fused CuPy
+``masked_logsumexp`` is the reduction the softmax-type losses go through
+(multi-similarity, SoftTriple; Proxy-Anchor and ProxyNCA++ past their bound): a fused CuPy
 ``ReductionKernel`` (issue 10) is to replace its body, with this array code as its
 fallback and parity twin; keep its signature.
 
@@ -16,8 +16,10 @@ read-only, recognised by the backward: :func:`refdml.gpu.normalize.ones_column`)
 
 Proxy-Anchor and ProxyNCA++ take a where-free log-sum-exp with a constant shift where
 :func:`exp_fits` says the hyperparameters bound the logits tightly enough
-(:func:`cosine_bound`), and :func:`masked_logsumexp` otherwise. A set compared with itself is normalised once, and
-its backward adds the two arguments' gradients in one matrix product.
+(:func:`cosine_bound`), and :func:`masked_logsumexp` otherwise.
+
+A set compared with itself is normalised once, and its backward adds the two
+arguments' gradients in one matrix product.
 """
 
 from __future__ import annotations
@@ -43,12 +45,12 @@ COSINE_WHY = "cosine similarity needs non-zero vectors"  # the reference's wordi
 
 # Largest |t| for which exp(t) is a normal number with room to spare: float32 normals span
 # exp(-87.3) .. exp(88.7), float64 exp(-708) .. exp(709).
-_EXP_LIMIT = {"float32": 80.0, "float64": 700.0}
+_EXP_LIMIT = {np.dtype(np.float32): 80.0, np.dtype(np.float64): 700.0}
 
 
 def exp_limit(dtype: Any) -> float:
     """The largest ``|t|`` for which the arithmetic paths take ``exp(t)`` in ``dtype``."""
-    return _EXP_LIMIT[np.dtype(dtype).name]
+    return _EXP_LIMIT[np.dtype(dtype)]
 
 
 def exp_fits(dtype: Any, bound: float, count: int) -> bool:
@@ -191,7 +193,10 @@ def cosine_backward_sum(xp: Any, ctx: CosineContext, g: Any):
 # Row sums of squares inside which the plain ``x / sqrt(sum x^2)`` is as accurate as the
 # scaled normalisation: no square overflows, and squares lost to underflow (each below the
 # subnormal spacing) are negligible against the sum.
-_PLAIN_NORM_RANGE = {"float32": (1e-30, 1e36), "float64": (1e-280, 1e300)}
+_PLAIN_NORM_RANGE = {
+    np.dtype(np.float32): (1e-30, 1e36),
+    np.dtype(np.float64): (1e-280, 1e300),
+}
 
 
 def cross_cosine(ns: ArrayNamespace, x: Any, p: Any) -> tuple[Any, CosineContext]:
@@ -209,7 +214,7 @@ def cross_cosine(ns: ArrayNamespace, x: Any, p: Any) -> tuple[Any, CosineContext
     if data_checks(ns):
         joint = xp.concatenate([x, p])
         sumsq = xp.einsum("ij,ij->i", joint, joint)[:, None]
-        low, high = _PLAIN_NORM_RANGE[np.dtype(x.dtype).name]
+        low, high = _PLAIN_NORM_RANGE[np.dtype(x.dtype)]
         if bool(xp.all((sumsq >= low) & (sumsq <= high))):
             norm = xp.sqrt(sumsq)
             unit = joint / norm

@@ -131,7 +131,7 @@ def ones_column(xp: Any, n: int, dtype: Any) -> Any:
     per ``(n, dtype)`` on NumPy (a backward recognises them and skips dividing by 1)."""
     if xp is not np:
         return xp.ones((n, 1), dtype=dtype)
-    key = (n, np.dtype(dtype).name)
+    key = (n, np.dtype(dtype))
     ones = _ONES_CACHE.get(key)
     if ones is None:
         ones = np.ones((n, 1), dtype=dtype)
@@ -146,7 +146,7 @@ def is_ones_column(a: Any) -> bool:
     return any(a is ones for ones in _ONES_CACHE.values())
 
 
-_ONES_CACHE: dict[tuple[int, str], Any] = {}
+_ONES_CACHE: dict[tuple[int, Any], Any] = {}
 
 def _quiet(xp: Any):
     """``errstate(over="ignore")`` on NumPy; CuPy does not warn."""
