@@ -1,36 +1,75 @@
 """Pieces of :mod:`refdml.gpu.losses`: the masked log-sum-exp, the reductions, the
 pairwise matrices the losses see the embeddings through, and their backward.
 
-``masked_logsumexp`` is the one reduction every softmax-type loss goes through
-(multi-similarity, Proxy-Anchor, ProxyNCA++, SoftTriple): a fused CuPy
+``masked_logsumexp`` is the reduction the softmax-type losses go through
+(multi-similarity, SoftTriple; Proxy-Anchor and ProxyNCA++ past their bound): a fused CuPy
 ``ReductionKernel`` (issue 10) is to replace its body, with this array code as its
 fallback and parity twin; keep its signature.
 
 Scale: the Euclidean losses use :func:`refdml.gpu.distances._pairwise_norm` (one common
 power of two, exact); the cosine losses use :func:`refdml.gpu.normalize._l2_forward`
-(a power of two per row, exact), so the gradient with respect to the raw rows needs no
-further factor and ``row_scale`` / ``embedding_scale`` / ``proxy_scale`` in the
-reference's contexts are ones here. A set compared with itself is normalised once, and
-its backward adds the two arguments' gradients in one matrix product.
+(a power of two per row, exact), or for the proxy losses :func:`cross_cosine`'s one pass
+over embeddings and proxies by their plain norms where that is as accurate, so the
+gradient with respect to the raw rows needs no further factor and ``row_scale`` /
+``embedding_scale`` / ``proxy_scale`` in the reference's contexts are ones here (cached,
+read-only, recognised by the backward: :func:`refdml.gpu.normalize.ones_column`).
+
+Proxy-Anchor and ProxyNCA++ take a where-free log-sum-exp with a constant shift where
+:func:`exp_fits` says the hyperparameters bound the logits tightly enough
+(:func:`cosine_bound`), and :func:`masked_logsumexp` otherwise.
+
+A set compared with itself is normalised once, and its backward adds the two
+arguments' gradients in one matrix product.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from refdml._xp import ArrayNamespace
 from refdml.distances import CosineContext, EuclideanContext
+from refdml.normalize import L2NormalizeContext
 from refdml.gpu._fast_checks import data_checks
-from refdml.gpu.distances import _cosine_backward, _pairwise_norm
-from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet
+from refdml.gpu.distances import _pairwise_norm
+from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
-__all__ = ["COSINE_WHY", "cosine_backward_sum", "cross_cosine", "masked_logsumexp",
+__all__ = ["COSINE_WHY", "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits",
+           "exp_limit", "is_ones_column", "masked_logsumexp", "ones_column",
            "reduce_terms", "scalar_value", "self_cosine", "self_euclidean",
            "self_pairwise_backward"]
 
 COSINE_WHY = "cosine similarity needs non-zero vectors"  # the reference's wording
+
+# Largest |t| for which exp(t) is a normal number with room to spare: float32 normals span
+# exp(-87.3) .. exp(88.7), float64 exp(-708) .. exp(709).
+_EXP_LIMIT = {np.dtype(np.float32): 80.0, np.dtype(np.float64): 700.0}
+
+
+def exp_limit(dtype: Any) -> float:
+    """The largest ``|t|`` for which the arithmetic paths take ``exp(t)`` in ``dtype``."""
+    return _EXP_LIMIT[np.dtype(dtype)]
+
+
+def exp_fits(dtype: Any, bound: float, count: int) -> bool:
+    """True when ``exp(t)`` for every ``|t| <= bound`` is a normal number of ``dtype`` and
+    a sum of ``count`` of them (plus one more term of at most 1) stays finite.
+
+    This is the condition of the arithmetic (``where``-free) log-sum-exp of the proxy
+    losses: with logits known to lie in ``[c - bound, c + bound]`` a constant shift ``c``
+    replaces the per-row maximum, and masks become 0/1 factors (every ``exp`` is finite,
+    none underflows, so no row sum is 0 and ``0 * exp`` is an exact 0). Pure Python on
+    the hyperparameters: no synchronisation.
+    """
+    return bool(np.isfinite(bound)) and bound + math.log(count + 1) <= exp_limit(dtype)
+
+
+def cosine_bound(dtype: Any, dim: int) -> float:
+    """An upper bound of ``|cos|`` as computed in ``dtype`` from unit rows of length ``dim``:
+    1 plus the rounding of the row norms and of the dot product (``(dim + 4) u``)."""
+    return 1.0 + (dim + 4) * float(np.finfo(dtype).eps)
 
 
 def masked_logsumexp(
@@ -67,16 +106,14 @@ def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tup
     of strictly positive ones, ``"sum"`` by 1; no term at all gives 0 and zero weights.
     The sum is accumulated in float64 (float32 terms cannot overflow it).
     """
-    if reduction == "mean_nonzero":
-        weight = terms > 0
-    elif exists is None:
-        weight = xp.ones(terms.shape, dtype=bool)
-    else:
-        weight = exists
+    if exists is None and reduction != "mean_nonzero":
+        # Every term counts: a constant weight, no mask to build or count.
+        count = 1 if reduction == "sum" else max(terms.size, 1)
+        value = xp.sum(terms, dtype=xp.float64) / count
+        return value, xp.full(terms.shape, 1 / count, dtype=terms.dtype)
+    weight = terms > 0 if reduction == "mean_nonzero" else exists
     if reduction == "sum":
         count = xp.ones((), dtype=terms.dtype)
-    elif reduction == "mean" and exists is None:
-        count = xp.asarray(max(terms.size, 1), dtype=terms.dtype)
     else:
         count = xp.maximum(xp.count_nonzero(weight), 1).astype(terms.dtype)
     weight = weight.astype(terms.dtype)
@@ -134,17 +171,62 @@ def self_pairwise_backward(xp: Any, metric_ctx: Any, g: Any) -> Any:
 
 
 def cosine_backward_sum(xp: Any, ctx: CosineContext, g: Any):
-    """``(d_x, d_y)`` of ``<g, cos(x, y)>`` (the mirror's cosine backward kernel)."""
-    grads = _cosine_backward(xp, ctx, g)
-    return grads.x, grads.y
+    """``(d_x, d_y)`` of ``<g, cos(x, y)>`` for 2-d ``x``, ``y`` (the proxy losses' kernel).
+
+    Per set one matrix product ``d_u`` and the tangent projection
+    ``(d_u - u (u . d_u)) / ||row||`` in place, the row dot an ``einsum``; the division by
+    the power-of-two ``scale`` is skipped where it is the fast path's cached ones.
+    """
+    grads = []
+    for norm_ctx, other, upstream in ((ctx.x_norm_ctx, ctx.y_unit, g),
+                                      (ctx.y_norm_ctx, ctx.x_unit, g.T)):
+        unit = norm_ctx.y
+        grad = upstream @ other
+        grad -= unit * xp.einsum("ij,ij->i", unit, grad)[:, None]
+        grad /= norm_ctx.scaled_norm
+        if not is_ones_column(norm_ctx.scale):
+            grad /= norm_ctx.scale
+        grads.append(grad)
+    return grads[0], grads[1]
+
+
+# Row sums of squares inside which the plain ``x / sqrt(sum x^2)`` is as accurate as the
+# scaled normalisation: no square overflows, and squares lost to underflow (each below the
+# subnormal spacing) are negligible against the sum.
+_PLAIN_NORM_RANGE = {
+    np.dtype(np.float32): (1e-30, 1e36),
+    np.dtype(np.float64): (1e-280, 1e300),
+}
 
 
 def cross_cosine(ns: ArrayNamespace, x: Any, p: Any) -> tuple[Any, CosineContext]:
-    """``cos(x_i, p_k)``; the names ``embeddings`` / ``proxies`` in zero-row errors."""
+    """``cos(x_i, p_k)``; the names ``embeddings`` / ``proxies`` in zero-row errors.
+
+    Both sets are normalised in one pass over ``[x; p]``: where every row's sum of squares
+    lies in :data:`_PLAIN_NORM_RANGE` (one reduction and one synchronisation, which also
+    stands for the zero-row check) the rows are divided by their plain norm and the
+    contexts' ``scale`` are ones; otherwise (a zero row, entries near the ends of the
+    range, or the data checks turned off on CuPy) each set goes through the scaled
+    :func:`refdml.gpu.normalize._l2_forward`, which names the zero row.
+    """
     xp = ns.xp
+    n = x.shape[0]
+    if data_checks(ns):
+        joint = xp.concatenate([x, p])
+        sumsq = xp.einsum("ij,ij->i", joint, joint)[:, None]
+        low, high = _PLAIN_NORM_RANGE[np.dtype(x.dtype)]
+        if bool(xp.all((sumsq >= low) & (sumsq <= high))):
+            norm = xp.sqrt(sumsq)
+            unit = joint / norm
+            x_unit, p_unit = unit[:n], unit[n:]
+            x_ctx = L2NormalizeContext(y=x_unit, scale=ones_column(xp, n, x.dtype),
+                                       scaled_norm=norm[:n])
+            p_ctx = L2NormalizeContext(y=p_unit, scale=ones_column(xp, p.shape[0], x.dtype),
+                                       scaled_norm=norm[n:])
+            similarity = x_unit @ p_unit.T
+            return similarity, CosineContext(x_unit, p_unit, x_ctx, p_ctx,
+                                             tuple(similarity.shape))
     x_unit, x_ctx = _l2_forward(ns, x, "embeddings", COSINE_WHY)
     p_unit, p_ctx = _l2_forward(ns, p, "proxies", COSINE_WHY)
     similarity = x_unit @ p_unit.T
     return similarity, CosineContext(x_unit, p_unit, x_ctx, p_ctx, tuple(similarity.shape))
-
-

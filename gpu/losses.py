@@ -35,6 +35,11 @@ from refdml._xp import ArrayNamespace, array_namespace
 from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
 from refdml.gpu._loss_kernels import (
     cosine_backward_sum,
+    cosine_bound,
+    exp_fits,
+    exp_limit,
+    is_ones_column,
+    ones_column,
     cross_cosine,
     masked_logsumexp,
     reduce_terms,
@@ -117,15 +122,19 @@ def _proxy_inputs(embeddings, labels, proxies, proxy_labels):
                 f"proxy_labels has length {p_labels.size}, but there are {p.shape[0]} proxies "
                 "(one label per proxy)"
             )
+    same = y[:, None] == p_labels[None, :]        # (n, n_proxies): proxy k has i's class
     if data_checks(ns):
-        covered = xp.any(y[:, None] == p_labels[None, :], axis=1)
+        if proxy_labels is None:                   # proxy k is class k
+            covered = (y >= 0) & (y < p.shape[0])
+        else:
+            covered = xp.any(same, axis=1)
         if not bool(xp.all(covered)):
             missing = int(xp.min(xp.where(covered, xp.max(y), y)))
             raise ValueError(
                 f"labels has class {missing}, which no proxy represents "
                 f"(proxy_labels covers {int(xp.unique(p_labels).size)} classes)"
             )
-    return ns, x, y, p, p_labels
+    return ns, x, y, p, p_labels, same
 
 
 def _d_value(ctx, d_value) -> Any:
@@ -143,10 +152,15 @@ def _pairwise_backward(ctx: PairwiseLossContext, d_value) -> LossGrads:
 def _proxy_backward(ctx: ProxyLossContext, d_value) -> ProxyLossGrads:
     xp = array_namespace(ctx.d_similarity).xp
     scale = _d_value(ctx, d_value)
-    d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, scale * ctx.d_similarity)
+    g = ctx.d_similarity if isinstance(scale, float) and scale == 1.0 else scale * ctx.d_similarity
+    d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, g)
     if ctx.regularizer_ctx is not None:
         d_p = d_p + self_pairwise_backward(xp, ctx.regularizer_ctx, scale * ctx.d_regularizer)
-    return ProxyLossGrads(embeddings=d_x / ctx.embedding_scale, proxies=d_p / ctx.proxy_scale)
+    if not is_ones_column(ctx.embedding_scale):
+        d_x = d_x / ctx.embedding_scale
+    if not is_ones_column(ctx.proxy_scale):
+        d_p = d_p / ctx.proxy_scale
+    return ProxyLossGrads(embeddings=d_x, proxies=d_p)
 
 
 _UPPER_CACHE: dict[int, Any] = {}
@@ -392,7 +406,7 @@ def _proxy_ctx(loss, x, p, cosine_ctx, d_similarity, regularizer_ctx=None, d_reg
     xp = array_namespace(x).xp
     return ProxyLossContext(
         loss, cosine_ctx, d_similarity.astype(x.dtype, copy=False),
-        xp.ones((x.shape[0], 1), dtype=x.dtype), xp.ones((p.shape[0], 1), dtype=x.dtype),
+        ones_column(xp, x.shape[0], x.dtype), ones_column(xp, p.shape[0], x.dtype),
         regularizer_ctx, d_regularizer,
     )
 
@@ -401,18 +415,41 @@ def proxy_anchor_forward(embeddings, labels, *, proxies, proxy_labels=None, delt
                          alpha=32.0, reduction="mean"):
     """Proxy-Anchor loss (Kim et al. 2020, Eq. 4); see
     :func:`refdml.losses.proxy_anchor_forward`. ``(value, ctx)``."""
-    ns, x, y, p, p_labels = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
+    ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
     delta = check_scalar(delta, "delta", low=0.0)
     alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
     reduction = check_reduction(reduction)
     xp = ns.xp
     similarity, cosine_ctx = cross_cosine(ns, x, p)
-    same_t = (y[:, None] == p_labels[None, :]).T                    # (n_proxies, n)
-    lse_pos, w_pos = masked_logsumexp(xp, -alpha * (similarity.T - delta), same_t, extra_zero=True)
-    lse_neg, w_neg = masked_logsumexp(xp, alpha * (similarity.T + delta), ~same_t, extra_zero=True)
-    value_pos, d_pos = reduce_terms(xp, lse_pos, reduction, xp.any(same_t, axis=1))
-    value_neg, d_neg = reduce_terms(xp, lse_neg, reduction)
-    d_similarity = alpha * (d_neg[:, None] * w_neg - d_pos[:, None] * w_pos).T
+    if exp_fits(x.dtype, alpha * cosine_bound(x.dtype, x.shape[1]), x.shape[0]) and (
+            alpha * delta <= exp_limit(x.dtype)):
+        # Arithmetic path (no ``where``): shifted by alpha * delta, the logits of both sums
+        # are +-alpha * s, bounded, so E = exp(alpha s) and 1 / E are normal numbers and
+        # the masks are 0/1 factors; the extra logit 0 becomes exp(-alpha delta).
+        same_f = same.astype(x.dtype)
+        with _quiet(xp):
+            e_neg = xp.exp(alpha * similarity)
+        e_pos = same_f / e_neg              # positives: exp(-alpha (s - delta) - alpha delta)
+        e_neg -= e_neg * same_f             # negatives: exp(alpha (s + delta) - alpha delta)
+        extra = float(np.exp(-alpha * delta))
+        total_pos = xp.sum(e_pos, axis=0) + extra
+        total_neg = xp.sum(e_neg, axis=0) + extra
+        lse_pos = xp.log(total_pos) + alpha * delta
+        lse_neg = xp.log(total_neg) + alpha * delta
+        value_pos, d_pos = reduce_terms(xp, lse_pos, reduction, xp.any(same, axis=0))
+        value_neg, d_neg = reduce_terms(xp, lse_neg, reduction)
+        d_similarity = e_neg * (alpha * d_neg / total_neg)
+        d_similarity -= e_pos * (alpha * d_pos / total_pos)
+    else:
+        # Large alpha: the shifted masked log-sum-exp (``where`` masks), per proxy row.
+        same_t = same.T                                             # (n_proxies, n)
+        lse_pos, w_pos = masked_logsumexp(xp, -alpha * (similarity.T - delta), same_t,
+                                          extra_zero=True)
+        lse_neg, w_neg = masked_logsumexp(xp, alpha * (similarity.T + delta), ~same_t,
+                                          extra_zero=True)
+        value_pos, d_pos = reduce_terms(xp, lse_pos, reduction, xp.any(same_t, axis=1))
+        value_neg, d_neg = reduce_terms(xp, lse_neg, reduction)
+        d_similarity = alpha * (d_neg[:, None] * w_neg - d_pos[:, None] * w_pos).T
     ctx = _proxy_ctx("proxy_anchor", x, p, cosine_ctx, d_similarity)
     return scalar_value(value_pos + value_neg, reduction), ctx
 
@@ -435,18 +472,34 @@ def proxy_anchor(embeddings, labels, *, proxies, proxy_labels=None, delta=0.1, a
 def proxy_nca_forward(embeddings, labels, *, proxies, proxy_labels=None, temperature=0.11,
                       reduction="mean"):
     """ProxyNCA++ loss (Teh et al. 2020, Eq. 5); see :func:`refdml.losses.proxy_nca_forward`."""
-    ns, x, y, p, p_labels = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
+    ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
     temperature = check_scalar(temperature, "temperature", low=0.0, low_inclusive=False)
     reduction = check_reduction(reduction)
     xp = ns.xp
     similarity, cosine_ctx = cross_cosine(ns, x, p)
-    logits = -(2 - 2 * similarity) / temperature
-    same = y[:, None] == p_labels[None, :]
-    lse_all, softmax_all = masked_logsumexp(xp, logits)
-    lse_pos, softmax_pos = masked_logsumexp(xp, logits, same)
-    terms = xp.maximum(lse_all - lse_pos, 0)
-    value, d_terms = reduce_terms(xp, terms, reduction)
-    d_similarity = (2 / temperature) * d_terms[:, None] * (softmax_all - softmax_pos)
+    scale = 2 / temperature
+    if exp_fits(x.dtype, scale * cosine_bound(x.dtype, x.shape[1]), p.shape[0]):
+        # Arithmetic path (no ``where``): the logits -(2 - 2 s) / T shifted by 2 / T are
+        # (2 / T) s, bounded, so E = exp(2 s / T) are normal numbers, the positive mask
+        # is a 0/1 factor, and the shift cancels in lse_all - lse_pos.
+        with _quiet(xp):
+            e_all = xp.exp(scale * similarity)
+        e_pos = e_all * same.astype(x.dtype)
+        total_all = xp.sum(e_all, axis=1)
+        total_pos = xp.sum(e_pos, axis=1)
+        terms = xp.maximum(xp.log(total_all) - xp.log(total_pos), 0)
+        value, d_terms = reduce_terms(xp, terms, reduction)
+        d_terms = scale * d_terms
+        d_similarity = e_all * (d_terms / total_all)[:, None]
+        d_similarity -= e_pos * (d_terms / total_pos)[:, None]
+    else:
+        # Small temperature: the shifted masked log-sum-exp.
+        logits = -(2 - 2 * similarity) / temperature
+        lse_all, softmax_all = masked_logsumexp(xp, logits)
+        lse_pos, softmax_pos = masked_logsumexp(xp, logits, same)
+        terms = xp.maximum(lse_all - lse_pos, 0)
+        value, d_terms = reduce_terms(xp, terms, reduction)
+        d_similarity = scale * d_terms[:, None] * (softmax_all - softmax_pos)
     ctx = _proxy_ctx("proxy_nca", x, p, cosine_ctx, d_similarity)
     return scalar_value(value, reduction), ctx
 
@@ -472,7 +525,7 @@ def soft_triple_forward(embeddings, labels, *, proxies, proxy_labels=None, lambd
     :func:`refdml.losses.soft_triple_forward`. The per-class softmax over the centres is
     one masked log-sum-exp over an ``(n, C, m)`` block; the classes of the centres
     (``unique``) cost one synchronisation on CuPy."""
-    ns, x, y, p, p_labels = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
+    ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
     lambda_ = check_scalar(lambda_, "lambda_", low=0.0, low_inclusive=False)
     gamma = check_scalar(gamma, "gamma", low=0.0, low_inclusive=False)
     tau = check_scalar(tau, "tau", low=0.0)

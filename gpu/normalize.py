@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from refdml._xp import ArrayNamespace, array_namespace
 from refdml._validation import check_context
 from refdml.gpu._fast_checks import check_fast_upstream, check_nonzero_rows
@@ -63,7 +65,11 @@ def _l2_forward(
 
 
 def _l2_backward(xp: Any, ctx: L2NormalizeContext, d_y: Any) -> Any:
-    return _tangent(xp, ctx.y, d_y) / ctx.scaled_norm / ctx.scale
+    grad = _tangent(xp, ctx.y, d_y)
+    grad /= ctx.scaled_norm
+    if not is_ones_column(ctx.scale):   # the fast path's unit scales: nothing to divide
+        grad /= ctx.scale
+    return grad
 
 
 def l2_normalize_forward(x) -> tuple[Any, L2NormalizeContext]:
@@ -119,6 +125,28 @@ def clip_normalize(x) -> Any:
     """``x / max(1, ||x||)`` along the last axis (no context kept)."""
     return clip_normalize_forward(x)[0]
 
+
+def ones_column(xp: Any, n: int, dtype: Any) -> Any:
+    """``ones((n, 1), dtype)``: the unit scales of the mirror's contexts; cached read-only
+    per ``(n, dtype)`` on NumPy (a backward recognises them and skips dividing by 1)."""
+    if xp is not np:
+        return xp.ones((n, 1), dtype=dtype)
+    key = (n, np.dtype(dtype))
+    ones = _ONES_CACHE.get(key)
+    if ones is None:
+        ones = np.ones((n, 1), dtype=dtype)
+        ones.flags.writeable = False
+        if len(_ONES_CACHE) < 32:
+            _ONES_CACHE[key] = ones
+    return ones
+
+
+def is_ones_column(a: Any) -> bool:
+    """True for an array returned by :func:`ones_column` on NumPy (identity, no data read)."""
+    return any(a is ones for ones in _ONES_CACHE.values())
+
+
+_ONES_CACHE: dict[tuple[int, Any], Any] = {}
 
 def _quiet(xp: Any):
     """``errstate(over="ignore")`` on NumPy; CuPy does not warn."""

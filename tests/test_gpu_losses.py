@@ -9,7 +9,7 @@ from numpy.testing import assert_allclose
 
 from refdml import losses as ref
 from refdml.gpu import losses as fast
-from refdml.gpu._loss_kernels import masked_logsumexp
+from refdml.gpu._loss_kernels import cosine_bound, exp_fits, exp_limit, masked_logsumexp
 from refdml._numerics import masked_logsumexp as ref_masked_logsumexp
 
 LABELS = np.array([0, 0, 1, 1, 2, 2])
@@ -95,3 +95,94 @@ def test_masked_logsumexp_matches_reference_and_empty_rows():
     lse1, _ = masked_logsumexp(np, z, mask, extra_zero=True)
     assert lse1[2] == 0.0
     assert_allclose(lse1, np.logaddexp(0.0, ref_lse), rtol=1e-14)
+
+
+def _proxy_case(dtype, seed, n=24, k=6, d=8):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d)).astype(dtype)
+    p = rng.standard_normal((k, d)).astype(dtype)
+    labels = rng.integers(0, k, size=n)
+    labels[:k] = np.arange(k)             # every proxy has a positive, bar the case below
+    return x, labels, p
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name, hyper", [
+    ("proxy_anchor", {}),
+    ("proxy_anchor", {"alpha": 70.0, "delta": 0.5}),       # near the float32 bound
+    ("proxy_anchor", {"alpha": 1e-3, "delta": 3.0}),
+    ("proxy_nca", {}),
+    ("proxy_nca", {"temperature": 0.03}),                 # near the float32 bound
+    ("proxy_nca", {"temperature": 50.0}),
+])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_proxy_arithmetic_lse_equals_where_lse(monkeypatch, dtype, name, hyper, reduction):
+    """The where-free path (constant shift from the hyperparameters, 0/1 masks) gives the
+    masked_logsumexp path's value and gradients, on random inputs and near its bound."""
+    import refdml.gpu.losses as module
+
+    x, labels, p = _proxy_case(dtype, 5)
+    labels[labels == 2] = 3                # proxy 2 without positives (Proxy-Anchor)
+    forward, backward = getattr(fast, f"{name}_forward"), getattr(fast, f"{name}_backward")
+    d_value = 0.7
+    taken = []
+
+    def recording_exp_fits(*args):
+        taken.append(exp_fits(*args))
+        return taken[-1]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "exp_fits", recording_exp_fits)
+        value, ctx = forward(x, labels, proxies=p, reduction=reduction, **hyper)
+        grads = backward(ctx, d_value)
+    assert taken == [True]                 # the arithmetic path ran
+    monkeypatch.setattr(module, "exp_fits", lambda *a: False)
+    expected, where_ctx = forward(x, labels, proxies=p, reduction=reduction, **hyper)
+    where_grads = backward(where_ctx, d_value)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert_allclose(value, expected, rtol=tol)
+    for got, want in ((grads.embeddings, where_grads.embeddings),
+                      (grads.proxies, where_grads.proxies)):
+        assert got.dtype == dtype
+        assert_allclose(got, want, rtol=0, atol=tol * np.max(np.abs(want)))
+
+
+def test_exp_fits_bound_is_safe_for_float32_and_float64():
+    for dtype in (np.float32, np.float64):
+        limit = exp_limit(dtype)
+        with np.errstate(over="raise", under="raise"):
+            top = np.exp(np.asarray(limit, dtype=dtype))
+            low = np.exp(np.asarray(-limit, dtype=dtype))
+        assert np.isfinite(top * 2) and low >= np.finfo(dtype).tiny
+        assert exp_fits(dtype, limit - np.log(11), 10) and not exp_fits(dtype, limit, 10)
+        assert not exp_fits(dtype, np.inf, 1)
+        assert 1 < cosine_bound(dtype, 128) < 1.001
+    # Past the bound the where path runs: float32 stays finite at temperature 0.01, alpha 100.
+    x, labels, p = _proxy_case(np.float32, 6)
+    for name, hyper in (("proxy_nca", {"temperature": 0.01}), ("proxy_anchor", {"alpha": 100.0})):
+        assert not exp_fits(np.float32, 2 / 0.01, p.shape[0])
+        value, ctx = getattr(fast, f"{name}_forward")(x, labels, proxies=p, **hyper)
+        grads = getattr(fast, f"{name}_backward")(ctx)
+        expected, _ = getattr(ref, f"{name}_forward")(
+            x.astype(np.float64), labels, proxies=p.astype(np.float64), **hyper)
+        assert_allclose(value, expected, rtol=1e-4)
+        assert np.all(np.isfinite(grads.embeddings)) and np.all(np.isfinite(grads.proxies))
+
+
+@pytest.mark.parametrize("dtype, scales", [
+    (np.float32, (1e-30, 1e-15, 1e15, 1e30)),
+    (np.float64, (1e-300, 1e-150, 1e150, 1e300)),
+])
+def test_proxy_losses_scale_invariant_on_both_normalisation_paths(dtype, scales):
+    """Inside the plain-norm range and beyond it (the scaled fallback) the same value."""
+    x, labels, p = _proxy_case(dtype, 7)
+    for name in ("proxy_anchor", "proxy_nca"):
+        forward = getattr(fast, f"{name}_forward")
+        base, _ = forward(x, labels, proxies=p)
+        for scale in scales:
+            value, ctx = forward(x * dtype(scale), labels, proxies=p / dtype(scale))
+            assert_allclose(value, base, rtol=1e-5 if dtype == np.float32 else 1e-12)
+            grads = getattr(fast, f"{name}_backward")(ctx)
+            assert np.all(np.isfinite(grads.embeddings)) and np.all(np.isfinite(grads.proxies))
+    with pytest.raises(ValueError, match="proxies has a zero vector at row 1"):
+        fast.proxy_nca_forward(x, labels, proxies=np.where(np.arange(6)[:, None] == 1, 0, p))
