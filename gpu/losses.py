@@ -52,8 +52,7 @@ from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.distances import CosineContext
 from refdml.gpu.normalize import _quiet
 from refdml.losses import LossGrads, PairwiseLossContext, ProxyLossContext, ProxyLossGrads
-from refdml.losses._common import check_loss_context, check_reduction
-from refdml.losses._hyperparameters import CONTRASTIVE_DEFAULTS
+from refdml.losses._common import check_contrastive_margins, check_loss_context, check_reduction
 
 __all__ = [
     "LossGrads",
@@ -226,15 +225,7 @@ def contrastive_forward(
     ns, x, y = _embeddings_labels(embeddings, labels)
     form = check_choice(form, "form", _FORMS)
     reduction = check_reduction(reduction)
-    default_pos, default_neg = CONTRASTIVE_DEFAULTS[form]
-    pos_margin = default_pos if pos_margin is None else pos_margin
-    neg_margin = default_neg if neg_margin is None else neg_margin
-    if form == "euclidean":
-        pos_margin = check_scalar(pos_margin, "pos_margin", low=0.0)
-        neg_margin = check_scalar(neg_margin, "neg_margin", low=0.0, low_inclusive=False)
-    else:
-        pos_margin = check_scalar(pos_margin, "pos_margin", low=-1.0, high=1.0, low_inclusive=False)
-        neg_margin = check_scalar(neg_margin, "neg_margin", low=-1.0, high=1.0, high_inclusive=False)
+    pos_margin, neg_margin = check_contrastive_margins(form, pos_margin, neg_margin)
     return _pair_hinge_forward(ns, x, y, pos_margin, neg_margin, form, reduction, "contrastive")
 
 

@@ -29,6 +29,7 @@ from refdml._validation import (
     as_label_array,
     check_choice,
     check_context,
+    check_scalar,
     check_upstream,
 )
 from refdml.distances import (
@@ -39,6 +40,7 @@ from refdml.distances import (
     _euclidean_backward,
     _euclidean_forward,
 )
+from refdml.losses._hyperparameters import CONTRASTIVE_DEFAULTS
 
 __all__ = ["LossGrads", "PairwiseLossContext", "ProxyLossContext", "ProxyLossGrads", "REDUCTIONS"]
 
@@ -112,6 +114,24 @@ def check_embeddings_labels(embeddings, labels) -> tuple[np.ndarray, np.ndarray]
     x = as_float_array(embeddings, "embeddings", ndim=2)
     y = as_label_array(labels, "labels", length=x.shape[0])
     return x, y
+
+
+def check_contrastive_margins(form: str, pos_margin, neg_margin) -> tuple[float, float]:
+    """The contrastive loss's margins: the form's defaults for None, then range checks.
+
+    Euclidean: ``pos_margin >= 0``, ``neg_margin > 0``; cosine: both in (-1, 1) (open at the
+    end where the hinge could never be active). Shared by the reference and the fast path.
+    """
+    default_pos, default_neg = CONTRASTIVE_DEFAULTS[form]
+    pos_margin = default_pos if pos_margin is None else pos_margin
+    neg_margin = default_neg if neg_margin is None else neg_margin
+    if form == "euclidean":
+        pos_margin = check_scalar(pos_margin, "pos_margin", low=0.0)
+        neg_margin = check_scalar(neg_margin, "neg_margin", low=0.0, low_inclusive=False)
+    else:
+        pos_margin = check_scalar(pos_margin, "pos_margin", low=-1.0, high=1.0, low_inclusive=False)
+        neg_margin = check_scalar(neg_margin, "neg_margin", low=-1.0, high=1.0, high_inclusive=False)
+    return pos_margin, neg_margin
 
 
 def check_cosine_embeddings(x: np.ndarray) -> None:

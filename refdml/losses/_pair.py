@@ -26,6 +26,7 @@ from refdml._validation import check_choice, check_scalar
 from refdml.losses._common import (
     LossGrads,
     PairwiseLossContext,
+    check_contrastive_margins,
     check_cosine_embeddings,
     check_d_value,
     check_embeddings_labels,
@@ -37,7 +38,6 @@ from refdml.losses._common import (
     self_cosine,
     self_euclidean,
 )
-from refdml.losses._hyperparameters import CONTRASTIVE_DEFAULTS
 
 __all__ = [
     "contrastive",
@@ -121,15 +121,8 @@ def contrastive_forward(
     x, y = check_embeddings_labels(embeddings, labels)
     form = check_choice(form, "form", _FORMS)
     reduction = check_reduction(reduction)
-    default_pos, default_neg = CONTRASTIVE_DEFAULTS[form]
-    pos_margin = default_pos if pos_margin is None else pos_margin
-    neg_margin = default_neg if neg_margin is None else neg_margin
-    if form == "euclidean":
-        pos_margin = check_scalar(pos_margin, "pos_margin", low=0.0)
-        neg_margin = check_scalar(neg_margin, "neg_margin", low=0.0, low_inclusive=False)
-    else:
-        pos_margin = check_scalar(pos_margin, "pos_margin", low=-1.0, high=1.0, low_inclusive=False)
-        neg_margin = check_scalar(neg_margin, "neg_margin", low=-1.0, high=1.0, high_inclusive=False)
+    pos_margin, neg_margin = check_contrastive_margins(form, pos_margin, neg_margin)
+    if form == "cosine":
         check_cosine_embeddings(x)
     return _pair_hinge_forward(x, y, pos_margin, neg_margin, form, reduction, "contrastive")
 
