@@ -23,24 +23,11 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", os.environ.get("REFDML_BENCH_BLAS_THREADS", "1"))
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-
-def _interleaved(functions: dict, repeats: int) -> dict:
-    """Median seconds of each function, the functions run in turn ``repeats`` times."""
-    times = {name: [] for name in functions}
-    for fn in functions.values():  # warm-up
-        fn()
-    for _ in range(repeats):
-        for name, fn in functions.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+from _bench import interleaved  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 
 def bench_gsp(repeats: int) -> None:
@@ -72,7 +59,7 @@ def bench_gsp(repeats: int) -> None:
         "fast float32": layer(fast, np.float32),
     }
     (ref_grads, _), (grads32, ctx32) = runs["reference float64"](), runs["fast float32"]()
-    medians = _interleaved(runs, repeats)
+    medians = interleaved(runs, repeats)
     print(f"GSP pooling forward + backward, B={batch} m={m} n={n} d={d} mu={mu} "
           f"inverse_temperature={inverse_temperature} (median of {repeats}, interleaved; "
           f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
@@ -127,7 +114,7 @@ def bench_losses(repeats: int) -> None:
                 value, ctx = getattr(module, f"{name}_forward")(xx, labels, **hyper, **cast)
                 return getattr(module, f"{name}_backward")(ctx, 1.0)
             return call
-        t = _interleaved({
+        t = interleaved({
             "ref": run(ref, np.float64),
             "f64": run(fast, np.float64),
             "f32": run(fast, np.float32),
@@ -170,7 +157,7 @@ def bench_ot(repeats: int) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a benchmark of unconverged solves means nothing
             outs = {name: fn()[0] for name, fn in runs.items()}
-            t = _interleaved(runs, repeats)
+            t = interleaved(runs, repeats)
         diff = {k: float(np.max(np.abs(outs[k].astype(np.float64) - outs["ref"])))
                 for k in ("f64", "f32")}
         sq = np.sum((clouds[:, :, None] - clouds[:, None]) ** 2, axis=-1)
@@ -196,7 +183,7 @@ def bench_kcenter(repeats: int) -> None:
         "fast float32": lambda: fast.greedy_k_center(p32, k, rng=0),
     }
     results = {name: fn() for name, fn in runs.items()}
-    medians = _interleaved(runs, repeats)
+    medians = interleaved(runs, repeats)
     print(f"\ngreedy k-center, n={n} d={d} k={k} (median of {repeats}, interleaved; "
           f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
     reference = medians["reference float64"]
@@ -230,7 +217,7 @@ def bench_metrics(repeats: int) -> None:
         "fast float32": lambda: fast.retrieval_metrics(x32, labels),
     }
     results = {name: fn() for name, fn in runs.items()}
-    medians = _interleaved(runs, repeats)
+    medians = interleaved(runs, repeats)
     print(f"\nretrieval metrics, same-set, n={n} d={d}, {n_classes} classes (median of {repeats}, "
           f"interleaved; BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
     reference = medians["reference float64"]

@@ -53,6 +53,8 @@ from collections import defaultdict  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from _bench import interleaved  # noqa: E402  (scripts/ is on sys.path when run as a script)
+
 from refdml.train import Adam  # noqa: E402
 from refdml.train.data import PAPER_BATCH, make_digits_collage, make_tokens  # noqa: E402
 from refdml.train.layers import (  # noqa: E402
@@ -151,20 +153,6 @@ class Step:
         self.sync()
 
 
-def _interleaved(functions: dict, repeats: int) -> dict:
-    """Median seconds of each function, the functions run in turn ``repeats`` times."""
-    times = {name: [] for name in functions}
-    for fn in functions.values():  # warm-up (imports, caches, CuPy kernels)
-        fn()
-        fn()
-    for _ in range(repeats):
-        for name, fn in functions.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def _wrap(obj, method: str, key: str, record: dict, sync) -> None:
     inner = getattr(obj, method)
 
@@ -204,7 +192,7 @@ def bench(which: str, device: str, repeats: int) -> None:
     steps = {f"{path} {dtype[-2:]}": Step(which, path, dtype, device) for path, dtype in PATHS}
     for step in steps.values():  # keep a row of the table from timing a broken step
         step()
-    medians = _interleaved(steps, repeats)
+    medians = interleaved(steps, repeats, warmups=2)
     print(f"\n== {which} model, batch {steps['fast 64'].labels.shape[0]}, device {device}, "
           f"median of {repeats} interleaved steps ==")
     ref = medians["ref 64"]
