@@ -5,6 +5,14 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+# The Numba CUDA kernels of refdml.gpu run under Numba's CUDA simulator unless this machine
+# has an NVIDIA driver (a lent GPU): there they run for real, on CuPy arrays. Must be set
+# before numba.cuda is first imported. Set NUMBA_ENABLE_CUDASIM yourself to override.
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not os.path.exists("/dev/nvidiactl"):
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import pytest
+
 from hypothesis import HealthCheck, settings
 
 # CI machines are small (2 cores); keep hypothesis budgets modest and deadline-free.
@@ -25,3 +33,17 @@ settings.register_profile(
     "thorough", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture
+def cuda_device_array():
+    """Move a NumPy array to where the Numba CUDA kernels run in this session.
+
+    Under the simulator (no GPU: CI) the kernels take NumPy arrays and the array is returned
+    as it is; on a lent GPU it becomes a CuPy array. Tests of a ``@cuda.jit`` kernel call
+    ``cuda_device_array(x)`` on their inputs and ``refdml._xp.to_numpy`` on the outputs.
+    """
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return lambda x: x
+    cupy = pytest.importorskip("cupy", reason="a real CUDA run needs CuPy arrays")
+    return cupy.asarray
