@@ -5,15 +5,20 @@
 ot, kcenter, metrics), written once against the input's array module, float32 or float64,
 batched. ``refdml.gpu.parity.check_parity`` and ``refdml gpu-check`` hold each mirror to the
 float64 reference; see docs/gpu.md. CuPy is not a dependency: install the wheel for your
-CUDA version (``cupy-cuda12x``); without it everything runs on NumPy. No custom CUDA
-kernel exists yet (the ``gpu`` extra's ``numba-cuda`` is for the coming Numba kernels).
+CUDA version (``cupy-cuda12x``); without it everything runs on NumPy.
+
+Some mirrors also have compiled Numba kernels beside their array path (a ``@njit`` CPU
+twin, a ``@cuda.jit`` kernel, one source): :func:`use_kernels` picks which runs
+(``"auto"``, ``"array"``, ``"cpu"``, ``"cuda"``); see :mod:`refdml.gpu._numba_support`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-__all__ = ["cupy_available", "numba_cuda_available"]
+from refdml.gpu._numba_support import kernel_mode, use_kernels
+
+__all__ = ["cupy_available", "kernel_mode", "numba_cuda_available", "use_kernels"]
 
 
 def cupy_available() -> bool:

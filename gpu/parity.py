@@ -22,6 +22,11 @@
    every array output has the input dtype, and the mirror returns a gradient for every
    input the reference differentiates.
 
+Kernels: ``kernels`` picks what the mirror runs (:func:`refdml.gpu.use_kernels`): the
+array path (``"array"``), or one of the compiled Numba kernels the entry lists in
+``spec.mirror_kernels`` (``"cpu"``, ``"cuda"``; ``"cuda"`` on the NumPy backend runs under
+Numba's CUDA simulator). The same rule and tolerances hold for every kernel.
+
 Timing: ``seconds`` is the median wall time of the mirror's forward + backward over
 ``timing_repeats`` runs after the checked one (so a CuPy kernel's first-call compilation
 is not counted), each ended by a device synchronisation on CuPy; with
@@ -42,10 +47,11 @@ import numpy as np
 
 from refdml._validation import _describe
 
-__all__ = ["BACKENDS", "DTYPES", "ParityResult", "available_backends", "check_parity"]
+__all__ = ["BACKENDS", "DTYPES", "KERNELS", "ParityResult", "available_backends", "check_parity"]
 
 BACKENDS = ("numpy", "cupy")
 DTYPES = ("float64", "float32")
+KERNELS = ("array", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class ParityResult:
     passed: bool
     seconds: float
     problems: tuple[str, ...] = ()
+    kernels: str = "array"
 
 
 def available_backends() -> tuple[str, ...]:
@@ -131,7 +138,7 @@ def _synchronize(xp: Any) -> None:
 
 def check_parity(
     spec: Any, *, backend: str = "numpy", dtype: str = "float64", seed: int = 0,
-    timing_repeats: int = 1,
+    timing_repeats: int = 1, kernels: str = "array",
 ) -> ParityResult:
     """Compare the mirror of catalogue entry ``spec`` with the reference (module docstring).
 
@@ -146,6 +153,8 @@ def check_parity(
         Seeds the inputs and the upstream gradients.
     timing_repeats : int >= 0
         Extra runs timed after the checked one (median); 0 times the checked run.
+    kernels : {"array", "cpu", "cuda"}
+        The array path, or a compiled kernel listed in ``spec.mirror_kernels``.
 
     Returns
     -------
@@ -164,8 +173,12 @@ def check_parity(
     dtype_name = check_choice(dtype, "dtype", DTYPES)
     seed = check_scalar(seed, "seed", low=0, integer=True)
     timing_repeats = check_scalar(timing_repeats, "timing_repeats", low=0, integer=True)
+    kernels = check_choice(kernels, "kernels", KERNELS)
     if spec.mirror is None:
         raise ValueError(f"{spec.name} has no mirror ({spec.no_mirror or 'and no reason given'})")
+    if kernels != "array" and kernels not in spec.mirror_kernels:
+        raise ValueError(f"kernels == {kernels!r}, but {spec.name} has only the array path"
+                         + "".join(f" and a {k!r} kernel" for k in spec.mirror_kernels))
     xp = _module(backend)
     forward, backward = spec.mirror_pair()
 
@@ -180,9 +193,12 @@ def check_parity(
     fast_inputs = {k: _cast(v, xp, np_dtype) for k, v in inputs.items()}
     fast_upstream = [xp.asarray(g.astype(np_dtype)) if np.ndim(g) else float(g) for g in upstream]
 
+    from refdml.gpu import use_kernels
+
     def run():
-        out, ctx = forward(**fast_inputs)
-        return out, backward(ctx, *fast_upstream)
+        with use_kernels(kernels):
+            out, ctx = forward(**fast_inputs)
+            return out, backward(ctx, *fast_upstream)
 
     _synchronize(xp)
     start = time.perf_counter()
@@ -231,5 +247,5 @@ def check_parity(
     return ParityResult(
         name=spec.name, backend=backend, dtype=dtype_name, output_error=output_error,
         gradient_error=gradient_error, tolerance=tolerance, passed=not problems,
-        seconds=seconds, problems=tuple(problems),
+        seconds=seconds, problems=tuple(problems), kernels=kernels,
     )

@@ -7,6 +7,7 @@ claim check), 2 bad arguments (argparse's convention).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import refdml
@@ -94,27 +95,43 @@ def _gpu_check(args: argparse.Namespace) -> int:
         print("devices: NumPy (CPU) only -- CuPy is not installed or sees no CUDA device, "
               "so no CuPy rows ran")
     rows, failures = [], 0
+    simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     for spec in mirrored:
-        for backend in backends:
+        runs = [(backend, "array") for backend in backends]
+        for kernels in spec.mirror_kernels:
+            # The CPU twin takes NumPy arrays; the CUDA kernel CuPy ones (NumPy ones under
+            # Numba's simulator). A CUDA kernel with neither a GPU nor the simulator is skipped.
+            if kernels == "cpu":
+                runs.append(("numpy", "cpu"))
+            elif "cupy" in backends:
+                runs.append(("cupy", "cuda"))
+            elif simulated:
+                runs.append(("numpy", "cuda"))
+        for backend, kernels in runs:
+            device = backend if kernels == "array" else f"{backend}/{kernels}"
+            if kernels == "cuda" and backend == "numpy":
+                device = "cuda-simulator"
             for dtype in dtypes:
                 try:
-                    r = check_parity(spec, backend=backend, dtype=dtype, seed=args.seed)
+                    r = check_parity(spec, backend=backend, dtype=dtype, seed=args.seed,
+                                     kernels=kernels)
                 except Exception as exc:  # a crash is a failure of our own code; report it
                     failures += 1
-                    rows.append((spec.name, backend, dtype, "-", "-",
+                    rows.append((spec.name, device, dtype, "-", "-",
                                  f"{spec.mirror_tolerance(dtype):.0e}", "-", f"CRASH {exc!r}"))
                     continue
                 failures += not r.passed
                 verdict = "pass" if r.passed else "FAIL " + "; ".join(r.problems)
-                rows.append((spec.name, backend, dtype, f"{r.output_error:.2e}",
+                rows.append((spec.name, device, dtype, f"{r.output_error:.2e}",
                              f"{r.gradient_error:.2e}", f"{r.tolerance:.0e}",
                              f"{1e3 * r.seconds:.2f}", verdict))
     header = ("operator", "device", "dtype", "max rel err outputs", "max rel err gradients",
               "tolerance", "time ms", "result")
     if rows:
         print("\n".join(_table(rows, header, right={3, 4, 5, 6})))
-    print(f"\n{len(mirrored)} mirrored operators x {len(backends)} device(s) x {len(dtypes)} "
-          f"dtype(s): {len(rows)} checks, {failures} failure(s)")
+    print(f"\n{len(mirrored)} mirrored operators (array path on {len(backends)} device(s), plus "
+          f"their compiled kernels) x {len(dtypes)} dtype(s): {len(rows)} checks, "
+          f"{failures} failure(s)")
     unmirrored = [s for s in specs if s.mirror is None]
     if unmirrored:
         print(f"\n{len(unmirrored)} operators without a mirror (not checked):")

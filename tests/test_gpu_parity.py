@@ -11,6 +11,8 @@ rows skip, with the reason, where there is no GPU.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,13 +31,18 @@ BACKENDS = [
 ]
 
 
-def check_parity(spec, backend: str, dtype_name: str, seed: int) -> None:
+KERNEL_ROWS = [(s, k) for s in MIRRORED for k in s.mirror_kernels]
+SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+def check_parity(spec, backend: str, dtype_name: str, seed: int, kernels: str = "array") -> None:
     """The rule of :func:`refdml.gpu.parity.check_parity`, asserted; CuPy rows skip without a GPU."""
     if backend == "cupy" and not cupy_available():
         pytest.skip("CuPy rows need CuPy and a CUDA device; none here")
     result = parity.check_parity(spec, backend=backend, dtype=dtype_name, seed=seed,
-                                 timing_repeats=0)
-    assert result.passed, f"{spec.name} ({backend} {dtype_name}): " + "; ".join(result.problems)
+                                 timing_repeats=0, kernels=kernels)
+    assert result.passed, (f"{spec.name} ({backend} {dtype_name}, {kernels} kernels): "
+                           + "; ".join(result.problems))
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -60,3 +67,18 @@ def test_mirror_matches_reference(spec, backend, dtype_name, seed):
 def test_mirror_matches_reference_hypothesis_seeds(spec, seed):
     check_parity(spec, "numpy", "float64", seed)
     check_parity(spec, "numpy", "float32", seed)
+
+
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
+@pytest.mark.parametrize("spec, kernels", KERNEL_ROWS,
+                         ids=[f"{s.name}-{k}" for s, k in KERNEL_ROWS])
+def test_kernel_matches_reference(spec, kernels, dtype_name):
+    """Each compiled kernel of a mirror, held to the reference by the same rule.
+
+    The CPU twin runs on NumPy. The CUDA kernel runs on CuPy where there is a GPU, and on
+    NumPy under Numba's CUDA simulator otherwise (tests/conftest.py switches it on).
+    """
+    if kernels == "cuda" and not SIMULATED:
+        check_parity(spec, "cupy", dtype_name, 0, kernels)
+    else:
+        check_parity(spec, "numpy", dtype_name, 0, kernels)

@@ -48,6 +48,11 @@ class OperatorSpec:
         Relative tolerance of the mirror against the reference per dtype name, default
         ``{"float64": 1e-10, "float32": 1e-4}``; widen an entry only with a reason in
         ``paper`` or a comment beside it.
+    mirror_kernels : tuple of str
+        The compiled kernels the mirror has beside its array path: ``"cpu"`` (a Numba
+        ``@njit`` twin) and/or ``"cuda"`` (a Numba ``@cuda.jit`` kernel). The parity suite
+        runs the mirror once per kernel as well (:func:`refdml.gpu.use_kernels`), the CUDA
+        kernel under Numba's simulator where there is no GPU.
     no_mirror : str, optional
         Why there is no mirror (e.g. ``"validation only"``); the GPU parity suite fails on
         an entry with neither.
@@ -70,6 +75,7 @@ class OperatorSpec:
     mirror: str | None = None
     mirror_backward: str | None = None
     mirror_rtol: Mapping[str, float] | None = None
+    mirror_kernels: tuple[str, ...] = ()
     no_mirror: str | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
 
