@@ -90,7 +90,8 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     largest = max(float(xp.max(cost_cross)), float(xp.max(cost_self)))
     _solver.check_relative_eps(eps / unit, largest, dtype, user_eps=eps, cost_name=_COST_NAME)
-    solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
+    solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit,
+                 small_kernels=True)
     weights = xp.full((1, n), 1.0 / n, dtype=dtype)
     k, s = sq_cross.shape[0], sq_self.shape[0]
     cross = _solver.solve_batch(xp, xp.repeat(weights, k, 0), xp.repeat(weights, k, 0),

@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from refdml.exceptions import ConvergenceWarning
+from refdml.gpu import _nb_sinkhorn
+from refdml.gpu._numba_support import select_kernel
 from refdml.ot._sinkhorn import _OTBatch
 
 __all__ = ["CHECK_EVERY_GPU", "residual_floor", "solve_batch", "check_relative_eps"]
@@ -310,13 +312,19 @@ def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
 
 
 def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
-                unit=1.0, want_plan=True, warn_stacklevel=4) -> _OTBatch:
+                unit=1.0, want_plan=True, warn_stacklevel=4, small_kernels=False) -> _OTBatch:
     """P problems (a (P, n), b (P, m) on the simplex, cost (P, n, m) in units of ``unit``
     with its largest entry in [0.5, 1), ``eps`` in the same units) in one batch.
 
     Returns the reference's :class:`refdml.ot._sinkhorn._OTBatch` holding arrays of
     ``xp`` (potentials ``f = eps phi`` in units of ``unit``). ``tol`` is raised to
     :func:`residual_floor` of the dtype when positive and below it.
+
+    ``small_kernels``: problems of at most :data:`refdml.gpu._nb_sinkhorn.MAX_POINTS`
+    (128) points per side run the small-problem Numba kernel chosen by
+    :func:`refdml.gpu._numba_support.select_kernel` (CPU twin on NumPy, ``@cuda.jit`` on
+    CuPy; same iterations, stopping rule and residual as the loop below); larger
+    problems, and ``use_kernels("array")``, run the array path below.
     """
     dtype = cost.dtype
     check_every = CHECK_EVERY_GPU if xp is not np else 1
@@ -335,6 +343,18 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
             schedule.append(level)
             level *= eps_scaling
         schedule.append(eps)
+    kernel = "array"
+    if small_kernels and n_problems and max(n, m) <= _nb_sinkhorn.MAX_POINTS:
+        kernel = select_kernel(cost)
+    if kernel != "array":
+        stage_tol = [max(tol, _STAGE_TOL)] * (len(schedule) - 1) + [tol]
+        high = float(np.exp(_ABSORB[np.dtype(dtype)]))
+        phi, psi, n_iter, err, plan = _nb_sinkhorn.solve_small(
+            xp, kernel, a, b, cost, schedule=schedule, stage_tol=stage_tol, max_iter=max_iter,
+            symmetric=symmetric, tiny=float(np.finfo(dtype).tiny), high=high, low=1.0 / high,
+        )
+        return _finish(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
+                       warn_stacklevel + 1)
     previous = schedule[0]
     for k, level in enumerate(schedule):
         last = k == len(schedule) - 1
@@ -358,6 +378,14 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     if want_plan:
         plan = (log_a + phi)[:, :, None] + (log_b + psi)[:, None, :] - scaled
         xp.exp(plan, out=plan)
+    return _finish(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
+                   warn_stacklevel + 1)
+
+
+def _finish(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
+            warn_stacklevel):
+    """The batch of a solve: ``converged``, the ConvergenceWarning, the potentials in units."""
+    n_problems = cost.shape[0]
     converged = err <= tol
     # tol = 0: a fixed number of iterations, no warning (as the reference).
     if tol > 0.0:

@@ -142,6 +142,7 @@ register(OperatorSpec(
     name="ot.pairwise_sinkhorn_divergence",
     forward=pairwise_sinkhorn_divergence_forward,
     mirror="refdml.gpu.ot.pairwise_sinkhorn_divergence_forward",
+    mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels
     backward=pairwise_sinkhorn_divergence_backward,
     make_inputs=_pairwise_inputs,
     paper="Wasserstein DML Eq. (4), all pairs of images (the divergences of Eq. (6))",
@@ -150,6 +151,7 @@ register(OperatorSpec(
     name="ot.wcontrastive",
     forward=wcontrastive_forward,
     mirror="refdml.gpu.ot.wcontrastive_forward",
+    mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels
     backward=wcontrastive_backward,
     make_inputs=_loss_inputs,
     paper="Wasserstein DML Eq. (1)",
@@ -160,6 +162,7 @@ register(OperatorSpec(
     name="ot.wcontrastive_p1",
     forward=wcontrastive_forward,
     mirror="refdml.gpu.ot.wcontrastive_forward",
+    mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels
     backward=wcontrastive_backward,
     make_inputs=_loss_p1_inputs,
     paper="Wasserstein DML Eq. (1), p = 1 (d_w ~ W_1), transport-cost convention",
@@ -170,6 +173,7 @@ register(OperatorSpec(
     name="ot.wtriplet",
     forward=wtriplet_forward,
     mirror="refdml.gpu.ot.wtriplet_forward",
+    mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels
     backward=wtriplet_backward,
     make_inputs=_loss_inputs,
     paper="Wasserstein DML Eq. (2)",

@@ -1,0 +1,163 @@
+"""The small-problem Sinkhorn kernels (gpu/_nb_sinkhorn.py) against their array-path twin.
+
+The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator here:
+no GPU) must take the array path's steps: the same iteration counts, the same residuals,
+potentials and plans to rounding (float64: 1e-12 relative; float32: 1e-5, the kernel
+accumulating in float64 against the array path's float32). Simulated inputs stay tiny
+(3 problems of at most 7 points, tens of iterations): each simulated test takes ~1 s.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.testing import assert_allclose, assert_array_equal
+
+from refdml.exceptions import ConvergenceWarning
+from refdml.gpu import _nb_sinkhorn, use_kernels
+from refdml.gpu import _ot_sinkhorn as solver
+from refdml.gpu.ot import pairwise_sinkhorn_divergence_forward, wtriplet_forward
+
+KERNELS = ("cpu", "cuda")
+RTOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+def _problems(rng, n_problems, n, m, symmetric=False, dtype=np.float64):
+    x = rng.uniform(-1, 1, (n_problems, n, 2))
+    y = x if symmetric else rng.uniform(-1, 1, (n_problems, m, 2))
+    cost = np.sum((x[:, :, None] - y[:, None]) ** 2, axis=-1)
+    cost = 0.5 * (cost + np.swapaxes(cost, 1, 2)) if symmetric else cost
+    cost = cost / (2.0 * max(cost.max(), 0.5))           # largest entry below 1
+    a = rng.uniform(0.5, 1.5, (n_problems, n))
+    b = a if symmetric else rng.uniform(0.5, 1.5, (n_problems, m))
+    a, b = a / a.sum(1, keepdims=True), b / b.sum(1, keepdims=True)
+    return a.astype(dtype), b.astype(dtype), cost.astype(dtype)
+
+
+def _solve(kernel, a, b, cost, **kw):
+    with use_kernels(kernel), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return solver.solve_batch(np, a, b, cost, small_kernels=True, **kw)
+
+
+def _assert_same(ours, ref, dtype):
+    rtol = RTOL[dtype]
+    assert_array_equal(ours.n_iter, ref.n_iter)
+    assert_array_equal(ours.converged, ref.converged)
+    for name in ("f", "g", "plan"):
+        got, want = getattr(ours, name), getattr(ref, name)
+        assert got.dtype == want.dtype == dtype
+        assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max(), err_msg=name)
+    # float32: the array path sums the residual in float32, the kernel in float64.
+    atol = 1e-6 if dtype == np.float32 else max(1e-15, 10 * rtol * float(ref.marginal_error.max()))
+    assert_allclose(ours.marginal_error, ref.marginal_error, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("eps_scaling", [None, 0.5])
+def test_kernel_matches_array_path(kernel, dtype, symmetric, eps_scaling):
+    a, b, cost = _problems(np.random.default_rng(1), 3, 5, 5 if symmetric else 7, symmetric,
+                           dtype)
+    # float32: tol well above its residual floor (~2e-6 here), so both stop on the same step.
+    tol = 1e-7 if dtype == np.float64 else 2e-5
+    kw = dict(eps=0.05, max_iter=40, tol=tol, eps_scaling=eps_scaling, symmetric=symmetric)
+    _assert_same(_solve(kernel, a, b, cost, **kw), _solve("array", a, b, cost, **kw), dtype)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_absorbs_like_the_array_path(kernel):
+    # eps = 0.002 of the cost: scalings leave [e^-30, e^30] and the kernel is rebuilt.
+    a, b, cost = _problems(np.random.default_rng(2), 2, 4, 6)
+    kw = dict(eps=0.002, max_iter=30, tol=1e-9, eps_scaling=None)
+    ours, ref = _solve(kernel, a, b, cost, **kw), _solve("array", a, b, cost, **kw)
+    _assert_same(ours, ref, np.float64)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fixed_iterations_and_warning(kernel):
+    a, b, cost = _problems(np.random.default_rng(3), 2, 4, 3)
+    with use_kernels(kernel), warnings.catch_warnings():
+        warnings.simplefilter("error")                   # tol = 0: no warning
+        fixed = solver.solve_batch(np, a, b, cost, eps=0.05, max_iter=7, tol=0.0,
+                                   eps_scaling=None, small_kernels=True)
+    assert_array_equal(fixed.n_iter, [7, 7])
+    assert not fixed.converged.any()
+    with use_kernels(kernel), pytest.warns(ConvergenceWarning, match="max_iter=3"):
+        solver.solve_batch(np, a, b, cost, eps=0.05, max_iter=3, tol=1e-9, eps_scaling=None,
+                           small_kernels=True)
+
+
+def test_cuda_kernel_global_tile(monkeypatch):
+    # A kernel too large for the shared tile runs from the plan in global memory.
+    a, b, cost = _problems(np.random.default_rng(4), 2, 5, 6)
+    monkeypatch.setattr(_nb_sinkhorn, "TILE_BYTES", 64)
+    _nb_sinkhorn.cuda_kernel.cache_clear()
+    try:
+        kw = dict(eps=0.1, max_iter=30, tol=1e-8, eps_scaling=None)
+        _assert_same(_solve("cuda", a, b, cost, **kw), _solve("array", a, b, cost, **kw),
+                     np.float64)
+    finally:
+        _nb_sinkhorn.cuda_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("n, m", [(1, 1), (1, 4), (6, 1)])
+def test_cpu_twin_edge_sizes(n, m):
+    a, b, cost = _problems(np.random.default_rng(5), 1, n, m)
+    kw = dict(eps=0.1, max_iter=50, tol=1e-10, eps_scaling=None)
+    _assert_same(_solve("cpu", a, b, cost, **kw), _solve("array", a, b, cost, **kw), np.float64)
+
+
+def test_larger_problems_fall_back_to_the_array_path(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_nb_sinkhorn, "solve_small", lambda *a, **k: calls.append(1))
+    a, b, cost = _problems(np.random.default_rng(6), 1, 3, _nb_sinkhorn.MAX_POINTS + 1)
+    out = _solve("cpu", a, b, cost, eps=0.1, max_iter=5, tol=1e-6, eps_scaling=None)
+    assert not calls and out.plan.shape == (1, 3, _nb_sinkhorn.MAX_POINTS + 1)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="at most 128 points"):
+        _nb_sinkhorn.solve_small(np, "cpu", a, b, cost, schedule=[0.1], stage_tol=[1e-6],
+                                 max_iter=5, symmetric=False, tiny=1e-300, high=1e13, low=1e-13)
+
+
+@settings(max_examples=15)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 9), m=st.integers(1, 9),
+       eps=st.sampled_from([0.5, 0.1, 0.02]), symmetric=st.booleans())
+def test_cpu_twin_hypothesis(seed, n, m, eps, symmetric):
+    m = n if symmetric else m
+    a, b, cost = _problems(np.random.default_rng(seed), 2, n, m, symmetric)
+    kw = dict(eps=eps, max_iter=200, tol=1e-9, eps_scaling=None, symmetric=symmetric)
+    _assert_same(_solve("cpu", a, b, cost, **kw), _solve("array", a, b, cost, **kw), np.float64)
+
+
+@settings(max_examples=3)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 5), m=st.integers(1, 5))
+def test_cuda_kernel_hypothesis(seed, n, m):
+    a, b, cost = _problems(np.random.default_rng(seed), 2, n, m)
+    kw = dict(eps=0.2, max_iter=10, tol=1e-9, eps_scaling=None)
+    _assert_same(_solve("cuda", a, b, cost, **kw), _solve("array", a, b, cost, **kw), np.float64)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_pairwise_divergence_and_losses_use_the_kernel(kernel, monkeypatch):
+    rng = np.random.default_rng(7)
+    clouds = rng.uniform(-1, 1, (3, 4, 2))
+    kw = dict(eps=0.5, p=2, tol=1e-9)
+    with use_kernels("array"):
+        ref, _ = pairwise_sinkhorn_divergence_forward(clouds, **kw)
+        ref_loss, _ = wtriplet_forward(clouds, np.array([0, 0, 1]), margin=1.0, **kw)
+    calls = []
+    real = _nb_sinkhorn.solve_small
+    monkeypatch.setattr(_nb_sinkhorn, "solve_small",
+                        lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    with use_kernels(kernel):
+        ours, _ = pairwise_sinkhorn_divergence_forward(clouds, **kw)
+        loss, _ = wtriplet_forward(clouds, np.array([0, 0, 1]), margin=1.0, **kw)
+    assert calls == [kernel] * 4                         # cross and self, twice
+    assert_allclose(ours, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    assert_allclose(loss, ref_loss, rtol=1e-12)
