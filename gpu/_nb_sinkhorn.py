@@ -489,3 +489,19 @@ def solve_small(xp, kernel: str, a, b, cost, *, schedule, stage_tol, max_iter, s
             raise ValueError(f"kernel == {kernel!r}, must be 'cpu' or 'cuda'")
     return phi.astype(dtype, copy=False), psi.astype(dtype, copy=False), n_iter, \
         err.astype(dtype, copy=False), plan
+
+
+# --------------------------------------------------------------------------- pair costs (CPU)
+@njit(parallel=True, cache=True)
+def refdml_ot_pair_sq_cpu(gram_lower, norms, first, second, out):
+    """``out[k, i, j] = max(|x_i|^2 + |y_j|^2 - 2 <x_i, y_j>, 0)``, x = cloud ``first[k]``,
+    y = cloud ``second[k]`` (``first < second``), from the lower triangle of the Gram matrix
+    of all points (``gram_lower[r, c]`` for ``r >= c``, as BLAS ``syrk`` leaves it,
+    transposed) and the squared norms (B, n): one pass, no gathered copies."""
+    n = norms.shape[1]
+    for k in prange(first.shape[0]):
+        f, s = first[k], second[k]
+        for j in range(n):
+            for i in range(n):
+                value = norms[f, i] + norms[s, j] - 2.0 * gram_lower[s * n + j, f * n + i]
+                out[k, i, j] = max(value, 0.0)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 
 import numpy as np
+import scipy.linalg.blas
 
 from refdml._validation import check_choice, check_context
 from refdml._xp import array_namespace, is_cupy_array
+from refdml.gpu import _nb_sinkhorn
 from refdml.gpu import _ot_sinkhorn as _solver
+from refdml.gpu._numba_support import select_kernel
 from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
 from refdml.gpu._validation import as_fast_array
 from refdml.ot._divergence import (
@@ -67,6 +70,16 @@ def _cross_sq(xp, clouds, first, second, p):
         return _cloud_sq(xp, clouds[first], clouds[second], p, False)
     flat = clouds.reshape(n_clouds * n, d)
     norms = xp.sum(flat * flat, axis=1).reshape(n_clouds, n)
+    if xp is np and max(n, n) <= _nb_sinkhorn.MAX_POINTS and select_kernel(clouds, has_cuda=False) == "cpu":
+        # The CPU kernel path: half the Gram matrix (BLAS syrk, upper triangle in Fortran
+        # order = the lower one of its C-ordered transpose) and one compiled pass that
+        # assembles the (K, n, n) distances (the array path below gathers, then makes four
+        # passes). first < second always holds here (rows of triu_indices / unique pairs).
+        syrk = scipy.linalg.blas.dsyrk if flat.dtype == np.float64 else scipy.linalg.blas.ssyrk
+        gram_lower = syrk(1.0, flat.T, trans=1).T
+        out = np.empty((first.shape[0], n, n), dtype=flat.dtype)
+        _nb_sinkhorn.refdml_ot_pair_sq_cpu(gram_lower, norms, first, second, out)
+        return out
     gram = (flat @ flat.T).reshape(n_clouds, n, n_clouds, n)
     sq = gram[first, :, second, :]                   # (K, n, n): the advanced axis first
     sq *= -2.0
