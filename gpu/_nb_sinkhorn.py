@@ -505,3 +505,57 @@ def refdml_ot_pair_sq_cpu(gram_lower, norms, first, second, out):
             for i in range(n):
                 value = norms[f, i] + norms[s, j] - 2.0 * gram_lower[s * n + j, f * n + i]
                 out[k, i, j] = max(value, 0.0)
+
+
+# --------------------------------------------------------------------------- LSE half step
+@njit(parallel=True, cache=True)
+def refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out):
+    """CPU twin of the half step: ``out[p, i] = -LSE_j(w[p, j] - S[p, i, j])``, rows in a prange."""
+    n_problems, n, m = scaled_cost.shape
+    for r in prange(n_problems * n):
+        p, i = r // n, r % n
+        mx, s = -math.inf, 0.0
+        for j in range(m):
+            mx, s = lse_push(mx, s, weighted_potential[p, j] - scaled_cost[p, i, j])
+        out[p, i] = -lse_value(mx, s)
+
+
+@cuda.jit
+def refdml_ot_lse_half_step(scaled_cost, weighted_potential, out):
+    """The half step on the GPU: one thread per row ``(p, i)``, a 1-D grid of BLOCK threads."""
+    r = cuda.grid(1)
+    n_problems, n, m = scaled_cost.shape
+    if r >= n_problems * n:
+        return
+    p, i = r // n, r % n
+    mx, s = -math.inf, 0.0
+    for j in range(m):
+        mx, s = lse_push(mx, s, weighted_potential[p, j] - scaled_cost[p, i, j])
+    out[p, i] = -lse_value(mx, s)
+
+
+def lse_half_step(xp, kernel: str, scaled_cost, weighted_potential):
+    r"""``f_i = -LSE_j(w_j - S_ij)`` (P, n) for ``S`` (P, n, m), ``w`` (P, m): the log-sum-exp
+    half step of the batched Sinkhorn of :mod:`refdml.gpu._ot_sinkhorn` (``w = log b + psi``),
+    by the ``"cpu"`` twin or the ``"cuda"`` kernel.
+
+    One pass over ``S`` with the online log-sum-exp (:func:`refdml.gpu._numba_scalar.lse_push`:
+    the running maximum is the stabiliser, so nothing overflows whatever ``S`` is), no
+    (P, n, m) temporary (the array path writes one and makes three passes). One thread per
+    row; launch: ``ceil(P n / BLOCK)`` blocks of BLOCK threads (under the simulator at most
+    ``P n`` threads). Accumulates in float64; the output has the input's dtype and module.
+    """
+    n_problems, n, m = scaled_cost.shape
+    out = xp.empty((n_problems, n), dtype=scaled_cost.dtype)
+    weighted_potential = weighted_potential.astype(scaled_cost.dtype, copy=False)
+    rows = n_problems * n
+    if rows == 0:
+        return out
+    if kernel == "cpu":
+        refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out)
+    elif kernel == "cuda":
+        threads = min(BLOCK, rows) if cuda_simulator() else BLOCK
+        refdml_ot_lse_half_step[-(-rows // threads), threads](scaled_cost, weighted_potential, out)
+    else:
+        raise ValueError(f"kernel == {kernel!r}, must be 'cpu' or 'cuda'")
+    return out

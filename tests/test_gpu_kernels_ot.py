@@ -161,3 +161,54 @@ def test_pairwise_divergence_and_losses_use_the_kernel(kernel, monkeypatch):
     assert calls == [kernel] * 4                         # cross and self, twice
     assert_allclose(ours, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
     assert_allclose(loss, ref_loss, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- LSE half step
+def _half_step(kernel, scaled, potential, log_weight):
+    with use_kernels(kernel):
+        return solver._lse_half_step(np, scaled, potential, log_weight)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lse_half_step_matches_array_path(kernel, dtype):
+    rng = np.random.default_rng(8)
+    # S up to 1e4 (eps = 1e-4 of the cost): the exponents span 1e4, nothing may overflow.
+    scaled = (rng.uniform(0, 1, (3, 5, 7)) * np.array([1.0, 100.0, 1e4])[:, None, None])
+    potential = rng.normal(0, 5, (3, 7))
+    log_weight = np.log(rng.dirichlet(np.ones(7), 3))
+    args = [v.astype(dtype) for v in (scaled, potential, log_weight)]
+    got, want = _half_step(kernel, *args), _half_step("array", *args)
+    assert got.dtype == want.dtype == dtype and got.shape == (3, 5)
+    # float32: the array path rounds every exponent to float32; the kernel sums in float64.
+    atol = (1e-12 if dtype == np.float64 else 1e-6) * np.abs(scaled).max()
+    assert_allclose(got, want, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_lse_half_step_edge_shapes(kernel):
+    rng = np.random.default_rng(9)
+    for shape in [(1, 1, 1), (1, 1, 6), (2, 3, 1)]:
+        scaled = rng.uniform(0, 3, shape)
+        potential, log_weight = rng.normal(size=(shape[0], shape[2])), np.zeros((shape[0], shape[2]))
+        assert_allclose(_half_step(kernel, scaled, potential, log_weight),
+                        _half_step("array", scaled, potential, log_weight), rtol=1e-14, atol=1e-14)
+    empty = np.zeros((0, 3, 4))
+    assert _half_step(kernel, empty, np.zeros((0, 4)), np.zeros((0, 4))).shape == (0, 3)
+    with pytest.raises(ValueError, match="kernel == 'array'"):
+        _nb_sinkhorn.lse_half_step(np, "array", np.zeros((1, 1, 1)), np.zeros((1, 1)))
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 2**32 - 1), shape=st.tuples(st.integers(1, 4), st.integers(1, 6),
+                                                        st.integers(1, 6)),
+       spread=st.sampled_from([1.0, 1e2, 1e6]))
+def test_lse_half_step_hypothesis(seed, shape, spread):
+    rng = np.random.default_rng(seed)
+    scaled = spread * rng.uniform(0, 1, shape)
+    potential = spread * rng.normal(size=(shape[0], shape[2]))
+    log_weight = np.log(rng.dirichlet(np.ones(shape[2]), shape[0]))
+    want = _half_step("array", scaled, potential, log_weight)
+    for kernel in KERNELS if seed % 4 == 0 else ("cpu",):      # simulated CUDA on a quarter
+        assert_allclose(_half_step(kernel, scaled, potential, log_weight), want, rtol=0,
+                        atol=1e-12 * max(spread, np.abs(want).max()))

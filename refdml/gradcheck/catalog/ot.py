@@ -102,6 +102,7 @@ register(OperatorSpec(
     name="ot.entropic_ot",
     forward=entropic_ot_forward,
     mirror="refdml.gpu.ot.entropic_ot_forward",
+    mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
     backward=entropic_ot_backward,
     make_inputs=_ot_inputs,
     paper="Wasserstein DML Eq. (3): W_{p,eta}^p, regularised value",
@@ -110,6 +111,7 @@ register(OperatorSpec(
     name="ot.entropic_ot_batched",
     forward=entropic_ot_forward,
     mirror="refdml.gpu.ot.entropic_ot_forward",
+    mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
     backward=entropic_ot_backward,
     make_inputs=_ot_batch_inputs,
     paper="Wasserstein DML Eq. (3), a batch of problems with broadcast weights",
@@ -118,6 +120,7 @@ register(OperatorSpec(
     name="ot.entropic_ot_transport_cost",
     forward=entropic_ot_forward,
     mirror="refdml.gpu.ot.entropic_ot_forward",
+    mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
     backward=entropic_ot_backward,
     make_inputs=_ot_transport_inputs,
     paper="Wasserstein DML Eq. (3): <pi, C> of the entropic plan (implicit gradient)",
@@ -126,6 +129,7 @@ register(OperatorSpec(
     name="ot.sinkhorn_divergence",
     forward=sinkhorn_divergence_forward,
     mirror="refdml.gpu.ot.sinkhorn_divergence_forward",
+    mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
     backward=sinkhorn_divergence_backward,
     make_inputs=_divergence_inputs,
     paper="Wasserstein DML Eq. (4): SD_{p,eta}",
@@ -134,6 +138,7 @@ register(OperatorSpec(
     name="ot.sinkhorn_divergence_transport_cost",
     forward=sinkhorn_divergence_forward,
     mirror="refdml.gpu.ot.sinkhorn_divergence_forward",
+    mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
     backward=sinkhorn_divergence_backward,
     make_inputs=_divergence_transport_inputs,
     paper="Wasserstein DML Eq. (4) with <pi, C> in place of W_{p,eta}",
