@@ -31,9 +31,10 @@ it), the eps-scaling stages too (intermediate stages stop at ``max(tol, 1e-3)``)
 The kernel writes the plan ``u_i K_ij v_j`` (no further exponential) and the potentials
 ``phi + log u``, ``psi + log v``.
 
-dtype: the kernel ``K`` (and the plan) is stored in the input's dtype; potentials,
-scalings, sums and the residual are float64 in both twins (float32 inputs accumulate in
-float64). ``B`` and ``tiny`` are the array path's for the input dtype, so the float32
+dtype: potentials, scalings, sums and the residual are float64 in both twins (float32
+inputs accumulate in float64); the CUDA kernel stores ``K`` (and the plan) in the input's
+dtype, the CPU twin in float64 (float32 problems are widened on the host: one compiled
+signature, half the cold compile time) and rounds the plan back. ``B`` and ``tiny`` are the array path's for the input dtype, so the float32
 kernel flushes and absorbs where the float32 array path does.
 
 CUDA launch: one block per problem, ``threads = min(BLOCK, 32 ceil(max(n, m) / 32))``
@@ -481,7 +482,15 @@ def solve_small(xp, kernel: str, a, b, cost, *, schedule, stage_tol, max_iter, s
             float(low))
     if n_problems:
         if kernel == "cpu":
-            refdml_ot_sinkhorn_small_cpu(cost, a, b, phi, psi, *args, plan, n_iter, err)
+            if dtype != np.float64:
+                # One compiled signature (float64; halves the cold compile time): float32
+                # problems are widened on the host and the plan rounded back.
+                wide = np.empty(plan.shape)
+                refdml_ot_sinkhorn_small_cpu(cost.astype(np.float64), a, b, phi, psi, *args,
+                                             wide, n_iter, err)
+                plan[...] = wide
+            else:
+                refdml_ot_sinkhorn_small_cpu(cost, a, b, phi, psi, *args, plan, n_iter, err)
         elif kernel == "cuda":
             launch = cuda_kernel(np.dtype(dtype))[n_problems, threads_per_problem(n, m)]
             launch(cost, a, b, phi, psi, *args, plan.reshape(n_problems, n * m), n_iter, err)

@@ -101,16 +101,17 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     sq_cross = _cross_sq(xp, scaled, first, second, p)
     sq_self = _cloud_sq(xp, scaled[selves], scaled[selves], p, True)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
-    largest = max(float(xp.max(cost_cross)), float(xp.max(cost_self)))
-    _solver.check_relative_eps(eps / unit, largest, dtype, user_eps=eps, cost_name=_COST_NAME)
+    largest_cross, largest_self = float(xp.max(cost_cross)), float(xp.max(cost_self))
+    _solver.check_relative_eps(eps / unit, max(largest_cross, largest_self), dtype, user_eps=eps,
+                               cost_name=_COST_NAME)
     solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit,
                  small_kernels=True)
     weights = xp.full((1, n), 1.0 / n, dtype=dtype)
     k, s = sq_cross.shape[0], sq_self.shape[0]
     cross = _solver.solve_batch(xp, xp.repeat(weights, k, 0), xp.repeat(weights, k, 0),
-                                cost_cross, **solve)
+                                cost_cross, largest=largest_cross, **solve)
     self_ = _solver.solve_batch(xp, xp.repeat(weights, s, 0), xp.repeat(weights, s, 0),
-                                cost_self, symmetric=True, **solve)
+                                cost_self, symmetric=True, largest=largest_self, **solve)
     term = _term(xp, value)
     self_value = xp.zeros(clouds.shape[0], dtype=dtype)
     self_value[selves] = term(self_)

@@ -320,7 +320,8 @@ def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
 
 
 def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
-                unit=1.0, want_plan=True, warn_stacklevel=4, small_kernels=False) -> _OTBatch:
+                unit=1.0, want_plan=True, warn_stacklevel=4, small_kernels=False,
+                largest=None) -> _OTBatch:
     """P problems (a (P, n), b (P, m) on the simplex, cost (P, n, m) in units of ``unit``
     with its largest entry in [0.5, 1), ``eps`` in the same units) in one batch.
 
@@ -336,7 +337,8 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     """
     dtype = cost.dtype
     check_every = CHECK_EVERY_GPU if xp is not np else 1
-    largest = float(xp.max(cost)) if cost.size else 0.0   # one synchronisation on CuPy
+    if largest is None:                                   # (the caller may know it)
+        largest = float(xp.max(cost)) if cost.size else 0.0   # one synchronisation on CuPy
     if tol > 0.0:
         tol = max(tol, residual_floor(dtype, largest / eps))
     log_a, log_b = xp.log(a), xp.log(b)
