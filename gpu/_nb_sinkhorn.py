@@ -34,7 +34,8 @@ The kernel writes the plan ``u_i K_ij v_j`` (no further exponential) and the pot
 dtype: potentials, scalings, sums and the residual are float64 in both twins (float32
 inputs accumulate in float64); the CUDA kernel stores ``K`` (and the plan) in the input's
 dtype, the CPU twin in float64 (float32 problems are widened on the host: one compiled
-signature, half the cold compile time) and rounds the plan back. ``B`` and ``tiny`` are the array path's for the input dtype, so the float32
+signature, half the cold compile time) and rounds the plan back. ``B`` and ``tiny`` are
+the array path's for the input dtype, so the float32
 kernel flushes and absorbs where the float32 array path does.
 
 CUDA launch: one block per problem, ``threads = min(BLOCK, 32 ceil(max(n, m) / 32))``
@@ -50,6 +51,10 @@ the outputs are arrays of the input's module.
 The CPU twin uses ``fastmath`` reassociation/contraction (vectorised sums; no
 ``nnan``/``ninf``: the log-sum-exp handles ``-inf``): its sums differ from the CUDA
 kernel's in the last bits only.
+
+Also here (the same topic, one file of ~570 lines): the pair-cost assembly of the CPU route
+(:func:`refdml_ot_pair_sq_cpu`) and the log-sum-exp half step of the general batched solver
+(:func:`lse_half_step`).
 """
 
 from __future__ import annotations
@@ -466,7 +471,8 @@ def solve_small(xp, kernel: str, a, b, cost, *, schedule, stage_tol, max_iter, s
     """
     n_problems, n, m = cost.shape
     if max(n, m) > MAX_POINTS:
-        raise ValueError(f"the small-problem kernel takes at most {MAX_POINTS} points, got {n} x {m}")
+        raise ValueError(f"the small-problem kernel takes at most {MAX_POINTS} points, "
+                         f"got {n} x {m}")
     dtype = cost.dtype
     cost = xp.ascontiguousarray(cost)
     a = xp.ascontiguousarray(a, dtype=xp.float64)

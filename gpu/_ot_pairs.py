@@ -70,7 +70,8 @@ def _cross_sq(xp, clouds, first, second, p):
         return _cloud_sq(xp, clouds[first], clouds[second], p, False)
     flat = clouds.reshape(n_clouds * n, d)
     norms = xp.sum(flat * flat, axis=1).reshape(n_clouds, n)
-    if xp is np and max(n, n) <= _nb_sinkhorn.MAX_POINTS and select_kernel(clouds, has_cuda=False) == "cpu":
+    on_cpu_kernels = xp is np and select_kernel(clouds, has_cuda=False) == "cpu"
+    if on_cpu_kernels and n <= _nb_sinkhorn.MAX_POINTS:
         # The CPU kernel path: half the Gram matrix (BLAS syrk, upper triangle in Fortran
         # order = the lower one of its C-ordered transpose) and one compiled pass that
         # assembles the (K, n, n) distances (the array path below gathers, then makes four

@@ -190,7 +190,8 @@ def test_lse_half_step_edge_shapes(kernel):
     rng = np.random.default_rng(9)
     for shape in [(1, 1, 1), (1, 1, 6), (2, 3, 1)]:
         scaled = rng.uniform(0, 3, shape)
-        potential, log_weight = rng.normal(size=(shape[0], shape[2])), np.zeros((shape[0], shape[2]))
+        potential = rng.normal(size=(shape[0], shape[2]))
+        log_weight = np.zeros((shape[0], shape[2]))
         assert_allclose(_half_step(kernel, scaled, potential, log_weight),
                         _half_step("array", scaled, potential, log_weight), rtol=1e-14, atol=1e-14)
     empty = np.zeros((0, 3, 4))

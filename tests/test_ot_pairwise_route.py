@@ -72,7 +72,8 @@ def test_compiled_route_warns_like_the_readable_form():
 def test_readable_form_is_reachable(monkeypatch):
     calls = []
     real = _nb_sinkhorn.solve_small
-    monkeypatch.setattr(_nb_sinkhorn, "solve_small", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(_nb_sinkhorn, "solve_small",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
     clouds = np.random.default_rng(5).uniform(-1, 1, (3, 4, 2))
     pairwise_sinkhorn_divergence(clouds, eps=0.5)
     assert calls == [1, 1]                                   # cross and self batches

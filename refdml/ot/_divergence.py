@@ -307,11 +307,12 @@ def _uniform(n_problems: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scaling,
-                      name="clouds"):
+                      name="clouds", compiled=False):
     """SD between ``clouds[i]`` and ``clouds[j]`` for every row (i, j) of ``pairs``.
 
     Returns the divergences (K,) in the user's units, the map ``inverse`` from the rows
     of ``pairs`` to the unique pairs solved, and the context of the backward.
+    ``compiled``: solve with :func:`_compiled_solve_batch` instead of :func:`_solve_batch`.
     """
     n = clouds.shape[1]
     unique_pairs, inverse = np.unique(np.sort(pairs, axis=1), axis=0, return_inverse=True)
@@ -327,8 +328,9 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     _check_relative_eps(scaled_eps, max(float(cost_cross.max()), float(cost_self.max())),
                         user_eps=eps, cost_name=_COST_NAME)
     solve = dict(eps=scaled_eps, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
-    cross = _solve_batch(*_uniform(sq_cross.shape[0], n), cost_cross, **solve)
-    self_ = _solve_batch(*_uniform(sq_self.shape[0], n), cost_self, symmetric=True, **solve)
+    solve_batch = _compiled_solve_batch if compiled else _solve_batch
+    cross = solve_batch(*_uniform(sq_cross.shape[0], n), cost_cross, **solve)
+    self_ = solve_batch(*_uniform(sq_self.shape[0], n), cost_self, symmetric=True, **solve)
     term = (lambda t: t.value) if value == "regularized" else (lambda t: t.transport_cost)
     self_value = np.zeros(clouds.shape[0])
     self_value[selves] = term(self_)
@@ -337,6 +339,26 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     ctx = _PairsContext(scaled, scale, unit, unique_pairs, selves, sq_cross, sq_self, cross,
                         self_, p, value)
     return values[inverse], inverse, ctx
+
+
+def _compiled_solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
+                          unit=1.0) -> _OTBatch:
+    """:func:`_solve_batch` by the compiled CPU twin of the small-problem Sinkhorn kernel.
+
+    The same iteration (kernel scalings, absorption at ``e^+-30``, eps-scaling stages, the
+    symmetric update), stopping rule, residual and ``n_iter``; a kernel entry below
+    float64's ``tiny`` is flushed to 0 and rebuilds trigger on masses below it (here:
+    ``_TINY``), which changes nothing above underflow. Imported lazily: refdml.gpu imports
+    this package.
+    """
+    from refdml.gpu import _ot_sinkhorn
+    from refdml.gpu._numba_support import use_kernels
+
+    with use_kernels("cpu"):
+        return _ot_sinkhorn.solve_batch(np, a, b, cost, eps=eps, max_iter=max_iter, tol=tol,
+                                        eps_scaling=eps_scaling, symmetric=symmetric, unit=unit,
+                                        small_kernels=True, warn_stacklevel=6,
+                                        tol_floor=False)
 
 
 def _pair_divergences_backward(ctx: _PairsContext, d_unique: np.ndarray) -> np.ndarray:
@@ -398,28 +420,21 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     that the all-pairs divergence is usable on a laptop without a GPU (issue 11). It is
     the same solver, not an approximation of it: the same kernel-scaling iteration with
     log-domain absorption at ``e^+-30``, the same eps-scaling stages, stopping rule,
-    residual and ``n_iter``; it differs from the readable form
-    (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in rounding (the costs
-    from a Gram matrix, sums in another order; the kernel's entries below float64's
-    ``tiny`` are flushed to 0), held to 1e-10 relative by ``tests/test_ot_pairwise_route.py``
-    on fixed seeds and hypothesis inputs, and the parity suite holds the fast path to the
-    readable form. The context is this module's, and the backward (the readable one) takes
-    it. ``refdml.gpu.use_kernels("array")`` (or ``REFDML_GPU_KERNELS=array``) runs the
-    readable form; so do clouds of more than 128 points.
+    residual, ``tol`` and ``n_iter``, on this module's costs; only the solve is compiled
+    (:func:`_compiled_solve_batch`), so it differs from the readable form
+    (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in the solver's rounding
+    (sums in another order; kernel entries below float64's ``tiny`` flushed to 0), held to
+    1e-10 relative (divergences, gradients) and equal iteration counts by
+    ``tests/test_ot_pairwise_route.py`` on fixed seeds and hypothesis inputs; the parity
+    suite holds the fast path to the readable form. Context and backward are this module's.
+    ``refdml.gpu.use_kernels("array")`` (or ``REFDML_GPU_KERNELS=array``) runs the readable
+    form; so do clouds of more than 128 points. Why not keep the reference pure NumPy: the
+    compiled solver is the reference's own algorithm, checked against it on every run of
+    the tests, and the readable form stays one call away; a user computing divergences
+    between images should not need to know about a second module to get them in seconds.
     """
-    check_choice(value, "value", VALUES)
-    eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
-    p = _check_p(p)
-    clouds = _check_cloud_batch(clouds, "clouds")
-    kw = dict(eps=eps, p=p, value=value, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling)
-    if clouds.shape[0] >= 2 and _compiled_route(clouds.shape[1]):
-        # Imported here: refdml.gpu imports this module (its dataclasses).
-        from refdml.gpu._numba_support import use_kernels
-        from refdml.gpu._ot_pairs import pairwise_sinkhorn_divergence_forward as compiled
-
-        with use_kernels("cpu"):
-            return compiled(clouds, **kw)
-    return _pairwise_sinkhorn_divergence_forward_readable(clouds, **kw)
+    return _pairwise_forward(clouds, eps=eps, p=p, value=value, max_iter=max_iter, tol=tol,
+                             eps_scaling=eps_scaling, compiled=None)
 
 
 def _compiled_route(n_points: int) -> bool:
@@ -435,6 +450,12 @@ def _pairwise_sinkhorn_divergence_forward_readable(clouds, *, eps, p=2, value="r
     """The readable form of :func:`pairwise_sinkhorn_divergence_forward` (same arguments,
     same result and context): the batched NumPy solver of :mod:`refdml.ot._sinkhorn`. The
     catalogue's reference for the all-pairs divergence and what its compiled route is held to."""
+    return _pairwise_forward(clouds, eps=eps, p=p, value=value, max_iter=max_iter, tol=tol,
+                             eps_scaling=eps_scaling, compiled=False)
+
+
+def _pairwise_forward(clouds, *, eps, p, value, max_iter, tol, eps_scaling, compiled):
+    """Both forms; ``compiled=None``: the compiled solver where :func:`_compiled_route` says."""
     check_choice(value, "value", VALUES)
     eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
     p = _check_p(p)
@@ -443,10 +464,12 @@ def _pairwise_sinkhorn_divergence_forward_readable(clouds, *, eps, p=2, value="r
     out = np.zeros((n_clouds, n_clouds))
     if n_clouds < 2:
         return out, PairwiseSinkhornDivergenceContext(clouds.shape, None)
+    if compiled is None:
+        compiled = _compiled_route(clouds.shape[1])
     first, second = np.triu_indices(n_clouds, k=1)
     values, _, pairs_ctx = _pair_divergences(
         clouds, np.stack([first, second], axis=1), eps=eps, p=p, value=value,
-        max_iter=max_iter, tol=tol, eps_scaling=eps_scaling,
+        max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, compiled=compiled,
     )
     out[first, second] = values
     out[second, first] = values
