@@ -508,17 +508,25 @@ def solve_small(xp, kernel: str, a, b, cost, *, schedule, stage_tol, max_iter, s
 
 # --------------------------------------------------------------------------- pair costs (CPU)
 @njit(parallel=True, cache=True)
-def refdml_ot_pair_sq_cpu(gram_lower, norms, first, second, out):
+def refdml_ot_pair_sq_cpu(gram_lower, norms, points, first, second, refine, out):
     """``out[k, i, j] = max(|x_i|^2 + |y_j|^2 - 2 <x_i, y_j>, 0)``, x = cloud ``first[k]``,
     y = cloud ``second[k]`` (``first < second``), from the lower triangle of the Gram matrix
-    of all points (``gram_lower[r, c]`` for ``r >= c``, as BLAS ``syrk`` leaves it,
-    transposed) and the squared norms (B, n): one pass, no gathered copies."""
-    n = norms.shape[1]
+    of all points ``points`` (B, n, d) (``gram_lower[r, c]`` for ``r >= c``, as BLAS
+    ``syrk`` leaves it, transposed) and the squared norms (B, n): one pass, no gathered
+    copies. Entries ``<= refine (|x_i|^2 + |y_j|^2)`` are recomputed from the explicit
+    difference (the reference's refinement, refdml._numerics; ``refine < 0``: never)."""
+    n, d = norms.shape[1], points.shape[2]
     for k in prange(first.shape[0]):
         f, s = first[k], second[k]
         for j in range(n):
             for i in range(n):
-                value = norms[f, i] + norms[s, j] - 2.0 * gram_lower[s * n + j, f * n + i]
+                magnitude = norms[f, i] + norms[s, j]
+                value = magnitude - 2.0 * gram_lower[s * n + j, f * n + i]
+                if value <= refine * magnitude:
+                    value = 0.0
+                    for c in range(d):
+                        diff = points[f, i, c] - points[s, j, c]
+                        value += diff * diff
                 out[k, i, j] = max(value, 0.0)
 
 

@@ -57,6 +57,24 @@ def _index_add(xp, target, index, values) -> None:
 _GRAM_ENTRIES = 1 << 24
 
 
+def compiled_pair_sq(clouds, first, second, refine=-1.0):
+    """``||x_i - y_j||^2`` (K, n, n) of the clouds of pairs ``first < second`` on the CPU:
+    half the Gram matrix of all points (BLAS syrk; its upper triangle in Fortran order is
+    the lower one of the C-ordered transpose) and one compiled assembly pass
+    (:func:`refdml.gpu._nb_sinkhorn.refdml_ot_pair_sq_cpu`; the array path gathers, then
+    makes four passes). ``refine``: the reference's near-pair refinement threshold
+    (``refdml._numerics._REFINE``), negative for none. Clouds scaled to ``|x| < 1``."""
+    n_clouds, n, d = clouds.shape
+    flat = np.ascontiguousarray(clouds.reshape(n_clouds * n, d))
+    norms = np.einsum("pd,pd->p", flat, flat).reshape(n_clouds, n)
+    syrk = scipy.linalg.blas.dsyrk if flat.dtype == np.float64 else scipy.linalg.blas.ssyrk
+    gram_lower = syrk(1.0, flat.T, trans=1).T
+    out = np.empty((first.shape[0], n, n), dtype=flat.dtype)
+    _nb_sinkhorn.refdml_ot_pair_sq_cpu(gram_lower, norms, np.ascontiguousarray(clouds), first,
+                                       second, float(refine), out)
+    return out
+
+
 def _cross_sq(xp, clouds, first, second, p):
     """``||x_i - y_j||^2`` (K, n, n) for the clouds of every pair (``first[k]``, ``second[k]``).
 
@@ -72,15 +90,8 @@ def _cross_sq(xp, clouds, first, second, p):
     norms = xp.sum(flat * flat, axis=1).reshape(n_clouds, n)
     on_cpu_kernels = xp is np and select_kernel(clouds, has_cuda=False) == "cpu"
     if on_cpu_kernels and n <= _nb_sinkhorn.MAX_POINTS:
-        # The CPU kernel path: half the Gram matrix (BLAS syrk, upper triangle in Fortran
-        # order = the lower one of its C-ordered transpose) and one compiled pass that
-        # assembles the (K, n, n) distances (the array path below gathers, then makes four
-        # passes). first < second always holds here (rows of triu_indices / unique pairs).
-        syrk = scipy.linalg.blas.dsyrk if flat.dtype == np.float64 else scipy.linalg.blas.ssyrk
-        gram_lower = syrk(1.0, flat.T, trans=1).T
-        out = np.empty((first.shape[0], n, n), dtype=flat.dtype)
-        _nb_sinkhorn.refdml_ot_pair_sq_cpu(gram_lower, norms, first, second, out)
-        return out
+        # first < second always holds here (rows of triu_indices / unique pairs).
+        return compiled_pair_sq(clouds, first, second)
     gram = (flat @ flat.T).reshape(n_clouds, n, n_clouds, n)
     sq = gram[first, :, second, :]                   # (K, n, n): the advanced axis first
     sq *= -2.0

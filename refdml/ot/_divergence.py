@@ -321,7 +321,11 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     scale = common_scale(clouds)
     unit = _cost_unit(scale, p, name)
     scaled = clouds / scale
-    sq_cross = _sq_dist(scaled[unique_pairs[:, 0]], scaled[unique_pairs[:, 1]], p)
+    sq_cross = None
+    if compiled:
+        sq_cross = _compiled_cross_sq(scaled, unique_pairs)
+    if sq_cross is None:
+        sq_cross = _sq_dist(scaled[unique_pairs[:, 0]], scaled[unique_pairs[:, 1]], p)
     sq_self = _self_sq_dist(scaled[selves], p)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     scaled_eps = eps / unit
@@ -339,6 +343,21 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     ctx = _PairsContext(scaled, scale, unit, unique_pairs, selves, sq_cross, sq_self, cross,
                         self_, p, value)
     return values[inverse], inverse, ctx
+
+
+def _compiled_cross_sq(scaled: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:
+    """:func:`_sq_dist` of every pair (``first < second``) by the compiled CPU route, or
+    None where it does not apply (a pair ``i == j``, or a Gram matrix of all points above
+    2^24 entries). The same refinement of near pairs (``_REFINE``): the squared distances
+    agree with :func:`_sq_dist`'s to rounding (a few ulp of ``|x|^2 + |y|^2`` off the near
+    pairs, a few ulp of the value on them)."""
+    from refdml._numerics import _REFINE
+    from refdml.gpu._ot_pairs import _GRAM_ENTRIES, compiled_pair_sq
+
+    first, second = pairs[:, 0], pairs[:, 1]
+    if np.any(first >= second) or (scaled.shape[0] * scaled.shape[1]) ** 2 > _GRAM_ENTRIES:
+        return None
+    return compiled_pair_sq(scaled, first, second, refine=_REFINE)
 
 
 def _compiled_solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
@@ -420,10 +439,11 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     that the all-pairs divergence is usable on a laptop without a GPU (issue 11). It is
     the same solver, not an approximation of it: the same kernel-scaling iteration with
     log-domain absorption at ``e^+-30``, the same eps-scaling stages, stopping rule,
-    residual, ``tol`` and ``n_iter``, on this module's costs; only the solve is compiled
-    (:func:`_compiled_solve_batch`), so it differs from the readable form
-    (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in the solver's rounding
-    (sums in another order; kernel entries below float64's ``tiny`` flushed to 0), held to
+    residual, ``tol`` and ``n_iter`` (:func:`_compiled_solve_batch`), on the same refined
+    squared distances (:func:`_compiled_cross_sq`: half a Gram matrix and the same
+    recomputation of near pairs as ``refdml._numerics``), so it differs from the readable
+    form (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in rounding (sums
+    in another order; kernel entries below float64's ``tiny`` flushed to 0), held to
     1e-10 relative (divergences, gradients) and equal iteration counts by
     ``tests/test_ot_pairwise_route.py`` on fixed seeds and hypothesis inputs; the parity
     suite holds the fast path to the readable form. Context and backward are this module's.
