@@ -63,7 +63,11 @@ def compiled_pair_sq(clouds, first, second, refine=-1.0):
     the lower one of the C-ordered transpose) and one compiled assembly pass
     (:func:`refdml.gpu._nb_sinkhorn.refdml_ot_pair_sq_cpu`; the array path gathers, then
     makes four passes). ``refine``: the reference's near-pair refinement threshold
-    (``refdml._numerics._REFINE``), negative for none. Clouds scaled to ``|x| < 1``."""
+    (``refdml._numerics._REFINE``), negative for none. Clouds scaled to ``|x| < 1``.
+
+    Threads: syrk is one large BLAS-3 call (1.3 GFLOP at 64 clouds of 49 x 128) and runs at
+    the user's BLAS threads (they pay off there; the oversubscription of issue 11 comes from
+    many small BLAS-2 calls); no BLAS call overlaps the ``prange`` loops."""
     n_clouds, n, d = clouds.shape
     flat = np.ascontiguousarray(clouds.reshape(n_clouds * n, d))
     norms = np.einsum("pd,pd->p", flat, flat).reshape(n_clouds, n)
