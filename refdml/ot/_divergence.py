@@ -435,7 +435,7 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     The compiled route. This is the one reference operator that does not run its readable
     form by default: with ``n <= 128`` points per cloud it solves the problems with the
     compiled CPU twin of the small-problem Sinkhorn kernel (:mod:`refdml.gpu._nb_sinkhorn`,
-    float64, threads over problems), 3-5x faster on 64 clouds of 49 points (README), so
+    float64, threads over problems), 2-4x faster on 64 clouds of 49 points (docs/gpu.md), so
     that the all-pairs divergence is usable on a laptop without a GPU (issue 11). It is
     the same solver, not an approximation of it: the same kernel-scaling iteration with
     log-domain absorption at ``e^+-30``, the same eps-scaling stages, stopping rule,
