@@ -108,8 +108,9 @@ def _same(value, studies=_ALL) -> dict[str, Any]:
 KEYS: dict[str, Key] = {
     # -- the run
     "seed": Key(_same(0), "ours", "int", low=0),
-    "epochs": Key({"tokens": 200, "digits-collage": 30, "features": 30},
-                  "ours (tokens: to the early stop; digits-collage: issue 12's 30)", "int", low=0),
+    "epochs": Key({"tokens": 400, "digits-collage": 30, "features": 30},
+                  "ours (tokens: a cap above the early stop, measured at epochs 220-260; "
+                  "digits-collage: issue 12's 30)", "int", low=0),
     "dtype": Key(_same("float32"), "ours (the fast path)", "str",
                  choices=("float32", "float64")),
     "device": Key(_same("cpu"), "ours", "str", choices=("cpu", "cuda")),
@@ -118,6 +119,14 @@ KEYS: dict[str, Key] = {
                                    "tokens: paper (GSP supp. 2.1, 30 epochs on MAP@R); "
                                    "others: ours",
                                    "int", low=1, optional=True),
+    "early_stopping_min_delta": Key(_same(0.0), "ours (0: any increase improves, as the "
+                                    "paper's rule reads)", "float", low=0.0),
+    "early_stopping_target": Key(_same(1.0), "ours (1.0, MAP@R's maximum: no later epoch "
+                                 "can beat it, so the patience would only wait)", "float",
+                                 low=0.0, high=1.0, low_inclusive=False, optional=True),
+    "blas_threads": Key(_same(1), "ours (measured: NumPy's and SciPy's OpenBLAS spin against "
+                        "each other with 2 threads each; docs/train.md)", "int", low=1,
+                        optional=True),
     "eval_batch_size": Key(_same(1024), "ours", "int", low=1),
     "progress": Key(_same(True), "ours", "bool"),
     # -- optimiser and schedule
@@ -485,7 +494,10 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
     trainer = Trainer(
         model, objective, optimizer, schedule=schedule, train_sampler=sampler,
         train_data=train, val_data=val, test_data=test, out_dir=out_dir, epochs=c["epochs"],
-        early_stopping_patience=c["early_stopping_patience"], seed=seed, dtype=dtype,
+        early_stopping_patience=c["early_stopping_patience"],
+        early_stopping_min_delta=c["early_stopping_min_delta"],
+        early_stopping_target=c["early_stopping_target"], blas_threads=c["blas_threads"],
+        seed=seed, dtype=dtype,
         device=device, progress=c["progress"], after_step=after_step,
         eval_batch_size=c["eval_batch_size"], run_config={"study": study, **c},
         instance_every=c["instance_every"] if c.get("objective") == "asap" else None)
