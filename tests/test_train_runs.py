@@ -177,7 +177,7 @@ def test_defaults_have_sources_and_check():
     ({"reference": True}, ValueError, "reference == true .* float64"),
     ({"dtype": "float16"}, ValueError, "dtype == 'float16'"),
     ({"reference": 1}, TypeError, "reference must be true or false"),
-    ({"loss": "proxy_nca", "margin": 0.5}, ValueError, "margin is a hyperparameter"),
+    ({"loss": "proxy_nca", "neg_margin": 0.5}, ValueError, "neg_margin is a hyperparameter"),
 ])
 def test_named_errors(config, error, match):
     with pytest.raises(error, match=match):
