@@ -261,3 +261,13 @@ def test_cli_train_writes_the_run_figures(tmp_path, capsys):
         return
     for name in ("curves.png", "embeddings_2d.png"):
         assert (out / "figures" / name).stat().st_size > 1000
+
+
+def test_docs_table_lists_every_key():
+    """docs/train.md's key table has a row for every config key (and no stale one)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "train.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in text.splitlines()
+            if line.startswith("| `")}
+    assert rows == set(KEYS)

@@ -30,7 +30,7 @@ Early stopping: an epoch *improves* when its validation MAP@R exceeds the best s
 more than ``early_stopping_min_delta`` (default 0: strictly); the best checkpoint
 (``best.npz``, :attr:`best_metric`) still follows every strict increase. The run stops after
 ``early_stopping_patience`` consecutive epochs without an improvement, or at once when the
-validation MAP@R reaches ``early_stopping_target`` (e.g. 1.0, the maximum: every
+validation MAP@R of a trained epoch (1, 2, ...) reaches ``early_stopping_target`` (e.g. 1.0, the maximum: every
 validation query ranks all its class mates first, nothing is left to learn on that
 metric); ``None`` for both trains all epochs.
 
@@ -460,7 +460,7 @@ class Trainer:
         patience = self.early_stopping_patience
         target = self.early_stopping_target
         self.stopped_early = (patience is not None and epoch - self.improved_epoch >= patience) or (
-            target is not None and metric >= target)
+            target is not None and epoch >= 1 and metric >= target)
         row["best_val_map_at_r"] = self.best_metric
         row["seconds"] = time.perf_counter() - start
         with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as log:
