@@ -26,13 +26,14 @@ and, when the validation MAP@R improved, ``out_dir/best.npz``. Epoch 0 evaluates
 untrained model (``train_loss`` null) and checkpoints it, so a run that diverges in its
 first epoch still leaves a checkpoint.
 
-Early stopping: an epoch *improves* when its validation MAP@R exceeds the best so far by
-more than ``early_stopping_min_delta`` (default 0: strictly); the best checkpoint
-(``best.npz``, :attr:`best_metric`) still follows every strict increase. The run stops after
-``early_stopping_patience`` consecutive epochs without an improvement, or at once when the
-validation MAP@R of a trained epoch (1, 2, ...) reaches ``early_stopping_target`` (e.g. 1.0, the maximum: every
-validation query ranks all its class mates first, nothing is left to learn on that
-metric); ``None`` for both trains all epochs.
+Early stopping: an epoch *improves* when its validation MAP@R exceeds the best of the
+earlier improving epochs by more than ``early_stopping_min_delta`` (default 0: strictly);
+the best checkpoint (``best.npz``, :attr:`best_metric`) still follows every strict
+increase. The run stops after ``early_stopping_patience`` consecutive epochs without an
+improvement, or at once when the validation MAP@R of a trained epoch (1, 2, ...) reaches
+``early_stopping_target`` (e.g. 1.0, the maximum: every validation query ranks all its
+class mates first, nothing is left to learn on that metric); ``None`` for both trains all
+epochs.
 
 BLAS threads: on the CPU, :meth:`fit` runs under ``threadpoolctl.threadpool_limits(
 blas_threads, "blas")`` (default 1). NumPy and SciPy each ship their own OpenBLAS; with
@@ -459,8 +460,9 @@ class Trainer:
         self.epoch = epoch
         patience = self.early_stopping_patience
         target = self.early_stopping_target
-        self.stopped_early = (patience is not None and epoch - self.improved_epoch >= patience) or (
-            target is not None and epoch >= 1 and metric >= target)
+        waited = patience is not None and epoch - self.improved_epoch >= patience
+        reached = target is not None and epoch >= 1 and metric >= target
+        self.stopped_early = waited or reached
         row["best_val_map_at_r"] = self.best_metric
         row["seconds"] = time.perf_counter() - start
         with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as log:
