@@ -109,7 +109,8 @@ KEYS: dict[str, Key] = {
     # -- the run
     "seed": Key(_same(0), "ours", "int", low=0),
     "epochs": Key({"tokens": 400, "digits-collage": 30, "features": 30},
-                  "ours (tokens: a cap above the early stop, measured at epochs 220-260; "
+                  "ours (tokens: a cap above the early stop, measured at epochs 164-261 on "
+                  "seeds 0-2; "
                   "digits-collage: issue 12's 30)", "int", low=0),
     "dtype": Key(_same("float32"), "ours (the fast path)", "str",
                  choices=("float32", "float64")),
