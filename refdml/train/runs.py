@@ -161,6 +161,9 @@ KEYS: dict[str, Key] = {
                       low=0.0),
     "collages_per_image": Key({"digits-collage": 4}, "ours (measured: at 1, an epoch is 11 "
                               "steps and 30 epochs barely move the test MAP@R)", "int", low=1),
+    "eval_collages_per_image": Key({"digits-collage": 1}, "ours (more would put copies of "
+                                   "one digit image, near-duplicates, in the evaluation "
+                                   "splits)", "int", low=1),
     "features": Key({"features": None}, "required (--features PATH)", "path"),
     "features_key": Key({"features": "features"}, "ours", "str"),
     "labels_key": Key({"features": "labels"}, "ours", "str"),
@@ -485,7 +488,8 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
 
         after_step = clip_token_table_after_step
     elif study == "digits-collage":
-        data = make_digits_collage(rng=seed, collages_per_image=c["collages_per_image"])
+        data = make_digits_collage(rng=seed, collages_per_image=c["collages_per_image"],
+                                   eval_collages_per_image=c["eval_collages_per_image"])
         train, val, test = ((s.images, s.labels) for s in (data.train, data.val, data.test))
         layers, c_in = [], 1
         for i, (c_out, stride) in enumerate(zip(c["conv_channels"], c["conv_strides"]),
