@@ -21,16 +21,15 @@ GPU each timer synchronises the device, which costs a little and is why this pas
 separate from the step timing); a share is the component's median time over the sum of
 the components' medians (so the column adds up to 100%).
 
-Models (the same as the training scripts' defaults are meant to be; change them here if
-those change):
+Models: exactly the training defaults, built by :func:`refdml.train.runs.build_run`
+(``refdml train --study digits-collage`` / ``--study tokens`` with only ``dtype`` and
+``reference`` changed), on the first batch of the run's own P x K sampler:
 
-- ``collage``: 16 x 16 collages (batch 64 = 8 classes x 8), Conv2d(1->16, 3x3) - ReLU -
-  Conv2d(16->32, 3x3, stride 2) - ReLU - LocalLinear(32->64) on the 8 x 8 map (n = 64
-  local features) - GSPHead(m = 16, mu = 0.3, inverse_temperature = 5) - L2Normalize;
-  objective GSP Alg. 1 with the contrastive loss, lambda_ = 0.5 (supp. 2.2).
-- ``tokens``: the GSP token study's batch (4 samples x 16 classes, 50 tokens each),
-  Embedding(68 tokens, 32) - GSPHead(m = 16, mu = 0.5, inverse_temperature = 5) -
-  L2Normalize; objective GSP Alg. 1 with the contrastive loss, lambda_ = 0.1.
+- ``collage``: the digits-collage model of docs/train.md at its defaults (batch 64 = 8
+  classes x 8 collages), its objective (GSP Alg. 1 with the contrastive loss and the
+  zero-shot regulariser) and Adam;
+- ``tokens``: the GSP token study at its defaults (batch 64 = 16 classes x 4 samples of 50
+  tokens), its objective and Adam; the token table's clip after the step is left out.
 
 BLAS threads: OpenBLAS's worker threads spin while they wait, and on a machine whose cores
 are busy with other work they make a matrix product many times slower, not faster; the
@@ -55,89 +54,27 @@ import numpy as np  # noqa: E402
 
 from _bench import interleaved  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
-from refdml.train import Adam  # noqa: E402
-from refdml.train.data import PAPER_BATCH, make_digits_collage, make_tokens  # noqa: E402
-from refdml.train.layers import (  # noqa: E402
-    Conv2d,
-    Embedding,
-    GSPHead,
-    L2Normalize,
-    LocalLinear,
-    ReLU,
-    Sequential,
-)
-from refdml.train.objectives import GSPObjective  # noqa: E402
+from refdml.train.runs import build_run  # noqa: E402
 
 PATHS = (("fast", "float32"), ("fast", "float64"), ("ref", "float64"))
-
-
-def collage_model(*, reference: bool, dtype, device: str = "cpu", seed: int = 0):
-    """The digits-collage model and objective of the module docstring."""
-    rng = np.random.default_rng(seed)
-    common = dict(rng=rng, dtype=dtype, device=device)
-    model = Sequential([
-        Conv2d(1, 16, name="conv1", **common), ReLU(name="relu1"),
-        Conv2d(16, 32, stride=2, name="conv2", **common), ReLU(name="relu2"),
-        LocalLinear(32, 64, name="local", **common),
-        GSPHead(16, 64, mu=0.3, inverse_temperature=5.0, reference=reference, **common),
-        L2Normalize(reference=reference),
-    ])
-    objective = GSPObjective("contrastive", lambda_=0.5, n_classes=20, attribute_dim=16,
-                             reference=reference, rng=seed, dtype=dtype, device=device)
-    return model, objective
-
-
-def collage_batch(seed: int = 0):
-    """64 collages of the training split, 8 classes x 8 images (host arrays)."""
-    data = make_digits_collage(rng=seed).train
-    rng = np.random.default_rng(seed)
-    index = np.concatenate([rng.choice(np.nonzero(data.labels == c)[0], 8, replace=False)
-                            for c in data.classes[:8]])
-    return data.images[index], data.labels[index]
-
-
-def tokens_model(*, reference: bool, dtype, device: str = "cpu", seed: int = 0, n_tokens: int):
-    rng = np.random.default_rng(seed)
-    common = dict(rng=rng, dtype=dtype, device=device)
-    model = Sequential([
-        Embedding(n_tokens, 32, name="tokens", **common),
-        GSPHead(16, 32, mu=0.5, inverse_temperature=5.0, reference=reference, **common),
-        L2Normalize(reference=reference),
-    ])
-    objective = GSPObjective("contrastive", lambda_=0.1, n_classes=16, attribute_dim=16,
-                             reference=reference, rng=seed, dtype=dtype, device=device)
-    return model, objective
-
-
-def tokens_batch(seed: int = 0):
-    """The paper's batch: 4 samples of each of the 16 classes (64 x 50 token ids)."""
-    samples = make_tokens(PAPER_BATCH["n_samples_per_class"], rng=seed)
-    return samples.token_ids, samples.labels, samples.n_tokens
+STUDIES = {"collage": "digits-collage", "tokens": "tokens"}
 
 
 class Step:
     """One model + objective + Adam on a fixed batch; ``__call__`` runs one training step."""
 
     def __init__(self, which: str, path: str, dtype: str, device: str) -> None:
-        reference = path == "ref"
-        if which == "collage":
-            x, labels = collage_batch()
-            x = x.astype(dtype)
-            self.model, self.objective = collage_model(reference=reference, dtype=dtype,
-                                                       device=device)
-        else:
-            x, labels, n_tokens = tokens_batch()
-            self.model, self.objective = tokens_model(reference=reference, dtype=dtype,
-                                                      device=device, n_tokens=n_tokens)
-        self.xp = np
-        if device == "cuda":
-            import cupy
+        import tempfile
 
-            self.xp = cupy
-            x, labels = cupy.asarray(x), cupy.asarray(labels)
-        self.x, self.labels = x, labels
-        params = [*self.model.parameters(), *self.objective.parameters()]
-        self.optimizer = Adam(params, lr=1e-4)
+        config = dict(dtype=dtype, device=device, reference=path == "ref", epochs=0,
+                      progress=False)
+        self.run = build_run(STUDIES[which], config, out_dir=tempfile.mkdtemp())
+        trainer = self.run.trainer
+        batch = next(iter(trainer.train_sampler))
+        self.x, self.labels = trainer._to_device(trainer.train_x[batch], trainer.train_y[batch])
+        self.model, self.objective = self.run.model, self.run.objective
+        self.optimizer = trainer.optimizer
+        self.xp = trainer._xp
         self.device = device
 
     def sync(self) -> None:

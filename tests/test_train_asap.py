@@ -20,7 +20,7 @@ from refdml.train.runs import build_run, effective_config
 ASAP = dict(conv_channels=[2, 3], local_dim=4, n_prototypes=3, embedding_dim=4,
             n_samples_per_class=4, lr=1e-2, progress=False, head="gap", objective="asap",
             proxies_per_class=2, budget=3, asap_lambda=1e-3, instance_every=2,
-            plateau_factor=None, early_stopping_patience=None)
+            plateau_factor=None, early_stopping_patience=None, early_stopping_target=None)
 
 
 def _tiny(tmp_path, epochs, **kw):
@@ -168,6 +168,7 @@ def test_cli_digits_collage_asap(tmp_path):
     c.pop("progress")
     c.pop("plateau_factor")
     c.pop("early_stopping_patience")
+    c.pop("early_stopping_target")
     lines = [f"{k} = {json.dumps(v)}" for k, v in c.items()]
     cfg.write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"

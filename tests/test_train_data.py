@@ -322,6 +322,13 @@ def test_collage_deterministic_and_named_errors(collage):
     assert len(two.train) == 2 * len(collage.train)
     with pytest.raises(ValueError, match="collages_per_image"):
         make_digits_collage(rng=0, collages_per_image=0)
+    # Evaluation splits with their own count; the training split does not change.
+    mixed = make_digits_collage(rng=0, collages_per_image=2, eval_collages_per_image=1)
+    assert_array_equal(mixed.train.images, two.train.images)
+    assert (len(mixed.val), len(mixed.test)) == (len(collage.val), len(collage.test))
+    assert len(two.val) == 2 * len(collage.val)
+    with pytest.raises(ValueError, match="eval_collages_per_image"):
+        make_digits_collage(rng=0, eval_collages_per_image=0)
 
 
 # ----------------------------------------------------------------------------- features npz

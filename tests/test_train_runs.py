@@ -177,7 +177,7 @@ def test_defaults_have_sources_and_check():
     ({"reference": True}, ValueError, "reference == true .* float64"),
     ({"dtype": "float16"}, ValueError, "dtype == 'float16'"),
     ({"reference": 1}, TypeError, "reference must be true or false"),
-    ({"loss": "proxy_nca", "margin": 0.5}, ValueError, "margin is a hyperparameter"),
+    ({"loss": "proxy_nca", "neg_margin": 0.5}, ValueError, "neg_margin is a hyperparameter"),
 ])
 def test_named_errors(config, error, match):
     with pytest.raises(error, match=match):
@@ -261,3 +261,13 @@ def test_cli_train_writes_the_run_figures(tmp_path, capsys):
         return
     for name in ("curves.png", "embeddings_2d.png"):
         assert (out / "figures" / name).stat().st_size > 1000
+
+
+def test_docs_table_lists_every_key():
+    """docs/train.md's key table has a row for every config key (and no stale one)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "train.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in text.splitlines()
+            if line.startswith("| `")}
+    assert rows == set(KEYS)

@@ -226,6 +226,38 @@ def test_early_stopping_on_validation_map_at_r(tmp_path):
     assert trainer.stopped_early and trainer.best_epoch == 0
 
 
+def test_early_stopping_min_delta_and_target(tmp_path):
+    # min_delta 1: no epoch can improve by that much, so patience 2 stops at epoch 2, while
+    # best.npz still follows every strict increase.
+    trainer = _trainer(tmp_path / "a", epochs=10, early_stopping_patience=2,
+                       early_stopping_min_delta=1.0)
+    rows = trainer.fit()
+    assert [r["epoch"] for r in rows] == [0, 1, 2] and trainer.stopped_early
+    assert trainer.best_metric == max(r["val_map_at_r"] for r in rows) > rows[0]["val_map_at_r"]
+    # A target the first trained epoch reaches stops there (epoch 0 never stops the run).
+    trainer = _trainer(tmp_path / "b", epochs=10, early_stopping_target=0.01)
+    rows = trainer.fit()
+    assert [r["epoch"] for r in rows] == [0, 1] and trainer.stopped_early
+    with pytest.raises(ValueError, match="early_stopping_target"):
+        _trainer(tmp_path / "c", early_stopping_target=1.5)
+    with pytest.raises(ValueError, match="early_stopping_min_delta"):
+        _trainer(tmp_path / "c", early_stopping_min_delta=-0.1)
+
+
+def test_fit_pins_blas_threads(tmp_path):
+    from threadpoolctl import threadpool_info
+
+    seen = []
+    trainer = _trainer(tmp_path, epochs=1, blas_threads=1)
+    trainer.after_step = lambda: seen.append(
+        {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"})
+    before = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    trainer.fit()
+    assert seen and all(threads <= {1} for threads in seen)
+    assert [lib["num_threads"] for lib in threadpool_info()
+            if lib["user_api"] == "blas"] == before        # restored after fit
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tokens_study_beats_the_untrained_model(tmp_path, seed):
     """The issue's CI test: a few epochs of the token study improve MAP@R (lr in the module doc)."""

@@ -108,8 +108,10 @@ def _same(value, studies=_ALL) -> dict[str, Any]:
 KEYS: dict[str, Key] = {
     # -- the run
     "seed": Key(_same(0), "ours", "int", low=0),
-    "epochs": Key({"tokens": 200, "digits-collage": 30, "features": 30},
-                  "ours (tokens: to the early stop; digits-collage: issue 12's 30)", "int", low=0),
+    "epochs": Key({"tokens": 400, "digits-collage": 30, "features": 30},
+                  "ours (tokens: a cap above the early stop, measured at epochs 164-261 on "
+                  "seeds 0-2; "
+                  "digits-collage: issue 12's 30)", "int", low=0),
     "dtype": Key(_same("float32"), "ours (the fast path)", "str",
                  choices=("float32", "float64")),
     "device": Key(_same("cpu"), "ours", "str", choices=("cpu", "cuda")),
@@ -118,6 +120,14 @@ KEYS: dict[str, Key] = {
                                    "tokens: paper (GSP supp. 2.1, 30 epochs on MAP@R); "
                                    "others: ours",
                                    "int", low=1, optional=True),
+    "early_stopping_min_delta": Key(_same(0.0), "ours (0: any increase improves, as the "
+                                    "paper's rule reads)", "float", low=0.0),
+    "early_stopping_target": Key(_same(1.0), "ours (1.0, MAP@R's maximum: no later epoch "
+                                 "can beat it, so the patience would only wait)", "float",
+                                 low=0.0, high=1.0, low_inclusive=False, optional=True),
+    "blas_threads": Key(_same(1), "ours (measured: NumPy's and SciPy's OpenBLAS spin against "
+                        "each other with 2 threads each; docs/train.md)", "int", low=1,
+                        optional=True),
     "eval_batch_size": Key(_same(1024), "ours", "int", low=1),
     "progress": Key(_same(True), "ours", "bool"),
     # -- optimiser and schedule
@@ -149,7 +159,11 @@ KEYS: dict[str, Key] = {
     "mixing_mean": Key({"tokens": 0.5}, "paper", "float", low=0.0, high=1.0),
     "mixing_std": Key({"tokens": 0.1}, "paper (read as a standard deviation)", "float",
                       low=0.0),
-    "collages_per_image": Key({"digits-collage": 1}, "ours", "int", low=1),
+    "collages_per_image": Key({"digits-collage": 4}, "ours (measured: at 1, an epoch is 11 "
+                              "steps and 30 epochs barely move the test MAP@R)", "int", low=1),
+    "eval_collages_per_image": Key({"digits-collage": 1}, "ours (more would put copies of "
+                                   "one digit image, near-duplicates, in the evaluation "
+                                   "splits)", "int", low=1),
     "features": Key({"features": None}, "required (--features PATH)", "path"),
     "features_key": Key({"features": "features"}, "ours", "str"),
     "labels_key": Key({"features": "labels"}, "ours", "str"),
@@ -157,7 +171,10 @@ KEYS: dict[str, Key] = {
                            "fractions"),
     # -- model
     "dim": Key({"tokens": 16}, "ours (the paper gives no width)", "int", low=1),
-    "conv_channels": Key({"digits-collage": [16, 32]}, "ours", "pair"),
+    "conv_channels": Key({"digits-collage": [16, 32, 32]}, "ours (measured, docs/train.md)",
+                         "ints"),
+    "conv_strides": Key({"digits-collage": None}, "ours: 1, 2, then 1 (resolved to "
+                        "conv_channels' length)", "ints"),
     "local_dim": Key({"digits-collage": 64}, "ours", "int", low=1),
     "embedding_dim": Key({"tokens": 16, "digits-collage": 64, "features": 128},
                          "ours (features: GSP's 128-d embeddings)", "int", low=1),
@@ -191,12 +208,16 @@ KEYS: dict[str, Key] = {
                        "paper (ASAP App. A.2: lambda = 2e-4 for all data sets)", "float",
                        low=0.0),
     "instance_every": Key({"digits-collage": 5, "features": 5},
-                          "ours (ASAP Alg. 1 runs each instance 'until convergence' and "
-                          "App. A.2 gives no length)", "int", low=1),
+                          "ours, measured (ASAP Alg. 1 runs each instance 'until "
+                          "convergence', App. A.2 gives no length; one instance's loss "
+                          "flattens after 4-6 epochs; a sweep of 1, 2, 5, 10 differs by "
+                          "less than the epoch-to-epoch noise: docs/train.md)", "int", low=1),
     "loss": Key({"tokens": "contrastive", "digits-collage": "contrastive",
                  "features": "contrastive"}, "ours", "str", choices=_LOSSES),
-    "margin": Key(_same(None), "the loss's own default (refdml.losses)", "float",
-                  optional=True),
+    "pos_margin": Key(_same(None), "the contrastive loss's own default (refdml.losses: 0)",
+                      "float", low=0.0, optional=True),
+    "neg_margin": Key(_same(None), "the contrastive loss's own default (refdml.losses: "
+                      "0.3841, GSP supp. 1.6.7)", "float", low=0.0, optional=True),
     "zero_shot": Key(_same(None), "on with a GSP head (GSP Alg. 1), else off", "bool"),
     "lambda_": Key({"tokens": 0.1, "digits-collage": 0.5, "features": 0.1},
                    "paper: GSP Sec. 1.5 (0.1); digits-collage: supp. 2.2 (0.5)", "float",
@@ -258,6 +279,14 @@ def _check_value(name: str, key: Key, value: Any) -> Any:
         if key.choices is not None and value not in key.choices:
             raise ValueError(f"{name} == {value!r}, must be one of {key.choices}")
         return value
+    if kind == "ints":
+        if not isinstance(value, (list, tuple)) or len(value) == 0:
+            raise TypeError(f"{name} must be a non-empty list of integers, got "
+                            f"{_describe(value)}")
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
+               for v in value):
+            raise ValueError(f"{name} == {list(value)}, each entry must be an integer >= 1")
+        return [int(v) for v in value]
     length = 3 if kind == "fractions" else 2
     if not isinstance(value, (list, tuple)) or len(value) != length:
         raise TypeError(f"{name} must be a list of {length} numbers, got {_describe(value)}")
@@ -311,6 +340,9 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
                          f"{sorted(set(PROXY_LOSSES) & set(_LOSSES))}), got loss == {loss!r}")
     if merged["zero_shot"] is None:
         merged["zero_shot"] = head == "gsp"
+    if "conv_strides" in merged and merged["conv_strides"] is None:
+        channels = _check_value("conv_channels", KEYS["conv_channels"], merged["conv_channels"])
+        merged["conv_strides"] = [2 if i == 1 else 1 for i in range(len(channels))]
     if merged["inverse_temperature"] is None:
         merged["inverse_temperature"] = (10.0 if study == "digits-collage"
                                          else 0.5 if loss in PROXY_LOSSES else 5.0)
@@ -334,8 +366,13 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
     if asap and out["budget"] < out["proxies_per_class"]:
         raise ValueError(f"budget == {out['budget']} must be >= proxies_per_class == "
                          f"{out['proxies_per_class']} (ASAP Alg. 2 picks that many per pool)")
-    if "margin" in given and loss != "contrastive":
-        raise ValueError(f"margin is a hyperparameter of the contrastive loss, not of {loss!r}")
+    if "conv_strides" in out and len(out["conv_strides"]) != len(out["conv_channels"]):
+        raise ValueError(f"conv_strides == {out['conv_strides']} needs one stride per entry of "
+                         f"conv_channels == {out['conv_channels']}")
+    for name in ("pos_margin", "neg_margin"):
+        if name in given and loss != "contrastive":
+            raise ValueError(f"{name} is a hyperparameter of the contrastive loss, not of "
+                             f"{loss!r}")
     return out
 
 
@@ -403,8 +440,9 @@ def _objective(c: dict, n_classes: int, rng, dtype, device, model_parameters=())
     kwargs: dict[str, Any] = {}
     if loss in PROXY_LOSSES:
         kwargs["dim"] = c["embedding_dim"]
-    if c["margin"] is not None:
-        kwargs["margin"] = c["margin"]
+    for name in ("pos_margin", "neg_margin"):
+        if c[name] is not None:
+            kwargs[name] = c[name]
     if c["zero_shot"]:
         return GSPObjective(loss, lambda_=c["lambda_"], ridge=c["ridge"],
                             scale=c["zero_shot_scale"], n_classes=n_classes,
@@ -450,13 +488,17 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
 
         after_step = clip_token_table_after_step
     elif study == "digits-collage":
-        data = make_digits_collage(rng=seed, collages_per_image=c["collages_per_image"])
+        data = make_digits_collage(rng=seed, collages_per_image=c["collages_per_image"],
+                                   eval_collages_per_image=c["eval_collages_per_image"])
         train, val, test = ((s.images, s.labels) for s in (data.train, data.val, data.test))
-        c1, c2 = c["conv_channels"]
-        layers = [Conv2d(1, c1, rng=init, dtype=dtype, device=device, name="conv1"), ReLU(),
-                  Conv2d(c1, c2, rng=init, dtype=dtype, device=device, name="conv2"),
-                  ReLU(name="relu2"),
-                  LocalLinear(c2, c["local_dim"], rng=init, dtype=dtype, device=device),
+        layers, c_in = [], 1
+        for i, (c_out, stride) in enumerate(zip(c["conv_channels"], c["conv_strides"]),
+                                            start=1):
+            layers += [Conv2d(c_in, c_out, stride=stride, rng=init, dtype=dtype,
+                              device=device, name=f"conv{i}"),
+                       ReLU() if i == 1 else ReLU(name=f"relu{i}")]
+            c_in = c_out
+        layers += [LocalLinear(c_in, c["local_dim"], rng=init, dtype=dtype, device=device),
                   _head(c, c["local_dim"], init, dtype, device),
                   *_tail(c, c["local_dim"], init, dtype, device)]
     else:
@@ -485,7 +527,10 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
     trainer = Trainer(
         model, objective, optimizer, schedule=schedule, train_sampler=sampler,
         train_data=train, val_data=val, test_data=test, out_dir=out_dir, epochs=c["epochs"],
-        early_stopping_patience=c["early_stopping_patience"], seed=seed, dtype=dtype,
+        early_stopping_patience=c["early_stopping_patience"],
+        early_stopping_min_delta=c["early_stopping_min_delta"],
+        early_stopping_target=c["early_stopping_target"], blas_threads=c["blas_threads"],
+        seed=seed, dtype=dtype,
         device=device, progress=c["progress"], after_step=after_step,
         eval_batch_size=c["eval_batch_size"], run_config={"study": study, **c},
         instance_every=c["instance_every"] if c.get("objective") == "asap" else None)
