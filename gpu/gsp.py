@@ -43,8 +43,10 @@ import numpy as np
 
 from refdml._validation import check_choice, check_context, check_scalar
 from refdml._xp import array_namespace
+from refdml.gpu import _gsp_kernels
 from refdml.gpu import _gsp_transport as _wt
 from refdml.gpu import _validation
+from refdml.gpu._numba_support import select_kernel
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gsp._cost import CostMapContext, CostMapGrads
 from refdml.gsp._pool import PoolContext, PoolGrads
@@ -142,11 +144,8 @@ def _row_norm(xp, u):
     return norm[..., None]
 
 
-def _cost_map_forward(xp, features, prototypes):
-    """Cost ``(B, n, m)`` in memory and the reference's ``CostMapContext`` (cost as a view)."""
-    batch, n, d = features.shape
-    m = prototypes.shape[0]
-    dtype = features.dtype
+def _normalised(xp, features, prototypes):
+    """The clipped points, their norms and the common power of two ``s`` (0-d array)."""
     features_norm = _row_norm(xp, features)                     # (B, n, 1)
     prototypes_norm = _row_norm(xp, prototypes)                 # (m, 1)
     features_bar = features * (1.0 / xp.maximum(features_norm, 1.0))
@@ -160,6 +159,19 @@ def _cost_map_forward(xp, features, prototypes):
     mantissa, exponent = xp.frexp(peak)
     exponent = exponent - (mantissa == 0.5)
     scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), exponent), 1)
+    return features_bar, features_norm, prototypes_bar, prototypes_norm, scale
+
+
+def _cost_map_forward(xp, features, prototypes):
+    """Cost ``(B, n, m)`` in memory and the reference's ``CostMapContext`` (cost as a view)."""
+    batch, n, d = features.shape
+    m = prototypes.shape[0]
+    dtype = features.dtype
+    features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _normalised(
+        xp, features, prototypes
+    )
+    f_len = xp.minimum(features_norm, 1.0)[:, :, 0]
+    w_len = xp.minimum(prototypes_norm, 1.0)[:, 0]
     f_sq = (f_len / scale) ** 2
     w_sq = (w_len / scale) ** 2
     sq = features_bar.reshape(batch * n, d) @ (prototypes_bar * (-2.0 / scale) / scale).T
@@ -233,14 +245,18 @@ def _cost_map_backward(xp, ctx: CostMapContext, weights_t, d_features_extra=None
     d_features += features_bar * coefficient[:, :, None]
     if d_features_extra is not None:
         d_features += d_features_extra
+    return CostMapGrads(features=d_features, prototypes=_prototypes_backward(xp, ctx, flat))
+
+
+def _prototypes_backward(xp, ctx: CostMapContext, flat):
+    """``d prototypes`` from ``W`` (B n, m): ``d xbar_i = ((sum_j W_ij) xbar_i - (W^T fbar)_i) / s``
+    (one matrix product summing over the whole batch), then the clip backward."""
+    batch, n, d = ctx.features_bar.shape
     d_prototypes_bar = (
         ctx.prototypes_bar * xp.sum(flat, axis=0)[:, None]
-        - flat.T @ features_bar.reshape(batch * n, d)
-    ) / scale
-    return CostMapGrads(
-        features=d_features,
-        prototypes=_clip_backward(xp, ctx.prototypes_bar, ctx.prototypes_norm, d_prototypes_bar),
-    )
+        - flat.T @ ctx.features_bar.reshape(batch * n, d)
+    ) / ctx.scale
+    return _clip_backward(xp, ctx.prototypes_bar, ctx.prototypes_norm, d_prototypes_bar)
 
 
 def cost_map_forward(features, prototypes) -> tuple[Any, CostMapContext]:
@@ -285,6 +301,11 @@ def weight_transport(
     )
     _method_backward(method)
     xp = array_namespace(cost).xp
+    kind = select_kernel(cost) if mu < 1.0 else "array"
+    if kind != "array":
+        return _gsp_kernels.transport(
+            xp, kind, cost.transpose(0, 2, 1), mu, inverse_temperature, max_iter, tol
+        )
     return _wt.transport(xp, cost.transpose(0, 2, 1), mu, inverse_temperature, max_iter, tol)
 
 
@@ -341,14 +362,31 @@ def gsp_pool_forward(
             "(GeMean) needs non-negative features"
         )
     n = features.shape[1]
-    cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
-    result = _wt.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
-    weights = result.transported * (1.0 / mu)
-    if p == 1.0:
-        pooled = (weights[:, None, :] @ features)[:, 0, :] * (1.0 / n)
+    kind = select_kernel(features) if mu < 1.0 else "array"
+    if kind != "array":
+        features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _normalised(
+            xp, features, prototypes
+        )
+        cost_t, result, weights, pooled, z = _gsp_kernels.pool_forward(
+            xp, kind, features, features_bar, prototypes_bar, scale, mu, inverse_temperature,
+            max_iter, tol, p == 1.0,
+        )
+        cost_ctx = CostMapContext(
+            features_bar=features_bar, features_norm=features_norm,
+            prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
+            cost=cost_t.transpose(0, 2, 1), scale=scale,
+        )
+        if p != 1.0:
+            pooled = _power_mean(xp, weights[:, :, None] * features, p)
     else:
-        pooled = _power_mean(xp, weights[:, :, None] * features, p)
-    z = xp.sum(result.pi.transpose(0, 2, 1), axis=1) * (1.0 / mu)
+        cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
+        result = _wt.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
+        weights = result.transported * (1.0 / mu)
+        if p == 1.0:
+            pooled = (weights[:, None, :] @ features)[:, 0, :] * (1.0 / n)
+        else:
+            pooled = _power_mean(xp, weights[:, :, None] * features, p)
+        z = xp.sum(result.pi.transpose(0, 2, 1), axis=1) * (1.0 / mu)
     ctx = PoolContext(features, weights, pooled, p, backward, cost_ctx, result)
     return (pooled, z), ctx
 
@@ -370,6 +408,9 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     mu = result.mu
     d_pooled = xp.zeros_like(ctx.pooled) if d_pooled is None else d_pooled
     d_z = xp.zeros(result.pi.shape[:2], dtype=ctx.pooled.dtype) if d_z is None else d_z
+    kind = select_kernel(ctx.pooled) if mu < 1.0 else "array"
+    if kind != "array" and ctx.p == 1.0:
+        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, None, None)
     if ctx.p == 1.0:
         upstream = d_pooled * (1.0 / n)                                    # (B, d)
         d_weights = (features @ upstream[:, :, None])[:, :, 0]            # (B, n)
@@ -385,6 +426,8 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
         d_weights = xp.einsum("bnd,bnd->bn", ratio, features)
         ratio *= weights[:, :, None]
         direct = ratio
+    if kind != "array":
+        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct)
     d_rho = d_weights * (-n / mu)
     # Prop. 4.3 with d_pi_ij = d_z_i / mu: pi^T d_pi is a matrix-vector product.
     pi_t = result.pi.transpose(0, 2, 1)
@@ -398,6 +441,16 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     cost_t = ctx.cost.cost.transpose(0, 2, 1)
     weights_t /= xp.where(cost_t > 0, cost_t, np.inf)  # 0 where c = 0 (the subgradient)
     return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
+
+
+def _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct) -> PoolGrads:
+    """The Numba kernel's ``W`` and features' gradient, then the prototypes' (one GEMM)."""
+    distance_weights, d_features = _gsp_kernels.pool_backward(
+        xp, kind, ctx, d_pooled, d_z, d_weights, direct
+    )
+    batch, n, m = distance_weights.shape
+    flat = distance_weights.reshape(batch * n, m)
+    return PoolGrads(features=d_features, prototypes=_prototypes_backward(xp, ctx.cost, flat))
 
 
 def gsp_pool(
