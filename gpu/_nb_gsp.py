@@ -51,7 +51,7 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import cuda, float64, njit, prange
 
 from refdml.gpu._numba_scalar import lse_merge, lse_push, lse_value
 from refdml.gpu._numba_support import BLOCK
@@ -353,14 +353,21 @@ def cuda_kernels():
     Returns ``(refdml_gsp_transport, refdml_gsp_pool_forward, refdml_gsp_pool_backward)``;
     launch each as ``kernel[B, BLOCK](...)`` with the CPU twin's arguments.
     """
-    from numba import cuda, float64
+    @cuda.jit(device=True)
+    def tree_width(n):
+        """Slots a block reduction over ``n`` columns reads: the power of two >= min(n, BLOCK)."""
+        width = 1
+        while width < min(n, BLOCK):
+            width *= 2
+        return width
 
     @cuda.jit(device=True)
-    def block_lse3(sm, m1, s1, m2, s2, m3, s3, tid):
+    def block_lse3(sm, m1, s1, m2, s2, m3, s3, tid, width):
+        """Three online log-sum-exp states merged over the block (a tree in shared memory)."""
         sm[0, tid], sm[1, tid], sm[2, tid] = m1, s1, m2
         sm[3, tid], sm[4, tid], sm[5, tid] = s2, m3, s3
         cuda.syncthreads()
-        stride = BLOCK // 2
+        stride = width // 2
         while stride > 0:
             if tid < stride:
                 o = tid + stride
@@ -374,27 +381,29 @@ def cuda_kernels():
         return r0, r1, r2, r3, r4, r5
 
     @cuda.jit(device=True)
-    def block_max_min_sum(sm, a, b, c, tid):
-        """Block-wide ``(max a, min b, sum c)`` (``max`` also serves a max of residuals)."""
-        sm[0, tid], sm[1, tid], sm[2, tid] = a, b, c
+    def block_reduce4(sm, a, b, c, e, tid, width):
+        """Block-wide ``(max a, min b, sum c, sum e)``; unused slots take neutral values."""
+        sm[0, tid], sm[1, tid], sm[2, tid], sm[3, tid] = a, b, c, e
         cuda.syncthreads()
-        stride = BLOCK // 2
+        stride = width // 2
         while stride > 0:
             if tid < stride:
                 o = tid + stride
                 sm[0, tid] = max(sm[0, tid], sm[0, o])
                 sm[1, tid] = min(sm[1, tid], sm[1, o])
                 sm[2, tid] = sm[2, tid] + sm[2, o]
+                sm[3, tid] = sm[3, tid] + sm[3, o]
             cuda.syncthreads()
             stride //= 2
-        r0, r1, r2 = sm[0, 0], sm[1, 0], sm[2, 0]
+        r0, r1, r2, r3 = sm[0, 0], sm[1, 0], sm[2, 0], sm[3, 0]
         cuda.syncthreads()
-        return r0, r1, r2
+        return r0, r1, r2, r3
 
     @cuda.jit(device=True)
     def newton_block(sm, l, b, tid, base, value_max, value_min, tau0, logit_mu, log_n,
                      max_iter, ulp, cap, phi_floor):
         n = l.shape[1]
+        width = tree_width(n)
         tau, lo, hi, active = newton_start(logit_mu, value_max, value_min, tau0, ulp)
         count = 0
         while active and count < max_iter:
@@ -407,7 +416,7 @@ def cuda_kernels():
                 m2, s2 = lse_push(m2, s2, c)
                 m3, s3 = lse_push(m3, s3, e)
                 j += BLOCK
-            m1, s1, m2, s2, m3, s3 = block_lse3(sm, m1, s1, m2, s2, m3, s3, tid)
+            m1, s1, m2, s2, m3, s3 = block_lse3(sm, m1, s1, m2, s2, m3, s3, tid, width)
             phi, log_slope = newton_phi(m1, s1, m2, s2, m3, s3, logit_mu, log_n)
             tau, lo, hi, done = newton_step(tau, lo, hi, phi, log_slope, ulp, phi_floor, cap)
             active = not done
@@ -418,6 +427,7 @@ def cuda_kernels():
                         assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
                         image_int):
         n, m = cost_t.shape[1], cost_t.shape[2]
+        width = tree_width(n)
         log_n = math.log(n)
         image_min = math.inf
         j = tid
@@ -437,7 +447,7 @@ def cuda_kernels():
             log_s[b, j] = column_min
             image_min = min(image_min, column_min)
             j += BLOCK
-        _, image_min, _ = block_max_min_sum(sm, 0.0, image_min, 0.0, tid)
+        _, image_min, _, _ = block_reduce4(sm, 0.0, image_min, 0.0, 0.0, tid, width)
         shift = eps * image_min
         value_max, value_min, value_sum = -math.inf, math.inf, 0.0
         j = tid
@@ -449,8 +459,8 @@ def cuda_kernels():
             value_min = min(value_min, value)
             value_sum += value
             j += BLOCK
-        value_max, value_min, value_sum = block_max_min_sum(sm, value_max, value_min,
-                                                            value_sum, tid)
+        value_max, value_min, value_sum, _ = block_reduce4(sm, value_max, value_min,
+                                                           value_sum, 0.0, tid, width)
         tau, first, exhausted_first = newton_block(
             sm, log_s_shifted, b, tid, 0.0, value_max, value_min, logit_mu - value_sum / n,
             logit_mu, log_n, max_iter, ulp, cap, phi_floor,
@@ -474,7 +484,8 @@ def cuda_kernels():
             column_residual = max(column_residual, abs(rho[b, j] + column_mass - inv_n))
             mass += column_mass
             j += BLOCK
-        column_residual, _, mass = block_max_min_sum(sm, column_residual, 0.0, mass, tid)
+        column_residual, _, mass, _ = block_reduce4(sm, column_residual, 0.0, mass, 0.0, tid,
+                                                    width)
         if tid == 0:
             image_real[b, 0] = tau + delta
             image_real[b, 1] = shift
@@ -578,8 +589,7 @@ def cuda_kernels():
             kappa += rho[b, j] * transported[b, j]
             eta += rho[b, j] * (transported[b, j] * d_rho - n * weighted)
             j += BLOCK
-        _, _, kappa = block_max_min_sum(sm, 0.0, 0.0, kappa, tid)
-        _, _, eta = block_max_min_sum(sm, 0.0, 0.0, eta, tid)
+        _, _, kappa, eta = block_reduce4(sm, 0.0, 0.0, kappa, eta, tid, tree_width(n))
         ratio = eta / kappa if kappa > 0.0 else 0.0
         j = tid
         while j < n:
