@@ -29,7 +29,7 @@ from refdml.gpu import _nb_gsp
 from refdml.gpu._numba_support import BLOCK
 from refdml.gsp._transport import WeightTransportResult
 
-__all__ = ["pool_backward", "pool_forward", "transport"]
+__all__ = ["pool_backward", "pool_forward", "transport", "transport_backward"]
 
 
 def _solver_constants(dtype, mu):
@@ -169,3 +169,20 @@ def pool_backward(xp, kind, ctx, d_pooled, d_z, d_weights, direct):
         with np.errstate(all="ignore"):
             _nb_gsp.pool_backward_cpu(*args)
     return distance_weights, d_features
+
+
+def transport_backward(xp, kind, result, d_rho, d_pi):
+    """Prop. 4.3's ``d_cost`` (B, m, n; a transposed view) by the ``kind`` kernel."""
+    pi_t = xp.ascontiguousarray(result.pi.transpose(0, 2, 1))
+    batch, n, m = pi_t.shape
+    d_cost_t = xp.empty((batch, n, m), dtype=pi_t.dtype)
+    args = (pi_t, xp.ascontiguousarray(result.rho), xp.ascontiguousarray(result.transported),
+            xp.ascontiguousarray(d_rho), xp.ascontiguousarray(d_pi.transpose(0, 2, 1)),
+            float(result.inverse_temperature), d_cost_t)
+    if kind == "cuda":
+        if batch:
+            scratch = xp.empty((batch, n), dtype=np.float64)
+            _nb_gsp.cuda_kernels()[3][batch, BLOCK](*args, scratch)
+    else:
+        _nb_gsp.transport_backward_cpu(*args)
+    return d_cost_t.transpose(0, 2, 1)

@@ -28,6 +28,12 @@ What differs from the reference (and why)
   of the input's module (the common power of two of the clipped points), not a float,
   so that it never leaves the device.
 
+Kernels: where :func:`refdml.gpu.use_kernels` / ``select_kernel`` pick them, the pooling
+layer and (P2) run the Numba kernels of :mod:`refdml.gpu._nb_gsp` (CUDA on CuPy input under
+"auto"; the CPU twins only under ``use_kernels("cpu")``, see ``CPU_TWIN_PAYS``), through
+:mod:`refdml.gpu._gsp_kernels`; the array code here stays their fallback and parity twin.
+Length: ~480 lines, a little over the house ~450, for that dispatch beside the array path.
+
 Synchronisation on CuPy (the results that must reach Python, and the checks): the
 input checks (finiteness, GeMean's sign; switched off by
 :func:`refdml.gpu._validation.set_finite_checks`), the refinement of the cost map
@@ -46,7 +52,7 @@ from refdml._xp import array_namespace
 from refdml.gpu import _gsp_kernels
 from refdml.gpu import _gsp_transport as _wt
 from refdml.gpu import _validation
-from refdml.gpu._numba_support import select_kernel
+from refdml.gpu._numba_support import kernel_mode, select_kernel
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gsp._cost import CostMapContext, CostMapGrads
 from refdml.gsp._pool import PoolContext, PoolGrads
@@ -71,6 +77,19 @@ __all__ = [
 ]
 
 residual_floor = _wt.residual_floor
+# Whether "auto" runs the Numba CPU twins (refdml.gpu._nb_gsp) on NumPy input. Measured
+# (scripts/bench_gpu.py --only gsp, docs/gpu.md): at B=256, m=64, n=49, d=128 the twin is
+# 0.98-1.14x the array path, its backward slower, so "auto" keeps the array path on NumPy;
+# use_kernels("cpu") runs the twin. On CuPy, "auto" runs the CUDA kernels.
+CPU_TWIN_PAYS = False
+
+
+def _kernel(x, mu: float) -> str:
+    """The implementation for input ``x``: ``mu = 1`` (no solve) always takes the array path."""
+    if mu >= 1.0:
+        return "array"
+    return select_kernel(x, has_cpu=CPU_TWIN_PAYS or kernel_mode() == "cpu")
+
 # Squared distances below this fraction of |x|^2 + |y|^2 are recomputed from differences:
 # the Gram identity's relative error on c is then <= ~u / fraction (u = unit roundoff).
 _REFINE = {np.dtype(np.float32): 0.1, np.dtype(np.float64): 1e-3}
@@ -301,7 +320,7 @@ def weight_transport(
     )
     _method_backward(method)
     xp = array_namespace(cost).xp
-    kind = select_kernel(cost) if mu < 1.0 else "array"
+    kind = _kernel(cost, mu)
     if kind != "array":
         return _gsp_kernels.transport(
             xp, kind, cost.transpose(0, 2, 1), mu, inverse_temperature, max_iter, tol
@@ -324,6 +343,11 @@ def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> Wei
     xp = array_namespace(result.pi).xp
     d_rho = xp.zeros_like(result.rho) if d_rho is None else d_rho
     d_pi = xp.zeros_like(result.pi) if d_pi is None else d_pi
+    kind = _kernel(result.pi, result.mu)
+    if kind != "array":
+        return WeightTransportGrads(
+            cost=_gsp_kernels.transport_backward(xp, kind, result, d_rho, d_pi)
+        )
     return WeightTransportGrads(cost=_wt.closed_form_backward(xp, result, d_rho, d_pi))
 
 
@@ -362,7 +386,7 @@ def gsp_pool_forward(
             "(GeMean) needs non-negative features"
         )
     n = features.shape[1]
-    kind = select_kernel(features) if mu < 1.0 else "array"
+    kind = _kernel(features, mu)
     if kind != "array":
         features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _normalised(
             xp, features, prototypes
@@ -408,7 +432,7 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     mu = result.mu
     d_pooled = xp.zeros_like(ctx.pooled) if d_pooled is None else d_pooled
     d_z = xp.zeros(result.pi.shape[:2], dtype=ctx.pooled.dtype) if d_z is None else d_z
-    kind = select_kernel(ctx.pooled) if mu < 1.0 else "array"
+    kind = _kernel(ctx.pooled, mu)
     if kind != "array" and ctx.p == 1.0:
         return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, None, None)
     if ctx.p == 1.0:

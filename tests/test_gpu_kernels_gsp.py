@@ -119,12 +119,18 @@ def test_weight_transport_kernel_matches_array_path(kind, dtype, cuda_device_arr
     rng = np.random.default_rng(2)
     cost = rng.uniform(0.0, 2.0, (2, 3, 5)).astype(dtype)
     args = dict(mu=0.4, inverse_temperature=3.0)
+    d_rho = rng.standard_normal((2, 5)).astype(dtype)
+    d_pi = rng.standard_normal((2, 3, 5)).astype(dtype)
     with use_kernels(kind):
         got = fast.weight_transport(_device(cost, kind, cuda_device_array), **args)
+        got_grad = fast.weight_transport_backward(
+            got, _device(d_rho, kind, cuda_device_array), _device(d_pi, kind, cuda_device_array))
     with use_kernels("array"):
         want = fast.weight_transport(cost, **args)
+        want_grad = fast.weight_transport_backward(want, d_rho, d_pi)
     _compare_result(got, want, TOL[dtype])
     _close(got.log_t, want.log_t, TOL[dtype], "log_t")
+    _close(got_grad.cost, want_grad.cost, TOL[dtype], "d cost")
 
 
 @settings(max_examples=25)
@@ -235,3 +241,21 @@ def test_bad_upstream_is_named_on_the_kernel_path():
                                                  inverse_temperature=5.0)
         with pytest.raises(ValueError, match="d_z has shape"):
             fast.gsp_pool_backward(ctx, pooled, z[:, :1])
+
+
+def test_auto_keeps_the_array_path_on_numpy(monkeypatch):
+    from refdml.gpu import _nb_gsp
+
+    def fail(*args):
+        raise AssertionError("a CPU twin ran under 'auto'")
+
+    for name in ("pool_forward_cpu", "pool_backward_cpu", "transport_cpu",
+                 "transport_backward_cpu"):
+        monkeypatch.setattr(_nb_gsp, name, fail)
+    features, prototypes = _inputs(np.random.default_rng(13))
+    with use_kernels("auto"):
+        (pooled, z), ctx = fast.gsp_pool_forward(features, prototypes, mu=0.3,
+                                                 inverse_temperature=5.0)
+        fast.gsp_pool_backward(ctx, pooled, z)
+        result = fast.weight_transport(ctx.cost.cost, mu=0.3, inverse_temperature=5.0)
+        fast.weight_transport_backward(result, result.rho, result.pi)
