@@ -39,6 +39,8 @@ unaffected.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -227,9 +229,20 @@ def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted) -> bool:
                 f"{worst:.3e} > tol == {tol:g}"
             )
         warnings.warn(
-            f"refdml.gpu weight_transport(method='exact') {why}", ConvergenceWarning, stacklevel=5
+            f"refdml.gpu weight_transport(method='exact') {why}", ConvergenceWarning,
+            stacklevel=_caller_level(),
         )
     return converged
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside refdml.gpu (the user's call), counted
+    from the function that calls :func:`warnings.warn` (whichever path got there)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _checks_on_gpu() -> bool:

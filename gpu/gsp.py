@@ -43,6 +43,7 @@ input checks (finiteness, GeMean's sign; switched off by
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,28 @@ residual_floor = _wt.residual_floor
 # 0.98-1.14x the array path, its backward slower, so "auto" keeps the array path on NumPy;
 # use_kernels("cpu") runs the twin. On CuPy, "auto" runs the CUDA kernels.
 CPU_TWIN_PAYS = False
+
+
+@functools.cache
+def _threadpools():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()  # scans the loaded BLAS libraries once (a few ms)
+
+
+def _one_blas_thread(fn):
+    """Run ``fn`` with host BLAS limited to one thread (~0.06 ms a call; no effect on cuBLAS).
+
+    Why: the GEMMs here are small ((B n, d) x (d, m)); with the user's default BLAS threads on
+    a busy 2-core machine, OpenBLAS's spinning workers made the pooling layer's forward +
+    backward (B = 256) ~1.0 s instead of ~0.14 s (both paths; docs/gpu.md). On an idle
+    machine one thread costs at most the GEMMs' share of parallel speed-up.
+    """
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _threadpools().limit(limits=1, user_api="blas"):
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 def _kernel(x, mu: float) -> str:
@@ -278,6 +301,7 @@ def _prototypes_backward(xp, ctx: CostMapContext, flat):
     return _clip_backward(xp, ctx.prototypes_bar, ctx.prototypes_norm, d_prototypes_bar)
 
 
+@_one_blas_thread
 def cost_map_forward(features, prototypes) -> tuple[Any, CostMapContext]:
     """GSP cost map ``c[b, i, j] = || wbar_i - fbar_{b,j} ||`` (Alg. 2); ``(cost, ctx)``.
 
@@ -289,6 +313,7 @@ def cost_map_forward(features, prototypes) -> tuple[Any, CostMapContext]:
     return ctx.cost, ctx
 
 
+@_one_blas_thread
 def cost_map_backward(ctx: CostMapContext, d_cost) -> CostMapGrads:
     """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d); ``d_cost`` (B, m, n)."""
     check_context(ctx, "ctx", CostMapContext)
@@ -361,6 +386,7 @@ def _power_mean(xp, weighted, p: float):
     return scale[:, 0, :] * xp.mean(scaled, axis=1) ** (1.0 / p)
 
 
+@_one_blas_thread
 def gsp_pool_forward(
     features, prototypes, *, mu, inverse_temperature, p=1.0, method="exact", max_iter=100,
     tol=1e-12, backward="closed_form",
@@ -415,6 +441,7 @@ def gsp_pool_forward(
     return (pooled, z), ctx
 
 
+@_one_blas_thread
 def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d) of the pooling layer.
 
