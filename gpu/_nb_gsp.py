@@ -346,7 +346,8 @@ def pool_backward_cpu(features, features_bar, features_norm, ws, scale, pi, cost
                     direct = w_dir * d_pooled[b, k]
                 else:
                     direct = direct_in[b, j, k]
-                d_features[b, j, k] = acc[k] * inverse + features_bar[b, j, k] * coefficient + direct
+                d_features[b, j, k] = (acc[k] * inverse + features_bar[b, j, k] * coefficient
+                                       + direct)
 
 
 @njit(parallel=True, cache=True)

@@ -85,7 +85,8 @@ def bench_gsp(repeats: int) -> None:
     ref_grads = outputs["reference float64"][0]
     for name, seconds in medians.items():
         dtype = name.split()[-1]
-        versus = f"{medians['array ' + dtype] / seconds:5.2f}x the array path" if "twin" in name else ""
+        versus = (f"{medians['array ' + dtype] / seconds:5.2f}x the array path"
+                  if "twin" in name else "")
         grads, ctx = outputs[name]
         error = max(
             float(np.max(np.abs(getattr(grads, k) - getattr(ref_grads, k))))

@@ -25,7 +25,7 @@ KINDS = ["cpu", "cuda"]
 def _oracle(z, mask, axis, extra_zero):
     """float64 loop-free oracle: ``log(sum_mask exp z [+ 1])`` and the masked softmax."""
     z = np.asarray(z, np.float64)
-    mask = np.ones(z.shape, bool) if mask is None else np.broadcast_to(mask, np.broadcast_shapes(z.shape, np.shape(mask)))
+    mask = np.ones(z.shape, bool) if mask is None else mask
     z, mask = np.broadcast_arrays(z, mask)
     safe = np.where(mask, z, -np.inf)
     peak = np.max(safe, axis=axis, keepdims=True)
