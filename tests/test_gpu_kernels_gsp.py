@@ -136,7 +136,11 @@ def test_weight_transport_kernel_matches_array_path(kind, dtype, cuda_device_arr
 @settings(max_examples=25)
 @given(
     seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 3), n=st.integers(1, 9),
-    m=st.integers(1, 6), d=st.integers(1, 5), mu=st.floats(0.05, 0.95),
+    # d >= 2: at d = 1 a feature and a prototype outside the ball clip to the same pole, the
+    # array path's fbar = f * (1 / |f|) rounds to 1 - ulp, c = 1e-16 instead of 0, and the
+    # gradient there is rounding noise on every path (the array path is 8e-3 off the
+    # reference there too; docs/gpu.md).
+    m=st.integers(1, 6), d=st.integers(2, 5), mu=st.floats(0.05, 0.95),
     inverse_temperature=st.floats(0.1, 20.0), p=st.sampled_from([1.0, 2.0]),
 )
 def test_cpu_twin_matches_array_path_hypothesis(seed, batch, n, m, d, mu, inverse_temperature, p):

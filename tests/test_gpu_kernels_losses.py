@@ -32,7 +32,7 @@ def _oracle(z, mask, axis, extra_zero):
     if extra_zero:
         peak = np.maximum(peak, 0.0)
     peak = np.where(np.isfinite(peak), peak, 0.0)
-    terms = np.where(mask, np.exp(np.where(mask, z, 0.0) - peak), 0.0)
+    terms = np.exp(np.where(mask, z - peak, -np.inf))
     total = terms.sum(axis=axis, keepdims=True) + (np.exp(-peak) if extra_zero else 0.0)
     with np.errstate(divide="ignore"):
         lse = np.log(total) + peak
