@@ -39,6 +39,8 @@ unaffected.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -164,15 +166,7 @@ def transport(xp, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTrans
     log_s_shifted, assignment_t, shift = log_kernel(xp, cost_t, inverse_temperature)
     if tol > 0.0:
         tol = max(tol, residual_floor(dtype, m, n))
-    if xp is np or _checks_on_gpu():
-        if not bool(xp.all(xp.isfinite(log_s_shifted))):
-            b = int(xp.argwhere(~xp.isfinite(log_s_shifted))[0][0])
-            raise ValueError(
-                f"inverse_temperature * cost overflows {np.dtype(dtype).name}: "
-                f"inverse_temperature == {inverse_temperature!r} and (max c - min c) == "
-                f"{float(xp.max(cost_t[b]) - xp.min(cost_t[b])):.3e} in image {b}; "
-                "(P2) at this scale is not representable"
-            )
+    check_log_kernel(xp, log_s_shifted, cost_t, inverse_temperature)
     with np.errstate(over="ignore", invalid="ignore"):
         log_s = log_s_shifted - shift[:, None]
     common = dict(
@@ -194,7 +188,37 @@ def transport(xp, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTrans
     rho = _expit(xp, -x) * (1.0 / n)
     pi_t = assignment_t * (transported * (1.0 / n))[:, :, None]
     residual = _residual(xp, rho, pi_t, mu)
-    converged = bool(xp.all(residual <= tol))  # the one result that must reach Python
+    converged = report_convergence(xp, residual, tol, max_iter, sweeps, exhausted)
+    with np.errstate(over="ignore"):
+        log_t = tau + shift
+        t = xp.exp(log_t)
+    return WeightTransportResult(
+        rho=rho, pi=pi_t.transpose(0, 2, 1), t=t, log_t=log_t, n_iter=int(sweeps),
+        residual=residual, converged=converged, transported=transported, tau_history=None,
+        **common,
+    )
+
+
+def check_log_kernel(xp, log_s_shifted, cost_t, inverse_temperature) -> None:
+    """``ValueError`` where ``ε (c - min c)`` overflows the dtype (``l`` not finite).
+
+    On CuPy one synchronisation, unless the data checks are off
+    (:func:`refdml.gpu._validation.set_finite_checks`).
+    """
+    if xp is np or _checks_on_gpu():
+        if not bool(xp.all(xp.isfinite(log_s_shifted))):
+            b = int(xp.argwhere(~xp.isfinite(log_s_shifted))[0][0])
+            raise ValueError(
+                f"inverse_temperature * cost overflows {np.dtype(cost_t.dtype).name}: "
+                f"inverse_temperature == {inverse_temperature!r} and (max c - min c) == "
+                f"{float(xp.max(cost_t[b]) - xp.min(cost_t[b])):.3e} in image {b}; "
+                "(P2) at this scale is not representable"
+            )
+
+
+def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted) -> bool:
+    """``converged`` (a Python bool: the one result that must reach Python) and the warning."""
+    converged = bool(xp.all(residual <= tol))
     if not converged and tol > 0.0:
         worst = float(xp.max(residual))
         if exhausted:
@@ -205,16 +229,20 @@ def transport(xp, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTrans
                 f"{worst:.3e} > tol == {tol:g}"
             )
         warnings.warn(
-            f"refdml.gpu weight_transport(method='exact') {why}", ConvergenceWarning, stacklevel=4
+            f"refdml.gpu weight_transport(method='exact') {why}", ConvergenceWarning,
+            stacklevel=_caller_level(),
         )
-    with np.errstate(over="ignore"):
-        log_t = tau + shift
-        t = xp.exp(log_t)
-    return WeightTransportResult(
-        rho=rho, pi=pi_t.transpose(0, 2, 1), t=t, log_t=log_t, n_iter=int(sweeps),
-        residual=residual, converged=converged, transported=transported, tau_history=None,
-        **common,
-    )
+    return converged
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside refdml.gpu (the user's call), counted
+    from the function that calls :func:`warnings.warn` (whichever path got there)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _checks_on_gpu() -> bool:

@@ -32,7 +32,9 @@ import numpy as np
 from refdml._xp import ArrayNamespace
 from refdml.distances import CosineContext, EuclideanContext
 from refdml.normalize import L2NormalizeContext
+from refdml.gpu import _nb_losses
 from refdml.gpu._fast_checks import data_checks
+from refdml.gpu._numba_support import BLOCK, kernel_mode, select_kernel
 from refdml.gpu.distances import _pairwise_norm
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
@@ -46,6 +48,11 @@ COSINE_WHY = "cosine similarity needs non-zero vectors"  # the reference's wordi
 # Largest |t| for which exp(t) is a normal number with room to spare: float32 normals span
 # exp(-87.3) .. exp(88.7), float64 exp(-708) .. exp(709).
 _EXP_LIMIT = {np.dtype(np.float32): 80.0, np.dtype(np.float64): 700.0}
+
+
+# Whether "auto" runs the Numba CPU twin of masked_logsumexp on NumPy input (measured in
+# scripts/bench_gpu.py --only lse; see docs/gpu.md). Under use_kernels("cpu") it always runs.
+CPU_TWIN_PAYS = False
 
 
 def exp_limit(dtype: Any) -> float:
@@ -82,6 +89,9 @@ def masked_logsumexp(
     ``extra_zero``) and zero weights, never NaN. Returns ``(lse, softmax)``; ``lse`` drops
     ``axis``. Entries of ``z`` outside ``mask`` are never read into the result.
     """
+    kind = select_kernel(z, has_cpu=CPU_TWIN_PAYS or kernel_mode() == "cpu")
+    if kind != "array" and z.ndim and z.shape[axis] and z.size:
+        return _masked_logsumexp_kernel(xp, kind, z, mask, axis, extra_zero)
     masked = z if mask is None else xp.where(mask, z, -xp.inf).astype(z.dtype, copy=False)
     shift = xp.max(masked, axis=axis, keepdims=True)
     if extra_zero:
@@ -96,6 +106,30 @@ def masked_logsumexp(
         lse = xp.log(total) + shift
     softmax = weights / xp.where(total > 0, total, xp.ones_like(total))
     return xp.squeeze(lse, axis=axis), softmax
+
+
+def _masked_logsumexp_kernel(xp: Any, kind: str, z: Any, mask: Any, axis: int,
+                             extra_zero: bool) -> tuple[Any, Any]:
+    """:func:`masked_logsumexp` by the Numba kernel ``refdml_loss_masked_lse`` (rows of the
+    broadcast ``z`` / ``mask`` along ``axis``, made contiguous: one copy where they are not)."""
+    if mask is not None:
+        z, mask = xp.broadcast_arrays(z, mask)
+    moved = xp.moveaxis(z, axis, -1)
+    shape = moved.shape
+    z2 = xp.ascontiguousarray(moved).reshape(-1, shape[-1])
+    if mask is None:
+        mask2 = xp.ones((1, 1), dtype=bool)
+    else:
+        mask2 = xp.ascontiguousarray(xp.moveaxis(mask, axis, -1), dtype=bool).reshape(z2.shape)
+    rows = z2.shape[0]
+    lse = xp.empty(rows, dtype=z.dtype)
+    weights = xp.empty(z2.shape, dtype=z.dtype)
+    args = (z2, mask2, mask is not None, bool(extra_zero), lse, weights)
+    if kind == "cuda":
+        _nb_losses.cuda_masked_lse()[rows, BLOCK](*args)
+    else:
+        _nb_losses.masked_lse_cpu(*args)
+    return lse.reshape(shape[:-1]), xp.moveaxis(weights.reshape(shape), -1, axis)
 
 
 def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tuple[Any, Any]:

@@ -28,6 +28,12 @@ What differs from the reference (and why)
   of the input's module (the common power of two of the clipped points), not a float,
   so that it never leaves the device.
 
+Kernels: where :func:`refdml.gpu.use_kernels` / ``select_kernel`` pick them, the pooling
+layer and (P2) run the Numba kernels of :mod:`refdml.gpu._nb_gsp` (CUDA on CuPy input under
+"auto"; the CPU twins only under ``use_kernels("cpu")``, see ``CPU_TWIN_PAYS``), through
+:mod:`refdml.gpu._gsp_kernels`; the array code here stays their fallback and parity twin.
+Length: ~480 lines, a little over the house ~450, for that dispatch beside the array path.
+
 Synchronisation on CuPy (the results that must reach Python, and the checks): the
 input checks (finiteness, GeMean's sign; switched off by
 :func:`refdml.gpu._validation.set_finite_checks`), the refinement of the cost map
@@ -37,14 +43,17 @@ input checks (finiteness, GeMean's sign; switched off by
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
 from refdml._validation import check_choice, check_context, check_scalar
 from refdml._xp import array_namespace
+from refdml.gpu import _gsp_kernels
 from refdml.gpu import _gsp_transport as _wt
 from refdml.gpu import _validation
+from refdml.gpu._numba_support import kernel_mode, select_kernel
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gsp._cost import CostMapContext, CostMapGrads
 from refdml.gsp._pool import PoolContext, PoolGrads
@@ -69,6 +78,41 @@ __all__ = [
 ]
 
 residual_floor = _wt.residual_floor
+# Whether "auto" runs the Numba CPU twins (refdml.gpu._nb_gsp) on NumPy input. Measured
+# (scripts/bench_gpu.py --only gsp, docs/gpu.md): at B=256, m=64, n=49, d=128 the twin is
+# 0.98-1.14x the array path, its backward slower, so "auto" keeps the array path on NumPy;
+# use_kernels("cpu") runs the twin. On CuPy, "auto" runs the CUDA kernels.
+CPU_TWIN_PAYS = False
+
+
+@functools.cache
+def _threadpools():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()  # scans the loaded BLAS libraries once (a few ms)
+
+
+def _one_blas_thread(fn):
+    """Run ``fn`` with host BLAS limited to one thread (~0.06 ms a call; no effect on cuBLAS).
+
+    Why: the GEMMs here are small ((B n, d) x (d, m)); with the user's default BLAS threads on
+    a busy 2-core machine, OpenBLAS's spinning workers made the pooling layer's forward +
+    backward (B = 256) ~1.0 s instead of ~0.14 s (both paths; docs/gpu.md). On an idle
+    machine one thread costs at most the GEMMs' share of parallel speed-up.
+    """
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _threadpools().limit(limits=1, user_api="blas"):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def _kernel(x, mu: float) -> str:
+    """The implementation for input ``x``: ``mu = 1`` (no solve) always takes the array path."""
+    if mu >= 1.0:
+        return "array"
+    return select_kernel(x, has_cpu=CPU_TWIN_PAYS or kernel_mode() == "cpu")
+
 # Squared distances below this fraction of |x|^2 + |y|^2 are recomputed from differences:
 # the Gram identity's relative error on c is then <= ~u / fraction (u = unit roundoff).
 _REFINE = {np.dtype(np.float32): 0.1, np.dtype(np.float64): 1e-3}
@@ -142,11 +186,8 @@ def _row_norm(xp, u):
     return norm[..., None]
 
 
-def _cost_map_forward(xp, features, prototypes):
-    """Cost ``(B, n, m)`` in memory and the reference's ``CostMapContext`` (cost as a view)."""
-    batch, n, d = features.shape
-    m = prototypes.shape[0]
-    dtype = features.dtype
+def _normalised(xp, features, prototypes):
+    """The clipped points, their norms and the common power of two ``s`` (0-d array)."""
     features_norm = _row_norm(xp, features)                     # (B, n, 1)
     prototypes_norm = _row_norm(xp, prototypes)                 # (m, 1)
     features_bar = features * (1.0 / xp.maximum(features_norm, 1.0))
@@ -160,6 +201,19 @@ def _cost_map_forward(xp, features, prototypes):
     mantissa, exponent = xp.frexp(peak)
     exponent = exponent - (mantissa == 0.5)
     scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), exponent), 1)
+    return features_bar, features_norm, prototypes_bar, prototypes_norm, scale
+
+
+def _cost_map_forward(xp, features, prototypes):
+    """Cost ``(B, n, m)`` in memory and the reference's ``CostMapContext`` (cost as a view)."""
+    batch, n, d = features.shape
+    m = prototypes.shape[0]
+    dtype = features.dtype
+    features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _normalised(
+        xp, features, prototypes
+    )
+    f_len = xp.minimum(features_norm, 1.0)[:, :, 0]
+    w_len = xp.minimum(prototypes_norm, 1.0)[:, 0]
     f_sq = (f_len / scale) ** 2
     w_sq = (w_len / scale) ** 2
     sq = features_bar.reshape(batch * n, d) @ (prototypes_bar * (-2.0 / scale) / scale).T
@@ -233,16 +287,21 @@ def _cost_map_backward(xp, ctx: CostMapContext, weights_t, d_features_extra=None
     d_features += features_bar * coefficient[:, :, None]
     if d_features_extra is not None:
         d_features += d_features_extra
+    return CostMapGrads(features=d_features, prototypes=_prototypes_backward(xp, ctx, flat))
+
+
+def _prototypes_backward(xp, ctx: CostMapContext, flat):
+    """``d prototypes`` from ``W`` (B n, m): ``d xbar_i = ((sum_j W_ij) xbar_i - (W^T fbar)_i) / s``
+    (one matrix product summing over the whole batch), then the clip backward."""
+    batch, n, d = ctx.features_bar.shape
     d_prototypes_bar = (
         ctx.prototypes_bar * xp.sum(flat, axis=0)[:, None]
-        - flat.T @ features_bar.reshape(batch * n, d)
-    ) / scale
-    return CostMapGrads(
-        features=d_features,
-        prototypes=_clip_backward(xp, ctx.prototypes_bar, ctx.prototypes_norm, d_prototypes_bar),
-    )
+        - flat.T @ ctx.features_bar.reshape(batch * n, d)
+    ) / ctx.scale
+    return _clip_backward(xp, ctx.prototypes_bar, ctx.prototypes_norm, d_prototypes_bar)
 
 
+@_one_blas_thread
 def cost_map_forward(features, prototypes) -> tuple[Any, CostMapContext]:
     """GSP cost map ``c[b, i, j] = || wbar_i - fbar_{b,j} ||`` (Alg. 2); ``(cost, ctx)``.
 
@@ -254,6 +313,7 @@ def cost_map_forward(features, prototypes) -> tuple[Any, CostMapContext]:
     return ctx.cost, ctx
 
 
+@_one_blas_thread
 def cost_map_backward(ctx: CostMapContext, d_cost) -> CostMapGrads:
     """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d); ``d_cost`` (B, m, n)."""
     check_context(ctx, "ctx", CostMapContext)
@@ -285,6 +345,11 @@ def weight_transport(
     )
     _method_backward(method)
     xp = array_namespace(cost).xp
+    kind = _kernel(cost, mu)
+    if kind != "array":
+        return _gsp_kernels.transport(
+            xp, kind, cost.transpose(0, 2, 1), mu, inverse_temperature, max_iter, tol
+        )
     return _wt.transport(xp, cost.transpose(0, 2, 1), mu, inverse_temperature, max_iter, tol)
 
 
@@ -303,6 +368,11 @@ def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> Wei
     xp = array_namespace(result.pi).xp
     d_rho = xp.zeros_like(result.rho) if d_rho is None else d_rho
     d_pi = xp.zeros_like(result.pi) if d_pi is None else d_pi
+    kind = _kernel(result.pi, result.mu)
+    if kind != "array":
+        return WeightTransportGrads(
+            cost=_gsp_kernels.transport_backward(xp, kind, result, d_rho, d_pi)
+        )
     return WeightTransportGrads(cost=_wt.closed_form_backward(xp, result, d_rho, d_pi))
 
 
@@ -316,6 +386,7 @@ def _power_mean(xp, weighted, p: float):
     return scale[:, 0, :] * xp.mean(scaled, axis=1) ** (1.0 / p)
 
 
+@_one_blas_thread
 def gsp_pool_forward(
     features, prototypes, *, mu, inverse_temperature, p=1.0, method="exact", max_iter=100,
     tol=1e-12, backward="closed_form",
@@ -341,18 +412,36 @@ def gsp_pool_forward(
             "(GeMean) needs non-negative features"
         )
     n = features.shape[1]
-    cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
-    result = _wt.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
-    weights = result.transported * (1.0 / mu)
-    if p == 1.0:
-        pooled = (weights[:, None, :] @ features)[:, 0, :] * (1.0 / n)
+    kind = _kernel(features, mu)
+    if kind != "array":
+        features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _normalised(
+            xp, features, prototypes
+        )
+        cost_t, result, weights, pooled, z = _gsp_kernels.pool_forward(
+            xp, kind, features, features_bar, prototypes_bar, scale, mu, inverse_temperature,
+            max_iter, tol, p == 1.0,
+        )
+        cost_ctx = CostMapContext(
+            features_bar=features_bar, features_norm=features_norm,
+            prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
+            cost=cost_t.transpose(0, 2, 1), scale=scale,
+        )
+        if p != 1.0:
+            pooled = _power_mean(xp, weights[:, :, None] * features, p)
     else:
-        pooled = _power_mean(xp, weights[:, :, None] * features, p)
-    z = xp.sum(result.pi.transpose(0, 2, 1), axis=1) * (1.0 / mu)
+        cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
+        result = _wt.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
+        weights = result.transported * (1.0 / mu)
+        if p == 1.0:
+            pooled = (weights[:, None, :] @ features)[:, 0, :] * (1.0 / n)
+        else:
+            pooled = _power_mean(xp, weights[:, :, None] * features, p)
+        z = xp.sum(result.pi.transpose(0, 2, 1), axis=1) * (1.0 / mu)
     ctx = PoolContext(features, weights, pooled, p, backward, cost_ctx, result)
     return (pooled, z), ctx
 
 
+@_one_blas_thread
 def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d) of the pooling layer.
 
@@ -370,6 +459,9 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     mu = result.mu
     d_pooled = xp.zeros_like(ctx.pooled) if d_pooled is None else d_pooled
     d_z = xp.zeros(result.pi.shape[:2], dtype=ctx.pooled.dtype) if d_z is None else d_z
+    kind = _kernel(ctx.pooled, mu)
+    if kind != "array" and ctx.p == 1.0:
+        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, None, None)
     if ctx.p == 1.0:
         upstream = d_pooled * (1.0 / n)                                    # (B, d)
         d_weights = (features @ upstream[:, :, None])[:, :, 0]            # (B, n)
@@ -385,6 +477,8 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
         d_weights = xp.einsum("bnd,bnd->bn", ratio, features)
         ratio *= weights[:, :, None]
         direct = ratio
+    if kind != "array":
+        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct)
     d_rho = d_weights * (-n / mu)
     # Prop. 4.3 with d_pi_ij = d_z_i / mu: pi^T d_pi is a matrix-vector product.
     pi_t = result.pi.transpose(0, 2, 1)
@@ -398,6 +492,16 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     cost_t = ctx.cost.cost.transpose(0, 2, 1)
     weights_t /= xp.where(cost_t > 0, cost_t, np.inf)  # 0 where c = 0 (the subgradient)
     return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
+
+
+def _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct) -> PoolGrads:
+    """The Numba kernel's ``W`` and features' gradient, then the prototypes' (one GEMM)."""
+    distance_weights, d_features = _gsp_kernels.pool_backward(
+        xp, kind, ctx, d_pooled, d_z, d_weights, direct
+    )
+    batch, n, m = distance_weights.shape
+    flat = distance_weights.reshape(batch * n, m)
+    return PoolGrads(features=d_features, prototypes=_prototypes_backward(xp, ctx.cost, flat))
 
 
 def gsp_pool(

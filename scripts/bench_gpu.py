@@ -30,51 +30,157 @@ import numpy as np  # noqa: E402
 from _bench import interleaved  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 
+def _load() -> str:
+    return "load average %.1f %.1f %.1f (shared machine)" % os.getloadavg()
+
+
 def bench_gsp(repeats: int) -> None:
-    """GSP pooling forward + backward, B=256, m=64, n=49, d=128, mu=0.3, inverse_temperature=5."""
+    """GSP pooling forward + backward, B=256, m=64, n=49, d=128, mu=0.3, inverse_temperature=5.
+
+    The reference (float64), the array path (``use_kernels("array")``) and the Numba CPU
+    twin (``use_kernels("cpu")``, :mod:`refdml.gpu._nb_gsp`) in float64 and float32, all
+    interleaved in one run; then the B = 4096 throughput (images / s) of the float32 array
+    path and CPU twin.
+    """
     from refdml import gsp
     from refdml.gpu import gsp as fast
+    from refdml.gpu import use_kernels
 
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_gsp import _data
 
     batch, m, n, d, mu, inverse_temperature = 256, 64, 49, 128, 0.3, 5.0
-    features, prototypes = _data(np.random.default_rng(0), batch, m, n, d)
-    rng = np.random.default_rng(1)
-    d_pooled, d_z = rng.standard_normal((batch, d)), rng.standard_normal((batch, m))
     args = dict(mu=mu, inverse_temperature=inverse_temperature)
 
-    def layer(module, dtype):
+    def layer(module, dtype, kernels, features, prototypes, d_pooled, d_z):
         f, w = features.astype(dtype), prototypes.astype(dtype)
         up_pooled, up_z = d_pooled.astype(dtype), d_z.astype(dtype)
 
         def run():
-            (pooled, z), ctx = module.gsp_pool_forward(f, w, **args)
-            return module.gsp_pool_backward(ctx, up_pooled, up_z), ctx
+            with use_kernels(kernels):
+                (pooled, z), ctx = module.gsp_pool_forward(f, w, **args)
+                return module.gsp_pool_backward(ctx, up_pooled, up_z), ctx
         return run
 
+    def data(size):
+        features, prototypes = _data(np.random.default_rng(0), size, m, n, d)
+        rng = np.random.default_rng(1)
+        return features, prototypes, rng.standard_normal((size, d)), rng.standard_normal((size, m))
+
+    inputs = data(batch)
     runs = {
-        "reference float64": layer(gsp, np.float64),
-        "fast float64": layer(fast, np.float64),
-        "fast float32": layer(fast, np.float32),
+        "reference float64": layer(gsp, np.float64, "array", *inputs),
+        "array float64": layer(fast, np.float64, "array", *inputs),
+        "cpu twin float64": layer(fast, np.float64, "cpu", *inputs),
+        "array float32": layer(fast, np.float32, "array", *inputs),
+        "cpu twin float32": layer(fast, np.float32, "cpu", *inputs),
     }
-    (ref_grads, _), (grads32, ctx32) = runs["reference float64"](), runs["fast float32"]()
-    medians = interleaved(runs, repeats)
+    outputs = {name: run() for name, run in runs.items()}  # also compiles the twins
     print(f"GSP pooling forward + backward, B={batch} m={m} n={n} d={d} mu={mu} "
           f"inverse_temperature={inverse_temperature} (median of {repeats}, interleaved; "
-          f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
+          f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}, numba threads "
+          f"{_numba_threads()}; {_load()})")
+    medians = interleaved(runs, repeats)
     reference = medians["reference float64"]
+    ref_grads = outputs["reference float64"][0]
     for name, seconds in medians.items():
-        print(f"  {name:20s} {seconds * 1e3:8.2f} ms   {reference / seconds:5.1f}x the reference")
-    error = max(
-        float(np.max(np.abs(getattr(grads32, k) - getattr(ref_grads, k))))
-        / float(np.max(np.abs(getattr(ref_grads, k))))
-        for k in ("features", "prototypes")
-    )
-    result = ctx32.transport
-    print(f"  float32: converged={result.converged}, max residual "
-          f"{float(np.max(result.residual)):.2e} <= tol {result.tol:.2e} (the float32 floor), "
-          f"{result.n_iter} Newton sweeps; gradients vs the reference: max rel err {error:.2e}")
+        dtype = name.split()[-1]
+        versus = (f"{medians['array ' + dtype] / seconds:5.2f}x the array path"
+                  if "twin" in name else "")
+        grads, ctx = outputs[name]
+        error = max(
+            float(np.max(np.abs(getattr(grads, k) - getattr(ref_grads, k))))
+            / float(np.max(np.abs(getattr(ref_grads, k))))
+            for k in ("features", "prototypes")
+        )
+        result = ctx.transport
+        print(f"  {name:18s} {seconds * 1e3:8.2f} ms  {reference / seconds:5.1f}x the reference "
+              f"{versus:26s} converged={result.converged} max residual "
+              f"{float(np.max(result.residual)):.1e} (tol {result.tol:.1e}), n_iter "
+              f"{result.n_iter}, gradients rel err {error:.1e}")
+    big = 4096
+    inputs = data(big)
+    runs = {f"{k} float32": layer(fast, np.float32, k, *inputs) for k in ("array", "cpu")}
+    medians = interleaved(runs, max(3, repeats // 3))
+    print(f"  B={big} float32 throughput (median of {max(3, repeats // 3)}; {_load()}):")
+    for name, seconds in medians.items():
+        print(f"  {name:18s} {seconds * 1e3:8.1f} ms  {big / seconds:9.0f} images/s")
+
+
+def _numba_threads() -> str:
+    import numba
+
+    return str(numba.get_num_threads())
+
+
+_COMPILE_PROBE = """
+import time
+start = time.perf_counter()
+import numpy as np
+from refdml.gpu import gsp, use_kernels
+from refdml.gpu._loss_kernels import masked_logsumexp
+imported = time.perf_counter()
+rng = np.random.default_rng(0)
+for dtype in (np.float64, np.float32):
+    f, w = rng.standard_normal((2, 5, 4)).astype(dtype), rng.standard_normal((3, 4)).astype(dtype)
+    with use_kernels("cpu"):
+        (p, z), ctx = gsp.gsp_pool_forward(f, w, mu=0.3, inverse_temperature=5.0)
+        gsp.gsp_pool_backward(ctx, p, z)
+        result = gsp.weight_transport(ctx.cost.cost, mu=0.3, inverse_temperature=5.0)
+        gsp.weight_transport_backward(result, result.rho, result.pi)
+gsp_done = time.perf_counter()
+for dtype in (np.float64, np.float32):
+    with use_kernels("cpu"):
+        masked_logsumexp(np, rng.standard_normal((3, 4)).astype(dtype), rng.random((3, 4)) < 0.5)
+        masked_logsumexp(np, rng.standard_normal((3, 4)).astype(dtype), None)
+print(f"{imported - start:.2f} {gsp_done - imported:.2f} {time.perf_counter() - gsp_done:.2f}")
+"""
+
+
+def bench_compile(repeats: int) -> None:
+    """First-call compile time of the Numba CPU twins (GSP; masked log-sum-exp), cold and warm.
+
+    Each run is a fresh interpreter; ``NUMBA_CACHE_DIR`` points at an empty temporary folder
+    for the cold run and at the same folder, now filled, for the warm one (the package's
+    own ``__pycache__`` is left alone). Times: import, then the first calls of each dtype.
+    """
+    import subprocess
+    import tempfile
+
+    del repeats
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        print(f"Numba CPU twins: import + first calls (float64 and float32), seconds ({_load()})")
+        for label in ("cold cache", "warm cache"):
+            out = subprocess.run([sys.executable, "-c", _COMPILE_PROBE], env=env, cwd=root,
+                                 capture_output=True, text=True, check=True).stdout.split()
+            print(f"  {label}: import {out[0]} s, GSP pool fwd+bwd + transport fwd+bwd {out[1]} s, "
+                  f"masked log-sum-exp {out[2]} s")
+
+
+def bench_lse(repeats: int) -> None:
+    """masked_logsumexp (the softmax-type losses' reduction): array path vs the CPU twin."""
+    from refdml.gpu import use_kernels
+    from refdml.gpu._loss_kernels import masked_logsumexp
+
+    rng = np.random.default_rng(0)
+    print(f"masked log-sum-exp with extra_zero, half the entries masked (median of {repeats}, "
+          f"interleaved; numba threads {_numba_threads()}; {_load()})")
+    for shape in ((256, 256), (1024, 1024)):
+        for dtype in (np.float32, np.float64):
+            z = (rng.standard_normal(shape) * 5).astype(dtype)
+            mask = rng.random(shape) < 0.5
+
+            def run(kernels):
+                def go():
+                    with use_kernels(kernels):
+                        masked_logsumexp(np, z, mask, extra_zero=True)
+                return go
+            medians = interleaved({"array": run("array"), "cpu": run("cpu")}, repeats)
+            print(f"  {shape} {np.dtype(dtype).name}: array path {medians['array'] * 1e3:7.3f} ms, "
+                  f"CPU twin {medians['cpu'] * 1e3:7.3f} ms "
+                  f"({medians['array'] / medians['cpu']:.2f}x)")
 
 
 def bench_losses(repeats: int) -> None:
@@ -232,7 +338,8 @@ def bench_metrics(repeats: int) -> None:
           f"(MAP@R {r64['mean_average_precision_at_r']:.4f}, P@1 {r64['precision_at_1']:.4f})")
 
 
-SECTIONS = {"gsp": bench_gsp, "losses": bench_losses, "ot": bench_ot,
+SECTIONS = {"gsp": bench_gsp, "compile": bench_compile, "lse": bench_lse,
+            "losses": bench_losses, "ot": bench_ot,
             "kcenter": bench_kcenter, "metrics": bench_metrics}
 
 

@@ -73,6 +73,8 @@ register(OperatorSpec(
     make_inputs=_zero_shot_inputs,
     paper="GSP Sec. 4.3, (P3) and Algorithm 4 (softmax cross-entropy, scale 9.5)",
     tags=("loss",),
+    # Its softmax runs refdml.gpu._loss_kernels.masked_logsumexp (Numba kernels).
+    mirror_kernels=("cpu", "cuda"),
 ))
 register(OperatorSpec(
     name="crossbatch.zero_shot_loss_printed",

@@ -22,6 +22,9 @@ from refdml.gsp import (
 )
 
 VALIDATION_ONLY = "validation only"
+# The Numba kernels of refdml.gpu._nb_gsp (CPU twin; CUDA, under the simulator in CI). The
+# inputs below (B = 2 images, n = 4, m = 3, d = 3) are small enough for the simulator.
+KERNELS = ("cpu", "cuda")
 
 
 def _mixed_norms(rng: np.random.Generator, shape: tuple[int, ...], radii) -> np.ndarray:
@@ -84,6 +87,7 @@ register(OperatorSpec(
     paper="GSP (P2), Prop. 4.2 (exact root of the marginal equation), Prop. 4.3 closed form",
     mirror="refdml.gradcheck.catalog.gsp._wt_mirror_forward",
     mirror_backward="refdml.gpu.gsp.weight_transport_backward",
+    mirror_kernels=KERNELS,
 ))
 register(OperatorSpec(
     name="gsp.weight_transport_unrolled",
@@ -101,6 +105,7 @@ register(OperatorSpec(
     make_inputs=_pool_inputs,
     paper="GSP Alg. 2, Eqs. (4.1) and (4.3) with (P2) and Prop. 4.3",
     mirror="refdml.gpu.gsp.gsp_pool_forward",
+    mirror_kernels=KERNELS,
 ))
 register(OperatorSpec(
     name="gsp.pool_gemean",
@@ -109,6 +114,7 @@ register(OperatorSpec(
     make_inputs=_positive_pool_inputs,
     paper="GSP Alg. 2, GeMean + GSP (p > 1) and Eq. (4.3)",
     mirror="refdml.gpu.gsp.gsp_pool_forward",
+    mirror_kernels=KERNELS,
 ))
 register(OperatorSpec(
     name="gsp.pool_unrolled",

@@ -36,6 +36,8 @@ register(OperatorSpec(
     make_inputs=_entropic_inputs,
     mirror="refdml.gpu.histogram.histogram_entropic_forward",
     paper="XML Eq. (2.4), softmax solution (constraint sum_i pi_ij = 1/n)",
+    # Its softmax runs refdml.gpu._loss_kernels.masked_logsumexp (Numba kernels).
+    mirror_kernels=("cpu", "cuda"),
 ))
 register(OperatorSpec(
     name="histogram.convex_combination",

@@ -118,6 +118,12 @@ def _proxy_inputs(rng, **hyper):
     }
 
 
+# The losses whose mirror runs refdml.gpu._loss_kernels.masked_logsumexp on these inputs
+# (so its Numba kernels, refdml.gpu._nb_losses, under use_kernels("cpu") / ("cuda")).
+# Proxy-Anchor and ProxyNCA++ reach it only past their exp bound, not on these inputs.
+MASKED_LSE_KERNELS = ("cpu", "cuda")
+_THROUGH_MASKED_LSE = {"multi_similarity", "soft_triple"}
+
 for _name, _forward, _backward, _make, _paper in (
     ("contrastive", losses.contrastive_forward, losses.contrastive_backward,
      _contrastive_inputs, "C2 contrastive with positive margin (GSP supp. 1.6.6; ASAP Sec. 5)"),
@@ -149,4 +155,5 @@ for _name, _forward, _backward, _make, _paper in (
         name=f"losses.{_name}", forward=_forward, backward=_backward, make_inputs=_make,
         paper=_paper, tags=("loss",),
         mirror=f"refdml.gpu.losses.{_forward.__name__}",
+        mirror_kernels=MASKED_LSE_KERNELS if _name in _THROUGH_MASKED_LSE else (),
     ))
