@@ -22,6 +22,11 @@ CPU twin (:func:`nearest_cpu`), two stages:
    so Numba's threads are the only ones) followed, while ``G`` is in cache, by the merge of
    every ``s32 = rsq32_j - 2 G_ij`` below the query's current ``K'``-th best into its sorted
    list of ``K' = K + EXTRA`` (score, index) pairs (an insertion; rare once the list fills).
+   Same-set mode uses the symmetry ``<x_a, x_b> = <x_b, x_a>``: only the tiles ``I <= J``
+   are multiplied, each product merged along its rows (queries of ``I``) and its columns
+   (queries of ``J``, 64 columns at a time so the reads stay contiguous); the tile pairs
+   run in rounds of disjoint pairs (the circle method), a ``prange`` per round, so no two
+   threads touch one query. Half the matrix-product work of the bare product.
 2. **float64 verification and re-rank** (:func:`_rerank`, ``prange`` over queries): the
    ``K'`` candidates' scores are recomputed in float64 from the float64 rows and sorted by
    ``(s64, j)``; the first ``K`` are the answer, when the certificate below holds. A query
@@ -133,6 +138,72 @@ def _candidates32(q32, rows, r32, rsq32, same_set, top_v, top_i, tile):
                         last = values[n_kept - 1]
 
 
+@njit(cache=True, parallel=True)
+def _candidates32_same_set(x32, slot, rsq32, top_v, top_i, tile, pair_i, pair_j, round_start):
+    """Stage 1 in same-set mode: each tile product ``G = X_I X_J^T`` (``I <= J``) serves
+    both the queries of ``I`` (rows of ``G``) and, for ``I != J``, those of ``J`` (its
+    columns): half the products. The pairs of one round share no tile, so the ``prange``
+    over a round's pairs writes disjoint queries. ``slot[i]``: row of query ``i`` in
+    ``top_v`` / ``top_i``, ``-1`` for a query that is not ranked."""
+    n, d = x32.shape
+    n_kept = top_v.shape[1]
+    two = np.float32(2.0)
+    for r in range(round_start.shape[0] - 1):
+        for p in prange(round_start[r], round_start[r + 1]):
+            a0 = pair_i[p] * tile
+            a1 = min(a0 + tile, n)
+            b0 = pair_j[p] * tile
+            b1 = min(b0 + tile, n)
+            gram = np.dot(x32[a0:a1], x32[b0:b1].T)
+            for a in range(a1 - a0):                      # queries of I, references of J
+                qa = slot[a0 + a]
+                if qa < 0:
+                    continue
+                values = top_v[qa]
+                index = top_i[qa]
+                last = values[n_kept - 1]
+                for b in range(b1 - b0):
+                    s = rsq32[b0 + b] - two * gram[a, b]
+                    if s < last and b0 + b != a0 + a:
+                        _insert(values, index, s, b0 + b)
+                        last = values[n_kept - 1]
+            if a0 == b0:
+                continue
+            lasts = np.empty(64, dtype=np.float32)
+            for c0 in range(0, b1 - b0, 64):              # queries of J, references of I
+                c1 = min(c0 + 64, b1 - b0)
+                for b in range(c0, c1):
+                    qb = slot[b0 + b]
+                    lasts[b - c0] = top_v[qb, n_kept - 1] if qb >= 0 else -np.inf
+                for a in range(a1 - a0):
+                    ra = rsq32[a0 + a]
+                    for b in range(c0, c1):
+                        s = ra - two * gram[a, b]
+                        if s < lasts[b - c0]:
+                            qb = slot[b0 + b]
+                            _insert(top_v[qb], top_i[qb], s, a0 + a)
+                            lasts[b - c0] = top_v[qb, n_kept - 1]
+
+
+def _round_robin(n_tiles):
+    """Pairs ``(I, J)``, ``I <= J``, of ``n_tiles`` tiles in rounds of disjoint pairs (the
+    circle method), the diagonal ``(I, I)`` as one more round."""
+    m = n_tiles + (n_tiles % 2)
+    ring = list(range(m))
+    pairs, starts = [], [0]
+    for _ in range(m - 1):
+        for k in range(m // 2):
+            i, j = ring[k], ring[m - 1 - k]
+            if i < n_tiles and j < n_tiles:
+                pairs.append((min(i, j), max(i, j)))
+        starts.append(len(pairs))
+        ring = [ring[0]] + [ring[-1]] + ring[1:-1]
+    pairs += [(i, i) for i in range(n_tiles)]
+    starts.append(len(pairs))
+    pair = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    return pair[:, 0].copy(), pair[:, 1].copy(), np.array(starts, dtype=np.int64)
+
+
 @njit(cache=True, inline="always")
 def _score64(q64, qi, r64, rsq64, j, factor):
     acc = 0.0
@@ -229,7 +300,13 @@ def nearest_cpu(query, rows, reference, n_keep, same_set, metric, *, tile=TILE, 
     out = np.empty((rows.size, n_keep), dtype=np.int64)
     redone = np.zeros(rows.size, dtype=np.bool_)
     with threadpool_limits(limits=1, user_api="blas"):
-        _candidates32(q32, rows, r32, rsq32, same_set, top_v, top_i, tile)
+        if same_set:
+            slot = np.full(n_r, -1, dtype=np.int64)
+            slot[rows] = np.arange(rows.size)
+            pair_i, pair_j, starts = _round_robin(-(-n_r // tile))
+            _candidates32_same_set(r32, slot, rsq32, top_v, top_i, tile, pair_i, pair_j, starts)
+        else:
+            _candidates32(q32, rows, r32, rsq32, same_set, top_v, top_i, tile)
     _rerank(q64, rows, r64, rsq64, factor, same_set, top_v, top_i, delta, n_keep, complete,
             out, redone)
     return (out, redone) if return_redone else out
