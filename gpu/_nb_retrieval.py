@@ -27,7 +27,9 @@ CPU twin (:func:`nearest_cpu`), two stages:
    (queries of ``J``, 64 columns at a time so the reads stay contiguous); the tile pairs
    run in rounds of disjoint pairs (the circle method), a ``prange`` per round, so no two
    threads touch one query. Half the matrix-product work of the bare product.
-2. **float64 verification and re-rank** (:func:`_rerank`, ``prange`` over queries): the
+2. **float64 verification and re-rank** (:func:`_rerank`, ``prange`` over queries; the
+   float64 dot is vectorised, ``fastmath`` reassoc + contract only: a deterministic order,
+   the same for equal rows, so exact duplicates stay exact ties): the
    ``K'`` candidates' scores are recomputed in float64 from the float64 rows and sorted by
    ``(s64, j)``; the first ``K`` are the answer, when the certificate below holds. A query
    whose certificate fails is redone by an exact float64 scan of every reference (correct,
@@ -212,7 +214,7 @@ def _score64(q64, qi, r64, rsq64, j, factor):
     return rsq64[j] + factor * acc
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
 def _rerank(q64, rows, r64, rsq64, factor, same_set, top_v, top_i, delta, n_keep, complete,
             out, redone):
     """Stage 2: certificate, float64 re-rank of the candidates, exact scan where it fails."""
