@@ -79,12 +79,16 @@ from numba import cuda, njit, prange
 from refdml._numerics import row_norm
 from refdml.gpu._numba_support import BLOCK
 
-__all__ = ["EXTRA", "TILE", "nearest_cpu", "nearest_cuda", "score_before"]
+__all__ = ["EXTRA", "MAX_KEEP", "TILE", "nearest_cpu", "nearest_cuda", "score_before"]
 
 #: Rows per query tile and per reference tile of the float32 stage (a 4 MiB tile per thread).
 TILE = 1024
 #: Candidates kept beyond ``K`` for the float64 verification.
 EXTRA = 32
+#: Largest ``K`` the CPU twin takes: its sorted lists cost ``O(K)`` per insertion and its
+#: re-rank ``O(K^2)`` per query, right for DML's class sizes (SOP: ``K`` = 11; CUB/Cars test
+#: classes ~60) but not for a class of thousands; callers use the readable / array path above.
+MAX_KEEP = 256
 _U32 = 2.0**-24
 _TINY32 = 2.0**-126
 

@@ -27,7 +27,7 @@ Kernels (:func:`refdml.gpu.use_kernels`): with ``"auto"`` a NumPy input runs the
 twin (float32 tiles and a running top-K, certified and re-ranked in float64: the neighbours
 of the float64 reference on the same input; see :mod:`refdml.gpu._nb_retrieval`), a CuPy input
 the CUDA kernel (an exact float64 scan per query); ``"array"`` runs the array code described
-here.
+here, and so does the CPU mode where ``K`` exceeds ``MAX_KEEP`` (256).
 
 Precision: float64 gives the reference's metrics (same arithmetic; only a matrix
 product's blocking could round differently, which matters only for two references whose
@@ -54,7 +54,7 @@ import numpy as np
 from refdml._validation import check_choice, check_scalar
 from refdml._xp import array_namespace
 from refdml.gpu._fast_checks import check_nonzero_rows, fast_labels
-from refdml.gpu._nb_retrieval import nearest_cpu, nearest_cuda
+from refdml.gpu._nb_retrieval import MAX_KEEP, nearest_cpu, nearest_cuda
 from refdml.gpu._numba_support import select_kernel
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import common_scale
@@ -115,7 +115,7 @@ def _nearest(xp, query, rows, reference, n_keep, same_set, metric, chunk_size):
     Dispatch (:func:`refdml.gpu.use_kernels`): the compiled CPU twin or the CUDA kernel of
     :mod:`refdml.gpu._nb_retrieval`, else the array path below.
     """
-    kernel = select_kernel(query)
+    kernel = select_kernel(query, has_cpu=n_keep <= MAX_KEEP)
     if kernel == "cpu":
         return nearest_cpu(query, rows, reference, n_keep, same_set, metric)
     if kernel == "cuda":

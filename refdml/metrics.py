@@ -38,7 +38,9 @@ lexicographic sort of the kept columns) is the statement, reachable as
 thread, BLAS threads held at one inside) merged into a running top-``(K + 32)`` per query,
 then a float64 re-rank of those candidates, certified to contain the true ``K`` nearest by
 a rounding bound (the proof is in that module's docstring; a query whose certificate fails
-is redone by an exact float64 scan). Its float64 scores differ from ``_nearest``'s only in
+is redone by an exact float64 scan). Where ``K`` exceeds 256 (a class of hundreds of
+members) the readable ranking runs instead: the twin's sorted lists are made for small ``K``.
+Its float64 scores differ from ``_nearest``'s only in
 the order the dot products are summed (BLAS here, a loop there), so the neighbours are the
 same except between two references whose float64 distances agree to ~1e-16 relative.
 
@@ -170,8 +172,10 @@ def _nearest_compiled(query, rows, reference, n_keep, same_set, metric, chunk_si
     float32 tiles with a running top-K, verified and re-ranked in float64; imported lazily,
     refdml.gpu imports this module). ``chunk_size`` is the readable path's; the twin's tiles
     are fixed (1024 x 1024 per thread)."""
-    from refdml.gpu._nb_retrieval import nearest_cpu
+    from refdml.gpu._nb_retrieval import MAX_KEEP, nearest_cpu
 
+    if n_keep > MAX_KEEP:   # huge classes: sorted lists of K would cost O(K) per insertion
+        return _nearest(query, rows, reference, n_keep, same_set, metric, chunk_size)
     return nearest_cpu(query, rows, reference, n_keep, same_set, metric)
 
 

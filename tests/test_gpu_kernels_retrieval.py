@@ -133,3 +133,16 @@ def test_bad_input_named_on_the_fast_path():
         ref.retrieval_metrics(np.ones((4, 2)), [0, 0, 1, 1], np.ones((3, 3)), [0, 1, 1])
     with pytest.raises(ValueError, match="no query has a true reference"):
         ref.retrieval_metrics(np.eye(3), [0, 1, 2])
+
+
+def test_large_k_uses_the_readable_ranking(monkeypatch):
+    # K above MAX_KEEP (one class of 300 in same-set mode) runs the readable ranking.
+    from refdml.gpu import _nb_retrieval
+
+    monkeypatch.setattr(_nb_retrieval, "MAX_KEEP", 20)
+    x, _ = _data(9, 60, 4, 1)
+    labels = np.zeros(60, dtype=int)
+    called = []
+    monkeypatch.setattr(_nb_retrieval, "nearest_cpu", lambda *a, **k: called.append(1))
+    want = ref._retrieval_metrics_readable(x, labels)
+    assert ref.retrieval_metrics(x, labels) == want and not called
