@@ -245,7 +245,7 @@ def farthest_first_cuda(xp, points, k, min_sq, first):
     """``k`` picks with the CUDA kernels (CuPy arrays on a GPU; NumPy under the simulator).
 
     ``first``: a (1,) int64 array of the input's module, or None (start from the arg-max of
-    ``min_sq``, one extra reduction launch pair with an all-``inf`` update skipped).
+    ``min_sq``: one ``xp.argmax``, left on the device).
     Returns ``(indices (k,) int64, radii (k,) in the points' dtype)``, arrays of ``xp``; no
     synchronisation.
     """
