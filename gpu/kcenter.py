@@ -21,7 +21,9 @@ also gives the radius of the current set (``m`` at the arg-max is its maximum), 
 radius costs a gather, not a second reduction. The pick index stays a 1-element device
 array used to gather ``x_q`` and to mark ``m(q) = -1``: no synchronisation inside the
 loop. The loop over the ``k`` picks is sequential by nature (each pick depends on the
-previous one).
+previous one). Kernels: with ``use_kernels("auto")`` a NumPy input runs the compiled CPU
+twin and a CuPy input the CUDA kernels of :mod:`refdml.gpu._nb_kcenter` (the update and the
+arg-max fused in one pass per pick); ``"array"`` runs the array code described here.
 
 Synchronisations on CuPy (results that must reach Python, or checks of the data):
 ``initial_radius`` (a Python float, like the reference; one sync when ``initial`` is
@@ -39,6 +41,8 @@ import numpy as np
 
 from refdml._validation import check_rng, check_scalar
 from refdml._xp import array_namespace, is_cupy_array
+from refdml.gpu._nb_kcenter import farthest_first_cpu, farthest_first_cuda
+from refdml.gpu._numba_support import select_kernel
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import common_scale
 from refdml.kcenter import KCenterResult
@@ -64,7 +68,22 @@ def _sq_to_set(xp: Any, points: Any, sq_norms: Any, centers: Any, chunk_size: in
 
 
 def _farthest_first(xp: Any, points: Any, k: int, min_sq: Any, first: Any) -> tuple[Any, Any]:
-    """``k`` picks from ``min_sq`` (modified in place); ``first`` a (1,) index array or None."""
+    """``k`` picks from ``min_sq`` (modified in place); ``first`` a (1,) index array or None.
+
+    Dispatch (:func:`refdml.gpu.use_kernels`): the compiled CPU twin or the CUDA kernels of
+    :mod:`refdml.gpu._nb_kcenter` (one fused update + arg-max pass per pick), else the
+    array path below.
+    """
+    kernel = select_kernel(points)
+    if kernel == "cpu":
+        return farthest_first_cpu(points, k, min_sq, None if first is None else int(first[0]))
+    if kernel == "cuda":
+        return farthest_first_cuda(xp, points, k, min_sq, first)
+    return _farthest_first_array(xp, points, k, min_sq, first)
+
+
+def _farthest_first_array(xp: Any, points: Any, k: int, min_sq: Any, first: Any):
+    """The array path: a mat-vec, an update and an arg-max per pick."""
     sq_norms = xp.einsum("nd,nd->n", points, points)
     indices = xp.empty(k, dtype=xp.int64)
     radii_sq = xp.empty(k, dtype=points.dtype)

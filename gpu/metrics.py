@@ -23,6 +23,12 @@ reference's lexicographic (score, index) order, with no Python loop over queries
 references.
 Memory: ``O(chunk_size * _REFERENCE_BLOCK)`` plus the inputs.
 
+Kernels (:func:`refdml.gpu.use_kernels`): with ``"auto"`` a NumPy input runs the compiled CPU
+twin (float32 tiles and a running top-K, certified and re-ranked in float64: the neighbours
+of the float64 reference on the same input; see :mod:`refdml.gpu._nb_retrieval`), a CuPy input
+the CUDA kernel (an exact float64 scan per query); ``"array"`` runs the array code described
+here, and so does the CPU mode where ``K`` exceeds ``MAX_KEEP`` (256).
+
 Precision: float64 gives the reference's metrics (same arithmetic; only a matrix
 product's blocking could round differently, which matters only for two references whose
 distances agree to ~1e-16 relative). In float32 the scores round at ~1e-7 relative of
@@ -48,6 +54,8 @@ import numpy as np
 from refdml._validation import check_choice, check_scalar
 from refdml._xp import array_namespace
 from refdml.gpu._fast_checks import check_nonzero_rows, fast_labels
+from refdml.gpu._nb_retrieval import MAX_KEEP, nearest_cpu, nearest_cuda
+from refdml.gpu._numba_support import select_kernel
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import common_scale
 from refdml.metrics import _check_k
@@ -102,7 +110,21 @@ def _merge(xp: Any, top: Any, top_idx: Any, score: Any, r0: int, n_keep: int):
 
 
 def _nearest(xp, query, rows, reference, n_keep, same_set, metric, chunk_size):
-    """(n_rows, n_keep) indices of the nearest references of ``query[rows]``, in order."""
+    """(n_rows, n_keep) indices of the nearest references of ``query[rows]``, in order.
+
+    Dispatch (:func:`refdml.gpu.use_kernels`): the compiled CPU twin or the CUDA kernel of
+    :mod:`refdml.gpu._nb_retrieval`, else the array path below.
+    """
+    kernel = select_kernel(query, has_cpu=n_keep <= MAX_KEEP)
+    if kernel == "cpu":
+        return nearest_cpu(query, rows, reference, n_keep, same_set, metric)
+    if kernel == "cuda":
+        return nearest_cuda(xp, query, rows, reference, n_keep, same_set, metric)
+    return _nearest_array(xp, query, rows, reference, n_keep, same_set, metric, chunk_size)
+
+
+def _nearest_array(xp, query, rows, reference, n_keep, same_set, metric, chunk_size):
+    """The array path: blocks of queries and references, argpartition and a stable merge."""
     if metric == "euclidean":
         ref_sq = xp.einsum("ij,ij->i", reference, reference)
     else:

@@ -18,6 +18,17 @@
     ``budget`` instances, then pick ``|rho_c|`` of them farthest-first from the current
     proxies ``rho_c``. The algorithm as printed seeds the distances with ``rho_c`` and
     grows ``r_c`` until ``|r_c| = |rho_c|``, so ``budget >= |rho_c|`` is required.
+
+Two implementations of the traversal, held together by tests/test_kcenter.py (fixed seeds
+and hypothesis inputs: the same picks, radii to 1e-13 relative in float64):
+``_farthest_first`` (readable, NumPy: a mat-vec, an update and an arg-max per pick) is the
+statement of the algorithm, reachable as ``_greedy_k_center_readable``;
+:func:`greedy_k_center` runs the compiled twin ``refdml.gpu._nb_kcenter.farthest_first_cpu``
+(Numba, one fused pass over the points per pick, no BLAS: on 100,000 x 128 it reads the
+points once per pick and cannot oversubscribe the cores as a threaded BLAS mat-vec does, at
+any thread setting). Both use the same Gram-identity arithmetic; only the order in which the
+dot products are summed differs (rounding, ~1e-16 of ``|x|^2``), so a pick could differ only
+between two points whose distances agree to that rounding.
 """
 
 from __future__ import annotations
@@ -107,8 +118,19 @@ def _farthest_first(points, k, min_sq, first, chunk_size):
     return indices, radii
 
 
+def _farthest_first_compiled(points, k, min_sq, first, chunk_size):
+    """:func:`_farthest_first` by the compiled CPU twin (imported lazily: refdml.gpu imports
+    this module)."""
+    from refdml.gpu._nb_kcenter import farthest_first_cpu
+
+    return farthest_first_cpu(points, k, min_sq, first)
+
+
 def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KCenterResult:
     """Greedy k-center by farthest-first traversal.
+
+    Runs the compiled traversal (see the module docstring); ``_greedy_k_center_readable``
+    is the same function with the readable NumPy traversal.
 
     Parameters
     ----------
@@ -124,6 +146,15 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
     -------
     KCenterResult
     """
+    return _greedy_k_center(points, k, initial, rng, chunk_size, _farthest_first_compiled)
+
+
+def _greedy_k_center_readable(points, k, *, initial=None, rng=None, chunk_size=8192):
+    """:func:`greedy_k_center` with the readable NumPy traversal (the statement)."""
+    return _greedy_k_center(points, k, initial, rng, chunk_size, _farthest_first)
+
+
+def _greedy_k_center(points, k, initial, rng, chunk_size, traversal) -> KCenterResult:
     points = as_float_array(points, "points", ndim=2, copy=False)  # read only
     n = points.shape[0]
     k = check_scalar(k, "k", low=1, integer=True)
@@ -177,7 +208,7 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
             scale * float(np.sqrt(max(float(min_sq.max()), 0.0))) if first is None
             else float("inf")
         )
-    indices, radii = _farthest_first(points, k, min_sq, first, chunk_size)
+    indices, radii = traversal(points, k, min_sq, first, chunk_size)
     return KCenterResult(indices=indices, radii=scale * radii, initial_radius=initial_radius)
 
 

@@ -29,6 +29,21 @@ Both sets are first divided by one power of two (exact), and for cosine each row
 normalised by :func:`refdml._numerics.row_norm`, so the metrics are the same for
 embeddings of any magnitude (1e-300 .. 1e300).
 
+Two implementations of the ranking, held together by tests/test_gpu_kernels_retrieval.py
+(fixed seeds and hypothesis inputs: equal neighbours and equal metrics).
+``_nearest`` (readable: a float64 score block per chunk of queries, ``argpartition``, a
+lexicographic sort of the kept columns) is the statement, reachable as
+``_retrieval_metrics_readable``. :func:`retrieval_metrics` runs the compiled CPU twin
+``refdml.gpu._nb_retrieval.nearest_cpu``: float32 tiles (single-threaded sgemm per Numba
+thread, BLAS threads held at one inside) merged into a running top-``(K + 32)`` per query,
+then a float64 re-rank of those candidates, certified to contain the true ``K`` nearest by
+a rounding bound (the proof is in that module's docstring; a query whose certificate fails
+is redone by an exact float64 scan). Where ``K`` exceeds 256 (a class of hundreds of
+members) the readable ranking runs instead: the twin's sorted lists are made for small ``K``.
+Its float64 scores differ from ``_nearest``'s only in
+the order the dot products are summed (BLAS here, a loop there), so the neighbours are the
+same except between two references whose float64 distances agree to ~1e-16 relative.
+
 Clustering of embeddings (:func:`clustering_metrics`): k-means with as many clusters as
 classes (``scipy.cluster.vq.kmeans2``, k-means++ seeding), then three scores of the
 classes ``Y`` against the clusters ``C``, each also a function of two partitions:
@@ -152,11 +167,27 @@ def _check_k(k) -> tuple[int, ...]:
     return tuple(sorted({check_scalar(v, "k", low=1, integer=True) for v in values}))
 
 
+def _nearest_compiled(query, rows, reference, n_keep, same_set, metric, chunk_size):
+    """:func:`_nearest` by the compiled CPU twin (``refdml.gpu._nb_retrieval.nearest_cpu``:
+    float32 tiles with a running top-K, verified and re-ranked in float64; imported lazily,
+    refdml.gpu imports this module). ``chunk_size`` is the readable path's; the twin's tiles
+    are fixed (1024 x 1024 per thread)."""
+    from refdml.gpu._nb_retrieval import MAX_KEEP, nearest_cpu
+
+    if n_keep > MAX_KEEP:   # huge classes: sorted lists of K would cost O(K) per insertion
+        return _nearest(query, rows, reference, n_keep, same_set, metric, chunk_size)
+    return nearest_cpu(query, rows, reference, n_keep, same_set, metric)
+
+
 def retrieval_metrics(
     query, query_labels, reference=None, reference_labels=None, *,
     k=(1, 2, 4, 8), metric="euclidean", chunk_size=None,
 ) -> dict:
     """P@1, R-precision, MAP@R and Recall@k of a retrieval (see the module docstring).
+
+    The neighbours come from the compiled CPU twin (see "Two implementations" in the
+    module docstring); ``_retrieval_metrics_readable`` is the same function with the
+    readable NumPy ranking.
 
     Parameters
     ----------
@@ -185,6 +216,21 @@ def retrieval_metrics(
         Mismatched lengths or dimensions, only one of ``reference`` and
         ``reference_labels``, or no query with a true reference.
     """
+    return _retrieval_metrics(query, query_labels, reference, reference_labels, k, metric,
+                              chunk_size, _nearest_compiled)
+
+
+def _retrieval_metrics_readable(
+    query, query_labels, reference=None, reference_labels=None, *,
+    k=(1, 2, 4, 8), metric="euclidean", chunk_size=None,
+) -> dict:
+    """:func:`retrieval_metrics` with the readable NumPy ranking (:func:`_nearest`)."""
+    return _retrieval_metrics(query, query_labels, reference, reference_labels, k, metric,
+                              chunk_size, _nearest)
+
+
+def _retrieval_metrics(query, query_labels, reference, reference_labels, k, metric,
+                       chunk_size, nearest) -> dict:
     query = as_float_array(query, "query", ndim=2)
     query_labels = as_label_array(query_labels, "query_labels", length=query.shape[0])
     if (reference is None) != (reference_labels is None):
@@ -236,7 +282,7 @@ def retrieval_metrics(
 
     # Only the scored queries are ranked.
     scored_index = np.nonzero(scored)[0]
-    neighbours = _nearest(query, scored_index, reference, n_keep, same_set, metric, chunk_size)
+    neighbours = nearest(query, scored_index, reference, n_keep, same_set, metric, chunk_size)
     hits = reference_labels[neighbours] == query_labels[scored][:, None]   # (n_scored, K)
     r = n_true[scored]
     within_r = np.arange(1, n_keep + 1)[None, :] <= r[:, None]

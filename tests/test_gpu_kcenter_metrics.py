@@ -1,7 +1,8 @@
 """Parity of the non-differentiable mirrors (greedy k-center, retrieval metrics) with the
 reference, on fixed and hypothesis-drawn seeds, NumPy float64 and float32.
 
-They are not catalogue entries (no backward), so they get their own parity tests here.
+They are not catalogue entries (no backward), so they get their own parity tests here,
+for the array path and for the compiled CPU twin (the ``kernels`` fixture).
 float64: the same picks, radii and metrics as the reference (same arithmetic). float32:
 compared with the reference run on the float32-rounded inputs upcast to float64, so only
 the float32 arithmetic differs; k-center radii to 1e-5 relative, and a pick may differ
@@ -20,6 +21,16 @@ from refdml import kcenter as ref_kcenter
 from refdml import metrics as ref_metrics
 from refdml.gpu import kcenter as fast_kcenter
 from refdml.gpu import metrics as fast_metrics
+from refdml.gpu import use_kernels
+
+
+@pytest.fixture(autouse=True, params=["array", "cpu"])
+def kernels(request):
+    """Every parity test of this file runs twice: the array path and the compiled CPU twin
+    (refdml.gpu._nb_kcenter / _nb_retrieval). The CUDA kernels are held to the array path
+    on tiny inputs under the simulator in tests/test_gpu_kernels_{kcenter,retrieval}.py."""
+    with use_kernels(request.param):
+        yield request.param
 
 # --------------------------------------------------------------------------- k-center
 

@@ -1,0 +1,271 @@
+"""Greedy k-center kernels: each pick's distance update fused with the arg-max.
+
+The traversal (:func:`refdml.kcenter.greedy_k_center`): with ``m`` the squared distance of
+every point to the current centres and ``q`` the current pick,
+
+.. math::
+    m(i) \\leftarrow \\min\\big(m(i),\\ \\max(|x_i|^2 - 2 \\langle x_i, x_q \\rangle + |x_q|^2,\\ 0)\\big),
+    \\qquad m(q) \\leftarrow -1,
+    \\qquad r_t = \\sqrt{\\max(\\max_i m(i), 0)}, \\qquad q_{t+1} = \\arg\\max_i m(i),
+
+ties of the arg-max broken by the lowest index (NumPy's ``argmax``), ``-1`` marking a centre
+(never picked twice, even among duplicate points). The array code makes three passes over
+memory per pick (a mat-vec, an update, an arg-max); a kernel makes one: every point's
+distance update, its store and the running (max, arg-max) in the same loop, so a pick reads
+``n d`` values of ``points`` plus ``m`` and ``|x|^2`` once (the bandwidth bound).
+
+Scalar maths (one source for both targets): :func:`sq_to_center` (the Gram-identity
+distance, clamped at 0, as the reference writes it) and :func:`better` (the arg-max order:
+larger value, or equal value and lower index).
+
+CPU twin (:func:`farthest_first_cpu`, ``@njit(parallel=True)``): per pick a ``prange`` over
+``n_chunks`` contiguous chunks (``n_chunks`` = Numba's thread count, at most one per
+``BLOCK`` points); each chunk updates its points and keeps its own (max, arg-max), then the
+chunks' pairs are merged in chunk order with :func:`better`, so the lowest index wins a tie
+exactly as ``np.argmax`` does. No BLAS: a compiled loop reads the points once per pick and
+cannot oversubscribe the cores the way a threaded BLAS mat-vec does (issue 11: 9.4 s with two
+BLAS threads beside one busy process, 0.70 s with one).
+
+CUDA (:func:`farthest_first_cuda`): per pick two launches, no host round trip:
+``refdml_kcenter_update`` (one thread per point, ``BLOCK`` threads per block: update, then a
+block-level shared-memory arg-max reduction writing one (max, arg-max) per block) and
+``refdml_kcenter_pick`` (one block of ``BLOCK`` threads reducing the blocks' pairs: the
+radius of this pick and the next pick, left on the device where the next update reads it).
+One thread per point reads its row with a stride of ``d`` (uncoalesced): a first version,
+checked only under Numba's CUDA simulator this session (never run on a GPU).
+
+dtype: ``points``, ``m`` and the radii stay in the input dtype; the dot product accumulates
+in float64 in both kernels (the CPU twin with ``fastmath={"reassoc", "contract"}`` so that
+LLVM vectorises the sum: a different, deterministic summation order; no finite-math flags). In float64 the picks are the reference's and the radii agree to
+rounding (the reference's BLAS mat-vec sums the dot products in another order: ~1e-16
+relative of ``|x|^2``; the parity tests hold 1e-13). A pick could differ only where two
+points' distances agree to that rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, get_num_threads, njit, prange
+
+from refdml.gpu._numba_support import BLOCK
+
+__all__ = ["better", "farthest_first_cpu", "farthest_first_cuda", "sq_to_center"]
+
+
+@njit(cache=True, inline="always")
+def sq_to_center(sq_norm, dot, c_sq):
+    """``max(|x_i|^2 - 2 <x_i, x_q> + |x_q|^2, 0)`` from ``|x_i|^2``, the dot and ``|x_q|^2``.
+
+    Scalars only (the CUDA simulator passes arrays no ``njit`` function can take); the dot
+    product itself is a loop in each kernel, accumulated in float64.
+    """
+    value = sq_norm - 2.0 * dot + c_sq
+    return value if value > 0.0 else 0.0
+
+
+@njit(cache=True, inline="always")
+def better(value, index, best_value, best_index):
+    """True when ``(value, index)`` beats ``(best_value, best_index)`` in ``argmax`` order."""
+    return value > best_value or (value == best_value and index < best_index)
+
+
+# ------------------------------------------------------------------------------ CPU twin
+
+
+@njit(cache=True)
+def _argmax(values):
+    best, arg = values[0], 0
+    for i in range(1, values.shape[0]):
+        if values[i] > best:
+            best, arg = values[i], i
+    return arg
+
+
+# Reassociation lets LLVM vectorise the float64 dot product (a serial add chain otherwise:
+# ~1.5x slower per pick, measured); no finite-math flags (m starts at +inf).
+_FAST = {"reassoc", "contract"}
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def _traverse_cpu(points, sq_norms, min_sq, first, k, n_chunks, indices, radii_sq):
+    n, d = points.shape
+    step = (n + n_chunks - 1) // n_chunks
+    chunk_max = np.empty(n_chunks, dtype=np.float64)
+    chunk_arg = np.empty(n_chunks, dtype=np.int64)
+    q = first if first >= 0 else _argmax(min_sq)
+    for pick in range(k):
+        indices[pick] = q
+        c_sq = np.float64(sq_norms[q])
+        for c in prange(n_chunks):
+            start = c * step
+            stop = min(start + step, n)
+            best, arg = -math.inf, n
+            for i in range(start, stop):
+                m = np.float64(min_sq[i])
+                dot = 0.0
+                for j in range(d):
+                    dot += np.float64(points[i, j]) * np.float64(points[q, j])
+                dist = sq_to_center(np.float64(sq_norms[i]), dot, c_sq)
+                if dist < m:
+                    m = dist
+                if i == q:
+                    m = -1.0
+                min_sq[i] = m                    # rounds to the array's dtype
+                v = np.float64(min_sq[i])
+                if better(v, i, best, arg):
+                    best, arg = v, i
+            chunk_max[c] = best
+            chunk_arg[c] = arg
+        best, arg = chunk_max[0], chunk_arg[0]
+        for c in range(1, n_chunks):
+            if better(chunk_max[c], chunk_arg[c], best, arg):
+                best, arg = chunk_max[c], chunk_arg[c]
+        radii_sq[pick] = best
+        q = arg
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def _sq_norms_cpu(points, out):
+    for i in prange(points.shape[0]):
+        acc = 0.0
+        for k in range(points.shape[1]):
+            acc += np.float64(points[i, k]) * np.float64(points[i, k])
+        out[i] = acc
+
+
+def _sq_norms(points: np.ndarray) -> np.ndarray:
+    out = np.empty(points.shape[0], dtype=points.dtype)
+    _sq_norms_cpu(points, out)
+    return out
+
+
+def farthest_first_cpu(points, k, min_sq, first, sq_norms=None):
+    """``k`` picks of the traversal on the CPU (the compiled twin).
+
+    points : (n, d) C-contiguous float32/float64 NumPy array (already scaled).
+    min_sq : (n,) squared distances to the current centres, same dtype (modified in place;
+        ``inf`` without centres, ``-1`` at centres).
+    first : the first pick (an int), or None to start from ``argmax(min_sq)``.
+    sq_norms : (n,) ``|x_i|^2`` (computed here if None).
+    Returns ``(indices (k,) int64, radii (k,) in the points' dtype)``.
+    """
+    points = np.ascontiguousarray(points)
+    if sq_norms is None:
+        sq_norms = _sq_norms(points)
+    n = points.shape[0]
+    n_chunks = max(1, min(get_num_threads(), -(-n // BLOCK)))
+    indices = np.empty(k, dtype=np.int64)
+    radii_sq = np.empty(k, dtype=np.float64)
+    _traverse_cpu(points, sq_norms, min_sq, -1 if first is None else int(first), k, n_chunks,
+                  indices, radii_sq)
+    return indices, np.sqrt(np.maximum(radii_sq, 0.0)).astype(points.dtype)
+
+
+# ---------------------------------------------------------------------------------- CUDA
+
+
+@cuda.jit(cache=True)
+def refdml_kcenter_update(points, sq_norms, min_sq, q_box, block_max, block_arg):
+    """One pick's update of ``min_sq`` and each block's (max, arg-max); ``q_box[0]`` the pick."""
+    s_val = cuda.shared.array(BLOCK, dtype=np.float64)
+    s_arg = cuda.shared.array(BLOCK, dtype=np.int64)
+    n = points.shape[0]
+    i = cuda.grid(1)
+    t = cuda.threadIdx.x
+    best, arg = -math.inf, n
+    if i < n:
+        q = q_box[0]
+        m = np.float64(min_sq[i])
+        dot = 0.0
+        for j in range(points.shape[1]):
+            dot += np.float64(points[i, j]) * np.float64(points[q, j])
+        dist = sq_to_center(np.float64(sq_norms[i]), dot, np.float64(sq_norms[q]))
+        if dist < m:
+            m = dist
+        if i == q:
+            m = -1.0
+        min_sq[i] = m                            # rounds to the array's dtype
+        best, arg = np.float64(min_sq[i]), i
+    s_val[t] = best
+    s_arg[t] = arg
+    cuda.syncthreads()
+    width = BLOCK // 2
+    while width > 0:
+        if t < width and better(s_val[t + width], s_arg[t + width], s_val[t], s_arg[t]):
+            s_val[t] = s_val[t + width]
+            s_arg[t] = s_arg[t + width]
+        cuda.syncthreads()
+        width //= 2
+    if t == 0:
+        block_max[cuda.blockIdx.x] = s_val[0]
+        block_arg[cuda.blockIdx.x] = s_arg[0]
+
+
+@cuda.jit(cache=True)
+def refdml_kcenter_pick(block_max, block_arg, n_blocks, pick, q_box, indices, radii_sq):
+    """Reduce the blocks' (max, arg-max): ``radii_sq[pick]``, the next pick into ``q_box``."""
+    s_val = cuda.shared.array(BLOCK, dtype=np.float64)
+    s_arg = cuda.shared.array(BLOCK, dtype=np.int64)
+    t = cuda.threadIdx.x
+    best, arg = -math.inf, 2**62
+    for b in range(t, n_blocks, BLOCK):
+        if better(block_max[b], block_arg[b], best, arg):
+            best, arg = block_max[b], block_arg[b]
+    s_val[t] = best
+    s_arg[t] = arg
+    cuda.syncthreads()
+    width = BLOCK // 2
+    while width > 0:
+        if t < width and better(s_val[t + width], s_arg[t + width], s_val[t], s_arg[t]):
+            s_val[t] = s_val[t + width]
+            s_arg[t] = s_arg[t + width]
+        cuda.syncthreads()
+        width //= 2
+    if t == 0:
+        radii_sq[pick] = s_val[0]
+        q_box[0] = s_arg[0]
+        if pick + 1 < indices.shape[0]:
+            indices[pick + 1] = s_arg[0]
+
+
+@cuda.jit(cache=True)
+def refdml_kcenter_sq_norms(points, out):
+    i = cuda.grid(1)
+    if i >= points.shape[0]:
+        return
+    acc = 0.0
+    for k in range(points.shape[1]):
+        acc += np.float64(points[i, k]) * np.float64(points[i, k])
+    out[i] = acc
+
+
+def farthest_first_cuda(xp, points, k, min_sq, first):
+    """``k`` picks with the CUDA kernels (CuPy arrays on a GPU; NumPy under the simulator).
+
+    ``first``: a (1,) int64 array of the input's module, or None (start from the arg-max of
+    ``min_sq``: one ``xp.argmax``, left on the device).
+    Returns ``(indices (k,) int64, radii (k,) in the points' dtype)``, arrays of ``xp``; no
+    synchronisation.
+    """
+    n = points.shape[0]
+    points = xp.ascontiguousarray(points)
+    sq_norms = xp.empty(n, dtype=points.dtype)
+    n_blocks = -(-n // BLOCK)
+    refdml_kcenter_sq_norms[n_blocks, BLOCK](points, sq_norms)
+    block_max = xp.empty(n_blocks, dtype=xp.float64)
+    block_arg = xp.empty(n_blocks, dtype=xp.int64)
+    indices = xp.empty(k, dtype=xp.int64)
+    radii_sq = xp.empty(k, dtype=xp.float64)
+    if first is None:
+        q_box = xp.asarray(xp.argmax(min_sq, keepdims=True), dtype=xp.int64)
+    else:
+        q_box = xp.asarray(first, dtype=xp.int64).reshape(1).copy()
+    indices[0:1] = q_box
+    for pick in range(k):
+        refdml_kcenter_update[n_blocks, BLOCK](points, sq_norms, min_sq, q_box, block_max,
+                                               block_arg)
+        refdml_kcenter_pick[1, BLOCK](block_max, block_arg, n_blocks, pick, q_box, indices,
+                                      radii_sq)
+    return indices, xp.sqrt(xp.maximum(radii_sq, 0.0)).astype(points.dtype)

@@ -1,0 +1,157 @@
+"""Greedy k-center (and the Numba compile times of issue 11's scan kernels).
+
+Sections (each in one run, the machine load printed beside every number):
+
+``bound``
+    ``refdml.kcenter.greedy_k_center`` (the compiled traversal: one fused update + arg-max
+    pass per pick) on 100,000 x 128 float64, k = 1,000, against the memory-bandwidth
+    bound: bytes read per pick (``n d`` points + ``|x|^2`` + ``m``, 8 bytes each) times
+    ``k`` over the copy bandwidth measured in the same run (``np.copyto`` of the points,
+    bandwidth = bytes copied / second; a copy also writes them, so the read-only bandwidth
+    can be up to 2x this: the stricter ratio is printed too).
+``threads``
+    k = 100 at the default thread settings: the compiled path vs the readable reference
+    (``_greedy_k_center_readable``: a BLAS mat-vec per pick) at the default BLAS threads
+    and with BLAS held at one thread (threadpoolctl), interleaved medians.
+``compile``
+    First-call times in fresh interpreters: cold (this module's ``__pycache__`` Numba cache
+    files of ``_nb_kcenter`` / ``_nb_retrieval`` deleted first) and warm (cache present):
+    import + first call of ``greedy_k_center`` and of ``retrieval_metrics`` on tiny inputs.
+
+Run WITHOUT OPENBLAS_NUM_THREADS set (the default a user has).
+
+    python scripts/bench_kcenter.py [--only bound threads compile] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _bench import interleaved  # noqa: E402
+
+from refdml import kcenter  # noqa: E402
+
+
+def load() -> str:
+    return "load %.1f %.1f %.1f" % os.getloadavg()
+
+
+def bench_bound(n: int, d: int, k: int) -> None:
+    points = np.random.default_rng(0).standard_normal((n, d))
+    kcenter.greedy_k_center(points[:1000], 5, rng=0)            # compile or load the cache
+    dst = np.empty_like(points)
+    copies = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, points)
+        copies.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    result = kcenter.greedy_k_center(points, k, rng=0)
+    seconds = time.perf_counter() - t0
+    for _ in range(5):                                           # copies after, too
+        t0 = time.perf_counter()
+        np.copyto(dst, points)
+        copies.append(time.perf_counter() - t0)
+    bandwidth = points.nbytes / float(np.median(copies))
+    per_pick = 8 * n * (d + 2)
+    bound = k * per_pick / bandwidth
+    print(f"\ngreedy k-center {n} x {d} float64, k={k} (compiled path), {load()}")
+    print(f"  copy bandwidth (np.copyto of {points.nbytes / 2**20:.0f} MiB, median of 10): "
+          f"{bandwidth / 1e9:.2f} GB/s of bytes copied")
+    print(f"  bytes read per pick {per_pick / 2**20:.1f} MiB -> bound {bound:.2f} s "
+          f"(if reads ran at 2x the copy rate: {bound / 2:.2f} s)")
+    print(f"  time {seconds:.2f} s = {seconds / bound:.2f}x the bound "
+          f"({2 * seconds / bound:.2f}x the stricter one); final radius {result.radii[-1]:.4f}")
+
+
+def bench_threads(n: int, d: int, k: int, repeats: int) -> None:
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    points = np.random.default_rng(1).standard_normal((n, d))
+    blas = [(i["internal_api"], i["num_threads"]) for i in threadpool_info()
+            if i["user_api"] == "blas"]
+
+    def readable_one_thread():
+        with threadpool_limits(limits=1, user_api="blas"):
+            return kcenter._greedy_k_center_readable(points, k, rng=0)
+
+    runs = {
+        "compiled (refdml.kcenter.greedy_k_center)": lambda: kcenter.greedy_k_center(
+            points, k, rng=0),
+        "readable, default BLAS threads": lambda: kcenter._greedy_k_center_readable(
+            points, k, rng=0),
+        "readable, BLAS held at 1 thread": readable_one_thread,
+    }
+    a, b = runs["compiled (refdml.kcenter.greedy_k_center)"](), readable_one_thread()
+    assert np.array_equal(a.indices, b.indices)
+    np.testing.assert_allclose(a.radii, b.radii, rtol=1e-13)
+    medians = interleaved(runs, repeats)
+    print(f"\ngreedy k-center {n} x {d}, k={k}, default threads (BLAS {blas}, "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}), "
+          f"median of {repeats} interleaved, {load()}")
+    base = medians["compiled (refdml.kcenter.greedy_k_center)"]
+    for name, seconds in medians.items():
+        print(f"  {name:44s} {seconds:7.3f} s  {seconds / base:6.2f}x the compiled path")
+    print("  picks equal, radii to 1e-13: True (asserted)")
+
+
+_FIRST_CALL = """
+import time
+t0 = time.perf_counter()
+import numpy as np
+from refdml.kcenter import greedy_k_center
+from refdml.metrics import retrieval_metrics
+t1 = time.perf_counter()
+greedy_k_center(np.random.default_rng(0).standard_normal((50, 4)), 3, rng=0)
+t2 = time.perf_counter()
+retrieval_metrics(np.random.default_rng(0).standard_normal((50, 4)), np.arange(50) % 5)
+retrieval_metrics(np.random.default_rng(0).standard_normal((50, 4)), np.arange(50) % 5,
+                  np.random.default_rng(1).standard_normal((40, 4)), np.arange(40) % 5,
+                  metric="cosine")
+t3 = time.perf_counter()
+print(f"{t1 - t0:.2f} {t2 - t1:.2f} {t3 - t2:.2f}")
+"""
+
+
+def bench_compile() -> None:
+    cache = os.path.join(os.path.dirname(__file__), "..", "gpu", "__pycache__")
+    print(f"\nfirst-call times in a fresh interpreter ({load()}): import | greedy_k_center | "
+          "retrieval_metrics (same-set euclidean + separate cosine)")
+    for label in ("cold cache", "warm cache"):
+        if label == "cold cache":
+            for pattern in ("_nb_kcenter*.nb[ic]", "_nb_retrieval*.nb[ic]"):
+                for path in glob.glob(os.path.join(cache, pattern)):
+                    os.remove(path)
+        out = subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True,
+                             text=True, check=True).stdout.split()
+        print(f"  {label:10s}  import {out[0]} s | k-center {out[1]} s | retrieval {out[2]} s")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=["bound", "threads", "compile"])
+    parser.add_argument("--quick", action="store_true", help="20,000 points, k = 100 / 20")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"{os.cpu_count()} cores, machine shared with other jobs; "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+    n = 20_000 if args.quick else 100_000
+    if "bound" in args.only:
+        bench_bound(n, 128, 100 if args.quick else 1_000)
+    if "threads" in args.only:
+        bench_threads(n, 128, 20 if args.quick else 100, args.repeats)
+    if "compile" in args.only:
+        bench_compile()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""Retrieval metrics at the SOP test split's shape: the compiled path vs its bounds (issue 11).
+
+60,000 x 128 float32 embeddings (unit rows, class centre + noise; synthetic, seeded) in
+11,316 classes of 2-12 images (2 each plus a multinomial share of the rest, mean 5.3 like
+SOP's test split), same-set mode, Euclidean. In ONE run, interleaved medians
+(scripts/_bench.py) of:
+
+- ``refdml.metrics.retrieval_metrics`` (the compiled CPU twin: float32 tiles, running
+  top-K, certified float64 re-rank);
+- the bare chunked 60k x 60k x 128 matrix product, float32 and float64 (NumPy at the default
+  BLAS threads, 4,096 query rows per chunk, nothing else done): the issue's bound;
+- faiss-cpu's flat index (``IndexFlatL2``, K+1 nearest, self removed) where faiss is
+  installed (not a dependency: ``pip install faiss-cpu``), the named alternative;
+
+then once: the readable reference (``_retrieval_metrics_readable``, ~66 s unloaded;
+``--no-readable`` skips it), whose metrics must EQUAL the compiled path's (asserted).
+Peak memory above the input: resident set size sampled every 2 ms from /proc/self/statm in a
+thread (sees Numba's allocations, which tracemalloc does not), minus the RSS just before the
+call; tracemalloc's peak (NumPy buffers only) beside it. Default thread settings: do not set
+OPENBLAS_NUM_THREADS (the script says what it sees). The machine load (``os.getloadavg``)
+is printed with every number.
+
+    python scripts/bench_retrieval.py [--quick] [--repeats 2] [--no-readable]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import tracemalloc
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _bench import interleaved  # noqa: E402
+
+from refdml import metrics  # noqa: E402
+
+
+def make_data(n: int, n_classes: int, d: int, seed: int):
+    rng = np.random.default_rng(seed)
+    sizes = 2 + rng.multinomial(n - 2 * n_classes, np.full(n_classes, 1.0 / n_classes))
+    labels = rng.permutation(np.repeat(np.arange(n_classes), sizes))
+    centres = rng.standard_normal((n_classes, d))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    x = centres[labels] + 0.12 * rng.standard_normal((n, d))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x.astype(np.float32), labels, sizes
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_memory(fn):
+    """(result, RSS peak above the start in MiB, tracemalloc peak in MiB)."""
+    base = _rss()
+    peak = [base]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    tracemalloc.start()
+    thread.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        thread.join()
+        traced = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    peak[0] = max(peak[0], _rss())
+    return result, (peak[0] - base) / 2**20, traced / 2**20
+
+
+def load() -> str:
+    return "load %.1f %.1f %.1f" % os.getloadavg()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="6,000 x 128, 1,131 classes")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-readable", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    n, n_classes, d = (6_000, 1_131, 128) if args.quick else (60_000, 11_316, 128)
+    x, labels, sizes = make_data(n, n_classes, d, args.seed)
+    x64 = x.astype(np.float64)
+    print(f"retrieval, same-set, {n} x {d} float32 embeddings, {n_classes} classes "
+          f"(sizes {sizes.min()}-{sizes.max()}, mean {sizes.mean():.2f}); "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
+          f"{os.cpu_count()} cores; machine shared with other jobs; {load()}")
+
+    t0 = time.perf_counter()
+    metrics.retrieval_metrics(x[:500], labels[:500] % 50)     # compile or load the cache
+    print(f"first call (compile or cache load): {time.perf_counter() - t0:.2f} s")
+
+    def bare_matmul(a):
+        for start in range(0, a.shape[0], 4096):
+            a[start:start + 4096] @ a.T
+
+    runs = {
+        "refdml.metrics.retrieval_metrics": lambda: metrics.retrieval_metrics(x, labels),
+        "bare matmul float32": lambda: bare_matmul(x),
+        "bare matmul float64": lambda: bare_matmul(x64),
+    }
+    faiss_result = None
+    try:
+        import faiss
+
+        n_keep = int(sizes.max()) - 1
+
+        def faiss_flat():
+            index = faiss.IndexFlatL2(d)
+            index.add(x)
+            _, found = index.search(x, n_keep + 1)
+            return found
+
+        runs["faiss-cpu IndexFlatL2"] = faiss_flat
+        print(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} OpenMP threads")
+    except ImportError:
+        print("faiss-cpu not installed: no faiss row")
+
+    result, rss, traced = peak_memory(runs["refdml.metrics.retrieval_metrics"])
+    print(f"peak memory above the input ({x.nbytes / 2**20:.0f} MiB float32): "
+          f"RSS sampled {rss:.0f} MiB, tracemalloc {traced:.0f} MiB; {load()}")
+    if "faiss-cpu IndexFlatL2" in runs:
+        found, rss_f, _ = peak_memory(runs["faiss-cpu IndexFlatL2"])
+        own = found == np.arange(n)[:, None]
+        same_order = int(np.sum(np.all(found[:, :1] == np.arange(n)[:, None], axis=1)))
+        print(f"faiss: RSS sampled {rss_f:.0f} MiB above the input; self ranked first for "
+              f"{same_order} of {n} queries ({int(own.any(axis=1).sum())} found themselves)")
+    medians = interleaved(runs, args.repeats, warmups=0)
+    print(f"\nmedian of {args.repeats} interleaved runs ({load()}):")
+    base = medians["bare matmul float32"]
+    for name, seconds in medians.items():
+        print(f"  {name:36s} {seconds:8.2f} s   {seconds / base:5.2f}x the float32 matmul")
+
+    if not args.no_readable:
+        t0 = time.perf_counter()
+        readable = metrics._retrieval_metrics_readable(x, labels)
+        print(f"\nreadable reference (_retrieval_metrics_readable), once: "
+              f"{time.perf_counter() - t0:.1f} s ({load()})")
+        assert readable == result, (readable, result)
+        print("metrics equal to the readable reference: True (asserted)")
+    print("metrics: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""The greedy k-center kernels (refdml.gpu._nb_kcenter) against the readable traversal.
+
+float64: the same picks and radii to 1e-13 relative (only the dot products' summation order
+differs from the reference's BLAS mat-vec). float32 (the mirror's CPU twin and CUDA kernel):
+against the mirror's own array path on the same float32 input, same picks, radii to 1e-6
+(both accumulate the dot in float64 or keep float32 storage; picks can part only at a
+float32 near-tie, which these well-separated draws do not have). The CUDA kernels run under
+Numba's CUDA simulator here (tiny inputs: every thread is a Python thread).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refdml import kcenter as ref
+from refdml.gpu import kcenter as fast
+from refdml.gpu import use_kernels
+
+
+def _points(seed, n, d, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n, d)) * rng.uniform(0.5, 3.0, size=d)).astype(dtype)
+
+
+def _kwargs(mode, seed, points):
+    rng = np.random.default_rng(seed + 100)
+    if mode == "index":
+        return {"initial": rng.choice(points.shape[0], size=3, replace=False)}
+    if mode == "centers":
+        return {"initial": rng.standard_normal((4, points.shape[1])).astype(points.dtype)}
+    return {"rng": seed}
+
+
+def _assert_equal(a, b, rtol):
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_allclose(a.radii, b.radii, rtol=rtol, atol=0)
+    np.testing.assert_allclose(a.initial_radius, b.initial_radius, rtol=rtol)
+
+
+@pytest.mark.parametrize("mode", ["rng", "index", "centers"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_compiled_matches_readable(seed, mode):
+    points = _points(seed, 300, 7)   # not a multiple of BLOCK
+    kwargs = _kwargs(mode, seed, points)
+    _assert_equal(ref.greedy_k_center(points, 40, **kwargs),
+                  ref._greedy_k_center_readable(points, 40, **kwargs), 1e-13)
+
+
+@settings(max_examples=25)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 200), d=st.integers(1, 9),
+       mode=st.sampled_from(["rng", "index", "centers"]), scale_exp=st.sampled_from([-300, 0, 300]))
+def test_compiled_matches_readable_hypothesis(seed, n, d, mode, scale_exp):
+    points = _points(seed, n, d) * 10.0**scale_exp
+    kwargs = _kwargs(mode, seed, points) if n > 4 else {"rng": seed}
+    if mode == "centers" and n > 4:
+        kwargs["initial"] = kwargs["initial"] * 10.0**scale_exp
+    k = max(1, min(n - 3, 12)) if "initial" in kwargs and kwargs["initial"].ndim == 1 else min(n, 12)
+    _assert_equal(ref.greedy_k_center(points, k, **kwargs),
+                  ref._greedy_k_center_readable(points, k, **kwargs), 1e-13)
+
+
+def test_ties_duplicates_and_every_point():
+    # Duplicated rows and a picking of every point: -1 marks centres, ties go to the lowest
+    # index. Once every distinct point is a centre the remaining distances are 0 up to the
+    # Gram identity's rounding: the compiled loop gets exactly 0 for a duplicate (|x|^2 and
+    # <x, x> summed alike), the reference's einsum and BLAS mat-vec a few ulps either side,
+    # so the order of those zero-distance picks is rounding; only the set is compared there.
+    base = _points(3, 5, 3)
+    points = np.concatenate([base, base, base[:2]])
+    for k in (4, points.shape[0]):
+        a = ref.greedy_k_center(points, k, rng=0)
+        b = ref._greedy_k_center_readable(points, k, rng=0)
+        covered = np.nonzero(b.radii < 1e-6)[0]
+        stop = covered[0] + 1 if covered.size else k
+        np.testing.assert_array_equal(a.indices[:stop], b.indices[:stop])
+        np.testing.assert_allclose(a.radii, b.radii, rtol=1e-13, atol=1e-6)
+        assert sorted(a.indices.tolist()) == sorted(b.indices.tolist())
+    assert sorted(a.indices.tolist()) == list(range(points.shape[0]))
+    assert np.all(a.radii[5:] == 0.0)   # exact zeros on the compiled path
+    same = np.ones((7, 2))
+    np.testing.assert_array_equal(ref.greedy_k_center(same, 4, initial=np.array([2])).indices,
+                                  [0, 1, 3, 4])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mode", ["rng", "index", "centers"])
+def test_mirror_cpu_kernel_matches_array_path(mode, dtype):
+    points = _points(5, 257, 6, dtype)
+    kwargs = _kwargs(mode, 5, points)
+    with use_kernels("array"):
+        want = fast.greedy_k_center(points, 30, **kwargs)
+    with use_kernels("cpu"):
+        got = fast.greedy_k_center(points, 30, **kwargs)
+    assert got.radii.dtype == dtype and got.indices.dtype == np.int64
+    _assert_equal(got, want, 1e-13 if dtype == np.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mode", ["rng", "centers"])
+def test_mirror_cuda_kernel_matches_array_path(mode, dtype, cuda_device_array):
+    from refdml._xp import to_numpy
+
+    points = _points(7, 30, 3, dtype)
+    kwargs = _kwargs(mode, 7, points)
+    with use_kernels("array"):
+        want = fast.greedy_k_center(points, 3, **kwargs)
+    if "initial" in kwargs:
+        kwargs["initial"] = cuda_device_array(kwargs["initial"])
+    with use_kernels("cuda"):
+        got = fast.greedy_k_center(cuda_device_array(points), 3, **kwargs)
+    np.testing.assert_array_equal(to_numpy(got.indices), want.indices)
+    np.testing.assert_allclose(to_numpy(got.radii), want.radii,
+                               rtol=1e-13 if dtype == np.float64 else 1e-6)
+
+
+def test_bad_input_named_on_the_fast_path():
+    with pytest.raises(ValueError, match="k == 5"):
+        ref.greedy_k_center(np.ones((4, 2)), 5)
+    with pytest.raises(ValueError, match="points"):
+        ref.greedy_k_center(np.array([[np.nan, 1.0]]), 1)
