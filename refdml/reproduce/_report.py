@@ -158,7 +158,9 @@ def _curves(result: dict, path: Path) -> None:
                 continue
             n = min(len(s) for s in series)
             arr = np.array([s[:n] for s in series], dtype=np.float64)
-            mean = np.nanmean(arr, axis=0) if np.isfinite(arr).any() else arr[0]
+            counts = np.isfinite(arr).sum(axis=0)
+            mean = np.where(counts > 0, np.where(np.isfinite(arr), arr, 0.0).sum(axis=0)
+                            / np.maximum(counts, 1), np.nan)
             ax.plot(range(n), mean, label=label)
         ax.set_xlabel("epoch")
         ax.set_title(f"{key} (mean over seeds)", fontsize=9)
