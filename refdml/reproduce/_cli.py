@@ -110,9 +110,11 @@ def run_from_args(args) -> int:
     for r in results:
         print("\n".join(summary_lines(r)))
     print("-" * 100)
+    cpu = sum(outcome.results[t].get("cpu_seconds", 0.0) for t in outcome.computed)
     print(f"{len(results)} experiment(s) in {wall:.1f} s: {len(outcome.computed)} task(s) computed, "
-          f"{len(outcome.cached)} from the cache, {len(outcome.failures)} failed")
-    payload = {"mode": mode, "wall_seconds": wall, "workers": where,
+          f"{len(outcome.cached)} from the cache, {len(outcome.failures)} failed; CPU time of "
+          f"the computed tasks {cpu:.0f} s")
+    payload = {"mode": mode, "wall_seconds": wall, "task_cpu_seconds": cpu, "workers": where,
                "code_version": code_version(), "experiments": results,
                "tasks": {"computed": len(outcome.computed), "cached": len(outcome.cached),
                          "failed": len(outcome.failures)}}

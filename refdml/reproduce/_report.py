@@ -227,7 +227,10 @@ def write_report(directory, payload: dict) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     lines = ["# refdml reproduce", "",
              f"Mode `{payload['mode']}`, {payload['wall_seconds']:.0f} s wall, "
-             f"{payload['workers']}, code version `{payload['code_version']}`.", "",
+             f"{payload['workers']}, code version `{payload['code_version']}`; CPU time of the "
+             f"tasks computed in this run: {payload.get('task_cpu_seconds', 0.0):.0f} s "
+             f"({payload['tasks']['computed']} computed, {payload['tasks']['cached']} from the "
+             "cache).", "",
              "Verdicts (computed, never written by hand):", ""]
     lines += [f"- `{k}`: {v}" for k, v in VERDICT_MEANINGS.items()]
     lines += ["", "| experiment | verdict | comparison | effect | 95% CI | seeds |",

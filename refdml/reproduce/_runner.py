@@ -13,7 +13,8 @@ runs the tasks one after the other in this process (the reference the tests comp
 
 BLAS threads: the nanny starts each worker with ``OMP_NUM_THREADS=1`` (and the MKL /
 OpenBLAS equivalents; Dask's ``distributed.nanny.pre-spawn-environ``), so ``N`` workers use
-``N`` cores.
+``N`` cores. The scheduler's HTTP server (Dask's dashboard, when bokeh is installed) listens
+on a free loopback port, so several runs (or a run and the tests) can share a machine.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _run_dask(todo: list[Task], workers: int | None, scheduler: str | None, fini
     cluster = None
     if scheduler is None:
         cluster = LocalCluster(n_workers=workers or 1, threads_per_worker=1, processes=True,
-                               host="127.0.0.1", dashboard_address=None,
+                               host="127.0.0.1", dashboard_address="127.0.0.1:0",
                                silence_logs=logging.ERROR)
         client = Client(cluster)
     else:

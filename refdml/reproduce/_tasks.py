@@ -4,7 +4,10 @@ A :class:`Task` is a frozen, hashable, JSON-able spec; :func:`execute` runs it i
 process it lands in (a Dask worker or this one) and returns a plain dict::
 
     {"metrics": {name: float}, "curves": {name: [float, ...]}, "artefacts": {...},
-     "seconds": float}
+     "seconds": float, "cpu_seconds": float}
+
+(``seconds`` wall time in the worker, ``cpu_seconds`` the worker process's CPU time: on a
+shared machine the second says what the task costs.)
 
 The result depends only on the spec (every random draw is seeded from ``task.seed``), so a
 task gives the same numbers on any worker; artefacts (attention maps, 2-D embeddings) are
@@ -88,14 +91,18 @@ def _thaw(value):
     return [_thaw(v) for v in value] if isinstance(value, tuple) else value
 
 
-#: Modules whose source does not change any number (drawing, printing, scheduling).
-_NOT_NUMERIC = {"_cli.py", "_report.py", "_runner.py", "_cache.py"}
+#: Modules whose source does not change any number (drawing, printing, scheduling, the
+#: other commands), relative to the refdml package: edits there keep the cache valid.
+_NOT_NUMERIC = {"cli.py", "reproduce/__init__.py", "reproduce/_cli.py", "reproduce/_report.py",
+                "reproduce/_runner.py", "reproduce/_cache.py"}
+_NOT_NUMERIC_DIRS = ("gradcheck",)
 
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """SHA-256 (16 hex digits) of refdml's version and the source of every module a task
-    may run: the ``refdml`` package and ``refdml.gpu`` (the reporting modules excluded)."""
+    may run: the ``refdml`` package and ``refdml.gpu`` (less the command line, the gradient
+    checker and the reporting / scheduling modules of this package, which change no number)."""
     import refdml
     import refdml.gpu
 
@@ -103,9 +110,11 @@ def code_version() -> str:
     roots = sorted({Path(refdml.__file__).parent, Path(refdml.gpu.__file__).parent})
     for root in roots:
         for path in sorted(root.rglob("*.py")):
-            if path.parent.name == "reproduce" and path.name in _NOT_NUMERIC:
+            relative = path.relative_to(root).as_posix()
+            if root == Path(refdml.__file__).parent and (
+                    relative in _NOT_NUMERIC or relative.startswith(_NOT_NUMERIC_DIRS)):
                 continue
-            digest.update(str(path.relative_to(root)).encode())
+            digest.update(relative.encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -123,12 +132,13 @@ def execute(task: Task) -> dict:
 
     if task.study not in STUDIES:
         raise ValueError(f"study == {task.study!r}, must be one of {sorted(STUDIES)}")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = STUDIES[task.study](task)
     result = {"metrics": {k: float(v) for k, v in result.get("metrics", {}).items()},
               "curves": {k: [float(x) for x in v] for k, v in result.get("curves", {}).items()},
               "artefacts": result.get("artefacts", {})}
     result["seconds"] = time.perf_counter() - start
+    result["cpu_seconds"] = time.process_time() - cpu
     return result
 
 
