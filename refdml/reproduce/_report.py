@@ -72,7 +72,7 @@ def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: in
         comparisons.append({"name": c.name, "run": c.run, "baseline": c.baseline,
                             "metric": c.metric, "direction": c.direction, **effect.__dict__})
     return {"id": experiment.id, "paper": experiment.paper, "claim": experiment.claim,
-            "notes": experiment.notes, "mode": mode,
+            "notes": experiment.notes, "mode": mode, "figures": list(experiment.figures),
             "seeds": experiment.seeds[mode] if seeds is None else seeds,
             "verdict": _overall([c["verdict"] for c in comparisons]),
             "comparisons": comparisons, "runs": runs, "failures": failures}
@@ -255,6 +255,8 @@ def write_report(directory, payload: dict) -> Path:
             lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {run['seconds']:.0f} |")
         for kind, draw in (("bars", _bars), ("curves", _curves), ("attention", _attention),
                            ("embedding_2d", _embedding_2d)):
+            if kind not in r["figures"]:
+                continue
             name = f"{r['id'].replace('.', '_')}_{kind}.png"
             try:
                 drawn = draw(r, directory / name)
@@ -266,11 +268,12 @@ def write_report(directory, payload: dict) -> Path:
         settings = {label: run["settings"] for label, run in r["runs"].items()}
         common = {k: v for k, v in next(iter(settings.values())).items()
                   if all(s.get(k) == v for s in settings.values())}
-        lines += ["", "Settings (all runs): `" + json.dumps(common, sort_keys=True) + "`"]
-        for label, s in settings.items():
-            extra = {k: v for k, v in s.items() if k not in common}
-            if extra:
-                lines.append(f"; `{label}`: `{json.dumps(extra, sort_keys=True)}`")
+        lines += ["", "Settings of every run: `" + json.dumps(common, sort_keys=True) + "`"]
+        extras = [(label, {k: v for k, v in s.items() if k not in common})
+                  for label, s in settings.items()]
+        if any(extra for _, extra in extras):
+            lines += [""] + [f"- `{label}`: `{json.dumps(extra, sort_keys=True)}`"
+                             for label, extra in extras if extra]
         for f in r["failures"]:
             lines += ["", f"Failed: `{f['run']}` seed {f['seed']}", "", "```",
                       f["traceback"].rstrip(), "```"]

@@ -11,9 +11,10 @@ out of memory) loses its running task: the scheduler re-runs it on another worke
 workers before it is reported as failed). ``workers=0`` is refused; ``in_process=True``
 runs the tasks one after the other in this process (the reference the tests compare with).
 
-BLAS threads: the nanny starts each worker with ``OMP_NUM_THREADS=1`` (and the MKL /
-OpenBLAS equivalents; Dask's ``distributed.nanny.pre-spawn-environ``), so ``N`` workers use
-``N`` cores. The scheduler's HTTP server (Dask's dashboard, when bokeh is installed) listens
+Threads: the nanny starts each worker with ``OMP_NUM_THREADS=1`` (and the MKL /
+OpenBLAS equivalents; Dask's ``distributed.nanny.pre-spawn-environ``) and this module adds
+``NUMBA_NUM_THREADS=1`` (refdml.gpu's ``parallel=True`` CPU kernels), so ``N`` workers use
+``N`` cores. Workers of an external ``--scheduler`` are configured by whoever started them. The scheduler's HTTP server (Dask's dashboard, when bokeh is installed) listens
 on a free loopback port, so several runs (or a run and the tests) can share a machine.
 """
 
@@ -103,7 +104,8 @@ def _run_dask(todo: list[Task], workers: int | None, scheduler: str | None, fini
     if scheduler is None:
         cluster = LocalCluster(n_workers=workers or 1, threads_per_worker=1, processes=True,
                                host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                               silence_logs=logging.ERROR)
+                               silence_logs=logging.ERROR,
+                               env={"NUMBA_NUM_THREADS": "1"})
         client = Client(cluster)
     else:
         client = Client(scheduler)
