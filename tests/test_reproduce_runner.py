@@ -150,3 +150,10 @@ def test_cli_json_and_report_from_the_cache(tmp_path):
     text = (tmp_path / "out/report/README.md").read_text()
     assert "| `gsp.synthetic` | reproduced |" in text
     assert (tmp_path / "out/report/gsp_synthetic_bars.png").stat().st_size > 0
+
+
+def test_cached_only_computes_nothing(tmp_path):
+    tasks = _toy(seeds=2)
+    run_tasks(tasks[:1], in_process=True, progress=False, cache_dir=tmp_path)
+    out = run_tasks(tasks, progress=False, cache_dir=tmp_path, compute=False)
+    assert out.cached == {tasks[0]} and out.missing == set(tasks[1:]) and not out.computed

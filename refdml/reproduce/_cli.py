@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"finished tasks are kept here (default {DEFAULT_CACHE}); a re-run "
                              "reuses them")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="compute nothing: report what the cache holds (e.g. while a run "
+                             "goes on); missing seeds are left out of the comparisons")
     parser.add_argument("--in-process", action="store_true",
                         help="run the tasks one by one in this process, without Dask")
 
@@ -94,15 +97,16 @@ def run_from_args(args) -> int:
     mode = "quick" if args.quick else "full"
     experiments = [EXPERIMENTS[i] for i in ids]
     tasks = [t for e in experiments for ts in e.tasks(mode, args.seeds).values() for t in ts]
-    where = (f"scheduler {args.scheduler}" if args.scheduler else "in this process"
-             if args.in_process else f"LocalCluster of {args.workers} worker process(es)")
+    where = ("the cache only" if args.cached_only else f"scheduler {args.scheduler}"
+             if args.scheduler else "in this process" if args.in_process
+             else f"LocalCluster of {args.workers} worker process(es)")
     unique = len(set(tasks))
     print(f"refdml reproduce ({mode} mode): {len(experiments)} experiment(s), {unique} task(s), "
           f"{where}, code version {code_version()}", flush=True)
     start = time.perf_counter()
     outcome = run_tasks(tasks, workers=args.workers, scheduler=args.scheduler,
                         cache_dir=None if args.no_cache else args.cache,
-                        in_process=args.in_process)
+                        in_process=args.in_process, compute=not args.cached_only)
     wall = time.perf_counter() - start
     results = [evaluate_experiment(e, mode, outcome, seeds=args.seeds) for e in experiments]
     print(f"{'experiment':<18}{'verdict':<16}comparison: effect [95% CI]")
@@ -112,12 +116,13 @@ def run_from_args(args) -> int:
     print("-" * 100)
     cpu = sum(outcome.results[t].get("cpu_seconds", 0.0) for t in outcome.computed)
     print(f"{len(results)} experiment(s) in {wall:.1f} s: {len(outcome.computed)} task(s) computed, "
-          f"{len(outcome.cached)} from the cache, {len(outcome.failures)} failed; CPU time of "
-          f"the computed tasks {cpu:.0f} s")
+          f"{len(outcome.cached)} from the cache, {len(outcome.failures)} failed"
+          + (f", {len(outcome.missing)} not in the cache (--cached-only)" if outcome.missing
+             else "") + f"; CPU time of the computed tasks {cpu:.0f} s")
     payload = {"mode": mode, "wall_seconds": wall, "task_cpu_seconds": cpu, "workers": where,
                "code_version": code_version(), "experiments": results,
                "tasks": {"computed": len(outcome.computed), "cached": len(outcome.cached),
-                         "failed": len(outcome.failures)}}
+                         "failed": len(outcome.failures), "missing": len(outcome.missing)}}
     if args.json:
         write_json(args.json, payload)
         print(f"JSON written to {args.json}")

@@ -39,6 +39,7 @@ class Outcome:
     failures: dict[Task, str] = field(default_factory=dict)
     cached: set = field(default_factory=set)
     computed: set = field(default_factory=set)
+    missing: set = field(default_factory=set)   # not cached and not computed (compute=False)
 
 
 def _format(exc: BaseException, tb: Any = None) -> str:
@@ -47,8 +48,13 @@ def _format(exc: BaseException, tb: Any = None) -> str:
 
 
 def run_tasks(tasks, *, workers: int | None = 2, scheduler: str | None = None,
-              cache_dir=None, progress: bool = True, in_process: bool = False) -> Outcome:
-    """Run ``tasks`` (see the module docstring); returns an :class:`Outcome`."""
+              cache_dir=None, progress: bool = True, in_process: bool = False,
+              compute: bool = True) -> Outcome:
+    """Run ``tasks`` (see the module docstring); returns an :class:`Outcome`.
+
+    ``compute=False`` only loads the cache: the other tasks are left in ``missing`` (a
+    report of what a running or interrupted run has finished so far).
+    """
     from tqdm import tqdm
 
     unique = list(dict.fromkeys(tasks))
@@ -65,6 +71,9 @@ def run_tasks(tasks, *, workers: int | None = 2, scheduler: str | None = None,
         else:
             out.results[task] = result
             out.cached.add(task)
+    if not compute:
+        out.missing.update(todo)
+        todo = []
     bar = tqdm(total=len(unique), initial=len(unique) - len(todo), desc="tasks", unit="task",
                disable=None if progress else True, dynamic_ncols=True)
 
