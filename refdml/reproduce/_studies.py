@@ -13,7 +13,8 @@ and ``background_mass``, the share of the pooling weight on background tokens,
 1; GAP's uniform ``w = 1`` gives the background share of the tokens).
 
 ``collage`` (GSP supp. 2.2, XML, ASAP): ``Conv2d -> ReLU -> Conv2d -> ReLU -> LocalLinear``
-then a head and ``Linear -> L2Normalize``. Methods: ``gap``, ``gmp``, ``gemean``, ``gsp``
+(``-> ReLU`` for GeMean, which needs non-negative features) then a head and
+``Linear -> L2Normalize``. Methods: ``gap``, ``gmp``, ``gemean``, ``gsp``
 (the loss alone), ``gsp_zsr`` (GSP + zero-shot regulariser, GSP Alg. 1), ``xml`` (GAP plus
 an XML histogram branch, XML Eqs. 2.10-2.11; contrastive only), ``asap`` (GAP, ASAP Alg.
 1-2 around the proxy loss). Metrics: ``test_map_at_r``; GSP models: ``class_cell_weight``
@@ -164,6 +165,10 @@ def _collage_model(method: str, c: dict, init):
     trunk = [Conv2d(1, c1, rng=init, dtype=DTYPE, name="conv1"), ReLU(),
              Conv2d(c1, c2, rng=init, dtype=DTYPE, name="conv2"), ReLU(name="relu2"),
              LocalLinear(c2, d, rng=init, dtype=DTYPE)]
+    if method == "gemean":
+        # GeM needs non-negative features (refdml.train's GeMean refuses negative ones, and
+        # LocalLinear's outputs are signed): GeM pools post-ReLU CNN features.
+        trunk.append(ReLU(name="relu3"))
     if method in ("gap", "asap"):
         head = GAP()
     elif method == "gmp":
