@@ -1,4 +1,5 @@
-"""The ``refdml`` command line: ``--version``, ``gradcheck``, ``gpu-check``, ``verify``, ``train``.
+"""The ``refdml`` command line: ``--version``, ``gradcheck``, ``gpu-check``, ``verify``, ``train``,
+``reproduce``.
 
 Exit statuses: 0 success, 1 a failure of refdml's own code (a gradient check, a crashed
 claim check), 2 bad arguments (argparse's convention).
@@ -153,6 +154,12 @@ def _train(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    from refdml.reproduce._cli import run_from_args
+
+    return run_from_args(args)
+
+
 def _verify_epilog() -> str:
     from refdml.validation._framework import VERDICT_MEANINGS
 
@@ -179,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reference operators of four DML papers, and numerical checks of their claims.",
     )
     parser.add_argument("--version", action="version", version=f"refdml {refdml.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{gradcheck,gpu-check,verify,train}")
+    sub = parser.add_subparsers(dest="command", metavar="{gradcheck,gpu-check,verify,train,reproduce}")
 
     grad = sub.add_parser("gradcheck", help="check every catalogued backward against finite differences",
                           description="Check every backward of the operator catalogue against central "
@@ -227,8 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_arguments(train, study=None)
     train.set_defaults(func=_train)
+    from refdml.reproduce._cli import _epilog, add_arguments
+
+    reproduce = sub.add_parser(
+        "reproduce", help="run the papers' experiments over seeds on Dask, with computed verdicts",
+        description="Train the papers' experiments at small scale (refdml.train) over seeds, "
+                    "on a Dask LocalCluster (or --scheduler), with a disk cache; one line per "
+                    "experiment: verdict and the paired effect with its bootstrap interval "
+                    "(docs/reproduce.md).",
+        epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(reproduce)
+    reproduce.set_defaults(func=_reproduce)
     parser._refdml_subparsers = {"gradcheck": grad, "gpu-check": gpu, "verify": verify,
-                                 "train": train}
+                                 "train": train, "reproduce": reproduce}
     return parser
 
 

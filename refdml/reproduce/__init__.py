@@ -1,0 +1,45 @@
+"""``refdml reproduce``: the papers' experiments at small scale, over seeds, on Dask (issue 13).
+
+- :mod:`._experiments`: the registry (:data:`EXPERIMENTS`: id, claim, runs, comparisons,
+  settings per mode);
+- :mod:`._tasks`: a task ``(study, method, seed, settings)`` and :func:`execute`, a pure
+  function of it; :mod:`._studies` the training studies; :mod:`._train` the in-memory loop;
+- :mod:`._cache`: finished tasks on disk, keyed by the task and the code version;
+- :mod:`._runner`: :func:`run_tasks` on a Dask LocalCluster or a given scheduler;
+- :mod:`._stats`: summaries, the paired bootstrap and the verdict;
+- :mod:`._report`: lines, JSON, the Markdown report with figures.
+
+docs/reproduce.md describes the experiments, the settings and the statistics.
+"""
+
+from refdml.reproduce._experiments import EXPERIMENTS, Comparison, Experiment
+from refdml.reproduce._runner import Outcome, run_tasks
+from refdml.reproduce._stats import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    compare,
+    paired_bootstrap,
+    summarise,
+    verdict,
+)
+from refdml.reproduce._tasks import Task, code_version, execute, task_key
+
+__all__ = [
+    "EXPERIMENTS",
+    "INCONCLUSIVE",
+    "NOT_REPRODUCED",
+    "REPRODUCED",
+    "Comparison",
+    "Experiment",
+    "Outcome",
+    "Task",
+    "code_version",
+    "compare",
+    "execute",
+    "paired_bootstrap",
+    "run_tasks",
+    "summarise",
+    "task_key",
+    "verdict",
+]

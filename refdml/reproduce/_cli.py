@@ -1,0 +1,132 @@
+"""``refdml reproduce``: arguments, the run, the lines, JSON and the report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+__all__ = ["add_arguments", "run_from_args", "EPILOG"]
+
+DEFAULT_CACHE = ".refdml-cache/reproduce"
+
+
+def _positive_int(name: str, low: int = 1):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} == {text!r}, must be an integer >= {low}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{name} == {value}, must be an integer >= {low}")
+        return value
+    return parse
+
+
+def _epilog() -> str:
+    from refdml.reproduce._stats import VERDICT_MEANINGS
+
+    width = max(map(len, VERDICT_MEANINGS))
+    lines = "\n".join(f"  {k:<{width}}  {v}" for k, v in VERDICT_MEANINGS.items())
+    return ("verdicts (computed from a paired bootstrap 95% interval over seeds):\n" + lines
+            + "\n\nexit status:\n  0  every task ran (whatever the verdicts)\n"
+            "  1  a task failed (its traceback is printed; the others were kept)\n"
+            "  2  bad arguments\n\nexamples:\n  refdml reproduce --quick --report out/\n"
+            "  refdml reproduce --only gsp.synthetic wdml --workers 4\n"
+            "  refdml reproduce --scheduler tcp://10.0.0.5:8786 --json results.json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="5 seeds and short runs (under 15 minutes on 2 cores); default: "
+                             "10 seeds and longer runs")
+    parser.add_argument("--only", nargs="+", metavar="ID",
+                        help="run only these experiments (ids or prefixes, e.g. 'gsp' 'asap.proxies')")
+    parser.add_argument("--list", action="store_true", help="print the experiments and exit")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--report", metavar="DIR", help="write a Markdown report with figures here")
+    parser.add_argument("--workers", type=_positive_int("--workers"), default=2,
+                        help="worker processes of the embedded Dask LocalCluster (default 2)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="use this running Dask scheduler (tcp://host:port) instead of a "
+                             "LocalCluster; its workers need refdml installed")
+    parser.add_argument("--seeds", type=_positive_int("--seeds", 2), default=None,
+                        help="seeds per run (default: 5 with --quick, 10 without)")
+    parser.add_argument("--cache", metavar="DIR", default=DEFAULT_CACHE,
+                        help=f"finished tasks are kept here (default {DEFAULT_CACHE}); a re-run "
+                             "reuses them")
+    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="compute nothing: report what the cache holds (e.g. while a run "
+                             "goes on); missing seeds are left out of the comparisons")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the tasks one by one in this process, without Dask")
+
+
+def _list() -> int:
+    from refdml.reproduce._experiments import EXPERIMENTS
+
+    width = max(map(len, EXPERIMENTS)) + 2
+    for e in EXPERIMENTS.values():
+        print(f"{e.id:<{width}}{e.paper}: {e.claim}")
+    return 0
+
+
+def run_from_args(args) -> int:
+    from refdml.reproduce._experiments import EXPERIMENTS
+    from refdml.reproduce._report import evaluate_experiment, summary_lines, write_json, write_report
+    from refdml.reproduce._runner import run_tasks
+    from refdml.reproduce._tasks import code_version
+    from refdml.validation import select
+
+    if args.list:
+        return _list()
+    ids = list(EXPERIMENTS)
+    if args.only:
+        ids, unmatched = select(ids, args.only)
+        if unmatched:
+            print(f"refdml reproduce: error: --only {' '.join(unmatched)} matches no experiment "
+                  "(an id or a prefix such as 'gsp'); the experiments are:", file=sys.stderr)
+            print("\n".join(f"  {i}" for i in EXPERIMENTS), file=sys.stderr)
+            return 2
+    if args.scheduler is not None and not args.scheduler.strip():
+        print("refdml reproduce: error: --scheduler '' is empty; give tcp://host:port",
+              file=sys.stderr)
+        return 2
+    mode = "quick" if args.quick else "full"
+    experiments = [EXPERIMENTS[i] for i in ids]
+    tasks = [t for e in experiments for ts in e.tasks(mode, args.seeds).values() for t in ts]
+    where = ("the cache only" if args.cached_only else f"scheduler {args.scheduler}"
+             if args.scheduler else "in this process" if args.in_process
+             else f"LocalCluster of {args.workers} worker process(es)")
+    unique = len(set(tasks))
+    print(f"refdml reproduce ({mode} mode): {len(experiments)} experiment(s), {unique} task(s), "
+          f"{where}, code version {code_version()}", flush=True)
+    start = time.perf_counter()
+    outcome = run_tasks(tasks, workers=args.workers, scheduler=args.scheduler,
+                        cache_dir=None if args.no_cache else args.cache,
+                        in_process=args.in_process, compute=not args.cached_only)
+    wall = time.perf_counter() - start
+    results = [evaluate_experiment(e, mode, outcome, seeds=args.seeds) for e in experiments]
+    print(f"{'experiment':<18}{'verdict':<16}comparison: effect [95% CI]")
+    print("-" * 100)
+    for r in results:
+        print("\n".join(summary_lines(r)))
+    print("-" * 100)
+    cpu = sum(outcome.results[t].get("cpu_seconds", 0.0) for t in outcome.computed)
+    print(f"{len(results)} experiment(s) in {wall:.1f} s: {len(outcome.computed)} task(s) computed, "
+          f"{len(outcome.cached)} from the cache, {len(outcome.failures)} failed"
+          + (f", {len(outcome.missing)} not in the cache (--cached-only)" if outcome.missing
+             else "") + f"; CPU time of the computed tasks {cpu:.0f} s")
+    payload = {"mode": mode, "wall_seconds": wall, "task_cpu_seconds": cpu, "workers": where,
+               "code_version": code_version(), "experiments": results,
+               "tasks": {"computed": len(outcome.computed), "cached": len(outcome.cached),
+                         "failed": len(outcome.failures), "missing": len(outcome.missing)}}
+    if args.json:
+        write_json(args.json, payload)
+        print(f"JSON written to {args.json}")
+    if args.report:
+        path = write_report(args.report, payload)
+        print(f"report written to {path}")
+    return 1 if outcome.failures else 0

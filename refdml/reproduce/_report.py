@@ -1,0 +1,282 @@
+"""Turn task results into experiment outcomes, text lines, JSON and a Markdown report.
+
+:func:`evaluate_experiment` collects, for each run of an experiment, its metric per seed,
+the per-run summaries (mean, std) and each comparison's :class:`~._stats.Effect`, and the
+experiment's verdict (every comparison ``reproduced`` -> ``reproduced``; any
+``not-reproduced`` -> ``not-reproduced``; else ``inconclusive``). Failed tasks simply
+leave their seed out (the comparison pairs the seeds both runs have) and are listed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from refdml.reproduce._experiments import Experiment
+from refdml.reproduce._stats import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    VERDICT_MEANINGS,
+    compare,
+    summarise,
+)
+
+__all__ = ["evaluate_experiment", "summary_lines", "write_json", "write_report"]
+
+
+def _overall(verdicts: list[str]) -> str:
+    if verdicts and all(v == REPRODUCED for v in verdicts):
+        return REPRODUCED
+    if any(v == NOT_REPRODUCED for v in verdicts):
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: int | None = None,
+                        bootstrap_seed: int = 0) -> dict:
+    tasks = experiment.tasks(mode, seeds)
+    runs, failures = {}, []
+    for label, run_tasks in tasks.items():
+        per_seed, curves, artefacts = {}, {}, {}
+        for task in run_tasks:
+            result = outcome.results.get(task)
+            if result is None:
+                if task in outcome.failures:
+                    failures.append({"run": label, "seed": task.seed,
+                                     "traceback": outcome.failures[task]})
+                continue
+            per_seed[task.seed] = result["metrics"]
+            curves[task.seed] = result["curves"]
+            if result.get("artefacts"):
+                artefacts[task.seed] = result["artefacts"]
+        metrics = sorted({k for m in per_seed.values() for k in m})
+        runs[label] = {
+            "method": run_tasks[0].method,
+            "settings": run_tasks[0].config,
+            "values": {k: {s: m[k] for s, m in per_seed.items() if k in m} for k in metrics},
+            "summary": {k: summarise(m[k] for m in per_seed.values() if k in m).__dict__
+                        for k in metrics},
+            "curves": curves, "artefacts": artefacts,
+            "seconds": float(sum(outcome.results[t]["seconds"] for t in run_tasks
+                                 if t in outcome.results)),
+        }
+    comparisons = []
+    for c in experiment.comparisons:
+        a = runs[c.run]["values"].get(c.metric, {})
+        b = runs[c.baseline]["values"].get(c.metric, {})
+        effect = compare(a, b, direction=c.direction, seed=bootstrap_seed)
+        comparisons.append({"name": c.name, "run": c.run, "baseline": c.baseline,
+                            "metric": c.metric, "direction": c.direction, **effect.__dict__})
+    return {"id": experiment.id, "paper": experiment.paper, "claim": experiment.claim,
+            "notes": experiment.notes, "mode": mode, "figures": list(experiment.figures),
+            "seeds": experiment.seeds[mode] if seeds is None else seeds,
+            "verdict": _overall([c["verdict"] for c in comparisons]),
+            "comparisons": comparisons, "runs": runs, "failures": failures}
+
+
+def _fmt(x: float) -> str:
+    return "nan" if not math.isfinite(x) else f"{x:+.4f}"
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The experiment's line and one indented line per comparison."""
+    first = result["comparisons"][0] if result["comparisons"] else None
+    head = (f"{result['id']:<18}{result['verdict']:<16}"
+            + (f"{first['name']}: {_fmt(first['effect'])} [{_fmt(first['low'])}, "
+               f"{_fmt(first['high'])}] over {first['n']} seeds" if first else ""))
+    lines = [head]
+    for c in result["comparisons"][1:]:
+        lines.append(f"{'':<18}{c['verdict']:<16}{c['name']}: {_fmt(c['effect'])} "
+                     f"[{_fmt(c['low'])}, {_fmt(c['high'])}] over {c['n']} seeds")
+    if result["failures"]:
+        lines.append(f"{'':<18}{len(result['failures'])} task(s) failed (see above / JSON)")
+    return lines
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    return value
+
+
+def write_json(path, payload: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    slim = _jsonable(payload)
+    for r in slim["experiments"]:
+        for run in r["runs"].values():
+            run.pop("artefacts", None)
+    path.write_text(json.dumps(slim, indent=1), encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- figures
+def _figure():
+    from matplotlib.figure import Figure
+
+    return Figure
+
+
+def _bars(result: dict, path: Path) -> None:
+    Figure = _figure()
+    metrics = sorted({c["metric"] for c in result["comparisons"]})
+    fig = Figure(figsize=(max(4.0, 1.0 + 0.9 * len(result["runs"])) * len(metrics) / 1.3, 3.6))
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), i + 1)
+        labels = [k for k, r in result["runs"].items() if metric in r["summary"]]
+        means = [result["runs"][k]["summary"][metric]["mean"] for k in labels]
+        stds = [result["runs"][k]["summary"][metric]["std"] for k in labels]
+        ax.bar(range(len(labels)), means, yerr=stds, capsize=3, color="#4c72b0")
+        for j, k in enumerate(labels):
+            vals = list(result["runs"][k]["values"][metric].values())
+            ax.plot([j] * len(vals), vals, "k.", ms=3)
+        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
+        ax.set_title(f"{metric} (mean ± std, dots: seeds)", fontsize=9)
+    fig.suptitle(result["id"], fontsize=10)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def _curves(result: dict, path: Path) -> None:
+    Figure = _figure()
+    keys = [k for k in ("test_map_at_r", "covering_radius", "train_loss")
+            if any(k in c for r in result["runs"].values() for c in r["curves"].values())]
+    fig = Figure(figsize=(4.2 * len(keys), 3.4))
+    for i, key in enumerate(keys):
+        ax = fig.add_subplot(1, len(keys), i + 1)
+        for label, run in result["runs"].items():
+            series = [c[key] for c in run["curves"].values() if key in c]
+            if not series:
+                continue
+            n = min(len(s) for s in series)
+            arr = np.array([s[:n] for s in series], dtype=np.float64)
+            counts = np.isfinite(arr).sum(axis=0)
+            mean = np.where(counts > 0, np.where(np.isfinite(arr), arr, 0.0).sum(axis=0)
+                            / np.maximum(counts, 1), np.nan)
+            ax.plot(range(n), mean, label=label)
+        ax.set_xlabel("epoch")
+        ax.set_title(f"{key} (mean over seeds)", fontsize=9)
+        if i == 0:
+            ax.legend(fontsize=6)
+    fig.suptitle(result["id"], fontsize=10)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def _attention(result: dict, path: Path) -> bool:
+    items = [(label, run["artefacts"][0]["attention"]) for label, run in result["runs"].items()
+             if 0 in run["artefacts"] and "attention" in run["artefacts"][0]]
+    if not items:
+        return False
+    Figure = _figure()
+    n = len(items[0][1]["images"])
+    fig = Figure(figsize=(1.3 * n, 1.4 * (1 + len(items))))
+    for j in range(n):
+        ax = fig.add_subplot(1 + len(items), n, j + 1)
+        ax.imshow(np.array(items[0][1]["images"][j]), cmap="gray")
+        ax.set_axis_off()
+        ax.set_title(f"class {items[0][1]['labels'][j]}", fontsize=7)
+    for i, (label, att) in enumerate(items):
+        for j in range(n):
+            ax = fig.add_subplot(1 + len(items), n, (i + 1) * n + j + 1)
+            ax.imshow(np.array(att["weights"][j]), cmap="magma")
+            ax.contour(np.array(att["foreground"][j], dtype=float), levels=[0.5], colors="c",
+                       linewidths=0.8)
+            ax.set_axis_off()
+            if j == 0:
+                ax.set_title(label, fontsize=7, loc="left")
+    fig.suptitle(f"{result['id']}: GSP pooling weights, seed 0 (cyan: the class cell)",
+                 fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return True
+
+
+def _embedding_2d(result: dict, path: Path) -> bool:
+    items = [(label, run["artefacts"][0]["embedding_2d"]) for label, run in
+             result["runs"].items() if 0 in run["artefacts"]
+             and "embedding_2d" in run["artefacts"][0]]
+    if not items:
+        return False
+    Figure = _figure()
+    fig = Figure(figsize=(3.6 * len(items), 3.5))
+    for i, (label, e) in enumerate(items):
+        ax = fig.add_subplot(1, len(items), i + 1)
+        pts, lab = np.array(e["points"]), np.array(e["labels"])
+        prox, plab = np.array(e["proxies"]), np.array(e["proxy_labels"])
+        for k in np.unique(lab):
+            colour = f"C{int(k) % 10}"
+            ax.scatter(*pts[lab == k].T, s=3, alpha=0.4, color=colour)
+            ax.scatter(*prox[plab == k].T, s=40, marker="*", edgecolor="k", linewidth=0.4,
+                       color=colour)
+        ax.set_title(f"{label} (train, PCA; stars: proxies)", fontsize=8)
+    fig.suptitle(f"{result['id']}: embeddings and proxies, seed 0", fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return True
+
+
+def write_report(directory, payload: dict) -> Path:
+    """``<directory>/README.md`` with a table of verdicts, per-experiment tables, figures."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = ["# refdml reproduce", "",
+             f"Mode `{payload['mode']}`, {payload['wall_seconds']:.0f} s wall, "
+             f"{payload['workers']}, code version `{payload['code_version']}`; CPU time of the "
+             f"tasks computed in this run: {payload.get('task_cpu_seconds', 0.0):.0f} s "
+             f"({payload['tasks']['computed']} computed, {payload['tasks']['cached']} from the "
+             "cache).", "",
+             "Verdicts (computed, never written by hand):", ""]
+    lines += [f"- `{k}`: {v}" for k, v in VERDICT_MEANINGS.items()]
+    lines += ["", "| experiment | verdict | comparison | effect | 95% CI | seeds |",
+              "|---|---|---|---|---|---|"]
+    for r in payload["experiments"]:
+        for c in r["comparisons"]:
+            lines.append(f"| `{r['id']}` | {c['verdict']} | {c['name']} | {_fmt(c['effect'])} "
+                         f"| [{_fmt(c['low'])}, {_fmt(c['high'])}] | {c['n']} |")
+    for r in payload["experiments"]:
+        lines += ["", f"## `{r['id']}`: {r['verdict']}", "", f"*{r['paper']}.* {r['claim']}"]
+        if r["notes"]:
+            lines += ["", r["notes"]]
+        metrics = sorted({k for run in r["runs"].values() for k in run["summary"]})
+        lines += ["", "| run | " + " | ".join(metrics) + " | seconds |",
+                  "|---|" + "---|" * (len(metrics) + 1)]
+        for label, run in r["runs"].items():
+            cells = []
+            for m in metrics:
+                s = run["summary"].get(m)
+                cells.append("-" if s is None or not s["n"] else
+                             f"{s['mean']:.4f} ± {s['std']:.4f} (n={s['n']})")
+            lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {run['seconds']:.0f} |")
+        for kind, draw in (("bars", _bars), ("curves", _curves), ("attention", _attention),
+                           ("embedding_2d", _embedding_2d)):
+            if kind not in r["figures"]:
+                continue
+            name = f"{r['id'].replace('.', '_')}_{kind}.png"
+            try:
+                drawn = draw(r, directory / name)
+            except Exception as exc:  # a figure must not lose the report
+                lines += ["", f"(figure {kind} failed: {exc!r})"]
+                continue
+            if drawn is not False:
+                lines += ["", f"![{r['id']} {kind}]({name})"]
+        settings = {label: run["settings"] for label, run in r["runs"].items()}
+        common = {k: v for k, v in next(iter(settings.values())).items()
+                  if all(s.get(k) == v for s in settings.values())}
+        lines += ["", "Settings of every run: `" + json.dumps(common, sort_keys=True) + "`"]
+        extras = [(label, {k: v for k, v in s.items() if k not in common})
+                  for label, s in settings.items()]
+        if any(extra for _, extra in extras):
+            lines += [""] + [f"- `{label}`: `{json.dumps(extra, sort_keys=True)}`"
+                             for label, extra in extras if extra]
+        for f in r["failures"]:
+            lines += ["", f"Failed: `{f['run']}` seed {f['seed']}", "", "```",
+                      f["traceback"].rstrip(), "```"]
+    path = directory / "README.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

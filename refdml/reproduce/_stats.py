@@ -1,0 +1,133 @@
+r"""Statistics of an experiment: per-method summaries, the paired bootstrap, the verdict.
+
+For a comparison "method A beats baseline B on metric M" and seeds :math:`s = 1..n` run by
+both, the paired differences are :math:`d_s = M_A(s) - M_B(s)` (paired by seed: the two
+runs share the data draw and the split of that seed, so the difference removes the
+seed-to-seed variation of the data). The effect is their mean :math:`\bar d`; its
+confidence interval is the percentile interval of the bootstrap distribution of the mean:
+
+.. math::
+
+    \bar d^{*(b)} = \frac1n \sum_{i=1}^n d_{J_{b,i}},\quad J_{b,i} \sim \mathcal U\{1..n\}
+    \text{ i.i.d.},\quad b = 1..B,\qquad
+    \mathrm{CI} = [q_{\alpha/2}(\bar d^*),\ q_{1-\alpha/2}(\bar d^*)],
+
+with :math:`B` resamples drawn from ``numpy.random.default_rng(seed)`` (so the interval is
+reproducible) and NumPy's default (linear) quantile.
+
+Verdict, with ``direction`` = +1 when the paper claims A's metric is higher, -1 when it
+claims lower (e.g. a covering radius):
+
+- ``reproduced``: the interval lies entirely on the claimed side of 0
+  (``direction * lo > 0`` for the near end);
+- ``not-reproduced``: the interval lies entirely on the other side;
+- ``inconclusive``: the interval contains 0 (or touches it), or fewer than 2 paired seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "VERDICTS", "VERDICT_MEANINGS",
+           "Summary", "Effect", "summarise", "paired_bootstrap", "verdict", "compare"]
+
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not-reproduced"
+INCONCLUSIVE = "inconclusive"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
+VERDICT_MEANINGS = {
+    REPRODUCED: "the confidence interval of the paired difference lies entirely on the "
+                "side of 0 the paper claims",
+    NOT_REPRODUCED: "the interval lies entirely on the other side of 0 (the numbers "
+                    "contradict the claim)",
+    INCONCLUSIVE: "the interval contains 0 (the seeds cannot tell the effect from noise), "
+                  "or too few seeds finished",
+}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Mean, sample standard deviation (ddof 1; 0 for one value) and count of a metric."""
+
+    mean: float
+    std: float
+    n: int
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A paired comparison: mean difference, its bootstrap interval, the verdict."""
+
+    effect: float
+    low: float
+    high: float
+    n: int
+    seeds: tuple[int, ...]
+    differences: tuple[float, ...]
+    verdict: str
+    confidence: float
+
+
+def summarise(values) -> Summary:
+    v = np.asarray(list(values), dtype=np.float64)
+    if v.size == 0:
+        return Summary(math.nan, math.nan, 0, ())
+    std = float(v.std(ddof=1)) if v.size > 1 else 0.0
+    return Summary(float(v.mean()), std, int(v.size), tuple(float(x) for x in v))
+
+
+def paired_bootstrap(differences, *, n_resamples: int = 10_000, confidence: float = 0.95,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of ``differences`` and its percentile bootstrap interval.
+
+    ``differences`` (n,) finite, n >= 1; ``n_resamples`` >= 1; ``confidence`` in (0, 1).
+    Deterministic given ``seed``.
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 1 or d.size == 0:
+        raise ValueError(f"differences must be a non-empty 1-D array, got shape {d.shape}")
+    if not np.all(np.isfinite(d)):
+        raise ValueError("differences must be finite")
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"n_resamples == {n_resamples!r}, must be an integer >= 1")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence == {confidence!r}, must be in (0, 1)")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, d.size, size=(n_resamples, d.size))
+    means = d[idx].mean(axis=1)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(means, [alpha / 2, 1.0 - alpha / 2])
+    return float(d.mean()), float(low), float(high)
+
+
+def verdict(low: float, high: float, direction: int, n: int = 2) -> str:
+    """The verdict of an interval ``[low, high]`` for a claim of sign ``direction`` (+1/-1)."""
+    if direction not in (1, -1):
+        raise ValueError(f"direction == {direction!r}, must be 1 or -1")
+    if n < 2 or not (math.isfinite(low) and math.isfinite(high)):
+        return INCONCLUSIVE
+    if low > high:
+        raise ValueError(f"low == {low} > high == {high}")
+    lo, hi = (low, high) if direction == 1 else (-high, -low)
+    if lo > 0:
+        return REPRODUCED
+    if hi < 0:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def compare(a: dict[int, float], b: dict[int, float], *, direction: int,
+            n_resamples: int = 10_000, confidence: float = 0.95, seed: int = 0) -> Effect:
+    """Paired comparison of ``a`` and ``b`` (seed -> metric), over the seeds both have."""
+    seeds = tuple(sorted(set(a) & set(b)))
+    d = np.array([a[s] - b[s] for s in seeds], dtype=np.float64)
+    if d.size == 0:
+        return Effect(math.nan, math.nan, math.nan, 0, (), (), INCONCLUSIVE, confidence)
+    mean, low, high = paired_bootstrap(d, n_resamples=n_resamples, confidence=confidence,
+                                       seed=seed)
+    return Effect(mean, low, high, int(d.size), seeds, tuple(float(x) for x in d),
+                  verdict(low, high, direction, int(d.size)), confidence)

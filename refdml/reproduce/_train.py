@@ -1,0 +1,127 @@
+"""A light in-memory training loop for the experiments (no files per task).
+
+:class:`refdml.train.Trainer` writes a log, a config and checkpoints per epoch, which a
+grid of hundreds of short runs does not need (and a remote worker could not return). This
+loop is built from the same pieces (layers, objectives, :class:`~refdml.train.optim.Adam`,
+:class:`~refdml.train.data.PKBatchSampler`) and the same step: forward, objective forward
+and backward, model backward, optimiser step, ``after_step``, zero the gradients. ASAP's
+problem instances follow :meth:`Trainer.new_problem_instance
+<refdml.train.Trainer.new_problem_instance>`: at epochs 1, 1 + k, ... embed the training
+set, call ``objective.new_problem_instance(embeddings, labels, rng)`` and reset the
+optimiser state of the objective's parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from refdml.train.data import PKBatchSampler
+from refdml.train.optim import Adam
+
+__all__ = ["fit", "embed", "map_at_r", "map_at_r_from_distances", "covering_radius"]
+
+
+def _cast(x: np.ndarray, dtype) -> np.ndarray:
+    return x.astype(dtype, copy=False) if np.issubdtype(x.dtype, np.floating) else x
+
+
+def embed(model, x: np.ndarray, dtype, *, batch: int = 512, pool_local: bool = False):
+    """The model's first output on ``x`` (batched), L2-normalised, float64 on the host.
+
+    ``pool_local``: the output is local features (B, n, d); their mean is embedded.
+    """
+    parts = []
+    for start in range(0, x.shape[0], batch):
+        out, _ = model.forward(_cast(x[start:start + batch], dtype))
+        y = out[0] if isinstance(out, tuple) else out
+        y = np.asarray(y, dtype=np.float64)
+        if pool_local:
+            y = y.mean(axis=1)
+        parts.append(y)
+    y = np.concatenate(parts)
+    return y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-300)
+
+
+def map_at_r(embeddings: np.ndarray, labels: np.ndarray) -> float:
+    """MAP@R of same-set retrieval (Euclidean) with :func:`refdml.metrics.retrieval_metrics`."""
+    from refdml.metrics import retrieval_metrics
+
+    return float(retrieval_metrics(embeddings, labels, k=(1,))["mean_average_precision_at_r"])
+
+
+def map_at_r_from_distances(distances: np.ndarray, labels: np.ndarray) -> float:
+    r"""MAP@R of same-set retrieval from a (N, N) distance matrix (ties broken by index).
+
+    For query ``i`` with ``R_i`` other samples of its class, rank the others by distance;
+    ``MAP@R_i = (1/R_i) sum_{k <= R_i} P@k [k-th neighbour relevant]``; the mean over
+    queries with ``R_i >= 1``.
+    """
+    d = np.array(distances, dtype=np.float64)
+    labels = np.asarray(labels)
+    n = d.shape[0]
+    np.fill_diagonal(d, np.inf)
+    scores = []
+    for i in range(n):
+        r = int((labels == labels[i]).sum()) - 1
+        if r < 1:
+            continue
+        order = np.argsort(d[i], kind="stable")[:r]
+        rel = (labels[order] == labels[i]).astype(np.float64)
+        precision = np.cumsum(rel) / np.arange(1, r + 1)
+        scores.append(float((precision * rel).sum() / r))
+    return float(np.mean(scores))
+
+
+def covering_radius(embeddings, labels, proxies, proxy_labels) -> float:
+    """``max_i min_{p of class y_i} ||e_i - p/||p|| ||`` (as ASAPObjective.covering_radius)."""
+    e = np.asarray(embeddings, dtype=np.float64)
+    y = np.asarray(labels)
+    p = np.asarray(proxies, dtype=np.float64)
+    p = p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-300)
+    pl = np.asarray(proxy_labels)
+    radius = 0.0
+    for c in np.unique(y):
+        own, x = p[pl == c], e[y == c]
+        d2 = ((x[:, None, :] - own[None, :, :]) ** 2).sum(axis=2)
+        radius = max(radius, float(np.sqrt(d2.min(axis=1).max())))
+    return radius
+
+
+def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: int, lr: float,
+        n_classes_per_batch: int, n_samples_per_class: int, seed: int, dtype,
+        evaluate: Callable[[], dict[str, float]], after_step: Callable[[], None] | None = None,
+        instance_every: int | None = None, instance_embed: Callable[[], Any] | None = None,
+        ) -> dict[str, list[float]]:
+    """Train for ``epochs`` epochs; return the curves (``train_loss`` and ``evaluate()``'s
+    keys, entry 0 the untrained model, ``train_loss`` NaN there)."""
+    optimizer = Adam([*model.parameters(), *objective.parameters()], lr=lr)
+    sampler = PKBatchSampler(train_y, n_classes_per_batch=n_classes_per_batch,
+                             n_samples_per_class=n_samples_per_class, rng=seed + 2)
+    rng = np.random.default_rng(seed + 3)
+    curves: dict[str, list[float]] = {"train_loss": [math.nan]}
+    for k, v in evaluate().items():
+        curves[k] = [v]
+    for epoch in range(1, epochs + 1):
+        if instance_every is not None and (epoch - 1) % instance_every == 0:
+            objective.new_problem_instance(instance_embed(), train_y, rng)
+            optimizer.reset_state(list(objective.parameters()))
+        total, steps = 0.0, 0
+        for batch in sampler:
+            outputs, ctx = model.forward(_cast(train_x[batch], dtype))
+            value, octx = objective.forward(outputs, train_y[batch])
+            if not math.isfinite(float(value)):
+                raise FloatingPointError(f"the loss is {value} at epoch {epoch}, step {steps + 1}")
+            model.backward(ctx, objective.backward(octx, 1.0))
+            optimizer.step()
+            if after_step is not None:
+                after_step()
+            optimizer.zero_grad()
+            total += float(value)
+            steps += 1
+        curves["train_loss"].append(total / steps)
+        for k, v in evaluate().items():
+            curves[k].append(v)
+    return curves

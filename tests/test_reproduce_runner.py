@@ -1,0 +1,159 @@
+"""The Dask path of refdml reproduce: a grid split over a LocalCluster gives the numbers of
+one process, a killed worker's task is re-run, a failing task is reported with its
+traceback while the others finish, and the cache resumes a run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+from refdml.reproduce import EXPERIMENTS, Comparison, Experiment, Task, run_tasks
+from refdml.reproduce._report import evaluate_experiment, summary_lines
+
+pytest.importorskip("distributed")
+
+
+def _toy(seeds=4, **settings):
+    return [Task.make("toy", method, s, settings) for method in ("a", "b") for s in range(seeds)]
+
+
+def test_cluster_gives_the_numbers_of_one_process_and_reruns_a_killed_workers_task(tmp_path):
+    marker = tmp_path / "killed"
+    tasks = _toy(kill_marker=str(marker), kill_seed=1)
+    # a real training task too: bit-identical numbers in a worker process and here
+    tasks.append(Task.make("tokens", "gsp", 0, {
+        "n_train_per_class": 8, "n_test_per_class": 4, "dim": 8, "embedding_dim": 8,
+        "n_prototypes": 4, "mu": 0.3, "inverse_temperature": 5.0, "loss": "contrastive",
+        "lr": 1e-3, "epochs": 1}))
+    distributed = run_tasks(tasks, workers=2, progress=False)
+    assert marker.exists(), "the toy task should have killed its worker once"
+    assert not distributed.failures
+    local = run_tasks(tasks, in_process=True, progress=False)
+    assert not local.failures and set(distributed.results) == set(local.results) == set(tasks)
+    for task in tasks:
+        assert distributed.results[task]["metrics"] == local.results[task]["metrics"], task
+        for key, curve in local.results[task]["curves"].items():   # NaN == NaN here
+            assert_array_equal(distributed.results[task]["curves"][key], curve)
+
+
+def test_failed_task_is_reported_with_its_traceback_and_the_others_finish(tmp_path):
+    tasks = _toy(fail_seed=2)
+    out = run_tasks(tasks, workers=2, progress=False, cache_dir=tmp_path / "cache")
+    failed = [t for t in tasks if t.seed == 2]
+    assert set(out.failures) == set(failed)
+    for t in failed:
+        assert "toy task failed on purpose (seed 2)" in out.failures[t]
+        assert "Traceback" in out.failures[t] and "_toy" in out.failures[t]
+    assert set(out.results) == set(tasks) - set(failed)
+    # failures are not cached: a second run retries exactly them
+    again = run_tasks(tasks, in_process=True, progress=False, cache_dir=tmp_path / "cache")
+    assert again.cached == set(out.results) and set(again.failures) == set(failed)
+
+
+def test_cache_resumes_and_a_second_run_computes_nothing(tmp_path):
+    tasks = _toy(seeds=3)
+    first = run_tasks(tasks[:4], in_process=True, progress=False, cache_dir=tmp_path)  # "interrupted"
+    assert first.computed == set(tasks[:4])
+    second = run_tasks(tasks, in_process=True, progress=False, cache_dir=tmp_path)
+    assert second.cached == set(tasks[:4]) and second.computed == set(tasks[4:])
+    third = run_tasks(tasks + tasks, in_process=True, progress=False, cache_dir=tmp_path)
+    assert third.computed == set() and third.cached == set(tasks)
+    for t in tasks:
+        assert third.results[t]["metrics"] == second.results[t]["metrics"]
+    assert len(list(tmp_path.glob("*.json"))) == len(tasks)
+
+
+def test_workers_must_be_positive():
+    with pytest.raises(ValueError, match="workers == 0"):
+        run_tasks(_toy(seeds=1), workers=0, progress=False)
+
+
+def test_experiment_verdict_from_toy_runs():
+    experiment = Experiment(
+        "toy.shift", "none", "b is higher than a", "toy",
+        {"a": ("a", {}), "b": ("a", {"shift": 5.0}), "c": ("a", {"shift": -5.0})},
+        (Comparison("b", "a", "value", +1), Comparison("c", "a", "value", +1)),
+        metrics=("value",))
+    tasks = [t for ts in experiment.tasks("quick", seeds=4).values() for t in ts]
+    out = run_tasks(tasks, in_process=True, progress=False)
+    result = evaluate_experiment(experiment, "quick", out, seeds=4)
+    b, c = result["comparisons"]
+    assert_allclose([b["effect"], c["effect"]], [5.0, -5.0], rtol=1e-12)   # same draws, shifted
+    assert (b["verdict"], c["verdict"], result["verdict"]) == (
+        "reproduced", "not-reproduced", "not-reproduced")
+    assert "toy.shift" in summary_lines(result)[0]
+
+
+def test_every_experiment_names_known_runs_and_studies():
+    from refdml.reproduce._tasks import STUDIES
+    from refdml.reproduce import _studies  # noqa: F401
+
+    for e in EXPERIMENTS.values():
+        assert e.study in STUDIES
+        for c in e.comparisons:
+            assert c.run in e.runs and c.baseline in e.runs and c.direction in (1, -1)
+        assert e.seeds["quick"] >= 5 and e.seeds["full"] > e.seeds["quick"]
+
+
+def _cli(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "refdml.cli", "reproduce", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_rejects_bad_flags_with_named_errors(tmp_path):
+    from refdml.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "--workers", "0"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "--seeds", "1"])
+    assert exc.value.code == 2
+    r = _cli(tmp_path, "--only", "gsp.synthetic", "nosuch")
+    assert r.returncode == 2 and "--only nosuch matches no experiment" in r.stderr
+    assert "wdml.losses" in r.stderr
+    r = _cli(tmp_path, "--workers", "0")
+    assert r.returncode == 2 and "--workers == 0, must be an integer >= 1" in r.stderr
+
+
+def test_cli_list(tmp_path):
+    r = _cli(tmp_path, "--list")
+    assert r.returncode == 0
+    assert [line.split()[0] for line in r.stdout.splitlines()] == list(EXPERIMENTS)
+
+
+def test_cli_json_and_report_from_the_cache(tmp_path):
+    # Fill the cache with the experiment's tasks at 2 seeds computed here, then the CLI
+    # (in a subprocess, cwd tmp_path) reads them: no training in the test's time budget.
+    from refdml.reproduce._cache import TaskCache
+
+    experiment = EXPERIMENTS["gsp.synthetic"]
+    cache = TaskCache(tmp_path / "cache")
+    for label, tasks in experiment.tasks("quick", seeds=2).items():
+        for t in tasks:
+            shift = 0.1 if label == "gsp" else 0.0
+            cache.store(t, {"metrics": {"test_map_at_r": 0.5 + shift + 0.01 * t.seed,
+                                        "background_mass": 0.5 - 2 * shift},
+                            "curves": {"train_loss": [float("nan"), 1.0],
+                                       "test_map_at_r": [0.4, 0.5]},
+                            "artefacts": {}, "seconds": 1.0})
+    r = _cli(tmp_path, "--quick", "--only", "gsp.synthetic", "--seeds", "2", "--cache", "cache",
+             "--json", "out/r.json", "--report", "out/report")
+    assert r.returncode == 0, r.stderr
+    assert "gsp.synthetic     reproduced" in r.stdout and "0 task(s) computed, 4 from the cache" in r.stdout
+    payload = json.loads((tmp_path / "out/r.json").read_text())
+    (result,) = payload["experiments"]
+    assert result["verdict"] == "reproduced"
+    assert_allclose(result["comparisons"][0]["effect"], 0.1, rtol=1e-12)
+    text = (tmp_path / "out/report/README.md").read_text()
+    assert "| `gsp.synthetic` | reproduced |" in text
+    assert (tmp_path / "out/report/gsp_synthetic_bars.png").stat().st_size > 0
+
+
+def test_cached_only_computes_nothing(tmp_path):
+    tasks = _toy(seeds=2)
+    run_tasks(tasks[:1], in_process=True, progress=False, cache_dir=tmp_path)
+    out = run_tasks(tasks, progress=False, cache_dir=tmp_path, compute=False)
+    assert out.cached == {tasks[0]} and out.missing == set(tasks[1:]) and not out.computed

@@ -1,0 +1,92 @@
+"""The statistics of refdml reproduce: paired bootstrap interval and verdict, checked
+against an exact enumeration, a hand-computed case and the normal approximation."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from refdml.reproduce import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    compare,
+    paired_bootstrap,
+    summarise,
+    verdict,
+)
+
+
+def test_hand_computed_two_differences():
+    # d = (1, 3): a resample mean is 1 (p 1/4), 2 (p 1/2) or 3 (p 1/4), so the 2.5 % and
+    # 97.5 % quantiles of 10,000 resamples are exactly 1 and 3.
+    mean, low, high = paired_bootstrap([1.0, 3.0], n_resamples=10_000, seed=0)
+    assert (mean, low, high) == (2.0, 1.0, 3.0)
+    assert verdict(low, high, +1) == REPRODUCED
+    assert verdict(low, high, -1) == NOT_REPRODUCED
+
+
+def test_quantiles_match_exact_enumeration_of_resamples():
+    d = np.array([0.3, -0.1, 0.5])
+    # all 27 equally likely resamples: the exact distribution of the resample mean
+    means = np.sort([d[list(idx)].mean() for idx in itertools.product(range(3), repeat=3)])
+    exact_cdf = lambda x: np.searchsorted(means, x + 1e-12, side="right") / means.size  # noqa: E731
+    _, low, high = paired_bootstrap(d, n_resamples=200_000, seed=1)
+    # the bootstrap quantiles are atoms of the exact distribution at the right levels
+    assert np.isclose(means, low).any() and np.isclose(means, high).any()
+    assert exact_cdf(low) >= 0.025 and exact_cdf(low - 1e-9) <= 0.025 + 0.01
+    assert exact_cdf(high) >= 0.975 - 0.01 and exact_cdf(high - 1e-9) <= 0.975
+
+
+def test_large_sample_matches_normal_approximation():
+    rng = np.random.default_rng(5)
+    d = rng.normal(0.2, 1.0, size=500)
+    mean, low, high = paired_bootstrap(d, n_resamples=10_000, seed=2)
+    half = 1.959964 * d.std(ddof=1) / math.sqrt(d.size)
+    assert_allclose(mean, d.mean(), rtol=0, atol=1e-15)
+    assert_allclose([low, high], [d.mean() - half, d.mean() + half], rtol=0, atol=0.08 * half)
+
+
+def test_interval_is_reproducible_and_seed_dependent():
+    d = np.random.default_rng(0).normal(size=7)
+    assert paired_bootstrap(d, seed=3) == paired_bootstrap(d, seed=3)
+    assert paired_bootstrap(d, seed=3) != paired_bootstrap(d, seed=4)
+
+
+@pytest.mark.parametrize("low, high, direction, expected", [
+    (0.1, 0.3, 1, REPRODUCED), (-0.3, -0.1, 1, NOT_REPRODUCED), (-0.1, 0.2, 1, INCONCLUSIVE),
+    (0.0, 0.2, 1, INCONCLUSIVE), (-0.3, -0.1, -1, REPRODUCED), (0.1, 0.3, -1, NOT_REPRODUCED),
+    (-0.2, 0.0, -1, INCONCLUSIVE), (0.0, 0.0, 1, INCONCLUSIVE),
+])
+def test_verdict_rule(low, high, direction, expected):
+    assert verdict(low, high, direction) == expected
+
+
+def test_verdict_needs_two_seeds_and_a_direction():
+    assert verdict(0.1, 0.2, 1, n=1) == INCONCLUSIVE
+    with pytest.raises(ValueError, match="direction"):
+        verdict(0.1, 0.2, 0)
+
+
+def test_compare_pairs_by_seed():
+    a = {0: 1.0, 1: 2.0, 2: 4.0, 7: 100.0}          # seed 7 has no partner: left out
+    b = {0: 0.5, 1: 1.0, 2: 3.0, 5: -100.0}
+    e = compare(a, b, direction=1)
+    assert e.seeds == (0, 1, 2) and e.differences == (0.5, 1.0, 1.0)
+    assert_allclose(e.effect, 2.5 / 3, rtol=1e-15)
+    assert e.low == 0.5 and e.high == 1.0 and e.verdict == REPRODUCED
+    assert compare({}, b, direction=1).verdict == INCONCLUSIVE
+
+
+def test_summarise():
+    s = summarise([1.0, 2.0, 4.0])
+    assert_allclose([s.mean, s.std], [7 / 3, np.std([1, 2, 4], ddof=1)], rtol=1e-15)
+    assert summarise([3.0]).std == 0.0 and summarise([]).n == 0
+
+
+@pytest.mark.parametrize("bad, match", [([], "non-empty"), ([1.0, np.nan], "finite")])
+def test_paired_bootstrap_rejects_bad_input(bad, match):
+    with pytest.raises(ValueError, match=match):
+        paired_bootstrap(bad)
