@@ -271,3 +271,17 @@ def test_docs_table_lists_every_key():
     rows = {line.split("|")[1].strip().strip("`") for line in text.splitlines()
             if line.startswith("| `")}
     assert rows == set(KEYS)
+
+
+def test_every_head_trains_on_digits_collage(tmp_path):
+    """Each head builds and takes finite steps. GeMean needs non-negative features and
+    LocalLinear's local features can be negative, so build_run puts a ReLU before it (a
+    GeMean head used to raise on the first batch). (The tokens study takes gap and gsp.)"""
+    study, config = "digits-collage", DIGITS
+    for head in ("gap", "gmp", "gemean", "gsp"):
+        run = build_run(study, dict(config, head=head, dtype="float64"), out_dir=tmp_path / head)
+        start = _values(run)
+        _steps(run, 2)
+        moved = {k: np.abs(v - start[k]).max() for k, v in _values(run).items()}
+        assert all(np.isfinite(v).all() for v in _values(run).values()), head
+        assert max(moved.values()) > 0, head

@@ -411,16 +411,19 @@ def _reindex(labels: np.ndarray) -> tuple[np.ndarray, int]:
     return np.searchsorted(classes, labels).astype(np.int64), int(classes.shape[0])
 
 
-def _head(c: dict, d: int, rng, dtype, device):
+def _head(c: dict, d: int, rng, dtype, device) -> list:
+    """The pooling head's layers. GeMean takes non-negative features (a generalised mean of
+    ``x^p``), so a ReLU goes before it, as in the CNNs GeM pooling comes from; the local
+    features of every study (tokens, LocalLinear's output, a user's .npz) can be negative."""
     head = c["head"]
     if head == "gap":
-        return GAP()
+        return [GAP()]
     if head == "gmp":
-        return GMP()
+        return [GMP()]
     if head == "gemean":
-        return GeMean(p=c["gemean_p"])
-    return GSPHead(c["n_prototypes"], d, mu=c["mu"], inverse_temperature=c["inverse_temperature"],
-                   reference=c["reference"], rng=rng, dtype=dtype, device=device)
+        return [ReLU(name="relu_gemean"), GeMean(p=c["gemean_p"])]
+    return [GSPHead(c["n_prototypes"], d, mu=c["mu"], inverse_temperature=c["inverse_temperature"],
+                   reference=c["reference"], rng=rng, dtype=dtype, device=device)]
 
 
 def _tail(c: dict, d: int, rng, dtype, device) -> list:
@@ -480,7 +483,7 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
         embedding.table.value[...] = init_token_table(
             splits.train.n_tokens, c["dim"], rng=init, dtype=dtype,
             xp=np if device == "cpu" else __import__("cupy"))
-        layers = [embedding, _head(c, c["dim"], init, dtype, device),
+        layers = [embedding, *_head(c, c["dim"], init, dtype, device),
                   *_tail(c, c["dim"], init, dtype, device)]
 
         def clip_token_table_after_step() -> None:
@@ -499,7 +502,7 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
                        ReLU() if i == 1 else ReLU(name=f"relu{i}")]
             c_in = c_out
         layers += [LocalLinear(c_in, c["local_dim"], rng=init, dtype=dtype, device=device),
-                  _head(c, c["local_dim"], init, dtype, device),
+                  *_head(c, c["local_dim"], init, dtype, device),
                   *_tail(c, c["local_dim"], init, dtype, device)]
     else:
         fs = load_features(c["features"], features_key=c["features_key"],
@@ -508,7 +511,7 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
         train, val, test = ((fs.features[i], fs.labels[i]) for i in (split.train, split.val,
                                                                       split.test))
         d = fs.features.shape[2]
-        layers = [_head(c, d, init, dtype, device), *_tail(c, d, init, dtype, device)]
+        layers = [*_head(c, d, init, dtype, device), *_tail(c, d, init, dtype, device)]
     train_labels, n_classes = _reindex(train[1])
     train = (train[0], train_labels)
     model = Sequential(layers)
