@@ -16,7 +16,9 @@ every kernel does, per image ``b``:
   ``g(tau) = (1/n) sum_j sigma(tau + l_j)`` (phase 2 re-centred at ``a_j = tau + l_j``);
   the scalar maths (bracket, ``phi`` and its slope from three online log-sum-exps, the
   safeguarded step) is :func:`newton_start`, :func:`column_terms`, :func:`newton_phi`,
-  :func:`newton_step`, called by both the CUDA kernels and the CPU twins;
+  :func:`newton_step`, called by both the CUDA kernels and the CPU twins (so is each column's
+  work below: :func:`column_softmax`, :func:`column_shift`, :func:`column_plan`,
+  :func:`pool_backward_column`, :func:`transport_backward_column`);
 * ``sigma(x_j)``, ``rho_j = sigma(-x_j)/n``, ``pi_ji = A_ji sigma(x_j)/n``, the residual of
   the arrays as stored; pool: ``w_j = sigma(x_j)/mu``, ``pooled = (1/n) sum_j w_j f_j``
   (``p = 1``), ``z_i = (1/mu) sum_j pi_ji``;
@@ -60,6 +62,9 @@ from refdml.gpu._numba_scalar import lse_merge, lse_push, lse_value
 from refdml.gpu._numba_support import BLOCK
 
 __all__ = [
+    "column_plan",
+    "column_shift",
+    "column_softmax",
     "column_terms",
     "cuda_kernels",
     "log_expit",
@@ -67,7 +72,9 @@ __all__ = [
     "newton_start",
     "newton_step",
     "pool_backward_cpu",
+    "pool_backward_column",
     "pool_forward_cpu",
+    "transport_backward_column",
     "transport_backward_cpu",
     "transport_cpu",
 ]
