@@ -77,6 +77,25 @@ def _result(xp, cost_t, out, mu, inverse_temperature, max_iter, tol):
     )
 
 
+# the order of _nb_gsp.cuda_kernels()
+_KERNELS = ("transport", "pool_forward", "pool_backward", "transport_backward")
+
+
+def _launch(xp, kind, name, args, batch, scratch_columns=0):
+    """Run GSP kernel ``name`` on ``args``: the ``@cuda.jit`` kernel (``kind == "cuda"``; one
+    block of ``BLOCK`` threads per image, none for an empty batch; the backward kernels take a
+    (B, ``scratch_columns``) float64 scratch after ``args``) or the CPU twin ``<name>_cpu``."""
+    if kind == "cuda":
+        if batch:
+            kernel = _nb_gsp.cuda_kernels()[_KERNELS.index(name)]
+            if scratch_columns:
+                args = (*args, xp.empty((batch, scratch_columns), dtype=np.float64))
+            kernel[batch, BLOCK](*args)
+    else:
+        with np.errstate(all="ignore"):
+            getattr(_nb_gsp, f"{name}_cpu")(*args)
+
+
 def transport(xp, kind, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTransportResult:
     """(P2) for every image from the cost (B, n, m) in memory, by the ``kind`` kernel."""
     cost_t = xp.ascontiguousarray(cost_t)
@@ -86,12 +105,7 @@ def transport(xp, kind, cost_t, mu, inverse_temperature, max_iter, tol) -> Weigh
     args = (cost_t, float(inverse_temperature), float(mu), logit_mu, int(max_iter), ulp, cap,
             phi_floor, out["assignment"], out["log_s_shifted"], out["log_s"], out["rho"],
             out["transported"], out["pi"], out["image_real"], out["image_int"])
-    if kind == "cuda":
-        if batch:
-            _nb_gsp.cuda_kernels()[0][batch, BLOCK](*args)
-    else:
-        with np.errstate(all="ignore"):
-            _nb_gsp.transport_cpu(*args)
+    _launch(xp, kind, "transport", args, batch)
     return _result(xp, cost_t, out, mu, inverse_temperature, max_iter, tol)
 
 
@@ -122,12 +136,7 @@ def pool_forward(xp, kind, features, features_bar, prototypes_bar, scale, mu,
             out["assignment"], out["log_s_shifted"], out["log_s"], out["rho"],
             out["transported"], out["pi"], weights, pooled, z, out["image_real"],
             out["image_int"])
-    if kind == "cuda":
-        if batch:
-            _nb_gsp.cuda_kernels()[1][batch, BLOCK](*args)
-    else:
-        with np.errstate(all="ignore"):
-            _nb_gsp.pool_forward_cpu(*args)
+    _launch(xp, kind, "pool_forward", args, batch)
     result = _result(xp, cost_t, out, mu, inverse_temperature, max_iter, tol)
     return cost_t, result, weights, (pooled if p_one else None), z
 
@@ -161,13 +170,7 @@ def pool_backward(xp, kind, ctx, d_pooled, d_z, d_weights, direct):
             xp.ascontiguousarray(d_z), xp.ascontiguousarray(d_weights),
             xp.ascontiguousarray(direct), p_one, float(result.inverse_temperature),
             float(result.mu), distance_weights, d_features)
-    if kind == "cuda":
-        if batch:
-            scratch = xp.empty((batch, n), dtype=np.float64)
-            _nb_gsp.cuda_kernels()[2][batch, BLOCK](*args, scratch)
-    else:
-        with np.errstate(all="ignore"):
-            _nb_gsp.pool_backward_cpu(*args)
+    _launch(xp, kind, "pool_backward", args, batch, scratch_columns=n)
     return distance_weights, d_features
 
 
@@ -179,10 +182,5 @@ def transport_backward(xp, kind, result, d_rho, d_pi):
     args = (pi_t, xp.ascontiguousarray(result.rho), xp.ascontiguousarray(result.transported),
             xp.ascontiguousarray(d_rho), xp.ascontiguousarray(d_pi.transpose(0, 2, 1)),
             float(result.inverse_temperature), d_cost_t)
-    if kind == "cuda":
-        if batch:
-            scratch = xp.empty((batch, n), dtype=np.float64)
-            _nb_gsp.cuda_kernels()[3][batch, BLOCK](*args, scratch)
-    else:
-        _nb_gsp.transport_backward_cpu(*args)
+    _launch(xp, kind, "transport_backward", args, batch, scratch_columns=n)
     return d_cost_t.transpose(0, 2, 1)

@@ -16,7 +16,9 @@ every kernel does, per image ``b``:
   ``g(tau) = (1/n) sum_j sigma(tau + l_j)`` (phase 2 re-centred at ``a_j = tau + l_j``);
   the scalar maths (bracket, ``phi`` and its slope from three online log-sum-exps, the
   safeguarded step) is :func:`newton_start`, :func:`column_terms`, :func:`newton_phi`,
-  :func:`newton_step`, called by both the CUDA kernels and the CPU twins;
+  :func:`newton_step`, called by both the CUDA kernels and the CPU twins (so is each column's
+  work below: :func:`column_softmax`, :func:`column_shift`, :func:`column_plan`,
+  :func:`pool_backward_column`, :func:`transport_backward_column`);
 * ``sigma(x_j)``, ``rho_j = sigma(-x_j)/n``, ``pi_ji = A_ji sigma(x_j)/n``, the residual of
   the arrays as stored; pool: ``w_j = sigma(x_j)/mu``, ``pooled = (1/n) sum_j w_j f_j``
   (``p = 1``), ``z_i = (1/mu) sum_j pi_ji``;
@@ -60,6 +62,9 @@ from refdml.gpu._numba_scalar import lse_merge, lse_push, lse_value
 from refdml.gpu._numba_support import BLOCK
 
 __all__ = [
+    "column_plan",
+    "column_shift",
+    "column_softmax",
     "column_terms",
     "cuda_kernels",
     "log_expit",
@@ -67,7 +72,9 @@ __all__ = [
     "newton_start",
     "newton_step",
     "pool_backward_cpu",
+    "pool_backward_column",
     "pool_forward_cpu",
+    "transport_backward_column",
     "transport_backward_cpu",
     "transport_cpu",
 ]
@@ -133,6 +140,88 @@ def newton_step(tau, lo, hi, phi, log_slope, ulp, phi_floor, cap):
     return tau, lo, hi, done
 
 
+# --------------------------------------------------------------------------- per-column maths
+# One source for the CPU twins and the CUDA kernels: each takes the (B, n[, m]) arrays and the
+# image ``b`` / column ``j`` it works on. The CPU twins call them as ``@njit`` functions; the
+# CUDA kernels call device functions compiled from the same Python source (``.py_func``, see
+# :func:`cuda_kernels`: the simulator cannot pass its arrays to an ``@njit`` function).
+@njit(cache=True, inline="always")
+def column_softmax(cost_t, eps, assignment, log_s_shifted, b, j):
+    """``A_ji = softmax_i(-ε (c_ji - cmin_j))`` into ``assignment``, ``log sum_i exp(...)``
+    into ``log_s_shifted``; returns ``cmin_j``."""
+    m = cost_t.shape[2]
+    column_min = math.inf
+    for i in range(m):
+        column_min = min(column_min, cost_t[b, j, i])
+    total = 0.0
+    for i in range(m):
+        a = math.exp(-eps * (cost_t[b, j, i] - column_min))
+        assignment[b, j, i] = a
+        total += a
+    inverse = 1.0 / total
+    for i in range(m):
+        assignment[b, j, i] *= inverse
+    log_s_shifted[b, j] = math.log(total)
+    return column_min
+
+
+@njit(cache=True, inline="always")
+def column_shift(eps, image_min, shift, log_s_shifted, log_s, b, j):
+    """``l_j`` (``log_s_shifted``, the column minimum held in ``log_s`` until now) and
+    ``log s_j = l_j - shift``; returns ``l_j`` as stored (rounded to the dtype)."""
+    log_s_shifted[b, j] = log_s_shifted[b, j] - eps * (log_s[b, j] - image_min)
+    value = log_s_shifted[b, j]
+    log_s[b, j] = value - shift
+    return value
+
+
+@njit(cache=True, inline="always")
+def column_plan(tau, delta, inv_n, log_s_shifted, assignment, transported, rho, pi, b, j):
+    """``sigma(x_j)``, ``rho_j``, ``pi_ji`` of column ``j``; returns (its residual, its mass)."""
+    m = assignment.shape[2]
+    x = (tau + log_s_shifted[b, j]) + delta
+    transported[b, j] = math.exp(log_expit(x))
+    rho[b, j] = math.exp(log_expit(-x)) * inv_n
+    column_mass_factor = transported[b, j] * inv_n
+    column_mass = 0.0
+    for i in range(m):
+        pi[b, j, i] = assignment[b, j, i] * column_mass_factor
+        column_mass += pi[b, j, i]
+    return abs(rho[b, j] + column_mass - inv_n), column_mass
+
+
+@njit(cache=True, inline="always")
+def pool_backward_column(features, d_pooled, d_weights_in, pi, d_z, rho, transported, p_one,
+                         inv_n, inv_mu, b, j):
+    """Pool backward, column ``j``: ``(q_j, kappa_j, eta_j)`` (their sums are kappa, eta)."""
+    n, d = features.shape[1], features.shape[2]
+    m = pi.shape[2]
+    if p_one:
+        dw = 0.0
+        for k in range(d):
+            dw += features[b, j, k] * d_pooled[b, k]
+        dw *= inv_n
+    else:
+        dw = d_weights_in[b, j]
+    d_rho = dw * (-n * inv_mu)
+    weighted = 0.0
+    for i in range(m):
+        weighted += pi[b, j, i] * (d_z[b, i] * inv_mu)
+    return (rho[b, j] * d_rho + weighted, rho[b, j] * transported[b, j],
+            rho[b, j] * (transported[b, j] * d_rho - n * weighted))
+
+
+@njit(cache=True, inline="always")
+def transport_backward_column(pi, d_pi, rho, d_rho, transported, b, j):
+    """Transport backward, column ``j``: ``(q_j, kappa_j, eta_j)`` (their sums are kappa, eta)."""
+    n, m = pi.shape[1], pi.shape[2]
+    weighted = 0.0
+    for i in range(m):
+        weighted += pi[b, j, i] * d_pi[b, j, i]
+    return (rho[b, j] * d_rho[b, j] + weighted, rho[b, j] * transported[b, j],
+            rho[b, j] * (transported[b, j] * d_rho[b, j] - n * weighted))
+
+
 # --------------------------------------------------------------------------- CPU twins
 @njit(cache=True)
 def _newton_image(l, base, value_max, value_min, tau0, logit_mu, log_n, max_iter, ulp, cap,
@@ -156,64 +245,45 @@ def _newton_image(l, base, value_max, value_min, tau0, logit_mu, log_n, max_iter
 
 
 @njit(cache=True)
-def _transport_image(cost, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
+def _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
                      assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
                      image_int):
-    """(P2) of one image from its cost (n, m); fills the per-image outputs (module docstring)."""
-    n, m = cost.shape
+    """(P2) of image ``b`` from its cost (n, m); fills its per-image outputs (module docstring)."""
+    n = cost_t.shape[1]
     log_n = math.log(n)
     image_min = math.inf
     for j in range(n):
-        column_min = math.inf
-        for i in range(m):
-            column_min = min(column_min, cost[j, i])
-        total = 0.0
-        for i in range(m):
-            a = math.exp(-eps * (cost[j, i] - column_min))
-            assignment[j, i] = a
-            total += a
-        inverse = 1.0 / total
-        for i in range(m):
-            assignment[j, i] *= inverse
-        log_s_shifted[j] = math.log(total)
-        log_s[j] = column_min  # scratch until the image minimum is known
+        column_min = column_softmax(cost_t, eps, assignment, log_s_shifted, b, j)
+        log_s[b, j] = column_min  # scratch until the image minimum is known
         image_min = min(image_min, column_min)
     shift = eps * image_min
     value_max, value_min, value_sum = -math.inf, math.inf, 0.0
     for j in range(n):
-        log_s_shifted[j] = log_s_shifted[j] - eps * (log_s[j] - image_min)
-        value = log_s_shifted[j]  # as stored (rounded to the dtype)
-        log_s[j] = value - shift
+        value = column_shift(eps, image_min, shift, log_s_shifted, log_s, b, j)
         value_max = max(value_max, value)
         value_min = min(value_min, value)
         value_sum += value
     tau, first, exhausted_first = _newton_image(
-        log_s_shifted, 0.0, value_max, value_min, logit_mu - value_sum / n, logit_mu, log_n,
+        log_s_shifted[b], 0.0, value_max, value_min, logit_mu - value_sum / n, logit_mu, log_n,
         max_iter, ulp, cap, phi_floor,
     )
     delta, second, exhausted_second = _newton_image(
-        log_s_shifted, tau, tau + value_max, tau + value_min, 0.0, logit_mu, log_n, max_iter,
+        log_s_shifted[b], tau, tau + value_max, tau + value_min, 0.0, logit_mu, log_n, max_iter,
         ulp, cap, phi_floor,
     )
     inv_n = 1.0 / n
     column_residual, mass = 0.0, 0.0
     for j in range(n):
-        x = (tau + log_s_shifted[j]) + delta
-        transported[j] = math.exp(log_expit(x))
-        rho[j] = math.exp(log_expit(-x)) * inv_n
-        column_mass_factor = transported[j] * inv_n
-        column_mass = 0.0
-        for i in range(m):
-            pi[j, i] = assignment[j, i] * column_mass_factor
-            column_mass += pi[j, i]
-        column_residual = max(column_residual, abs(rho[j] + column_mass - inv_n))
+        residual, column_mass = column_plan(tau, delta, inv_n, log_s_shifted, assignment,
+                                            transported, rho, pi, b, j)
+        column_residual = max(column_residual, residual)
         mass += column_mass
-    image_real[0] = tau + delta
-    image_real[1] = shift
-    image_real[2] = max(column_residual, abs(mass - mu))
-    image_int[0] = first
-    image_int[1] = second
-    image_int[2] = 1 if (exhausted_first or exhausted_second) else 0
+    image_real[b, 0] = tau + delta
+    image_real[b, 1] = shift
+    image_real[b, 2] = max(column_residual, abs(mass - mu))
+    image_int[b, 0] = first
+    image_int[b, 1] = second
+    image_int[b, 2] = 1 if (exhausted_first or exhausted_second) else 0
 
 
 @njit(parallel=True, cache=True)
@@ -221,9 +291,9 @@ def transport_cpu(cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor, assi
                   log_s_shifted, log_s, rho, transported, pi, image_real, image_int):
     """``refdml_gsp_transport`` CPU twin: (P2) for every image of ``cost_t`` (B, n, m)."""
     for b in prange(cost_t.shape[0]):
-        _transport_image(cost_t[b], eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                         assignment[b], log_s_shifted[b], log_s[b], rho[b], transported[b],
-                         pi[b], image_real[b], image_int[b])
+        _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
+                         assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
+                         image_int)
 
 
 @njit(parallel=True, cache=True)
@@ -249,9 +319,9 @@ def pool_forward_cpu(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp
                     acc[i] += diff * diff
             for i in range(m):
                 cost_t[b, j, i] = math.sqrt(acc[i]) * s
-        _transport_image(cost_t[b], eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                         assignment[b], log_s_shifted[b], log_s[b], rho[b], transported[b],
-                         pi[b], image_real[b], image_int[b])
+        _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
+                         assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
+                         image_int)
         inv_mu = 1.0 / mu
         for j in range(n):
             weights[b, j] = transported[b, j] * inv_mu
@@ -305,20 +375,11 @@ def pool_backward_cpu(features, features_bar, features_norm, ws, scale, pi, cost
         q = np.empty(n)
         kappa, eta = 0.0, 0.0
         for j in range(n):
-            if p_one:
-                dw = 0.0
-                for k in range(d):
-                    dw += features[b, j, k] * d_pooled[b, k]
-                dw *= inv_n
-            else:
-                dw = d_weights_in[b, j]
-            d_rho = dw * (-n * inv_mu)
-            weighted = 0.0
-            for i in range(m):
-                weighted += pi[b, j, i] * (d_z[b, i] * inv_mu)
-            q[j] = rho[b, j] * d_rho + weighted
-            kappa += rho[b, j] * transported[b, j]
-            eta += rho[b, j] * (transported[b, j] * d_rho - n * weighted)
+            q[j], kappa_j, eta_j = pool_backward_column(
+                features, d_pooled, d_weights_in, pi, d_z, rho, transported, p_one, inv_n,
+                inv_mu, b, j)
+            kappa += kappa_j
+            eta += eta_j
         ratio = eta / kappa if kappa > 0.0 else 0.0
         acc = np.zeros(d)
         for j in range(n):
@@ -362,12 +423,10 @@ def transport_backward_cpu(pi, rho, transported, d_rho, d_pi, eps, d_cost):
         q = np.empty(n)
         kappa, eta = 0.0, 0.0
         for j in range(n):
-            weighted = 0.0
-            for i in range(m):
-                weighted += pi[b, j, i] * d_pi[b, j, i]
-            q[j] = rho[b, j] * d_rho[b, j] + weighted
-            kappa += rho[b, j] * transported[b, j]
-            eta += rho[b, j] * (transported[b, j] * d_rho[b, j] - n * weighted)
+            q[j], kappa_j, eta_j = transport_backward_column(pi, d_pi, rho, d_rho, transported,
+                                                             b, j)
+            kappa += kappa_j
+            eta += eta_j
         ratio = eta / kappa if kappa > 0.0 else 0.0
         for j in range(n):
             n_inner = n * (q[j] - ratio * rho[b, j])
@@ -384,6 +443,13 @@ def cuda_kernels():
     refdml_gsp_transport_backward)``;
     launch each as ``kernel[B, BLOCK](...)`` with the CPU twin's arguments.
     """
+    # the per-column maths, compiled for the device from the CPU twins' source
+    softmax_dev = cuda.jit(device=True)(column_softmax.py_func)
+    shift_dev = cuda.jit(device=True)(column_shift.py_func)
+    plan_dev = cuda.jit(device=True)(column_plan.py_func)
+    pool_backward_dev = cuda.jit(device=True)(pool_backward_column.py_func)
+    transport_backward_dev = cuda.jit(device=True)(transport_backward_column.py_func)
+
     @cuda.jit(device=True)
     def tree_width(n):
         """Slots a block reduction over ``n`` columns reads: the power of two >= min(n, BLOCK)."""
@@ -431,6 +497,19 @@ def cuda_kernels():
         return r0, r1, r2, r3
 
     @cuda.jit(device=True)
+    def n_inner_block(sm, b, tid, kappa, eta, rho, scratch):
+        """Backward (Prop. 4.3): sums the threads' ``kappa`` and ``eta`` over the block, then
+        ``scratch[b, j] = n inner_j = n (q_j - (eta / kappa) rho_j)`` from ``q_j`` there."""
+        n = rho.shape[1]
+        _, _, kappa, eta = block_reduce4(sm, 0.0, 0.0, kappa, eta, tid, tree_width(n))
+        ratio = eta / kappa if kappa > 0.0 else 0.0
+        j = tid
+        while j < n:
+            scratch[b, j] = n * (scratch[b, j] - ratio * rho[b, j])
+            j += BLOCK
+        cuda.syncthreads()
+
+    @cuda.jit(device=True)
     def newton_block(sm, l, b, tid, base, value_max, value_min, tau0, logit_mu, log_n,
                      max_iter, ulp, cap, phi_floor):
         n = l.shape[1]
@@ -457,24 +536,13 @@ def cuda_kernels():
     def transport_block(sm, b, tid, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
                         assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
                         image_int):
-        n, m = cost_t.shape[1], cost_t.shape[2]
+        n = cost_t.shape[1]
         width = tree_width(n)
         log_n = math.log(n)
         image_min = math.inf
         j = tid
         while j < n:
-            column_min = math.inf
-            for i in range(m):
-                column_min = min(column_min, cost_t[b, j, i])
-            total = 0.0
-            for i in range(m):
-                a = math.exp(-eps * (cost_t[b, j, i] - column_min))
-                assignment[b, j, i] = a
-                total += a
-            inverse = 1.0 / total
-            for i in range(m):
-                assignment[b, j, i] *= inverse
-            log_s_shifted[b, j] = math.log(total)
+            column_min = softmax_dev(cost_t, eps, assignment, log_s_shifted, b, j)
             log_s[b, j] = column_min
             image_min = min(image_min, column_min)
             j += BLOCK
@@ -483,9 +551,7 @@ def cuda_kernels():
         value_max, value_min, value_sum = -math.inf, math.inf, 0.0
         j = tid
         while j < n:
-            log_s_shifted[b, j] = log_s_shifted[b, j] - eps * (log_s[b, j] - image_min)
-            value = log_s_shifted[b, j]
-            log_s[b, j] = value - shift
+            value = shift_dev(eps, image_min, shift, log_s_shifted, log_s, b, j)
             value_max = max(value_max, value)
             value_min = min(value_min, value)
             value_sum += value
@@ -504,15 +570,9 @@ def cuda_kernels():
         column_residual, mass = 0.0, 0.0
         j = tid
         while j < n:
-            x = (tau + log_s_shifted[b, j]) + delta
-            transported[b, j] = math.exp(log_expit(x))
-            rho[b, j] = math.exp(log_expit(-x)) * inv_n
-            column_mass_factor = transported[b, j] * inv_n
-            column_mass = 0.0
-            for i in range(m):
-                pi[b, j, i] = assignment[b, j, i] * column_mass_factor
-                column_mass += pi[b, j, i]
-            column_residual = max(column_residual, abs(rho[b, j] + column_mass - inv_n))
+            residual, column_mass = plan_dev(tau, delta, inv_n, log_s_shifted, assignment,
+                                             transported, rho, pi, b, j)
+            column_residual = max(column_residual, residual)
             mass += column_mass
             j += BLOCK
         column_residual, _, mass, _ = block_reduce4(sm, column_residual, 0.0, mass, 0.0, tid,
@@ -605,28 +665,13 @@ def cuda_kernels():
         kappa, eta = 0.0, 0.0
         j = tid
         while j < n:
-            if p_one:
-                dw = 0.0
-                for k in range(d):
-                    dw += features[b, j, k] * d_pooled[b, k]
-                dw *= inv_n
-            else:
-                dw = d_weights_in[b, j]
-            d_rho = dw * (-n * inv_mu)
-            weighted = 0.0
-            for i in range(m):
-                weighted += pi[b, j, i] * (d_z[b, i] * inv_mu)
-            scratch[b, j] = rho[b, j] * d_rho + weighted
-            kappa += rho[b, j] * transported[b, j]
-            eta += rho[b, j] * (transported[b, j] * d_rho - n * weighted)
+            scratch[b, j], kappa_j, eta_j = pool_backward_dev(
+                features, d_pooled, d_weights_in, pi, d_z, rho, transported, p_one, inv_n,
+                inv_mu, b, j)
+            kappa += kappa_j
+            eta += eta_j
             j += BLOCK
-        _, _, kappa, eta = block_reduce4(sm, 0.0, 0.0, kappa, eta, tid, tree_width(n))
-        ratio = eta / kappa if kappa > 0.0 else 0.0
-        j = tid
-        while j < n:
-            scratch[b, j] = n * (scratch[b, j] - ratio * rho[b, j])
-            j += BLOCK
-        cuda.syncthreads()
+        n_inner_block(sm, b, tid, kappa, eta, rho, scratch)
         pair = tid
         while pair < n * m:
             j, i = pair // m, pair % m
@@ -683,20 +728,12 @@ def cuda_kernels():
         kappa, eta = 0.0, 0.0
         j = tid
         while j < n:
-            weighted = 0.0
-            for i in range(m):
-                weighted += pi[b, j, i] * d_pi[b, j, i]
-            scratch[b, j] = rho[b, j] * d_rho[b, j] + weighted
-            kappa += rho[b, j] * transported[b, j]
-            eta += rho[b, j] * (transported[b, j] * d_rho[b, j] - n * weighted)
+            scratch[b, j], kappa_j, eta_j = transport_backward_dev(pi, d_pi, rho, d_rho,
+                                                                   transported, b, j)
+            kappa += kappa_j
+            eta += eta_j
             j += BLOCK
-        _, _, kappa, eta = block_reduce4(sm, 0.0, 0.0, kappa, eta, tid, tree_width(n))
-        ratio = eta / kappa if kappa > 0.0 else 0.0
-        j = tid
-        while j < n:
-            scratch[b, j] = n * (scratch[b, j] - ratio * rho[b, j])
-            j += BLOCK
-        cuda.syncthreads()
+        n_inner_block(sm, b, tid, kappa, eta, rho, scratch)
         pair = tid
         while pair < n * m:
             j, i = pair // m, pair % m

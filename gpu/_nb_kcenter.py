@@ -30,7 +30,8 @@ CUDA (:func:`farthest_first_cuda`): per pick two launches, no host round trip:
 ``refdml_kcenter_update`` (one thread per point, ``BLOCK`` threads per block: update, then a
 block-level shared-memory arg-max reduction writing one (max, arg-max) per block) and
 ``refdml_kcenter_pick`` (one block of ``BLOCK`` threads reducing the blocks' pairs: the
-radius of this pick and the next pick, left on the device where the next update reads it).
+radius of this pick and the next pick, left on the device where the next update reads it);
+both end in the same shared-memory tree, the device function :func:`block_argmax`.
 One thread per point reads its row with a stride of ``d`` (uncoalesced): a first version,
 checked only under Numba's CUDA simulator this session (never run on a GPU).
 
@@ -166,6 +167,24 @@ def farthest_first_cpu(points, k, min_sq, first, sq_norms=None):
 # ---------------------------------------------------------------------------------- CUDA
 
 
+@cuda.jit(device=True)
+def block_argmax(s_val, s_arg, t, best, arg):
+    """The block's (max, arg-max) of its threads' ``(best, arg)`` pairs, in :func:`better`
+    order: a tree reduction in the shared arrays ``s_val`` / ``s_arg`` (``BLOCK`` slots each);
+    every thread of the block calls it and gets the result."""
+    s_val[t] = best
+    s_arg[t] = arg
+    cuda.syncthreads()
+    width = BLOCK // 2
+    while width > 0:
+        if t < width and better(s_val[t + width], s_arg[t + width], s_val[t], s_arg[t]):
+            s_val[t] = s_val[t + width]
+            s_arg[t] = s_arg[t + width]
+        cuda.syncthreads()
+        width //= 2
+    return s_val[0], s_arg[0]
+
+
 @cuda.jit(cache=True)
 def refdml_kcenter_update(points, sq_norms, min_sq, q_box, block_max, block_arg):
     """One pick's update of ``min_sq`` and each block's (max, arg-max); ``q_box[0]`` the pick."""
@@ -188,19 +207,10 @@ def refdml_kcenter_update(points, sq_norms, min_sq, q_box, block_max, block_arg)
             m = -1.0
         min_sq[i] = m                            # rounds to the array's dtype
         best, arg = np.float64(min_sq[i]), i
-    s_val[t] = best
-    s_arg[t] = arg
-    cuda.syncthreads()
-    width = BLOCK // 2
-    while width > 0:
-        if t < width and better(s_val[t + width], s_arg[t + width], s_val[t], s_arg[t]):
-            s_val[t] = s_val[t + width]
-            s_arg[t] = s_arg[t + width]
-        cuda.syncthreads()
-        width //= 2
+    best, arg = block_argmax(s_val, s_arg, t, best, arg)
     if t == 0:
-        block_max[cuda.blockIdx.x] = s_val[0]
-        block_arg[cuda.blockIdx.x] = s_arg[0]
+        block_max[cuda.blockIdx.x] = best
+        block_arg[cuda.blockIdx.x] = arg
 
 
 @cuda.jit(cache=True)
@@ -213,21 +223,12 @@ def refdml_kcenter_pick(block_max, block_arg, n_blocks, pick, q_box, indices, ra
     for b in range(t, n_blocks, BLOCK):
         if better(block_max[b], block_arg[b], best, arg):
             best, arg = block_max[b], block_arg[b]
-    s_val[t] = best
-    s_arg[t] = arg
-    cuda.syncthreads()
-    width = BLOCK // 2
-    while width > 0:
-        if t < width and better(s_val[t + width], s_arg[t + width], s_val[t], s_arg[t]):
-            s_val[t] = s_val[t + width]
-            s_arg[t] = s_arg[t + width]
-        cuda.syncthreads()
-        width //= 2
+    best, arg = block_argmax(s_val, s_arg, t, best, arg)
     if t == 0:
-        radii_sq[pick] = s_val[0]
-        q_box[0] = s_arg[0]
+        radii_sq[pick] = best
+        q_box[0] = arg
         if pick + 1 < indices.shape[0]:
-            indices[pick + 1] = s_arg[0]
+            indices[pick + 1] = arg
 
 
 @cuda.jit(cache=True)

@@ -99,6 +99,22 @@ def score_before(s, j, best_s, best_j):
     return s < best_s or (s == best_s and j < best_j)
 
 
+@njit(cache=True, inline="always")
+def offer(best_s, best_j, s, j):
+    """Offer ``(s, j)`` to the ``K`` best so far (``best_s`` / ``best_j``, length ``K``, in
+    :func:`score_before` order): inserted in its place, the last dropped, when it comes before
+    the last. The stage-2 re-rank and the CUDA scan both keep their lists with it."""
+    last = best_s.shape[0] - 1
+    if score_before(s, j, best_s[last], best_j[last]):
+        p = last
+        while p > 0 and score_before(s, j, best_s[p - 1], best_j[p - 1]):
+            best_s[p] = best_s[p - 1]
+            best_j[p] = best_j[p - 1]
+            p -= 1
+        best_s[p] = s
+        best_j[p] = j
+
+
 # ------------------------------------------------------------------------------ CPU twin
 
 
@@ -238,28 +254,14 @@ def _rerank(q64, rows, r64, rsq64, factor, same_set, top_v, top_i, delta, n_keep
             for c in range(n_kept):
                 j = top_i[a, c]
                 s = _score64(q64, qi, r64, rsq64, j, factor)
-                if score_before(s, j, best_s[n_keep - 1], best_j[n_keep - 1]):
-                    p = n_keep - 1
-                    while p > 0 and score_before(s, j, best_s[p - 1], best_j[p - 1]):
-                        best_s[p] = best_s[p - 1]
-                        best_j[p] = best_j[p - 1]
-                        p -= 1
-                    best_s[p] = s
-                    best_j[p] = j
+                offer(best_s, best_j, s, j)
         else:
             redone[a] = True
             for j in range(n_r):
                 if j == own:
                     continue
                 s = _score64(q64, qi, r64, rsq64, j, factor)
-                if score_before(s, j, best_s[n_keep - 1], best_j[n_keep - 1]):
-                    p = n_keep - 1
-                    while p > 0 and score_before(s, j, best_s[p - 1], best_j[p - 1]):
-                        best_s[p] = best_s[p - 1]
-                        best_j[p] = best_j[p - 1]
-                        p -= 1
-                    best_s[p] = s
-                    best_j[p] = j
+                offer(best_s, best_j, s, j)
         out[a, :] = best_j
 
 
@@ -329,6 +331,11 @@ def _row_norms_of(x, rows):
 # ---------------------------------------------------------------------------------- CUDA
 
 
+# :func:`offer` for the device, from the same source (the CUDA simulator cannot pass its
+# arrays to an ``@njit`` function)
+_offer_device = cuda.jit(device=True)(offer.py_func)
+
+
 @cuda.jit(cache=True)
 def refdml_retrieval_topk(q, rows, r, rsq, factor, same_set, best_s, best_j):
     """One thread per query: an exact float64 scan keeping the ``K`` best ``(s, j)``."""
@@ -348,14 +355,7 @@ def refdml_retrieval_topk(q, rows, r, rsq, factor, same_set, best_s, best_j):
         for k in range(d):
             acc += np.float64(q[qi, k]) * np.float64(r[j, k])
         s = np.float64(rsq[j]) + factor * acc
-        if score_before(s, j, best_s[a, n_keep - 1], best_j[a, n_keep - 1]):
-            p = n_keep - 1
-            while p > 0 and score_before(s, j, best_s[a, p - 1], best_j[a, p - 1]):
-                best_s[a, p] = best_s[a, p - 1]
-                best_j[a, p] = best_j[a, p - 1]
-                p -= 1
-            best_s[a, p] = s
-            best_j[a, p] = j
+        _offer_device(best_s[a], best_j[a], s, j)
 
 
 def nearest_cuda(xp, query, rows, reference, n_keep, same_set, metric):
