@@ -260,6 +260,10 @@ def write_report(directory, payload: dict) -> Path:
             name = f"{r['id'].replace('.', '_')}_{kind}.png"
             try:
                 drawn = draw(r, directory / name)
+            except ImportError:
+                lines += ["", f"(figure {kind} not drawn: figures need matplotlib, "
+                          "pip install \"refdml[plot]\")"]
+                continue
             except Exception as exc:  # a figure must not lose the report
                 lines += ["", f"(figure {kind} failed: {exc!r})"]
                 continue
