@@ -126,16 +126,15 @@ def _run_dask(todo: list[Task], workers: int | None, scheduler: str | None, fini
             futures[future] = task
         for future in as_completed(futures):
             task = futures[future]
-            if future.status == "finished":
-                try:
-                    result = future.result()
-                except Exception as exc:  # lost between status and fetch: report it
-                    finish(task, None, _format(exc))
-                    continue
-                finish(task, result, None)
-            else:
-                exc = future.exception()
-                finish(task, None, _format(exc, future.traceback()))
+            # result() rather than the status: a finished task whose worker is then lost goes
+            # back to pending and is recomputed elsewhere, and result() waits for that.
+            try:
+                result = future.result()
+            except Exception as exc:  # the task's own error, or a worker lost for good
+                remote = future.traceback() if future.status == "error" else None
+                finish(task, None, _format(exc, remote))
+                continue
+            finish(task, result, None)
     finally:
         client.close()
         if cluster is not None:
