@@ -61,9 +61,15 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 
     from numba.cuda.simulator import kernelapi as _kernelapi
 
-    sys.setswitchinterval(1e-4)
+    # The patch below reaches into the simulator's internals (numba 0.59-0.68); where they
+    # differ, leave the simulator and the switch interval as they are (slower, not wrong
+    # more often than the simulator itself).
+    _PATCHABLE = all(hasattr(_kernelapi, name) for name in ("FakeCUDAShared", "types",
+                                                             "numpy_support", "np"))
+    if _PATCHABLE:
+        sys.setswitchinterval(1e-4)
     _shared_lock = threading.Lock()
-    _dynamic_shared_array = _kernelapi.FakeCUDAShared.array
+    _dynamic_shared_array = getattr(getattr(_kernelapi, "FakeCUDAShared", None), "array", None)
 
     def _locked_shared_array(self, shape, dtype):
         """The simulator's FakeCUDAShared.array (one array per source line), made atomic."""
@@ -79,4 +85,5 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
                 array = self._allocations[caller] = _kernelapi.np.empty(shape, dtype)
         return array
 
-    _kernelapi.FakeCUDAShared.array = _locked_shared_array
+    if _PATCHABLE:
+        _kernelapi.FakeCUDAShared.array = _locked_shared_array
