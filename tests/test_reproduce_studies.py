@@ -10,7 +10,8 @@ from refdml.reproduce import EXPERIMENTS, execute
 from refdml.reproduce._experiments import settings_for
 
 _SMALL = {
-    "collage": {"epochs": 1, "conv_channels": [2, 2], "local_dim": 4, "embedding_dim": 4,
+    "collage": {"epochs": 1, "conv_channels": [2, 2], "conv_strides": [1, 2],
+                "collages_per_image": 1, "local_dim": 4, "embedding_dim": 4,
                 "n_prototypes": 4, "proxies_per_class": 2, "budget": 3, "transfer_repeats": 2,
                 "instance_every": 1},
     "tokens": {"epochs": 1, "n_train_per_class": 4, "n_test_per_class": 2},
@@ -38,3 +39,30 @@ def test_every_method_runs_and_is_deterministic(key, overrides):
     first = execute(task)
     assert first["metrics"] and all(math.isfinite(v) for v in first["metrics"].values())
     assert execute(task)["metrics"] == first["metrics"]
+
+
+def test_collage_strides_must_match_the_channels():
+    from refdml.reproduce import Task
+
+    settings = settings_for("collage", "quick", loss="contrastive",
+                            **{**_SMALL["collage"], "conv_strides": [1, 2, 1]})
+    with pytest.raises(ValueError, match="conv_strides"):
+        execute(Task.make("collage", "gap", 0, settings))
+
+
+def test_class_cell_weight_is_a_share_of_the_upsampled_weights():
+    """With a stride-2 trunk the GSP weights live on an 8 x 8 grid; the class-cell share is
+    taken on the 16 x 16 image (each weight covering 2 x 2 pixels) and lies in [0, 1]."""
+    from refdml.reproduce import Task
+
+    settings = settings_for("collage", "quick", loss="contrastive", **_SMALL["collage"])
+    result = execute(Task.make("collage", "gsp", 0, settings))
+    import numpy as np
+
+    assert 0.0 <= result["metrics"]["class_cell_weight"] <= 1.0
+    w = np.asarray(result["artefacts"]["attention"]["weights"])       # (6, 16, 16), rounded
+    assert w.shape[1:] == (16, 16)
+    blocks = w.reshape(w.shape[0], 8, 2, 8, 2)
+    # one weight per 2 x 2 block of pixels (nearest cell), mean 1 over the image (GSP)
+    np.testing.assert_array_equal(blocks, np.broadcast_to(blocks[:, :, :1, :, :1], blocks.shape))
+    np.testing.assert_allclose(w.mean(axis=(1, 2)), 1.0, atol=1e-3)

@@ -75,7 +75,7 @@ from refdml.train.objectives import (
     WassersteinObjective,
     XMLObjective,
 )
-from refdml.train.plots import gsp_weights
+from refdml.train.plots import feature_grid, gsp_weights, upsample_weights
 
 DTYPE = np.float32
 
@@ -160,11 +160,17 @@ _HEADS = ("gap", "gmp", "gemean", "gsp")
 
 
 def _collage_model(method: str, c: dict, init):
-    c1, c2 = c["conv_channels"]
     d = c["local_dim"]
-    trunk = [Conv2d(1, c1, rng=init, dtype=DTYPE, name="conv1"), ReLU(),
-             Conv2d(c1, c2, rng=init, dtype=DTYPE, name="conv2"), ReLU(name="relu2"),
-             LocalLinear(c2, d, rng=init, dtype=DTYPE)]
+    strides = c.get("conv_strides") or [1] * len(c["conv_channels"])
+    if len(strides) != len(c["conv_channels"]):
+        raise ValueError(f"collage: conv_strides == {strides} needs one stride per entry of "
+                         f"conv_channels == {c['conv_channels']}")
+    trunk, c_in = [], 1
+    for i, (c_out, stride) in enumerate(zip(c["conv_channels"], strides), start=1):
+        trunk += [Conv2d(c_in, c_out, stride=stride, rng=init, dtype=DTYPE, name=f"conv{i}"),
+                  ReLU(name=f"relu{i}")]
+        c_in = c_out
+    trunk.append(LocalLinear(c_in, d, rng=init, dtype=DTYPE))
     if method == "gemean":
         # GeM needs non-negative features (refdml.train's GeMean refuses negative ones, and
         # LocalLinear's outputs are signed): GeM pools post-ReLU CNN features.
@@ -247,7 +253,8 @@ def _pca(x: np.ndarray, *others: np.ndarray):
 @study("collage")
 def collage_task(task: Task) -> dict:
     c, seed, method = task.config, task.seed, task.method
-    data = make_digits_collage(rng=seed, collages_per_image=c["collages_per_image"])
+    data = make_digits_collage(rng=seed, collages_per_image=c["collages_per_image"],
+                               eval_collages_per_image=1)
     train_classes = np.unique(data.train.labels)
     train_y = np.searchsorted(train_classes, data.train.labels).astype(np.int64)
     init = np.random.default_rng(seed + 1)
@@ -278,7 +285,10 @@ def collage_task(task: Task) -> dict:
     artefacts = {}
     if method in ("gsp", "gsp_zsr"):
         (_, _), ctx = model.forward(test.images.astype(DTYPE))
-        w = np.asarray(gsp_weights(model, ctx), dtype=np.float64)      # (N, 256), mean 1
+        # (N, H' W') weights of mean 1 on the feature grid, as (N, 16, 16) pixel maps
+        w = upsample_weights(np.asarray(gsp_weights(model, ctx), dtype=np.float64),
+                             feature_grid(model, ctx), test.images.shape[2:])
+        w = w.reshape(w.shape[0], -1)
         cell = test.foreground.reshape(test.foreground.shape[0], -1)
         metrics["class_cell_weight"] = float(((w * cell).sum(axis=1) / w.sum(axis=1)).mean())
         metrics["zsr_transfer_map"] = _transfer_map(model, data, c, seed)
