@@ -84,7 +84,12 @@ def test_experiment_verdict_from_toy_runs():
     assert_allclose([b["effect"], c["effect"]], [5.0, -5.0], rtol=1e-12)   # same draws, shifted
     assert (b["verdict"], c["verdict"], result["verdict"]) == (
         "reproduced", "not-reproduced", "not-reproduced")
-    assert "toy.shift" in summary_lines(result)[0]
+    head, first, second = summary_lines(result)
+    # The experiment's verdict has a line of its own; each comparison line carries its own
+    # verdict (the first comparison reproduces although the experiment does not).
+    assert head.split()[:2] == ["toy.shift", "not-reproduced"]
+    assert first.split()[0] == "reproduced" and "b > a" in first and "+5.0000" in first
+    assert second.split()[0] == "not-reproduced" and "-5.0000" in second
 
 
 def test_every_experiment_names_known_runs_and_studies():

@@ -109,7 +109,7 @@ def run_from_args(args) -> int:
                         in_process=args.in_process, compute=not args.cached_only)
     wall = time.perf_counter() - start
     results = [evaluate_experiment(e, mode, outcome, seeds=args.seeds) for e in experiments]
-    print(f"{'experiment':<18}{'verdict':<16}comparison: effect [95% CI]")
+    print(f"{'experiment':<18}{'verdict':<16}\n{'':<2}{'verdict':<16}comparison: effect [95% CI]")
     print("-" * 100)
     for r in results:
         print("\n".join(summary_lines(r)))

@@ -40,7 +40,7 @@ SETTINGS = {
                    "gemean_p": 3.0, "zsr_lambda": 0.5, "ridge": 0.05, "xml_lambda": 0.5,
                    "xml_inverse_temperature": 5.0, "proxies_per_class": 8, "budget": 12,
                    "asap_lambda": 2e-4, "transfer_repeats": 20, "lr": 1e-3},
-        "quick": {"epochs": 6, "instance_every": 2},
+        "quick": {"epochs": 4, "instance_every": 2},
         "full": {"epochs": 15, "instance_every": 5}},
     "wdml": {
         "common": {"n_train_per_class": 32, "n_test_per_class": 8, "tokens_per_sample": 12,

@@ -83,17 +83,21 @@ def _fmt(x: float) -> str:
 
 
 def summary_lines(result: dict) -> list[str]:
-    """The experiment's line and one indented line per comparison."""
-    first = result["comparisons"][0] if result["comparisons"] else None
-    head = (f"{result['id']:<18}{result['verdict']:<16}"
-            + (f"{first['name']}: {_fmt(first['effect'])} [{_fmt(first['low'])}, "
-               f"{_fmt(first['high'])}] over {first['n']} seeds" if first else ""))
-    lines = [head]
-    for c in result["comparisons"][1:]:
-        lines.append(f"{'':<18}{c['verdict']:<16}{c['name']}: {_fmt(c['effect'])} "
+    """The experiment's line (its overall verdict) and one indented line per comparison, each
+    with that comparison's own verdict, effect and interval.
+
+    The overall verdict is `reproduced` when every comparison is, `not-reproduced` when any
+    comparison contradicts the claim, and `inconclusive` otherwise; printing it beside the first
+    comparison would read as that comparison's verdict, so it gets a line of its own.
+    """
+    n = len(result["comparisons"])
+    lines = [f"{result['id']:<18}{result['verdict']:<16}"
+             f"({n} comparison{'s' if n != 1 else ''}, {result['seeds']} seeds each)"]
+    for c in result["comparisons"]:
+        lines.append(f"{'':<2}{c['verdict']:<16}{c['name']}: {_fmt(c['effect'])} "
                      f"[{_fmt(c['low'])}, {_fmt(c['high'])}] over {c['n']} seeds")
     if result["failures"]:
-        lines.append(f"{'':<18}{len(result['failures'])} task(s) failed (see above / JSON)")
+        lines.append(f"{'':<2}{len(result['failures'])} task(s) failed (see above / JSON)")
     return lines
 
 
