@@ -508,26 +508,40 @@ def solve_small(xp, kernel: str, a, b, cost, *, schedule, stage_tol, max_iter, s
 
 # --------------------------------------------------------------------------- pair costs (CPU)
 @njit(parallel=True, cache=True)
-def refdml_ot_pair_sq_cpu(gram_lower, norms, points, first, second, refine, out):
+def refdml_ot_pair_sq_cpu(points, norms, first, second, refine, out):
     """``out[k, i, j] = max(|x_i|^2 + |y_j|^2 - 2 <x_i, y_j>, 0)``, x = cloud ``first[k]``,
-    y = cloud ``second[k]`` (``first < second``), from the lower triangle of the Gram matrix
-    of all points ``points`` (B, n, d) (``gram_lower[r, c]`` for ``r >= c``, as BLAS
-    ``syrk`` leaves it, transposed) and the squared norms (B, n): one pass, no gathered
-    copies. Entries ``<= refine (|x_i|^2 + |y_j|^2)`` are recomputed from the explicit
-    difference (the reference's refinement, refdml._numerics; ``refine < 0``: never)."""
-    n, d = norms.shape[1], points.shape[2]
+    y = cloud ``second[k]`` of ``points`` (B, n, d), ``norms`` (B, n) their squared norms.
+
+    One ``prange`` over pairs; each pair's (n, n) Gram block is one ``np.dot`` (a
+    single-threaded BLAS GEMM: the caller holds BLAS at one thread, so Numba's threads are
+    the only ones) and is turned into costs while it is in cache: no Gram matrix of all
+    points, no gathered copies, and no BLAS thread pool left spinning against the solver's
+    threads. Entries ``<= refine (|x_i|^2 + |y_j|^2)`` are recomputed from the explicit
+    difference (the reference's refinement, refdml._numerics; ``refine < 0``: never). A
+    pair ``first[k] == second[k]`` is a cloud with itself: 0 on the diagonal and the mean of
+    the two triangles, as the reference's ``_self_sq_dist`` (exactly symmetric).
+    """
+    n, d = points.shape[1], points.shape[2]
     for k in prange(first.shape[0]):
         f, s = first[k], second[k]
-        for j in range(n):
-            for i in range(n):
+        gram = np.dot(points[f], points[s].T)
+        for i in range(n):
+            for j in range(n):
                 magnitude = norms[f, i] + norms[s, j]
-                value = magnitude - 2.0 * gram_lower[s * n + j, f * n + i]
+                value = magnitude - 2.0 * gram[i, j]
                 if value <= refine * magnitude:
                     value = 0.0
                     for c in range(d):
                         diff = points[f, i, c] - points[s, j, c]
                         value += diff * diff
                 out[k, i, j] = max(value, 0.0)
+        if f == s:
+            for i in range(n):
+                out[k, i, i] = 0.0
+                for j in range(i + 1, n):
+                    mean = 0.5 * (out[k, i, j] + out[k, j, i])
+                    out[k, i, j] = mean
+                    out[k, j, i] = mean
 
 
 # --------------------------------------------------------------------------- LSE half step

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 
 import numpy as np
-import scipy.linalg.blas
 
 from refdml._validation import check_choice, check_context
 from refdml._xp import array_namespace, is_cupy_array
@@ -58,44 +57,53 @@ _GRAM_ENTRIES = 1 << 24
 
 
 def compiled_pair_sq(clouds, first, second, refine=-1.0):
-    """``||x_i - y_j||^2`` (K, n, n) of the clouds of pairs ``first < second`` on the CPU:
-    half the Gram matrix of all points (BLAS syrk; its upper triangle in Fortran order is
-    the lower one of the C-ordered transpose) and one compiled assembly pass
+    """``||x_i - y_j||^2`` (K, n, n) of the clouds of pairs (``first[k]``, ``second[k]``) on
+    the CPU: one compiled pass, a BLAS GEMM per pair inside it
     (:func:`refdml.gpu._nb_sinkhorn.refdml_ot_pair_sq_cpu`; the array path gathers, then
-    makes four passes). ``refine``: the reference's near-pair refinement threshold
+    makes four passes). A pair of a cloud with itself gets the symmetric self costs (0
+    diagonal). ``refine``: the reference's near-pair refinement threshold
     (``refdml._numerics._REFINE``), negative for none. Clouds scaled to ``|x| < 1``.
 
-    Threads: syrk is one large BLAS-3 call (1.3 GFLOP at 64 clouds of 49 x 128) and runs at
-    the user's BLAS threads (they pay off there; the oversubscription of issue 11 comes from
-    many small BLAS-2 calls); no BLAS call overlaps the ``prange`` loops."""
-    n_clouds, n, d = clouds.shape
-    flat = np.ascontiguousarray(clouds.reshape(n_clouds * n, d))
-    norms = np.einsum("pd,pd->p", flat, flat).reshape(n_clouds, n)
-    syrk = scipy.linalg.blas.dsyrk if flat.dtype == np.float64 else scipy.linalg.blas.ssyrk
-    gram_lower = syrk(1.0, flat.T, trans=1).T
-    out = np.empty((first.shape[0], n, n), dtype=flat.dtype)
-    _nb_sinkhorn.refdml_ot_pair_sq_cpu(gram_lower, norms, np.ascontiguousarray(clouds), first,
-                                       second, float(refine), out)
+    Threads: BLAS is held at one thread for the call; the pairs are spread over Numba's
+    threads. A multi-threaded BLAS call here (one syrk of all points, as before) was 1.5x
+    faster by itself but left OpenBLAS's threads spinning while the solver's ``prange``
+    ran, which made the solve 2x slower on 2 cores (docs/gpu.md)."""
+    from threadpoolctl import threadpool_limits
+
+    n_clouds, n, _ = clouds.shape
+    points = np.ascontiguousarray(clouds)
+    norms = np.einsum("bnd,bnd->bn", points, points)
+    out = np.empty((first.shape[0], n, n), dtype=points.dtype)
+    with threadpool_limits(limits=1, user_api="blas"):
+        _nb_sinkhorn.refdml_ot_pair_sq_cpu(points, norms, np.asarray(first, dtype=np.int64),
+                                           np.asarray(second, dtype=np.int64), float(refine),
+                                           out)
     return out
+
+
+def _compiled_costs(xp, clouds) -> bool:
+    """Whether the pair costs of ``clouds`` are built by :func:`compiled_pair_sq` (the CPU
+    kernels on NumPy, clouds of at most ``MAX_POINTS`` points: the route of the solver)."""
+    return (xp is np and clouds.shape[1] <= _nb_sinkhorn.MAX_POINTS
+            and select_kernel(clouds, has_cuda=False) == "cpu")
 
 
 def _cross_sq(xp, clouds, first, second, p):
     """``||x_i - y_j||^2`` (K, n, n) for the clouds of every pair (``first[k]``, ``second[k]``).
 
-    When the pairs cover at least a quarter of all ``B^2`` and the ``(B n, B n)`` Gram matrix
+    On the CPU kernels, :func:`compiled_pair_sq`. Otherwise (the array path, CuPy), when
+    the pairs cover at least a quarter of all ``B^2`` and the ``(B n, B n)`` Gram matrix
     is small, one product of all points (the Gram identity as :func:`_cloud_sq`, the blocks
     gathered) instead of ``K`` small products of gathered ``(n, d)`` clouds: 2x faster on
     NumPy for 64 clouds of 49 points (one large GEMM; no (K, n, d) copies).
     """
     n_clouds, n, d = clouds.shape
+    if _compiled_costs(xp, clouds):
+        return compiled_pair_sq(clouds, first, second)
     if 4 * first.shape[0] < n_clouds * n_clouds or (n_clouds * n) ** 2 > _GRAM_ENTRIES:
         return _cloud_sq(xp, clouds[first], clouds[second], p, False)
     flat = clouds.reshape(n_clouds * n, d)
     norms = xp.sum(flat * flat, axis=1).reshape(n_clouds, n)
-    on_cpu_kernels = xp is np and select_kernel(clouds, has_cuda=False) == "cpu"
-    if on_cpu_kernels and n <= _nb_sinkhorn.MAX_POINTS:
-        # first < second always holds here (rows of triu_indices / unique pairs).
-        return compiled_pair_sq(clouds, first, second)
     gram = (flat @ flat.T).reshape(n_clouds, n, n_clouds, n)
     sq = gram[first, :, second, :]                   # (K, n, n): the advanced axis first
     sq *= -2.0
@@ -115,7 +123,10 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     scaled = clouds * (1.0 / scale)
     first, second = unique_pairs[:, 0], unique_pairs[:, 1]
     sq_cross = _cross_sq(xp, scaled, first, second, p)
-    sq_self = _cloud_sq(xp, scaled[selves], scaled[selves], p, True)
+    if _compiled_costs(xp, scaled):
+        sq_self = compiled_pair_sq(scaled, selves, selves)
+    else:
+        sq_self = _cloud_sq(xp, scaled[selves], scaled[selves], p, True)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     largest_cross, largest_self = float(xp.max(cost_cross)), float(xp.max(cost_self))
     _solver.check_relative_eps(eps / unit, max(largest_cross, largest_self), dtype, user_eps=eps,

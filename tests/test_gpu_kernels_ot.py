@@ -213,3 +213,44 @@ def test_lse_half_step_hypothesis(seed, shape, spread):
     for kernel in KERNELS if seed % 4 == 0 else ("cpu",):      # simulated CUDA on a quarter
         assert_allclose(_half_step(kernel, scaled, potential, log_weight), want, rtol=0,
                         atol=1e-12 * max(spread, np.abs(want).max()))
+
+
+# --------------------------------------------------------------------------- pair costs
+def _explicit_sq(clouds, first, second):
+    """The oracle: ``||x_i - y_j||^2`` from explicit differences (no Gram identity)."""
+    diff = clouds[first][:, :, None, :] - clouds[second][:, None, :, :]
+    return np.einsum("kijd,kijd->kij", diff, diff)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("refine", [-1.0, 1e-3])
+def test_compiled_pair_costs_match_explicit_differences(dtype, refine):
+    from refdml.gpu._ot_pairs import compiled_pair_sq
+
+    rng = np.random.default_rng(3)
+    clouds = rng.uniform(-0.5, 0.5, (5, 6, 9))
+    clouds[2, 1] = clouds[4, 3] + 1e-9                  # a near pair (refined when asked)
+    clouds = clouds.astype(dtype)
+    # any pairs, not only i < j (the losses' subsets); a repeated pair
+    first = np.array([0, 3, 1, 2, 0, 4])
+    second = np.array([1, 0, 4, 4, 1, 2])
+    got = compiled_pair_sq(clouds, first, second, refine=refine)
+    want = _explicit_sq(clouds.astype(np.float64), first, second)
+    assert got.dtype == dtype and got.shape == (6, 6, 6)
+    scale = np.abs(want).max()
+    assert_allclose(got, want, rtol=0, atol=(1e-5 if dtype == np.float32 else 1e-14) * scale)
+    assert np.all(got >= 0)
+    if refine > 0 and dtype == np.float64:
+        # refined from the explicit difference: right to full relative precision
+        assert_allclose(got[3, 1, 3], want[3, 1, 3], rtol=1e-12)
+
+
+def test_compiled_self_costs_are_symmetric_with_zero_diagonal():
+    from refdml.gpu._ot_pairs import compiled_pair_sq
+
+    clouds = np.random.default_rng(4).uniform(-0.5, 0.5, (3, 7, 130))
+    selves = np.array([2, 0])
+    got = compiled_pair_sq(clouds, selves, selves, refine=1e-3)
+    assert_array_equal(got, np.swapaxes(got, 1, 2))
+    assert_array_equal(got[:, np.arange(7), np.arange(7)], 0.0)
+    assert_allclose(got, _explicit_sq(clouds, selves, selves), rtol=1e-12, atol=1e-15)

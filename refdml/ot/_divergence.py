@@ -326,7 +326,7 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
         sq_cross = _compiled_cross_sq(scaled, unique_pairs)
     if sq_cross is None:
         sq_cross = _sq_dist(scaled[unique_pairs[:, 0]], scaled[unique_pairs[:, 1]], p)
-    sq_self = _self_sq_dist(scaled[selves], p)
+    sq_self = _compiled_self_sq(scaled, selves) if compiled else _self_sq_dist(scaled[selves], p)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     scaled_eps = eps / unit
     _check_relative_eps(scaled_eps, max(float(cost_cross.max()), float(cost_self.max())),
@@ -347,17 +347,25 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
 
 def _compiled_cross_sq(scaled: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:
     """:func:`_sq_dist` of every pair (``first < second``) by the compiled CPU route, or
-    None where it does not apply (a pair ``i == j``, or a Gram matrix of all points above
-    2^24 entries). The same refinement of near pairs (``_REFINE``): the squared distances
-    agree with :func:`_sq_dist`'s to rounding (a few ulp of ``|x|^2 + |y|^2`` off the near
-    pairs, a few ulp of the value on them)."""
+    None where it does not apply (a pair ``i == j``). The same refinement of near pairs
+    (``_REFINE``): the squared distances agree with :func:`_sq_dist`'s to rounding (a few
+    ulp of ``|x|^2 + |y|^2`` off the near pairs, a few ulp of the value on them)."""
     from refdml._numerics import _REFINE
-    from refdml.gpu._ot_pairs import _GRAM_ENTRIES, compiled_pair_sq
+    from refdml.gpu._ot_pairs import compiled_pair_sq
 
     first, second = pairs[:, 0], pairs[:, 1]
-    if np.any(first >= second) or (scaled.shape[0] * scaled.shape[1]) ** 2 > _GRAM_ENTRIES:
+    if np.any(first >= second):
         return None
     return compiled_pair_sq(scaled, first, second, refine=_REFINE)
+
+
+def _compiled_self_sq(scaled: np.ndarray, selves: np.ndarray) -> np.ndarray:
+    """:func:`_self_sq_dist` of the clouds ``selves`` by the compiled CPU route: the same
+    refinement, 0 diagonal and mean of the two triangles."""
+    from refdml._numerics import _REFINE
+    from refdml.gpu._ot_pairs import compiled_pair_sq
+
+    return compiled_pair_sq(scaled, selves, selves, refine=_REFINE)
 
 
 def _compiled_solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
@@ -440,7 +448,7 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     the same solver, not an approximation of it: the same kernel-scaling iteration with
     log-domain absorption at ``e^+-30``, the same eps-scaling stages, stopping rule,
     residual, ``tol`` and ``n_iter`` (:func:`_compiled_solve_batch`), on the same refined
-    squared distances (:func:`_compiled_cross_sq`: half a Gram matrix and the same
+    squared distances (:func:`_compiled_cross_sq`, :func:`_compiled_self_sq`: a GEMM per pair and the same
     recomputation of near pairs as ``refdml._numerics``), so it differs from the readable
     form (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in rounding (sums
     in another order; kernel entries below float64's ``tiny`` flushed to 0), held to
