@@ -126,7 +126,9 @@ def main(argv=None) -> int:
             return found
 
         runs["faiss-cpu IndexFlatL2"] = faiss_flat
-        print(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} OpenMP threads")
+        level = faiss.SIMDConfig.get_level_name() if hasattr(faiss, "SIMDConfig") else "?"
+        print(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} OpenMP threads, "
+              f"SIMD level {level} (its dynamic dispatch; AVX512* = the AVX-512 build)")
     except ImportError:
         print("faiss-cpu not installed: no faiss row")
 

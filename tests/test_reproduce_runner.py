@@ -92,6 +92,44 @@ def test_experiment_verdict_from_toy_runs():
     assert second.split()[0] == "not-reproduced" and "-5.0000" in second
 
 
+def test_a_setting_chosen_on_the_selection_metric_decides_the_comparison():
+    from refdml.reproduce import Selection
+
+    # toy: value = a draw fixed by (seed, method) + shift; every candidate sees the same draws
+    experiment = Experiment(
+        "toy.select", "none", "b is higher than a", "toy",
+        {"a": ("a", {}), "b": ("a", {})}, (Comparison("b", "a", "value", +1),),
+        metrics=("value",), select={"b": Selection("shift", (-1.0, 3.0, 1.0, 3), "value")})
+    grid = experiment.tasks("quick", seeds=3)
+    assert list(grid) == ["a", "b [shift=-1.0]", "b [shift=3.0]", "b [shift=1.0]", "b [shift=3]"]
+    out = run_tasks([t for ts in grid.values() for t in ts], in_process=True, progress=False)
+    result = evaluate_experiment(experiment, "quick", out, seeds=3)
+    b = result["runs"]["b"]
+    # the best mean wins; of the tied 3.0 and 3 the earlier; the run carries its settings
+    assert b["selection"]["chosen"] == 3.0 and isinstance(b["selection"]["chosen"], float)
+    assert b["settings"]["shift"] == 3.0
+    assert [c["setting"] for c in b["selection"]["candidates"]] == [-1.0, 3.0, 1.0, 3]
+    means = [c["validation"] - result["runs"]["a"]["summary"]["value"]["mean"]
+             for c in b["selection"]["candidates"]]
+    assert_allclose(means, [-1.0, 3.0, 1.0, 3.0], rtol=1e-12)
+    assert_allclose(result["comparisons"][0]["effect"], 3.0, rtol=1e-12)
+    assert result["comparisons"][0]["verdict"] == "reproduced"
+    # a candidate's failed seeds leave its mean to the others; no finished seed: never chosen
+    failing = Experiment(
+        "toy.select2", "none", "-", "toy", {"a": ("a", {}), "b": ("a", {})},
+        (Comparison("b", "a", "value", +1),), metrics=("value",),
+        select={"b": Selection("shift", (1.0, 2.0), "value")})
+    grid = failing.tasks("quick", seeds=2)
+    tasks = [t for ts in grid.values() for t in ts]
+    out = run_tasks(tasks, in_process=True, progress=False)
+    for t in grid["b [shift=2.0]"]:
+        out.results.pop(t)
+        out.failures[t] = "Traceback: on purpose"
+    result = evaluate_experiment(failing, "quick", out, seeds=2)
+    assert result["runs"]["b"]["selection"]["chosen"] == 1.0
+    assert [f["run"] for f in result["failures"]] == ["b [shift=2.0]"] * 2
+
+
 def test_every_experiment_names_known_runs_and_studies():
     from refdml.reproduce._tasks import STUDIES
     from refdml.reproduce import _studies  # noqa: F401
@@ -100,6 +138,7 @@ def test_every_experiment_names_known_runs_and_studies():
         assert e.study in STUDIES
         for c in e.comparisons:
             assert c.run in e.runs and c.baseline in e.runs and c.direction in (1, -1)
+        assert set(e.select) <= set(e.runs)
         assert e.seeds["quick"] >= 5 and e.seeds["full"] > e.seeds["quick"]
 
 

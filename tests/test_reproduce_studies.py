@@ -15,7 +15,7 @@ _SMALL = {
                 "n_prototypes": 4, "proxies_per_class": 2, "budget": 3, "transfer_repeats": 2,
                 "instance_every": 1},
     "tokens": {"epochs": 1, "n_train_per_class": 4, "n_test_per_class": 2},
-    "wdml": {"epochs": 1, "n_train_per_class": 4, "n_test_per_class": 2,
+    "wdml": {"epochs": 1, "n_train_per_class": 4, "n_val_per_class": 2, "n_test_per_class": 2,
              "tokens_per_sample": 4, "sinkhorn_iter": 5},
 }
 
@@ -24,6 +24,9 @@ def _runs():
     seen = {}
     for e in EXPERIMENTS.values():
         for label, (method, overrides) in e.runs.items():
+            selection = e.select.get(label)
+            if selection is not None:       # a setting chosen on validation: its first value
+                overrides = {**overrides, selection.key: selection.values[0]}
             seen.setdefault((e.study, method, overrides.get("loss")), overrides)
     return sorted(seen.items(), key=str)
 
@@ -39,6 +42,10 @@ def test_every_method_runs_and_is_deterministic(key, overrides):
     first = execute(task)
     assert first["metrics"] and all(math.isfinite(v) for v in first["metrics"].values())
     assert execute(task)["metrics"] == first["metrics"]
+    for e in EXPERIMENTS.values():      # a run that chooses a setting reports its metric
+        for label, selection in e.select.items():
+            if (e.study, e.runs[label][0]) == (study, method):
+                assert selection.metric in first["metrics"]
 
 
 def test_collage_strides_must_match_the_channels():

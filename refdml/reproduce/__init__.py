@@ -1,7 +1,7 @@
 """``refdml reproduce``: the papers' experiments at small scale, over seeds, on Dask (issue 13).
 
 - :mod:`._experiments`: the registry (:data:`EXPERIMENTS`: id, claim, runs, comparisons,
-  settings per mode);
+  settings per mode, settings chosen on validation);
 - :mod:`._tasks`: a task ``(study, method, seed, settings)`` and :func:`execute`, a pure
   function of it; :mod:`._studies` the training studies; :mod:`._train` the in-memory loop;
 - :mod:`._cache`: finished tasks on disk, keyed by the task and the code version;
@@ -12,7 +12,7 @@
 docs/reproduce.md describes the experiments, the settings and the statistics.
 """
 
-from refdml.reproduce._experiments import EXPERIMENTS, Comparison, Experiment
+from refdml.reproduce._experiments import EXPERIMENTS, Comparison, Experiment, Selection
 from refdml.reproduce._runner import Outcome, run_tasks
 from refdml.reproduce._stats import (
     INCONCLUSIVE,
@@ -33,6 +33,7 @@ __all__ = [
     "Comparison",
     "Experiment",
     "Outcome",
+    "Selection",
     "Task",
     "code_version",
     "compare",

@@ -36,34 +36,67 @@ def _overall(verdicts: list[str]) -> str:
     return INCONCLUSIVE
 
 
+def _run(run_tasks, outcome, failures: list, label: str) -> dict:
+    """One grid entry's metrics per seed, summaries, curves, artefacts and time."""
+    per_seed, curves, artefacts = {}, {}, {}
+    for task in run_tasks:
+        result = outcome.results.get(task)
+        if result is None:
+            if task in outcome.failures:
+                failures.append({"run": label, "seed": task.seed,
+                                 "traceback": outcome.failures[task]})
+            continue
+        per_seed[task.seed] = result["metrics"]
+        curves[task.seed] = result["curves"]
+        if result.get("artefacts"):
+            artefacts[task.seed] = result["artefacts"]
+    metrics = sorted({k for m in per_seed.values() for k in m})
+    return {
+        "method": run_tasks[0].method,
+        "settings": run_tasks[0].config,
+        "values": {k: {s: m[k] for s, m in per_seed.items() if k in m} for k in metrics},
+        "summary": {k: summarise(m[k] for m in per_seed.values() if k in m).__dict__
+                    for k in metrics},
+        "curves": curves, "artefacts": artefacts,
+        "seconds": float(sum(outcome.results[t]["seconds"] for t in run_tasks
+                             if t in outcome.results)),
+    }
+
+
+def _select(selection, candidates: list) -> dict:
+    """Of ``candidates`` (``(value, run)`` pairs in the selection's order), the run with the
+    best mean ``selection.metric`` (ties: the earlier value), with a ``selection`` record of
+    every candidate's setting, mean ``selection.metric`` (``validation``) and mean test
+    MAP@R (shown, never used to choose); the seconds of all candidates (the selection's
+    cost) are the run's."""
+    means = []
+    for _, run in candidates:
+        s = run["summary"].get(selection.metric)
+        means.append(s["mean"] if s and s["n"] and math.isfinite(s["mean"]) else -math.inf)
+    best = max(range(len(candidates)), key=means.__getitem__)   # max keeps the first of ties
+    run = dict(candidates[best][1])
+    run["seconds"] = float(sum(r["seconds"] for _, r in candidates))
+    run["selection"] = {
+        "key": selection.key, "metric": selection.metric, "chosen": candidates[best][0],
+        "candidates": [{"setting": v, "validation": m if math.isfinite(m) else None,
+                        "test_map_at_r": r["summary"].get("test_map_at_r", {}).get("mean")}
+                       for (v, r), m in zip(candidates, means)]}
+    return run
+
+
 def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: int | None = None,
                         bootstrap_seed: int = 0) -> dict:
-    tasks = experiment.tasks(mode, seeds)
-    runs, failures = {}, []
-    for label, run_tasks in tasks.items():
-        per_seed, curves, artefacts = {}, {}, {}
-        for task in run_tasks:
-            result = outcome.results.get(task)
-            if result is None:
-                if task in outcome.failures:
-                    failures.append({"run": label, "seed": task.seed,
-                                     "traceback": outcome.failures[task]})
-                continue
-            per_seed[task.seed] = result["metrics"]
-            curves[task.seed] = result["curves"]
-            if result.get("artefacts"):
-                artefacts[task.seed] = result["artefacts"]
-        metrics = sorted({k for m in per_seed.values() for k in m})
-        runs[label] = {
-            "method": run_tasks[0].method,
-            "settings": run_tasks[0].config,
-            "values": {k: {s: m[k] for s, m in per_seed.items() if k in m} for k in metrics},
-            "summary": {k: summarise(m[k] for m in per_seed.values() if k in m).__dict__
-                        for k in metrics},
-            "curves": curves, "artefacts": artefacts,
-            "seconds": float(sum(outcome.results[t]["seconds"] for t in run_tasks
-                                 if t in outcome.results)),
-        }
+    grid = experiment.tasks(mode, seeds)
+    failures: list = []
+    entries = {name: _run(run_tasks, outcome, failures, name) for name, run_tasks in grid.items()}
+    runs = {}
+    for label in experiment.runs:
+        selection = experiment.select.get(label)
+        if selection is None:
+            runs[label] = entries[label]
+        else:
+            runs[label] = _select(selection, [(v, entries[selection.label(label, v)])
+                                              for v in selection.values])
     comparisons = []
     for c in experiment.comparisons:
         a = runs[c.run]["values"].get(c.metric, {})
@@ -96,6 +129,10 @@ def summary_lines(result: dict) -> list[str]:
     for c in result["comparisons"]:
         lines.append(f"{'':<2}{c['verdict']:<16}{c['name']}: {_fmt(c['effect'])} "
                      f"[{_fmt(c['low'])}, {_fmt(c['high'])}] over {c['n']} seeds")
+    chosen = [f"{label} {run['selection']['key']}={run['selection']['chosen']}"
+              for label, run in result["runs"].items() if run.get("selection")]
+    if chosen:
+        lines.append(f"{'':<18}chosen on validation: " + ", ".join(chosen))
     if result["failures"]:
         lines.append(f"{'':<2}{len(result['failures'])} task(s) failed (see above / JSON)")
     return lines
@@ -225,6 +262,28 @@ def _embedding_2d(result: dict, path: Path) -> bool:
     return True
 
 
+def _selection_lines(result: dict) -> list[str]:
+    """A line per run whose setting was chosen on validation: every candidate's means."""
+    lines = []
+    for label, run in result["runs"].items():
+        sel = run.get("selection")
+        if not sel:
+            continue
+        parts = ", ".join(
+            f"{c['setting']}: {_mean(c['validation'])} (test {_mean(c['test_map_at_r'])})"
+            for c in sel["candidates"])
+        lines.append(f"- `{label}`: `{sel['key']}` = {sel['chosen']}, the best mean "
+                     f"{sel['metric']} of {parts}")
+    if lines:
+        lines = ["", "Chosen on the validation split (mean over seeds; the test split shown, "
+                 "not used):", ""] + lines
+    return lines
+
+
+def _mean(x) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
 def write_report(directory, payload: dict) -> Path:
     """``<directory>/README.md`` with a table of verdicts, per-experiment tables, figures."""
     directory = Path(directory)
@@ -257,6 +316,7 @@ def write_report(directory, payload: dict) -> Path:
                 cells.append("-" if s is None or not s["n"] else
                              f"{s['mean']:.4f} ± {s['std']:.4f} (n={s['n']})")
             lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {run['seconds']:.0f} |")
+        lines += _selection_lines(r)
         for kind, draw in (("bars", _bars), ("curves", _curves), ("attention", _attention),
                            ("embedding_2d", _embedding_2d)):
             if kind not in r["figures"]:
