@@ -28,11 +28,21 @@ def test_cluster_gives_the_numbers_of_one_process_and_reruns_a_killed_workers_ta
         "n_train_per_class": 8, "n_test_per_class": 4, "dim": 8, "embedding_dim": 8,
         "n_prototypes": 4, "mu": 0.3, "inverse_temperature": 5.0, "loss": "contrastive",
         "lr": 1e-3, "epochs": 1}))
-    distributed = run_tasks(tasks, workers=2, progress=False)
+    probe = Task.make("toy", "a", 0, {"probe_environ": ["MALLOC_TRIM_THRESHOLD_",
+                                                        "OPENBLAS_NUM_THREADS",
+                                                        "NUMBA_NUM_THREADS"]})
+    distributed = run_tasks(tasks + [probe], workers=2, progress=False)
     assert marker.exists(), "the toy task should have killed its worker once"
     assert not distributed.failures
+    # the workers' environment: BLAS and Numba at one thread, glibc's own malloc thresholds
+    # (Dask's MALLOC_TRIM_THRESHOLD_ made training tasks 1.6x slower: page faults)
+    assert distributed.results[probe]["metrics"] == {
+        "value": run_tasks([probe], in_process=True, progress=False).results[probe]
+        ["metrics"]["value"], "environ:MALLOC_TRIM_THRESHOLD_": 0.0,
+        "environ:OPENBLAS_NUM_THREADS": 1.0, "environ:NUMBA_NUM_THREADS": 1.0}
     local = run_tasks(tasks, in_process=True, progress=False)
-    assert not local.failures and set(distributed.results) == set(local.results) == set(tasks)
+    assert not local.failures
+    assert set(distributed.results) - {probe} == set(local.results) == set(tasks)
     for task in tasks:
         assert distributed.results[task]["metrics"] == local.results[task]["metrics"], task
         for key, curve in local.results[task]["curves"].items():   # NaN == NaN here

@@ -148,7 +148,8 @@ def _toy(task: Task) -> dict:
 
     settings: ``shift`` (added to the metric), ``fail_seed`` (this seed raises
     RuntimeError), ``kill_marker`` (a path: if it does not exist, create it and kill this
-    process, once), ``sleep`` (seconds).
+    process, once), ``sleep`` (seconds), ``probe_environ`` (a list of environment variable
+    names: metric ``environ:NAME`` is 1.0 where NAME is set in this process, else 0.0).
     """
     c = task.config
     if c.get("sleep"):
@@ -161,4 +162,7 @@ def _toy(task: Task) -> dict:
         raise RuntimeError(f"toy task failed on purpose (seed {task.seed})")
     rng = np.random.default_rng([task.seed, sum(map(ord, task.method))])
     value = float(rng.normal()) + float(c.get("shift", 0.0))
-    return {"metrics": {"value": value}, "curves": {"value": list(np.cumsum(rng.normal(size=3)))}}
+    metrics = {"value": value}
+    for name in c.get("probe_environ", ()):
+        metrics[f"environ:{name}"] = float(name in os.environ)
+    return {"metrics": metrics, "curves": {"value": list(np.cumsum(rng.normal(size=3)))}}
