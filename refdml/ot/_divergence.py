@@ -443,16 +443,16 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     The compiled route. This is the one reference operator that does not run its readable
     form by default: with ``n <= 128`` points per cloud it solves the problems with the
     compiled CPU twin of the small-problem Sinkhorn kernel (:mod:`refdml.gpu._nb_sinkhorn`,
-    float64, threads over problems), 2-4x faster on 64 clouds of 49 points (docs/gpu.md), so
+    float64, threads over problems), 4-9x faster on 64 clouds of 49 points (docs/gpu.md), so
     that the all-pairs divergence is usable on a laptop without a GPU (issue 11). It is
     the same solver, not an approximation of it: the same kernel-scaling iteration with
     log-domain absorption at ``e^+-30``, the same eps-scaling stages, stopping rule,
     residual, ``tol`` and ``n_iter`` (:func:`_compiled_solve_batch`), on the same refined
-    squared distances (:func:`_compiled_cross_sq`, :func:`_compiled_self_sq`: a GEMM per pair and the same
-    recomputation of near pairs as ``refdml._numerics``), so it differs from the readable
-    form (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in rounding (sums
-    in another order; kernel entries below float64's ``tiny`` flushed to 0), held to
-    1e-10 relative (divergences, gradients) and equal iteration counts by
+    squared distances (:func:`_compiled_cross_sq`, :func:`_compiled_self_sq`: a GEMM per
+    pair and the same recomputation of near pairs as ``refdml._numerics``), so it differs
+    from the readable form (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in
+    rounding (sums in another order; kernel entries below float64's ``tiny`` flushed to 0),
+    held to 1e-10 relative (divergences, gradients) and equal iteration counts by
     ``tests/test_ot_pairwise_route.py`` on fixed seeds and hypothesis inputs; the parity
     suite holds the fast path to the readable form. Context and backward are this module's.
     ``refdml.gpu.use_kernels("array")`` (or ``REFDML_GPU_KERNELS=array``) runs the readable
