@@ -59,6 +59,41 @@ def test_ridge_fit_at_extreme_scales_and_singular_named():
         prototypes.ridge_fit(np.ones((5, 3)), np.ones((4, 2)), ridge=1.0)
 
 
+def test_float32_ridge_fit_solves_a_well_conditioned_system_in_float64():
+    """Concentrated histograms (every row ~0.75 on one prototype), ridge 0.05: condition
+    number ~360. The first version checked and solved this in float32 with the threshold
+    1e3 n eps(float32) and refused it as singular (a training run of refdml reproduce
+    stopped); float32 data now give the float64 reference's fit and gradients to float32's
+    precision, in float32."""
+    rng = _rng(3)
+    Z = 0.25 * rng.dirichlet(np.full(128, 0.1), size=32)
+    Z[:, 0] += 0.75
+    Y = rng.standard_normal((32, 64))
+    assert 300 < np.linalg.cond(Z @ Z.T + 0.05 * np.eye(32)) < 400
+    for form in ("kernel", "primal"):
+        V, ctx = prototypes.ridge_fit_forward(Z.astype(np.float32), Y.astype(np.float32),
+                                              ridge=0.05, form=form)
+        V_ref, ctx_ref = ref_prototypes.ridge_fit_forward(Z, Y, ridge=0.05, form=form)
+        assert V.dtype == np.float32
+        assert_allclose(V, V_ref, rtol=0, atol=1e-4 * np.abs(V_ref).max())
+        d_V = rng.standard_normal(V.shape)
+        grads = prototypes.ridge_fit_backward(ctx, d_V.astype(np.float32))
+        want = ref_prototypes.ridge_fit_backward(ctx_ref, d_V)
+        for got, ref in ((grads.Z, want.Z), (grads.Y, want.Y)):
+            assert got.dtype == np.float32
+            assert_allclose(got, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+    # the zero-shot loss that stopped the run: its cross fits on such halves
+    labels = np.repeat(np.arange(8), 4)
+    value, _ = crossbatch.zero_shot_loss_forward(Z.astype(np.float32), labels,
+                                                 rng.standard_normal((8, 16)).astype(np.float32),
+                                                 ridge=0.05, rng=0)
+    assert np.isfinite(value)
+    # float32 data that are singular in float64 too are still refused, by name
+    with pytest.raises(ValueError, match="numerically singular: ridge == 1e-30.*in float64"):
+        prototypes.ridge_fit(np.ones((5, 3), np.float32), np.ones((5, 2), np.float32),
+                             ridge=1e-30)
+
+
 def test_crossbatch_drawn_split_matches_reference_and_bad_split_named():
     rng = _rng(2)
     labels = np.repeat(np.arange(4), 2)
