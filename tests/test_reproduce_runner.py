@@ -49,6 +49,26 @@ def test_cluster_gives_the_numbers_of_one_process_and_reruns_a_killed_workers_ta
             assert_array_equal(distributed.results[task]["curves"][key], curve)
 
 
+def test_an_existing_scheduler_runs_the_grid(tmp_path):
+    """``--scheduler ADDRESS``: the tasks go to a cluster started elsewhere (here a
+    LocalCluster on loopback, its scheduler's tcp:// address) and give the numbers of one
+    process; the cluster is left running (it is not ours to close)."""
+    from distributed import Client, LocalCluster
+
+    tasks = _toy(seeds=3)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        address = cluster.scheduler_address
+        assert address.startswith("tcp://127.0.0.1:")
+        remote = run_tasks(tasks, scheduler=address, progress=False, cache_dir=tmp_path)
+        with Client(address) as client:                  # still up after the run
+            assert len(client.scheduler_info()["workers"]) == 1
+    local = run_tasks(tasks, in_process=True, progress=False)
+    assert not remote.failures and remote.computed == set(tasks)
+    for t in tasks:
+        assert remote.results[t]["metrics"] == local.results[t]["metrics"]
+
+
 def test_failed_task_is_reported_with_its_traceback_and_the_others_finish(tmp_path):
     tasks = _toy(fail_seed=2)
     out = run_tasks(tasks, workers=2, progress=False, cache_dir=tmp_path / "cache")
