@@ -25,7 +25,8 @@ def test_cluster_gives_the_numbers_of_one_process_and_reruns_a_killed_workers_ta
     tasks = _toy(kill_marker=str(marker), kill_seed=1)
     # a real training task too: bit-identical numbers in a worker process and here
     tasks.append(Task.make("tokens", "gsp", 0, {
-        "n_train_per_class": 8, "n_test_per_class": 4, "dim": 8, "embedding_dim": 8,
+        "n_train_per_class": 8, "n_val_per_class": 4, "n_test_per_class": 4, "dim": 8,
+        "embedding_dim": 8,
         "n_prototypes": 4, "mu": 0.3, "inverse_temperature": 5.0, "loss": "contrastive",
         "lr": 1e-3, "epochs": 1}))
     probe = Task.make("toy", "a", 0, {"probe_environ": ["MALLOC_TRIM_THRESHOLD_",

@@ -14,7 +14,7 @@ _SMALL = {
                 "collages_per_image": 1, "local_dim": 4, "embedding_dim": 4,
                 "n_prototypes": 4, "proxies_per_class": 2, "budget": 3, "transfer_repeats": 2,
                 "instance_every": 1},
-    "tokens": {"epochs": 1, "n_train_per_class": 4, "n_test_per_class": 2},
+    "tokens": {"epochs": 1, "n_train_per_class": 4, "n_val_per_class": 2, "n_test_per_class": 2},
     "wdml": {"epochs": 1, "n_train_per_class": 4, "n_val_per_class": 2, "n_test_per_class": 2,
              "tokens_per_sample": 4, "sinkhorn_iter": 5},
 }
@@ -73,3 +73,37 @@ def test_class_cell_weight_is_a_share_of_the_upsampled_weights():
     # one weight per 2 x 2 block of pixels (nearest cell), mean 1 over the image (GSP)
     np.testing.assert_array_equal(blocks, np.broadcast_to(blocks[:, :, :1, :, :1], blocks.shape))
     np.testing.assert_allclose(w.mean(axis=(1, 2)), 1.0, atol=1e-3)
+
+
+@pytest.mark.parametrize("script, expected", [([0.9, 0.2, 0.7, 0.5], 2),   # epoch 0 never
+                                              ([0.1, 0.5, 0.5, 0.3], 1),   # first of ties
+                                              ([0.1, 0.2, 0.3, 0.4], 3)])  # the last: no restore
+def test_fit_keeps_the_parameters_of_the_best_validation_epoch(script, expected):
+    """``fit(select=...)``: the epoch (1..E) with the highest validation value, and the model
+    holds that epoch's parameters on return (the papers' "recover the best")."""
+    import numpy as np
+
+    from refdml.reproduce._train import at_epoch, fit
+    from refdml.train import L2Normalize, Linear, Sequential
+    from refdml.train.objectives import LossObjective
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 6)), np.repeat(np.arange(4), 8)
+    model = Sequential([Linear(6, 3, rng=rng), L2Normalize()])
+    seen = []
+
+    def evaluate():
+        seen.append([p.value.copy() for p in model.parameters()])
+        return {"val": script[len(seen) - 1], "other": float(len(seen))}
+
+    curves, best = fit(model, LossObjective("contrastive"), x, y, epochs=3, lr=0.1,
+                       n_classes_per_batch=4, n_samples_per_class=4, seed=0,
+                       dtype=np.float64, evaluate=evaluate, select="val")
+    assert best == expected and curves["val"] == script
+    for held, kept in zip(model.parameters(), seen[expected]):
+        np.testing.assert_array_equal(held.value, kept)
+    assert all(not np.array_equal(a, b) for a, b in zip(seen[1], seen[3]))   # it trained
+    row = at_epoch(curves, best)
+    assert row["val"] == script[expected] and row["other"] == expected + 1.0
+    assert row["selected_epoch"] == expected
+    assert row["final_train_loss"] == curves["train_loss"][expected]

@@ -33,8 +33,8 @@ SEEDS = {"quick": 5, "full": 10}
 #: Settings per study and mode. Sources: "paper" where it applies, else ours (docs).
 SETTINGS = {
     "tokens": {
-        "common": {"n_train_per_class": 64, "n_test_per_class": 16, "dim": 16,
-                   "embedding_dim": 16, "n_prototypes": 16, "mu": 0.3,
+        "common": {"n_train_per_class": 64, "n_val_per_class": 16, "n_test_per_class": 16,
+                   "dim": 16, "embedding_dim": 16, "n_prototypes": 16, "mu": 0.3,
                    "inverse_temperature": 5.0, "loss": "contrastive", "lr": 1e-3},
         "quick": {"epochs": 8}, "full": {"epochs": 20}},
     "collage": {

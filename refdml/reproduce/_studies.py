@@ -5,6 +5,9 @@ and objective initialisation: ``seed + 1``; batches: ``seed + 2``; ASAP's pools:
 ``seed + 3``) and the task's settings, trains with :func:`refdml.reproduce._train.fit` in
 float32 on the fast path, and returns metrics on the **test** split (classes never seen in
 training for the collages), curves per epoch and, for seed 0, small artefacts for figures.
+Every metric is of the model of the epoch with the best validation MAP@R
+(``val_map_at_r``, on a validation split of its own: ``selected_epoch``), as the papers
+recover the parameters with the best validation performance; the curves show every epoch.
 
 ``tokens`` (GSP supp. 2.1): ``Embedding -> GAP | GSP -> Linear -> L2Normalize``, token
 table clipped to [-0.3, 0.3] after each step, contrastive loss. Metrics: ``test_map_at_r``
@@ -43,6 +46,7 @@ import numpy as np
 
 from refdml.reproduce._tasks import Task, study
 from refdml.reproduce._train import (
+    at_epoch,
     covering_radius,
     embed,
     fit,
@@ -121,7 +125,8 @@ class TwoBranches(Layer):
 def tokens_task(task: Task) -> dict:
     c, seed = task.config, task.seed
     splits = make_token_splits(rng=seed, n_train_per_class=c["n_train_per_class"],
-                               n_val_per_class=1, n_test_per_class=c["n_test_per_class"])
+                               n_val_per_class=c["n_val_per_class"],
+                               n_test_per_class=c["n_test_per_class"])
     init = np.random.default_rng(seed + 1)
     emb = Embedding(splits.train.n_tokens, c["dim"], rng=init, dtype=DTYPE, name="tokens")
     emb.table.value[...] = init_token_table(splits.train.n_tokens, c["dim"], rng=init,
@@ -139,12 +144,14 @@ def tokens_task(task: Task) -> dict:
     test = splits.test
 
     def evaluate():
-        return {"test_map_at_r": map_at_r(embed(model, test.token_ids, DTYPE), test.labels)}
+        return {split: map_at_r(embed(model, data.token_ids, DTYPE), data.labels)
+                for split, data in (("val_map_at_r", splits.val), ("test_map_at_r", test))}
 
-    curves = fit(model, objective, splits.train.token_ids, splits.train.labels,
-                 epochs=c["epochs"], lr=c["lr"], n_classes_per_batch=16,
-                 n_samples_per_class=4, seed=seed, dtype=DTYPE, evaluate=evaluate,
-                 after_step=lambda: clip_token_table(emb.table.value))
+    curves, best = fit(model, objective, splits.train.token_ids, splits.train.labels,
+                       epochs=c["epochs"], lr=c["lr"], n_classes_per_batch=16,
+                       n_samples_per_class=4, seed=seed, dtype=DTYPE, evaluate=evaluate,
+                       after_step=lambda: clip_token_table(emb.table.value),
+                       select="val_map_at_r")
     background = ~test.foreground
     if task.method == "gsp":
         _, ctx = model.forward(test.token_ids)
@@ -152,9 +159,7 @@ def tokens_task(task: Task) -> dict:
     else:
         w = np.ones(background.shape)
     mass = float(((w * background).sum(axis=1) / w.shape[1]).mean())
-    return {"metrics": {"test_map_at_r": curves["test_map_at_r"][-1],
-                        "background_mass": mass},
-            "curves": curves}
+    return {"metrics": {**at_epoch(curves, best), "background_mass": mass}, "curves": curves}
 
 
 # --------------------------------------------------------------------------- collage
@@ -270,20 +275,20 @@ def collage_task(task: Task) -> dict:
         return embed(model, data.train.images, DTYPE)
 
     def evaluate():
-        row = {"test_map_at_r": map_at_r(embed(model, test.images, DTYPE), test.labels)}
+        row = {split: map_at_r(embed(model, part.images, DTYPE), part.labels)
+               for split, part in (("val_map_at_r", data.val), ("test_map_at_r", test))}
         if proxies is not None:
             row["covering_radius"] = covering_radius(train_embeddings(), train_y,
                                                      np.asarray(proxies.value),
                                                      owner.proxy_labels)
         return row
 
-    curves = fit(model, objective, data.train.images, train_y, epochs=c["epochs"], lr=c["lr"],
-                 n_classes_per_batch=8, n_samples_per_class=8, seed=seed, dtype=DTYPE,
-                 evaluate=evaluate,
-                 instance_every=c["instance_every"] if method == "asap" else None,
-                 instance_embed=train_embeddings)
-    metrics = {k: v[-1] for k, v in curves.items() if k != "train_loss"}
-    metrics["final_train_loss"] = curves["train_loss"][-1]
+    curves, best = fit(model, objective, data.train.images, train_y, epochs=c["epochs"],
+                       lr=c["lr"], n_classes_per_batch=8, n_samples_per_class=8, seed=seed,
+                       dtype=DTYPE, evaluate=evaluate,
+                       instance_every=c["instance_every"] if method == "asap" else None,
+                       instance_embed=train_embeddings, select="val_map_at_r")
+    metrics = at_epoch(curves, best)           # the model holds the selected epoch's weights
     artefacts = {}
     if method in ("gsp", "gsp_zsr"):
         (_, _), ctx = model.forward(test.images.astype(DTYPE))
@@ -349,9 +354,10 @@ def wdml_task(task: Task) -> dict:
     def evaluate():
         return {"val_map_at_r": score(splits.val), "test_map_at_r": score(splits.test)}
 
-    curves = fit(model, objective, splits.train.token_ids, splits.train.labels,
-                 epochs=c["epochs"], lr=c["lr"], n_classes_per_batch=c["n_classes_per_batch"],
-                 n_samples_per_class=4, seed=seed, dtype=DTYPE, evaluate=evaluate,
-                 after_step=lambda: clip_token_table(emb.table.value))
-    return {"metrics": {k: curves[k][-1] for k in ("val_map_at_r", "test_map_at_r")},
-            "curves": curves}
+    curves, best = fit(model, objective, splits.train.token_ids, splits.train.labels,
+                       epochs=c["epochs"], lr=c["lr"],
+                       n_classes_per_batch=c["n_classes_per_batch"], n_samples_per_class=4,
+                       seed=seed, dtype=DTYPE, evaluate=evaluate,
+                       after_step=lambda: clip_token_table(emb.table.value),
+                       select="val_map_at_r")
+    return {"metrics": at_epoch(curves, best), "curves": curves}

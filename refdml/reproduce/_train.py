@@ -9,6 +9,13 @@ problem instances follow :meth:`Trainer.new_problem_instance
 <refdml.train.Trainer.new_problem_instance>`: at epochs 1, 1 + k, ... embed the training
 set, call ``objective.new_problem_instance(embeddings, labels, rng)`` and reset the
 optimiser state of the objective's parameters.
+
+Model selection (``select``): the papers' protocol, "we recover the parameters with the best
+validation performance" (GSP supp., fair evaluation; ASAP Sec. 5 monitors validation MAP@R
+too): after every epoch the parameters of the model and the objective are kept when the
+``select`` curve (a validation metric) beats every earlier epoch's (epochs 1..E: a trained
+model), and they are restored at the end, so whatever the caller measures afterwards is the
+selected model's. Training runs all ``epochs`` (an early stop with unlimited patience).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import numpy as np
 from refdml.train.data import PKBatchSampler
 from refdml.train.optim import Adam
 
-__all__ = ["fit", "embed", "map_at_r", "map_at_r_from_distances", "covering_radius"]
+__all__ = ["at_epoch", "fit", "embed", "map_at_r", "map_at_r_from_distances", "covering_radius"]
 
 
 def _cast(x: np.ndarray, dtype) -> np.ndarray:
@@ -94,10 +101,15 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
         n_classes_per_batch: int, n_samples_per_class: int, seed: int, dtype,
         evaluate: Callable[[], dict[str, float]], after_step: Callable[[], None] | None = None,
         instance_every: int | None = None, instance_embed: Callable[[], Any] | None = None,
-        ) -> dict[str, list[float]]:
+        select: str | None = None) -> tuple[dict[str, list[float]], int]:
     """Train for ``epochs`` epochs; return the curves (``train_loss`` and ``evaluate()``'s
-    keys, entry 0 the untrained model, ``train_loss`` NaN there)."""
-    optimizer = Adam([*model.parameters(), *objective.parameters()], lr=lr)
+    keys, entry 0 the untrained model, ``train_loss`` NaN there) and the selected epoch:
+    with ``select`` (a key of ``evaluate()``), the epoch in 1..``epochs`` of its highest
+    value (the first of ties), whose parameters the model and objective hold on return
+    (module docstring); without, the last epoch."""
+    parameters = [*model.parameters(), *objective.parameters()]
+    optimizer = Adam(parameters, lr=lr)
+    best_value, best_epoch, snapshot = -math.inf, epochs, None
     sampler = PKBatchSampler(train_y, n_classes_per_batch=n_classes_per_batch,
                              n_samples_per_class=n_samples_per_class, rng=seed + 2)
     rng = np.random.default_rng(seed + 3)
@@ -124,4 +136,19 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
         curves["train_loss"].append(total / steps)
         for k, v in evaluate().items():
             curves[k].append(v)
-    return curves
+        if select is not None and (snapshot is None or curves[select][-1] > best_value):
+            best_value, best_epoch = curves[select][-1], epoch
+            snapshot = [p.value.copy() for p in parameters]
+    if snapshot is not None and best_epoch != epochs:
+        for p, value in zip(parameters, snapshot):
+            p.value[...] = value
+    return curves, best_epoch
+
+
+def at_epoch(curves: dict[str, list[float]], epoch: int) -> dict[str, float]:
+    """Every curve's value at ``epoch`` (``train_loss`` as ``final_train_loss``: the loss
+    of the selected epoch) and the epoch itself as ``selected_epoch``."""
+    row = {("final_train_loss" if k == "train_loss" else k): v[epoch]
+           for k, v in curves.items()}
+    row["selected_epoch"] = float(epoch)
+    return row
