@@ -2,20 +2,21 @@
 
 What is computed: for each ranked query ``i`` the ``K`` nearest references in the
 reference's order (:func:`refdml.metrics.retrieval_metrics`): lexicographic in
-``(s_ij, j)`` with
-
-.. math::
-    s_{ij} = |r_j|^2 - 2 \\langle q_i, r_j \\rangle \\quad\\text{(Euclidean)}, \\qquad
-    s_{ij} = -2 \\langle \\hat q_i, \\hat r_j \\rangle \\quad\\text{(cosine, unit rows)},
-
-(``|q_i|^2`` does not change a query's ranking; the cosine score is the reference's
-``-<q^, r^>`` times 2, exact in binary, so the ranking is the same), the query itself
-excluded in same-set mode. No ``n_queries x n_references`` matrix, no sort or
-``argpartition`` of a full row.
+``(S_ij, j)``, with ``S_ij`` the ordered squared distance of
+:func:`refdml._numerics.ordered_sq_distances` (``sum_k (q_ik - r_jk)^2`` summed in the
+order of ``k``, one IEEE rounding per operation; for cosine, of the unit rows of
+:func:`refdml._numerics.ordered_unit_rows`), the query itself excluded in same-set mode.
+No ``n_queries x n_references`` matrix, no sort or ``argpartition`` of a full row.
 
 CPU twin (:func:`nearest_cpu`), two stages:
 
-1. **float32 candidates.** Queries and references in tiles of ``TILE`` rows; a
+1. **float32 candidates.** The Gram form
+
+   .. math::
+       s_{ij} = |r_j|^2 - 2 \\langle q_i, r_j \\rangle = |q_i - r_j|^2 - |q_i|^2
+
+   (a shift per query, so the same order as the distance) in float32. Queries and
+   references in tiles of ``TILE`` rows; a
    ``prange`` over query tiles (each Numba thread owns its queries: no races), and per
    reference tile one float32 matrix product ``G = Q_tile R_tile^T`` (``np.dot`` inside
    the compiled loop: single-threaded sgemm, BLAS threads held at 1 by ``threadpool_limits``
@@ -26,47 +27,55 @@ CPU twin (:func:`nearest_cpu`), two stages:
    are multiplied, each product merged along its rows (queries of ``I``) and its columns
    (queries of ``J``, 64 columns at a time so the reads stay contiguous); the tile pairs
    run in rounds of disjoint pairs (the circle method), a ``prange`` per round, so no two
-   threads touch one query. Half the matrix-product work of the bare product.
-2. **float64 verification and re-rank** (:func:`_rerank`, ``prange`` over queries; the
-   float64 dot is vectorised, ``fastmath`` reassoc + contract only: a deterministic order,
-   the same for equal rows, so exact duplicates stay exact ties): the
-   ``K'`` candidates' scores are recomputed in float64 from the float64 rows and sorted by
-   ``(s64, j)``; the first ``K`` are the answer, when the certificate below holds. A query
-   whose certificate fails is redone by an exact float64 scan of every reference (correct,
-   slower; it happens only when more than ``EXTRA`` references crowd within ``2 delta_i`` of
-   the ``K``-th score: many exact duplicates, or a common offset much larger than the spread).
+   threads touch one query. Half the matrix-product work of the bare product. Which
+   candidates a query gets may depend on the BLAS kernel; the answer does not (below).
+2. **float64 verification and re-rank** (:func:`_rerank`, ``prange`` over queries): the
+   ``K'`` candidates' ordered scores ``S64`` are computed from the float64 rows by the loop
+   ``acc = 0.0; for k: t = q_k - r_k; acc += t * t``, compiled **without** fast-math (no
+   reassociation, no contraction into an FMA, whatever the CPU target), which performs the
+   very operations of ``ordered_sq_distances`` and so gives its bits; they are sorted by
+   ``(S64, j)`` and the first ``K`` are the answer, when the certificate below holds. A
+   query whose certificate fails is redone by an ordered scan of every reference (correct,
+   slower; it happens only when more than ``EXTRA`` references crowd within
+   ``2 delta_i`` of the ``K``-th score: many exact duplicates, or a common offset much
+   larger than the spread).
 
 **Why the float32 stage cannot lose a true neighbour (the certificate).** Let
-``delta_i >= |s32_ij - s_ij|`` for every ``j`` (a bound, below) and ``t32`` the ``K``-th
-smallest float32 score of query ``i``. The ``K`` references with the smallest ``s32`` have
-``s <= s32 + delta <= t32 + delta``, so the ``K``-th smallest exact score is
-``t <= t32 + delta``; every true neighbour ``j`` (``s_ij <= t``) therefore has
-``s32_ij <= s_ij + delta <= t32 + 2 delta``. The list holds the ``K'`` smallest ``s32``
-(under some order of float32 ties); every reference outside it has ``s32`` at least the
-list's last value ``v_K'``. So if ``v_K' > t32 + 2 delta`` (or the list holds every
-reference) all true neighbours are in the list, and re-ranking the list by the float64
-score in ``(s64, j)`` order returns the reference's ``K`` nearest in the reference's order.
+``c_i = |q_i|^2`` (exact), ``delta_i >= |s32_ij - s_ij|`` and ``eta_i >= |S64_ij - S_ij|``
+for every ``j`` (bounds, below; ``S = s + c`` is the exact squared distance), and ``t32``
+the ``K``-th smallest float32 score of query ``i``. The ``K`` references with the smallest
+``s32`` have ``S64 <= s32 + c + delta + eta <= t32 + c + delta + eta``, so the ``K``-th
+smallest ``S64`` is ``t64 <= t32 + c + delta + eta``; every reference ``j`` of the answer
+(``S64_ij <= t64``) therefore has ``s32_ij <= S64_ij - c + delta + eta <= t32 + 2 (delta +
+eta)``. The list holds the ``K'`` smallest ``s32`` (under some order of float32 ties); every
+reference outside it has ``s32`` at least the list's last value ``v_K'``. So if ``v_K' >
+t32 + 2 (delta + eta)`` (or the list holds every reference) the whole answer is in the list,
+and re-ranking the list by ``(S64, j)`` returns the readable ranking exactly: the same
+float64 values in the same lexicographic order, on every CPU.
 
-The bound ``delta_i``: rows are the reference's scaled float64 rows (max entry < 1, or
-unit rows for cosine), ``u = 2^-24``, ``R = max_j |r_j|``. Rounding the inputs to float32
-moves ``<q, r>`` by at most ``(2u + u^2) |q||r|``; the float32 dot product of length ``d``,
-in any summation order, with or without FMA, by ``gamma_d |q||r|`` (``gamma_d = d u / (1 - d
-u)``, Cauchy-Schwarz on ``sum |q_k r_k|``); ``|r|^2`` rounded to float32 by ``u R^2``; the
-final subtraction by ``u (R^2 + 2 |q| R)``; products below float32's normal range add at most
-``d 2^-149`` per dot. Hence ``|s32 - s| <= 2 (d + 4) u' |q| R + 2 u R^2 + 2 d 2^-149`` with
-``u' = u (1 + 2 d u)``, and ``delta_i = 2 [(2 d + 12) u |q_i| R + 3 u R^2 + (4 d + 8) 2^-126]``
-bounds it with a factor of 2 to spare (which also covers the float64 re-rank's own rounding,
-``2^-29`` times smaller). Relative to the float64 reference the only difference is then that
-reference's own rounding: its BLAS sums ``<q, r>`` in another order (~1e-16 of ``|q||r|``), so
-two references whose float64 distances agree to that precision may come out in the other
-order; exact ties (duplicated references) are ties in both and go to the lower index.
+The bounds: rows are the reference's scaled float64 rows (max entry < 1, or unit rows for
+cosine), ``u = 2^-24``, ``R = max_j |r_j|``. Rounding the inputs to float32 moves ``<q, r>``
+by at most ``(2u + u^2) |q||r|``; the float32 dot product of length ``d``, in any summation
+order, with or without FMA, by ``gamma_d |q||r|`` (``gamma_d = d u / (1 - d u)``,
+Cauchy-Schwarz on ``sum |q_k r_k|``); ``|r|^2`` rounded to float32 by ``u R^2``; the final
+subtraction by ``u (R^2 + 2 |q| R)``; products below float32's normal range add at most ``d
+2^-149`` per dot. Hence ``|s32 - s| <= 2 (d + 4) u' |q| R + 2 u R^2 + 2 d 2^-149`` with
+``u' = u (1 + 2 d u)``, and ``delta_i = 2 [(2 d + 12) u |q_i| R + 3 u R^2 + (4 d + 8)
+2^-126]`` bounds it with a factor of 2 to spare. The ordered float64 sum of ``d``
+nonnegative terms, each a rounded square of a rounded difference, errs by at most
+``gamma_{d+2} S`` (unit roundoff ``2^-53``) plus ``d 2^-1074`` from underflow, and ``S <=
+(|q| + R)^2``: ``eta_i = 2 (d + 2) 2^-53 (|q_i| + R)^2 + d 2^-1070``. (``|q_i|`` and ``R``
+are themselves computed in float64; their relative error, ~``d 2^-53``, is covered by the
+factors of 2.)
 
 CUDA (:func:`nearest_cuda`): ``refdml_retrieval_topk``, one thread per query (``BLOCK`` per
-block), scanning the references in float64 (float64 accumulation of float32 or float64
-data) and keeping its ``K`` best ``(s, j)`` in lexicographic order in global memory: exact
-like the re-rank, no certificate needed. A first version (no shared-memory tiling of the
-references; a thread reads its query row with a stride of ``d``), checked only under Numba's
-CUDA simulator this session: never run on a GPU.
+block), scanning the references with the same ordered float64 score and keeping its ``K``
+best ``(S, j)`` in lexicographic order in global memory: no certificate needed. On a GPU
+the CUDA compiler may contract ``acc + t * t`` into an FMA, which rounds once instead of
+twice: the neighbours then equal the reference's except between references whose
+distances agree to ~1e-16 relative (exact duplicates still tie: the same bits for equal
+rows). A first version (no shared-memory tiling of the references; a thread reads its query
+row with a stride of ``d``), checked only under Numba's CUDA simulator: never run on a GPU.
 """
 
 from __future__ import annotations
@@ -76,8 +85,8 @@ import math
 import numpy as np
 from numba import cuda, njit, prange
 
-from refdml._numerics import row_norm
-from refdml.gpu._numba_support import BLOCK
+from refdml._numerics import ordered_unit_rows
+from refdml.gpu._numba_support import BLOCK, parallel_launch
 
 __all__ = ["EXTRA", "MAX_KEEP", "TILE", "nearest_cpu", "nearest_cuda", "score_before"]
 
@@ -90,6 +99,7 @@ EXTRA = 32
 #: classes ~60) but not for a class of thousands; callers use the readable / array path above.
 MAX_KEEP = 256
 _U32 = 2.0**-24
+_U64 = 2.0**-53
 _TINY32 = 2.0**-126
 
 
@@ -227,17 +237,22 @@ def _round_robin(n_tiles):
 
 
 @njit(cache=True, inline="always")
-def _score64(q64, qi, r64, rsq64, j, factor):
+def _score64(q64, qi, r64, j):
+    """``refdml._numerics.ordered_sq_distances`` of rows ``q64[qi]`` and ``r64[j]``: the same
+    operations in the same order (the callers are compiled without fast-math)."""
     acc = 0.0
     for k in range(r64.shape[1]):
-        acc += q64[qi, k] * r64[j, k]
-    return rsq64[j] + factor * acc
+        t = q64[qi, k] - r64[j, k]
+        acc += t * t
+    return acc
 
 
-@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
-def _rerank(q64, rows, r64, rsq64, factor, same_set, top_v, top_i, delta, n_keep, complete,
-            out, redone):
-    """Stage 2: certificate, float64 re-rank of the candidates, exact scan where it fails."""
+# No fast-math here: reassociation would vectorise the sum in a CPU-dependent order, and
+# contraction would fuse ``acc + t * t`` into an FMA on CPUs that have one.
+@njit(cache=True, parallel=True)
+def _rerank(q64, rows, r64, same_set, top_v, top_i, delta, n_keep, complete, out, redone):
+    """Stage 2: certificate, ordered float64 re-rank of the candidates, ordered scan where it
+    fails."""
     n_q = rows.shape[0]
     n_r = r64.shape[0]
     n_kept = top_v.shape[1]
@@ -253,28 +268,24 @@ def _rerank(q64, rows, r64, rsq64, factor, same_set, top_v, top_i, delta, n_keep
         if ok:
             for c in range(n_kept):
                 j = top_i[a, c]
-                s = _score64(q64, qi, r64, rsq64, j, factor)
-                offer(best_s, best_j, s, j)
+                offer(best_s, best_j, _score64(q64, qi, r64, j), j)
         else:
             redone[a] = True
             for j in range(n_r):
-                if j == own:
-                    continue
-                s = _score64(q64, qi, r64, rsq64, j, factor)
-                offer(best_s, best_j, s, j)
+                if j != own:
+                    offer(best_s, best_j, _score64(q64, qi, r64, j), j)
         out[a, :] = best_j
 
 
 def _prepare(query, reference, same_set, metric):
-    """float64 rows of the scores, ``|r|^2`` (zeros for cosine) and the dot's factor."""
+    """float64 rows of the scores (unit rows for cosine) and their ``|r|^2``."""
     r64 = np.ascontiguousarray(reference, dtype=np.float64)
     q64 = None if same_set else np.ascontiguousarray(query, dtype=np.float64)
     if metric == "cosine":
-        r64 = r64 / row_norm(r64, keepdims=True)
-        q64 = r64 if same_set else q64 / row_norm(q64, keepdims=True)
-        return (r64 if same_set else q64), r64, np.zeros(r64.shape[0]), -2.0
-    rsq = np.einsum("ij,ij->i", r64, r64)
-    return (r64 if same_set else q64), r64, rsq, -2.0
+        r64 = ordered_unit_rows(r64)
+        q64 = None if same_set else ordered_unit_rows(q64)
+    rsq = np.einsum("ij,ij->i", r64, r64)   # float32 stage and bounds only: any order will do
+    return (r64 if same_set else q64), r64, rsq
 
 
 def nearest_cpu(query, rows, reference, n_keep, same_set, metric, *, tile=TILE, extra=EXTRA,
@@ -284,14 +295,14 @@ def nearest_cpu(query, rows, reference, n_keep, same_set, metric, *, tile=TILE, 
     The contract of ``refdml.metrics._nearest`` (same-set: ``query`` is ``reference``, query
     ``rows[a]`` is reference ``rows[a]`` and never returned). ``query`` and ``reference``
     are NumPy float32 or float64, already scaled like the reference does (Euclidean) or not
-    yet normalised (cosine: normalised here in float64). The work is in the module
+    yet normalised (cosine: made unit here in float64 by ``ordered_unit_rows``). The work is in the module
     docstring; BLAS threads are held at one inside (Numba's threads do the parallel work).
     ``return_redone``: also return the (n_rows,) mask of queries that needed the exact scan.
     """
     from threadpoolctl import threadpool_limits
 
     rows = np.ascontiguousarray(rows, dtype=np.int64)
-    q64, r64, rsq64, factor = _prepare(query, reference, same_set, metric)
+    q64, r64, rsq64 = _prepare(query, reference, same_set, metric)
     n_r, d = r64.shape
     available = n_r - 1 if same_set else n_r
     n_kept = min(n_keep + extra, available)
@@ -300,14 +311,16 @@ def nearest_cpu(query, rows, reference, n_keep, same_set, metric, *, tile=TILE, 
     q32 = r32 if same_set else q64.astype(np.float32)
     rsq32 = rsq64.astype(np.float32)
     q_norm = _row_norms_of(q64, rows)
-    big_r = float(np.sqrt(rsq64.max())) if metric == "euclidean" else float(row_norm(r64).max())
+    big_r = float(np.sqrt(rsq64.max()))
     delta = 2.0 * ((2 * d + 12) * _U32 * q_norm * big_r + 3 * _U32 * big_r**2
                    + (4 * d + 8) * _TINY32)
+    eta = 2.0 * (d + 2) * _U64 * (q_norm + big_r) ** 2 + d * 2.0**-1070
+    delta += eta   # the certificate's ``delta + eta`` (module docstring)
     top_v = np.full((rows.size, n_kept), np.inf, dtype=np.float32)
     top_i = np.full((rows.size, n_kept), -1, dtype=np.int64)
     out = np.empty((rows.size, n_keep), dtype=np.int64)
     redone = np.zeros(rows.size, dtype=np.bool_)
-    with threadpool_limits(limits=1, user_api="blas"):
+    with parallel_launch(), threadpool_limits(limits=1, user_api="blas"):
         if same_set:
             slot = np.full(n_r, -1, dtype=np.int64)
             slot[rows] = np.arange(rows.size)
@@ -315,8 +328,8 @@ def nearest_cpu(query, rows, reference, n_keep, same_set, metric, *, tile=TILE, 
             _candidates32_same_set(r32, slot, rsq32, top_v, top_i, tile, pair_i, pair_j, starts)
         else:
             _candidates32(q32, rows, r32, rsq32, same_set, top_v, top_i, tile)
-    _rerank(q64, rows, r64, rsq64, factor, same_set, top_v, top_i, delta, n_keep, complete,
-            out, redone)
+    with parallel_launch():
+        _rerank(q64, rows, r64, same_set, top_v, top_i, delta, n_keep, complete, out, redone)
     return (out, redone) if return_redone else out
 
 
@@ -337,8 +350,8 @@ _offer_device = cuda.jit(device=True)(offer.py_func)
 
 
 @cuda.jit(cache=True)
-def refdml_retrieval_topk(q, rows, r, rsq, factor, same_set, best_s, best_j):
-    """One thread per query: an exact float64 scan keeping the ``K`` best ``(s, j)``."""
+def refdml_retrieval_topk(q, rows, r, same_set, best_s, best_j):
+    """One thread per query: an ordered float64 scan keeping the ``K`` best ``(S, j)``."""
     a = cuda.grid(1)
     if a >= rows.shape[0]:
         return
@@ -353,20 +366,17 @@ def refdml_retrieval_topk(q, rows, r, rsq, factor, same_set, best_s, best_j):
             continue
         acc = 0.0
         for k in range(d):
-            acc += np.float64(q[qi, k]) * np.float64(r[j, k])
-        s = np.float64(rsq[j]) + factor * acc
-        _offer_device(best_s[a], best_j[a], s, j)
+            t = np.float64(q[qi, k]) - np.float64(r[j, k])
+            acc += t * t
+        _offer_device(best_s[a], best_j[a], acc, j)
 
 
 def nearest_cuda(xp, query, rows, reference, n_keep, same_set, metric):
     """:func:`nearest_cpu`'s contract with the CUDA kernel (CuPy arrays on a GPU, NumPy under
     the simulator); the result stays on the device (no synchronisation)."""
     if metric == "cosine":
-        reference = reference / _xp_row_norm(xp, reference)
-        query = reference if same_set else query / _xp_row_norm(xp, query)
-        rsq = xp.zeros(reference.shape[0], dtype=xp.float64)
-    else:
-        rsq = xp.einsum("ij,ij->i", reference.astype(xp.float64), reference.astype(xp.float64))
+        reference = ordered_unit_rows(reference.astype(xp.float64), xp=xp)
+        query = reference if same_set else ordered_unit_rows(query.astype(xp.float64), xp=xp)
     if same_set:
         query = reference
     rows = xp.ascontiguousarray(rows.astype(xp.int64))
@@ -374,12 +384,6 @@ def nearest_cuda(xp, query, rows, reference, n_keep, same_set, metric):
     best_j = xp.empty((rows.shape[0], n_keep), dtype=xp.int64)
     grid = max(1, -(-rows.shape[0] // BLOCK))
     refdml_retrieval_topk[grid, BLOCK](xp.ascontiguousarray(query), rows,
-                                       xp.ascontiguousarray(reference), rsq, -2.0,
-                                       bool(same_set), best_s, best_j)
+                                       xp.ascontiguousarray(reference), bool(same_set),
+                                       best_s, best_j)
     return best_j
-
-
-def _xp_row_norm(xp, x):
-    peak = xp.max(xp.abs(x), axis=-1, keepdims=True)
-    safe = xp.where(peak > 0.0, peak, xp.ones_like(peak))
-    return peak * xp.sqrt(xp.sum((x / safe) ** 2, axis=-1, keepdims=True))

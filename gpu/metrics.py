@@ -5,37 +5,38 @@ P@1, R-precision, MAP@R, Recall@k over the queries with at least one true refere
 ranking by Euclidean distance or cosine similarity; ties broken by the lower reference
 index; both sets divided by one power of two, or each row normalised, first).
 
-Blocked, with a running top-K: queries in blocks of ``chunk_size``, references in blocks
-of ``_REFERENCE_BLOCK``; for each (query block, reference block) the scores
+Blocked, with a running top-K, then certified and re-ranked: queries in blocks of
+``chunk_size``, references in blocks of ``_REFERENCE_BLOCK``; for each (query block,
+reference block) the scores
 
 .. math::
-    s_{ij} = -2 \\langle q_i, r_j \\rangle + |r_j|^2 \\quad\\text{(Euclidean)}, \\qquad
-    s_{ij} = -\\langle q_i / |q_i|, r_j / |r_j| \\rangle \\quad\\text{(cosine)}
+    s_{ij} = |r_j|^2 - 2 \\langle q_i, r_j \\rangle
 
-(the reference's expressions, operation for operation) give the block's own ``K``
+(one matrix product in the data's dtype; for cosine the rows are first made unit by
+:func:`refdml._numerics.ordered_unit_rows`) give the block's own ``K' = K + EXTRA``
 smallest by ``argpartition`` (rows where the cut value has equal scores left out are
-redone exactly: every score below it, then the equal ones by lower index, as
-``refdml.metrics._smallest`` does), which are merged with the running ``K`` best
-``(score, index)`` pairs by a stable sort of ``[running K | block's K in index order]``.
-Among equal scores column order is index order (the running part is sorted by
-(score, index) and holds only lower indices than the block), so the result is the
-reference's lexicographic (score, index) order, with no Python loop over queries or
-references.
+redone exactly, as ``refdml.metrics._smallest`` does), merged with the running ``K'`` best
+``(score, index)`` pairs by a stable sort of ``[running K' | block's K' in index order]``.
+A matrix product's last bits depend on the BLAS (or cuBLAS) kernel and on where a row
+sits in the product, so these scores only choose candidates: the answer is the
+reference's ranking by the ordered float64 score, computed for the ``K'`` candidates
+with the operations of :func:`refdml._numerics.ordered_sq_distances`, after the
+certificate of :mod:`refdml.gpu._nb_retrieval` (with the data dtype's rounding) has shown
+that the candidates hold every true neighbour; a query whose certificate fails is redone
+by an ordered scan of all references. No Python loop over queries or references.
 Memory: ``O(chunk_size * _REFERENCE_BLOCK)`` plus the inputs.
 
 Kernels (:func:`refdml.gpu.use_kernels`): with ``"auto"`` a NumPy input runs the compiled CPU
-twin (float32 tiles and a running top-K, certified and re-ranked in float64: the neighbours
-of the float64 reference on the same input; see :mod:`refdml.gpu._nb_retrieval`), a CuPy input
-the CUDA kernel (an exact float64 scan per query); ``"array"`` runs the array code described
-here, and so does the CPU mode where ``K`` exceeds ``MAX_KEEP`` (256).
+twin (the same two stages compiled; see :mod:`refdml.gpu._nb_retrieval`), a CuPy input
+the CUDA kernel (an ordered float64 scan per query); ``"array"`` runs the array code
+described here, and so does the CPU mode where ``K`` exceeds ``MAX_KEEP`` (256).
 
-Precision: float64 gives the reference's metrics (same arithmetic; only a matrix
-product's blocking could round differently, which matters only for two references whose
-distances agree to ~1e-16 relative). In float32 the scores round at ~1e-7 relative of
-``|q| |r|``: two references closer than that may swap, so the float32 metrics equal
-those of the reference on the float32-rounded inputs except for such near-ties (equal
-on the 10,000 x 128 data of ``scripts/bench_gpu.py --only metrics``, which prints any
-difference it measures). Exact ties (duplicated references) stay ties in either dtype.
+Precision: the neighbours are those of the float64 reference on the same values (for
+float32 data: on the float32 inputs, taken exactly into float64), in either dtype and on
+every CPU: the certificate makes the matrix product's rounding irrelevant, and the
+re-rank's float64 operations are the reference's. (On a GPU, CuPy's elementwise kernels
+round each operation like NumPy's; the CUDA kernel may contract to FMA: see
+:mod:`refdml.gpu._nb_retrieval`.)
 
 Synchronisations on CuPy: the size of the top-K (``K = max(max_i R_i, max k)``, needed
 for the shapes: one sync), the check that some query has a true reference (one), one
@@ -51,10 +52,11 @@ from typing import Any
 
 import numpy as np
 
+from refdml._numerics import ordered_sq_distances, ordered_unit_rows
 from refdml._validation import check_choice, check_scalar
 from refdml._xp import array_namespace
 from refdml.gpu._fast_checks import check_nonzero_rows, fast_labels
-from refdml.gpu._nb_retrieval import MAX_KEEP, nearest_cpu, nearest_cuda
+from refdml.gpu._nb_retrieval import EXTRA, MAX_KEEP, nearest_cpu, nearest_cuda
 from refdml.gpu._numba_support import select_kernel
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import common_scale
@@ -65,13 +67,6 @@ __all__ = ["retrieval_metrics"]
 _METRICS = ("euclidean", "cosine")
 _CHUNK_BYTES = 128 * 2**20     # bytes of one (query block, K + reference block) score array
 _REFERENCE_BLOCK = 16384       # references per block of the running top-K
-
-
-def _row_norm(xp: Any, x: Any) -> Any:
-    """``||x||`` per row (keepdims) without overflow or underflow (``refdml._numerics.row_norm``)."""
-    peak = xp.max(xp.abs(x), axis=-1, keepdims=True)
-    safe = xp.where(peak > 0.0, peak, xp.ones_like(peak))
-    return peak * xp.sqrt(xp.sum((x / safe) ** 2, axis=-1, keepdims=True))
 
 
 def _smallest(xp: Any, score: Any, n_keep: int) -> Any:
@@ -124,36 +119,99 @@ def _nearest(xp, query, rows, reference, n_keep, same_set, metric, chunk_size):
 
 
 def _nearest_array(xp, query, rows, reference, n_keep, same_set, metric, chunk_size):
-    """The array path: blocks of queries and references, argpartition and a stable merge."""
-    if metric == "euclidean":
-        ref_sq = xp.einsum("ij,ij->i", reference, reference)
-    else:
-        reference = reference / _row_norm(xp, reference)
-    n_ref = reference.shape[0]
+    """The array path: matrix-product candidates, certified and re-ranked by the ordered score.
+
+    Stage 1: blocks of queries and references, ``s = |r|^2 - 2 <q, r>`` by one matrix
+    product in the data's dtype, argpartition and a stable merge into the running
+    ``K' = K + EXTRA`` best. Stage 2 (:func:`_certified_rerank`): the certificate and the
+    ordered float64 re-rank of :mod:`refdml.gpu._nb_retrieval`, in array code.
+    """
+    dtype = query.dtype
+    r64 = reference.astype(xp.float64)
+    if metric == "cosine":
+        r64 = ordered_unit_rows(r64, xp=xp)
+    r_data = r64 if dtype == xp.float64 else r64.astype(dtype)
+    ref_sq = xp.einsum("ij,ij->i", r_data, r_data)
+    r64_t = xp.ascontiguousarray(r64.T)
+    n_ref = r64.shape[0]
+    available = n_ref - 1 if same_set else n_ref
+    n_kept = min(n_keep + EXTRA, available)
+    big_r = xp.sqrt(xp.max(ref_sq.astype(xp.float64)))
     out = xp.empty((rows.shape[0], n_keep), dtype=xp.int64)
     for start in range(0, rows.shape[0], chunk_size):
         chunk_rows = rows[start:start + chunk_size]
-        block = query[chunk_rows]
-        b = block.shape[0]
+        block64 = query[chunk_rows].astype(xp.float64)
         if metric == "cosine":
-            block = block / -_row_norm(xp, block)
-        top = xp.full((b, n_keep), np.inf, dtype=query.dtype)   # placeholders lose to all
-        top_idx = xp.full((b, n_keep), -1, dtype=xp.int64)
+            block64 = ordered_unit_rows(block64, xp=xp)   # row by row: the reference's bits
+        block = block64 if dtype == xp.float64 else block64.astype(dtype)
+        b = block.shape[0]
+        top = xp.full((b, n_kept), np.inf, dtype=dtype)   # placeholders lose to all
+        top_idx = xp.full((b, n_kept), -1, dtype=xp.int64)
         for r0 in range(0, n_ref, _REFERENCE_BLOCK):
             r1 = min(r0 + _REFERENCE_BLOCK, n_ref)
-            score = block @ reference[r0:r1].T
-            if metric == "euclidean":
-                score *= -2.0
-                score += ref_sq[r0:r1]
+            score = block @ r_data[r0:r1].T
+            score *= -2.0
+            score += ref_sq[r0:r1]
             if same_set:
                 own = chunk_rows - r0
                 inside = (own >= 0) & (own < r1 - r0)
                 # The query itself: +inf (a no-op write to column 0 for queries outside).
                 score[xp.arange(b), xp.where(inside, own, 0)] = xp.where(
                     inside, np.inf, score[xp.arange(b), 0])
-            top, top_idx = _merge(xp, top, top_idx, score, r0, n_keep)
-        out[start:start + b] = top_idx
+            top, top_idx = _merge(xp, top, top_idx, score, r0, n_kept)
+        out[start:start + b] = _certified_rerank(
+            xp, block64, chunk_rows if same_set else None, r64_t, top, top_idx, n_keep,
+            n_kept >= available, big_r)
     return out
+
+
+def _certified_rerank(xp, q64, own, r64_t, top, top_idx, n_keep, complete, big_r):
+    """The ``n_keep`` nearest of each query by ``(S64, j)``, ``S64`` the ordered score.
+
+    ``top`` / ``top_idx``: the ``K'`` smallest matrix-product scores (ascending) and their
+    references. Where the certificate of :mod:`refdml.gpu._nb_retrieval` holds (``v_K' >
+    t + 2 (delta + eta)``, with ``delta`` the bound of the data's dtype: its unit roundoff
+    and smallest normal in place of float32's; or the list holds every reference) the
+    candidates are re-ranked by the ordered float64 score, the operations of
+    :func:`refdml._numerics.ordered_sq_distances` on gathered columns; the other queries
+    are redone by an ordered scan of every reference. ``own``: the queries' own reference
+    indices in same-set mode (never returned), else None.
+    """
+    info = np.finfo(top.dtype)
+    u, tiny = float(info.eps) / 2, float(info.tiny)
+    d = q64.shape[1]
+    q_norm = xp.sqrt(xp.einsum("ij,ij->i", q64, q64))   # bounds only: any order will do
+    delta = 2.0 * ((2 * d + 12) * u * q_norm * big_r + 3 * u * big_r**2 + (4 * d + 8) * tiny)
+    delta += 2.0 * (d + 2) * 2.0**-53 * (q_norm + big_r) ** 2 + d * 2.0**-1070
+    acc = xp.zeros(top_idx.shape, dtype=xp.float64)
+    step = xp.empty_like(acc)
+    for k in range(d):
+        xp.subtract(q64[:, k, None], r64_t[k][top_idx], out=step)
+        xp.multiply(step, step, out=step)
+        xp.add(acc, step, out=acc)
+    by_index = xp.argsort(top_idx, axis=1)            # (S64, j) order: j first, then stable
+    idx = xp.take_along_axis(top_idx, by_index, axis=1)
+    acc = xp.take_along_axis(acc, by_index, axis=1)
+    order = xp.argsort(acc, axis=1, kind="stable")[:, :n_keep]
+    result = xp.take_along_axis(idx, order, axis=1)
+    if complete:
+        return result
+    last = top[:, -1].astype(xp.float64)
+    kth = top[:, n_keep - 1].astype(xp.float64)
+    failed = xp.nonzero(~(last > kth + 2.0 * delta))[0]
+    if failed.shape[0]:   # a sync on CuPy; rare queries, redone in row chunks
+        n_ref = r64_t.shape[1]
+        step_rows = max(1, _CHUNK_BYTES // (3 * 8 * n_ref))
+        for f0 in range(0, failed.shape[0], step_rows):
+            sub = failed[f0:f0 + step_rows]
+            score = ordered_sq_distances(q64[sub], r64_t, xp=xp)
+            if own is not None:
+                score[xp.arange(sub.shape[0]), own[sub]] = np.inf
+            cols = _smallest(xp, score, n_keep)        # sorted by index
+            kept = xp.take_along_axis(score, cols, axis=1)
+            pick = xp.argsort(kept, axis=1, kind="stable")
+            result[sub] = xp.take_along_axis(cols, pick, axis=1)
+    return result
 
 
 def retrieval_metrics(

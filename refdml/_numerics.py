@@ -15,6 +15,12 @@ Private: the public functions validate their input; these assume valid float64 a
     divided by one common power of two (exact) so that the squares stay in range; the
     norm is scaled back, so it is right for any finite input. The squared distance is
     scaled back too and is ``inf`` only where the true value exceeds float64.
+``ordered_sq_distances`` / ``ordered_unit_rows``
+    Squared distances and unit rows by a fixed sequence of IEEE-754 operations (the
+    coordinates summed left to right, one rounding per subtraction, product and sum, no
+    BLAS, no fused multiply-add), so the value depends on the inputs alone, never on the
+    CPU, the BLAS kernel, the thread count or a row's position: the scores that decide a
+    ranking (``refdml.metrics``), where two identical rows must tie on every machine.
 ``masked_logsumexp``
     ``log sum_{mask} exp(z)`` along an axis with its softmax, ``-inf`` and zero weights
     on a row with no masked entry (never NaN).
@@ -30,6 +36,8 @@ __all__ = [
     "check_nonzero_rows",
     "common_scale",
     "masked_logsumexp",
+    "ordered_sq_distances",
+    "ordered_unit_rows",
     "pairwise_norm",
     "pairwise_sq_distances",
     "row_norm",
@@ -102,6 +110,55 @@ def pairwise_sq_distances(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return _scaled_sq_distances(x, y)
     with np.errstate(over="ignore"):
         return (scale * scale) * _scaled_sq_distances(x / scale, y / scale)
+
+
+def ordered_sq_distances(x, y_t, *, out=None, work=None, xp=np):
+    """``sum_k (x_ik - y_jk)^2`` for ``x (m, d)`` and ``y_t = y.T (d, n)``, summed in order.
+
+    The accumulator starts at ``0`` and takes ``k = 0, 1, ..., d - 1`` in turn; every
+    difference, square and sum is one ufunc call, i.e. one correctly rounded IEEE
+    operation per element (NumPy fuses none into an FMA, and an elementwise ufunc gives
+    the same bits whatever SIMD width it runs at). The result is therefore a function of
+    the two rows alone: identical rows give identical values wherever they sit in ``x``
+    or ``y``, on every CPU. A compiled twin gets the same bits with the loop
+    ``acc = 0.0; for k: t = x[k] - y[k]; acc += t * t`` compiled without fast-math (no
+    reassociation, no contraction), which ``refdml.gpu._nb_retrieval`` does.
+    The caller keeps the entries small enough that the squares cannot overflow (a common
+    power-of-two scaling, or unit rows). ``y_t`` is the transposed reference set so that
+    each step reads a contiguous row. ``out`` and ``work``: optional (m, n) buffers.
+    ``xp``: the array module (NumPy, or CuPy for the fast path's device arrays).
+    """
+    shape = (x.shape[0], y_t.shape[1])
+    if out is None:
+        acc = xp.zeros(shape, dtype=xp.result_type(x, y_t))
+    else:
+        acc = out
+        acc[...] = 0.0
+    step = xp.empty_like(acc) if work is None else work
+    for k in range(x.shape[1]):
+        xp.subtract(x[:, k, None], y_t[None, k, :], out=step)
+        xp.multiply(step, step, out=step)
+        xp.add(acc, step, out=acc)
+    return acc
+
+
+def ordered_unit_rows(x, *, xp=np):
+    """Each row divided by its Euclidean norm, by a fixed sequence of IEEE operations.
+
+    Per row: division by the power of two ``2^e`` with ``max_k |x_k| / 2^e`` in [0.5, 1)
+    (``ldexp``: exact, except that entries more than ~2^1074 below the row's largest
+    underflow, the same way on every machine), the squares summed left to right as in
+    :func:`ordered_sq_distances`, one correctly rounded square root, one division per
+    entry. A row's result depends on that row alone (not on the CPU, SIMD width or its
+    position). Rows must be nonzero and finite. ``xp``: the array module (NumPy, or CuPy
+    for the fast path's device arrays).
+    """
+    exponent = xp.frexp(xp.max(xp.abs(x), axis=1))[1]
+    scaled = xp.ldexp(x, -exponent[:, None])
+    total = xp.zeros(x.shape[0], dtype=x.dtype)
+    for k in range(x.shape[1]):
+        total += scaled[:, k] * scaled[:, k]
+    return scaled / xp.sqrt(total)[:, None]
 
 
 def masked_logsumexp(

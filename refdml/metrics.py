@@ -19,30 +19,41 @@ the square of the R-precision for every query with all hits in a block; the prec
 at ``i`` of Musgrave et al. is what is meant and what is implemented.
 
 Ranking is by Euclidean distance (or cosine similarity), ties broken by the lower
-reference index. Distances are computed in chunks of queries with the Gram identity
-``||r||^2 - 2 <q, r>`` (the query's own ``||q||^2`` does not change its ranking), and only
-the ``K = max(max_i R_i, max k)`` nearest references of each query are kept, so memory
-is ``O(chunk_size * n_references + n_queries * K)``, never ``n_queries * n_references``.
-The Gram identity's rounding (about ``eps * ||q|| ||r||``) can swap two references whose
-distances agree to that precision; exact ties (e.g. duplicated references) stay ties.
-Both sets are first divided by one power of two (exact), and for cosine each row is
-normalised by :func:`refdml._numerics.row_norm`, so the metrics are the same for
+reference index. Both sets are first divided by one power of two (exact); for cosine each
+row is made a unit vector, and the unit rows are ranked by their Euclidean distance, which
+orders the pairs exactly as the cosine similarity does (``|q^ - r^|^2 = 2 - 2 cos``) and
+resolves near neighbours better than ``1 - cos`` would. So the metrics are the same for
 embeddings of any magnitude (1e-300 .. 1e300).
 
+**The same ranking on every machine.** The score of a pair is
+:func:`refdml._numerics.ordered_sq_distances`: ``sum_k (q_k - r_k)^2`` summed in the
+order ``k = 0, 1, ..., d - 1``, one correctly rounded IEEE operation per step, no BLAS and
+no fused multiply-add (cosine's unit rows likewise by
+:func:`refdml._numerics.ordered_unit_rows`). Its value is a function of the two rows
+alone, not of the CPU, the BLAS kernel, the thread count or where the rows sit in their
+arrays, so identical rows give identical scores (exact ties, resolved by the lower index)
+and two references whose distances agree to rounding are ordered the same way
+everywhere. A matrix product would not do: BLAS kernels sum the dot products in an order
+that depends on the CPU (OpenBLAS picks its kernel at run time) and on a row's position
+in the blocked product, so two identical references could come out with different last
+bits (seen with OpenBLAS's SkylakeX kernels) and swap. Only the
+``K = max(max_i R_i, max k)`` nearest references of each query are kept, in chunks of
+queries, so memory is ``O(chunk_size * n_references + n_queries * K)``, never
+``n_queries * n_references``.
+
 Two implementations of the ranking, held together by tests/test_gpu_kernels_retrieval.py
-(fixed seeds and hypothesis inputs: equal neighbours and equal metrics).
-``_nearest`` (readable: a float64 score block per chunk of queries, ``argpartition``, a
-lexicographic sort of the kept columns) is the statement, reachable as
+(fixed seeds and hypothesis inputs: equal neighbours and equal metrics, by construction on
+every CPU). ``_nearest`` (readable: the ordered score block per chunk of queries,
+``argpartition``, a lexicographic sort of the kept columns) is the statement, reachable as
 ``_retrieval_metrics_readable``. :func:`retrieval_metrics` runs the compiled CPU twin
 ``refdml.gpu._nb_retrieval.nearest_cpu``: float32 tiles (single-threaded sgemm per Numba
 thread, BLAS threads held at one inside) merged into a running top-``(K + 32)`` per query,
-then a float64 re-rank of those candidates, certified to contain the true ``K`` nearest by
-a rounding bound (the proof is in that module's docstring; a query whose certificate fails
-is redone by an exact float64 scan). Where ``K`` exceeds 256 (a class of hundreds of
-members) the readable ranking runs instead: the twin's sorted lists are made for small ``K``.
-Its float64 scores differ from ``_nearest``'s only in
-the order the dot products are summed (BLAS here, a loop there), so the neighbours are the
-same except between two references whose float64 distances agree to ~1e-16 relative.
+then the candidates re-ranked by the same ordered float64 score, compiled without
+fast-math so that its bits are ``ordered_sq_distances``' own. A rounding bound certifies
+that the candidates contain the true ``K`` nearest (the proof is in that module's
+docstring); a query whose certificate fails is redone by an ordered scan of every
+reference. Where ``K`` exceeds 256 (a class of hundreds of members) the readable ranking
+runs instead: the twin's sorted lists are made for small ``K``.
 
 Clustering of embeddings (:func:`clustering_metrics`): k-means with as many clusters as
 classes (``scipy.cluster.vq.kmeans2``, k-means++ seeding), then three scores of the
@@ -65,7 +76,12 @@ import numpy as np
 from scipy.cluster.vq import kmeans2
 from scipy.special import gammaln
 
-from refdml._numerics import check_nonzero_rows, common_scale, row_norm
+from refdml._numerics import (
+    check_nonzero_rows,
+    common_scale,
+    ordered_sq_distances,
+    ordered_unit_rows,
+)
 from refdml._validation import (
     as_float_array,
     as_label_array,
@@ -83,8 +99,8 @@ __all__ = [
 ]
 
 _METRICS = ("euclidean", "cosine")
-# Bytes of the (chunk, n_references) score block; it and argpartition's int64 index array
-# of the same shape are alive at once, so the peak is about twice this, plus the inputs.
+# Bytes of the (chunk, n_references) score block; its work buffer and argpartition's int64
+# index array have the same shape, so the peak is about three times this, plus the inputs.
 _CHUNK_BYTES = 128 * 2**20
 
 
@@ -97,27 +113,25 @@ def _nearest(
 ) -> np.ndarray:
     """Indices of the ``n_keep`` nearest references of the queries ``query[rows]``.
 
-    Nearest first, in lexicographic order of (score, reference index), with score the
-    distance (or the negated cosine similarity). In same-set mode query ``rows[i]`` is
-    reference ``rows[i]`` and is never returned. Rows are gathered per chunk, so no copy
-    of the whole query set is made.
+    Nearest first, in lexicographic order of (score, reference index), the score being
+    :func:`refdml._numerics.ordered_sq_distances` of the rows (for cosine, of the rows
+    made unit by :func:`refdml._numerics.ordered_unit_rows`): a fixed sequence of IEEE
+    operations, so every machine ranks alike (module docstring, "Ranking"). In same-set
+    mode query ``rows[i]`` is reference ``rows[i]`` and is never returned. Rows are
+    gathered per chunk, so no copy of the whole query set is made.
     """
     n_query = rows.size
-    if metric == "euclidean":
-        ref_sq = np.einsum("ij,ij->i", reference, reference)
-    else:
-        reference = reference / row_norm(reference, keepdims=True)
+    if metric == "cosine":
+        reference = ordered_unit_rows(reference)
+    reference_t = np.ascontiguousarray(reference.T)
     out = np.empty((n_query, n_keep), dtype=np.int64)
     for start in range(0, n_query, chunk_size):
         stop = min(start + chunk_size, n_query)
         chunk_rows = rows[start:stop]
         block = query[chunk_rows]
-        if metric == "euclidean":
-            score = block @ reference.T
-            score *= -2.0
-            score += ref_sq
-        else:
-            score = (block / -row_norm(block, keepdims=True)) @ reference.T
+        if metric == "cosine":
+            block = ordered_unit_rows(block)   # row by row: same bits as in ``reference``
+        score = ordered_sq_distances(block, reference_t)
         if same_set:
             score[np.arange(stop - start), chunk_rows] = np.inf
         cols = _smallest(score, n_keep)
@@ -201,7 +215,8 @@ def retrieval_metrics(
     metric : {"euclidean", "cosine"}
         Ranking by Euclidean distance or by cosine similarity.
     chunk_size : int, optional
-        Queries per distance block; default: a block of about 32 MiB.
+        Queries per score block; default: a block of about 128 MiB (the readable ranking's
+        peak is about three times that).
 
     Returns
     -------

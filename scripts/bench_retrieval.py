@@ -12,8 +12,11 @@ SOP's test split), same-set mode, Euclidean. In ONE run, interleaved medians
 - faiss-cpu's flat index (``IndexFlatL2``, K+1 nearest, self removed) where faiss is
   installed (not a dependency: ``pip install faiss-cpu``), the named alternative;
 
-then once: the readable reference (``_retrieval_metrics_readable``, ~66 s unloaded;
-``--no-readable`` skips it), whose metrics must EQUAL the compiled path's (asserted).
+then once: the readable reference ranking (``refdml.metrics._nearest``: the ordered score
+without BLAS, ``d`` elementwise passes per score block) on ``--readable-queries`` queries
+drawn at random (all of them with ``--quick``; ``--no-readable`` skips it), whose neighbour
+lists must EQUAL the compiled path's on the same queries (asserted; equal neighbours for
+every query is what makes the metrics equal).
 Peak memory above the input: resident set size sampled every 2 ms from /proc/self/statm in a
 thread (sees Numba's allocations, which tracemalloc does not), minus the RSS just before the
 call; tracemalloc's peak (NumPy buffers only) beside it. Default thread settings: do not set
@@ -21,6 +24,7 @@ OPENBLAS_NUM_THREADS (the script says what it sees). The machine load (``os.getl
 is printed with every number.
 
     python scripts/bench_retrieval.py [--quick] [--repeats 2] [--no-readable]
+                                      [--readable-queries 2000]
 """
 
 from __future__ import annotations
@@ -90,6 +94,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="6,000 x 128, 1,131 classes")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-readable", action="store_true")
+    parser.add_argument("--readable-queries", type=int, default=2_000,
+                        help="queries checked against the readable ranking (all: --quick)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     n, n_classes, d = (6_000, 1_131, 128) if args.quick else (60_000, 11_316, 128)
@@ -148,12 +154,23 @@ def main(argv=None) -> int:
         print(f"  {name:36s} {seconds:8.2f} s   {seconds / base:5.2f}x the float32 matmul")
 
     if not args.no_readable:
+        from refdml._numerics import common_scale
+        from refdml.gpu._nb_retrieval import nearest_cpu
+
+        rng = np.random.default_rng(args.seed + 1)
+        n_check = n if args.quick else min(n, args.readable_queries)
+        rows = np.sort(rng.choice(n, size=n_check, replace=False))
+        scaled = x64 / common_scale(x64)
+        n_keep = max(int(sizes.max()) - 1, 8)
         t0 = time.perf_counter()
-        readable = metrics._retrieval_metrics_readable(x, labels)
-        print(f"\nreadable reference (_retrieval_metrics_readable), once: "
-              f"{time.perf_counter() - t0:.1f} s ({load()})")
-        assert readable == result, (readable, result)
-        print("metrics equal to the readable reference: True (asserted)")
+        readable = metrics._nearest(scaled, rows, scaled, n_keep, True, "euclidean", 256)
+        seconds = time.perf_counter() - t0
+        compiled = nearest_cpu(scaled, rows, scaled, n_keep, True, "euclidean")
+        print(f"\nreadable ranking (refdml.metrics._nearest) of {n_check} queries, once: "
+              f"{seconds:.1f} s ({load()})")
+        np.testing.assert_array_equal(compiled, readable)
+        print(f"neighbours of those {n_check} queries equal to the readable ranking's: "
+              "True (asserted)")
     print("metrics: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
                                   for k, v in result.items()))
     return 0

@@ -146,3 +146,112 @@ def test_large_k_uses_the_readable_ranking(monkeypatch):
     monkeypatch.setattr(_nb_retrieval, "nearest_cpu", lambda *a, **k: called.append(1))
     want = ref._retrieval_metrics_readable(x, labels)
     assert ref.retrieval_metrics(x, labels) == want and not called
+
+
+# ------------------------------------------------- the ordered score, on every machine
+
+
+def _wide_rows(seed, n, d):
+    """Rows whose coordinates span many binades, so that any change of summation order or
+    an FMA changes some last bits."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, d)) * np.exp2(rng.integers(-12, 1, size=(n, d)))
+
+
+@pytest.mark.parametrize("d", [1, 3, 8, 33, 130])
+def test_compiled_score_has_the_bits_of_the_ordered_array_score(d):
+    # Equal by construction: the same IEEE operations in the same order, the compiled loop
+    # built without fast-math (no reassociation, no FMA). Under NUMBA_CPU_NAME=generic and
+    # every OPENBLAS_CORETYPE (scripts/ci_cpu_matrix.sh) it must stay bit-equal.
+    from refdml._numerics import ordered_sq_distances
+    from refdml.gpu._nb_retrieval import _score64
+
+    x, y = _wide_rows(1, 40, d), _wide_rows(2, 50, d)
+    want = ordered_sq_distances(x, np.ascontiguousarray(y.T))
+    got = np.array([[_score64(x, i, y, j) for j in range(50)] for i in range(40)])
+    np.testing.assert_array_equal(got, want)
+    if d >= 8:   # the data can tell orders apart, so the equality above is not vacuous
+        assert np.any(np.sum((x[:, None, :] - y[None]) ** 2, axis=-1) != want)
+
+
+def test_duplicate_rows_score_alike_wherever_they_sit():
+    # The failure on Intel (OpenBLAS SkylakeX kernels): two identical references at rows
+    # 276 and 528 got different last bits from one matrix product. The ordered score is a
+    # function of the two rows alone: equal columns for equal rows, and a permutation of
+    # the references permutes the scores bit for bit.
+    from refdml._numerics import ordered_sq_distances, ordered_unit_rows
+
+    x, _ = _data(1, 700, 9, 20)
+    y = _data(8, 530, 9, 20, duplicates=0)[0]
+    y[528] = y[276]
+    score = ordered_sq_distances(x, np.ascontiguousarray(y.T))
+    np.testing.assert_array_equal(score[:, 276], score[:, 528])
+    perm = np.random.default_rng(0).permutation(530)
+    np.testing.assert_array_equal(
+        ordered_sq_distances(x[::-1], np.ascontiguousarray(y[perm].T)), score[::-1][:, perm])
+    unit = ordered_unit_rows(y)
+    np.testing.assert_array_equal(unit[276], unit[528])
+    np.testing.assert_array_equal(ordered_unit_rows(y[perm]), unit[perm])
+    scale = common_scale(x, y)
+    got = ref._nearest(x / scale, np.arange(700), y / scale, 13, False, "euclidean", 64)
+    both = (got == 276) | (got == 528)
+    rows = np.nonzero(both.sum(axis=1) == 2)[0]
+    assert rows.size          # queries whose list holds both copies: 276 right before 528
+    for i in rows:
+        at = np.nonzero(both[i])[0]
+        assert at[1] == at[0] + 1 and got[i, at[0]] == 276
+
+
+def _near_ties(seed, n, d):
+    """References in pairs a hair apart (a relative 1e-15), and duplicates: the matrix
+    product's rounding orders such pairs at random, the ordered score decides them."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((n // 2, d))
+    twin = base * (1.0 + 1e-15 * rng.standard_normal((n // 2, 1)))
+    x = np.concatenate([base, twin])[rng.permutation(2 * (n // 2))]
+    x[rng.integers(len(x), size=5)] = x[rng.integers(len(x), size=5)]
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("same_set", [True, False])
+def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
+    # The array path (a matrix product in the data's dtype, then the certified ordered
+    # re-rank) returns the readable ranking of the same values exactly: for float32 data,
+    # of the float32 values taken into float64.
+    from refdml.gpu.metrics import _nearest_array
+
+    x = _near_ties(3, 300, 6).astype(dtype)
+    y = x if same_set else _near_ties(4, 260, 6).astype(dtype)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    if metric == "euclidean":
+        scale = common_scale(x64, y64)
+        x, y, x64, y64 = x / scale, y / scale, x64 / scale, y64 / scale
+        if same_set:
+            y, y64 = x, x64
+    rows = np.arange(0, 300, 2)
+    want = ref._nearest(x64, rows, y64, 9, same_set, metric, 32)
+    got = _nearest_array(np, x, rows, y, 9, same_set, metric, 32)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(nearest_cpu(x, rows, y, 9, same_set, metric), want)
+
+
+def test_array_path_redoes_the_queries_whose_certificate_fails(monkeypatch):
+    # Many exact duplicates crowd the K-th score and no spare candidates (EXTRA = 0) can
+    # certify it, so the array path scans those queries in full: still the readable answer.
+    from refdml.gpu import metrics as fast_metrics
+
+    monkeypatch.setattr(fast_metrics, "EXTRA", 0)
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 4))[rng.integers(6, size=90)]
+    x /= common_scale(x)
+    scans = []
+    real = fast_metrics.ordered_sq_distances
+    monkeypatch.setattr(fast_metrics, "ordered_sq_distances",
+                        lambda *a, **k: scans.append(1) or real(*a, **k))
+    rows = np.arange(90)
+    got = fast_metrics._nearest_array(np, x, rows, x, 5, True, "euclidean", 16)
+    np.testing.assert_array_equal(got, ref._nearest(x, rows, x, 5, True, "euclidean", 16))
+    assert scans

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from refdml import metrics
+from refdml._numerics import common_scale
 
 
 def _line(*positions):
@@ -177,6 +178,42 @@ def test_query_reference_matches_oracle_random(seed):
             query, query_labels, reference, reference_labels, k=(16, 1, 2, 4, 8), chunk_size=chunk_size
         )
         _assert_same(result, expected)
+
+
+def _exact_sq_distances(query, reference):
+    """Squared distances in exact rational arithmetic (every float64 is a fraction)."""
+    from fractions import Fraction
+
+    q = [[Fraction(float(v)) for v in row] for row in query]
+    r = [[Fraction(float(v)) for v in row] for row in reference]
+    return [[sum((a - b) ** 2 for a, b in zip(qi, rj)) for rj in r] for qi in q]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ranking_agrees_with_exact_arithmetic_up_to_its_rounding(seed):
+    # An independent check of the ordered score: the readable ranking against exact
+    # rational distances. Pairs in each other's rounding (|S64 - S| <= eta, module docstring
+    # of refdml.gpu._nb_retrieval) may come in either order; any two further apart must be
+    # in the exact order, and nothing left out may be nearer than the last kept by more
+    # than 2 eta. Near-ties (relative 1e-15) and exact duplicates make the rule bite.
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((30, 5))
+    reference = np.vstack([base, base[:10] * (1 + 1e-15), base[10:13]])
+    reference /= common_scale(reference)
+    query = rng.standard_normal((12, 5)) / 4
+    exact = _exact_sq_distances(query, reference)
+    d = reference.shape[1]
+    big_r = float(np.max(np.linalg.norm(reference, axis=1)))
+    got = metrics._nearest(query, np.arange(12), reference, 10, False, "euclidean", 5)
+    for i, row in enumerate(got):
+        eta = 2 * (d + 2) * 2.0**-53 * (np.linalg.norm(query[i]) + big_r) ** 2
+        values = [float(exact[i][j]) for j in row]
+        assert all(a <= b + 2 * eta for a, b in zip(values, values[1:])), (i, values)
+        left_out = [float(exact[i][j]) for j in range(len(reference)) if j not in set(row)]
+        assert min(left_out) >= values[-1] - 2 * eta
+        for a, b in zip(row, row[1:]):                     # equal rows: lower index first
+            if np.array_equal(reference[a], reference[b]):
+                assert a < b
 
 
 def test_distance_matrix_is_never_materialised():
