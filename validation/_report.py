@@ -17,6 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from refdml._io import save_figure, write_text_atomic
+
 from ._framework import VERDICT_MEANINGS, ClaimResult, Figure, to_jsonable
 
 __all__ = ["machine_lines", "write_report"]
@@ -56,8 +58,10 @@ def _draw(plt, figure: Figure, result: ClaimResult, path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -259,6 +263,4 @@ def write_report(results: list[ClaimResult], directory, *, quick: bool, seed: in
     lines.append("")
     for r in results:
         lines += _claim_section(r, figdir, plt)
-    path = directory / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_text_atomic(directory / "report.md", "\n".join(lines))

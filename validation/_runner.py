@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -10,6 +9,8 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from refdml._io import write_json_atomic
 
 from ._framework import CHECKS, ClaimResult, ClaimSpec, Context, decide
 
@@ -300,7 +301,7 @@ def run_cli(args) -> int:
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([r.as_json() for r in results], indent=2))
+        write_json_atomic(path, [r.as_json() for r in results], indent=2)
         print(f"JSON written to {path}")
     if args.report:
         from ._report import write_report

@@ -1,17 +1,18 @@
 """The disk cache of finished tasks: one JSON file per task, named by :func:`task_key`.
 
 ``<dir>/<key>.json`` holds ``{"task": spec, "code": version, "result": {...}}``, written
-atomically (a temporary file renamed), so an interrupted run leaves only whole entries and
-a re-run loads them instead of computing. Failures are not cached (a re-run retries them).
+atomically (:func:`refdml._io.write_json_atomic`: a temporary file, fsync, renamed), so an
+interrupted run leaves only whole entries and a re-run loads them instead of computing; a
+temporary file a kill leaves behind (``.<key>.json.<pid>.<random>.tmp``) is never read.
+Failures are not cached (a re-run retries them).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from refdml._io import write_json_atomic
 from refdml.reproduce._tasks import Task, code_version, task_key
 
 __all__ = ["TaskCache"]
@@ -44,12 +45,4 @@ class TaskCache:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"task": task.to_json(), "code": code_version(), "result": result}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entry, f)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_json_atomic(path, entry)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from refdml._io import save_figure, write_json_atomic, write_text_atomic
 from refdml.reproduce._experiments import Experiment
 from refdml.reproduce._stats import (
     INCONCLUSIVE,
@@ -157,7 +158,7 @@ def write_json(path, payload: dict) -> None:
     for r in slim["experiments"]:
         for run in r["runs"].values():
             run.pop("artefacts", None)
-    path.write_text(json.dumps(slim, indent=1), encoding="utf-8")
+    write_json_atomic(path, slim, indent=1)
 
 
 # --------------------------------------------------------------------------- figures
@@ -183,13 +184,15 @@ def _bars(result: dict, path: Path) -> None:
         ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
         ax.set_title(f"{metric} (mean ± std, dots: seeds)", fontsize=9)
     fig.suptitle(result["id"], fontsize=10)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
-def _curves(result: dict, path: Path) -> None:
+def _curves(result: dict, path: Path) -> bool:
     Figure = _figure()
     keys = [k for k in ("test_map_at_r", "covering_radius", "train_loss")
             if any(k in c for r in result["runs"].values() for c in r["curves"].values())]
+    if not keys:   # a figure 0 inches wide: matplotlib divides by its width
+        return False
     fig = Figure(figsize=(4.2 * len(keys), 3.4))
     for i, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), i + 1)
@@ -208,7 +211,8 @@ def _curves(result: dict, path: Path) -> None:
         if i == 0:
             ax.legend(fontsize=6)
     fig.suptitle(result["id"], fontsize=10)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
+    return True
 
 
 def _attention(result: dict, path: Path) -> bool:
@@ -235,7 +239,7 @@ def _attention(result: dict, path: Path) -> bool:
                 ax.set_title(label, fontsize=7, loc="left")
     fig.suptitle(f"{result['id']}: GSP pooling weights, seed 0 (cyan: the class cell)",
                  fontsize=9)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
     return True
 
 
@@ -258,7 +262,7 @@ def _embedding_2d(result: dict, path: Path) -> bool:
                        color=colour)
         ax.set_title(f"{label} (train, PCA; stars: proxies)", fontsize=8)
     fig.suptitle(f"{result['id']}: embeddings and proxies, seed 0", fontsize=9)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
     return True
 
 
@@ -345,6 +349,4 @@ def write_report(directory, payload: dict) -> Path:
         for f in r["failures"]:
             lines += ["", f"Failed: `{f['run']}` seed {f['seed']}", "", "```",
                       f["traceback"].rstrip(), "```"]
-    path = directory / "README.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_text_atomic(directory / "README.md", "\n".join(lines) + "\n")

@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from refdml._io import write_text_atomic
+
 __all__ = ["Task", "STUDIES", "execute", "task_key", "code_version", "study"]
 
 #: study name -> function(task) -> dict (metrics, curves, artefacts).
@@ -93,8 +95,8 @@ def _thaw(value):
 
 #: Modules whose source does not change any number (drawing, printing, scheduling, the
 #: other commands), relative to the refdml package: edits there keep the cache valid.
-_NOT_NUMERIC = {"cli.py", "reproduce/__init__.py", "reproduce/_cli.py", "reproduce/_report.py",
-                "reproduce/_runner.py", "reproduce/_cache.py"}
+_NOT_NUMERIC = {"cli.py", "_io.py", "reproduce/__init__.py", "reproduce/_cli.py",
+                "reproduce/_report.py", "reproduce/_runner.py", "reproduce/_cache.py"}
 _NOT_NUMERIC_DIRS = ("gradcheck",)
 
 
@@ -156,7 +158,7 @@ def _toy(task: Task) -> dict:
         time.sleep(float(c["sleep"]))
     marker = c.get("kill_marker")
     if marker and task.seed == c.get("kill_seed", task.seed) and not os.path.exists(marker):
-        Path(marker).write_text(str(os.getpid()))
+        write_text_atomic(marker, str(os.getpid()))
         os._exit(1)  # the worker process dies: the scheduler must run the task elsewhere
     if c.get("fail_seed") == task.seed:
         raise RuntimeError(f"toy task failed on purpose (seed {task.seed})")

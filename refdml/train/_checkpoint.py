@@ -10,20 +10,22 @@ Layout (``numpy.savez``, no pickle; ``numpy.load(path)`` reads it back):
   one, the epoch, the best validation MAP@R, ...). JSON keeps Python floats exactly (repr
   round-trips) and Python's 128-bit integers of the PCG64 state.
 
-Atomic: the file is written to ``<path>.tmp`` then moved over ``<path>`` with
-:func:`os.replace`, so a run killed mid-write leaves the previous checkpoint intact.
+Atomic (:func:`refdml._io.atomic_path`): the file is written to a temporary file beside
+``<path>``, fsynced, then moved over ``<path>`` with :func:`os.replace`, so a run killed
+mid-write leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["save_checkpoint", "load_checkpoint", "write_json_atomic"]
+from refdml._io import atomic_path
+
+__all__ = ["save_checkpoint", "load_checkpoint"]
 
 _SEP = "/"
 
@@ -97,13 +99,9 @@ def save_checkpoint(path: Path, *, parameters: dict[str, np.ndarray],
     for name, value in parameters.items():
         arrays[f"param{_SEP}{name}"] = value
     document = json.dumps({**meta, "optimizer": optim_meta})
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    # savez on a handle: given a file name, it would append ".npz" to the temporary name
+    with atomic_path(path) as temp, open(temp, "wb") as handle:
         np.savez(handle, meta=np.array(document), **arrays)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
@@ -121,13 +119,3 @@ def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any], 
     optimizer_state = _optimizer_from(meta.pop("optimizer"), arrays)
     meta = _arrays_into(meta, arrays)
     return parameters, optimizer_state, meta
-
-
-def write_json_atomic(path: Path, document: Any) -> None:
-    """``json.dump`` to ``<path>.tmp`` then :func:`os.replace` (indented, sorted keys)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)

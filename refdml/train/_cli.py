@@ -85,7 +85,9 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
         if value is not None:
             config[flag] = str(Path(value)) if flag == "features" else value
     out = Path(args.out)
-    if args.resume and not (out / "checkpoint.npz").is_file():
+    # config.json without checkpoint.npz: a run killed before its first checkpoint, which
+    # --resume starts again (Trainer.resume checks the config first)
+    if args.resume and not ((out / "checkpoint.npz").is_file() or (out / "config.json").is_file()):
         print(f"{prog}: error: --resume: {out / 'checkpoint.npz'} does not exist", file=sys.stderr)
         return 2
     if not args.resume and (out / "log.jsonl").is_file():

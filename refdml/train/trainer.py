@@ -52,6 +52,14 @@ after that epoch, and :meth:`fit` continues bit-for-bit: the same parameters and
 (except ``seconds``) as an uninterrupted run. ``config.json`` (every hyperparameter the
 trainer knows) must match, apart from ``epochs``, or a ValueError names the difference.
 
+Killed at any instant: ``config.json``, ``checkpoint.npz`` and ``best.npz`` are replaced
+atomically (:mod:`refdml._io`: a temporary file, fsync, :func:`os.replace`); a log row is
+appended in one ``os.write`` before the epoch's checkpoint. :meth:`resume` keeps the rows
+up to the checkpoint's epoch, drops a last line cut by the kill, rewrites the log
+atomically and rewrites ``best.npz`` when the checkpoint is the best epoch (a kill between
+the two checkpoint files), so every finished epoch appears once, and a run killed before
+its first checkpoint starts again from epoch 0.
+
 New problem instances (ASAP Alg. 1's outer loop): when ``instance_every`` is set and the
 objective has ``new_problem_instance(embeddings, labels, rng)``, the trainer calls it at the
 start of epochs ``1, 1 + instance_every, 1 + 2 instance_every, ...``, before the epoch's
@@ -84,9 +92,11 @@ from typing import Any
 
 import numpy as np
 
+from refdml._io import (append_line, read_lines, write_bytes_atomic, write_json_atomic,
+                        write_text_atomic)
 from refdml._validation import _describe, check_choice, check_scalar
 from refdml._xp import to_numpy
-from refdml.train._checkpoint import load_checkpoint, save_checkpoint, write_json_atomic
+from refdml.train._checkpoint import load_checkpoint, save_checkpoint
 from refdml.train.data import PKBatchSampler
 from refdml.train.optim import Optimizer
 from refdml.train.schedules import ReduceOnPlateau, Schedule
@@ -423,8 +433,9 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         rows = []
         if not self.started:
-            write_json_atomic(self.out_dir / "config.json", self.config())
-            (self.out_dir / "log.jsonl").write_text("")
+            write_json_atomic(self.out_dir / "config.json", self.config(), indent=2,
+                              sort_keys=True)
+            write_text_atomic(self.out_dir / "log.jsonl", "")
             rows.append(self._end_epoch(0, None, time.perf_counter()))
             self.started = True
         while self.epoch < self.epochs and not self.stopped_early:
@@ -465,8 +476,9 @@ class Trainer:
         self.stopped_early = waited or reached
         row["best_val_map_at_r"] = self.best_metric
         row["seconds"] = time.perf_counter() - start
-        with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as log:
-            log.write(json.dumps(row) + "\n")
+        # The row goes first: a kill before the checkpoint leaves a row of an epoch the
+        # checkpoint does not hold, which resume() drops (the epoch then runs again).
+        append_line(self.out_dir / "log.jsonl", json.dumps(row))
         self._save(self.out_dir / "checkpoint.npz")
         if improved:
             self._save(self.out_dir / "best.npz")
@@ -494,7 +506,15 @@ class Trainer:
 
     def resume(self, out_dir: Any = None) -> None:
         """Load ``<out_dir>/checkpoint.npz`` (default: this trainer's ``out_dir``) and the
-        log up to its epoch; the next :meth:`fit` continues bit-for-bit."""
+        log up to its epoch; the next :meth:`fit` continues bit-for-bit.
+
+        Whatever instant the interrupted run was killed at, each finished epoch (one whose
+        checkpoint was written) is kept exactly once: log rows after the checkpoint's epoch
+        and a last line cut by the kill are dropped, and the log is rewritten atomically.
+        A run killed before its epoch-0 checkpoint has no finished epoch: with
+        ``config.json`` matching and no ``checkpoint.npz`` in this trainer's own
+        ``out_dir``, nothing is loaded and :meth:`fit` starts from epoch 0.
+        """
         source = self.out_dir if out_dir is None else Path(out_dir)
         saved_config = json.loads((source / "config.json").read_text())
         ours = json.loads(json.dumps(self.config()))   # tuples -> lists, as saved
@@ -505,6 +525,8 @@ class Trainer:
             raise ValueError(
                 f"cannot resume from {source}: its config.json differs in {differ} "
                 "(only 'epochs' may change)")
+        if source == self.out_dir and not (source / "checkpoint.npz").is_file():
+            return
         parameters, optimizer_state, meta = load_checkpoint(source / "checkpoint.npz")
         if set(parameters) != set(self.parameters):
             raise ValueError(
@@ -532,10 +554,25 @@ class Trainer:
         self.improved_epoch = int(meta.get("improved_epoch", self.best_epoch))
         self.stopped_early = bool(meta["stopped_early"])
         self.started = True
-        rows = [line for line in (source / "log.jsonl").read_text().splitlines()
-                if line and json.loads(line)["epoch"] <= self.epoch]
+        log = source / "log.jsonl"
+        rows = []
+        for number, line in enumerate(read_lines(log), start=1):   # drops a cut last line
+            if not line.strip():
+                continue
+            try:
+                epoch = json.loads(line)["epoch"]
+            except (ValueError, TypeError, KeyError):
+                raise ValueError(f"{log} line {number} is not a log row: {line[:80]!r}") from None
+            if epoch <= self.epoch:
+                rows.append(line)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.out_dir / "config.json", ours)
-        (self.out_dir / "log.jsonl").write_text("".join(r + "\n" for r in rows))
+        write_json_atomic(self.out_dir / "config.json", ours, indent=2, sort_keys=True)
+        write_text_atomic(self.out_dir / "log.jsonl", "".join(r + "\n" for r in rows))
         if source != self.out_dir:
             self._save(self.out_dir / "checkpoint.npz")
+        if self.best_epoch == self.epoch:
+            # best.npz is written after checkpoint.npz: a kill between the two leaves an
+            # older best.npz, and this state (the checkpoint's) is the best one
+            self._save(self.out_dir / "best.npz")
+        elif source != self.out_dir and (source / "best.npz").is_file():
+            write_bytes_atomic(self.out_dir / "best.npz", (source / "best.npz").read_bytes())

@@ -1,0 +1,189 @@
+"""Files that survive a kill: every file refdml writes appears whole or not at all.
+
+A whole-file write goes to a temporary file in the target's folder, is flushed to disk
+(``os.fsync``), and is moved over the target with :func:`os.replace`, which is atomic on
+POSIX and Windows when both paths are on one file system (hence the same folder). A reader,
+or a run killed at any instant (``kill -9``, a crash, an exception), finds the previous
+file or the new one, never a part of one. The folder is fsynced after the rename, so the
+new name also survives a power cut.
+
+The temporary file is named ``.<name>.<pid>.<random>.tmp`` and created exclusively
+(``O_EXCL``): two processes, or two threads, writing one target never share it, and the
+last ``os.replace`` wins with a whole file. It is removed when the write raises; a
+SIGKILL can leave one behind. Nothing in refdml reads such a file (every reader opens the
+target by its name), so a leftover is garbage, never input, and may be deleted.
+
+An append of a line is not atomic: :func:`append_line` writes the line and its newline
+with one ``os.write`` on an ``O_APPEND`` descriptor, and :func:`read_lines` returns the
+complete lines only, dropping a last line that has no newline (an append cut by a kill).
+
+Functions
+---------
+``atomic_path(path)``
+    A context manager yielding the temporary path to write (``numpy.savez`` on an open
+    handle, anything that takes a file name); the rename happens on a normal exit.
+``write_bytes_atomic``, ``write_text_atomic``, ``write_json_atomic``
+    Whole-file writes of bytes, text, a JSON document.
+``save_figure(fig, path, **savefig_kwargs)``
+    A matplotlib figure, the format taken from ``path``'s suffix.
+``append_line(path, line)`` / ``read_lines(path)``
+    The JSON-lines log of a training run.
+
+Nothing here imports matplotlib or any other part of refdml.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "append_line",
+    "atomic_path",
+    "read_lines",
+    "save_figure",
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "write_text_atomic",
+]
+
+_TEMP_SUFFIX = ".tmp"
+_O_BINARY = getattr(os, "O_BINARY", 0)   # Windows: no newline translation by os.write
+
+
+def _create_temp(path: Path) -> Path:
+    """A new, empty file beside ``path`` that no other writer can have opened."""
+    for _ in range(100):
+        temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}{_TEMP_SUFFIX}")
+        try:
+            # 0o666 less the umask: the target gets the permissions a plain open() gives
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return temp
+    raise FileExistsError(f"no free temporary name beside {path}")  # pragma: no cover
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; Windows cannot open a folder)."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a folder; the rename still happened
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Any, *, durable: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on a normal exit move it over ``path``.
+
+    Write the whole content to the yielded path (it exists, empty) inside the ``with``
+    block. An exception inside the block removes the temporary file and leaves ``path``
+    as it was. ``durable``: fsync the file before the rename and the folder after it.
+    """
+    path = Path(path)
+    temp = _create_temp(path)
+    try:
+        yield temp
+        if durable:
+            _fsync_file(temp)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+
+
+def write_bytes_atomic(path: Any, data: bytes, *, durable: bool = True) -> Path:
+    """Replace ``path`` by ``data`` atomically (see the module docstring); returns the path."""
+    path = Path(path)
+    with atomic_path(path, durable=durable) as temp:
+        with open(temp, "wb") as handle:
+            handle.write(data)
+    return path
+
+
+def write_text_atomic(path: Any, text: str, *, encoding: str = "utf-8",
+                      durable: bool = True) -> Path:
+    """Replace ``path`` by ``text`` (encoded with ``encoding``) atomically."""
+    return write_bytes_atomic(path, text.encode(encoding), durable=durable)
+
+
+def write_json_atomic(path: Any, document: Any, *, indent: int | None = None,
+                      sort_keys: bool = False, durable: bool = True) -> Path:
+    """Replace ``path`` by ``json.dumps(document, indent=..., sort_keys=...)`` and a newline.
+
+    The document is serialised before the file is touched, so a document that cannot be
+    serialised (a TypeError from ``json``) leaves ``path`` as it was.
+    """
+    text = json.dumps(document, indent=indent, sort_keys=sort_keys) + "\n"
+    return write_text_atomic(path, text, durable=durable)
+
+
+def save_figure(fig: Any, path: Any, *, durable: bool = True, **savefig_kwargs: Any) -> Path:
+    """``fig.savefig`` to ``path`` atomically; the format is ``path``'s suffix.
+
+    The temporary file's name ends in ``.tmp``, from which matplotlib cannot tell a format,
+    so the format is passed explicitly: ``savefig_kwargs["format"]`` if given, else the
+    suffix of ``path``, else the figure's default file type (``savefig.format``). The file
+    is written at ``path`` exactly (matplotlib adds no suffix here).
+    """
+    path = Path(path)
+    fmt = savefig_kwargs.pop("format", None) or path.suffix[1:].lower() or None
+    if fmt is None:
+        fmt = fig.canvas.get_default_filetype()
+    with atomic_path(path, durable=durable) as temp:
+        fig.savefig(temp, format=fmt, **savefig_kwargs)
+    return path
+
+
+def append_line(path: Any, line: str, *, durable: bool = True) -> None:
+    """Append ``line`` and a newline to ``path`` (created if missing) in one ``os.write``.
+
+    ``line`` must not contain a newline. A kill can still cut the write (the kernel may
+    write part of it); :func:`read_lines` drops such a tail, and a caller that appends
+    again after a kill must first rewrite the file from :func:`read_lines` (as
+    :meth:`refdml.train.Trainer.resume` does). ``durable``: fsync after the write.
+    """
+    if "\n" in line or "\r" in line:
+        raise ValueError(f"line must be one line without a newline, got {line[:80]!r}")
+    data = (line + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_BINARY, 0o666)
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # a short write (a full disk, a signal): finish the line
+            written += os.write(fd, data[written:])
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: Any) -> list[str]:
+    """The complete lines of ``path`` (UTF-8, without their newlines), in order.
+
+    A last line without a newline is an append cut by a kill (:func:`append_line` writes
+    the newline with the line) and is dropped. Empty lines are kept (as ``""``).
+    """
+    data = Path(path).read_bytes()
+    complete = data[:data.rfind(b"\n") + 1]
+    return complete.decode("utf-8").split("\n")[:-1]
