@@ -18,6 +18,7 @@ __all__ = [
     "check_scalar",
     "check_rng",
     "check_choice",
+    "check_float_dtype",
     "check_features_prototypes",
     "check_same_length",
     "check_context",
@@ -84,9 +85,10 @@ def as_label_array(value: Any, name: str, *, length: int | None = None) -> np.nd
         raise TypeError(f"{name} must be a 1-d array of integer labels, got {_describe(value)}")
     array = np.asarray(value)
     if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        # Integral floats beyond int64 (1e300) would not survive the cast: refused below.
         if np.issubdtype(array.dtype, np.floating) and np.all(np.isfinite(array)) and np.all(
             array == np.round(array)
-        ):
+        ) and np.all(np.abs(array) < 2.0**63):
             array = array.astype(np.int64)
         else:
             raise TypeError(f"{name} must hold integer labels, got dtype {array.dtype}")
@@ -121,6 +123,9 @@ def check_scalar(
     value = int(value) if integer else float(value)
     if not integer and not np.isfinite(value):
         raise ValueError(f"{name} == {value}, must be finite")
+    # Integers are counts, sizes and indices for NumPy: beyond int64 they would overflow there.
+    if integer and not -(2**63) <= value < 2**63:
+        raise ValueError(f"{name} == {value}, must fit in int64 (|{name}| < 2**63)")
     lo_ok = low is None or (value >= low if low_inclusive else value > low)
     hi_ok = high is None or (value <= high if high_inclusive else value < high)
     if not (lo_ok and hi_ok):
@@ -142,6 +147,24 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} == {value!r}, must be one of {choices}")
     return value
+
+
+def check_float_dtype(value: Any, name: str = "dtype") -> np.dtype:
+    """``value`` (``np.float32``, ``"float64"``, ...) as the dtype float32 or float64.
+
+    ``TypeError`` naming ``name`` for anything else, ``None`` included (NumPy would read
+    it as float64: a parameter documented as float32 or float64 takes one of them).
+    """
+    wanted = f"{name} must be float32 or float64"
+    if value is None:
+        raise TypeError(f"{wanted}, got None")
+    try:
+        dtype = np.dtype(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{wanted}, got {_describe(value)}") from None
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"{wanted}, got {dtype}")
+    return dtype
 
 
 def check_rng(rng: Any) -> np.random.Generator:

@@ -196,7 +196,57 @@ def test_wrt_must_name_a_floating_point_input():
         check_gradients(fwd, bwd, {**inputs, "x": np.array([1.0, np.nan, 0.0])})
     with pytest.raises(ValueError, match="x is empty"):
         check_gradients(fwd, bwd, {"x": np.ones(0), "labels": np.ones(0, int)})
-    assert_gradients(check_gradients(fwd, bwd, inputs, wrt="x", rng=0), rtol=1e-8)
+    assert_gradients(check_gradients(fwd, bwd, inputs, wrt=("x",), rng=0), rtol=1e-8)
+    assert_gradients(check_gradients(fwd, bwd, inputs, wrt=["x"], rng=0), rtol=1e-8)
+
+
+@pytest.mark.parametrize("wrt", ["x", b"x", 3, {"x"}, iter(["x"])])
+def test_wrt_must_be_a_tuple_or_list_of_names(wrt):
+    # A bare string used to be read as one name; "xy" would then have been ("xy",) for one
+    # call and ("x", "y") for a caller who wrote tuple(wrt): the documented type only.
+    def fwd(x):
+        return np.sin(x), x
+
+    def bwd(x, d):
+        return {"x": np.cos(x) * d}
+
+    with pytest.raises(TypeError, match=r"^wrt must be a tuple or list of input names"):
+        check_gradients(fwd, bwd, {"x": np.ones(3)}, wrt=wrt, rng=0)
+    with pytest.raises(TypeError, match=r"^wrt must be a tuple or list of input names"):
+        check_loss(lambda x: (float(np.sum(x)), {"x": np.ones(3)}), {"x": np.ones(3)}, wrt=wrt)
+
+
+def test_check_loss_names_the_loss_not_a_forward():
+    inputs = {"x": np.array([0.5, 2.0])}
+    with pytest.raises(ValueError, match=r"^loss returned a non-finite output 0 \(nan at index "
+                                         r"\(\)\) at the check point; .* where the loss is"):
+        check_loss(lambda x: (float("nan"), {"x": np.ones(2)}), inputs, rng=0)
+    with pytest.raises(TypeError, match=r"^loss must return a pair \(value, grads\), got 3.0"):
+        check_loss(lambda x: 3.0, inputs, rng=0)
+    with pytest.raises(ValueError, match=r"^loss must return a scalar value, got one of shape "
+                                         r"\(2,\)"):
+        check_loss(lambda x: (x, {"x": np.ones(2)}), inputs, rng=0)
+    with pytest.raises(TypeError, match=r"^loss returned a non-real output 0: 'a'"):
+        check_loss(lambda x: ("a", {"x": np.ones(2)}), inputs, rng=0)
+    with pytest.raises(GradcheckError, match=r"^loss returned None; it must return the "
+                                             r"gradients"):
+        check_loss(lambda x: (float(np.sum(x)), None), inputs, rng=0)
+
+
+def test_forward_must_return_real_outputs_and_a_context():
+    inputs = {"x": np.array([0.5, 2.0])}
+
+    def bwd(x, d):
+        return {"x": d}
+
+    with pytest.raises(TypeError, match=r"^forward must return a pair \(outputs, ctx\), got "):
+        check_gradients(lambda x: x, bwd, inputs, rng=0)
+    with pytest.raises(TypeError, match=r"^forward must return a pair \(outputs, ctx\)"):
+        check_gradients(lambda x: (x, x, x), bwd, inputs, rng=0)
+    with pytest.raises(TypeError, match=r"^forward returned a non-real output 0: array\(\[0.5"):
+        check_gradients(lambda x: (x.astype(complex), x), bwd, inputs, rng=0)
+    with pytest.raises(TypeError, match=r"^forward returned a non-real output 1"):
+        check_gradients(lambda x: ((x, np.array([True])), x), bwd, inputs, rng=0)
 
 
 @pytest.mark.parametrize("mode", MODES)

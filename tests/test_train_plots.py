@@ -51,7 +51,7 @@ def test_gsp_weights_named_errors():
     _, ctx = model.forward(x)
     with pytest.raises(TypeError, match="ctx"):
         gsp_weights(model, object())
-    with pytest.raises(TypeError, match="this model's forward"):
+    with pytest.raises(ValueError, match=r"ctx was returned by the forward of another object"):
         gsp_weights(_model(), ctx)
     with pytest.raises(ValueError, match="head == 1"):
         gsp_weights(model, ctx, head=1)

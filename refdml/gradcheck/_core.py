@@ -62,8 +62,11 @@ What the harness refuses
 It never turns a defect into a pass. ``ValueError`` (naming the parameter and the value)
 for ``rtol``/``atol`` negative, NaN or infinite, ``step`` not a finite positive number,
 ``n_directions <= 0`` (``TypeError`` if not an integer), ``wrt`` naming an input that is
-missing, empty, non-finite (``TypeError`` if it is not floating point), and a forward
-whose outputs are non-finite at the check point or at a finite-difference point;
+missing, empty, non-finite (``TypeError`` if it is not floating point, and for a ``wrt``
+that is not a tuple or list of names: a bare string included), and a forward (or
+:func:`check_loss`'s loss, named as such) whose outputs are non-finite at the check point
+or at a finite-difference point; ``TypeError`` for a forward that does not return
+``(outputs, ctx)`` with real outputs (a loss: ``(value, grads)``, a real scalar value);
 :class:`GradcheckError` when the backward returns no gradient for a differentiated input,
 one of the wrong shape, or a non-finite one.
 
@@ -81,7 +84,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_choice, check_rng, check_scalar
+from refdml._validation import _describe, check_choice, check_rng, check_scalar
 
 __all__ = [
     "FULL_JACOBIAN_LIMIT",
@@ -204,10 +207,28 @@ def assert_gradients(result: GradcheckResult, *, rtol: float, atol: float = 0.0)
 # --- what the forward and the backward hand back ----------------------------------------
 
 
-def _as_tuple(outputs: Any) -> tuple[np.ndarray, ...]:
-    if isinstance(outputs, (tuple, list)):
-        return tuple(np.asarray(o, dtype=np.float64) for o in outputs)
-    return (np.asarray(outputs, dtype=np.float64),)
+def _as_tuple(outputs: Any, what: str) -> tuple[np.ndarray, ...]:
+    """The outputs as float64 arrays; ``TypeError`` naming ``what`` for a non-real one."""
+    parts = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+    arrays = []
+    for k, part in enumerate(parts):
+        array = np.asarray(part) if not isinstance(part, (str, bytes)) else None
+        if array is None or array.dtype == bool or not (
+            np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+        ):
+            raise TypeError(f"{what} returned a non-real output {k}: {_describe(part)}; "
+                            "outputs must be real arrays or numbers")
+        arrays.append(np.asarray(array, dtype=np.float64))
+    return tuple(arrays)
+
+
+def _evaluate(forward, inputs: Mapping[str, Any], what: str) -> tuple[tuple[np.ndarray, ...], Any]:
+    """``(outputs as float64 arrays, ctx)`` of ``forward(**inputs)``, its structure checked."""
+    returned = forward(**inputs)
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        raise TypeError(f"{what} must return a pair (outputs, ctx), got {_describe(returned)}")
+    outputs, ctx = returned
+    return _as_tuple(outputs, what), ctx
 
 
 def _first_bad(array: np.ndarray) -> str:
@@ -215,13 +236,13 @@ def _first_bad(array: np.ndarray) -> str:
     return f"{array[tuple(bad)]} at index {tuple(int(i) for i in bad)}"
 
 
-def _check_outputs(outputs: tuple[np.ndarray, ...], where: str) -> None:
+def _check_outputs(outputs: tuple[np.ndarray, ...], where: str, what: str) -> None:
     for k, out in enumerate(outputs):
         if not np.all(np.isfinite(out)):
             raise ValueError(
-                f"forward returned a non-finite output {k} ({_first_bad(out)}) {where}; "
-                "finite differences need a neighbourhood of the check point where the "
-                "forward is finite: move the check point (or pass a smaller step)"
+                f"{what} returned a non-finite output {k} ({_first_bad(out)}) {where}; "
+                f"finite differences need a neighbourhood of the check point where the "
+                f"{what} is finite: move the check point (or pass a smaller step)"
             )
 
 
@@ -233,11 +254,13 @@ def _returned_fields(grads: Any) -> list[str]:
     return sorted(n for n in dir(grads) if not n.startswith("_"))
 
 
-def _get_grad(grads: Any, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    """The gradient of ``name`` in what backward returned, checked (GradcheckError)."""
+def _get_grad(grads: Any, name: str, shape: tuple[int, ...] | None = None, *,
+              what: str = "backward") -> np.ndarray:
+    """The gradient of ``name`` in what ``what`` (the backward, or a loss) returned, checked
+    (GradcheckError)."""
     if grads is None:
         raise GradcheckError(
-            "backward returned None; it must return the gradients named after the inputs "
+            f"{what} returned None; it must return the gradients named after the inputs "
             "(a mapping or an object with one attribute per differentiated input)"
         )
     if isinstance(grads, Mapping):
@@ -248,28 +271,28 @@ def _get_grad(grads: Any, name: str, shape: tuple[int, ...] | None = None) -> np
         value = getattr(grads, name) if present else None
     if not present:
         raise GradcheckError(
-            f"backward returned no gradient for {name!r} "
+            f"{what} returned no gradient for {name!r} "
             f"(it returned {type(grads).__name__} with fields: {_returned_fields(grads)})"
         )
     if value is None:
-        raise GradcheckError(f"backward returned None as the gradient of {name!r}")
+        raise GradcheckError(f"{what} returned None as the gradient of {name!r}")
     array = np.asarray(value)
     if array.dtype == bool or not (
         np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
     ):
         raise GradcheckError(
-            f"backward returned a gradient of dtype {array.dtype} for {name!r}; "
+            f"{what} returned a gradient of dtype {array.dtype} for {name!r}; "
             "it must be real"
         )
     array = np.asarray(array, dtype=np.float64)
     if shape is not None and array.shape != tuple(shape):
         raise GradcheckError(
-            f"backward returned a gradient of shape {array.shape} for {name!r} "
+            f"{what} returned a gradient of shape {array.shape} for {name!r} "
             f"of shape {tuple(shape)}"
         )
     if not np.all(np.isfinite(array)):
         raise GradcheckError(
-            f"backward returned a non-finite gradient for {name!r}: {_first_bad(array)}"
+            f"{what} returned a non-finite gradient for {name!r}: {_first_bad(array)}"
         )
     return array
 
@@ -288,8 +311,9 @@ def _check_wrt(wrt: Any, inputs: Mapping[str, Any]) -> tuple[str, ...]:
         if not names:
             raise ValueError("wrt is empty: no floating-point array input to differentiate")
         return names
-    if isinstance(wrt, str):
-        wrt = (wrt,)
+    if not isinstance(wrt, (tuple, list)):
+        hint = f" (write wrt=({wrt!r},))" if isinstance(wrt, str) else ""
+        raise TypeError(f"wrt must be a tuple or list of input names, got {_describe(wrt)}{hint}")
     names = tuple(wrt)
     if not names:
         raise ValueError("wrt is empty: name at least one input to differentiate")
@@ -340,20 +364,20 @@ def _step(x: np.ndarray, step: float | None) -> float:
 class _Differencer:
     """Central differences of the outputs, component by component, with their rounding."""
 
-    def __init__(self, forward, inputs, shapes):
+    def __init__(self, forward, inputs, shapes, what):
         self.forward = forward
         self.inputs = inputs
         self.shapes = shapes
+        self.what = what
 
     def _outputs(self, trial, where) -> np.ndarray:
-        out, _ = self.forward(**trial)
-        out = _as_tuple(out)
+        out, _ = _evaluate(self.forward, trial, self.what)
         if tuple(o.shape for o in out) != self.shapes:
             raise ValueError(
-                f"forward returned outputs of shapes {[o.shape for o in out]} {where}, "
+                f"{self.what} returned outputs of shapes {[o.shape for o in out]} {where}, "
                 f"but {list(self.shapes)} at the check point"
             )
-        _check_outputs(out, where)
+        _check_outputs(out, where, self.what)
         return np.concatenate([o.ravel() for o in out])
 
     def columns(self, name, idx, direction, h) -> tuple[np.ndarray, np.ndarray]:
@@ -442,9 +466,9 @@ def check_gradients(
     inputs : mapping
         Keyword arguments of ``forward``. Non-array entries (hyperparameters, labels)
         are passed through unchanged.
-    wrt : sequence of str, optional
+    wrt : tuple or list of str, optional
         Inputs to differentiate (floating-point arrays or scalars); default every
-        floating-point ndarray in ``inputs``.
+        floating-point ndarray in ``inputs``. A bare string is refused (``TypeError``).
     mode : {"auto", "full", "vjp", "directions"}
         See the module docstring.
     step : float, optional
@@ -466,6 +490,14 @@ def check_gradients(
     GradcheckError
         The backward returned a missing, misshapen or non-finite gradient.
     """
+    return _check_gradients(forward, backward, inputs, wrt=wrt, mode=mode, step=step,
+                            n_directions=n_directions, rng=rng, what="forward")
+
+
+def _check_gradients(forward, backward, inputs, *, wrt, mode, step, n_directions, rng,
+                     what: str) -> GradcheckResult:
+    """:func:`check_gradients`; ``what`` names the user's function in errors ("forward",
+    "loss")."""
     if not callable(forward):
         raise TypeError(f"forward must be callable, got {type(forward).__name__}")
     if not callable(backward):
@@ -484,11 +516,10 @@ def check_gradients(
     for name in wrt:
         inputs[name] = _as_checked_input(inputs[name], name)
 
-    outputs, ctx = forward(**inputs)
-    outputs = _as_tuple(outputs)
-    _check_outputs(outputs, "at the check point")
+    outputs, ctx = _evaluate(forward, inputs, what)
+    _check_outputs(outputs, "at the check point", what)
     shapes = tuple(o.shape for o in outputs)
-    differ = _Differencer(forward, inputs, shapes)
+    differ = _Differencer(forward, inputs, shapes, what)
 
     n_out = sum(o.size for o in outputs)
     n_in = sum(inputs[name].size for name in wrt)
@@ -558,16 +589,22 @@ def check_loss(
     names = _check_wrt(wrt, inputs)
 
     def forward(**kw):
-        value, grads = loss(**kw)
-        return np.asarray(value, dtype=np.float64), grads
+        returned = loss(**kw)
+        if not (isinstance(returned, tuple) and len(returned) == 2):
+            raise TypeError(f"loss must return a pair (value, grads), got {_describe(returned)}")
+        value, grads = returned
+        (value,) = _as_tuple(value, "loss")
+        if value.shape != ():
+            raise ValueError(f"loss must return a scalar value, got one of shape {value.shape}")
+        return value, grads
 
     def backward(grads, upstream):
         scale = float(np.asarray(upstream))
-        return {name: scale * _get_grad(grads, name) for name in names}
+        return {name: scale * _get_grad(grads, name, what="loss") for name in names}
 
-    return check_gradients(
+    return _check_gradients(
         forward, backward, inputs, wrt=names, mode=mode, step=step,
-        n_directions=n_directions, rng=rng,
+        n_directions=n_directions, rng=rng, what="loss",
     )
 
 

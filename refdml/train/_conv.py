@@ -41,7 +41,7 @@ import numpy as np
 from refdml._validation import _describe, check_context, check_rng
 from refdml._xp import array_namespace
 from refdml.train._checks import as_inputs, check_upstream_like
-from refdml.train._dense import _positive_int, dense_init
+from refdml.train._dense import _bounded_int, _positive_int, dense_init
 from refdml.train._layer import Layer, init_array
 
 __all__ = [
@@ -62,15 +62,23 @@ __all__ = [
 
 
 def _nonnegative_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {_describe(value)}")
-    if value < 0:
-        raise ValueError(f"{name} == {value}, must be >= 0")
-    return int(value)
+    return _bounded_int(value, name, low=0)
+
+
+def _geometry(kernel_size, stride, padding) -> tuple[int, int, int]:
+    return (_positive_int(kernel_size, "kernel_size"), _positive_int(stride, "stride"),
+            _nonnegative_int(padding, "padding"))
 
 
 def conv_output_size(size: int, kernel_size: int, stride: int, padding: int) -> int:
-    """``(size + 2 padding - kernel_size) // stride + 1``; ValueError when below 1."""
+    """``(size + 2 padding - kernel_size) // stride + 1``; ValueError when below 1.
+
+    ``size``, ``kernel_size`` and ``stride`` are ints >= 1, ``padding`` an int >= 0.
+    """
+    return _output_size(_positive_int(size, "size"), *_geometry(kernel_size, stride, padding))
+
+
+def _output_size(size: int, kernel_size: int, stride: int, padding: int) -> int:
     out = (size + 2 * padding - kernel_size) // stride + 1
     if out < 1:
         raise ValueError(
@@ -82,11 +90,17 @@ def conv_output_size(size: int, kernel_size: int, stride: int, padding: int) -> 
 
 def im2col(x, kernel_size: int, *, stride: int = 1, padding: int = 0):
     """Patches of ``x`` (B, C, H, W) as rows: (B H_o W_o, C k k), rows ordered (b, u, v)."""
+    kernel_size, stride, padding = _geometry(kernel_size, stride, padding)
+    _, _, a = as_inputs({"x": (x, 4)})
+    return _im2col(a["x"], kernel_size, stride, padding)
+
+
+def _im2col(x, kernel_size: int, stride: int, padding: int):
     xp = array_namespace(x).xp
     batch, channels, height, width = x.shape
     k, s, p = kernel_size, stride, padding
-    h_out = conv_output_size(height, k, s, p)
-    w_out = conv_output_size(width, k, s, p)
+    h_out = _output_size(height, k, s, p)
+    w_out = _output_size(width, k, s, p)
     padded = xp.pad(x, ((0, 0), (0, 0), (p, p), (p, p))) if p else x
     # Filled in its final (b, u, v, c, i, j) layout: one strided copy per kernel offset and no
     # transposed copy of the whole (B H_o W_o, C k k) block afterwards (1.1-1.8x faster).
@@ -100,12 +114,33 @@ def im2col(x, kernel_size: int, *, stride: int = 1, padding: int = 0):
 
 def col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, *,
            stride: int = 1, padding: int = 0):
-    """The adjoint of :func:`im2col`: scatter-add the rows of ``cols`` back into ``x_shape``."""
+    """The adjoint of :func:`im2col`: scatter-add the rows of ``cols`` back into ``x_shape``.
+
+    ``x_shape`` is ``(B, C, H, W)`` (ints >= 1); ``cols`` must have the shape
+    ``(B H_o W_o, C k k)`` that :func:`im2col` gives for it.
+    """
+    kernel_size, stride, padding = _geometry(kernel_size, stride, padding)
+    if not isinstance(x_shape, (tuple, list)) or len(x_shape) != 4:
+        raise TypeError(f"x_shape must be a tuple (B, C, H, W), got {_describe(x_shape)}")
+    x_shape = tuple(_positive_int(n, f"x_shape[{i}]") for i, n in enumerate(x_shape))
+    _, _, a = as_inputs({"cols": (cols, 2)})
+    batch, channels, height, width = x_shape
+    expected = (batch * _output_size(height, kernel_size, stride, padding)
+                * _output_size(width, kernel_size, stride, padding),
+                channels * kernel_size * kernel_size)
+    if tuple(a["cols"].shape) != expected:
+        raise ValueError(f"cols has shape {tuple(a['cols'].shape)}, im2col gives {expected} for "
+                         f"x_shape {x_shape} and this kernel, stride and padding")
+    return _col2im(a["cols"], x_shape, kernel_size, stride, padding)
+
+
+def _col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, stride: int,
+            padding: int):
     xp = array_namespace(cols).xp
     batch, channels, height, width = x_shape
     k, s, p = kernel_size, stride, padding
-    h_out = conv_output_size(height, k, s, p)
-    w_out = conv_output_size(width, k, s, p)
+    h_out = _output_size(height, k, s, p)
+    w_out = _output_size(width, k, s, p)
     patches = cols.reshape(batch, h_out, w_out, channels, k, k)
     padded = xp.zeros((batch, channels, height + 2 * p, width + 2 * p), dtype=cols.dtype)
     for i in range(k):
@@ -158,9 +193,9 @@ def conv2d_forward(x, weight, bias, *, stride: int = 1, padding: int = 1):
     if bias.shape[0] != c_out:
         raise ValueError(f"bias has shape {tuple(bias.shape)}, must be ({c_out},)")
     batch, _, height, width = x.shape
-    h_out = conv_output_size(height, k, stride, padding)
-    w_out = conv_output_size(width, k, stride, padding)
-    cols = im2col(x, k, stride=stride, padding=padding)
+    h_out = _output_size(height, k, stride, padding)
+    w_out = _output_size(width, k, stride, padding)
+    cols = _im2col(x, k, stride, padding)
     y = (cols @ weight.reshape(c_out, -1).T + bias).reshape(batch, h_out, w_out, c_out)
     y = y.transpose(0, 3, 1, 2)
     return y, Conv2dContext(
@@ -178,7 +213,7 @@ def conv2d_backward(ctx: Conv2dContext, d_y) -> Conv2dGrads:
     g = d_y.transpose(0, 2, 3, 1).reshape(-1, c_out)
     d_cols = g @ ctx.weight.reshape(c_out, -1)
     return Conv2dGrads(
-        x=col2im(d_cols, ctx.x_shape, k, stride=ctx.stride, padding=ctx.padding),
+        x=_col2im(d_cols, ctx.x_shape, k, ctx.stride, ctx.padding),
         weight=(g.T @ ctx.cols).reshape(ctx.weight.shape),
         bias=g.sum(axis=0),
     )

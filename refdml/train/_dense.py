@@ -209,12 +209,19 @@ def dense_init(rng, d_in: int, d_out: int, init: str) -> np.ndarray:
     raise ValueError(f"init == {init!r}, must be 'glorot' or 'he'")
 
 
-def _positive_int(value, name: str) -> int:
+def _bounded_int(value, name: str, *, low: int) -> int:
+    """An int (Python or NumPy, not bool) in ``[low, int64 max]`` (a size NumPy can hold)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {_describe(value)}")
-    if value < 1:
-        raise ValueError(f"{name} == {value}, must be >= 1")
+    if value < low:
+        raise ValueError(f"{name} == {value}, must be >= {low}")
+    if value > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} == {value}, must be at most {np.iinfo(np.int64).max} (int64)")
     return int(value)
+
+
+def _positive_int(value, name: str) -> int:
+    return _bounded_int(value, name, low=1)
 
 
 class Linear(Layer):

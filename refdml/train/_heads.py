@@ -43,7 +43,7 @@ from refdml._xp import array_namespace
 from refdml.gpu._fast_checks import data_checks
 from refdml.train._checks import as_inputs, check_upstream_like
 from refdml.train._dense import _positive_int
-from refdml.train._layer import Layer, init_array
+from refdml.train._layer import Layer, OwnerToken, check_owner, init_array
 
 __all__ = [
     "GAP",
@@ -200,11 +200,12 @@ class GeMean(Layer):
 
 @dataclass(frozen=True)
 class HeadContext:
-    """The wrapped operator's own context ``inner`` and which implementation made it."""
+    """The wrapped operator's own context ``inner``, which implementation made it, and the
+    :class:`~refdml.train._layer.OwnerToken` of the layer whose forward made it."""
 
     inner: Any
     reference: bool
-    layer: int
+    layer: OwnerToken
 
 
 def _operators(family: str, reference: bool):
@@ -221,12 +222,15 @@ class _WrappingLayer(Layer):
     """A layer around a catalogued operator of ``refdml.<family>`` / ``refdml.gpu.<family>``."""
 
     def _wrap(self, inner, reference: bool) -> HeadContext:
-        return HeadContext(inner=inner, reference=reference, layer=id(self))
+        return HeadContext(inner=inner, reference=reference, layer=self._owner_token)
 
-    def _unwrap(self, ctx) -> HeadContext:
+    def check_own_context(self, ctx) -> HeadContext:
+        """``ctx``, checked to be the HeadContext of this layer's forward.
+
+        TypeError for another kind of context, ValueError for another layer's.
+        """
         check_context(ctx, "ctx", HeadContext)
-        if ctx.layer != id(self):
-            raise TypeError(f"ctx must be the HeadContext returned by the forward of {self.name}")
+        check_owner(ctx.layer, self._owner_token)
         return ctx
 
 
@@ -281,7 +285,7 @@ class GSPHead(_WrappingLayer):
         return (pooled, z), self._wrap(ctx, self.reference)
 
     def backward(self, ctx, d_y):
-        ctx = self._unwrap(ctx)
+        ctx = self.check_own_context(ctx)
         if not isinstance(d_y, tuple) or len(d_y) != 2:
             raise TypeError(
                 f"d_y must be the pair (d_pooled, d_z) (None for an unused output), "
@@ -320,7 +324,7 @@ class XMLHistogramHead(_WrappingLayer):
         return z, self._wrap(ctx, self.reference)
 
     def backward(self, ctx, d_y):
-        ctx = self._unwrap(ctx)
+        ctx = self.check_own_context(ctx)
         grads = _operators("histogram", ctx.reference).histogram_entropic_backward(
             ctx.inner, d_y)
         self.prototypes.accumulate(grads.prototypes)
@@ -342,5 +346,5 @@ class L2Normalize(_WrappingLayer):
         return y, self._wrap(ctx, self.reference)
 
     def backward(self, ctx, d_y):
-        ctx = self._unwrap(ctx)
+        ctx = self.check_own_context(ctx)
         return _operators("normalize", ctx.reference).l2_normalize_backward(ctx.inner, d_y).x

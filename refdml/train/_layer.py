@@ -16,20 +16,53 @@ be ``None`` (meaning zero: an output the loss does not use). :class:`Sequential`
 ``main`` to the next layer and appends ``side`` to its own output.
 
 No tape, no autodiff: the contexts ARE the record of the forward pass.
+
+A backward refuses the context of another layer (or objective, or model) by the
+:class:`OwnerToken` its forward put in the context (:func:`check_owner`), never by ``id``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, check_context
+from refdml._validation import _describe, check_context, check_float_dtype
 from refdml.train._parameter import Parameter
 
-__all__ = ["Layer", "Sequential", "SequentialContext"]
+__all__ = ["Layer", "OwnerToken", "Sequential", "SequentialContext", "check_owner"]
+
+
+class OwnerToken:
+    """Which object's forward made a context: a token created with the object, compared by ``is``.
+
+    ``id(owner)`` cannot serve: once the owner is garbage-collected another object may be
+    given its address, and the dead owner's contexts would pass for the new one's (a
+    proxy loss would add their gradients to the new proxies). The token is held by its
+    owner and by every context the owner's forward returns, so while a context exists its
+    token cannot belong to any other object. ``copy.deepcopy`` and pickling give a copy a
+    token of its own (a copy's contexts are not the original's).
+    """
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def __repr__(self) -> str:
+        return f"OwnerToken({self.owner})"
+
+
+def check_owner(token: Any, owner_token: OwnerToken) -> None:
+    """``ValueError`` naming ``ctx`` unless a context's ``token`` is ``owner_token`` itself."""
+    if token is not owner_token:
+        made_by = token.owner if isinstance(token, OwnerToken) else "no known owner"
+        raise ValueError(
+            f"ctx was returned by the forward of another object ({made_by}), not by this "
+            f"{owner_token.owner}; pass the context that its own forward returned"
+        )
 
 
 class Layer:
@@ -52,9 +85,12 @@ class Layer:
             raise TypeError(f"name must be a non-empty str, got {_describe(name)}")
         self.name = name
         self._parameters: dict[str, Parameter] = {}
+        self._owner_token = OwnerToken(f"{type(self).__name__} {name!r}")
 
     def add_parameter(self, key: str, value: Any) -> Parameter:
         """Create, register and return the parameter ``<name>.<key>`` holding ``value``."""
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"key must be a non-empty str, got {_describe(key)}")
         if key in self._parameters:
             raise ValueError(f"{self.name} already has a parameter named {key!r}")
         parameter = Parameter(value, f"{self.name}.{key}")
@@ -93,12 +129,13 @@ class Layer:
 class SequentialContext:
     """The per-layer contexts of one :meth:`Sequential.forward`, in layer order.
 
-    ``model`` is the id of the Sequential that made it (a context of another model is
-    refused); ``n_side`` is the number of side outputs appended to the model's output.
+    ``model`` is the :class:`OwnerToken` of the Sequential that made it (a context of
+    another model is refused); ``n_side`` is the number of side outputs appended to the
+    model's output.
     """
 
     contexts: tuple[Any, ...]
-    model: int
+    model: OwnerToken
     n_side: int
 
 
@@ -122,6 +159,8 @@ class Sequential(Layer):
 
     def __init__(self, layers: Sequence[Layer], *, name: str = "model") -> None:
         super().__init__(name)
+        if isinstance(layers, (Layer, str, bytes)) or not isinstance(layers, Iterable):
+            raise TypeError(f"layers must be a sequence of Layer objects, got {_describe(layers)}")
         layers = tuple(layers)
         if not layers:
             raise ValueError("layers must contain at least one Layer, got none")
@@ -162,12 +201,25 @@ class Sequential(Layer):
                 sides.append(side)
             contexts.append(ctx)
         out = (x, *sides) if sides else x
-        return out, SequentialContext(contexts=tuple(contexts), model=id(self), n_side=len(sides))
+        return out, SequentialContext(contexts=tuple(contexts), model=self._owner_token,
+                                      n_side=len(sides))
+
+    def check_own_context(self, ctx: Any) -> SequentialContext:
+        """``ctx``, checked to be the SequentialContext of this model's forward.
+
+        TypeError for another kind of context, ValueError for another model's.
+        """
+        check_context(ctx, "ctx", SequentialContext)
+        check_owner(ctx.model, self._owner_token)
+        if len(ctx.contexts) != len(self.layers):
+            raise ValueError(
+                f"ctx holds {len(ctx.contexts)} layer contexts, this model has "
+                f"{len(self.layers)} layers (were its layers replaced after the forward?)"
+            )
+        return ctx
 
     def backward(self, ctx: SequentialContext, d_y: Any) -> Any:
-        check_context(ctx, "ctx", SequentialContext)
-        if ctx.model != id(self) or len(ctx.contexts) != len(self.layers):
-            raise TypeError("ctx must be the SequentialContext returned by this model's forward")
+        ctx = self.check_own_context(ctx)
         if self.n_side:
             if not isinstance(d_y, tuple) or len(d_y) != 1 + self.n_side:
                 raise TypeError(
@@ -196,9 +248,7 @@ def init_array(values: np.ndarray, dtype: Any, device: str) -> Any:
     ``device`` is ``"cpu"`` (NumPy) or ``"cuda"`` (CuPy, imported only then), so the same
     seed gives the same initial parameters on either device.
     """
-    dtype = np.dtype(dtype)
-    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    dtype = check_float_dtype(dtype, "dtype")
     array = np.asarray(values, dtype=dtype)
     if device == "cpu":
         return array
@@ -206,4 +256,6 @@ def init_array(values: np.ndarray, dtype: Any, device: str) -> Any:
         import cupy
 
         return cupy.asarray(array)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be 'cpu' or 'cuda', got {_describe(device)}")
     raise ValueError(f"device == {device!r}, must be 'cpu' or 'cuda'")

@@ -60,7 +60,22 @@ class Parameter:
         self.grad[...] = 0
 
     def accumulate(self, grad: Any) -> None:
-        """Add ``grad`` (exactly this parameter's shape; finite) into ``self.grad``."""
+        """Add ``grad`` into ``self.grad``.
+
+        ``grad`` is an array of the value's module (NumPy or CuPy), real (float or int;
+        not bool, complex or object: TypeError) and exactly this parameter's shape
+        (ValueError). Its values are not read here (no device synchronisation): the
+        optimiser's step refuses a non-finite gradient.
+        """
+        # A NumPy scalar is the gradient of a 0-d parameter (x.sum() gives one).
+        allowed = type(self.value) if is_cupy_array(self.value) else (np.ndarray, np.generic)
+        if not isinstance(grad, allowed):
+            raise TypeError(f"gradient for {self.name} must be a {type(self.value).__name__} "
+                            f"like its value, got {_describe(grad)}")
+        kind = np.dtype(grad.dtype)
+        if kind == bool or not (np.issubdtype(kind, np.floating)
+                                or np.issubdtype(kind, np.integer)):
+            raise TypeError(f"gradient for {self.name} must be real, got dtype {kind}")
         if tuple(grad.shape) != self.shape:
             raise ValueError(
                 f"gradient for {self.name} has shape {tuple(grad.shape)}, must be {self.shape}"

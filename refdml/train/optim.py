@@ -35,15 +35,29 @@ with ``bc_i = 1 - beta_i**t``, as PyTorch does (equal in exact arithmetic).
 AdamW (Loshchilov & Hutter 2019, decoupled weight decay, PyTorch's ``AdamW``): first
 :math:`w \leftarrow w\,(1 - \eta\lambda)`, then the Adam step above without the L2 term.
 
-A non-finite gradient at :meth:`~Optimizer.step` raises ``ValueError`` naming the
-parameter, before anything is updated. :meth:`~Optimizer.state_dict` returns host NumPy
+A step is all or nothing. :meth:`~Optimizer.step` computes every parameter's new value
+and buffers aside, and raises :class:`NonFiniteStepError` (a ``ValueError``) naming the
+optimiser, the step and the parameter when a gradient is not finite or when the update
+would make a value or a buffer NaN or inf (an ``lr`` or ``weight_decay`` far too large,
+an overflowing ``g**2``): then nothing has changed (values, buffers, ``n_steps``), so the
+caller holds the parameters of the last good step. Only when everything is finite are the
+new values copied into the parameters (in place) and the buffers replaced.
+
+Hyperparameter ranges (PyTorch's, plus what the maths needs): ``lr`` finite and > 0 (a
+schedule may set 0); ``momentum`` and both ``betas`` in [0, 1) (a geometric average needs
+a factor below 1); ``eps`` finite and > 0; ``weight_decay`` finite and >= 0; for AdamW
+also ``lr * weight_decay <= 1``, since the decoupled decay multiplies the weights by
+``1 - lr * weight_decay`` (a negative factor flips their sign every step, one below -1
+makes them grow). :meth:`~Optimizer.state_dict` returns host NumPy
 copies of every buffer, the step count and the hyperparameters;
 :meth:`~Optimizer.load_state_dict` checks them against this optimiser's parameters
 (names, shapes, dtypes) and restores them, so a resumed run is bit-for-bit the same as
 an uninterrupted one.
 
-GPU synchronisation: :meth:`~Optimizer.step` makes one device-to-host copy (a boolean
-per parameter: is its gradient finite?) to raise before updating; nothing else syncs.
+GPU synchronisation: :meth:`~Optimizer.step` makes one device-to-host copy (booleans: is
+each gradient, each new value and each new buffer finite?) before it commits; nothing
+else syncs. The price of all-or-nothing is one temporary per value and buffer and one
+copy of each new value into place.
 
 (Slightly over the ~450-line guide, mostly docstrings: the shared checkpoint checks and the
 three rules are kept side by side so they can be read against each other.)
@@ -61,7 +75,16 @@ from refdml._validation import _describe, check_scalar
 from refdml._xp import array_namespace, to_numpy
 from refdml.train._parameter import Parameter
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
+__all__ = ["NonFiniteStepError", "Optimizer", "SGD", "Adam", "AdamW"]
+
+
+class NonFiniteStepError(ValueError, FloatingPointError):
+    """An optimiser step refused: a gradient, or the value or buffer it would give, is NaN/inf.
+
+    Raised by :meth:`Optimizer.step` before anything changes (parameter values, buffers
+    and ``n_steps`` are those of before the call). It is a ``ValueError`` (what a
+    non-finite gradient always raised) and a ``FloatingPointError``.
+    """
 
 
 def _check_lr(lr: Any, name: str = "lr", *, allow_zero: bool = False) -> float:
@@ -81,7 +104,8 @@ class Optimizer:
 
     Subclasses implement ``_check_hyperparameters(values, allow_zero_lr) -> dict`` (the
     named checks), ``_buffers_for(hyperparameters)`` (the per-parameter state arrays),
-    ``_hyperparameters()`` and ``_update(param, buffers)``.
+    ``_hyperparameters()`` and ``_proposal(param, buffers, n_steps)`` (the new value and
+    buffers as new arrays; :meth:`step` checks them and commits).
 
     Parameters
     ----------
@@ -129,7 +153,9 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._lr = _check_lr(value, allow_zero=True)
+        # Every check again: some bound lr jointly with another hyperparameter (AdamW).
+        self._lr = self._check_hyperparameters(
+            {**self._hyperparameters(), "lr": value}, allow_zero_lr=True)["lr"]
 
     # -- the loop's two calls ----------------------------------------------------------
     def zero_grad(self) -> None:
@@ -138,12 +164,23 @@ class Optimizer:
             param.zero_grad()
 
     def step(self) -> None:
-        """One update of every parameter from its ``grad``; raises before updating if any
-        gradient has the wrong shape/dtype or is not finite."""
-        self._check_grads()
-        self.n_steps += 1
-        for param in self.params:
-            self._update(param, self._buffers[param.name])
+        """One update of every parameter from its ``grad``, all or nothing.
+
+        Raises before anything changes: ``TypeError`` / ``ValueError`` for a gradient of the
+        wrong dtype or shape; :class:`NonFiniteStepError` naming the parameter when its
+        gradient is not finite, or when the update would make its value or a buffer NaN or
+        inf (see the module docstring).
+        """
+        self._check_grad_shapes()
+        n_steps = self.n_steps + 1
+        # Overflow and NaN are looked for below, in the results: NumPy must not warn first.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            proposals = [self._proposal(p, self._buffers[p.name], n_steps) for p in self.params]
+        self._check_finite(proposals, n_steps)
+        for param, proposal in zip(self.params, proposals):
+            self._xp.copyto(param.value, proposal.pop("value"))
+            self._buffers[param.name].update(proposal)
+        self.n_steps = n_steps
 
     def reset_state(self, params: Iterable[Parameter]) -> None:
         """Forget the state of ``params`` (a subset of :attr:`params`): their buffers
@@ -157,19 +194,25 @@ class Optimizer:
                 f"params must be an iterable of Parameter objects, got {_describe(params)}")
         params = list(params)
         ours = {id(p) for p in self.params}
-        for param in params:
-            if not isinstance(param, Parameter) or id(param) not in ours:
-                raise ValueError(f"reset_state: {_describe(param)} is not a parameter of this "
+        for index, param in enumerate(params):
+            if not isinstance(param, Parameter):
+                raise TypeError(f"params[{index}] must be a Parameter, got {_describe(param)}")
+            if id(param) not in ours:
+                raise ValueError(f"params[{index}] ({param.name}) is not a parameter of this "
                                  "optimiser")
         for param in params:
             for buffer in self._buffers[param.name].values():
                 buffer[...] = 0
             self._step_offsets[param.name] = self.n_steps
 
-    def _check_grads(self) -> None:
-        xp = self._xp
+    def _check_grad_shapes(self) -> None:
         for param in self.params:
             grad = param.grad
+            if not isinstance(grad, type(param.value)):
+                raise TypeError(
+                    f"gradient of {param.name} must be a {type(param.value).__name__} like its "
+                    f"value, got {_describe(grad)}"
+                )
             if tuple(grad.shape) != param.shape:
                 raise ValueError(
                     f"gradient of {param.name} has shape {tuple(grad.shape)}, "
@@ -179,14 +222,35 @@ class Optimizer:
                 raise TypeError(
                     f"gradient of {param.name} has dtype {grad.dtype}, must be {param.dtype}"
                 )
-        # One device-to-host copy for all parameters (not one sync per parameter).
-        finite = to_numpy(xp.stack([xp.isfinite(p.grad).all() for p in self.params]))
-        if not finite.all():
-            bad = self.params[int(np.argmin(finite))].name
-            raise ValueError(
-                f"gradient of {bad} is not finite (NaN or inf) at step {self.n_steps + 1}; "
-                "no parameter was updated"
-            )
+
+    def _check_finite(self, proposals: list[dict[str, Any]], n_steps: int) -> None:
+        """:class:`NonFiniteStepError` unless every gradient and every proposed array is finite."""
+        xp = self._xp
+        where: list[tuple[Parameter, str | None]] = []
+        flags = []
+        for param, proposal in zip(self.params, proposals):
+            where.append((param, None))
+            flags.append(xp.isfinite(param.grad).all())
+            for key, array in proposal.items():
+                where.append((param, key))
+                flags.append(xp.isfinite(array).all())
+        # One device-to-host copy for everything (not one sync per array).
+        finite = to_numpy(xp.stack(flags))
+        if finite.all():
+            return
+        kind = type(self).__name__
+        bad_grads = [param for (param, key), ok in zip(where, finite) if key is None and not ok]
+        if bad_grads:
+            raise NonFiniteStepError(
+                f"{kind}: gradient of {bad_grads[0].name} is not finite (NaN or inf) at step "
+                f"{n_steps}; no parameter was updated")
+        param, key = where[int(np.argmin(finite))]
+        what = "its new value" if key == "value" else f"its {key} buffer"
+        settings = ", ".join(f"{k} == {v!r}" for k, v in self._hyperparameters().items())
+        raise NonFiniteStepError(
+            f"{kind} step {n_steps} would make {param.name} not finite ({what} overflows to "
+            f"NaN or inf; {settings}); no parameter was updated: lower lr or weight_decay, "
+            "or look for exploding gradients")
 
     # -- subclass hooks ------------------------------------------------------------------
     @classmethod
@@ -204,7 +268,8 @@ class Optimizer:
         for key, value in values.items():
             setattr(self, "_lr" if key == "lr" else key, value)
 
-    def _update(self, param: Parameter, buffers: dict[str, Any]) -> None:
+    def _proposal(self, param: Parameter, buffers: dict[str, Any], n_steps: int) -> dict:
+        """New arrays ``{"value": ..., <buffer>: ...}`` of step ``n_steps``; changes nothing."""
         raise NotImplementedError
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -345,7 +410,7 @@ class SGD(Optimizer):
     momentum : float, default 0
         In [0, 1); 0 keeps no velocity buffer.
     weight_decay : float, default 0
-        L2 coefficient added to the gradient, >= 0.
+        L2 coefficient added to the gradient, finite and >= 0.
     nesterov : bool, default False
         Nesterov momentum; needs ``momentum > 0``.
     """
@@ -388,18 +453,19 @@ class SGD(Optimizer):
         return {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                 "nesterov": bool(nesterov)}
 
-    def _update(self, param: Parameter, buffers: dict[str, Any]) -> None:
-        xp = self._xp
+    def _proposal(self, param: Parameter, buffers: dict[str, Any], n_steps: int) -> dict:
         w = param.value
         g = param.grad
+        proposal = {}
         if self.weight_decay != 0:
             g = g + self.weight_decay * w  # a new array: param.grad is left as it was
         if self.momentum > 0:
-            v = buffers["velocity"]
-            xp.multiply(v, self.momentum, out=v)
-            xp.add(v, g, out=v)
+            v = buffers["velocity"] * self.momentum
+            v += g
+            proposal["velocity"] = v
             g = g + self.momentum * v if self.nesterov else v
-        xp.subtract(w, self._lr * g, out=w)
+        proposal["value"] = w - self._lr * g
+        return proposal
 
 
 class Adam(Optimizer):
@@ -413,9 +479,9 @@ class Adam(Optimizer):
     betas : (float, float), default (0.9, 0.999)
         Decay rates of the first and second moment estimates, each in [0, 1).
     eps : float, default 1e-8
-        The paper's epsilon, added to ``sqrt(v_hat)`` in the denominator; > 0.
+        The paper's epsilon, added to ``sqrt(v_hat)`` in the denominator; finite, > 0.
     weight_decay : float, default 0
-        Coupled L2 coefficient (``g += weight_decay * w``), >= 0. For decoupled decay use
+        Coupled L2 coefficient (``g += weight_decay * w``), finite, >= 0. For decoupled decay use
         :class:`AdamW`.
     """
 
@@ -450,35 +516,38 @@ class Adam(Optimizer):
         betas = _check_betas(values["betas"])
         eps = check_scalar(values["eps"], "eps", low=0.0, low_inclusive=False)
         weight_decay = check_scalar(values["weight_decay"], "weight_decay", low=0.0)
+        if cls._decoupled and lr * weight_decay > 1.0:
+            raise ValueError(
+                f"lr * weight_decay == {lr * weight_decay:g} (lr == {lr!r}, weight_decay == "
+                f"{weight_decay!r}), must be <= 1: {cls.__name__} multiplies the weights by "
+                "1 - lr * weight_decay every step")
         return {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
 
-    def _update(self, param: Parameter, buffers: dict[str, Any]) -> None:
+    def _proposal(self, param: Parameter, buffers: dict[str, Any], n_steps: int) -> dict:
         xp = self._xp
         beta1, beta2 = self.betas
         w = param.value
         g = param.grad
         if self.weight_decay != 0:
             if self._decoupled:
-                xp.multiply(w, 1.0 - self._lr * self.weight_decay, out=w)
+                w = w * (1.0 - self._lr * self.weight_decay)
             else:
                 g = g + self.weight_decay * w
-        m = buffers["exp_avg"]
-        v = buffers["exp_avg_sq"]
-        xp.multiply(m, beta1, out=m)
-        xp.add(m, (1.0 - beta1) * g, out=m)
+        m = buffers["exp_avg"] * beta1
+        m += (1.0 - beta1) * g
         g_sq = g * g
-        xp.multiply(g_sq, 1.0 - beta2, out=g_sq)
-        xp.multiply(v, beta2, out=v)
-        xp.add(v, g_sq, out=v)
-        t = self.n_steps - self._step_offsets[param.name]   # steps since a reset_state
+        g_sq *= 1.0 - beta2
+        v = buffers["exp_avg_sq"] * beta2
+        v += g_sq
+        t = n_steps - self._step_offsets[param.name]   # steps since a reset_state
         bias_correction1 = 1.0 - beta1**t
         bias_correction2 = 1.0 - beta2**t
-        denom = xp.sqrt(v)
-        xp.divide(denom, math.sqrt(bias_correction2), out=denom)
-        xp.add(denom, self.eps, out=denom)
-        xp.divide(m, denom, out=denom)
-        xp.multiply(denom, self._lr / bias_correction1, out=denom)
-        xp.subtract(w, denom, out=w)
+        update = xp.sqrt(v)
+        update /= math.sqrt(bias_correction2)
+        update += self.eps
+        xp.divide(m, update, out=update)
+        update *= self._lr / bias_correction1
+        return {"value": w - update, "exp_avg": m, "exp_avg_sq": v}
 
 
 class AdamW(Adam):
@@ -486,7 +555,8 @@ class AdamW(Adam):
 
     ``w *= 1 - lr * weight_decay`` before the Adam step (which then has no L2 term);
     PyTorch's ``torch.optim.AdamW``, whose default ``weight_decay=1e-2`` this follows.
-    Other parameters as :class:`Adam`.
+    ``weight_decay`` is finite, >= 0 and at most ``1 / lr`` (the factor stays in [0, 1];
+    a schedule that raises ``lr`` is held to it too). Other parameters as :class:`Adam`.
     """
 
     _decoupled = True

@@ -4,8 +4,9 @@ Matplotlib is the optional ``plot`` extra (``pip install "refdml[plot]"``); it i
 only inside the plotting functions, so :func:`gsp_weights`, :func:`feature_grid`,
 :func:`pca_2d` and :func:`upsample_weights` work without it. The figures are drawn on a
 bare :class:`matplotlib.figure.Figure` (no pyplot, no global backend switch, no figure
-left open), written to ``out_path`` (format from its suffix; parent folders created) and
-returned, so a caller (or a test) can inspect the axes.
+left open), written atomically to ``out_path`` (:func:`refdml._io.save_figure`: format
+from its suffix; parent folders created) and returned, so a caller (or a test) can
+inspect the axes.
 
 ``plot_curves(log_path_or_rows, out_path)``
     The training loss (left) and the validation / test MAP@R (right) per epoch, from the
@@ -44,11 +45,12 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, check_context
+from refdml._io import save_figure
+from refdml._validation import _describe
 from refdml._xp import to_numpy
 from refdml.train._conv import LocalLinearContext
 from refdml.train._heads import GSPHead, HeadContext
-from refdml.train._layer import Layer, Sequential, SequentialContext
+from refdml.train._layer import Layer, Sequential
 
 __all__ = [
     "feature_grid",
@@ -78,8 +80,7 @@ def _figure_class():
 def _save(fig, out_path) -> Path:
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=120, bbox_inches="tight")
-    return out_path
+    return save_figure(fig, out_path, dpi=120, bbox_inches="tight")
 
 
 # --------------------------------------------------------------------------- GSP weights
@@ -89,13 +90,10 @@ def _gsp_contexts(model: Layer, ctx: Any) -> list[tuple[GSPHead, HeadContext, An
     ``local_ctx`` is the context of the last LocalLinear before the head (None if none).
     """
     if isinstance(model, GSPHead):
-        check_context(ctx, "ctx", HeadContext)
-        return [(model, ctx, None)]
+        return [(model, model.check_own_context(ctx), None)]
     if not isinstance(model, Sequential):
         raise TypeError(f"model must be a Sequential or a GSPHead, got {_describe(model)}")
-    check_context(ctx, "ctx", SequentialContext)
-    if ctx.model != id(model) or len(ctx.contexts) != len(model.layers):
-        raise TypeError("ctx must be the SequentialContext returned by this model's forward")
+    model.check_own_context(ctx)
     found = []
     previous = None
     for layer, layer_ctx in zip(model.layers, ctx.contexts):

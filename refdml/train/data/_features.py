@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_scalar
+from refdml._validation import check_float_dtype, check_scalar
 
 __all__ = ["FeatureSet", "load_features"]
 
@@ -56,8 +56,7 @@ def load_features(
             raise TypeError(f"{name} must be a non-empty str, got {key!r}")
     min_samples_per_class = check_scalar(
         min_samples_per_class, "min_samples_per_class", low=1, integer=True)
-    if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+    dtype = check_float_dtype(dtype, "dtype")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"path == {os.fspath(path)!r}: no such file")
     try:

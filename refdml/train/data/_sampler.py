@@ -168,7 +168,12 @@ class PKBatchSampler:
             )
         for key in ("seed", "epoch", "position"):
             check_scalar(state[key], f"state[{key!r}]", low=0, integer=True)
-        self._seed = int(state["seed"])
-        self._epoch = int(state["epoch"])
-        self._position = int(state["position"])
-        self._cache = None
+        seed, epoch, position = int(state["seed"]), int(state["epoch"]), int(state["position"])
+        saved = (self._seed, self._cache)
+        self._seed, self._cache = seed, None
+        n_batches = len(self._plan(epoch))
+        if position > n_batches:
+            self._seed, self._cache = saved
+            raise ValueError(f"state['position'] == {position}, but epoch {epoch} of this sampler "
+                             f"has {n_batches} batches")
+        self._epoch, self._position = epoch, position

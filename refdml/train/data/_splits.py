@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import as_label_array, check_rng
+from refdml._validation import as_label_array, check_rng, check_scalar
 
 __all__ = ["ClassSplit", "class_disjoint_split"]
 
@@ -41,9 +41,8 @@ def class_disjoint_split(
     labels = as_label_array(labels, "labels")
     if not isinstance(fractions, (tuple, list)) or len(fractions) != 3:
         raise TypeError(f"fractions must be a tuple of 3 numbers (train, val, test), got {fractions!r}")
-    f = np.asarray(fractions, dtype=np.float64)
-    if not np.all(np.isfinite(f)) or np.any(f <= 0):
-        raise ValueError(f"fractions == {tuple(fractions)}, each must be finite and > 0")
+    f = np.array([check_scalar(v, f"fractions[{i}]", low=0.0, low_inclusive=False)
+                  for i, v in enumerate(fractions)])
     f = f / f.sum()
     gen = check_rng(rng)
     classes = np.unique(labels)

@@ -53,8 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_rng, check_scalar
-from refdml._xp import array_namespace
+from refdml._validation import _describe, check_float_dtype, check_rng, check_scalar
+from refdml._xp import array_namespace, is_cupy_array
+from refdml.gpu._validation import as_fast_array
 
 __all__ = [
     "TOKEN_VALUE_RANGE",
@@ -164,8 +165,20 @@ def make_token_splits(
     """Three independent draws of :func:`make_tokens` (same classes, same tokens).
 
     The defaults (64 / 16 / 16 per class) are ours: 64 per class gives 16 of the paper's
-    16 x 4 batches per epoch. ``study`` passes the study's shape (``n_classes`` ...) through.
+    16 x 4 batches per epoch. ``study`` passes the study's shape (``n_classes`` ...) through
+    (any keyword of :func:`make_tokens` but ``n_per_class`` and ``rng``).
     """
+    # Checked here, under their own names, before make_tokens sees them as n_per_class.
+    for name, value in (("n_train_per_class", n_train_per_class),
+                        ("n_val_per_class", n_val_per_class),
+                        ("n_test_per_class", n_test_per_class)):
+        check_scalar(value, name, low=1, integer=True)
+    allowed = ("n_classes", "tokens_per_class", "n_background_tokens", "tokens_per_sample",
+               "mixing_mean", "mixing_std")
+    for key in study:
+        if key not in allowed:
+            raise TypeError(f"make_token_splits got the keyword {key!r}; the study's keywords "
+                            f"are {allowed}")
     gen = check_rng(rng)
     return TokenSplits(
         train=make_tokens(n_train_per_class, rng=gen, **study),
@@ -182,8 +195,9 @@ def init_token_table(n_tokens: int, dim: int, *, rng: Any, dtype: Any = np.float
     """
     n_tokens = check_scalar(n_tokens, "n_tokens", low=1, integer=True)
     dim = check_scalar(dim, "dim", low=1, integer=True)
-    if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+    dtype = check_float_dtype(dtype, "dtype")
+    if getattr(xp, "__name__", None) not in ("numpy", "cupy"):
+        raise TypeError(f"xp must be the module numpy or cupy, got {_describe(xp)}")
     low, high = TOKEN_VALUE_RANGE
     table = check_rng(rng).uniform(low, high, size=(n_tokens, dim))
     return xp.asarray(table.astype(dtype))
@@ -193,7 +207,21 @@ def clip_token_table(table):
     """Project the token table onto :data:`TOKEN_VALUE_RANGE` in place (NumPy or CuPy); return it.
 
     Called after each optimiser step: the paper constrains the learned vectors to [-0.3, 0.3].
+    ``table`` is the table itself (e.g. ``Embedding.table.value``): a writable float32 or
+    float64 array (n_tokens, dim), else ``TypeError`` (a list or an integer array cannot be
+    clipped in place). Its entries must be finite (``ValueError``): a NaN would stay NaN,
+    and clipping an inf would hide a diverged step. On CuPy the finiteness check follows
+    :func:`refdml.gpu._validation.set_finite_checks` (it synchronises the device).
     """
+    if not (isinstance(table, np.ndarray) or is_cupy_array(table)):
+        raise TypeError(f"table must be the token table, a NumPy or CuPy array clipped in "
+                        f"place, got {_describe(table)}")
+    if np.dtype(table.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"table must be float32 or float64 (it is clipped in place), got dtype "
+                        f"{table.dtype}")
+    if isinstance(table, np.ndarray) and not table.flags.writeable:
+        raise ValueError("table is read-only; it is clipped in place")
+    as_fast_array(table, "table", ndim=2)
     xp = array_namespace(table).xp
     low, high = TOKEN_VALUE_RANGE
     xp.clip(table, low, high, out=table)

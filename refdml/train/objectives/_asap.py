@@ -40,8 +40,15 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from refdml._validation import _describe, check_choice, check_rng, check_scalar
-from refdml._xp import array_namespace, to_numpy
+from refdml._validation import (
+    _describe,
+    as_float_array,
+    as_label_array,
+    check_choice,
+    check_rng,
+    check_scalar,
+)
+from refdml._xp import array_namespace, is_cupy_array, to_numpy
 from refdml.kcenter import select_proxies
 from refdml.train._parameter import Parameter
 from refdml.train.objectives._base import Objective, check_d_value, check_positive_int
@@ -85,6 +92,10 @@ class ASAPObjective(Objective):
             raise ValueError(f"budget == {self.budget}, must be >= proxies_per_class == "
                              f"{self.proxies_per_class} (Alg. 2 picks that many from the pool)")
         self.lambda_ = check_scalar(lambda_, "lambda_", low=0.0)
+        if isinstance(model_parameters, (Parameter, str, bytes)) or not isinstance(
+                model_parameters, Iterable):
+            raise TypeError("model_parameters must be an iterable of Parameter objects (e.g. "
+                            f"model.parameters()), got {_describe(model_parameters)}")
         self.model_parameters = list(model_parameters)
         for parameter in self.model_parameters:
             if not isinstance(parameter, Parameter):
@@ -109,17 +120,22 @@ class ASAPObjective(Objective):
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or "theta_star" not in state:
             raise ValueError(f"state for {self.name} must be a dict with the key 'theta_star'")
+        if not isinstance(state["theta_star"], (list, tuple)):
+            raise TypeError(f"state['theta_star'] must be a list of arrays, got "
+                            f"{_describe(state['theta_star'])}")
         values = list(state["theta_star"])
         if len(values) != len(self.model_parameters):
             raise ValueError(f"state holds {len(values)} theta* arrays, the objective has "
                              f"{len(self.model_parameters)} model parameters")
         restored = []
         for parameter, value in zip(self.model_parameters, values):
-            if tuple(np.shape(value)) != parameter.shape:
-                raise ValueError(f"theta* for {parameter.name} has shape {np.shape(value)}, "
+            value = as_float_array(to_numpy(value) if is_cupy_array(value) else value,
+                                   f"theta* for {parameter.name}", allow_empty=True)
+            if value.shape != parameter.shape:
+                raise ValueError(f"theta* for {parameter.name} has shape {value.shape}, "
                                  f"must be {parameter.shape}")
             xp = array_namespace(parameter.value).xp
-            restored.append(xp.asarray(np.asarray(value), dtype=parameter.value.dtype))
+            restored.append(xp.asarray(value, dtype=parameter.value.dtype))
         self.theta_star = restored
 
     def regularizer(self) -> tuple[float, list]:
@@ -147,6 +163,20 @@ class ASAPObjective(Objective):
             parameter.accumulate((d_value * self.lambda_) * difference)
         return d_y if len(ctx.output_shapes) == 1 else (d_y, None)
 
+    def _host_pool(self, embeddings, labels) -> tuple[np.ndarray, np.ndarray]:
+        """Embeddings (N, dim) as float64 and labels (N,) as int64 on the host, checked
+        (real, finite, the proxies' ``dim``; before any cast, so a complex or boolean
+        array is refused rather than converted)."""
+        embeddings = as_float_array(to_numpy(embeddings) if is_cupy_array(embeddings)
+                                    else embeddings, "embeddings", ndim=2)
+        dim = self.proxies.shape[1]
+        if embeddings.shape[1] != dim:
+            raise ValueError(f"embeddings has shape {embeddings.shape}, its rows must have the "
+                             f"proxies' dimension {dim}")
+        labels = as_label_array(to_numpy(labels) if is_cupy_array(labels) else labels,
+                                "labels", length=embeddings.shape[0])
+        return embeddings, labels
+
     def covering_radius(self, embeddings, labels) -> float:
         """``max_i min_{p: class(p) = y_i} ||e_i - p / ||p|| ||``: the largest distance of a
         sample to its nearest own-class proxy (ASAP Prop. 4.2 / App. proof: the radius of
@@ -154,10 +184,13 @@ class ASAPObjective(Objective):
         the proxies L2-normalised (the base losses compare by cosine). ``embeddings``
         (N, dim) as the trainer's ``embed`` gives them (L2-normalised). Host, float64.
         """
-        e = to_numpy(embeddings).astype(np.float64)
-        y = np.asarray(to_numpy(labels))
+        e, y = self._host_pool(embeddings, labels)
         p = to_numpy(self.proxies.value).astype(np.float64)
         p = p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), np.finfo(np.float64).tiny)
+        # Distances in units of the largest |entry| (a power of two: exact), so that squares
+        # neither overflow nor underflow whatever the embeddings' scale.
+        unit = float(2.0 ** np.ceil(np.log2(max(float(np.abs(e).max(initial=0.0)), 1.0))))
+        e, p = e / unit, p / unit
         proxy_labels = np.asarray(to_numpy(self.proxy_labels))
         radius = 0.0
         for c in np.unique(y):
@@ -167,7 +200,7 @@ class ASAPObjective(Objective):
             x = e[y == c]
             d2 = ((x[:, None, :] - own[None, :, :]) ** 2).sum(axis=2)
             radius = max(radius, float(np.sqrt(d2.min(axis=1).max())))
-        return radius
+        return radius * unit
 
     def new_problem_instance(self, embeddings, labels, rng=None):
         """ASAP Alg. 1's outer step: ``theta* <- theta``, proxies by Alg. 2.
@@ -178,9 +211,10 @@ class ASAPObjective(Objective):
         Returns the :class:`~refdml.kcenter.ProxySelection` (indices into ``embeddings``).
         The selection runs on the host in float64 (it is ``select_proxies`` itself).
         """
+        embeddings, labels = self._host_pool(embeddings, labels)
         rng = check_rng(rng)
         selection = select_proxies(
-            to_numpy(embeddings).astype(np.float64), to_numpy(labels),
+            embeddings, labels,
             to_numpy(self.proxies.value).astype(np.float64), to_numpy(self.proxy_labels),
             budget=self.budget, rng=rng)
         xp = array_namespace(self.proxies.value).xp

@@ -29,6 +29,8 @@ import numpy as np
 
 from refdml._validation import _describe, check_context
 from refdml._xp import is_cupy_array
+from refdml.train._dense import _positive_int
+from refdml.train._layer import OwnerToken, check_owner
 from refdml.train._parameter import Parameter
 
 __all__ = ["Objective", "ObjectiveContext"]
@@ -39,15 +41,16 @@ class ObjectiveContext:
     """The wrapped operators' contexts and which objective made them.
 
     ``inner``: the loss's own context (or a tuple of contexts, one per term, ``None`` for a
-    term with weight 0); ``reference``: which implementation made them; ``objective``:
-    ``id`` of the objective whose forward returned it; ``output_shapes``: shape of each
+    term with weight 0); ``reference``: which implementation made them; ``objective``: the
+    :class:`~refdml.train._layer.OwnerToken` of the objective whose forward returned it
+    (never its ``id``, which a later object may reuse); ``output_shapes``: shape of each
     output (for the zeros of an unused one); ``extra``: per-objective arrays (ASAP's
     ``theta - theta*``).
     """
 
     inner: Any
     reference: bool
-    objective: int
+    objective: OwnerToken
     output_shapes: tuple
     extra: tuple = ()
 
@@ -64,11 +67,8 @@ def check_reference(reference) -> bool:
 
 
 def check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {_describe(value)}")
-    if value < 1:
-        raise ValueError(f"{name} == {int(value)}, must be >= 1")
-    return int(value)
+    """An int >= 1 that NumPy can hold (the layers' check: one wording for both)."""
+    return _positive_int(value, name)
 
 
 def check_d_value(d_value) -> float:
@@ -99,8 +99,13 @@ class Objective:
             raise TypeError(f"name must be a non-empty str, got {_describe(name)}")
         self.name = name
         self._parameters: dict[str, Parameter] = {}
+        self._owner_token = OwnerToken(f"{type(self).__name__} {name!r}")
 
     def add_parameter(self, key: str, value: Any) -> Parameter:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"key must be a non-empty str, got {_describe(key)}")
+        if key in self._parameters:
+            raise ValueError(f"{self.name} already has a parameter named {key!r}")
         parameter = Parameter(value, f"{self.name}.{key}")
         self._parameters[key] = parameter
         return parameter
@@ -159,17 +164,21 @@ class Objective:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; an objective without such state takes ``{}`` only."""
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, got {_describe(state)}")
+        if state:
+            raise ValueError(f"state for {self.name} must be empty ({type(self).__name__} keeps "
+                             "no state but its parameters), got the keys "
+                             f"{sorted(map(str, state))}")
 
     def _context(self, inner, reference, output_shapes, extra=()) -> ObjectiveContext:
-        return ObjectiveContext(inner, reference, id(self), tuple(output_shapes), tuple(extra))
+        return ObjectiveContext(inner, reference, self._owner_token, tuple(output_shapes),
+                                tuple(extra))
 
     def _unwrap(self, ctx) -> ObjectiveContext:
         check_context(ctx, "ctx", ObjectiveContext)
-        if ctx.objective != id(self):
-            raise TypeError(
-                f"ctx must be the ObjectiveContext returned by the forward of {self.name}")
+        check_owner(ctx.objective, self._owner_token)
         return ctx
 
     def __call__(self, outputs, labels):

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from refdml._validation import _describe, check_rng, check_scalar
+from refdml._validation import _describe, check_choice, check_rng, check_scalar
 from refdml._xp import array_namespace
 from refdml.train._layer import init_array
 from refdml.train.objectives._base import (
@@ -51,16 +51,15 @@ from refdml.train.objectives._base import (
     operators,
     rng_state,
 )
-from refdml.train.objectives._loss import PROXY_LOSSES, LossObjective, resolve_loss
+from refdml.train.objectives._loss import (
+    LOSSES,
+    PROXY_LOSSES,
+    LossObjective,
+    check_hyperparameters,
+    split_outputs,
+)
 
 __all__ = ["GSPObjective", "XMLObjective"]
-
-
-def _pair_outputs(outputs, name: str):
-    if not isinstance(outputs, tuple) or len(outputs) != 2:
-        raise TypeError(f"{name}: outputs must be the pair (y, z) of a model with a histogram "
-                        f"head, got {_describe(outputs)}")
-    return outputs
 
 
 def _base_kwargs(base_kwargs) -> dict:
@@ -112,6 +111,7 @@ class GSPObjective(Objective):
                 raise ValueError("base_kwargs is for a base given by name; this base is built")
             self.base = base
         elif isinstance(base, str):
+            check_choice(base, "base", LOSSES)
             kwargs = _base_kwargs(base_kwargs)
             if base in PROXY_LOSSES:
                 kwargs.setdefault("n_classes", n_classes)
@@ -135,7 +135,7 @@ class GSPObjective(Objective):
 
     def forward(self, outputs, labels, *, split=None):
         """``(value, ctx)``; ``split`` (bool (B,), class-disjoint) fixes the ZSR halves."""
-        y, z = _pair_outputs(outputs, self.name)
+        y, z = split_outputs(outputs, self.name, pair=True)
         dml_value, dml_ctx, zsr_value, zsr_ctx = 0.0, None, 0.0, None
         if self.lambda_ < 1.0:
             dml_value, dml_ctx = self.base.loss_forward(y, labels)
@@ -204,9 +204,10 @@ class XMLObjective(Objective):
             if base in PROXY_LOSSES:
                 raise ValueError(f"base == {base!r}: XML's base loss must be a loss without "
                                  "proxies (the cross-batch predictions give no proxy gradient)")
-            resolve_loss(base, self.reference)          # the name's check and message
+            check_choice(base, "base", tuple(n for n in LOSSES if n not in PROXY_LOSSES))
             self.base_loss: Callable = getattr(operators("losses", self.reference), base)
-        elif callable(base):
+            check_hyperparameters(self.base_loss, self.base_kwargs, base)
+        elif callable(base) and not isinstance(base, type):
             self.base_loss = base
         else:
             raise TypeError(f"base must be a loss name or a callable, got {_describe(base)}")
@@ -219,7 +220,7 @@ class XMLObjective(Objective):
 
     def forward(self, outputs, labels, *, split=None):
         """``(value, ctx)``; ``split`` (bool (B,), class-disjoint) fixes the halves."""
-        y, z = _pair_outputs(outputs, self.name)
+        y, z = split_outputs(outputs, self.name, pair=True)
         value, inner = operators("crossbatch", self.reference).xml_loss_forward(
             z, y, labels, ridge=self.ridge, base_loss=self.base_loss,
             base_loss_kwargs=self.base_kwargs, split=split, rng=self.rng, lambda_=self.lambda_)

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refdml._validation import _describe, check_rng
-from refdml._xp import array_namespace
+from refdml._validation import _describe, check_choice, check_rng
+from refdml._xp import array_namespace, is_cupy_array
 from refdml.train._layer import init_array
 from refdml.train.objectives._base import (
     Objective,
@@ -40,18 +40,21 @@ LOSSES = ("contrastive", "generalized_contrastive", "multi_similarity", "triplet
 _SUPPLIED = ("embeddings", "labels", "proxies", "proxy_labels")
 
 
-def resolve_loss(loss, reference: bool) -> tuple[Callable, Callable, str]:
-    """``(forward, backward, name)`` of a loss name or of a ``(forward, backward)`` pair."""
+def resolve_loss(loss, reference: bool, *, name: str = "loss") -> tuple[Callable, Callable, str]:
+    """``(forward, backward, name)`` of a loss name or of a ``(forward, backward)`` pair.
+
+    ``name`` is the parameter that holds ``loss`` (``"base"`` for a wrapping objective),
+    named by the errors.
+    """
     if isinstance(loss, str):
-        if loss not in LOSSES:
-            raise ValueError(f"loss == {loss!r}, must be one of {LOSSES}")
+        check_choice(loss, name, LOSSES)
         module = operators("losses", reference)
         return getattr(module, f"{loss}_forward"), getattr(module, f"{loss}_backward"), loss
     if (isinstance(loss, tuple) and len(loss) == 2 and callable(loss[0]) and callable(loss[1])):
         forward, backward = loss
         return forward, backward, getattr(forward, "__name__", "loss").removesuffix("_forward")
     raise TypeError(
-        f"loss must be a loss name {LOSSES} or a (forward, backward) pair, got {_describe(loss)}")
+        f"{name} must be a loss name {LOSSES} or a (forward, backward) pair, got {_describe(loss)}")
 
 
 def check_hyperparameters(forward: Callable, hyperparameters: dict, loss_name: str) -> None:
@@ -69,15 +72,35 @@ def check_hyperparameters(forward: Callable, hyperparameters: dict, loss_name: s
             raise TypeError(f"{key!r} is not a hyperparameter of {loss_name}; it takes {allowed}")
 
 
-def split_outputs(outputs, objective: str):
-    """``(y, z)`` for a pair ``(y, z)``, ``(y, None)`` for one array."""
+def _check_output_array(value, name: str, objective: str) -> None:
+    if not (isinstance(value, np.ndarray) or is_cupy_array(value)):
+        raise TypeError(f"{objective}: outputs' {name} must be a NumPy or CuPy array (what the "
+                        f"model returned), got {_describe(value)}")
+
+
+def split_outputs(outputs, objective: str, *, pair: bool = False):
+    """``(y, z)`` for a pair ``(y, z)``, ``(y, None)`` for one array (not allowed with ``pair``).
+
+    Checks the structure only (arrays; ``y`` and ``z`` with one row per sample each); the
+    operators check dtypes, ranks and values.
+    """
     if isinstance(outputs, tuple):
         if len(outputs) != 2:
             raise TypeError(f"{objective}: outputs must be y or the pair (y, z), got a tuple of "
                             f"{len(outputs)}")
-        return outputs
+        y, z = outputs
+        _check_output_array(y, "y", objective)
+        _check_output_array(z, "z", objective)
+        if y.ndim < 1 or z.ndim < 1 or y.shape[0] != z.shape[0]:
+            raise ValueError(f"{objective}: outputs (y, z) must have one row per sample each, got "
+                             f"y of shape {tuple(y.shape)} and z of shape {tuple(z.shape)}")
+        return y, z
+    if pair:
+        raise TypeError(f"{objective}: outputs must be the pair (y, z) of a model with a "
+                        f"histogram head, got {_describe(outputs)}")
     if isinstance(outputs, list):
         raise TypeError(f"{objective}: outputs must be an array y or a tuple (y, z), got a list")
+    _check_output_array(outputs, "y", objective)
     return outputs, None
 
 

@@ -14,6 +14,7 @@ regularisation (a temperature, in cost units); the solver's ``max_iter``, ``tol`
 from __future__ import annotations
 
 from refdml._validation import _describe, check_choice, check_scalar
+from refdml.ot._sinkhorn import VALUES, _check_solver_args
 from refdml.train.objectives._base import (
     Objective,
     check_d_value,
@@ -54,8 +55,9 @@ class WassersteinObjective(Objective):
         self.reference = check_reference(reference)
         # The loss checks these again with the same names; early checks fail at build time.
         check_scalar(margin, "margin", low=0.0)
-        check_scalar(eps, "eps", low=0.0, low_inclusive=False)
         check_scalar(p, "p", low=1.0)
+        check_choice(value, "value", VALUES)
+        _check_solver_args(eps, max_iter, tol, eps_scaling)
         self.settings = dict(margin=margin, eps=eps, p=p, value=value, max_iter=max_iter,
                              tol=tol, eps_scaling=eps_scaling)
 
