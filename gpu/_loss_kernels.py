@@ -34,7 +34,7 @@ from refdml.distances import CosineContext, EuclideanContext
 from refdml.normalize import L2NormalizeContext
 from refdml.gpu import _nb_losses
 from refdml.gpu._fast_checks import data_checks
-from refdml.gpu._numba_support import BLOCK, kernel_mode, select_kernel
+from refdml.gpu._numba_support import BLOCK, kernel_mode, parallel_launch, select_kernel
 from refdml.gpu.distances import _pairwise_norm
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
@@ -128,7 +128,8 @@ def _masked_logsumexp_kernel(xp: Any, kind: str, z: Any, mask: Any, axis: int,
     if kind == "cuda":
         _nb_losses.cuda_masked_lse()[rows, BLOCK](*args)
     else:
-        _nb_losses.masked_lse_cpu(*args)
+        with parallel_launch():
+            _nb_losses.masked_lse_cpu(*args)
     return lse.reshape(shape[:-1]), xp.moveaxis(weights.reshape(shape), -1, axis)
 
 
