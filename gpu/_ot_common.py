@@ -14,7 +14,7 @@ from refdml.gpu.distances import _scaled_sq
 from refdml.ot._divergence import (
     _cost_unit,
 )
-from refdml.ot._sinkhorn import _OTBatch
+from refdml.ot._sinkhorn import _OTBatch, _batch_shape
 
 
 _PINV_RCOND = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-6}
@@ -53,7 +53,7 @@ def _cost_and_weights(a, b, cost):
 
 def _as_batch(xp, a, b, cost):
     n, m = cost.shape[-2:]
-    batch_shape = np.broadcast_shapes(cost.shape[:-2], a.shape[:-1], b.shape[:-1])
+    batch_shape = _batch_shape(a.shape, b.shape, cost.shape)
     cost_b = xp.broadcast_to(cost, batch_shape + (n, m)).reshape(-1, n, m)
     a_b = xp.broadcast_to(a, batch_shape + (n,)).reshape(-1, n)
     b_b = xp.broadcast_to(b, batch_shape + (m,)).reshape(-1, m)
@@ -70,7 +70,8 @@ def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel
     peak = float(xp.max(xp.abs(cost)))                   # one synchronisation on CuPy
     unit = float(common_scale(np.array(peak)))
     cost = cost * (1.0 / unit)
-    _solver.check_relative_eps(eps / unit, peak / unit, cost.dtype, user_eps=eps)
+    _solver.check_relative_eps(eps / unit, peak / unit, cost.dtype, user_eps=eps,
+                               data_name="cost", unit=unit)
     return _solver.solve_batch(xp, a, b, cost, eps=eps / unit, max_iter=max_iter, tol=tol,
                                eps_scaling=eps_scaling, unit=unit, warn_stacklevel=stacklevel)
 

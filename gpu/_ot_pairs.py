@@ -12,7 +12,7 @@ from refdml._validation import check_choice, check_context
 from refdml._xp import array_namespace, is_cupy_array
 from refdml.gpu import _nb_sinkhorn
 from refdml.gpu import _ot_sinkhorn as _solver
-from refdml.gpu._numba_support import select_kernel
+from refdml.gpu._numba_support import parallel_launch, select_kernel
 from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
 from refdml.gpu._validation import as_fast_array
 from refdml.ot._divergence import (
@@ -74,7 +74,7 @@ def compiled_pair_sq(clouds, first, second, refine=-1.0):
     points = np.ascontiguousarray(clouds)
     norms = np.einsum("bnd,bnd->bn", points, points)
     out = np.empty((first.shape[0], n, n), dtype=points.dtype)
-    with threadpool_limits(limits=1, user_api="blas"):
+    with parallel_launch(), threadpool_limits(limits=1, user_api="blas"):
         _nb_sinkhorn.refdml_ot_pair_sq_cpu(points, norms, np.asarray(first, dtype=np.int64),
                                            np.asarray(second, dtype=np.int64), float(refine),
                                            out)
@@ -130,7 +130,7 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     largest_cross, largest_self = float(xp.max(cost_cross)), float(xp.max(cost_self))
     _solver.check_relative_eps(eps / unit, max(largest_cross, largest_self), dtype, user_eps=eps,
-                               cost_name=_COST_NAME)
+                               cost_name=_COST_NAME, data_name=name, unit=unit, p=p)
     solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit,
                  small_kernels=True)
     weights = xp.full((1, n), 1.0 / n, dtype=dtype)

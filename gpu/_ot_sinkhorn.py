@@ -42,7 +42,7 @@ import numpy as np
 from refdml.exceptions import ConvergenceWarning
 from refdml.gpu import _nb_sinkhorn
 from refdml.gpu._numba_support import select_kernel
-from refdml.ot._sinkhorn import _OTBatch
+from refdml.ot._sinkhorn import _check_schedule_length, _OTBatch, _relative_eps_message
 
 __all__ = ["CHECK_EVERY_GPU", "residual_floor", "solve_batch", "check_relative_eps"]
 
@@ -74,26 +74,18 @@ def residual_floor(dtype: Any, largest_scaled_cost: float) -> float:
 
 
 def check_relative_eps(eps: float, largest_cost: float, dtype: Any, *, user_eps: float,
-                       cost_name: str = "the largest cost") -> None:
-    """Refuse an ``eps`` that ``dtype`` cannot resolve against the cost (reference wording)."""
-    if largest_cost == 0.0:
-        return
+                       cost_name: str = "the largest cost", data_name: str | None = None,
+                       unit: float = 1.0, p: float | None = None) -> None:
+    """Refuse an ``eps`` that ``dtype`` cannot resolve against the cost: the reference's
+    check and message (:func:`refdml.ot._sinkhorn._relative_eps_message`) at the dtype's
+    limits."""
     low, high = _RELATIVE_EPS[np.dtype(dtype)]
-    ratio = eps / largest_cost
-    name = np.dtype(dtype).name
-    if not ratio >= low:
-        raise ValueError(
-            f"eps == {user_eps!r} is {ratio:.3g} times {cost_name}, below {low:g}: in {name} "
-            "the kernel exp(-C / eps) cannot resolve the costs. eps is in the units of the "
-            "cost; scale it with the data (or use float64, or an exact OT solver)"
-        )
-    if not ratio <= high:
-        raise ValueError(
-            f"eps == {user_eps!r} is {ratio:.3g} times {cost_name}, above {high:g}: the "
-            f"regularised value would have no correct digits left in {name} (the plan is "
-            "the independent coupling a b^T). eps is in the units of the cost; scale it "
-            "with the data (or use float64)"
-        )
+    message = _relative_eps_message(
+        eps, largest_cost, low=low, high=high, dtype_name=np.dtype(dtype).name,
+        user_eps=user_eps, cost_name=cost_name, data_name=data_name, unit=unit, p=p,
+    )
+    if message is not None:
+        raise ValueError(message)
 
 
 def _lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=None):
@@ -348,6 +340,7 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     n_iter = xp.zeros(n_problems, dtype=xp.int64)
     schedule = [eps]
     if eps_scaling is not None:
+        _check_schedule_length(largest, eps, eps_scaling)
         schedule, level = [], largest
         while level > eps:
             schedule.append(level)

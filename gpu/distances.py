@@ -204,8 +204,8 @@ def _cosine_forward(ns: ArrayNamespace, x: Any, y: Any) -> tuple[Any, CosineCont
 def _cosine_backward(xp: Any, ctx: CosineContext, g: Any) -> DistanceGrads:
     d_x_unit = g @ ctx.y_unit
     d_y_unit = xp.swapaxes(g, -1, -2) @ ctx.x_unit
-    d_x = _l2_backward(xp, ctx.x_norm_ctx, _sum_to_shape(d_x_unit, ctx.x_unit.shape))
-    d_y = _l2_backward(xp, ctx.y_norm_ctx, _sum_to_shape(d_y_unit, ctx.y_unit.shape))
+    d_x = _l2_backward(xp, ctx.x_norm_ctx, _sum_to_shape(d_x_unit, ctx.x_unit.shape), "x")
+    d_y = _l2_backward(xp, ctx.y_norm_ctx, _sum_to_shape(d_y_unit, ctx.y_unit.shape), "y")
     return DistanceGrads(x=d_x, y=d_y)
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import check_choice, check_scalar
-from refdml._xp import ArrayNamespace, array_namespace
+from refdml._xp import ArrayNamespace, array_namespace, to_numpy
 from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
 from refdml.gpu._loss_kernels import (
     cosine_backward_sum,
@@ -43,7 +43,6 @@ from refdml.gpu._loss_kernels import (
     cross_cosine,
     masked_logsumexp,
     reduce_terms,
-    scalar_value,
     self_cosine,
     self_euclidean,
     self_pairwise_backward,
@@ -52,7 +51,20 @@ from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.distances import CosineContext
 from refdml.gpu.normalize import _quiet
 from refdml.losses import LossGrads, PairwiseLossContext, ProxyLossContext, ProxyLossGrads
-from refdml.losses._common import check_contrastive_margins, check_loss_context, check_reduction
+from refdml.losses._common import (
+    check_contrastive_margins,
+    check_generalized_margins,
+    check_loss_context,
+    check_multi_similarity_scales,
+    check_proxy_anchor_scales,
+    check_proxy_nca_temperature,
+    check_reduction,
+    check_soft_triple_scales,
+    cosine_gradient_overflow,
+    finite_loss_message,
+    hyperparameter_cause,
+)
+from refdml.losses._pair import _hinge_cause
 
 __all__ = [
     "LossGrads",
@@ -143,23 +155,78 @@ def _d_value(ctx, d_value) -> Any:
 
 
 def _pairwise_backward(ctx: PairwiseLossContext, d_value) -> LossGrads:
-    xp = array_namespace(ctx.d_matrix).xp
+    ns = array_namespace(ctx.d_matrix)
+    xp = ns.xp
     g = _d_value(ctx, d_value) * ctx.d_matrix
-    return LossGrads(embeddings=self_pairwise_backward(xp, ctx.metric_ctx, g) / ctx.row_scale)
+    # Not finite only where it overflows (inf times 0 included): checked below.
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        d_x = self_pairwise_backward(xp, ctx.metric_ctx, g) / ctx.row_scale
+    if isinstance(ctx.metric_ctx, CosineContext):
+        _check_gradient(ns, d_x, "embeddings")
+    else:
+        # The Euclidean gradient is a sum of unit vectors, finite at any scale; the fast
+        # path divides by the distances themselves, which fails where they are subnormal.
+        _check_gradient(ns, d_x, "embeddings", why=(
+            "the fast path divides by pairwise distances, and those of that row are below "
+            f"{np.dtype(d_x.dtype).name}'s normal range (refdml.losses is scale-safe there)"))
+    return LossGrads(embeddings=d_x)
 
 
 def _proxy_backward(ctx: ProxyLossContext, d_value) -> ProxyLossGrads:
-    xp = array_namespace(ctx.d_similarity).xp
+    ns = array_namespace(ctx.d_similarity)
+    xp = ns.xp
     scale = _d_value(ctx, d_value)
     g = ctx.d_similarity if isinstance(scale, float) and scale == 1.0 else scale * ctx.d_similarity
-    d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, g)
-    if ctx.regularizer_ctx is not None:
-        d_p = d_p + self_pairwise_backward(xp, ctx.regularizer_ctx, scale * ctx.d_regularizer)
-    if not is_ones_column(ctx.embedding_scale):
-        d_x = d_x / ctx.embedding_scale
-    if not is_ones_column(ctx.proxy_scale):
-        d_p = d_p / ctx.proxy_scale
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, g)
+        if ctx.regularizer_ctx is not None:
+            d_p = d_p + self_pairwise_backward(xp, ctx.regularizer_ctx, scale * ctx.d_regularizer)
+        if not is_ones_column(ctx.embedding_scale):
+            d_x = d_x / ctx.embedding_scale
+        if not is_ones_column(ctx.proxy_scale):
+            d_p = d_p / ctx.proxy_scale
+    _check_gradient(ns, d_x, "embeddings")
+    _check_gradient(ns, d_p, "proxies")
     return ProxyLossGrads(embeddings=d_x, proxies=d_p)
+
+
+def _check_gradient(ns: ArrayNamespace, gradient: Any, name: str, why: str | None = None) -> None:
+    """The reference's ValueError for a gradient beyond the dtype (on CuPy: one
+    synchronisation, while data checks are on)."""
+    if not data_checks(ns) or bool(ns.xp.all(ns.xp.isfinite(gradient))):
+        return
+    dtype_name = np.dtype(gradient.dtype).name
+    if why is None:
+        raise ValueError(cosine_gradient_overflow(to_numpy(gradient), name, dtype_name))
+    raise ValueError(cosine_gradient_overflow(to_numpy(gradient), name, dtype_name, why))
+
+
+def _loss_value(value: Any, reduction: str, cause) -> float:
+    """The loss value as a Python float (the one synchronisation of a forward); beyond
+    float64 the reference's ValueError, ``cause()`` naming the parameters."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = float(value)
+    if not np.isfinite(out):
+        raise ValueError(
+            f"the loss value (reduction={reduction!r}) exceeds the float64 range: {cause()}"
+        )
+    return out
+
+
+def _check_finite_loss(ns: ArrayNamespace, arrays, loss: str, hyperparameters: dict,
+                       dtype: Any) -> None:
+    """The saved derivatives of a cosine loss finite (as the reference checks), on NumPy
+    and on CuPy while data checks are on (one synchronisation)."""
+    if data_checks(ns) and not all(bool(ns.xp.all(ns.xp.isfinite(a))) for a in arrays):
+        raise ValueError(finite_loss_message(loss, hyperparameters, dtype))
+
+
+def _quiet_all(xp: Any):
+    """No floating-point warnings on NumPy: what overflows is checked afterwards."""
+    import contextlib
+
+    return (np.errstate(over="ignore", divide="ignore", invalid="ignore") if xp is np
+            else contextlib.nullcontext())
 
 
 _UPPER_CACHE: dict[int, Any] = {}
@@ -209,10 +276,15 @@ def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, 
     pre -= signed_margin
     active = (pre > 0) & upper
     terms = pre * active
-    value, d_terms = reduce_terms(xp, terms, reduction, upper)
+    with _quiet_all(xp):
+        value, d_terms = reduce_terms(xp, terms, reduction, upper)
     slope = signed * active
     ctx = PairwiseLossContext(loss, metric_ctx, d_terms * slope, scale)
-    return scalar_value(value, reduction), ctx
+
+    def cause() -> str:
+        return _hinge_cause(to_numpy(matrix[upper]), pos_margin, neg_margin)
+
+    return _loss_value(value, reduction, cause), ctx
 
 
 def contrastive_forward(
@@ -249,8 +321,7 @@ def generalized_contrastive_forward(
     """ASAP Eq. (4.2): C2 with ``m+ = beta - alpha``, ``m- = beta + alpha``; ``(value, ctx)``."""
     ns, x, y = _embeddings_labels(embeddings, labels)
     reduction = check_reduction(reduction)
-    alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
-    beta = check_scalar(beta, "beta", low=alpha)
+    alpha, beta = check_generalized_margins(alpha, beta)
     return _pair_hinge_forward(ns, x, y, beta - alpha, beta + alpha, "euclidean", reduction,
                                "generalized_contrastive")
 
@@ -286,9 +357,10 @@ def _triplet_forward(ns, x, labels, margin, mining, reduction):
         is_pos = xp.take_along_axis(positive, order, axis=1)                # (n, P)
         d_ap = xp.take_along_axis(distance, order, axis=1)
         valid = is_pos[:, :, None] & negative[:, None, :]                   # (n, P, n)
-        pre = d_ap[:, :, None] - distance[:, None, :] + margin
-        terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(x.dtype, copy=False)
-        value, d_terms = reduce_terms(xp, terms, reduction, valid)
+        with _quiet_all(xp):
+            pre = d_ap[:, :, None] - distance[:, None, :] + margin
+            terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(x.dtype, copy=False)
+            value, d_terms = reduce_terms(xp, terms, reduction, valid)
         active = xp.where(pre > 0, d_terms, 0).astype(x.dtype, copy=False)
         d_matrix = -xp.sum(active, axis=1)
         # ``order`` is a permutation per row: the assignment never collides.
@@ -301,16 +373,30 @@ def _triplet_forward(ns, x, labels, margin, mining, reduction):
         neg = xp.argmin(distance + _exclusion(xp, negative, x.dtype), axis=1)
         d_ap = xp.take_along_axis(distance, pos[:, None], axis=1)[:, 0]
         d_an = xp.take_along_axis(distance, neg[:, None], axis=1)[:, 0]
-        pre = d_ap - d_an + margin
-        terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(x.dtype, copy=False)
-        value, d_terms = reduce_terms(xp, terms, reduction, valid)
+        with _quiet_all(xp):
+            pre = d_ap - d_an + margin
+            terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(x.dtype, copy=False)
+            value, d_terms = reduce_terms(xp, terms, reduction, valid)
         active = xp.where(pre > 0, d_terms, x.dtype.type(0))
         # pos != neg on every row (same class vs not): the two assignments never collide.
         d_matrix = xp.zeros((n, n), dtype=x.dtype)
         d_matrix[rows[:, 0], pos] = active
         d_matrix[rows[:, 0], neg] = -active
     ctx = PairwiseLossContext("triplet", metric_ctx, d_matrix, scale)
-    return scalar_value(value, reduction), ctx
+
+    def cause() -> str:
+        largest = float(xp.max(distance)) if distance.size else 0.0
+        if margin > largest:
+            return f"the margin is too large (margin == {margin!r}, largest distance {largest:.3g})"
+        return f"the embeddings are too far apart (largest distance {largest:.3g})"
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = float(value)                             # the sync of the value
+    if not np.isfinite(out) and not bool(xp.all(xp.isfinite(terms))):
+        raise ValueError(
+            f"a triplet term d_ap - d_an + margin exceeds the float64 range: {cause()}"
+        )
+    return _loss_value(out, reduction, cause), ctx
 
 
 def triplet_forward(embeddings, labels, *, margin=0.0961, mining="all", reduction="mean"):
@@ -356,11 +442,17 @@ def _multi_similarity_forward(ns, x, labels, alpha, beta, base, mining_margin, r
     mined_neg &= keep[:, None]
     lse_pos, w_pos = masked_logsumexp(xp, -alpha * (s - base), mined_pos, extra_zero=True)
     lse_neg, w_neg = masked_logsumexp(xp, beta * (s - base), mined_neg, extra_zero=True)
-    terms = xp.where(keep, lse_pos / alpha + lse_neg / beta, 0).astype(x.dtype, copy=False)
-    value, d_terms = reduce_terms(xp, terms, reduction, valid)
+    with _quiet_all(xp):
+        terms = xp.where(keep, lse_pos / alpha + lse_neg / beta, 0).astype(x.dtype, copy=False)
+        value, d_terms = reduce_terms(xp, terms, reduction, valid)
     d_matrix = (d_terms[:, None] * (w_neg - w_pos)).astype(x.dtype, copy=False)
     ctx = PairwiseLossContext("multi_similarity", metric_ctx, d_matrix, scale)
-    return scalar_value(value, reduction), ctx
+
+    def cause() -> str:
+        return (f"alpha == {alpha!r} or beta == {beta!r} is too small for a sum of "
+                f"{int(xp.sum(keep))} terms log(1 + sum exp(...)) / alpha (or / beta)")
+
+    return _loss_value(value, reduction, cause), ctx
 
 
 def multi_similarity_forward(embeddings, labels, *, alpha=2.0, beta=40.0, base=0.5,
@@ -373,6 +465,7 @@ def multi_similarity_forward(embeddings, labels, *, alpha=2.0, beta=40.0, base=0
     base = check_scalar(base, "base", low=-1.0, high=1.0)
     mining_margin = check_scalar(mining_margin, "mining_margin", low=0.0)
     reduction = check_reduction(reduction)
+    check_multi_similarity_scales(alpha, beta, x.shape[0], x.dtype)
     return _multi_similarity_forward(ns, x, y, alpha, beta, base, mining_margin, reduction)
 
 
@@ -410,8 +503,20 @@ def proxy_anchor_forward(embeddings, labels, *, proxies, proxy_labels=None, delt
     delta = check_scalar(delta, "delta", low=0.0)
     alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
     reduction = check_reduction(reduction)
+    check_proxy_anchor_scales(alpha, delta, x.shape[0], x.dtype)
     xp = ns.xp
     similarity, cosine_ctx = cross_cosine(ns, x, p)
+    with _quiet_all(xp):
+        value, d_similarity = _proxy_anchor_terms(xp, x, similarity, same, alpha, delta,
+                                                  reduction)
+    hyperparameters = {"alpha": alpha, "delta": delta}
+    value = _loss_value(value, reduction, hyperparameter_cause("proxy_anchor", **hyperparameters))
+    _check_finite_loss(ns, [d_similarity], "proxy_anchor", hyperparameters, x.dtype)
+    return value, _proxy_ctx("proxy_anchor", x, p, cosine_ctx, d_similarity)
+
+
+def _proxy_anchor_terms(xp, x, similarity, same, alpha, delta, reduction):
+    """The Proxy-Anchor value (a device scalar) and ``d value / d similarity``."""
     if exp_fits(x.dtype, alpha * cosine_bound(x.dtype, x.shape[1]), x.shape[0]) and (
             alpha * delta <= exp_limit(x.dtype)):
         # Arithmetic path (no ``where``): shifted by alpha * delta, the logits of both sums
@@ -441,8 +546,7 @@ def proxy_anchor_forward(embeddings, labels, *, proxies, proxy_labels=None, delt
         value_pos, d_pos = reduce_terms(xp, lse_pos, reduction, xp.any(same_t, axis=1))
         value_neg, d_neg = reduce_terms(xp, lse_neg, reduction)
         d_similarity = alpha * (d_neg[:, None] * w_neg - d_pos[:, None] * w_pos).T
-    ctx = _proxy_ctx("proxy_anchor", x, p, cosine_ctx, d_similarity)
-    return scalar_value(value_pos + value_neg, reduction), ctx
+    return value_pos + value_neg, d_similarity
 
 
 def proxy_anchor_backward(ctx: ProxyLossContext, d_value=1.0) -> ProxyLossGrads:
@@ -466,8 +570,20 @@ def proxy_nca_forward(embeddings, labels, *, proxies, proxy_labels=None, tempera
     ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
     temperature = check_scalar(temperature, "temperature", low=0.0, low_inclusive=False)
     reduction = check_reduction(reduction)
+    check_proxy_nca_temperature(temperature, x.dtype)
     xp = ns.xp
     similarity, cosine_ctx = cross_cosine(ns, x, p)
+    with _quiet_all(xp):
+        value, d_similarity = _proxy_nca_terms(xp, x, p, similarity, same, temperature,
+                                               reduction)
+    hyperparameters = {"temperature": temperature}
+    value = _loss_value(value, reduction, hyperparameter_cause("proxy_nca", **hyperparameters))
+    _check_finite_loss(ns, [d_similarity], "proxy_nca", hyperparameters, x.dtype)
+    return value, _proxy_ctx("proxy_nca", x, p, cosine_ctx, d_similarity)
+
+
+def _proxy_nca_terms(xp, x, p, similarity, same, temperature, reduction):
+    """The ProxyNCA++ value (a device scalar) and ``d value / d similarity``."""
     scale = 2 / temperature
     if exp_fits(x.dtype, scale * cosine_bound(x.dtype, x.shape[1]), p.shape[0]):
         # Arithmetic path (no ``where``): the logits -(2 - 2 s) / T shifted by 2 / T are
@@ -491,8 +607,7 @@ def proxy_nca_forward(embeddings, labels, *, proxies, proxy_labels=None, tempera
         terms = xp.maximum(lse_all - lse_pos, 0)
         value, d_terms = reduce_terms(xp, terms, reduction)
         d_similarity = scale * d_terms[:, None] * (softmax_all - softmax_pos)
-    ctx = _proxy_ctx("proxy_nca", x, p, cosine_ctx, d_similarity)
-    return scalar_value(value, reduction), ctx
+    return value, d_similarity
 
 
 def proxy_nca_backward(ctx: ProxyLossContext, d_value=1.0) -> ProxyLossGrads:
@@ -522,6 +637,24 @@ def soft_triple_forward(embeddings, labels, *, proxies, proxy_labels=None, lambd
     tau = check_scalar(tau, "tau", low=0.0)
     delta = check_scalar(delta, "delta", low=0.0)
     reduction = check_reduction(reduction)
+    check_soft_triple_scales(lambda_, gamma, delta, x.dtype)
+    hyperparameters = {"lambda_": lambda_, "gamma": gamma, "tau": tau, "delta": delta}
+    with _quiet_all(ns.xp):
+        value_terms, value, ctx, arrays = _soft_triple_terms(ns, x, y, p, p_labels, lambda_,
+                                                             gamma, tau, delta, reduction)
+    # As the reference: the reduction of the terms first, then the regulariser's share.
+    _loss_value(value_terms, reduction, hyperparameter_cause("soft_triple", **hyperparameters))
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(finite_loss_message("soft_triple", hyperparameters, x.dtype))
+    _check_finite_loss(ns, arrays, "soft_triple", hyperparameters, x.dtype)
+    return value, ctx
+
+
+def _soft_triple_terms(ns, x, y, p, p_labels, lambda_, gamma, tau, delta, reduction):
+    """The SoftTriple terms' reduction and value (device scalars), the context and its
+    derivative arrays."""
     xp = ns.xp
     s, cosine_ctx = cross_cosine(ns, x, p)
     classes = xp.unique(p_labels)
@@ -548,7 +681,7 @@ def soft_triple_forward(embeddings, labels, *, proxies, proxy_labels=None, lambd
     d_similarity = (d_relaxed @ member) * weight * (1 + (s - relaxed @ member) / gamma)
     if tau == 0.0:
         ctx = _proxy_ctx("soft_triple", x, p, cosine_ctx, d_similarity)
-        return scalar_value(value, reduction), ctx
+        return value, value, ctx, [d_similarity]
     # Regulariser over the pairs t < s of centres of one class (none: 0, no sync needed).
     counts = xp.sum(member, axis=1)
     denominator = xp.sum(counts * (counts - 1))
@@ -558,10 +691,11 @@ def soft_triple_forward(embeddings, labels, *, proxies, proxy_labels=None, lambd
     center_ctx = CosineContext(p_unit, p_unit, p_norm_ctx, p_norm_ctx, tuple(center_sim.shape))
     pairs = (p_labels[:, None] == p_labels[None, :]) & _upper(xp, p.shape[0])
     root = xp.sqrt(xp.where(pairs, 2 + _SOFT_TRIPLE_EPS - 2 * center_sim, 1))
+    value_terms = value
     value = value + tau * xp.sum(xp.where(pairs, root, 0), dtype=xp.float64) / safe
     d_regularizer = xp.where(pairs, -tau / (safe * root), 0).astype(x.dtype, copy=False)
     ctx = _proxy_ctx("soft_triple", x, p, cosine_ctx, d_similarity, center_ctx, d_regularizer)
-    return scalar_value(value, reduction), ctx
+    return value_terms, value, ctx, [d_similarity, d_regularizer]
 
 
 def soft_triple_backward(ctx: ProxyLossContext, d_value=1.0) -> ProxyLossGrads:

@@ -14,11 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from refdml._xp import ArrayNamespace, array_namespace
+from refdml._xp import ArrayNamespace, array_namespace, to_numpy
 from refdml._validation import check_context
+from refdml.gpu import _validation
 from refdml.gpu._fast_checks import check_fast_upstream, check_nonzero_rows
 from refdml.gpu._validation import as_fast_array
-from refdml.normalize import ClipNormalizeContext, L2NormalizeContext, NormalizeGrads
+from refdml.normalize import (
+    ClipNormalizeContext,
+    L2NormalizeContext,
+    NormalizeGrads,
+    _l2_overflow_message,
+)
 
 __all__ = [
     "ClipNormalizeContext",
@@ -64,11 +70,21 @@ def _l2_forward(
     return y, L2NormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm)
 
 
-def _l2_backward(xp: Any, ctx: L2NormalizeContext, d_y: Any) -> Any:
+def _l2_backward(xp: Any, ctx: L2NormalizeContext, d_y: Any, name: str | None = None) -> Any:
+    """``(I - y y^T) d_y / ||x||``. With ``name``: a gradient beyond the dtype (rows of
+    subnormal entries: it scales as ``1 / ||x||``) is the reference's ValueError (checked
+    on NumPy, and on CuPy while data checks are on); callers without ``name`` check."""
     grad = _tangent(xp, ctx.y, d_y)
-    grad /= ctx.scaled_norm
-    if not is_ones_column(ctx.scale):   # the fast path's unit scales: nothing to divide
-        grad /= ctx.scale
+    with _quiet(xp):
+        grad /= ctx.scaled_norm
+        if not is_ones_column(ctx.scale):   # the fast path's unit scales: nothing to divide
+            grad /= ctx.scale
+    if name is not None and (xp is np or _validation.CHECK_FINITE_ON_GPU) and not bool(
+        xp.all(xp.isfinite(grad))
+    ):
+        norm = ctx.scaled_norm if is_ones_column(ctx.scale) else ctx.scaled_norm * ctx.scale
+        raise ValueError(_l2_overflow_message(to_numpy(grad), to_numpy(norm), name,
+                                              np.dtype(grad.dtype).name))
     return grad
 
 
@@ -87,7 +103,7 @@ def l2_normalize_backward(ctx: L2NormalizeContext, d_y) -> NormalizeGrads:
     check_context(ctx, "ctx", L2NormalizeContext)
     ns = array_namespace(ctx.y)
     d_y = check_fast_upstream(d_y, "d_y", ctx.y.shape, ns, ctx.y.dtype)
-    return NormalizeGrads(x=_l2_backward(ns.xp, ctx, d_y))
+    return NormalizeGrads(x=_l2_backward(ns.xp, ctx, d_y, "x"))
 
 
 def l2_normalize(x) -> Any:

@@ -22,7 +22,8 @@ What differs from the reference (and why)
   (:func:`refdml.gpu.distances._scaled_sq`, points scaled into the unit ball first).
 
 Synchronisation on CuPy (results that reach Python, and checks): the input checks
-(finiteness, positive weights; :func:`refdml.gpu._validation.set_finite_checks`), the
+(finiteness, positive weights; :func:`refdml.gpu._validation.set_finite_checks`) and,
+under the same switch, the finiteness of the gradients w.r.t. given weights, the
 largest cost (for the exact power-of-two rescaling, the eps check and the eps-scaling
 schedule), the solver's convergence test every
 :data:`refdml.gpu._ot_sinkhorn.CHECK_EVERY_GPU` iterations, the warning, the Python
@@ -38,7 +39,7 @@ import numpy as np
 from refdml._validation import check_choice, check_context
 from refdml._xp import array_namespace
 from refdml.gpu import _ot_sinkhorn as _solver
-from refdml.gpu._fast_checks import check_fast_upstream
+from refdml.gpu._fast_checks import check_fast_upstream, data_checks
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import _sum_to_shape
 from refdml.ot._divergence import (
@@ -50,7 +51,12 @@ from refdml.ot._divergence import (
     _check_p,
 )
 from refdml.ot._entropic import EntropicOTContext, OTGrads
-from refdml.ot._sinkhorn import VALUES, SinkhornResult, _check_solver_args
+from refdml.ot._sinkhorn import (
+    VALUES,
+    SinkhornResult,
+    _check_solver_args,
+    _weight_gradient_message,
+)
 from refdml.ot._wlosses import (
     WassersteinLossGrads,
     WContrastiveContext,
@@ -169,9 +175,8 @@ def entropic_ot_backward(ctx: EntropicOTContext, d_value) -> OTGrads:
     d_value = check_fast_upstream(d_value, "d_value", ctx.batch_shape, ns, batch.plan.dtype)
     d_value = xp.reshape(xp.asarray(d_value, dtype=batch.plan.dtype), (-1,))
     d_cost, da, db = _ot_vjp(xp, batch, ctx.value, d_value)
-    with np.errstate(over="ignore"):
-        da = da / ctx.a_mass[:, None]
-        db = db / ctx.b_mass[:, None]
+    da = _weight_gradient(ns, da, ctx.a_mass[:, None], "a")
+    db = _weight_gradient(ns, db, ctx.b_mass[:, None], "b")
     n, m = d_cost.shape[1:]
     return OTGrads(
         a=_sum_to_shape(da.reshape(ctx.batch_shape + (n,)), ctx.a_shape),
@@ -210,7 +215,8 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     sq_yy = _cloud_sq(xp, ys[None], ys[None], p, True)
     costs = [_ground_cost(sq, p) for sq in (sq_xy, sq_xx, sq_yy)]
     largest = max(float(xp.max(c)) for c in costs)
-    _solver.check_relative_eps(eps / unit, largest, dtype, user_eps=eps, cost_name=_COST_NAME)
+    _solver.check_relative_eps(eps / unit, largest, dtype, user_eps=eps, cost_name=_COST_NAME,
+                               data_name="x and y", unit=unit, p=p)
     solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
     xy = _solver.solve_batch(xp, a[None], b[None], costs[0], **solve)
     xx = _solver.solve_batch(xp, a[None], a[None], costs[1], symmetric=True, **solve)
@@ -243,12 +249,24 @@ def sinkhorn_divergence_backward(ctx: SinkhornDivergenceContext, d_value) -> Sin
     to_points = ctx.unit / ctx.scale
     grad_a = grad_b = None
     if ctx.weights_given:
-        grad_a = (da_xy + da1 + da2)[0] * (1.0 / ctx.a_mass)
-        grad_b = (db_xy + db1 + db2)[0] * (1.0 / ctx.b_mass)
+        grad_a = _weight_gradient(ns, (da_xy + da1 + da2)[0], ctx.a_mass, "a")
+        grad_b = _weight_gradient(ns, (db_xy + db1 + db2)[0], ctx.b_mass, "b")
     return SinkhornDivergenceGrads(
         x=(dx_xy + dx1 + dx2)[0] * to_points, y=(dy_xy + dy1 + dy2)[0] * to_points,
         a=grad_a, b=grad_b,
     )
+
+
+def _weight_gradient(ns, gradient, mass, name: str):
+    """``gradient / mass`` as :func:`refdml.ot._sinkhorn._weight_gradient`: its ValueError
+    where that exceeds the dtype (checked on NumPy, on CuPy while data checks are on)."""
+    xp = ns.xp
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        out = gradient / mass
+    if data_checks(ns) and not bool(xp.all(xp.isfinite(out))):
+        raise ValueError(_weight_gradient_message(name, float(xp.min(xp.asarray(mass))),
+                                                  np.dtype(out.dtype).name))
+    return out
 
 
 def sinkhorn_divergence(x, y, a=None, b=None, *, eps, p=2, value="regularized",

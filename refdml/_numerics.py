@@ -108,8 +108,11 @@ def pairwise_sq_distances(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     scale = common_scale(x, y)
     if scale == 1.0:
         return _scaled_sq_distances(x, y)
+    # ldexp, not (scale * scale) *: that square overflows to inf (inf * 0 = NaN at
+    # coincident points) or underflows to 0 where the squared distance is representable.
+    exponent = int(np.frexp(scale)[1]) - 1                # scale == 2 ** exponent
     with np.errstate(over="ignore"):
-        return (scale * scale) * _scaled_sq_distances(x / scale, y / scale)
+        return np.ldexp(_scaled_sq_distances(x / scale, y / scale), 2 * exponent)
 
 
 def ordered_sq_distances(x, y_t, *, out=None, work=None, xp=np):

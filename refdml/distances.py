@@ -210,8 +210,8 @@ def _cosine_forward(x, y) -> tuple[np.ndarray, CosineContext]:
 def _cosine_backward(ctx: CosineContext, g: np.ndarray) -> DistanceGrads:
     d_x_unit = g @ ctx.y_unit
     d_y_unit = np.swapaxes(g, -1, -2) @ ctx.x_unit
-    d_x = _l2_backward(ctx.x_norm_ctx, _sum_to_shape(d_x_unit, ctx.x_unit.shape))
-    d_y = _l2_backward(ctx.y_norm_ctx, _sum_to_shape(d_y_unit, ctx.y_unit.shape))
+    d_x = _l2_backward(ctx.x_norm_ctx, _sum_to_shape(d_x_unit, ctx.x_unit.shape), "x")
+    d_y = _l2_backward(ctx.y_norm_ctx, _sum_to_shape(d_y_unit, ctx.y_unit.shape), "y")
     return DistanceGrads(x=d_x, y=d_y)
 
 

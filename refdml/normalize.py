@@ -144,8 +144,24 @@ def _l2_forward(x: np.ndarray, name: str = "x") -> tuple[np.ndarray, L2Normalize
     return y, L2NormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm)
 
 
-def _l2_backward(ctx: L2NormalizeContext, d_y: np.ndarray) -> np.ndarray:
-    return _tangent(ctx.y, d_y) / ctx.scaled_norm / ctx.scale
+def _l2_backward(ctx: L2NormalizeContext, d_y: np.ndarray, name: str = "x") -> np.ndarray:
+    # The gradient scales as 1 / ||x||: beyond float64 for rows of subnormal entries.
+    with np.errstate(over="ignore"):
+        grad = _tangent(ctx.y, d_y) / ctx.scaled_norm / ctx.scale
+    if not np.all(np.isfinite(grad)):
+        raise ValueError(_l2_overflow_message(grad, ctx.scaled_norm * ctx.scale, name, "float64"))
+    return grad
+
+
+def _l2_overflow_message(grad, norm, name: str, dtype_name: str) -> str:
+    """The message of a gradient of ``x / ||x||`` beyond the dtype (reference and fast path)."""
+    index = tuple(int(i) for i in np.argwhere(~np.isfinite(grad))[0][:-1])
+    row = index[0] if len(index) == 1 else index
+    return (
+        f"the gradient with respect to {name} overflows {dtype_name} at row {row}: the "
+        f"gradient of x / ||x|| scales as 1 / ||x||, and that row's norm is "
+        f"{float(np.broadcast_to(norm, grad.shape[:-1] + (1,))[index + (0,)]):.3g}; rescale {name}"
+    )
 
 
 def l2_normalize_forward(x) -> tuple[np.ndarray, L2NormalizeContext]:

@@ -165,5 +165,99 @@ def test_kantorovich_rubinstein_gaps_are_one_homogeneous_at_extreme_scales(scale
 
 def test_kantorovich_rubinstein_gaps_name_overflowing_functions():
     x, y = np.zeros((2, 1)), np.ones((2, 1))
-    with pytest.raises(ValueError, match="not finite"):
+    with pytest.raises(ValueError, match=r"functions\[0\]\(x\) is inf at point 0"):
         kantorovich_rubinstein_gaps(x, y, functions=[lambda p: np.full(p.shape[0], np.inf)])
+    # Finite values whose difference overflows: the gap itself is named.
+    with pytest.raises(ValueError, match="a gap .* is not finite"):
+        kantorovich_rubinstein_gaps(x, y, functions=[lambda p: 1.7e308 * (2 * p[:, 0] - 1)])
+
+
+# ------------------------------------------------------------ issue 20: extreme inputs
+
+
+def _divergence_matrix(seed, n=7):
+    """Symmetric, zero diagonal, off-diagonal entries in [0.5, 1) (a power-of-two range)."""
+    rng = np.random.default_rng(seed)
+    d = rng.uniform(0.5, 1.0, (n, n))
+    d = 0.5 * (d + d.T)
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+@pytest.mark.parametrize(
+    "similarity, exponent",
+    [("reciprocal", -1000), ("reciprocal", 1023), ("max_minus", -1000), ("max_minus", 1021)],
+)
+def test_wcraig_picks_do_not_depend_on_the_scale_of_the_divergence(similarity, exponent):
+    # With the default delta (1e-2 times the mean off-diagonal divergence) both similarities
+    # scale with 2^-exponent (reciprocal) or 2^exponent (max_minus): the same picks, the
+    # objective scaled. At 2^1023 the sum of the divergences overflows (the mean did); at
+    # 2^1021 the bound 2 n max(SD) of the max_minus objective does, its value does not.
+    divergence = _divergence_matrix(5)
+    base = wcraig(divergence, 3, similarity=similarity)
+    scaled = wcraig(np.ldexp(divergence, exponent), 3, similarity=similarity)
+    np.testing.assert_array_equal(scaled.indices, base.indices)
+    np.testing.assert_array_equal(scaled.weights, base.weights)
+    power = -exponent if similarity == "reciprocal" else exponent
+    np.testing.assert_allclose(scaled.objective, np.ldexp(base.objective, power), rtol=1e-12)
+
+
+def test_wcraig_refuses_a_delta_whose_objective_overflows():
+    divergence = _divergence_matrix(6)
+    with pytest.raises(ValueError, match=r"^delta == 1e-310 is too small: .*n / the largest"):
+        wcraig(divergence, 2, delta=1e-310)
+    with pytest.raises(ValueError, match=r"^divergence is too small for similarity='reciprocal'"):
+        wcraig(1e-310 * divergence, 2)
+
+
+def test_wcraig_with_a_subnormal_delta_and_a_nonzero_diagonal_is_right():
+    # Every divergence 1 (the diagonal too): every similarity is 1 / (1 + delta) = 1 in
+    # float64, so F(S) = n for any S; picks by index.
+    result = wcraig(np.ones((3, 3)), 2, delta=5e-324)
+    np.testing.assert_array_equal(result.indices, [0, 1])
+    np.testing.assert_allclose(result.objective, [3.0, 3.0], rtol=1e-15)
+
+
+def test_facility_location_near_the_float64_limit():
+    # F(S) <= n max(similarity) overflows as a bound but not as a value: computed.
+    sim = np.ldexp(_divergence_matrix(7, n=5) + np.eye(5), 1021)      # entries <= 2^1021
+    expected = facility_location_greedy(np.ldexp(sim, -1021), 2)
+    result = facility_location_greedy(sim, 2)
+    np.testing.assert_array_equal(result.indices, expected.indices)
+    np.testing.assert_allclose(result.objective, np.ldexp(expected.objective, 1021), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"objective F\(S\) = .* overflows float64"):
+        facility_location_greedy(np.full((3, 3), 1e308), 1)
+    with pytest.raises(TypeError, match="lazy must be True or False"):
+        facility_location_greedy(np.ones((3, 3)), 1, lazy="yes")
+
+
+@pytest.mark.parametrize(
+    "functions, error, match",
+    [
+        ([1, 2], TypeError, r"functions\[0\] must be a callable"),
+        (lambda z: z[:, 0], TypeError, "functions must be a sequence of callables"),
+        ("abc", TypeError, "functions must be a sequence of callables"),
+        (5, TypeError, "functions must be a sequence of callables"),
+        ([], ValueError, "functions must hold at least one callable"),
+        ([lambda z: z], ValueError, r"functions\[0\]\(x\) has shape \(5, 2\), must be \(5,\)"),
+        ([lambda z: z[:2, 0]], ValueError, r"functions\[0\]\(x\) has shape \(2,\)"),
+        ([lambda z: np.full(z.shape[0], "a")], TypeError, r"functions\[0\]\(x\) must be an array of real"),
+        ([lambda z: z[:, 0] + 1j], TypeError, r"functions\[0\]\(x\) must be an array of real"),
+        ([lambda z: z[:, 0], lambda z: np.full(len(z), np.nan)], ValueError,
+         r"functions\[1\]\(x\) is nan at point 0"),
+    ],
+)
+def test_kantorovich_rubinstein_gaps_name_bad_functions(functions, error, match):
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal((5, 2)), rng.standard_normal((4, 2))
+    with pytest.raises(error, match=match):
+        kantorovich_rubinstein_gaps(x, y, functions=functions)
+
+
+def test_sizes_beyond_an_array_are_named_not_a_hang():
+    from refdml.coresets import random_lipschitz_functions
+
+    with pytest.raises(ValueError, match="n_functions == 1180591620717411303424"):
+        kantorovich_rubinstein_gaps(np.ones((2, 1)), np.zeros((2, 1)), n_functions=2**70)
+    with pytest.raises(ValueError, match="n_cones == 1073741824"):
+        random_lipschitz_functions(2**40, 1, n_cones=2**30)

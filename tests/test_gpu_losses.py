@@ -186,3 +186,62 @@ def test_proxy_losses_scale_invariant_on_both_normalisation_paths(dtype, scales)
             assert np.all(np.isfinite(grads.embeddings)) and np.all(np.isfinite(grads.proxies))
     with pytest.raises(ValueError, match="proxies has a zero vector at row 1"):
         fast.proxy_nca_forward(x, labels, proxies=np.where(np.arange(6)[:, None] == 1, 0, p))
+
+
+# ---------------------------------------------- issue 20: the reference's messages
+
+
+def _message(call):
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+_P = _x(seed=7, n=3)
+_C, _CL = _x(seed=8, n=6), np.repeat(np.arange(3), 2)
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.multi_similarity(_x(), LABELS, alpha=1e-310),
+    lambda m: m.multi_similarity(_x(), LABELS, beta=5e-324),
+    lambda m: m.proxy_nca(_x(), LABELS, proxies=_P, temperature=1e-310),
+    lambda m: m.proxy_anchor(_x(), LABELS, proxies=_P, delta=1e308),
+    lambda m: m.soft_triple(_x(), LABELS, proxies=_C, proxy_labels=_CL, gamma=1e-310),
+    lambda m: m.soft_triple(_x(), LABELS, proxies=_C, proxy_labels=_CL, lambda_=1e308),
+    lambda m: m.soft_triple(_x(), LABELS, proxies=_C, proxy_labels=_CL, tau=1e308),
+    lambda m: m.generalized_contrastive(_x(), LABELS, alpha=1e308, beta=1.7e308),
+    lambda m: m.generalized_contrastive(_x(), LABELS, alpha=1.0, beta=0.5),
+    lambda m: m.triplet(1e307 * _x(), LABELS, margin=1.7e308),
+    lambda m: m.contrastive(_x(), LABELS, neg_margin=1.7e308, reduction="sum"),
+])
+def test_extreme_hyperparameters_give_the_references_messages(call):
+    assert _message(lambda: call(fast)) == _message(lambda: call(ref))
+
+
+@pytest.mark.parametrize("loss, kwargs", [
+    ("multi_similarity", {}),
+    ("contrastive", {"form": "cosine"}),
+    ("proxy_nca", {"proxies": _x(seed=3, n=3)}),
+    ("soft_triple", {"proxies": _x(seed=4, n=3)}),
+])
+def test_cosine_gradients_of_subnormal_rows_give_the_references_message(loss, kwargs):
+    x = _x(seed=5)
+    x[1] *= 1e-310
+    messages = []
+    for module in (ref, fast):
+        _, ctx = getattr(module, f"{loss}_forward")(x, LABELS, **kwargs)
+        messages.append(_message(lambda: getattr(module, f"{loss}_backward")(ctx)))
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("the gradient with respect to embeddings overflows float64 at row 1")
+
+
+def test_euclidean_gradient_at_subnormal_distances_is_named_not_nan():
+    # The reference's Euclidean gradient is scale-safe (a sum of unit vectors); the fast
+    # path divides by the distances, which are subnormal here: a named ValueError, not NaN.
+    x = 1e-310 * _x(seed=6)
+    value, ctx = fast.contrastive_forward(x, LABELS)
+    ref_value, ref_ctx = ref.contrastive_forward(x, LABELS)
+    assert_allclose(value, ref_value, rtol=1e-12)
+    assert np.all(np.isfinite(ref.contrastive_backward(ref_ctx).embeddings))
+    with pytest.raises(ValueError, match="fast path divides by pairwise distances"):
+        fast.contrastive_backward(ctx)

@@ -87,3 +87,22 @@ def test_import_without_cupy(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2.0"
+
+
+def test_gradients_of_subnormal_rows_give_the_references_message():
+    x = np.random.default_rng(7).standard_normal((4, 3))
+    x[2] *= 1e-310
+    messages = []
+    for module in (ref_normalize, normalize):
+        _, ctx = module.l2_normalize_forward(x)
+        with pytest.raises(ValueError) as info:
+            module.l2_normalize_backward(ctx, np.ones((4, 3)))
+        messages.append(str(info.value))
+    for module in (ref_distances, distances):
+        _, ctx = module.cosine_forward(x, np.ones((2, 3)))
+        with pytest.raises(ValueError) as info:
+            module.cosine_backward(ctx, np.ones((4, 2)))
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and messages[2] == messages[3]
+    assert messages[0].startswith("the gradient with respect to x overflows float64 at row 2")
+    assert messages[2].startswith("the gradient with respect to x overflows float64 at row 2")

@@ -145,3 +145,53 @@ def test_kernel_scaling_matches_log_domain(monkeypatch, symmetric):
     assert results[True].converged.all() and results[False].converged.all()
     assert_allclose(results[True].f, results[False].f, rtol=0, atol=1e-8)
     assert_allclose(results[True].plan, results[False].plan, rtol=0, atol=1e-9)
+
+
+# ------------------------------------------------------- issue 20: the same messages
+
+
+def _message(call):
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("scale, eps", [(1e-200, 0.1), (1e200, 0.1), (1.0, 1e-300), (1.0, 1e300)])
+def test_eps_range_errors_are_the_references(scale, eps):
+    """float64: the fast path refuses what the reference refuses, with its words (the data
+    named where they, not eps, are far from 1)."""
+    rng = np.random.default_rng(8)
+    features = scale * rng.standard_normal((4, 3, 2))
+    x, y = features[0], features[1]
+    cost = scale * np.abs(rng.standard_normal((3, 2)))
+    calls = [
+        lambda m: m.wcontrastive(features, [0, 0, 1, 1], margin=1.0, eps=eps),
+        lambda m: m.wtriplet(features, [0, 0, 1, 1], margin=1.0, eps=eps),
+        lambda m: m.pairwise_sinkhorn_divergence(features, eps=eps, p=1),
+        lambda m: m.sinkhorn_divergence(x, y, eps=eps, p=1),
+        lambda m: m.sinkhorn(np.ones(3), np.ones(2), cost, eps=eps),
+    ]
+    for call in calls:
+        expected = _message(lambda: call(reference))
+        assert _message(lambda: call(fast)) == expected
+        assert expected.startswith("eps ==") == (scale == 1.0)
+
+
+def test_float32_eps_range_names_the_features_at_float32_limits():
+    features = (1e-20 * np.random.default_rng(9).standard_normal((4, 3, 2))).astype(np.float32)
+    message = _message(lambda: fast.wcontrastive(features, [0, 0, 1, 1], margin=1.0, eps=0.1))
+    assert message.startswith("features out of range for eps == 0.1")
+    assert "times it, above 1000:" in message and "left in float32" in message
+
+
+def test_batch_mismatch_and_weight_gradients_are_the_references():
+    cost = np.ones((2, 4, 5))
+    for a, b in [(np.ones((3, 4)), np.ones(5)), (np.ones((2, 4)), np.ones((3, 5)))]:
+        assert (_message(lambda: fast.sinkhorn(a, b, cost if a.shape[0] == 3 else cost[0], eps=0.5))
+                == _message(lambda: reference.sinkhorn(a, b, cost if a.shape[0] == 3 else cost[0],
+                                                       eps=0.5)))
+    a, b, c = _problem(np.random.default_rng(10), n=3, m=2)
+    for module in (reference, fast):
+        _, ctx = module.entropic_ot_forward(1e-310 * a, b, c, eps=0.5)
+        with pytest.raises(ValueError, match=r"gradient with respect to a overflows float64"):
+            module.entropic_ot_backward(ctx, 1.0)

@@ -825,3 +825,71 @@ def test_every_backward_checks_its_context_and_upstream():
                      if same_class else "ctx must be the")
             with pytest.raises(TypeError, match=match):
                 backward(other_ctx)
+
+
+# ---------------------------------------------- issue 20: extreme hyperparameters, rows
+
+
+_X4 = np.random.default_rng(50).standard_normal((8, 3))
+_Y4 = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+_P4 = np.random.default_rng(51).standard_normal((4, 3))
+_C8, _CL8 = np.random.default_rng(52).standard_normal((8, 3)), np.repeat(np.arange(4), 2)
+
+# (call, message): hyperparameters whose logits, values or gradients leave float64 at
+# |s| <= 1 are refused by name (before: RuntimeWarnings, NaN, or inf returned silently).
+EXTREME_HYPERPARAMETERS = [
+    (lambda m: m.multi_similarity(_X4, _Y4, alpha=1e-310), r"^alpha == 1e-310 is too small"),
+    (lambda m: m.multi_similarity(_X4, _Y4, beta=5e-324), r"^beta == 5e-324 is too small"),
+    (lambda m: m.proxy_nca(_X4, _Y4, proxies=_P4, temperature=1e-310),
+     r"^temperature == 1e-310 is too small: .* at least 2.2\de-308"),
+    (lambda m: m.proxy_anchor(_X4, _Y4, proxies=_P4, delta=1e308),
+     r"^alpha == 32.0 with delta == 1e\+308: the Proxy-Anchor logits"),
+    (lambda m: m.soft_triple(_X4, _Y4, proxies=_C8, proxy_labels=_CL8, gamma=1e-310),
+     r"^gamma == 1e-310 is too small"),
+    (lambda m: m.soft_triple(_X4, _Y4, proxies=_C8, proxy_labels=_CL8, lambda_=1e308),
+     r"^lambda_ == 1e\+308 with delta == 0.01"),
+    (lambda m: m.soft_triple(_X4, _Y4, proxies=_C8, proxy_labels=_CL8, tau=1e308),
+     r"^the soft_triple loss or its gradient overflows float64 with .*tau == 1e\+308"),
+    (lambda m: m.generalized_contrastive(_X4, _Y4, alpha=1e308, beta=1.7e308),
+     r"^alpha \+ beta overflows float64 \(alpha == 1e\+308, beta == 1.7e\+308\)"),
+    (lambda m: m.generalized_contrastive(_X4, _Y4, alpha=1.0, beta=0.5),
+     r"^beta == 0.5, must be >= alpha == 1.0"),
+    (lambda m: m.triplet(1e307 * _X4, _Y4, margin=1.7e308),
+     r"^a triplet term d_ap - d_an \+ margin exceeds the float64 range: the margin is too large"),
+    (lambda m: m.contrastive(_X4, _Y4, neg_margin=1.7e308, reduction="sum"),
+     r"exceeds the float64 range: the margins are too large \(pos_margin == 0.0, neg_margin"),
+]
+
+
+@pytest.mark.parametrize("call, match", EXTREME_HYPERPARAMETERS)
+def test_extreme_hyperparameters_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(losses)
+
+
+@pytest.mark.parametrize("hyper", [{"alpha": 1e-300}, {"beta": 1e-300}])
+def test_multi_similarity_at_tiny_alpha_beta_is_the_loop_value(hyper):
+    # log(1 + sum exp(-alpha (s - base))) / alpha ~ log(1 + |P|) / alpha ~ 1e300: finite,
+    # and the oracle's value (which forms exp and log directly, exact here).
+    value, grads = losses.multi_similarity(_X4, _Y4, **hyper)
+    kwargs = {"alpha": 2.0, "beta": 40.0, **hyper}
+    expected = multi_similarity_loop(_X4, _Y4, kwargs["alpha"], kwargs["beta"], 0.5, 0.1, "mean")[0]
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
+    assert np.all(np.isfinite(grads.embeddings))
+
+
+@pytest.mark.parametrize("loss, kwargs", [
+    ("multi_similarity", {}),
+    ("contrastive", {"form": "cosine"}),
+    ("proxy_nca", {"proxies": _P4}),
+    ("proxy_anchor", {"proxies": _P4}),
+])
+def test_cosine_gradients_of_subnormal_rows_are_named(loss, kwargs):
+    # A cosine's gradient scales as 1 / ||row||: beyond float64 at rows of norm ~1e-310.
+    x = _X4.copy()
+    x[2] *= 1e-310
+    value, ctx = getattr(losses, f"{loss}_forward")(x, _Y4, **kwargs)
+    assert np.isfinite(value)
+    with pytest.raises(ValueError, match=r"gradient with respect to embeddings overflows float64 "
+                                         r"at row 2: a cosine's gradient scales as 1 / \|\|row\|\|"):
+        getattr(losses, f"{loss}_backward")(ctx)

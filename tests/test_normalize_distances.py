@@ -251,3 +251,30 @@ def test_backward_names_a_foreign_context_and_a_bad_upstream(forward, backward, 
         backward(ctx, bad)
     with pytest.raises(TypeError, match=f"{upstream} must be an array of real numbers"):
         backward(ctx, np.ones(out.shape, dtype=complex))
+
+
+# ------------------------------------------------------ issue 20: beyond float64 by name
+
+
+def test_l2_and_cosine_gradients_of_subnormal_rows_are_named():
+    # d(x / ||x||)/dx scales as 1 / ||x||: beyond float64 at a row of norm ~1e-310.
+    x = _rows(20, (4, 3))
+    x[2] *= 1e-310
+    y, ctx = normalize.l2_normalize_forward(x)
+    assert np.all(np.isfinite(y))
+    with pytest.raises(ValueError, match=r"^the gradient with respect to x overflows float64 at "
+                                         r"row 2: .* that row's norm is 1\.\d+e-310"):
+        normalize.l2_normalize_backward(ctx, np.ones((4, 3)))
+    _, ctx = distances.cosine_forward(np.ones((2, 3)), x)
+    with pytest.raises(ValueError, match=r"^the gradient with respect to y overflows float64 at row 2"):
+        distances.cosine_backward(ctx, np.ones((2, 4)))
+
+
+def test_sq_euclidean_of_coincident_points_beyond_the_square_range():
+    # The squares of 1e300 overflow, the squared distance of coincident points does not: 0
+    # exactly (was NaN from inf * 0, with a RuntimeWarning); a square beyond float64 next
+    # to it is still the named error.
+    d = distances.sq_euclidean(np.array([[1e300, 1.0]]), np.array([[1e300, 1.0]]))
+    np.testing.assert_array_equal(d, [[0.0]])
+    with pytest.raises(ValueError, match="squared distances overflow float64"):
+        distances.sq_euclidean(np.array([[1e300], [0.0]]), np.array([[1e300]]))

@@ -109,6 +109,9 @@ def test_batched_equals_one_problem_at_a_time():
             single = rot.sinkhorn(a[j], b, cost[i, j], eps=0.2, **TIGHT)
             np.testing.assert_allclose(res.plan[i, j], single.plan, atol=1e-14)
             np.testing.assert_allclose(res.value[i, j], single.value, rtol=1e-13)
+            # Exactly equal by construction: every step works per problem (row sums by
+            # einsum, per-row reductions, elementwise maps; no BLAS, nothing mixes problems
+            # without eps-scaling), so a problem's residuals have the same bits in a batch.
             assert res.n_iter[i, j] == single.n_iter
 
 
@@ -394,7 +397,7 @@ def test_tol_zero_runs_max_iter_iterations_without_warning():
     # The same 7 iterations as a run stopped by max_iter under a tol it cannot reach.
     with pytest.warns(ConvergenceWarning, match="stopped at max_iter=7"):
         ref = rot.sinkhorn(a, b, cost, eps=0.3, tol=1e-300, max_iter=7)
-    np.testing.assert_array_equal(res.plan, ref.plan)
+    np.testing.assert_array_equal(res.plan, ref.plan)    # the same 7 steps, the same code
 
 
 # ---------------------------------------------------------------- extreme but finite scale
@@ -441,20 +444,21 @@ def test_p1_divergence_of_clouds_at_1e300_is_right():
 @pytest.mark.parametrize(
     "scale, p, eps, match",
     [
-        (1e100, 2, 0.5, r"eps == 0.5 is .* times the largest cost .* below"),  # eps ~ 1e-200 C
-        (1e-100, 2, 0.5, r"eps == 0.5 is .* times the largest cost .* above"),
-        (1e200, 2, 1.0, "overflows float64"),   # costs ~1e400
-        (1e-200, 2, 1.0, "underflows float64"),  # costs ~1e-400
+        # eps ~ 1e-200 C: the data (far further from 1 than eps) lead the message.
+        (1e100, 2, 0.5, r" out of range for eps == 0\.5: .* below 1e-13"),
+        (1e-100, 2, 0.5, r" out of range for eps == 0\.5: .* above 1e\+12"),
+        (1e200, 2, 1.0, r" \(magnitude .* overflows float64"),   # costs ~1e400
+        (1e-200, 2, 1.0, r" \(magnitude .* underflows float64"),  # costs ~1e-400
     ],
 )
 def test_unresolvable_scales_are_named_errors_not_nan(scale, p, eps, match):
     rng = np.random.default_rng(24)
     x, y = scale * rng.standard_normal((4, 2)), scale * rng.standard_normal((3, 2))
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match="x and y" + match):
         rot.sinkhorn_divergence_forward(x, y, eps=eps, p=p)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match="clouds" + match):
         rot.pairwise_sinkhorn_divergence_forward(np.stack([x[:3], y]), eps=eps, p=p)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match="features" + match):
         rot.wcontrastive_forward(np.stack([x[:3], y]), [0, 1], margin=1.0, eps=eps, p=p)
 
 
@@ -588,3 +592,118 @@ def test_weights_of_any_finite_scale_are_normalised():
     value, ctx = rot.entropic_ot_forward(np.full(6, 1.7e308), b, cost, eps=0.4, **TIGHT)
     assert np.isfinite(value)
     assert np.all(np.isfinite(rot.entropic_ot_backward(ctx, 1.0).a))
+
+
+# ------------------------------------------------------- issue 20: the eps-range messages
+#
+# Only eps / max C matters: SD_eps(s x, s y) = s^p SD_{eps / s^p}(x, y). With the costs of
+# features at 1e-200 (p = 1) and eps = 0.1 the ratio is ~1e199: beyond float64 whatever the
+# rescaling, so the loss is refused, naming the features (further from 1 than eps), the
+# range of the largest cost that eps allows and the range of eps that the features allow.
+
+
+def _largest_cost(features, p):
+    """max ||x - y||^p over every pair of points of every pair of clouds (self pairs too),
+    from explicit differences (independent of the solver's Gram-based distances)."""
+    points = features.reshape(-1, features.shape[-1])
+    return float(np.max(np.linalg.norm(points[:, None] - points[None], axis=-1) ** p))
+
+
+def _interval(message, after):
+    """The first "[lo, hi]" in ``message`` after the text ``after``."""
+    import re
+
+    tail = message[message.index(after) + len(after):]
+    low, high = re.search(r"\[([^,\]]+), ([^\]]+)\]", tail).groups()
+    return float(low), float(high)
+
+
+@pytest.mark.parametrize("loss", [rot.wcontrastive, rot.wtriplet])
+@pytest.mark.parametrize("scale", [1e-200, 1e200])
+def test_features_at_an_unresolvable_scale_are_named_with_the_ranges(loss, scale):
+    rng = np.random.default_rng(40)
+    unit_features = rng.standard_normal((4, 3, 2))
+    eps, p = 0.1, 1
+    with pytest.raises(ValueError) as info:
+        loss(scale * unit_features, [0, 0, 1, 1], margin=1.0, eps=eps, p=p)
+    message = str(info.value)
+    assert message.startswith("features out of range for eps == 0.1:")
+    # The largest cost at this eps: [eps / 1e12, eps / 1e-13] (printed to 3 digits).
+    np.testing.assert_allclose(_interval(message, "must lie in "), (eps / 1e12, eps / 1e-13),
+                               rtol=5e-3)
+    # The eps these features allow: [1e-13, 1e12] times their largest cost.
+    largest = scale ** p * _largest_cost(unit_features, p)   # squares of 1e-200 underflow
+    np.testing.assert_allclose(_interval(message, "eps must lie in "),
+                               (1e-13 * largest, 1e12 * largest), rtol=5e-3)
+
+
+def test_the_stated_eps_range_is_usable():
+    # Features at 1e-200: an eps at the centre (log scale) of the range the message states
+    # solves, and gives the unscaled loss times 1e-200 (p = 1 homogeneity).
+    rng = np.random.default_rng(41)
+    features = rng.standard_normal((4, 3, 2))
+    with pytest.raises(ValueError) as info:
+        rot.wcontrastive_forward(1e-200 * features, [0, 0, 1, 1], margin=1.0, eps=0.1)
+    low, high = _interval(str(info.value), "eps must lie in ")
+    eps = float(np.sqrt(low) * np.sqrt(high))     # low * high underflows
+    loss, _ = rot.wcontrastive_forward(1e-200 * features, [0, 0, 1, 1], margin=1e-200,
+                                       eps=eps, **TIGHT)
+    expected, _ = rot.wcontrastive_forward(features, [0, 0, 1, 1], margin=1.0,
+                                           eps=eps * 1e200, **TIGHT)
+    np.testing.assert_allclose(loss, 1e-200 * expected, rtol=1e-9)
+
+
+@pytest.mark.parametrize("eps, side", [(1e-300, "below 1e-13"), (1e300, "above 1e\\+12")])
+def test_an_extreme_eps_with_unit_features_names_eps(eps, side):
+    import re
+
+    features = np.random.default_rng(42).standard_normal((4, 3, 2))
+    shown = re.escape(repr(eps))
+    with pytest.raises(ValueError, match=rf"^eps == {shown} is .* times the largest cost .*{side}"):
+        rot.wcontrastive_forward(features, [0, 0, 1, 1], margin=1.0, eps=eps)
+    with pytest.raises(ValueError, match=rf"^eps == {shown} is .*for the cost given"):
+        rot.sinkhorn(np.ones(3), np.ones(2), np.arange(6.0).reshape(3, 2), eps=eps)
+
+
+def test_a_batch_of_weights_that_does_not_fit_the_cost_is_named():
+    cost = np.ones((2, 4, 5))
+    with pytest.raises(ValueError, match=r"^a has batch shape \(3,\) .* batch shape \(2,\) of cost"):
+        rot.sinkhorn(np.ones((3, 4)), np.ones(5), cost, eps=0.5)
+    with pytest.raises(ValueError, match=r"^b has batch shape \(3,\)"):
+        rot.entropic_ot_forward(np.ones(4), np.ones((3, 5)), cost, eps=0.5)
+    with pytest.raises(ValueError, match=r"^a and b have batch shapes \(2,\) and \(3,\)"):
+        rot.sinkhorn(np.ones((2, 4)), np.ones((3, 5)), np.ones((4, 5)), eps=0.5)
+    # Broadcasting batches still work: (2, 1) weights against a (2, 3) batch of costs.
+    result = rot.sinkhorn(np.ones((2, 1, 4)), np.ones(5), np.ones((2, 3, 4, 5)), eps=0.5)
+    assert result.plan.shape == (2, 3, 4, 5)
+
+
+def test_a_max_iter_beyond_int64_is_named():
+    # The compiled route of the all-pairs divergence counts iterations in int64.
+    clouds = np.random.default_rng(43).standard_normal((3, 4, 2))
+    with pytest.raises(ValueError, match="max_iter == 1180591620717411303424"):
+        rot.pairwise_sinkhorn_divergence(clouds, eps=0.5, max_iter=2**70)
+
+
+def test_gradients_of_weights_of_subnormal_mass_are_named():
+    # d/da f(a / sum a) scales as 1 / sum(a): beyond float64 at sum(a) ~ 3e-310.
+    _, _, a, b, cost = _problem(44, n=3, m=2)
+    _, ctx = rot.entropic_ot_forward(1e-310 * a, b, cost, eps=0.5)
+    with pytest.raises(ValueError, match=r"gradient with respect to a overflows float64.*sum\(a\)"):
+        rot.entropic_ot_backward(ctx, 1.0)
+    rng = np.random.default_rng(45)
+    x, y = rng.standard_normal((3, 2)), rng.standard_normal((2, 2))
+    _, ctx = rot.sinkhorn_divergence_forward(x, y, a, 1e-310 * b, eps=0.5)
+    with pytest.raises(ValueError, match=r"gradient with respect to b overflows float64"):
+        rot.sinkhorn_divergence_backward(ctx, 1.0)
+
+
+def test_an_eps_scaling_too_close_to_one_is_named_not_a_hang():
+    # q = 1 - 1e-16 lowers eps by one ulp per stage: ~6e16 stages from max C to eps.
+    _, _, a, b, cost = _problem(46)
+    eps = 1e-3 * float(cost.max())
+    with pytest.raises(ValueError, match=r"^eps_scaling == 0.9999999999999999 needs 6\.\d+e\+16 "):
+        rot.sinkhorn(a, b, cost, eps=eps, eps_scaling=1 - 1e-16)
+    with pytest.raises(ValueError, match=r"^eps_scaling == 0.9999999999999999 needs"):
+        rot.pairwise_sinkhorn_divergence(np.stack([_problem(47)[0]] * 3), eps=eps,
+                                         eps_scaling=1 - 1e-16)

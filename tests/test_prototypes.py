@@ -448,3 +448,143 @@ def test_ridge_backward_rejects_foreign_context_and_bad_upstream():
         prototypes.ridge_fit_backward(ctx, np.ones((2, 3)))
     with pytest.raises(ValueError, match="d_V must be finite"):
         prototypes.ridge_fit_backward(ctx, np.full((3, 2), np.nan))
+
+
+# ----------------------------------------------------- issue 20: the RLS at extreme input
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.9])
+@pytest.mark.parametrize("b", [3, 5, 8])
+def test_rls_with_a_tiny_ridge_and_b_at_least_m_rows_is_right(alpha, b):
+    # P_0 = I / 1e-300: the Woodbury matrix I_b + Z P_0 Z^T (b >= m = 3) loses its I_b to
+    # rounding and is not definite in float64; the update refactors R_{K+1} instead of
+    # raising SciPy's LinAlgError, and stays the batch solution (ridge negligible).
+    rng = np.random.default_rng(30)
+    estimator = prototypes.RecursivePrototypes(3, 2, alpha=alpha, ridge=1e-300)
+    seen_Z, seen_Y = [], []
+    for _ in range(4):
+        Z, Y = _batch(rng, b, 3, 2)
+        estimator.update(Z, Y)
+        seen_Z.append(Z)
+        seen_Y.append(Y)
+        K = len(seen_Z)
+        expected = _lstsq_ridge(seen_Z, seen_Y, alpha ** (K - 1 - np.arange(K, dtype=float)), 0.0)
+        np.testing.assert_allclose(estimator.prototypes, expected, rtol=0,
+                                   atol=1e-9 * np.abs(expected).max())
+
+
+def _exact_ridge(blocks_Z, blocks_Y, weights, beta):
+    """``R^{-1} Q`` in exact rational arithmetic (``fractions``), rounded once to float64.
+
+    ``R = sum_i w_i Z_i^T Z_i + beta I``, ``Q = sum_i w_i Z_i^T Y_i``. SVD least squares is
+    no oracle at mixed scales: where the fit is tiny next to the residual (a ridge far
+    above ``||Z||^2``) its backward error, relative to ``||Y||``, is 1e-7 of the answer.
+    """
+    from fractions import Fraction
+
+    m, d = blocks_Z[0].shape[1], blocks_Y[0].shape[1]
+    R = [[Fraction(beta) if i == j else Fraction(0) for j in range(m)] for i in range(m)]
+    Q = [[Fraction(0)] * d for _ in range(m)]
+    for w, Zi, Yi in zip(weights, blocks_Z, blocks_Y):
+        w = Fraction(w)
+        for i in range(m):
+            for j in range(m):
+                R[i][j] += w * sum(Fraction(a) * Fraction(b) for a, b in zip(Zi[:, i], Zi[:, j]))
+            for j in range(d):
+                Q[i][j] += w * sum(Fraction(a) * Fraction(b) for a, b in zip(Zi[:, i], Yi[:, j]))
+    rows = [R[i] + Q[i] for i in range(m)]                  # Gauss-Jordan, exact
+    for col in range(m):
+        pivot = next(r for r in range(col, m) if rows[r][col] != 0)
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(m):
+            if r != col:
+                factor = rows[r][col] / rows[col][col]
+                rows[r] = [a - factor * b for a, b in zip(rows[r], rows[col])]
+    return np.array([[float(rows[i][m + j] / rows[i][i]) for j in range(d)] for i in range(m)])
+
+
+def _check_mixed_scales(alpha, ridge, scales, seed, rtol):
+    rng = np.random.default_rng(seed)
+    m, d = 3, 2
+    estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, ridge=ridge)
+    seen_Z, seen_Y = [], []
+    for scale in scales:
+        Z, Y = _batch(rng, m + 1, m, d)      # full column rank: R_K is definite at once
+        estimator.update(scale * Z, Y)
+        seen_Z.append(scale * Z)
+        seen_Y.append(Y)
+        K = len(seen_Z)
+        weights = [alpha ** (K - 1 - i) for i in range(K)]
+        expected = _exact_ridge(seen_Z, seen_Y, weights, ridge)
+        np.testing.assert_allclose(estimator.prototypes, expected, rtol=0,
+                                   atol=rtol * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.9, 0.5])
+@pytest.mark.parametrize("scales", [[1e-100, 1.0], [1.0, 1e100], [1e-150, 1e-50, 1e50, 1.0]])
+def test_rls_with_batches_of_very_different_scales_is_the_batch_solution(alpha, scales):
+    # A batch far larger than those before shrinks V by orders of magnitude in one step:
+    # the innovation form would lose those digits (V 1e84 times off before the fix); the
+    # update solves R_{K+1} V = alpha R_K V_K + Z^T Y there instead.
+    _check_mixed_scales(alpha, 1e-300, scales, seed=31, rtol=1e-10)
+
+
+@given(
+    st.sampled_from([1.0, 0.9]),
+    st.sampled_from([0.0, 1e-300, 1e-6]),
+    st.lists(st.integers(-150, 150), min_size=1, max_size=4),
+    st.integers(0, 2**32 - 1),
+)
+def test_rls_at_mixed_scales_hypothesis(alpha, ridge, exponents, seed):
+    _check_mixed_scales(alpha, ridge, [float(np.ldexp(1.0, e)) for e in exponents], seed,
+                        rtol=1e-10)
+
+
+def test_rls_below_the_normal_range_is_named_and_leaves_the_state():
+    estimator = prototypes.RecursivePrototypes(3, 2, alpha=0.9, ridge=1e-310)
+    np.testing.assert_array_equal(estimator.prototypes, 0.0)       # V_0 = 0 exactly
+    Z, Y = _batch(np.random.default_rng(32), 4, 3, 2)
+    with pytest.raises(ValueError, match=r"R_K = .* would lie below float64's normal range"):
+        estimator.update(1e-160 * Z, Y)                             # Z^T Z ~ 1e-320
+    assert estimator.n_updates == 0
+    np.testing.assert_array_equal(estimator.prototypes, 0.0)
+    estimator.update(Z, Y)                                           # normal data: fine
+    np.testing.assert_allclose(estimator.prototypes, _lstsq_ridge([Z], [Y], [1.0], 0.0),
+                               rtol=0, atol=1e-9)
+
+
+def test_rls_never_raises_a_raw_error_at_extreme_input():
+    # Ridges down to the smallest subnormal, batches of 1e-160 .. 1e150, rank-deficient and
+    # zero batches: every outcome is a finite V, or a ValueError of the estimator's own.
+    own = ("R_K is singular", "overflows float64", "below float64's normal range")
+    rng = np.random.default_rng(33)
+    for trial in range(150):
+        m, d = int(rng.integers(1, 5)), int(rng.integers(1, 3))
+        ridge = float(rng.choice([0.0, 5e-324, 1e-310, 1e-300, 1e-200, 1e-16, 1.0]))
+        alpha = float(rng.choice([1.0, 0.999999, 0.5]))
+        estimator = prototypes.RecursivePrototypes(m, d, alpha=alpha, ridge=ridge)
+        for _ in range(int(rng.integers(1, 6))):
+            Z = float(rng.choice([1.0, 1e-160, 1e-100, 1e100, 1e150])) * rng.random(
+                (int(rng.integers(1, 6)), m))
+            kind = int(rng.integers(0, 4))
+            if kind == 1:
+                Z[:] = Z[0]
+            elif kind == 2:
+                Z[:, 0] = 0.0
+            elif kind == 3:
+                Z[:] = 0.0
+            try:
+                estimator.update(Z, rng.random((Z.shape[0], d)))
+                V = estimator.prototypes
+            except ValueError as error:
+                assert any(text in str(error) for text in own), str(error)
+                continue
+            assert np.all(np.isfinite(V))
+
+
+def test_recursion_weights_refuses_a_non_symmetric_r_k():
+    Z, _ = _batch(np.random.default_rng(34), 3, 4, 2)
+    R_K = np.eye(4)
+    R_K[0, 1] = 0.5
+    with pytest.raises(ValueError, match=r"R_K must be symmetric .* up to 0.5"):
+        prototypes.recursion_weights(R_K, Z, alpha=0.9, ridge=0.1)

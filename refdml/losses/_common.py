@@ -134,6 +134,114 @@ def check_contrastive_margins(form: str, pos_margin, neg_margin) -> tuple[float,
     return pos_margin, neg_margin
 
 
+# ---------------------------------------------------------- hyperparameter ranges
+#
+# The cosine losses are invariant to the scale of the embeddings, so only their
+# hyperparameters can push the logits, values or gradients beyond float64. The bounds
+# below use |s| <= 1 and are checked before any arithmetic, with the reference's and the
+# fast path's one message; what they leave (sums of many terms) is caught by the final
+# checks of the value (``reduce_terms``) and of :func:`check_finite_loss`.
+
+
+def _overflows(value_fn, dtype=np.float64) -> bool:
+    """Whether the float64 ``value_fn()`` lies beyond ``dtype``'s range."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        value = value_fn()
+    return not abs(value) <= np.finfo(dtype).max
+
+
+def check_generalized_margins(alpha, beta) -> tuple[float, float]:
+    """ASAP Eq. (4.2): ``beta >= alpha > 0``, and the margins ``beta -+ alpha`` finite."""
+    alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
+    beta = check_scalar(beta, "beta", low=0.0, low_inclusive=False)
+    if beta < alpha:
+        raise ValueError(
+            f"beta == {beta!r}, must be >= alpha == {alpha!r} (ASAP Eq. (4.2): "
+            "beta >= alpha > 0)"
+        )
+    if _overflows(lambda: beta + alpha):
+        raise ValueError(
+            f"alpha + beta overflows float64 (alpha == {alpha!r}, beta == {beta!r}): it is the "
+            "negative margin of ASAP Eq. (4.2)"
+        )
+    return alpha, beta
+
+
+def check_multi_similarity_scales(alpha: float, beta: float, n: int, dtype=np.float64) -> None:
+    """``log(1 + sum exp(.)) / alpha`` is about ``log(1 + n) / alpha`` for small alpha."""
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if _overflows(lambda: np.log1p(n) / value, dtype):
+            raise ValueError(
+                f"{name} == {value!r} is too small: the multi-similarity term "
+                f"log(1 + sum exp(...)) / {name}, about log(1 + n) / {name} with n == {n}, "
+                f"overflows {np.dtype(dtype).name}"
+            )
+
+
+def check_proxy_anchor_scales(alpha: float, delta: float, n: int, dtype=np.float64) -> None:
+    """The logits ``+-alpha (s +- delta)`` reach ``alpha (1 + delta)``."""
+    if _overflows(lambda: alpha * (1.0 + delta) + np.log1p(n), dtype):
+        raise ValueError(
+            f"alpha == {alpha!r} with delta == {delta!r}: the Proxy-Anchor logits "
+            "alpha (s +- delta) reach alpha (1 + delta) (cosine s in [-1, 1]), beyond "
+            f"{np.dtype(dtype).name}"
+        )
+
+
+def check_proxy_nca_temperature(temperature: float, dtype=np.float64) -> None:
+    """The logits ``-||x^ - p^||^2 / T`` reach ``-4 / T`` (unit vectors)."""
+    if _overflows(lambda: 4.0 / temperature, dtype):
+        raise ValueError(
+            f"temperature == {temperature!r} is too small: the ProxyNCA++ logits "
+            "-||x^ - p^||^2 / temperature reach -4 / temperature, beyond "
+            f"{np.dtype(dtype).name} (temperature must be at least "
+            f"{4.0 / float(np.finfo(dtype).max):.3g})"
+        )
+
+
+def check_soft_triple_scales(lambda_: float, gamma: float, delta: float,
+                             dtype=np.float64) -> None:
+    """The softmax logits ``s / gamma`` and ``(s - S') / gamma`` reach ``2 / gamma``; the
+    class logits ``lambda_ (S' - delta)`` reach ``lambda_ (1 + delta)``."""
+    name = np.dtype(dtype).name
+    if _overflows(lambda: 2.0 / gamma, dtype):
+        raise ValueError(
+            f"gamma == {gamma!r} is too small: the SoftTriple terms s / gamma and their "
+            f"gradient (s - S') / gamma reach 2 / gamma, beyond {name} (gamma must be at "
+            f"least {2.0 / float(np.finfo(dtype).max):.3g})"
+        )
+    if _overflows(lambda: 2.0 * lambda_ * (1.0 + delta), dtype):
+        raise ValueError(
+            f"lambda_ == {lambda_!r} with delta == {delta!r}: the SoftTriple logits "
+            "lambda_ (S' - delta) and their differences reach 2 lambda_ (1 + delta), "
+            f"beyond {name}"
+        )
+
+
+def check_finite_loss(value: float, arrays, loss: str, hyperparameters: dict,
+                      dtype=np.float64) -> None:
+    """A loss value and its saved derivatives finite, else a ValueError naming the
+    hyperparameters (what the range checks above do not bound: sums over many terms)."""
+    if np.isfinite(value) and all(bool(np.all(np.isfinite(a))) for a in arrays):
+        return
+    raise ValueError(finite_loss_message(loss, hyperparameters, dtype))
+
+
+def hyperparameter_cause(loss: str, **hyperparameters):
+    """The ``cause`` of :func:`reduce_terms` for a cosine loss: its hyperparameters."""
+    shown = ", ".join(f"{k} == {v!r}" for k, v in hyperparameters.items())
+    return lambda: f"the {loss} terms are too large with {shown}"
+
+
+def finite_loss_message(loss: str, hyperparameters: dict, dtype=np.float64) -> str:
+    shown = ", ".join(f"{k} == {v!r}" for k, v in hyperparameters.items())
+    return (
+        f"the {loss} loss or its gradient overflows {np.dtype(dtype).name} with {shown} (its "
+        "cosine similarities are in [-1, 1], so the hyperparameters set its scale): use "
+        "smaller ones"
+    )
+
+
 def check_cosine_embeddings(x: np.ndarray) -> None:
     check_nonzero_rows(x, "embeddings", why=_COSINE_WHY)
 
@@ -190,11 +298,13 @@ def check_d_value(d_value) -> float:
 # ------------------------------------------------------------------------- reductions
 
 
-def reduce_terms(terms: np.ndarray, reduction: str) -> tuple[float, np.ndarray]:
+def reduce_terms(terms: np.ndarray, reduction: str,
+                 cause=lambda: "the embeddings are too far apart") -> tuple[float, np.ndarray]:
     """Reduce non-negative ``terms``; return the value and d value / d terms.
 
     An empty set of terms (or no non-zero term for ``mean_nonzero``) reduces to 0. A sum
-    that overflows is formed on ``terms / 2^k``; a value beyond float64 is a ValueError.
+    that overflows is formed on ``terms / 2^k``; a value beyond float64 is a ValueError
+    (``cause()`` says why, naming the parameters; called only then).
     """
     if reduction == "mean_nonzero":
         weight = (terms > 0.0).astype(np.float64)
@@ -212,8 +322,7 @@ def reduce_terms(terms: np.ndarray, reduction: str) -> tuple[float, np.ndarray]:
             value = _TWO_64 * (float(np.sum(terms / _TWO_64)) / count)
     if not np.isfinite(value):
         raise ValueError(
-            f"the loss value (reduction={reduction!r}) exceeds the float64 range: the "
-            "embeddings are too far apart"
+            f"the loss value (reduction={reduction!r}) exceeds the float64 range: {cause()}"
         )
     return value, weight / count
 
@@ -281,7 +390,7 @@ def pairwise_backward(ctx: PairwiseLossContext, d_value: float) -> LossGrads:
     else:
         grads = _euclidean_backward(ctx.metric_ctx, upstream)
     # The matrix is a function of two copies of x; the total derivative adds both.
-    return LossGrads(embeddings=(grads.x + grads.y) / ctx.row_scale)
+    return LossGrads(embeddings=_unscaled_gradient(grads.x + grads.y, ctx.row_scale, "embeddings"))
 
 
 def proxy_backward(ctx: ProxyLossContext, d_value: float) -> ProxyLossGrads:
@@ -291,7 +400,37 @@ def proxy_backward(ctx: ProxyLossContext, d_value: float) -> ProxyLossGrads:
         reg = _cosine_backward(ctx.regularizer_ctx, d_value * ctx.d_regularizer)
         d_proxies = d_proxies + reg.x + reg.y
     return ProxyLossGrads(
-        embeddings=grads.x / ctx.embedding_scale, proxies=d_proxies / ctx.proxy_scale
+        embeddings=_unscaled_gradient(grads.x, ctx.embedding_scale, "embeddings"),
+        proxies=_unscaled_gradient(d_proxies, ctx.proxy_scale, "proxies"),
+    )
+
+
+def _unscaled_gradient(gradient: np.ndarray, scale, name: str) -> np.ndarray:
+    """``gradient / scale``: back from rows divided by powers of two to the user's rows.
+
+    A cosine's gradient scales as ``1 / ||row||``, so it exceeds float64 for rows of
+    norm below about ``1 / 1.8e308`` (subnormal entries): a ValueError naming ``name``.
+    """
+    with np.errstate(over="ignore"):
+        out = gradient / scale
+    if not np.all(np.isfinite(out)):
+        raise ValueError(cosine_gradient_overflow(out, name, "float64"))
+    return out
+
+
+_COSINE_OVERFLOW = (
+    "a cosine's gradient scales as 1 / ||row||, and that row is too short (entries near the "
+    "subnormal range)"
+)
+
+
+def cosine_gradient_overflow(gradient, name: str, dtype_name: str,
+                             why: str = _COSINE_OVERFLOW) -> str:
+    """The message of a loss's gradient beyond the dtype (reference and fast path)."""
+    row = int(np.flatnonzero(~np.all(np.isfinite(gradient), axis=-1))[0])
+    return (
+        f"the gradient with respect to {name} overflows {dtype_name} at row {row}: {why}; "
+        f"rescale {name}"
     )
 
 

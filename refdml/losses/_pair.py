@@ -30,7 +30,9 @@ from refdml.losses._common import (
     check_cosine_embeddings,
     check_d_value,
     check_embeddings_labels,
+    check_generalized_margins,
     check_loss_context,
+    check_multi_similarity_scales,
     check_reduction,
     log1p_sum_exp,
     pairwise_backward,
@@ -78,12 +80,22 @@ def _pair_hinge_forward(
     values = matrix[rows, cols]
     pre = np.where(same, sign * (values - pos_margin), sign * (neg_margin - values))
     terms = np.maximum(pre, 0.0)
-    value, d_terms = reduce_terms(terms, reduction)
+    value, d_terms = reduce_terms(terms, reduction,
+                                  lambda: _hinge_cause(values, pos_margin, neg_margin))
     # d term / d matrix entry: +sign on active positives, -sign on active negatives.
     slope = np.where(pre > 0.0, np.where(same, sign, -sign), 0.0)
     d_matrix = np.zeros((n, n))
     d_matrix[rows, cols] = d_terms * slope
     return value, PairwiseLossContext(loss, metric_ctx, d_matrix, scale)
+
+
+def _hinge_cause(values: np.ndarray, pos_margin: float, neg_margin: float) -> str:
+    """Why a sum of hinge terms exceeds float64: distances or margins (the larger)."""
+    largest = float(np.max(np.abs(values), initial=0.0))
+    if max(pos_margin, neg_margin) > largest:
+        return (f"the margins are too large (pos_margin == {pos_margin!r}, neg_margin == "
+                f"{neg_margin!r}, largest distance {largest:.3g})")
+    return f"the embeddings are too far apart (largest distance {largest:.3g})"
 
 
 def contrastive_forward(
@@ -178,8 +190,7 @@ def generalized_contrastive_forward(
     """
     x, y = check_embeddings_labels(embeddings, labels)
     reduction = check_reduction(reduction)
-    alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
-    beta = check_scalar(beta, "beta", low=alpha)
+    alpha, beta = check_generalized_margins(alpha, beta)
     return _pair_hinge_forward(
         x, y, beta - alpha, beta + alpha, "euclidean", reduction, "generalized_contrastive"
     )
@@ -219,10 +230,22 @@ def _triplet_forward(
         # Hardest positive / negative per anchor; ties go to the lowest index (argmax).
         pos = np.argmax(np.where(positive, distance, -np.inf)[anchor], axis=1)
         neg = np.argmin(np.where(negative, distance, np.inf)[anchor], axis=1)
-    # Distances are finite and >= 0, so d_ap - d_an cannot overflow.
-    pre = distance[anchor, pos] - distance[anchor, neg] + margin
+    # Distances are finite and >= 0, so d_ap - d_an cannot overflow; adding the margin can.
+    with np.errstate(over="ignore"):
+        pre = distance[anchor, pos] - distance[anchor, neg] + margin
+
+    def cause() -> str:
+        largest = float(np.max(distance, initial=0.0))
+        if margin > largest:
+            return f"the margin is too large (margin == {margin!r}, largest distance {largest:.3g})"
+        return f"the embeddings are too far apart (largest distance {largest:.3g})"
+
+    if not np.all(np.isfinite(pre)):
+        raise ValueError(
+            f"a triplet term d_ap - d_an + margin exceeds the float64 range: {cause()}"
+        )
     terms = np.maximum(pre, 0.0)
-    value, d_terms = reduce_terms(terms, reduction)
+    value, d_terms = reduce_terms(terms, reduction, cause)
     active = np.where(pre > 0.0, d_terms, 0.0)
     d_matrix = np.zeros((n, n))
     np.add.at(d_matrix, (anchor, pos), active)
@@ -298,7 +321,10 @@ def _multi_similarity_forward(
     lse_pos, w_pos = log1p_sum_exp(-alpha * (s - base), mined_pos)
     lse_neg, w_neg = log1p_sum_exp(beta * (s - base), mined_neg)
     terms = np.where(keep, lse_pos / alpha + lse_neg / beta, 0.0)
-    value, d_terms = reduce_terms(terms, reduction)
+    value, d_terms = reduce_terms(
+        terms, reduction, lambda: f"alpha == {alpha!r} or beta == {beta!r} is too small for a "
+        f"sum of {int(keep.sum())} terms log(1 + sum exp(...)) / alpha (or / beta)",
+    )
     d_matrix = np.zeros((n, n))
     d_matrix[valid] = d_terms[:, None] * (w_neg - w_pos)
     return value, PairwiseLossContext("multi_similarity", metric_ctx, d_matrix, scale)
@@ -334,6 +360,7 @@ def multi_similarity_forward(
     base = check_scalar(base, "base", low=-1.0, high=1.0)
     mining_margin = check_scalar(mining_margin, "mining_margin", low=0.0)
     reduction = check_reduction(reduction)
+    check_multi_similarity_scales(alpha, beta, x.shape[0])
     check_cosine_embeddings(x)
     return _multi_similarity_forward(x, y, alpha, beta, base, mining_margin, reduction)
 

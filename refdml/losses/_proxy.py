@@ -15,10 +15,15 @@ from refdml.losses._common import (
     ProxyLossContext,
     ProxyLossGrads,
     check_d_value,
+    check_finite_loss,
     check_loss_context,
+    check_proxy_anchor_scales,
     check_proxy_inputs,
+    check_proxy_nca_temperature,
     check_reduction,
+    check_soft_triple_scales,
     cross_cosine,
+    hyperparameter_cause,
     log1p_sum_exp,
     proxy_backward,
     reduce_terms,
@@ -49,13 +54,17 @@ def _proxy_anchor_forward(
     lse_pos, w_pos = log1p_sum_exp(-alpha * (similarity.T - delta), same.T)
     lse_neg, w_neg = log1p_sum_exp(alpha * (similarity.T + delta), ~same.T)
     with_positives = same.any(axis=0)
-    value_pos, d_pos = reduce_terms(lse_pos[with_positives], reduction)
-    value_neg, d_neg = reduce_terms(lse_neg, reduction)
+    cause = hyperparameter_cause("proxy_anchor", alpha=alpha, delta=delta)
+    value_pos, d_pos = reduce_terms(lse_pos[with_positives], reduction, cause)
+    value_neg, d_neg = reduce_terms(lse_neg, reduction, cause)
     d_lse_pos = np.zeros(proxies.shape[0])
     d_lse_pos[with_positives] = d_pos
-    d_similarity = alpha * (d_neg[:, None] * w_neg - d_lse_pos[:, None] * w_pos).T
+    with np.errstate(over="ignore", invalid="ignore"):
+        d_similarity = alpha * (d_neg[:, None] * w_neg - d_lse_pos[:, None] * w_pos).T
+        value = value_pos + value_neg
+    check_finite_loss(value, [d_similarity], "proxy_anchor", {"alpha": alpha, "delta": delta})
     ctx = ProxyLossContext("proxy_anchor", cosine_ctx, d_similarity, x_scale, p_scale)
-    return value_pos + value_neg, ctx
+    return value, ctx
 
 
 def proxy_anchor_forward(
@@ -82,6 +91,7 @@ def proxy_anchor_forward(
     delta = check_scalar(delta, "delta", low=0.0)
     alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
     reduction = check_reduction(reduction)
+    check_proxy_anchor_scales(alpha, delta, x.shape[0])
     return _proxy_anchor_forward(x, y, p, p_labels, delta, alpha, reduction)
 
 
@@ -117,7 +127,8 @@ def _proxy_nca_forward(
     lse_pos, softmax_pos = masked_logsumexp(logits, same, axis=1)
     # A single class of proxies makes every term exactly 0; clip the rounding residue.
     terms = np.maximum(lse_all - lse_pos, 0.0)
-    value, d_terms = reduce_terms(terms, reduction)
+    value, d_terms = reduce_terms(terms, reduction,
+                                  hyperparameter_cause("proxy_nca", temperature=temperature))
     d_similarity = (2.0 / temperature) * d_terms[:, None] * (softmax_all - softmax_pos)
     return value, ProxyLossContext("proxy_nca", cosine_ctx, d_similarity, x_scale, p_scale)
 
@@ -142,6 +153,7 @@ def proxy_nca_forward(
     x, y, p, p_labels = check_proxy_inputs(embeddings, labels, proxies, proxy_labels)
     temperature = check_scalar(temperature, "temperature", low=0.0, low_inclusive=False)
     reduction = check_reduction(reduction)
+    check_proxy_nca_temperature(temperature)
     return _proxy_nca_forward(x, y, p, p_labels, temperature, reduction)
 
 
@@ -187,7 +199,9 @@ def _soft_triple_forward(
     logits = lambda_ * (relaxed - delta * own)
     lse, softmax = masked_logsumexp(logits, None, axis=1)
     terms = np.maximum(lse - logits[own], 0.0)
-    value, d_terms = reduce_terms(terms, reduction)
+    hyperparameters = {"lambda_": lambda_, "gamma": gamma, "tau": tau, "delta": delta}
+    value, d_terms = reduce_terms(terms, reduction,
+                                  hyperparameter_cause("soft_triple", **hyperparameters))
     d_relaxed = lambda_ * d_terms[:, None] * (softmax - own)            # (n, C)
     class_of_center = np.searchsorted(classes, center_labels)
     # d S'_ic / d s_ik = q_ik (1 + (s_ik - S'_ic) / gamma) for centre k of class c.
@@ -200,6 +214,7 @@ def _soft_triple_forward(
     counts = np.bincount(class_of_center)
     denominator = float(np.sum(counts * (counts - 1)))
     if tau == 0.0 or denominator == 0.0:
+        check_finite_loss(value, [d_similarity], "soft_triple", hyperparameters)
         ctx = ProxyLossContext("soft_triple", cosine_ctx, d_similarity, x_scale, c_scale)
         return value, ctx
     # The centres as cosine_ctx saw them (each row divided by its power of two).
@@ -207,9 +222,11 @@ def _soft_triple_forward(
     center_similarity, center_ctx = _cosine_forward(scaled, scaled)
     pairs = np.triu(center_labels[:, None] == center_labels[None, :], k=1)
     root = np.sqrt(2.0 + _SOFT_TRIPLE_EPS - 2.0 * center_similarity[pairs])
-    value += tau * float(np.sum(root)) / denominator
     d_regularizer = np.zeros((m, m))
-    d_regularizer[pairs] = -tau / (denominator * root)
+    with np.errstate(over="ignore"):
+        value += tau * float(np.sum(root)) / denominator
+        d_regularizer[pairs] = -tau / (denominator * root)
+    check_finite_loss(value, [d_similarity, d_regularizer], "soft_triple", hyperparameters)
     ctx = ProxyLossContext(
         "soft_triple", cosine_ctx, d_similarity, x_scale, c_scale, center_ctx, d_regularizer
     )
@@ -246,6 +263,7 @@ def soft_triple_forward(
     tau = check_scalar(tau, "tau", low=0.0)
     delta = check_scalar(delta, "delta", low=0.0)
     reduction = check_reduction(reduction)
+    check_soft_triple_scales(lambda_, gamma, delta)
     return _soft_triple_forward(x, y, p, p_labels, lambda_, gamma, tau, delta, reduction)
 
 

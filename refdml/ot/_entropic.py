@@ -43,6 +43,7 @@ from refdml.ot._sinkhorn import (
     _OTBatch,
     _solve_scaled,
     _unbatch,
+    _weight_gradient,
 )
 
 __all__ = ["EntropicOTContext", "OTGrads", "entropic_ot_backward", "entropic_ot_forward"]
@@ -164,9 +165,8 @@ def entropic_ot_backward(ctx: EntropicOTContext, d_value) -> OTGrads:
     check_context(ctx, "ctx", EntropicOTContext)
     d_value = check_upstream(d_value, "d_value", ctx.batch_shape).reshape(-1)
     d_cost, da, db = _ot_vjp(ctx.batch, ctx.value, d_value)
-    with np.errstate(over="ignore"):
-        da = da / ctx.a_mass[:, None]
-        db = db / ctx.b_mass[:, None]
+    da = _weight_gradient(da, ctx.a_mass[:, None], "a")
+    db = _weight_gradient(db, ctx.b_mass[:, None], "b")
     n, m = d_cost.shape[1:]
     d_cost = d_cost.reshape(ctx.batch_shape + (n, m))
     da = da.reshape(ctx.batch_shape + (n,))

@@ -43,6 +43,8 @@ _ABSORB_LOW = float(np.exp(-_ABSORB))
 _TINY = 1e-250
 # Intermediate eps-scaling stages only warm-start the next one.
 _STAGE_TOL = 1e-3
+# Most eps-scaling stages (eps_scaling = 0.999 from 1 down to 1e-13 takes 3e4).
+_MAX_STAGES = 1e5
 # eps relative to the largest cost that float64 resolves. Below _MIN_RELATIVE_EPS the
 # kernel exp(-C / eps) cannot tell apart costs that differ by their own rounding error;
 # above _MAX_RELATIVE_EPS the potentials' rounding error eps * 2^-52 exceeds ~1e-4 of the
@@ -243,10 +245,27 @@ def _stage(log_a, a, b, cost, eps, f, g, *, tol, max_iter, want_plan, symmetric)
     return out_f, out_g, out_plan, out_iter, out_err
 
 
+def _check_schedule_length(start: float, eps: float, eps_scaling: float) -> None:
+    """Refuse an ``eps_scaling`` so close to 1 that the schedule ``start, start q, ...``
+    down to ``eps`` has more than ``_MAX_STAGES`` stages (it would run, or be built, for
+    hours: at ``q = 1 - 1e-16`` each stage lowers eps by one ulp)."""
+    if not start > eps:
+        return
+    with np.errstate(divide="ignore"):
+        stages = float(np.log(eps / start) / np.log(eps_scaling))
+    if not stages <= _MAX_STAGES:
+        raise ValueError(
+            f"eps_scaling == {eps_scaling!r} needs {stages:.3g} eps-scaling stages from the "
+            f"largest cost down to eps (eps / max C == {eps / start:.3g}), more than "
+            f"{_MAX_STAGES:g}: take a smaller factor (0.5 halves eps at each stage)"
+        )
+
+
 def _eps_schedule(cost: np.ndarray, eps: float, eps_scaling: float | None) -> list[float]:
     if eps_scaling is None:
         return [eps]
     start = float(np.max(cost))
+    _check_schedule_length(start, eps, eps_scaling)
     schedule = []
     level = start
     while level > eps:
@@ -300,7 +319,9 @@ def _solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False
 
 def _check_solver_args(eps, max_iter, tol, eps_scaling):
     eps = check_scalar(eps, "eps", low=0.0, low_inclusive=False)
-    max_iter = check_scalar(max_iter, "max_iter", low=1, integer=True)
+    # The iteration counters are int64 (the compiled solver's too).
+    max_iter = check_scalar(max_iter, "max_iter", low=1, high=np.iinfo(np.int64).max,
+                            integer=True)
     tol = check_scalar(tol, "tol", low=0.0)
     if eps_scaling is not None:
         eps_scaling = check_scalar(
@@ -319,35 +340,101 @@ def _solve_scaled(a, b, cost, *, eps, max_iter, tol, eps_scaling) -> _OTBatch:
     unit = common_scale(cost)
     cost = cost / unit
     scaled_eps = eps / unit
-    _check_relative_eps(scaled_eps, float(np.max(np.abs(cost))), user_eps=eps)
+    _check_relative_eps(scaled_eps, float(np.max(np.abs(cost))), user_eps=eps,
+                        data_name="cost", unit=unit)
     return _solve_batch(a, b, cost, eps=scaled_eps, max_iter=max_iter, tol=tol,
                         eps_scaling=eps_scaling, unit=unit)
 
 
 def _check_relative_eps(eps: float, largest_cost: float, *, user_eps: float | None = None,
-                        cost_name: str = "the largest cost") -> None:
+                        cost_name: str = "the largest cost", data_name: str | None = None,
+                        unit: float = 1.0, p: float | None = None) -> None:
     """Refuse an ``eps`` that float64 cannot resolve against the cost scale.
 
-    ``eps`` and ``largest_cost`` in the same (possibly rescaled) units; ``user_eps`` is
-    the value the user passed, for the message. A zero cost is fine at any ``eps``.
+    ``eps`` and ``largest_cost`` in the same (possibly rescaled) units, ``unit`` the
+    power of two they were divided by; ``user_eps`` is the value the user passed, for the
+    message. A zero cost is fine at any ``eps``. See :func:`_relative_eps_message`.
+    """
+    message = _relative_eps_message(
+        eps, largest_cost, low=_MIN_RELATIVE_EPS, high=_MAX_RELATIVE_EPS, dtype_name="float64",
+        user_eps=user_eps, cost_name=cost_name, data_name=data_name, unit=unit, p=p,
+    )
+    if message is not None:
+        raise ValueError(message)
+
+
+def _format_log2(log2_value: float) -> str:
+    """``2 ** log2_value`` as ``"%.3g"`` would print it, also beyond float64's range."""
+    if abs(log2_value) < 1000.0:
+        return f"{float(np.exp2(log2_value)):.3g}"
+    log10_value = log2_value * float(np.log10(2.0))
+    exponent = int(np.floor(log10_value))
+    mantissa = float(10.0 ** (log10_value - exponent))
+    if mantissa >= 9.995:  # "%.3g" would round it up to 10
+        mantissa, exponent = 1.0, exponent + 1
+    return f"{mantissa:.3g}e{exponent:+03d}"
+
+
+def _interval(low_log2: float, high_log2: float) -> str:
+    return f"[{_format_log2(low_log2)}, {_format_log2(high_log2)}]"
+
+
+def _relative_eps_message(eps: float, largest_cost: float, *, low: float, high: float,
+                          dtype_name: str, user_eps: float | None = None,
+                          cost_name: str = "the largest cost", data_name: str | None = None,
+                          unit: float = 1.0, p: float | None = None) -> str | None:
+    """The message of an ``eps`` that ``dtype_name`` cannot resolve, or None if it can.
+
+    Only the ratio ``eps / max C`` matters (scaling the data, hence the costs, and eps
+    together changes nothing), so which of the two is "wrong" is a judgement: the message
+    leads with the one further from 1 on a log scale (``eps`` on a tie) and gives both
+    remedies, the range of the largest cost at this ``eps`` and the range of ``eps`` at
+    these data. ``data_name`` names the data parameter (``"features"``, ``"cost"``, ...);
+    without it the message leads with ``eps``. ``p``: the exponent of a ground cost
+    ``||x - y||^p``, to translate the cost range into one of distances. Shared by the
+    reference and the fast path (which passes its dtype's limits) so that both say the same.
     """
     if largest_cost == 0.0:
-        return
+        return None
     ratio = eps / largest_cost
+    if low <= ratio <= high:
+        return None
     shown = eps if user_eps is None else user_eps
-    if not ratio >= _MIN_RELATIVE_EPS:
-        raise ValueError(
-            f"eps == {shown!r} is {ratio:.3g} times {cost_name}, below {_MIN_RELATIVE_EPS:g}: "
-            "in float64 the kernel exp(-C / eps) cannot resolve the costs. eps is in the "
-            "units of the cost; scale it with the data (or use an exact OT solver)"
+    too_small = not ratio >= low
+    # Logarithms of the user's values: the costs times `unit` may lie beyond float64.
+    log2_eps = float(np.log2(shown))
+    log2_cost = float(np.log2(largest_cost)) + float(np.log2(unit))
+    log2_ratio = log2_eps - log2_cost
+    limit = low if too_small else high
+    side = "below" if too_small else "above"
+    alternative = "an exact OT solver" if dtype_name == "float64" else "float64 or an exact solver"
+    if too_small:
+        reason = (f"in {dtype_name} the kernel exp(-C / eps) cannot resolve the costs "
+                  f"({alternative} may)")
+    else:
+        reason = (f"the regularised value would have no correct digits left in {dtype_name} "
+                  "(the plan is the independent coupling a b^T)")
+    log2_low, log2_high = float(np.log2(low)), float(np.log2(high))
+    eps_range = _interval(log2_cost + log2_low, log2_cost + log2_high)
+    cost_range = _interval(log2_eps - log2_high, log2_eps - log2_low)
+    given = "here" if data_name is None else f"for the {data_name} given"
+    distances = ""
+    if p is not None:
+        distances = (f" (with p == {p:g}: the largest distance ||x - y|| in "
+                     f"{_interval((log2_eps - log2_high) / p, (log2_eps - log2_low) / p)})")
+    if data_name is not None and abs(log2_cost) > abs(log2_eps):
+        return (
+            f"{data_name} out of range for eps == {shown!r}: {cost_name} is "
+            f"{_format_log2(log2_cost)}, and eps is {_format_log2(log2_ratio)} times it, "
+            f"{side} {limit:g}: {reason}. At eps == {shown!r}, {cost_name} must lie in "
+            f"{cost_range}{distances}: rescale {data_name}, or scale eps with the data (eps "
+            f"is in the units of the cost; {given}, eps must lie in {eps_range})"
         )
-    if not ratio <= _MAX_RELATIVE_EPS:
-        raise ValueError(
-            f"eps == {shown!r} is {ratio:.3g} times {cost_name}, above {_MAX_RELATIVE_EPS:g}: "
-            "the regularised value would have no correct digits left in float64 (the plan "
-            "is the independent coupling a b^T). eps is in the units of the cost; scale "
-            "it with the data"
-        )
+    return (
+        f"eps == {shown!r} is {_format_log2(log2_ratio)} times {cost_name}, {side} "
+        f"{limit:g}: {reason}. eps is in the units of the cost, so scale it with the data: "
+        f"{given}, eps must lie in {eps_range}"
+    )
 
 
 def _check_weights(w, name: str, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -370,10 +457,56 @@ def _check_weights(w, name: str, size: int) -> tuple[np.ndarray, np.ndarray]:
     return w / scaled_mass[..., None], mass
 
 
+def _batch_shape(a_shape, b_shape, cost_shape) -> tuple[int, ...]:
+    """The common batch shape of ``a`` (..., n), ``b`` (..., m) and ``cost`` (..., n, m).
+
+    A ``ValueError`` names the weights whose leading dimensions do not broadcast with
+    the cost's (or with each other's), with the shapes.
+    """
+    a_batch, b_batch, cost_batch = tuple(a_shape[:-1]), tuple(b_shape[:-1]), tuple(cost_shape[:-2])
+    for name, batch, shape in (("a", a_batch, a_shape), ("b", b_batch, b_shape)):
+        try:
+            np.broadcast_shapes(cost_batch, batch)
+        except ValueError:
+            raise ValueError(
+                f"{name} has batch shape {batch} (shape {tuple(shape)} without its last axis), "
+                f"which does not broadcast with the batch shape {cost_batch} of cost (shape "
+                f"{tuple(cost_shape)})"
+            ) from None
+    try:
+        return np.broadcast_shapes(cost_batch, a_batch, b_batch)
+    except ValueError:
+        raise ValueError(
+            f"a and b have batch shapes {a_batch} and {b_batch} (shapes without the last "
+            f"axis), which do not broadcast with each other and cost's {cost_batch}"
+        ) from None
+
+
+def _weight_gradient(gradient: np.ndarray, mass, name: str) -> np.ndarray:
+    """``gradient / mass``: from the normalised weights back to the weights as given.
+
+    The gradient w.r.t. ``a`` scales as ``1 / sum(a)``: beyond float64 for weights of
+    subnormal sum (a named ValueError, never ``inf``).
+    """
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        out = gradient / mass
+    if not np.all(np.isfinite(out)):
+        raise ValueError(_weight_gradient_message(name, float(np.min(mass)), "float64"))
+    return out
+
+
+def _weight_gradient_message(name: str, mass: float, dtype_name: str) -> str:
+    return (
+        f"the gradient with respect to {name} overflows {dtype_name}: {name} enters through "
+        f"{name} / sum({name}), so its gradient scales as 1 / sum({name}), and sum({name}) == "
+        f"{mass:.3g}; rescale {name}"
+    )
+
+
 def _as_batch(a, b, cost):
     """Broadcast weights and cost to (P, n), (P, m), (P, n, m); return the batch shape too."""
     n, m = cost.shape[-2:]
-    batch_shape = np.broadcast_shapes(cost.shape[:-2], a.shape[:-1], b.shape[:-1])
+    batch_shape = _batch_shape(a.shape, b.shape, cost.shape)
     cost_b = np.broadcast_to(cost, batch_shape + (n, m)).reshape(-1, n, m)
     a_b = np.broadcast_to(a, batch_shape + (n,)).reshape(-1, n)
     b_b = np.broadcast_to(b, batch_shape + (m,)).reshape(-1, m)
@@ -412,7 +545,8 @@ def sinkhorn(a, b, cost, *, eps, max_iter=1000, tol=1e-9, eps_scaling=None) -> S
     tol : float >= 0, L1 marginal error at which a problem is converged (and frozen).
         ``tol = 0`` runs exactly ``max_iter`` iterations (per stage) and does not warn.
     eps_scaling : None or a factor in (0, 1): solve at ``max(C), max(C) q, ...`` down to
-        ``eps``, each stage warm-starting the next (only loosely converged).
+        ``eps``, each stage warm-starting the next (only loosely converged). A factor so
+        close to 1 that this takes more than 1e5 stages is a ``ValueError``.
 
     Returns
     -------

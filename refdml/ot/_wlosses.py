@@ -17,6 +17,12 @@ Printed vs implemented: Eqs. (1)-(2)'s ``1/b`` is implemented as the mean over t
 The forward solves every distinct pair of images once (all problems in one batch) and keeps
 the derivative of the loss w.r.t. each divergence (the hinge pattern) in the context; the
 backward multiplies it by ``d_value`` and walks the divergences back to the features.
+
+Scale: features of any magnitude for which ``eps / max ||x - y||^p`` lies in
+``[1e-13, 1e12]`` (at ``eps = 0.1``, ``p = 1``: largest distances from 1e-13 to 1e12).
+Outside, float64 cannot resolve ``eps`` against the costs whatever the rescaling, and a
+``ValueError`` names ``features`` (or ``eps``, if that is the further from 1) with both
+ranges; the derivation is in :mod:`refdml.ot._divergence`, "Scale".
 """
 
 from __future__ import annotations

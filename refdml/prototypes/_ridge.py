@@ -125,7 +125,9 @@ def numerically_definite(matrix: np.ndarray, floor: float) -> bool:
     """
     n = matrix.shape[0]
     limit = _DEFINITE * n * np.finfo(np.float64).eps
-    if floor > 0.0 and np.trace(matrix) * limit < floor:
+    with np.errstate(over="ignore"):   # a trace beyond float64 only skips the shortcut
+        trace = np.trace(matrix)
+    if floor > 0.0 and trace * limit < floor:
         return True
     eigenvalues = np.linalg.eigvalsh(matrix)
     return bool(eigenvalues[-1] > 0.0 and eigenvalues[0] > limit * eigenvalues[-1])

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import sys
+
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve, cholesky, solve_triangular
+from scipy.linalg import LinAlgError, cho_factor, cho_solve, cholesky, solve_triangular
 
 from refdml._validation import as_float_array, check_same_length, check_scalar
-from refdml.prototypes._ridge import numerically_definite
+from refdml.prototypes._ridge import _DEFINITE, numerically_definite
 
 __all__ = ["RecursivePrototypes", "recursion_weights"]
 
+# The most entries of one float64 array (its bytes must fit in a signed 64-bit size).
+_MAX_ENTRIES = sys.maxsize // 8
 # A Woodbury step that shrinks P_K by more than this factor has cancelled that many
 # digits (about 4); P_{K+1} is then refactored from R_{K+1}.
 _WOODBURY_LOSS = 1e4
@@ -68,15 +73,31 @@ class RecursivePrototypes:
     rounded away, and a Cholesky factor or the Woodbury inverse ``1 / ridge`` would be
     garbage). The estimator then keeps ``Q_K`` and :attr:`prototypes` raises a
     ``ValueError`` saying so; once ``R_K`` is numerically definite, ``V = R_K^{-1} Q_K``
-    is solved and the recursion resumes. A batch whose ``Z^T Z`` overflows raises a
-    ``ValueError`` and leaves the estimator unchanged.
+    is solved and the recursion resumes. A Cholesky factorisation that fails in float64
+    although ``R_K`` passed that test is treated the same way (never SciPy's
+    ``LinAlgError``). A batch whose ``Z^T Z`` overflows, whose ``R_{K+1}`` would lie
+    entirely below float64's normal range (largest entry under ``2.2e-308``, e.g. ``Z``
+    near ``1e-160`` with a subnormal ridge: rounding would swamp it), or whose
+    prototypes overflow, raises a ``ValueError`` and leaves the estimator unchanged.
 
     Accuracy: the V update is in innovation form, whose error propagates through
     ``R_{K+1}^{-1} alpha R_K`` (a contraction), so rounding errors do not accumulate;
     the Woodbury step subtracts a Gram matrix ``X^T X`` (``X = L^{-1} Z P'``, ``L`` the
     Cholesky factor of ``I_b + Z P' Z^T``), which keeps ``P_K`` exactly symmetric.
     ``tests/test_prototypes.py`` reports the drift against the batch solution after
-    2000 updates (about 1e-15 relative, both branches).
+    2000 updates (about 1e-15 relative, both branches). Two regimes leave this path:
+
+    * The Woodbury step is skipped for a refactorisation of ``R_{K+1}`` where it cannot be
+      trusted: ``P'`` not finite (``P_0 = I / ridge`` for a subnormal ridge),
+      ``I_b + Z P' Z^T`` not finite or not definite in float64 (``b > m`` rows after a tiny
+      ridge: the ``I_b`` is rounded away next to ``Z P' Z^T``), or more than 4 digits of
+      ``P_{K+1}`` cancelled. ``P_{K+1}`` itself is dropped where it exceeds float64; the
+      update then solves with the factor of ``R_{K+1}``.
+    * The innovation step adds ``R_{K+1}^{-1}(...)`` to ``V_K`` with an error of about
+      ``eps |V_K|``: where the prototypes shrink by more than 4 orders of magnitude in one
+      step (a batch of a far larger scale than those before), or the step overflows,
+      ``V_{K+1}`` is solved from ``R_{K+1} V = alpha R_K V_K + Z^T Y`` instead, whose
+      error is that of a batch solve.
 
     Parameters
     ----------
@@ -91,8 +112,11 @@ class RecursivePrototypes:
     """
 
     def __init__(self, n_prototypes: int, dim: int, *, alpha: float, ridge: float):
-        self.n_prototypes = check_scalar(n_prototypes, "n_prototypes", low=1, integer=True)
-        self.dim = check_scalar(dim, "dim", low=1, integer=True)
+        # R_K is (m, m) and V (m, d): sizes beyond what one array can hold are refused.
+        self.n_prototypes = check_scalar(n_prototypes, "n_prototypes", low=1,
+                                         high=math.isqrt(_MAX_ENTRIES), integer=True)
+        self.dim = check_scalar(dim, "dim", low=1, high=_MAX_ENTRIES // self.n_prototypes,
+                                integer=True)
         self.alpha = check_scalar(alpha, "alpha", low=0.0, high=1.0, low_inclusive=False)
         self.ridge = check_scalar(ridge, "ridge", low=0.0)
         m = self.n_prototypes
@@ -104,7 +128,9 @@ class RecursivePrototypes:
         self._V = None
         self._moment = np.zeros((m, self.dim))  # Q_K, kept while R_K is not definite
         if self.ridge > 0:
-            self._start()
+            self._V, self._inverse = self._solve(self._information, self._moment)
+            if self._V is not None:
+                self._moment = None
 
     @property
     def prototypes(self) -> np.ndarray:
@@ -134,18 +160,20 @@ class RecursivePrototypes:
         self._update(Z, Y)
         return self
 
-    def _start(self) -> None:
-        """Solve ``V = R_K^{-1} Q_K`` if ``R_K`` is numerically definite, else defer."""
-        if not numerically_definite(self._information, self.ridge):
-            return
-        factor = cho_factor(self._information, lower=True)
-        self._V = cho_solve(factor, self._moment)
-        self._moment = None
-        if self._rank_b:
-            inverse = cho_solve(factor, np.eye(self.n_prototypes))
-            self._inverse = 0.5 * (inverse + inverse.T)
+    def _solve(self, information: np.ndarray, moment: np.ndarray):
+        """``(V, P)`` with ``V = R^{-1} Q`` and ``P = R^{-1}`` (rank-b branch only; None where
+        ``R^{-1}`` exceeds float64), or ``(None, None)`` while ``R`` is not numerically definite."""
+        if not numerically_definite(information, self.ridge):
+            return None, None
+        factor = _factor(information)
+        if factor is None:
+            return None, None
+        V = _checked(lambda: cho_solve(factor, moment))
+        return V, (_inverse(factor) if self._rank_b else None)
 
     def _update(self, Z: np.ndarray, Y: np.ndarray) -> None:
+        """One batch; the state changes only once everything is computed (a ValueError
+        leaves the estimator as it was)."""
         alpha, m = self.alpha, self.n_prototypes
         shrink = (1.0 - alpha) * self.ridge
         # numpy evaluates Z.T @ Z as a symmetric rank-k product, so R_K stays exactly
@@ -159,46 +187,147 @@ class RecursivePrototypes:
         information[np.diag_indices(m)] += shrink
         if not np.all(np.isfinite(information)):
             raise ValueError(_overflow_message("Z", Z))
+        largest = float(np.abs(information).max())
+        if 0.0 < largest < _TINY:
+            raise ValueError(
+                f"R_K = sum_i alpha^(K-i) Z_i^T Z_i + ridge I would lie below float64's normal "
+                f"range (largest entry {largest:.3g} < {_TINY:.3g}), where rounding swamps it "
+                f"(max |Z| == {np.abs(Z).max():.3g}, ridge == {self.ridge!r}): rescale the "
+                "histograms (Z -> t Z with ridge -> t^2 ridge gives V / t)"
+            )
         previous = self._information
+        V, inverse, moment = self._V, self._inverse, self._moment
+
+        if V is None:
+            moment = _checked(lambda: alpha * moment + cross)
+            V, inverse = self._solve(information, moment)
+            if V is not None:
+                moment = None
+        else:
+            factor = None
+            definite = numerically_definite(information, self.ridge)
+            if definite and self._rank_b:
+                scaled = inverse if alpha == 1.0 or inverse is None else _checked_or_none(
+                    lambda: inverse / alpha)
+                inverse = _woodbury(scaled, Z)
+            if definite and inverse is None:
+                factor = _factor(information)
+                if factor is not None and self._rank_b:
+                    # Woodbury cancelled or could not run: P_{K+1} from the factor of
+                    # R_{K+1} (numerically definite here), if float64 holds it.
+                    inverse = _inverse(factor)
+            V_next = None
+            if definite and (inverse is not None or factor is not None):
+                V_next = _innovation_step(V, gram, cross, shrink, inverse, factor)
+                if V_next is None:
+                    # The step overflowed, or cancelled the digits of V_{K+1} (V shrinks by
+                    # orders of magnitude when a batch of another scale arrives): solve
+                    # R_{K+1} V = alpha R_K V_K + Z^T Y instead, as accurate as a batch solve.
+                    factor = factor if factor is not None else _factor(information)
+                    if factor is not None:
+                        moment_next = _checked(lambda: alpha * (previous @ V) + cross)
+                        V_next = _checked(lambda: cho_solve(factor, moment_next))
+            if V_next is None:
+                # R_{K+1} lost its ridge to rounding: keep Q_{K+1} = alpha R_K V_K + Z^T Y.
+                moment = _checked(lambda: alpha * (previous @ V) + cross)
+                inverse = None
+            V = V_next
+
         self._information = information
         self.n_updates += 1
+        self._V, self._inverse, self._moment = V, inverse, moment
 
-        if self._V is not None and not numerically_definite(information, self.ridge):
-            # R_{K+1} lost its ridge to rounding: keep Q_{K+1} = alpha R_K V_K + Z^T Y.
-            self._moment = alpha * (previous @ self._V) + cross
-            self._V = self._inverse = None
-            return
-        if self._V is None:
-            self._moment = alpha * self._moment + cross
-            self._start()
-            return
 
-        innovation = cross - gram @ self._V
-        if self._rank_b:
-            # P_{K+1} = P' - X^T X with P' = P_K / alpha, X = L^{-1} Z P' and
-            # L L^T = I_b + Z P' Z^T: the subtracted term is a Gram matrix, so P stays
-            # symmetric without a separate symmetrisation pass.
-            # When P' is far larger than P_{K+1} (a tiny ridge: P_0 = I / ridge), the
-            # subtraction cancels the digits of P_{K+1}; then P_{K+1} is refactored from
-            # R_{K+1} (which is numerically definite here) instead.
-            inverse = self._inverse / alpha if alpha != 1.0 else self._inverse
-            fresh = None
-            if np.all(np.isfinite(inverse)):
-                ZP = Z @ inverse
-                L = cholesky(np.eye(Z.shape[0]) + ZP @ Z.T, lower=True)
-                X = solve_triangular(L, ZP, lower=True)
-                fresh = inverse - X.T @ X
-                lost = np.max(np.diag(inverse)) / np.max(np.diag(fresh))
-                if not np.isfinite(lost) or lost > _WOODBURY_LOSS:
-                    fresh = None
-            if fresh is None:
-                fresh = cho_solve(cho_factor(information, lower=True), np.eye(m))
-                fresh = 0.5 * (fresh + fresh.T)
-            self._inverse = fresh
-            self._V += self._inverse @ innovation
-        else:
-            factor = cho_factor(information, lower=True)
-            self._V += cho_solve(factor, innovation - shrink * self._V)
+# The smallest normal float64: an information matrix below it is all rounding.
+_TINY = float(np.finfo(np.float64).tiny)
+
+
+_UPDATE_OVERFLOW = (
+    "the RLS update overflows float64 (the prototypes R_K^{-1} Q_K, or a term of their "
+    "update, exceed 1.8e308): rescale the histograms Z or the embeddings Y"
+)
+
+
+def _checked(compute, message: str = _UPDATE_OVERFLOW):
+    """``compute()`` without floating-point warnings; ``ValueError(message)`` if not finite."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        result = compute()
+    if not np.all(np.isfinite(result)):
+        raise ValueError(message)
+    return result
+
+
+def _innovation_step(V, gram, cross, shrink, inverse, factor):
+    """``V + R_{K+1}^{-1} (Z^T (Y - Z V) - shrink V)`` (by ``P_{K+1}`` when known, else by
+    the factor of ``R_{K+1}``), or None where it overflows or loses more than
+    ``_WOODBURY_LOSS`` of the digits of a column of ``V_{K+1}`` (the step nearly cancels
+    ``V_K``: its rounding error, ``eps |V_K|``, would dominate the result)."""
+    innovation = _checked_or_none(lambda: cross - gram @ V - shrink * V)
+    if innovation is None:
+        return None
+    if inverse is not None:
+        step = _checked_or_none(lambda: inverse @ innovation)
+    else:
+        step = _checked_or_none(lambda: cho_solve(factor, innovation))
+    V_next = None if step is None else _checked_or_none(lambda: V + step)
+    if V_next is None:
+        return None
+    before, after = np.abs(V).max(axis=0), np.abs(V_next).max(axis=0)
+    if np.any(before > _WOODBURY_LOSS * after):
+        return None
+    return V_next
+
+
+def _checked_or_none(compute):
+    """``compute()``, or None where it is not finite."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        result = compute()
+    return result if np.all(np.isfinite(result)) else None
+
+
+def _factor(matrix: np.ndarray):
+    """Cholesky factor of a symmetric matrix, or None where it fails in float64."""
+    try:
+        return cho_factor(matrix, lower=True)
+    except LinAlgError:
+        return None
+
+
+def _inverse(factor) -> np.ndarray | None:
+    """The symmetric ``R^{-1}`` from the factor of ``R``, or None where it exceeds float64."""
+    inverse = _checked_or_none(lambda: cho_solve(factor, np.eye(factor[0].shape[0])))
+    return None if inverse is None else 0.5 * (inverse + inverse.T)
+
+
+def _woodbury(inverse: np.ndarray | None, Z: np.ndarray) -> np.ndarray | None:
+    """``P_{K+1} = P' - X^T X`` from ``P' = P_K / alpha``, or None where it cannot be trusted.
+
+    ``X = L^{-1} Z P'`` and ``L L^T = I_b + Z P' Z^T``: the subtracted term is a Gram
+    matrix, so P stays symmetric without a separate symmetrisation pass. None (the
+    caller refactors ``R_{K+1}``) where ``P'`` is unknown or not finite, where
+    ``I_b + Z P' Z^T`` overflows or is not definite in float64 (``Z P' Z^T`` of rank
+    ``m < b`` with entries so large that the ``I_b`` is rounded away, e.g. after a tiny
+    ridge: ``P_0 = I / ridge``), and where the subtraction cancels more than
+    ``_WOODBURY_LOSS`` of the digits of ``P_{K+1}`` (``P'`` far larger than it).
+    """
+    if inverse is None:
+        return None
+    ZP = _checked_or_none(lambda: Z @ inverse)
+    inner = None if ZP is None else _checked_or_none(lambda: np.eye(Z.shape[0]) + ZP @ Z.T)
+    if inner is None:
+        return None
+    try:
+        L = cholesky(inner, lower=True)
+    except LinAlgError:
+        return None
+    X = solve_triangular(L, ZP, lower=True)
+    fresh = _checked_or_none(lambda: inverse - X.T @ X)
+    if fresh is None:
+        return None
+    largest_fresh = float(np.max(np.diag(fresh)))
+    if not largest_fresh > 0.0 or float(np.max(np.diag(inverse))) > _WOODBURY_LOSS * largest_fresh:
+        return None
+    return fresh
 
 
 def recursion_weights(R_K, Z, *, alpha, ridge, printed: bool = False) -> np.ndarray:
@@ -234,6 +363,15 @@ def recursion_weights(R_K, Z, *, alpha, ridge, printed: bool = False) -> np.ndar
         raise ValueError(f"R_K has shape {R_K.shape}, expected ({m}, {m}) for Z of shape {Z.shape}")
     alpha = check_scalar(alpha, "alpha", low=0.0, high=1.0, low_inclusive=False)
     ridge = check_scalar(ridge, "ridge", low=0.0)
+    # Only the lower triangle would be read below: a non-symmetric R_K would give a W_K
+    # of some other matrix. Symmetric to rounding (the level numerically_definite uses).
+    with np.errstate(over="ignore", invalid="ignore"):
+        asymmetry = float(np.abs(R_K - R_K.T).max())
+    if not asymmetry <= _DEFINITE * m * np.finfo(np.float64).eps * float(np.abs(R_K).max()):
+        raise ValueError(
+            f"R_K must be symmetric (an information matrix), got |R_K - R_K^T| up to "
+            f"{asymmetry:.3g} with max |R_K| == {np.abs(R_K).max():.3g}"
+        )
     with np.errstate(over="ignore", invalid="ignore"):
         next_information = alpha * R_K + Z.T @ Z + (1.0 - alpha) * ridge * np.eye(m)
     if not np.all(np.isfinite(next_information)):
@@ -243,5 +381,12 @@ def recursion_weights(R_K, Z, *, alpha, ridge, printed: bool = False) -> np.ndar
             "alpha R_K + Z^T Z + (1 - alpha) ridge I is not (numerically) positive definite, "
             "so W_K is not determined in float64"
         )
-    factor = cho_factor(next_information, lower=True)
-    return cho_solve(factor, R_K if printed else alpha * R_K)
+    factor = _factor(next_information)
+    if factor is None:
+        raise ValueError(
+            "alpha R_K + Z^T Z + (1 - alpha) ridge I is not (numerically) positive definite "
+            "(its Cholesky factorisation fails in float64), so W_K is not determined in float64"
+        )
+    return _checked(lambda: cho_solve(factor, R_K if printed else alpha * R_K),
+                    "W_K overflows float64 (R_K too large next to alpha R_K + Z^T Z + "
+                    "(1 - alpha) ridge I): rescale R_K and Z")
