@@ -481,9 +481,11 @@ def clustering_metrics(embeddings, labels, *, rng=None, kmeans_iter=20) -> dict:
     rng : None, int or numpy Generator
         Seeds the k-means++ initialisation.
     kmeans_iter : int
-        Lloyd iterations: ``scipy.cluster.vq.kmeans2`` runs exactly this many (it has no
-        convergence test of its own); SciPy warns (``UserWarning``) if a cluster ends up
-        empty.
+        Lloyd iterations of ``scipy.cluster.vq.kmeans2`` at most: refdml stops early at a
+        fixed point (centroids unchanged, bit for bit), where every further iteration would
+        change nothing, so the result is that of exactly ``kmeans_iter`` iterations and a
+        huge value cannot run forever (SciPy's own loop has no convergence test). SciPy
+        warns (``UserWarning``) if a cluster ends up empty.
 
     Returns
     -------
@@ -497,20 +499,53 @@ def clustering_metrics(embeddings, labels, *, rng=None, kmeans_iter=20) -> dict:
     clusters are the same at any scale, and SciPy's k-means++ never sees squared
     distances that overflow (at |x| ~ 1e154 it would otherwise divide inf by inf and
     crash the interpreter) or underflow to 0.
+
+    With no more distinct embeddings than classes, the optimal k-means clustering is known
+    (each distinct point its own cluster, zero inertia) and is returned without k-means
+    (whose ++ seeding would divide zero by zero). If distinct points are so close that
+    their squared distances underflow even after the scaling, the seeding cannot proceed
+    and a ValueError names ``embeddings``.
     """
     x = as_float_array(embeddings, "embeddings", ndim=2)
     y = as_label_array(labels, "labels", length=x.shape[0])
     kmeans_iter = check_scalar(kmeans_iter, "kmeans_iter", low=1, integer=True)
     rng = check_rng(rng)
     n_clusters = int(np.unique(y).size)
-    if n_clusters == 1:
-        clusters = np.zeros(x.shape[0], dtype=np.int64)
+    distinct, inverse = np.unique(x, axis=0, return_inverse=True)
+    if distinct.shape[0] <= n_clusters:
+        clusters = inverse.reshape(-1).astype(np.int64)
     else:
         x /= common_scale(x)   # x is our own copy (as_float_array)
-        _, clusters = kmeans2(x, n_clusters, iter=kmeans_iter, minit="++", **{_KMEANS_RNG: rng})
+        clusters = _lloyd(x, n_clusters, kmeans_iter, rng)
     return {
         "nmi": normalized_mutual_information(y, clusters),
         "ami": adjusted_mutual_information(y, clusters),
         "f1": pairwise_f1(y, clusters),
         "n_clusters": n_clusters,
     }
+
+
+def _lloyd(x: np.ndarray, n_clusters: int, max_iter: int, rng) -> np.ndarray:
+    """``kmeans2(x, n_clusters, iter=max_iter, minit="++")``'s labels, one iteration a call.
+
+    ``kmeans2(iter=j)`` returns the centroids after ``j`` updates and the labels of the
+    ``j``-th; calling it with ``iter=1`` from the previous centroids takes the same steps
+    (the seeding alone draws from ``rng``). Once an update leaves the centroids unchanged
+    (exactly), every later one does too and the labels stay, so stopping there returns what
+    ``max_iter`` iterations would.
+    """
+    with np.errstate(divide="raise", invalid="raise"):
+        try:
+            centroids, labels = kmeans2(x, n_clusters, iter=1, minit="++",
+                                        **{_KMEANS_RNG: rng})
+        except FloatingPointError:
+            raise ValueError(
+                f"embeddings: k-means++ cannot seed {n_clusters} clusters: the squared "
+                "distances between the distinct embeddings underflow to 0 (points closer "
+                "than ~1e-154 times the largest entry)") from None
+    for _ in range(max_iter - 1):
+        updated, labels = kmeans2(x, centroids, iter=1, minit="matrix")
+        if np.array_equal(updated, centroids):
+            break
+        centroids = updated
+    return labels.astype(np.int64)

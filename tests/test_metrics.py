@@ -16,6 +16,8 @@ from hypothesis.extra import numpy as hnp
 from refdml import metrics
 from refdml._numerics import common_scale
 
+pytestmark = pytest.mark.cpu_exact
+
 
 def _line(*positions):
     return np.array(positions, dtype=np.float64)[:, None]
@@ -452,3 +454,44 @@ def test_retrieval_metrics_at_extreme_scales(scale, metric):
         x * scale, labels, reference * scale, reference_labels, metric=metric
     ) == split
     assert same["precision_at_1"] < 1.0   # not a trivially perfect retrieval
+
+
+# ------------------------------------------- k-means: degenerate inputs, stopping
+
+
+@pytest.mark.parametrize("x", [np.ones((6, 3)), np.zeros((6, 3)),
+                               np.r_[np.zeros((5, 3)), [[1e300, 0.0, 0.0]]]],
+                         ids=["constant", "zeros", "one-far-point"])
+def test_clustering_metrics_with_fewer_distinct_points_than_classes(x):
+    # k-means++ would divide 0 by 0 (a RuntimeWarning, an error under this suite). With no
+    # more distinct points than classes the optimum is one cluster per distinct point.
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    got = metrics.clustering_metrics(x, labels, rng=0)
+    clusters = np.unique(x, axis=0, return_inverse=True)[1].reshape(-1)
+    assert got["nmi"] == metrics.normalized_mutual_information(labels, clusters)
+    assert got["f1"] == metrics.pairwise_f1(labels, clusters)
+    if np.all(x == x[0]):
+        # one cluster: I(Y; C) = 0, so NMI = 0; 3 same-class pairs of 15, all predicted
+        # together: precision 1/5, recall 1, F1 = 1/3
+        assert got["nmi"] == 0.0
+        np.testing.assert_allclose(got["f1"], 1 / 3, rtol=1e-15)
+
+
+@pytest.mark.parametrize("n_iter", [1, 2, 7, 50])
+def test_lloyd_stops_at_a_fixed_point_with_kmeans2s_answer(n_iter):
+    # SciPy's own loop of exactly n_iter iterations is the oracle.
+    from scipy.cluster.vq import kmeans2
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 5))
+    want = kmeans2(x, 6, iter=n_iter, minit="++",
+                   **{metrics._KMEANS_RNG: np.random.default_rng(5)})[1]
+    got = metrics._lloyd(x.copy(), 6, n_iter, np.random.default_rng(5))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_clustering_metrics_with_a_huge_kmeans_iter_ends():
+    rng = np.random.default_rng(1)
+    x, labels = rng.standard_normal((200, 4)), rng.integers(5, size=200)
+    assert (metrics.clustering_metrics(x, labels, rng=2, kmeans_iter=2**62)
+            == metrics.clustering_metrics(x, labels, rng=2, kmeans_iter=10_000))
