@@ -5,16 +5,16 @@ Private module. :mod:`refdml.gpu.gsp` calls these where
 twins of :mod:`refdml.gpu._nb_gsp`) or ``"cuda"`` (the ``@cuda.jit`` kernels, one block of
 ``BLOCK`` threads per image); the results are the reference's dataclasses, exactly as the
 array path (:mod:`refdml.gpu._gsp_transport`) builds them: same tolerance rule
-(:func:`residual_floor`), same overflow ``ValueError``, same ``ConvergenceWarning``.
-``n_iter`` is the reference's count: the most Newton steps any image took in phase 1 plus
-the most in phase 2 (the array path on NumPy counts its vectorised sweeps, at least 1 a
-phase).
+(:func:`residual_floor`), same ``ConvergenceWarning``, same ``ValueError`` where a
+gradient overflows the dtype. ``n_iter`` is the reference's count: the most evaluations of
+``g`` (pivot search and Newton steps) any image took (the array path counts its vectorised
+steps).
 
 ``mu = 1`` (Thm 4.1's boundary, no solve) is left to the array path by the caller.
 
 Outputs are allocated with the input's module (NumPy or CuPy); nothing is copied between
 host and device. Results that reach Python: ``n_iter`` (one reduction of the per-image step
-counts), ``converged`` and the overflow check, as on the array path.
+counts), ``converged`` and the backward's overflow check, as on the array path.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from refdml._xp import to_numpy
 from refdml.gpu import _gsp_transport as _wt
 from refdml.gpu import _nb_gsp
-from refdml.gpu._numba_support import BLOCK
+from refdml.gpu._numba_support import BLOCK, parallel_launch
 from refdml.gsp._transport import WeightTransportResult
 
 __all__ = ["pool_backward", "pool_forward", "transport", "transport_backward"]
@@ -43,11 +43,12 @@ def _solver_constants(dtype, mu):
 def _outputs(xp, batch, n, m, dtype):
     return dict(
         assignment=xp.empty((batch, n, m), dtype=dtype),
-        log_s_shifted=xp.empty((batch, n), dtype=dtype),
+        lam=xp.empty((batch, n), dtype=dtype),
         log_s=xp.empty((batch, n), dtype=dtype),
         rho=xp.empty((batch, n), dtype=dtype),
         transported=xp.empty((batch, n), dtype=dtype),
         pi=xp.empty((batch, n, m), dtype=dtype),
+        order=xp.empty((batch, n), dtype=np.int64),
         image_real=xp.empty((batch, _nb_gsp.N_REAL), dtype=np.float64),
         image_int=xp.empty((batch, _nb_gsp.N_INT), dtype=np.int64),
     )
@@ -57,17 +58,15 @@ def _result(xp, cost_t, out, mu, inverse_temperature, max_iter, tol):
     """The array path's checks, tolerance rule, warning and result, from the kernel outputs."""
     dtype = cost_t.dtype
     m, n = cost_t.shape[2], cost_t.shape[1]
-    _wt.check_log_kernel(xp, out["log_s_shifted"], cost_t, inverse_temperature)
     if tol > 0.0:
         tol = max(tol, _wt.residual_floor(dtype, m, n))
     image_real, image_int = out["image_real"], out["image_int"]
     residual = image_real[:, 2].astype(dtype)
-    counts = xp.max(image_int, axis=0)  # (3,): one synchronisation below
-    first, second, exhausted = (int(c) for c in to_numpy(counts))
-    sweeps = first + second
+    counts = xp.stack([xp.max(image_int[:, 0] + image_int[:, 1]), xp.max(image_int[:, 2])])
+    sweeps, exhausted = (int(c) for c in to_numpy(counts))  # one synchronisation
     converged = _wt.report_convergence(xp, residual, tol, max_iter, sweeps, bool(exhausted))
-    with np.errstate(over="ignore"):
-        log_t = (image_real[:, 0] + image_real[:, 1]).astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        log_t = (image_real[:, 0] - image_real[:, 1]).astype(dtype)  # y - l_p
         t = xp.exp(log_t)
     return WeightTransportResult(
         rho=out["rho"], pi=out["pi"].transpose(0, 2, 1), t=t, log_t=log_t, n_iter=sweeps,
@@ -92,7 +91,7 @@ def _launch(xp, kind, name, args, batch, scratch_columns=0):
                 args = (*args, xp.empty((batch, scratch_columns), dtype=np.float64))
             kernel[batch, BLOCK](*args)
     else:
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), parallel_launch():
             getattr(_nb_gsp, f"{name}_cpu")(*args)
 
 
@@ -103,8 +102,8 @@ def transport(xp, kind, cost_t, mu, inverse_temperature, max_iter, tol) -> Weigh
     out = _outputs(xp, batch, n, m, cost_t.dtype)
     logit_mu, ulp, cap, phi_floor = _solver_constants(cost_t.dtype, mu)
     args = (cost_t, float(inverse_temperature), float(mu), logit_mu, int(max_iter), ulp, cap,
-            phi_floor, out["assignment"], out["log_s_shifted"], out["log_s"], out["rho"],
-            out["transported"], out["pi"], out["image_real"], out["image_int"])
+            phi_floor, out["assignment"], out["lam"], out["log_s"], out["rho"],
+            out["transported"], out["pi"], out["order"], out["image_real"], out["image_int"])
     _launch(xp, kind, "transport", args, batch)
     return _result(xp, cost_t, out, mu, inverse_temperature, max_iter, tol)
 
@@ -133,9 +132,9 @@ def pool_forward(xp, kind, features, features_bar, prototypes_bar, scale, mu,
     logit_mu, ulp, cap, phi_floor = _solver_constants(dtype, mu)
     args = (features, xp.ascontiguousarray(fs), ws_t, scale_1, float(inverse_temperature),
             float(mu), logit_mu, int(max_iter), ulp, cap, phi_floor, bool(p_one), cost_t,
-            out["assignment"], out["log_s_shifted"], out["log_s"], out["rho"],
-            out["transported"], out["pi"], weights, pooled, z, out["image_real"],
-            out["image_int"])
+            out["assignment"], out["lam"], out["log_s"], out["rho"],
+            out["transported"], out["pi"], out["order"], weights, pooled, z,
+            out["image_real"], out["image_int"])
     _launch(xp, kind, "pool_forward", args, batch)
     result = _result(xp, cost_t, out, mu, inverse_temperature, max_iter, tol)
     return cost_t, result, weights, (pooled if p_one else None), z
@@ -164,23 +163,26 @@ def pool_backward(xp, kind, ctx, d_pooled, d_z, d_weights, direct):
     d_features = xp.empty((batch, n, d), dtype=dtype)
     args = (features, xp.ascontiguousarray(cost_ctx.features_bar),
             xp.ascontiguousarray(cost_ctx.features_norm[:, :, 0]), xp.ascontiguousarray(ws),
-            scale_1, xp.ascontiguousarray(result.pi.transpose(0, 2, 1)),
+            scale_1, xp.ascontiguousarray(result.assignment.transpose(0, 2, 1)),
             xp.ascontiguousarray(cost_ctx.cost.transpose(0, 2, 1)), result.rho,
             result.transported, ctx.weights, xp.ascontiguousarray(d_pooled),
             xp.ascontiguousarray(d_z), xp.ascontiguousarray(d_weights),
             xp.ascontiguousarray(direct), p_one, float(result.inverse_temperature),
             float(result.mu), distance_weights, d_features)
-    _launch(xp, kind, "pool_backward", args, batch, scratch_columns=n)
+    _launch(xp, kind, "pool_backward", args, batch, scratch_columns=3 * n)
+    _wt.check_gradient(xp, distance_weights, result.inverse_temperature)
     return distance_weights, d_features
 
 
 def transport_backward(xp, kind, result, d_rho, d_pi):
     """Prop. 4.3's ``d_cost`` (B, m, n; a transposed view) by the ``kind`` kernel."""
-    pi_t = xp.ascontiguousarray(result.pi.transpose(0, 2, 1))
-    batch, n, m = pi_t.shape
-    d_cost_t = xp.empty((batch, n, m), dtype=pi_t.dtype)
-    args = (pi_t, xp.ascontiguousarray(result.rho), xp.ascontiguousarray(result.transported),
-            xp.ascontiguousarray(d_rho), xp.ascontiguousarray(d_pi.transpose(0, 2, 1)),
-            float(result.inverse_temperature), d_cost_t)
-    _launch(xp, kind, "transport_backward", args, batch, scratch_columns=n)
+    assignment_t = xp.ascontiguousarray(result.assignment.transpose(0, 2, 1))
+    batch, n, m = assignment_t.shape
+    d_cost_t = xp.empty((batch, n, m), dtype=assignment_t.dtype)
+    args = (assignment_t, xp.ascontiguousarray(result.rho),
+            xp.ascontiguousarray(result.transported), xp.ascontiguousarray(d_rho),
+            xp.ascontiguousarray(d_pi.transpose(0, 2, 1)), float(result.inverse_temperature),
+            d_cost_t)
+    _launch(xp, kind, "transport_backward", args, batch, scratch_columns=3 * n)
+    _wt.check_gradient(xp, d_cost_t, result.inverse_temperature)
     return d_cost_t.transpose(0, 2, 1)

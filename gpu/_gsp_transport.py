@@ -9,14 +9,20 @@ is how it is computed:
   prototypes, the column sums and the matrix products of the backward all run along
   the contiguous axis and the cost map is one large matrix product.
 * Solver. ``g(tau) = (1/n) sum_j sigma(tau + l_j) = mu`` is solved for all images at
-  once: a fixed small number of vectorised safeguarded-Newton sweeps (``_SWEEPS`` per
-  convergence check) on ``phi = logit(g) - logit(mu)``, each image frozen by its own
-  mask once converged, then the reference's re-centred second phase. No Python loop
-  over images; on CuPy the "every image converged?" test is one synchronisation per
-  ``_SWEEPS`` sweeps, and ``converged`` (a Python bool, like the reference's) one more.
+  once, as the reference does it (docs/gsp.md Sec. 2): the logits are formed as
+  ``y + (l_j - l_p)`` in the coordinates of a pivot feature ``p`` (from cost
+  differences), ``p`` found by a bisection over the features sorted by their column
+  minimum (a fixed ``ceil(log2(n + 1))`` vectorised steps) and a window of
+  ``[-1024, 1024]`` (two more), then vectorised safeguarded-Newton sweeps (``_SWEEPS``
+  per convergence check) on ``phi = logit(g) - logit(mu)`` in that bracket, each image
+  frozen by its own mask once converged. No Python loop over images; on CuPy the
+  "every image converged?" test is one synchronisation per ``_SWEEPS`` sweeps, and
+  ``converged`` (a Python bool, like the reference's) one more.
 * dtype. Everything runs in the input's dtype (float32 or float64), in the log domain
-  (``exp`` only of non-positive numbers), so float32 stays finite at any
-  ``inverse_temperature`` (tested up to 200).
+  (``exp`` only of non-positive numbers); products with ``inverse_temperature`` go
+  through :func:`_times`, so an ε beyond the dtype's range (1e300 on float32) gives
+  ``inf`` where the product overflows and never ``inf * 0``: the constraints hold at
+  every finite ε in both dtypes.
 
 Meaningful tolerance in float32 (the residual floor)
 ----------------------------------------------------
@@ -67,6 +73,13 @@ def _expit(xp, x):
     return xp.exp(_log_expit(xp, x))
 
 
+def _log_expit_pair(xp, x):
+    """``log sigma(x)`` and ``log sigma(-x)``, sharing ``log1p(exp(-|x|))``; right at ``±inf``
+    (where ``log sigma(x) - x`` would be ``inf - inf``)."""
+    tail = xp.log1p(xp.exp(-xp.abs(x)))
+    return xp.minimum(x, 0) - tail, -xp.maximum(x, 0) - tail
+
+
 def _lse(xp, a, axis: int):
     """``log sum exp`` along ``axis`` of small arrays; ``-inf`` for all ``-inf`` rows."""
     peak = xp.max(a, axis=axis, keepdims=True)
@@ -74,101 +87,172 @@ def _lse(xp, a, axis: int):
     return xp.log(xp.sum(xp.exp(a - peak), axis=axis)) + xp.squeeze(peak, axis=axis)
 
 
-def _newton(xp, log_s, logit_mu: float, max_iter: int, tau):
-    """Safeguarded Newton on ``phi(tau) = logit(g(tau)) - logit(mu)`` for every image.
+def _times(xp, x, factor: float, out=None):
+    """``factor * x`` in ``x``'s dtype for any finite ``factor``, in place with ``out=x``.
+
+    A ``factor`` outside the dtype's normal range (ε = 1e300 on float32) would be cast to
+    ``inf`` (or 0) first, and ``inf * 0`` is NaN; it is applied as a power of two instead
+    (``ldexp``), so the product is ``±inf`` (0) exactly where it overflows (underflows).
+    """
+    info = np.finfo(x.dtype)
+    with np.errstate(over="ignore", under="ignore"):
+        if factor == 0.0 or info.tiny <= abs(factor) <= info.max:
+            return xp.multiply(x, factor, out=out)
+        mantissa, exponent = math.frexp(factor)
+        scaled = xp.multiply(x, mantissa, out=out)
+        return xp.ldexp(scaled, exponent, out=scaled)
+
+
+def _eps_gap(xp, a, b, inverse_temperature: float):
+    """``ε (a - b)`` with no overflow of ``a - b`` (halved first; the reference's
+    ``_eps_times_gap``): ``±inf`` only where the product overflows."""
+    gap = xp.multiply(a, 0.5)
+    gap -= xp.multiply(b, 0.5)
+    _times(xp, gap, inverse_temperature, out=gap)
+    with np.errstate(over="ignore"):
+        gap *= 2.0
+    return gap
+
+
+def _phi(xp, y, relative, logit_mu: float):
+    """``logit(g) - logit(mu)`` with ``g = (1/n) sum_j sigma(y + relative_j)``, per image."""
+    log_sig, log_one_minus = _log_expit_pair(xp, y[:, None] + relative)
+    return _lse(xp, log_sig, 1) - _lse(xp, log_one_minus, 1) - logit_mu
+
+
+def _relative(xp, column_min, lam, inverse_temperature: float, pivot):
+    """``l_j - l_p`` (B, n) for the pivot ``p`` (B,) of each image, from cost differences."""
+    at = pivot[:, None]
+    return (lam - xp.take_along_axis(lam, at, axis=1)) - _eps_gap(
+        xp, column_min, xp.take_along_axis(column_min, at, axis=1), inverse_temperature
+    )
+
+
+def _newton(xp, relative, logit_mu: float, max_iter: int, y, lo, hi):
+    """Safeguarded Newton on ``phi(y) = logit(g(y)) - logit(mu)`` for every image.
 
     The reference's :func:`refdml.gsp._transport._newton`, vectorised over all images
-    with a per-image mask (no compaction, no loop over images): bracket
-    ``[logit mu - max l, logit mu - min l]``, Newton step in logit space, bisection when
-    a step leaves the bracket, an image stops when ``|phi|`` reaches its rounding floor
-    or the step or bracket is a few ulps of tau. Returns ``(tau, sweeps, exhausted)``.
+    with a per-image mask (no compaction, no loop over images): in the bracket
+    ``[lo, hi]``, Newton step in logit space, bisection when a step leaves it, an image
+    stops when ``|phi|`` reaches its rounding floor or the step or bracket is a few
+    ulps of ``y``. Returns ``(y, sweeps, exhausted)``.
     """
-    dtype = log_s.dtype
+    dtype = relative.dtype
     ulp = float(np.finfo(dtype).eps)
     # exp(-log_slope) is capped below overflow; such a step leaves the bracket anyway.
     cap = float(np.log(np.finfo(dtype).max)) - 2.0
-    n = log_s.shape[1]
+    n = relative.shape[1]
     log_n = math.log(n)
-    lo = logit_mu - xp.max(log_s, axis=1)
-    hi = logit_mu - xp.min(log_s, axis=1)
-    tau = xp.clip(tau, lo, hi)
-    active = (hi - lo) > 4.0 * ulp * xp.maximum(1.0, xp.abs(tau))
-    tau = xp.where(active, tau, lo)
+    y = xp.minimum(xp.maximum(y, lo), hi)
+    active = (hi - lo) > 4.0 * ulp * xp.maximum(1.0, xp.abs(y))
+    y = xp.where(active, y, lo)
     phi_floor = 16.0 * ulp * (1.0 + abs(logit_mu))
     sweeps = 0
     per_check = 1 if xp is np else _SWEEPS
     while sweeps < max_iter:
         for _ in range(min(per_check, max_iter - sweeps)):
             sweeps += 1
-            x = tau[:, None] + log_s
-            log_sig = _log_expit(xp, x)
-            log_one_minus = log_sig - x  # log sigma(-x) = log sigma(x) - x
+            log_sig, log_one_minus = _log_expit_pair(xp, y[:, None] + relative)
             log_g = _lse(xp, log_sig, 1)
             log_one_minus_g = _lse(xp, log_one_minus, 1)
             phi = log_g - log_one_minus_g - logit_mu
             log_slope = log_n + _lse(xp, log_sig + log_one_minus, 1) - log_g - log_one_minus_g
-            lo = xp.where(active & (phi < 0), tau, lo)
-            hi = xp.where(active & (phi > 0), tau, hi)
+            lo = xp.where(active & (phi < 0), y, lo)
+            hi = xp.where(active & (phi > 0), y, hi)
             step = -phi * xp.exp(xp.minimum(-log_slope, cap))
-            newton = tau + step
-            scale = 4.0 * ulp * xp.maximum(1.0, xp.abs(tau))
+            newton = y + step
+            scale = 4.0 * ulp * xp.maximum(1.0, xp.abs(y))
             small = xp.abs(step) <= scale
             inside = (newton > lo) & (newton < hi)
             new = xp.where(small | inside, newton, 0.5 * (lo + hi))
             level = xp.abs(phi) <= phi_floor
             done = level | small | ((hi - lo) <= scale)
-            tau = xp.where(active & ~level, new, tau)
+            y = xp.where(active & ~level, new, y)
             active = active & ~done
         if not bool(xp.any(active)):  # one synchronisation per _SWEEPS sweeps on CuPy
-            return tau, sweeps, False
-    return tau, sweeps, True
+            return y, sweeps, False
+    return y, sweeps, True
+
+
+# |x| beyond which sigma(x) is exactly 0 or 1 in float64 and float32: the search's window.
+_SATURATION = 1024.0
 
 
 def log_kernel(xp, cost_t, inverse_temperature: float):
-    """From the cost ``(B, n, m)`` in memory: ``l`` (B, n), softmax ``A`` (B, n, m), shift (B,).
+    """From the cost ``(B, n, m)`` in memory: ``cmin``, ``lam`` (B, n), softmax ``A`` (B, n, m).
 
-    ``l_j = logsumexp_i(-ε (c_ij - c_min))`` with ``c_min`` the image's smallest cost
-    (the solution depends on ``ε (c - c_min)`` only), so ``exp`` sees only numbers
-    ``<= 0`` and nothing overflows at any ε; ``shift = ε c_min`` restores
-    ``log t`` and ``l`` of the cost as given. Four passes over the cost.
+    ``cmin_j = min_i c_ij``, ``lam_j = log sum_i exp(-ε (c_ij - cmin_j))`` in ``[0, log m]``
+    (so ``l_j = lam_j - ε cmin_j``): ``exp`` sees only numbers ``<= 0``, ``-inf`` where
+    ``ε (c - cmin)`` overflows (a weight of exactly 0). Four passes over the cost.
     """
-    column_min = xp.min(cost_t, axis=2, keepdims=True)           # (B, n, 1)
-    kernel = cost_t - column_min
-    kernel *= -inverse_temperature
+    column_min = xp.min(cost_t, axis=2)                          # (B, n)
+    kernel = _eps_gap(xp, cost_t, column_min[:, :, None], inverse_temperature)
+    xp.negative(kernel, out=kernel)
     xp.exp(kernel, out=kernel)
     total = xp.sum(kernel, axis=2, keepdims=True)                # >= 1: the minimum gives 1
     kernel *= 1.0 / total
-    image_min = xp.min(column_min[:, :, 0], axis=1)              # (B,)
-    with np.errstate(over="ignore"):
-        spread = inverse_temperature * (column_min[:, :, 0] - image_min[:, None])
-        log_s = xp.log(total[:, :, 0]) - spread
-        shift = inverse_temperature * image_min
-    return log_s, kernel, shift
+    return column_min, xp.log(total[:, :, 0]), kernel
 
 
-def solve(xp, log_s, mu: float, max_iter: int):
-    """``(x, tau, sweeps, exhausted)``: the reference's two phases (docs/gsp.md Sec. 2)."""
+def solve(xp, column_min, lam, inverse_temperature: float, mu: float, max_iter: int):
+    """``(x, log_t, sweeps, exhausted)``: the reference's pivot search and Newton (docs/gsp.md).
+
+    ``x = y + (l - l_p)`` (B, n) are the logits at the root, ``log_t = y - l_p`` for the
+    cost as given. The search runs a fixed number of vectorised steps for every image
+    (no synchronisation); ``sweeps`` counts them and the Newton sweeps.
+    """
+    batch, n = column_min.shape
     logit_mu = math.log(mu) - math.log1p(-mu)
-    tau, first, exhausted_first = _newton(
-        xp, log_s, logit_mu, max_iter, logit_mu - xp.mean(log_s, axis=1)
-    )
-    anchored = tau[:, None] + log_s
-    delta, second, exhausted_second = _newton(
-        xp, anchored, logit_mu, max_iter, xp.zeros_like(tau)
-    )
-    return anchored + delta[:, None], tau + delta, first + second, exhausted_first or exhausted_second
+    order = xp.argsort(column_min, axis=1, kind="stable")
+    below = xp.full(batch, -1, dtype=np.int64)
+    above = xp.full(batch, n, dtype=np.int64)
+    zero = xp.zeros(batch, dtype=column_min.dtype)
+    search = max(1, math.ceil(math.log2(n + 1)))
+    for _ in range(search):
+        active = above - below > 1
+        middle = (below + above) // 2
+        candidate = xp.take_along_axis(order, xp.clip(middle, 0, n - 1)[:, None], axis=1)[:, 0]
+        relative = _relative(xp, column_min, lam, inverse_temperature, candidate)
+        nonnegative = _phi(xp, zero, relative, logit_mu) >= 0
+        above = xp.where(active & nonnegative, middle, above)
+        below = xp.where(active & ~nonnegative, middle, below)
+    minus = xp.take_along_axis(order, xp.minimum(above, n - 1)[:, None], axis=1)[:, 0]
+    plus = xp.take_along_axis(order, xp.maximum(below, 0)[:, None], axis=1)[:, 0]
+    relative_minus = _relative(xp, column_min, lam, inverse_temperature, minus)
+    relative_plus = _relative(xp, column_min, lam, inverse_temperature, plus)
+    interior = (below >= 0) & (above < n)
+    gap = xp.maximum(xp.take_along_axis(relative_minus, plus[:, None], axis=1)[:, 0], 0)
+    half = xp.minimum(0.5 * gap, _SATURATION)
+    use_plus = (below >= 0) & ((above == n) | (_phi(xp, -half, relative_minus, logit_mu) >= 0))
+    relative = xp.where(use_plus[:, None], relative_plus, relative_minus)
+    lo = xp.where(use_plus, 0.0, xp.where(interior, -half, -np.inf)).astype(gap.dtype)
+    hi = xp.where(use_plus, xp.where(interior, gap - half, np.inf), 0.0).astype(gap.dtype)
+    far = use_plus & interior & (hi > _SATURATION)
+    window = xp.full(batch, _SATURATION, dtype=gap.dtype)
+    plateau = far & (_phi(xp, window, relative_plus, logit_mu) < 0)
+    hi = xp.where(far, window, hi)
+    lo = xp.where(plateau, window, lo)
+    lo = xp.maximum(lo, logit_mu - xp.max(relative, axis=1))
+    hi = xp.maximum(xp.minimum(hi, logit_mu - xp.min(relative, axis=1)), lo)
+    y, sweeps, exhausted = _newton(xp, relative, logit_mu, max_iter, xp.zeros_like(lo), lo, hi)
+    pivot = xp.where(use_plus, plus, minus)[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        log_pivot = xp.take_along_axis(lam, pivot, axis=1)[:, 0] - _times(
+            xp, xp.take_along_axis(column_min, pivot, axis=1)[:, 0], inverse_temperature
+        )
+        log_t = y - log_pivot
+    return y[:, None] + relative, log_t, search + 2 + sweeps, exhausted
 
 
 def transport(xp, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTransportResult:
     """(P2) for every image from the cost ``(B, n, m)`` in memory (see the module docstring)."""
     batch, n, m = cost_t.shape
     dtype = cost_t.dtype
-    log_s_shifted, assignment_t, shift = log_kernel(xp, cost_t, inverse_temperature)
+    column_min, lam, assignment_t = log_kernel(xp, cost_t, inverse_temperature)
     if tol > 0.0:
         tol = max(tol, residual_floor(dtype, m, n))
-    check_log_kernel(xp, log_s_shifted, cost_t, inverse_temperature)
     with np.errstate(over="ignore", invalid="ignore"):
-        log_s = log_s_shifted - shift[:, None]
+        log_s = lam - _times(xp, column_min, inverse_temperature)
     common = dict(
         mu=mu, inverse_temperature=inverse_temperature, tol=tol, method="exact",
         log_s=log_s, assignment=assignment_t.transpose(0, 2, 1),
@@ -183,37 +267,19 @@ def transport(xp, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTrans
             residual=residual, converged=True, transported=xp.ones((batch, n), dtype=dtype),
             tau_history=None, **common,
         )
-    x, tau, sweeps, exhausted = solve(xp, log_s_shifted, mu, max_iter)
+    x, log_t, sweeps, exhausted = solve(xp, column_min, lam, inverse_temperature, mu, max_iter)
     transported = _expit(xp, x)
     rho = _expit(xp, -x) * (1.0 / n)
     pi_t = assignment_t * (transported * (1.0 / n))[:, :, None]
     residual = _residual(xp, rho, pi_t, mu)
     converged = report_convergence(xp, residual, tol, max_iter, sweeps, exhausted)
     with np.errstate(over="ignore"):
-        log_t = tau + shift
         t = xp.exp(log_t)
     return WeightTransportResult(
         rho=rho, pi=pi_t.transpose(0, 2, 1), t=t, log_t=log_t, n_iter=int(sweeps),
         residual=residual, converged=converged, transported=transported, tau_history=None,
         **common,
     )
-
-
-def check_log_kernel(xp, log_s_shifted, cost_t, inverse_temperature) -> None:
-    """``ValueError`` where ``ε (c - min c)`` overflows the dtype (``l`` not finite).
-
-    On CuPy one synchronisation, unless the data checks are off
-    (:func:`refdml.gpu._validation.set_finite_checks`).
-    """
-    if xp is np or _checks_on_gpu():
-        if not bool(xp.all(xp.isfinite(log_s_shifted))):
-            b = int(xp.argwhere(~xp.isfinite(log_s_shifted))[0][0])
-            raise ValueError(
-                f"inverse_temperature * cost overflows {np.dtype(cost_t.dtype).name}: "
-                f"inverse_temperature == {inverse_temperature!r} and (max c - min c) == "
-                f"{float(xp.max(cost_t[b]) - xp.min(cost_t[b])):.3e} in image {b}; "
-                "(P2) at this scale is not representable"
-            )
 
 
 def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted) -> bool:
@@ -225,8 +291,8 @@ def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted) -> bool:
             why = f"reached max_iter == {max_iter} with residual {worst:.3e} > tol == {tol:g}"
         else:
             why = (
-                f"stalled after {sweeps} sweeps at the rounding floor of tau with residual "
-                f"{worst:.3e} > tol == {tol:g}"
+                f"stalled after {sweeps} sweeps at the rounding floor of the logits with "
+                f"residual {worst:.3e} > tol == {tol:g}"
             )
         warnings.warn(
             f"refdml.gpu weight_transport(method='exact') {why}", ConvergenceWarning,
@@ -259,29 +325,68 @@ def _residual(xp, rho, pi_t, mu):
     return xp.maximum(column, mass)
 
 
-def closed_form_factors(xp, result: WeightTransportResult, d_rho, weighted_sum):
-    """``inner = q - (eta / kappa) rho`` (B, n) of Prop. 4.3 (docs/gsp.md Sec. 3).
+def marginal_factors(xp, result: WeightTransportResult, d_rho, column):
+    """``w_j (b_j - bbar)`` (B, n) of Prop. 4.3 as the reference evaluates it (docs/gsp.md Sec. 3).
 
-    ``weighted_sum`` is ``(pi^T d_pi)_j = sum_i pi_ij d_pi_ij`` (B, n); ``kappa`` and
-    ``eta`` are formed as ``sum rho sigma`` and ``sum rho (sigma d_rho - n (pi^T d_pi))``
-    with ``sigma = result.transported`` (no cancellation as mu -> 0 or 1).
+    ``column`` is ``a_j = sum_i A_ij d_pi_ij`` (B, n), ``b = a - d_rho``, ``w_j = rho_j
+    sigma_j`` (``sigma = result.transported``) and ``bbar = sum w b / sum w``, the
+    difference taken against the image's largest ``w`` (nothing cancels as ε grows or
+    as mu -> 0 or 1; 0 where ``sum w = 0``, i.e. mu = 1).
     """
-    n = result.rho.shape[1]
-    rho, sig = result.rho, result.transported
-    q = rho * d_rho + weighted_sum
-    kappa = xp.sum(rho * sig, axis=1)
-    eta = xp.sum(rho * (sig * d_rho - n * weighted_sum), axis=1)
+    weight = result.rho * result.transported
+    kappa = xp.sum(weight, axis=1)
+    b = column - d_rho
+    b_top = xp.take_along_axis(b, xp.argmax(weight, axis=1)[:, None], axis=1)
     positive = kappa > 0
-    ratio = xp.where(positive, eta / xp.where(positive, kappa, 1.0), 0.0)
-    return q - ratio[:, None] * rho
+    mean_offset = xp.where(
+        positive, xp.sum(weight * (b_top - b), axis=1) / xp.where(positive, kappa, 1.0), 0.0
+    )
+    return weight * ((b - b_top) + mean_offset[:, None])
+
+
+def softmax_centred(xp, assignment_t, d_pi_t):
+    """``d_pi_ji - a_j`` (B, n, m, a new array) and ``a_j`` (B, n), against the dominant row.
+
+    ``d_pi_t`` is ``d_pi`` in the (B, n, m) layout (a broadcast view is fine); the
+    difference is ``(d_pi_ji - d_pi_jr) + sum_k A_jk (d_pi_jr - d_pi_jk)`` with ``r`` the
+    column's largest weight, so that a one-hot ``A`` (large ε) leaves no cancellation.
+    """
+    top = xp.argmax(assignment_t, axis=2)[:, :, None]
+    reference = xp.take_along_axis(xp.broadcast_to(d_pi_t, assignment_t.shape), top, axis=2)
+    centred = d_pi_t - reference
+    offset = -xp.sum(assignment_t * centred, axis=2, keepdims=True)
+    centred += offset
+    return centred, xp.sum(assignment_t * d_pi_t, axis=2)
+
+
+def scale_gradient(xp, inner, factor: float):
+    """``factor * inner`` in place (``factor = -ε``), checked by :func:`check_gradient`."""
+    _times(xp, inner, factor, out=inner)
+    return check_gradient(xp, inner, abs(factor))
+
+
+def check_gradient(xp, gradient, inverse_temperature: float):
+    """``ValueError`` where ``gradient`` (``d_cost``, or ``d_cost / c'``) overflowed the dtype.
+
+    The inner factor is finite by construction, so this is ε times it overflowing: ε near
+    the dtype's maximum next to a tie of the cost. On CuPy one synchronisation, unless the
+    data checks are off (:func:`refdml.gpu._validation.set_finite_checks`).
+    """
+    if (xp is np or _checks_on_gpu()) and not bool(xp.all(xp.isfinite(gradient))):
+        raise ValueError(
+            f"d_cost overflows {np.dtype(gradient.dtype).name}: inverse_temperature == "
+            f"{inverse_temperature!r}; at this inverse temperature (P2) is this sensitive to "
+            "the cost only next to a tie of the cost (a kink of the LP)"
+        )
+    return gradient
 
 
 def closed_form_backward(xp, result: WeightTransportResult, d_rho, d_pi):
-    """``d_cost = -ε (pi * d_pi - n pi * inner[None, :])`` (B, m, n), a transposed view."""
+    """``d_cost = -ε (pi (d_pi - a) + A w (b - bbar))`` (B, m, n), a transposed view."""
     n = result.rho.shape[1]
-    pi_t = result.pi.transpose(0, 2, 1)
-    d_cost_t = pi_t * d_pi.transpose(0, 2, 1)
-    inner = closed_form_factors(xp, result, d_rho, xp.sum(d_cost_t, axis=2))
-    d_cost_t -= pi_t * (n * inner)[:, :, None]
-    d_cost_t *= -result.inverse_temperature
-    return d_cost_t.transpose(0, 2, 1)
+    assignment_t = result.assignment.transpose(0, 2, 1)
+    inner, column = softmax_centred(xp, assignment_t, d_pi.transpose(0, 2, 1))
+    inner *= (result.transported * (1.0 / n))[:, :, None]  # pi = A P, P_j = sigma_j / n
+    inner += marginal_factors(xp, result, d_rho, column)[:, :, None]
+    inner *= assignment_t
+    return scale_gradient(xp, inner, -result.inverse_temperature).transpose(0, 2, 1)

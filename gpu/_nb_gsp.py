@@ -10,20 +10,26 @@ every kernel does, per image ``b``:
   by the common power of two ``s`` (``fs = fbar / s``, ``ws = wbar / s``, made by the caller),
   by explicit differences (no Gram identity, so no refinement step is needed);
 * log kernel: ``cmin_j = min_i c_ji``, ``A_ji = softmax_i(-ε (c_ji - cmin_j))``,
-  ``l_j = log sum_i exp(-ε (c_ji - cmin_j)) - ε (cmin_j - min_j cmin_j)`` (the cost shifted
-  by its image minimum; ``shift = ε min c`` restores ``log t`` and ``l``);
-* the reference's two-phase safeguarded Newton on ``phi(tau) = logit g(tau) - logit mu``,
-  ``g(tau) = (1/n) sum_j sigma(tau + l_j)`` (phase 2 re-centred at ``a_j = tau + l_j``);
-  the scalar maths (bracket, ``phi`` and its slope from three online log-sum-exps, the
-  safeguarded step) is :func:`newton_start`, :func:`column_terms`, :func:`newton_phi`,
-  :func:`newton_step`, called by both the CUDA kernels and the CPU twins (so is each column's
-  work below: :func:`column_softmax`, :func:`column_shift`, :func:`column_plan`,
-  :func:`pool_backward_column`, :func:`transport_backward_column`);
+  ``lam_j = log sum_i exp(-ε (c_ji - cmin_j))`` (so ``l_j = lam_j - ε cmin_j``; ``ε`` times a
+  cost gap that overflows is a weight of exactly 0);
+* the reference's solve in pivot coordinates (docs/gsp.md Sec. 2): the columns in the stable
+  order of ``cmin`` (:func:`column_rank` on CUDA, a stable ``argsort`` on the CPU), a
+  bisection over them for the pivot ``p`` whose logit is nearest 0 at the root, the window
+  ``[-1024, 1024]`` (:func:`window`, :func:`bracket`), then safeguarded Newton on
+  ``phi(y) = logit g(y) - logit mu``, ``g(y) = (1/n) sum_j sigma(y + l_j - l_p)``, with
+  ``l_j - l_p`` formed from cost differences (:func:`relative_log_s`). The scalar maths
+  (``phi`` and its slope from online log-sum-exps, the safeguarded step) is
+  :func:`newton_start`, :func:`column_terms`, :func:`newton_phi`, :func:`newton_step`,
+  called by both the CUDA kernels and the CPU twins (so is each column's work below:
+  :func:`column_softmax`, :func:`column_plan`, :func:`pool_backward_column`,
+  :func:`transport_backward_column`, :func:`cost_gradient`);
 * ``sigma(x_j)``, ``rho_j = sigma(-x_j)/n``, ``pi_ji = A_ji sigma(x_j)/n``, the residual of
   the arrays as stored; pool: ``w_j = sigma(x_j)/mu``, ``pooled = (1/n) sum_j w_j f_j``
   (``p = 1``), ``z_i = (1/mu) sum_j pi_ji``;
-* backward (pool): Prop. 4.3's ``inner_j = q_j - (eta/kappa) rho_j`` and
-  ``W_ji = d_cost_ji / c'_ji = -ε s pi_ji (d_z_i/mu - n inner_j) / c_ji`` (0 where ``c = 0``),
+* backward: Prop. 4.3 as the reference evaluates it, ``d_cost_ji = -ε A_ji (P_j ((d_pi_ji -
+  r_j) + offset_j) + w_j (b_j - bbar))`` (docs/gsp.md Sec. 3: both differences against the
+  dominant term, so the gradient tends to 0 with the softmax's and sigmoids' saturation
+  instead of to ε times rounding); pool: ``W_ji = d_cost_ji / c'_ji`` (0 where ``c = 0``),
   and the features' gradient through the cost map and the clip (fused). The prototypes'
   gradient is a sum over the whole batch: the caller forms it from ``W`` with one matrix
   product (``W^T fbar``, BLAS / cuBLAS), which is what a GEMM does best.
@@ -32,10 +38,10 @@ Layout: (B, m, n) arrays live as (B, n, m) in memory, as on the array path.
 
 Launch shape (CUDA): one block of :data:`BLOCK` threads per image; threads stride over the
 ``n`` columns, the ``n m`` cost entries or the ``n d`` feature entries; the reductions over
-columns (Newton's three log-sum-exps, min/max/sum of ``l``, the residual, kappa and eta) are
-tree reductions in shared memory; every thread then takes the same scalar Newton step
-(identical inputs, so the block stays in lock-step without a broadcast). CPU twins:
-``prange`` over images, each image sequential.
+columns (the log-sum-exps of ``phi``, max/min of ``l - l_p``, the residual, the backward's
+``sum w`` and largest ``w``) are tree reductions in shared memory; every thread then takes the
+same scalar decision (bisection, window, Newton step: identical inputs, so the block stays in
+lock-step without a broadcast). CPU twins: ``prange`` over images, each image sequential.
 
 dtype: arrays in the input's dtype (float32 or float64); the cost's sum of ``d`` squares is
 accumulated in that dtype (relative error <= ~d u), every other reduction and the scalar
@@ -43,11 +49,12 @@ Newton in float64. The stopping rules use the input dtype's ulp (the array path'
 float32 stops where the array path stops; the parity held is 1e-10 (float64) and 1e-4
 (float32) relative to the reference.
 
-Length (~700 lines, over the house ~450 on purpose): each CPU twin and its CUDA kernel are
+Length (~880 lines, over the house ~450 on purpose): each CPU twin and its CUDA kernel are
 the same computation laid out for two machines, and are meant to be read side by side.
 
 Where results must reach Python: nothing here synchronises; the caller reads
-``n_iter`` / ``converged`` / the overflow check from the per-image outputs.
+``n_iter`` / ``converged`` from the per-image outputs and checks the backward's ``d_cost``
+for overflow.
 """
 
 from __future__ import annotations
@@ -62,26 +69,35 @@ from refdml.gpu._numba_scalar import lse_merge, lse_push, lse_value
 from refdml.gpu._numba_support import BLOCK
 
 __all__ = [
+    "SATURATION",
+    "bracket",
     "column_plan",
-    "column_shift",
+    "column_rank",
     "column_softmax",
     "column_terms",
+    "cost_gradient",
     "cuda_kernels",
+    "eps_gap",
+    "given_log_s",
     "log_expit",
     "newton_phi",
     "newton_start",
     "newton_step",
-    "pool_backward_cpu",
     "pool_backward_column",
+    "pool_backward_cpu",
     "pool_forward_cpu",
+    "relative_log_s",
     "transport_backward_column",
     "transport_backward_cpu",
     "transport_cpu",
+    "window",
 ]
 
-# image_real columns: tau (= log t - shift), shift (= ε min c), residual
-# image_int columns: Newton steps of phase 1, of phase 2, exhausted (1 if max_iter was hit)
+# image_real columns: y (the pivot's logit at the root), l_p (the pivot's log s), residual
+# image_int columns: evaluations of g (pivot search), Newton steps, exhausted (1 if max_iter hit)
 N_REAL, N_INT = 3, 3
+# |x| beyond which sigma(x) is exactly 0 or 1: the pivot search's window (the reference's).
+SATURATION = 1024.0
 
 
 # --------------------------------------------------------------------------- scalar maths
@@ -93,22 +109,47 @@ def log_expit(x):
 
 @njit(cache=True, inline="always")
 def column_terms(x):
-    """``log sigma(x)``, ``log sigma(-x)`` and their sum: one column's Newton terms."""
-    log_sig = log_expit(x)
-    log_one_minus = log_sig - x
+    """``log sigma(x)``, ``log sigma(-x)`` and their sum: one column's Newton terms.
+
+    Both from the shared ``log1p(exp(-|x|))``, so ``x = ±inf`` (an overflowing ``ε`` times a
+    cost gap) gives ``(0, -inf)`` or ``(-inf, 0)``, not ``inf - inf``.
+    """
+    tail = math.log1p(math.exp(-abs(x)))
+    log_sig = min(x, 0.0) - tail
+    log_one_minus = -max(x, 0.0) - tail
     return log_sig, log_one_minus, log_sig + log_one_minus
 
 
 @njit(cache=True, inline="always")
-def newton_start(logit_mu, value_max, value_min, tau0, ulp):
-    """Bracket ``[logit mu - max a, logit mu - min a]``, clipped start, and whether to iterate."""
-    lo = logit_mu - value_max
-    hi = logit_mu - value_min
-    tau = min(max(tau0, lo), hi)
-    active = (hi - lo) > 4.0 * ulp * max(1.0, abs(tau))
+def eps_gap(eps, a, b):
+    """``ε (a - b)`` with no overflow of ``a - b`` (the reference's ``_eps_times_gap``)."""
+    return (eps * (0.5 * a - 0.5 * b)) * 2.0
+
+
+@njit(cache=True, inline="always")
+def given_log_s(eps, column_min, lam):
+    """``l_j = lam_j - ε cmin_j`` for the cost as given (``±inf`` where ``ε cmin`` overflows).
+
+    A compiled scalar function, so that the CUDA simulator (which runs kernel bodies as
+    Python) overflows silently here as the device does.
+    """
+    return lam - eps * column_min
+
+
+@njit(cache=True, inline="always")
+def relative_log_s(eps, column_min, lam, pivot_min, pivot_lam):
+    """``l_j - l_p`` from cost differences: ``(lam_j - lam_p) - ε (cmin_j - cmin_p)``."""
+    return (lam - pivot_lam) - eps_gap(eps, column_min, pivot_min)
+
+
+@njit(cache=True, inline="always")
+def newton_start(lo, hi, y0, ulp):
+    """The start clipped into ``[lo, hi]`` and whether to iterate (``lo`` if not)."""
+    y = min(max(y0, lo), hi)
+    active = (hi - lo) > 4.0 * ulp * max(1.0, abs(y))
     if not active:
-        tau = lo
-    return tau, lo, hi, active
+        y = lo
+    return y, active
 
 
 @njit(cache=True, inline="always")
@@ -140,46 +181,66 @@ def newton_step(tau, lo, hi, phi, log_slope, ulp, phi_floor, cap):
     return tau, lo, hi, done
 
 
+@njit(cache=True, inline="always")
+def window(below, above, n, gap):
+    """After the bisection: ``interior``, ``half = min(G/2, 1024)`` (``G = l_plus - l_minus``)."""
+    interior = below >= 0 and above < n
+    return interior, min(0.5 * max(gap, 0.0), SATURATION)
+
+
+@njit(cache=True, inline="always")
+def bracket(use_plus, interior, gap, half):
+    """The window's bracket of ``y`` in the chosen pivot's coordinates (docs/gsp.md Sec. 2)."""
+    if use_plus:
+        return 0.0, (gap - half) if interior else math.inf
+    return (-half) if interior else -math.inf, 0.0
+
+
 # --------------------------------------------------------------------------- per-column maths
 # One source for the CPU twins and the CUDA kernels: each takes the (B, n[, m]) arrays and the
 # image ``b`` / column ``j`` it works on. The CPU twins call them as ``@njit`` functions; the
 # CUDA kernels call device functions compiled from the same Python source (``.py_func``, see
 # :func:`cuda_kernels`: the simulator cannot pass its arrays to an ``@njit`` function).
 @njit(cache=True, inline="always")
-def column_softmax(cost_t, eps, assignment, log_s_shifted, b, j):
-    """``A_ji = softmax_i(-ε (c_ji - cmin_j))`` into ``assignment``, ``log sum_i exp(...)``
-    into ``log_s_shifted``; returns ``cmin_j``."""
+def column_softmax(cost_t, eps, assignment, column_min, lam, b, j):
+    """``A_ji = softmax_i(-ε (c_ji - cmin_j))`` into ``assignment``, ``cmin_j`` into
+    ``column_min`` and ``lam_j = log sum_i exp(-ε (c_ji - cmin_j))`` into ``lam``."""
     m = cost_t.shape[2]
-    column_min = math.inf
+    low = math.inf
     for i in range(m):
-        column_min = min(column_min, cost_t[b, j, i])
+        low = min(low, cost_t[b, j, i])
     total = 0.0
     for i in range(m):
-        a = math.exp(-eps * (cost_t[b, j, i] - column_min))
+        a = math.exp(-eps_gap(eps, cost_t[b, j, i], low))
         assignment[b, j, i] = a
         total += a
     inverse = 1.0 / total
     for i in range(m):
         assignment[b, j, i] *= inverse
-    log_s_shifted[b, j] = math.log(total)
-    return column_min
+    column_min[b, j] = low
+    lam[b, j] = math.log(total)
 
 
 @njit(cache=True, inline="always")
-def column_shift(eps, image_min, shift, log_s_shifted, log_s, b, j):
-    """``l_j`` (``log_s_shifted``, the column minimum held in ``log_s`` until now) and
-    ``log s_j = l_j - shift``; returns ``l_j`` as stored (rounded to the dtype)."""
-    log_s_shifted[b, j] = log_s_shifted[b, j] - eps * (log_s[b, j] - image_min)
-    value = log_s_shifted[b, j]
-    log_s[b, j] = value - shift
-    return value
+def column_rank(column_min, b, j):
+    """Position of column ``j`` in the stable sort of the image's column minima."""
+    n = column_min.shape[1]
+    value = column_min[b, j]
+    rank = 0
+    for k in range(n):
+        other = column_min[b, k]
+        if other < value or (other == value and k < j):
+            rank += 1
+    return rank
 
 
 @njit(cache=True, inline="always")
-def column_plan(tau, delta, inv_n, log_s_shifted, assignment, transported, rho, pi, b, j):
-    """``sigma(x_j)``, ``rho_j``, ``pi_ji`` of column ``j``; returns (its residual, its mass)."""
+def column_plan(y, eps, pivot_min, pivot_lam, inv_n, column_min, lam, assignment, transported,
+                rho, pi, b, j):
+    """``sigma(x_j)``, ``rho_j``, ``pi_ji`` of column ``j`` (``x_j = y + l_j - l_p``); then
+    ``l_j`` for the cost as given into ``column_min``. Returns (its residual, its mass)."""
     m = assignment.shape[2]
-    x = (tau + log_s_shifted[b, j]) + delta
+    x = y + relative_log_s(eps, column_min[b, j], lam[b, j], pivot_min, pivot_lam)
     transported[b, j] = math.exp(log_expit(x))
     rho[b, j] = math.exp(log_expit(-x)) * inv_n
     column_mass_factor = transported[b, j] * inv_n
@@ -187,15 +248,21 @@ def column_plan(tau, delta, inv_n, log_s_shifted, assignment, transported, rho, 
     for i in range(m):
         pi[b, j, i] = assignment[b, j, i] * column_mass_factor
         column_mass += pi[b, j, i]
+    column_min[b, j] = given_log_s(eps, column_min[b, j], lam[b, j])  # now log s_j
     return abs(rho[b, j] + column_mass - inv_n), column_mass
 
 
 @njit(cache=True, inline="always")
-def pool_backward_column(features, d_pooled, d_weights_in, pi, d_z, rho, transported, p_one,
-                         inv_n, inv_mu, b, j):
-    """Pool backward, column ``j``: ``(q_j, kappa_j, eta_j)`` (their sums are kappa, eta)."""
+def pool_backward_column(features, d_pooled, d_weights_in, assignment, d_z, rho, transported,
+                         p_one, inv_n, inv_mu, b, j):
+    """Pool backward, column ``j`` (``d_pi_ji = d_z_i / mu``): ``(r_j, offset_j, b_j, w_j)``.
+
+    ``r_j = d_pi`` at the dominant row, ``offset_j = sum_i A_ji (r_j - d_pi_ji)``,
+    ``b_j = a_j - d_rho_j`` with ``a_j = sum_i A_ji d_pi_ji``, ``w_j = rho_j sigma_j``
+    (docs/gsp.md Sec. 3).
+    """
     n, d = features.shape[1], features.shape[2]
-    m = pi.shape[2]
+    m = assignment.shape[2]
     if p_one:
         dw = 0.0
         for k in range(d):
@@ -204,102 +271,158 @@ def pool_backward_column(features, d_pooled, d_weights_in, pi, d_z, rho, transpo
     else:
         dw = d_weights_in[b, j]
     d_rho = dw * (-n * inv_mu)
-    weighted = 0.0
+    top, best = 0, assignment[b, j, 0]  # the dominant row (the first, on a tie)
+    for i in range(1, m):
+        if assignment[b, j, i] > best:
+            top, best = i, assignment[b, j, i]
+    reference = d_z[b, top] * inv_mu
+    offset, column = 0.0, 0.0
     for i in range(m):
-        weighted += pi[b, j, i] * (d_z[b, i] * inv_mu)
-    return (rho[b, j] * d_rho + weighted, rho[b, j] * transported[b, j],
-            rho[b, j] * (transported[b, j] * d_rho - n * weighted))
+        a = assignment[b, j, i]
+        d_pi = d_z[b, i] * inv_mu
+        offset += a * (reference - d_pi)
+        column += a * d_pi
+    return reference, offset, column - d_rho, rho[b, j] * transported[b, j]
 
 
 @njit(cache=True, inline="always")
-def transport_backward_column(pi, d_pi, rho, d_rho, transported, b, j):
-    """Transport backward, column ``j``: ``(q_j, kappa_j, eta_j)`` (their sums are kappa, eta)."""
-    n, m = pi.shape[1], pi.shape[2]
-    weighted = 0.0
+def transport_backward_column(assignment, d_pi, rho, d_rho, transported, b, j):
+    """Transport backward, column ``j``: ``(r_j, offset_j, b_j, w_j)`` as in
+    :func:`pool_backward_column`, ``d_pi`` (B, n, m) in memory order."""
+    m = assignment.shape[2]
+    top, best = 0, assignment[b, j, 0]  # the dominant row (the first, on a tie)
+    for i in range(1, m):
+        if assignment[b, j, i] > best:
+            top, best = i, assignment[b, j, i]
+    reference = d_pi[b, j, top]
+    offset, column = 0.0, 0.0
     for i in range(m):
-        weighted += pi[b, j, i] * d_pi[b, j, i]
-    return (rho[b, j] * d_rho[b, j] + weighted, rho[b, j] * transported[b, j],
-            rho[b, j] * (transported[b, j] * d_rho[b, j] - n * weighted))
+        a = assignment[b, j, i]
+        offset += a * (reference - d_pi[b, j, i])
+        column += a * d_pi[b, j, i]
+    return reference, offset, column - d_rho[b, j], rho[b, j] * transported[b, j]
+
+
+@njit(cache=True, inline="always")
+def cost_gradient(factor, a, p, d_pi, reference, offset, marginal):
+    """``factor A_ji (P_j ((d_pi_ji - r_j) + offset_j) + w_j (b_j - bbar))``; ``d_cost`` for
+    ``factor = -ε`` (compiled, so an overflow to ``inf`` is silent in the simulator too)."""
+    return factor * (a * (p * ((d_pi - reference) + offset) + marginal))
 
 
 # --------------------------------------------------------------------------- CPU twins
 @njit(cache=True)
-def _newton_image(l, base, value_max, value_min, tau0, logit_mu, log_n, max_iter, ulp, cap,
+def _phi_image(y, eps, column_min, lam, b, pivot, logit_mu):
+    """``phi(y)`` in the coordinates of column ``pivot`` of image ``b``; max/min of ``l - l_p``."""
+    n = column_min.shape[1]
+    pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
+    m1, s1, m2, s2 = -math.inf, 0.0, -math.inf, 0.0
+    top, bottom = -math.inf, math.inf
+    for j in range(n):
+        relative = relative_log_s(eps, column_min[b, j], lam[b, j], pivot_min, pivot_lam)
+        top, bottom = max(top, relative), min(bottom, relative)
+        log_sig, log_one_minus, _ = column_terms(y + relative)
+        m1, s1 = lse_push(m1, s1, log_sig)
+        m2, s2 = lse_push(m2, s2, log_one_minus)
+    return lse_value(m1, s1) - lse_value(m2, s2) - logit_mu, top, bottom
+
+
+@njit(cache=True)
+def _newton_image(eps, column_min, lam, b, pivot, lo, hi, logit_mu, log_n, max_iter, ulp, cap,
                   phi_floor):
-    """Newton on the values ``base + l_j`` of one image: ``(tau, steps, exhausted)``."""
-    n = l.shape[0]
-    tau, lo, hi, active = newton_start(logit_mu, value_max, value_min, tau0, ulp)
+    """Newton in pivot coordinates in ``[lo, hi]`` from ``y = 0``: ``(y, steps, exhausted)``."""
+    n = column_min.shape[1]
+    pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
+    y, active = newton_start(lo, hi, 0.0, ulp)
     count = 0
     while active and count < max_iter:
         count += 1
         m1, s1, m2, s2, m3, s3 = -math.inf, 0.0, -math.inf, 0.0, -math.inf, 0.0
         for j in range(n):
-            a, c, e = column_terms(tau + (base + l[j]))
+            a, c, e = column_terms(y + relative_log_s(eps, column_min[b, j], lam[b, j],
+                                                      pivot_min, pivot_lam))
             m1, s1 = lse_push(m1, s1, a)
             m2, s2 = lse_push(m2, s2, c)
             m3, s3 = lse_push(m3, s3, e)
         phi, log_slope = newton_phi(m1, s1, m2, s2, m3, s3, logit_mu, log_n)
-        tau, lo, hi, done = newton_step(tau, lo, hi, phi, log_slope, ulp, phi_floor, cap)
+        y, lo, hi, done = newton_step(y, lo, hi, phi, log_slope, ulp, phi_floor, cap)
         active = not done
-    return tau, count, active
+    return y, count, active
 
 
 @njit(cache=True)
-def _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                     assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
-                     image_int):
-    """(P2) of image ``b`` from its cost (n, m); fills its per-image outputs (module docstring)."""
+def _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor, assignment,
+                     lam, log_s, rho, transported, pi, order, image_real, image_int):
+    """(P2) of image ``b`` from its cost (n, m); fills its per-image outputs (module docstring).
+
+    ``log_s`` holds the column minima until the plan turns them into ``l_j``; ``lam`` keeps
+    ``lam_j``; ``order`` gets the stable sort of the column minima.
+    """
     n = cost_t.shape[1]
     log_n = math.log(n)
-    image_min = math.inf
     for j in range(n):
-        column_min = column_softmax(cost_t, eps, assignment, log_s_shifted, b, j)
-        log_s[b, j] = column_min  # scratch until the image minimum is known
-        image_min = min(image_min, column_min)
-    shift = eps * image_min
-    value_max, value_min, value_sum = -math.inf, math.inf, 0.0
-    for j in range(n):
-        value = column_shift(eps, image_min, shift, log_s_shifted, log_s, b, j)
-        value_max = max(value_max, value)
-        value_min = min(value_min, value)
-        value_sum += value
-    tau, first, exhausted_first = _newton_image(
-        log_s_shifted[b], 0.0, value_max, value_min, logit_mu - value_sum / n, logit_mu, log_n,
-        max_iter, ulp, cap, phi_floor,
-    )
-    delta, second, exhausted_second = _newton_image(
-        log_s_shifted[b], tau, tau + value_max, tau + value_min, 0.0, logit_mu, log_n, max_iter,
-        ulp, cap, phi_floor,
-    )
+        column_softmax(cost_t, eps, assignment, log_s, lam, b, j)
+    order[b] = np.argsort(log_s[b], kind="mergesort")  # stable: column_rank's order
+    below, above, evaluations = -1, n, 0
+    while above - below > 1:
+        middle = (below + above) // 2
+        phi, _, _ = _phi_image(0.0, eps, log_s, lam, b, order[b, middle], logit_mu)
+        evaluations += 1
+        if phi >= 0.0:
+            above = middle
+        else:
+            below = middle
+    minus, plus = order[b, min(above, n - 1)], order[b, max(below, 0)]
+    gap = relative_log_s(eps, log_s[b, plus], lam[b, plus], log_s[b, minus], lam[b, minus])
+    interior, half = window(below, above, n, gap)
+    use_plus = below >= 0 and above == n
+    if interior:
+        evaluations += 1
+        phi, _, _ = _phi_image(-half, eps, log_s, lam, b, minus, logit_mu)
+        use_plus = phi >= 0.0
+    lo, hi = bracket(use_plus, interior, gap, half)
+    pivot = plus if use_plus else minus
+    if use_plus and interior and hi > SATURATION:
+        evaluations += 1
+        phi, _, _ = _phi_image(SATURATION, eps, log_s, lam, b, plus, logit_mu)
+        hi = SATURATION
+        if phi < 0.0:
+            lo = SATURATION
+    _, top, bottom = _phi_image(0.0, eps, log_s, lam, b, pivot, logit_mu)
+    lo = max(lo, logit_mu - top)
+    hi = max(min(hi, logit_mu - bottom), lo)
+    y, steps, exhausted = _newton_image(eps, log_s, lam, b, pivot, lo, hi, logit_mu, log_n,
+                                        max_iter, ulp, cap, phi_floor)
+    pivot_min, pivot_lam = log_s[b, pivot], lam[b, pivot]
     inv_n = 1.0 / n
     column_residual, mass = 0.0, 0.0
     for j in range(n):
-        residual, column_mass = column_plan(tau, delta, inv_n, log_s_shifted, assignment,
-                                            transported, rho, pi, b, j)
+        residual, column_mass = column_plan(y, eps, pivot_min, pivot_lam, inv_n, log_s, lam,
+                                            assignment, transported, rho, pi, b, j)
         column_residual = max(column_residual, residual)
         mass += column_mass
-    image_real[b, 0] = tau + delta
-    image_real[b, 1] = shift
+    image_real[b, 0] = y
+    image_real[b, 1] = given_log_s(eps, pivot_min, pivot_lam)
     image_real[b, 2] = max(column_residual, abs(mass - mu))
-    image_int[b, 0] = first
-    image_int[b, 1] = second
-    image_int[b, 2] = 1 if (exhausted_first or exhausted_second) else 0
+    image_int[b, 0] = evaluations
+    image_int[b, 1] = steps
+    image_int[b, 2] = 1 if exhausted else 0
 
 
 @njit(parallel=True, cache=True)
-def transport_cpu(cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor, assignment,
-                  log_s_shifted, log_s, rho, transported, pi, image_real, image_int):
+def transport_cpu(cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor, assignment, lam,
+                  log_s, rho, transported, pi, order, image_real, image_int):
     """``refdml_gsp_transport`` CPU twin: (P2) for every image of ``cost_t`` (B, n, m)."""
     for b in prange(cost_t.shape[0]):
         _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                         assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
+                         assignment, lam, log_s, rho, transported, pi, order, image_real,
                          image_int)
 
 
 @njit(parallel=True, cache=True)
 def pool_forward_cpu(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp, cap,
-                     phi_floor, p_one, cost_t, assignment, log_s_shifted, log_s, rho,
-                     transported, pi, weights, pooled, z, image_real, image_int):
+                     phi_floor, p_one, cost_t, assignment, lam, log_s, rho, transported, pi,
+                     order, weights, pooled, z, image_real, image_int):
     """``refdml_gsp_pool_forward`` CPU twin: cost map, (P2), weights, pooled (p = 1) and z.
 
     ``ws_t`` is ``wbar / s`` transposed (d, m), so the cost's inner loop runs over the
@@ -320,7 +443,7 @@ def pool_forward_cpu(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp
             for i in range(m):
                 cost_t[b, j, i] = math.sqrt(acc[i]) * s
         _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                         assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
+                         assignment, lam, log_s, rho, transported, pi, order, image_real,
                          image_int)
         inv_mu = 1.0 / mu
         for j in range(n):
@@ -341,10 +464,10 @@ def pool_forward_cpu(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp
 
 
 @njit(cache=True, inline="always")
-def _distance_weight(factor, d_column, n_inner, p, c):
-    """``W = factor (d_column - n inner) pi / c``; 0 where ``c = 0`` (the subgradient)."""
+def _distance_weight(gradient, c):
+    """``W = d_cost s / c`` from ``gradient = d_cost s``; 0 where ``c = 0`` (the subgradient)."""
     if c > 0.0:
-        return factor * (d_column - n_inner) * p / c
+        return gradient / c
     return 0.0
 
 
@@ -357,8 +480,25 @@ def _clip_coefficient(row, norm, radial):
     return inverse, inverse * row
 
 
+@njit(cache=True, inline="always")
+def _marginal_centre(rho, transported, b_values, b):
+    """``(b_top, bbar offset)``: ``b`` at the image's largest ``w = rho sigma`` (the first) and
+    ``sum_j w_j (b_top - b_j) / sum_j w_j`` (0 where the sum is 0, i.e. mu = 1)."""
+    n = rho.shape[1]
+    best, b_top, kappa = -1.0, 0.0, 0.0
+    for j in range(n):
+        w = rho[b, j] * transported[b, j]
+        kappa += w
+        if w > best:
+            best, b_top = w, b_values[j]
+    total = 0.0
+    for j in range(n):
+        total += rho[b, j] * transported[b, j] * (b_top - b_values[j])
+    return b_top, (total / kappa if kappa > 0.0 else 0.0)
+
+
 @njit(parallel=True, cache=True)
-def pool_backward_cpu(features, features_bar, features_norm, ws, scale, pi, cost_t, rho,
+def pool_backward_cpu(features, features_bar, features_norm, ws, scale, assignment, cost_t, rho,
                       transported, weights, d_pooled, d_z, d_weights_in, direct_in, p_one,
                       eps, mu, distance_weights, d_features):
     """``refdml_gsp_pool_backward`` CPU twin: ``W = d_cost / c'`` (B, n, m) and d features.
@@ -372,24 +512,22 @@ def pool_backward_cpu(features, features_bar, features_norm, ws, scale, pi, cost
     factor = -eps * s
     inv_n, inv_mu = 1.0 / n, 1.0 / mu
     for b in prange(batch):
-        q = np.empty(n)
-        kappa, eta = 0.0, 0.0
+        reference, offset, b_values = np.empty(n), np.empty(n), np.empty(n)
         for j in range(n):
-            q[j], kappa_j, eta_j = pool_backward_column(
-                features, d_pooled, d_weights_in, pi, d_z, rho, transported, p_one, inv_n,
-                inv_mu, b, j)
-            kappa += kappa_j
-            eta += eta_j
-        ratio = eta / kappa if kappa > 0.0 else 0.0
+            reference[j], offset[j], b_values[j], _ = pool_backward_column(
+                features, d_pooled, d_weights_in, assignment, d_z, rho, transported, p_one,
+                inv_n, inv_mu, b, j)
+        b_top, mean_offset = _marginal_centre(rho, transported, b_values, b)
         acc = np.zeros(d)
         for j in range(n):
-            n_inner = n * (q[j] - ratio * rho[b, j])
+            marginal = rho[b, j] * transported[b, j] * ((b_values[j] - b_top) + mean_offset)
+            p = transported[b, j] * inv_n
             row = 0.0
             acc[:] = 0.0
             for i in range(m):
-                w = _distance_weight(factor, d_z[b, i] * inv_mu, n_inner, pi[b, j, i],
-                                     cost_t[b, j, i])
-                distance_weights[b, j, i] = w
+                gradient = cost_gradient(factor, assignment[b, j, i], p, d_z[b, i] * inv_mu,
+                                         reference[j], offset[j], marginal)
+                distance_weights[b, j, i] = _distance_weight(gradient, cost_t[b, j, i])
                 w = distance_weights[b, j, i]  # as stored
                 row += w
                 for k in range(d):
@@ -412,26 +550,25 @@ def pool_backward_cpu(features, features_bar, features_norm, ws, scale, pi, cost
 
 
 @njit(parallel=True, cache=True)
-def transport_backward_cpu(pi, rho, transported, d_rho, d_pi, eps, d_cost):
+def transport_backward_cpu(assignment, rho, transported, d_rho, d_pi, eps, d_cost):
     """``refdml_gsp_transport_backward`` CPU twin: Prop. 4.3 from ``(d_rho, d_pi)``.
 
-    ``d_cost_ji = -ε pi_ji (d_pi_ji - n inner_j)`` with ``inner = q - (eta / kappa) rho``,
-    ``q_j = rho_j d_rho_j + sum_i pi_ji d_pi_ji`` (all (B, n, m) arrays in memory order).
+    ``d_cost_ji = -ε A_ji (P_j ((d_pi_ji - r_j) + offset_j) + w_j (b_j - bbar))`` (all (B, n, m)
+    arrays in memory order; docs/gsp.md Sec. 3).
     """
-    batch, n, m = pi.shape
+    batch, n, m = assignment.shape
     for b in prange(batch):
-        q = np.empty(n)
-        kappa, eta = 0.0, 0.0
+        reference, offset, b_values = np.empty(n), np.empty(n), np.empty(n)
         for j in range(n):
-            q[j], kappa_j, eta_j = transport_backward_column(pi, d_pi, rho, d_rho, transported,
-                                                             b, j)
-            kappa += kappa_j
-            eta += eta_j
-        ratio = eta / kappa if kappa > 0.0 else 0.0
+            reference[j], offset[j], b_values[j], _ = transport_backward_column(
+                assignment, d_pi, rho, d_rho, transported, b, j)
+        b_top, mean_offset = _marginal_centre(rho, transported, b_values, b)
         for j in range(n):
-            n_inner = n * (q[j] - ratio * rho[b, j])
+            marginal = rho[b, j] * transported[b, j] * ((b_values[j] - b_top) + mean_offset)
+            p = transported[b, j] / n
             for i in range(m):
-                d_cost[b, j, i] = -eps * (pi[b, j, i] * (d_pi[b, j, i] - n_inner))
+                d_cost[b, j, i] = cost_gradient(-eps, assignment[b, j, i], p, d_pi[b, j, i],
+                                                reference[j], offset[j], marginal)
 
 
 # --------------------------------------------------------------------------- CUDA kernels
@@ -445,7 +582,7 @@ def cuda_kernels():
     """
     # the per-column maths, compiled for the device from the CPU twins' source
     softmax_dev = cuda.jit(device=True)(column_softmax.py_func)
-    shift_dev = cuda.jit(device=True)(column_shift.py_func)
+    rank_dev = cuda.jit(device=True)(column_rank.py_func)
     plan_dev = cuda.jit(device=True)(column_plan.py_func)
     pool_backward_dev = cuda.jit(device=True)(pool_backward_column.py_func)
     transport_backward_dev = cuda.jit(device=True)(transport_backward_column.py_func)
@@ -497,110 +634,184 @@ def cuda_kernels():
         return r0, r1, r2, r3
 
     @cuda.jit(device=True)
-    def n_inner_block(sm, b, tid, kappa, eta, rho, scratch):
-        """Backward (Prop. 4.3): sums the threads' ``kappa`` and ``eta`` over the block, then
-        ``scratch[b, j] = n inner_j = n (q_j - (eta / kappa) rho_j)`` from ``q_j`` there."""
+    def block_argmax_sum(sm, w, value, index, total, tid, width):
+        """Block-wide ``value`` at the largest ``w`` (least ``index`` on a tie), ``sum total``."""
+        sm[0, tid], sm[1, tid], sm[2, tid], sm[3, tid] = w, value, index, total
+        cuda.syncthreads()
+        stride = width // 2
+        while stride > 0:
+            if tid < stride:
+                o = tid + stride
+                if sm[0, o] > sm[0, tid] or (sm[0, o] == sm[0, tid] and sm[2, o] < sm[2, tid]):
+                    sm[0, tid], sm[1, tid], sm[2, tid] = sm[0, o], sm[1, o], sm[2, o]
+                sm[3, tid] = sm[3, tid] + sm[3, o]
+            cuda.syncthreads()
+            stride //= 2
+        r1, r3 = sm[1, 0], sm[3, 0]
+        cuda.syncthreads()
+        return r1, r3
+
+    @cuda.jit(device=True)
+    def marginal_block(sm, b, tid, rho, transported, scratch):
+        """Backward (Prop. 4.3): ``scratch[b, 2n + j]`` from ``b_j`` to ``w_j (b_j - bbar)``
+        (``w = rho sigma``; the difference against the block's largest ``w``)."""
         n = rho.shape[1]
-        _, _, kappa, eta = block_reduce4(sm, 0.0, 0.0, kappa, eta, tid, tree_width(n))
-        ratio = eta / kappa if kappa > 0.0 else 0.0
+        width = tree_width(n)
+        best, b_best, index, kappa = -1.0, 0.0, 0.0, 0.0
         j = tid
         while j < n:
-            scratch[b, j] = n * (scratch[b, j] - ratio * rho[b, j])
+            w = rho[b, j] * transported[b, j]
+            kappa += w
+            if w > best:  # threads visit their columns in increasing j: the first max
+                best, b_best, index = w, scratch[b, 2 * n + j], float(j)
+            j += BLOCK
+        b_top, kappa = block_argmax_sum(sm, best, b_best, index if best >= 0.0 else 1e300,
+                                        kappa, tid, width)
+        total = 0.0
+        j = tid
+        while j < n:
+            total += rho[b, j] * transported[b, j] * (b_top - scratch[b, 2 * n + j])
+            j += BLOCK
+        _, _, total, _ = block_reduce4(sm, 0.0, 0.0, total, 0.0, tid, width)
+        mean_offset = total / kappa if kappa > 0.0 else 0.0
+        j = tid
+        while j < n:
+            scratch[b, 2 * n + j] = rho[b, j] * transported[b, j] * (
+                (scratch[b, 2 * n + j] - b_top) + mean_offset)
             j += BLOCK
         cuda.syncthreads()
 
     @cuda.jit(device=True)
-    def newton_block(sm, l, b, tid, base, value_max, value_min, tau0, logit_mu, log_n,
-                     max_iter, ulp, cap, phi_floor):
-        n = l.shape[1]
+    def phi_block(sm, b, tid, y, eps, column_min, lam, pivot, logit_mu):
+        """``phi(y)`` in the coordinates of column ``pivot``, and max/min of ``l - l_p``."""
+        n = column_min.shape[1]
         width = tree_width(n)
-        tau, lo, hi, active = newton_start(logit_mu, value_max, value_min, tau0, ulp)
+        pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
+        m1, s1, m2, s2 = -math.inf, 0.0, -math.inf, 0.0
+        top, bottom = -math.inf, math.inf
+        j = tid
+        while j < n:
+            relative = relative_log_s(eps, column_min[b, j], lam[b, j], pivot_min, pivot_lam)
+            top, bottom = max(top, relative), min(bottom, relative)
+            log_sig, log_one_minus, _ = column_terms(y + relative)
+            m1, s1 = lse_push(m1, s1, log_sig)
+            m2, s2 = lse_push(m2, s2, log_one_minus)
+            j += BLOCK
+        m1, s1, m2, s2, _, _ = block_lse3(sm, m1, s1, m2, s2, -math.inf, 0.0, tid, width)
+        top, bottom, _, _ = block_reduce4(sm, top, bottom, 0.0, 0.0, tid, width)
+        return lse_value(m1, s1) - lse_value(m2, s2) - logit_mu, top, bottom
+
+    @cuda.jit(device=True)
+    def newton_block(sm, b, tid, eps, column_min, lam, pivot, lo, hi, logit_mu, log_n,
+                     max_iter, ulp, cap, phi_floor):
+        n = column_min.shape[1]
+        width = tree_width(n)
+        pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
+        y, active = newton_start(lo, hi, 0.0, ulp)
         count = 0
         while active and count < max_iter:
             count += 1
             m1, s1, m2, s2, m3, s3 = -math.inf, 0.0, -math.inf, 0.0, -math.inf, 0.0
             j = tid
             while j < n:
-                a, c, e = column_terms(tau + (base + l[b, j]))
+                a, c, e = column_terms(y + relative_log_s(eps, column_min[b, j], lam[b, j],
+                                                          pivot_min, pivot_lam))
                 m1, s1 = lse_push(m1, s1, a)
                 m2, s2 = lse_push(m2, s2, c)
                 m3, s3 = lse_push(m3, s3, e)
                 j += BLOCK
             m1, s1, m2, s2, m3, s3 = block_lse3(sm, m1, s1, m2, s2, m3, s3, tid, width)
             phi, log_slope = newton_phi(m1, s1, m2, s2, m3, s3, logit_mu, log_n)
-            tau, lo, hi, done = newton_step(tau, lo, hi, phi, log_slope, ulp, phi_floor, cap)
+            y, lo, hi, done = newton_step(y, lo, hi, phi, log_slope, ulp, phi_floor, cap)
             active = not done
-        return tau, count, active
+        return y, count, active
 
     @cuda.jit(device=True)
     def transport_block(sm, b, tid, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                        assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
+                        assignment, lam, log_s, rho, transported, pi, order, image_real,
                         image_int):
+        """The CPU twin's ``_transport_image``, one column per thread (strided); every thread
+        takes the same scalar decisions from the block's reductions (lock-step)."""
         n = cost_t.shape[1]
         width = tree_width(n)
         log_n = math.log(n)
-        image_min = math.inf
         j = tid
         while j < n:
-            column_min = softmax_dev(cost_t, eps, assignment, log_s_shifted, b, j)
-            log_s[b, j] = column_min
-            image_min = min(image_min, column_min)
+            softmax_dev(cost_t, eps, assignment, log_s, lam, b, j)
             j += BLOCK
-        _, image_min, _, _ = block_reduce4(sm, 0.0, image_min, 0.0, 0.0, tid, width)
-        shift = eps * image_min
-        value_max, value_min, value_sum = -math.inf, math.inf, 0.0
+        cuda.syncthreads()
         j = tid
         while j < n:
-            value = shift_dev(eps, image_min, shift, log_s_shifted, log_s, b, j)
-            value_max = max(value_max, value)
-            value_min = min(value_min, value)
-            value_sum += value
+            order[b, rank_dev(log_s, b, j)] = j
             j += BLOCK
-        value_max, value_min, value_sum, _ = block_reduce4(sm, value_max, value_min,
-                                                           value_sum, 0.0, tid, width)
-        tau, first, exhausted_first = newton_block(
-            sm, log_s_shifted, b, tid, 0.0, value_max, value_min, logit_mu - value_sum / n,
-            logit_mu, log_n, max_iter, ulp, cap, phi_floor,
-        )
-        delta, second, exhausted_second = newton_block(
-            sm, log_s_shifted, b, tid, tau, tau + value_max, tau + value_min, 0.0, logit_mu,
-            log_n, max_iter, ulp, cap, phi_floor,
-        )
+        cuda.syncthreads()
+        below, above, evaluations = -1, n, 0
+        while above - below > 1:
+            middle = (below + above) // 2
+            phi, _, _ = phi_block(sm, b, tid, 0.0, eps, log_s, lam, order[b, middle], logit_mu)
+            evaluations += 1
+            if phi >= 0.0:
+                above = middle
+            else:
+                below = middle
+        minus, plus = order[b, min(above, n - 1)], order[b, max(below, 0)]
+        gap = relative_log_s(eps, log_s[b, plus], lam[b, plus], log_s[b, minus], lam[b, minus])
+        interior, half = window(below, above, n, gap)
+        use_plus = below >= 0 and above == n
+        if interior:
+            evaluations += 1
+            phi, _, _ = phi_block(sm, b, tid, -half, eps, log_s, lam, minus, logit_mu)
+            use_plus = phi >= 0.0
+        lo, hi = bracket(use_plus, interior, gap, half)
+        pivot = plus if use_plus else minus
+        if use_plus and interior and hi > SATURATION:
+            evaluations += 1
+            phi, _, _ = phi_block(sm, b, tid, SATURATION, eps, log_s, lam, plus, logit_mu)
+            hi = SATURATION
+            if phi < 0.0:
+                lo = SATURATION
+        _, top, bottom = phi_block(sm, b, tid, 0.0, eps, log_s, lam, pivot, logit_mu)
+        lo = max(lo, logit_mu - top)
+        hi = max(min(hi, logit_mu - bottom), lo)
+        y, steps, exhausted = newton_block(sm, b, tid, eps, log_s, lam, pivot, lo, hi, logit_mu,
+                                           log_n, max_iter, ulp, cap, phi_floor)
+        pivot_min, pivot_lam = log_s[b, pivot], lam[b, pivot]
+        cuda.syncthreads()  # every thread holds the pivot's values before the plan rewrites log_s
         inv_n = 1.0 / n
         column_residual, mass = 0.0, 0.0
         j = tid
         while j < n:
-            residual, column_mass = plan_dev(tau, delta, inv_n, log_s_shifted, assignment,
-                                             transported, rho, pi, b, j)
+            residual, column_mass = plan_dev(y, eps, pivot_min, pivot_lam, inv_n, log_s, lam,
+                                             assignment, transported, rho, pi, b, j)
             column_residual = max(column_residual, residual)
             mass += column_mass
             j += BLOCK
         column_residual, _, mass, _ = block_reduce4(sm, column_residual, 0.0, mass, 0.0, tid,
                                                     width)
         if tid == 0:
-            image_real[b, 0] = tau + delta
-            image_real[b, 1] = shift
+            image_real[b, 0] = y
+            image_real[b, 1] = given_log_s(eps, pivot_min, pivot_lam)
             image_real[b, 2] = max(column_residual, abs(mass - mu))
-            image_int[b, 0] = first
-            image_int[b, 1] = second
-            image_int[b, 2] = 1 if (exhausted_first or exhausted_second) else 0
+            image_int[b, 0] = evaluations
+            image_int[b, 1] = steps
+            image_int[b, 2] = 1 if exhausted else 0
 
     @cuda.jit
     def refdml_gsp_transport(cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                             assignment, log_s_shifted, log_s, rho, transported, pi,
-                             image_real, image_int):
+                             assignment, lam, log_s, rho, transported, pi, order, image_real,
+                             image_int):
         b = cuda.blockIdx.x
         if b >= cost_t.shape[0]:
             return
         sm = cuda.shared.array((6, BLOCK), float64)
         transport_block(sm, b, cuda.threadIdx.x, cost_t, eps, mu, logit_mu, max_iter, ulp, cap,
-                        phi_floor, assignment, log_s_shifted, log_s, rho, transported, pi,
+                        phi_floor, assignment, lam, log_s, rho, transported, pi, order,
                         image_real, image_int)
 
     @cuda.jit
     def refdml_gsp_pool_forward(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp,
-                                cap, phi_floor, p_one, cost_t, assignment, log_s_shifted,
-                                log_s, rho, transported, pi, weights, pooled, z, image_real,
+                                cap, phi_floor, p_one, cost_t, assignment, lam, log_s, rho,
+                                transported, pi, order, weights, pooled, z, image_real,
                                 image_int):
         b = cuda.blockIdx.x
         if b >= fs.shape[0]:
@@ -622,7 +833,7 @@ def cuda_kernels():
             pair += BLOCK
         cuda.syncthreads()
         transport_block(sm, b, tid, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                        assignment, log_s_shifted, log_s, rho, transported, pi, image_real,
+                        assignment, lam, log_s, rho, transported, pi, order, image_real,
                         image_int)
         inv_mu = 1.0 / mu
         j = tid
@@ -647,11 +858,12 @@ def cuda_kernels():
             i += BLOCK
 
     @cuda.jit
-    def refdml_gsp_pool_backward(features, features_bar, features_norm, ws, scale, pi, cost_t,
-                                 rho, transported, weights, d_pooled, d_z, d_weights_in,
+    def refdml_gsp_pool_backward(features, features_bar, features_norm, ws, scale, assignment,
+                                 cost_t, rho, transported, weights, d_pooled, d_z, d_weights_in,
                                  direct_in, p_one, eps, mu, distance_weights, d_features,
                                  scratch):
-        """``scratch`` (B, n) float64: ``q_j``, then ``n inner_j``, then the clip coefficient."""
+        """``scratch`` (B, 3n) float64: ``r_j``, ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)``
+        (docs/gsp.md Sec. 3); the first n slots then hold the clip coefficient."""
         b = cuda.blockIdx.x
         if b >= features.shape[0]:
             return
@@ -662,22 +874,21 @@ def cuda_kernels():
         factor = -eps * s
         inv_n, inv_mu = 1.0 / n, 1.0 / mu
         sm = cuda.shared.array((6, BLOCK), float64)
-        kappa, eta = 0.0, 0.0
         j = tid
         while j < n:
-            scratch[b, j], kappa_j, eta_j = pool_backward_dev(
-                features, d_pooled, d_weights_in, pi, d_z, rho, transported, p_one, inv_n,
-                inv_mu, b, j)
-            kappa += kappa_j
-            eta += eta_j
+            scratch[b, j], scratch[b, n + j], scratch[b, 2 * n + j], _ = pool_backward_dev(
+                features, d_pooled, d_weights_in, assignment, d_z, rho, transported, p_one,
+                inv_n, inv_mu, b, j)
             j += BLOCK
-        n_inner_block(sm, b, tid, kappa, eta, rho, scratch)
+        cuda.syncthreads()
+        marginal_block(sm, b, tid, rho, transported, scratch)
         pair = tid
         while pair < n * m:
             j, i = pair // m, pair % m
-            distance_weights[b, j, i] = _distance_weight(
-                factor, d_z[b, i] * inv_mu, scratch[b, j], pi[b, j, i], cost_t[b, j, i]
-            )
+            gradient = cost_gradient(factor, assignment[b, j, i], transported[b, j] * inv_n,
+                                     d_z[b, i] * inv_mu, scratch[b, j], scratch[b, n + j],
+                                     scratch[b, 2 * n + j])
+            distance_weights[b, j, i] = _distance_weight(gradient, cost_t[b, j, i])
             pair += BLOCK
         cuda.syncthreads()
         pair = tid
@@ -716,28 +927,28 @@ def cuda_kernels():
             pair += BLOCK
 
     @cuda.jit
-    def refdml_gsp_transport_backward(pi, rho, transported, d_rho, d_pi, eps, d_cost,
+    def refdml_gsp_transport_backward(assignment, rho, transported, d_rho, d_pi, eps, d_cost,
                                       scratch):
-        """``scratch`` (B, n) float64: ``q_j``, then ``n inner_j``."""
+        """``scratch`` (B, 3n) float64: ``r_j``, ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)``."""
         b = cuda.blockIdx.x
-        if b >= pi.shape[0]:
+        if b >= assignment.shape[0]:
             return
         tid = cuda.threadIdx.x
-        n, m = pi.shape[1], pi.shape[2]
+        n, m = assignment.shape[1], assignment.shape[2]
         sm = cuda.shared.array((6, BLOCK), float64)
-        kappa, eta = 0.0, 0.0
         j = tid
         while j < n:
-            scratch[b, j], kappa_j, eta_j = transport_backward_dev(pi, d_pi, rho, d_rho,
-                                                                   transported, b, j)
-            kappa += kappa_j
-            eta += eta_j
+            scratch[b, j], scratch[b, n + j], scratch[b, 2 * n + j], _ = transport_backward_dev(
+                assignment, d_pi, rho, d_rho, transported, b, j)
             j += BLOCK
-        n_inner_block(sm, b, tid, kappa, eta, rho, scratch)
+        cuda.syncthreads()
+        marginal_block(sm, b, tid, rho, transported, scratch)
         pair = tid
         while pair < n * m:
             j, i = pair // m, pair % m
-            d_cost[b, j, i] = -eps * (pi[b, j, i] * (d_pi[b, j, i] - scratch[b, j]))
+            d_cost[b, j, i] = cost_gradient(
+                -eps, assignment[b, j, i], transported[b, j] / n, d_pi[b, j, i], scratch[b, j],
+                scratch[b, n + j], scratch[b, 2 * n + j])
             pair += BLOCK
 
     return (refdml_gsp_transport, refdml_gsp_pool_forward, refdml_gsp_pool_backward,

@@ -447,7 +447,7 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
 
     ``d_pooled`` (B, d), ``d_z`` (B, m), exactly those shapes; ``None`` means zero.
     Fused: ``d_pi = d_z / mu`` is never broadcast to (B, m, n); the (B, n, m) array
-    ``W = d_cost / c'`` is built in three passes over the pi.
+    ``W = d_cost / c'`` is built in a few passes over the softmax ``A``.
     """
     check_context(ctx, "ctx", PoolContext)
     result = ctx.transport
@@ -480,17 +480,19 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     if kind != "array":
         return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct)
     d_rho = d_weights * (-n / mu)
-    # Prop. 4.3 with d_pi_ij = d_z_i / mu: pi^T d_pi is a matrix-vector product.
-    pi_t = result.pi.transpose(0, 2, 1)
+    # Prop. 4.3 with d_pi_ij = d_z_i / mu (never broadcast to memory), as the reference
+    # evaluates it: d_cost = -ε A (P (d_pi - a) + w (b - bbar)) (docs/gsp.md Sec. 3).
+    assignment_t = result.assignment.transpose(0, 2, 1)
     d_column = d_z * (1.0 / mu)                                            # (B, m)
-    weighted_sum = (pi_t @ d_column[:, :, None])[:, :, 0]                  # (B, n)
-    inner = _wt.closed_form_factors(xp, result, d_rho, weighted_sum)
-    # W = d_cost_t / c' = -ε s pi_t (d_column[i] - n inner[j]) / c: three passes.
-    factor = -result.inverse_temperature * ctx.cost.scale
-    weights_t = (factor * d_column)[:, None, :] - (factor * n * inner)[:, :, None]
-    weights_t *= pi_t
+    weights_t, column = _wt.softmax_centred(xp, assignment_t, d_column[:, None, :])
+    weights_t *= (result.transported * (1.0 / n))[:, :, None]
+    weights_t += _wt.marginal_factors(xp, result, d_rho, column)[:, :, None]
+    weights_t *= assignment_t
+    # W = d_cost_t / c' = d_cost_t s / c: 0 where c = 0 (the subgradient).
+    weights_t *= ctx.cost.scale
+    _wt.scale_gradient(xp, weights_t, -result.inverse_temperature)
     cost_t = ctx.cost.cost.transpose(0, 2, 1)
-    weights_t /= xp.where(cost_t > 0, cost_t, np.inf)  # 0 where c = 0 (the subgradient)
+    weights_t /= xp.where(cost_t > 0, cost_t, np.inf)
     return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
 
 

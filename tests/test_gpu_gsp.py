@@ -103,6 +103,47 @@ def test_float32_is_finite_and_converged_at_extreme_inverse_temperature(inverse_
     assert_allclose(grads.features, ref_grads.features, atol=rtol * np.abs(ref_grads.features).max())
 
 
+@pytest.mark.parametrize("inverse_temperature", [1e16, 1e38, 1e300, float(np.finfo(np.float64).max)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_constraints_and_reference_at_huge_inverse_temperature(dtype, inverse_temperature):
+    # ε beyond float32's range (1e300) is applied as a power of two: never inf * 0. The
+    # constraints hold to the dtype's floor, (rho, pi) are the reference's (the LP's, to
+    # rounding), and every gradient through (P2) is 0 as in the reference (no ties).
+    rng = np.random.default_rng(8)
+    features, prototypes = _inputs(rng, batch=4, n=9, m=5, d=4)
+    features, prototypes = features.astype(dtype), prototypes.astype(dtype)
+    args = dict(mu=0.3, inverse_temperature=inverse_temperature)
+    cost = fast.cost_map(features, prototypes)
+    ref = reference.weight_transport(cost.astype(np.float64), **args)
+    d_rho, d_pi = rng.standard_normal((4, 9)), rng.standard_normal((4, 5, 9))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ConvergenceWarning, no overflow
+        result = fast.weight_transport(cost, **args)
+        grad = fast.weight_transport_backward(result, d_rho.astype(dtype), d_pi.astype(dtype))
+        (pooled, z), ctx = fast.gsp_pool_forward(features, prototypes, **args)
+        grads = fast.gsp_pool_backward(ctx, rng.standard_normal((4, 4)).astype(dtype), None)
+    assert result.converged and np.all(result.residual <= result.tol)
+    atol = 1e-14 if dtype == np.float64 else 1e-6
+    assert_allclose(result.pi, ref.pi, rtol=0, atol=atol)
+    assert_allclose(result.rho, ref.rho, rtol=0, atol=atol)
+    assert np.all(grad.cost == 0.0)
+    assert np.all(reference.weight_transport_backward(ref, d_rho, d_pi).cost == 0.0)
+    (ref_pooled, ref_z), _ = reference.gsp_pool_forward(
+        features.astype(np.float64), prototypes.astype(np.float64), **args)
+    assert_allclose(pooled, ref_pooled, rtol=0, atol=100 * atol * np.abs(ref_pooled).max())
+    assert_allclose(z, ref_z, rtol=0, atol=100 * atol)
+    assert np.all(grads.prototypes == 0.0) and np.all(np.isfinite(grads.features))
+
+
+def test_gradient_overflow_is_named():
+    # An exact tie of the cost at ε = 1e38 on float32: d pi / d c ~ ε / 4 overflows float32.
+    cost = np.array([[[0.5, 1.0], [0.5, 2.0]]], np.float32)
+    result = fast.weight_transport(cost, mu=0.5, inverse_temperature=1e38)
+    d_pi = np.array([[[1e3, 0.0], [-1e3, 0.0]]], np.float32)
+    with pytest.raises(ValueError, match=r"d_cost overflows float32: inverse_temperature == 1e\+38"):
+        fast.weight_transport_backward(result, None, d_pi)
+
+
 def test_mu_one_is_global_average_pooling():
     features, prototypes = _inputs(np.random.default_rng(3), dtype=np.float32)
     (pooled, z), ctx = fast.gsp_pool_forward(features, prototypes, mu=1.0, inverse_temperature=5.0)

@@ -279,6 +279,7 @@ def test_inverse_temperature_200_and_float32_are_finite_and_correct():
     assert result.converged and np.all(np.isfinite(result.pi)) and np.all(np.isfinite(result.rho))
     _assert_kkt(result, cost32.astype(np.float64), atol=1e-9)
     same = gsp.weight_transport(cost32.astype(np.float64), mu=0.3, inverse_temperature=200.0)
+    # Exactly equal by construction: float32 input is widened to float64 on entry.
     np.testing.assert_array_equal(result.pi, same.pi)
     # exp(-200 c) alone underflows to 0 for c > 3.7; the log domain only shifts tau.
     base = gsp.weight_transport(cost64, mu=0.3, inverse_temperature=200.0)
@@ -444,7 +445,8 @@ def test_unrolled_gradient_converges_to_the_closed_form():
         _, result = _wt(cost, mu=0.3, inverse_temperature=3.0, method="fixed_point", max_iter=k, tol=0.0)
         unrolled = gsp.weight_transport_backward_unrolled(result, d_rho, d_pi).cost
         errors.append(np.abs(unrolled - closed).max() / np.abs(closed).max())
-    assert all(b < a for a, b in zip(errors, errors[1:]))
+    # Decreasing (like r^k) until the rounding floor of the two gradients (~1e-15 here).
+    assert all(b < a or b < 1e-13 for a, b in zip(errors, errors[1:]))
     assert errors[-1] < 1e-10
 
 
@@ -524,11 +526,13 @@ def test_huge_inverse_temperature_satisfies_the_constraints(seed):
 
 def test_huge_inverse_temperature_fixed_point_warns_truthfully():
     cost = np.random.default_rng(188).uniform(0.0, 2.0, (1, 3, 3))
-    # Prop. 4.2's t-update rounds at tau ~ 1e16: the column residual test passes while
-    # the mass is off; the warning says so instead of blaming max_iter.
-    with pytest.warns(ConvergenceWarning, match=r"stopped after \d+ iterations \(column residual <= tol\)"):
+    # Prop. 4.2 moves log t by O(log n) a step while the stairs of g are ~1e16 wide: it
+    # cannot converge in 20 iterations, and says so; its iterate still holds the mass
+    # constraint (anchored coordinates, docs/gsp.md), which tau + l_j lost (0.3 -> 0.53).
+    with pytest.warns(ConvergenceWarning, match=r"reached max_iter == 20 .*mass constraint holds"):
         result = gsp.weight_transport(cost, mu=0.3, inverse_temperature=1e16, method="fixed_point", max_iter=20)
-    assert not result.converged and result.n_iter < 20
+    assert not result.converged and result.n_iter == 20
+    np.testing.assert_allclose(result.pi.sum(axis=(1, 2)), 0.3, rtol=0, atol=1e-15)
     with pytest.warns(ConvergenceWarning, match=r"reached max_iter == 2 with residual"):
         gsp.weight_transport(cost, mu=0.3, inverse_temperature=5.0, method="fixed_point", max_iter=2)
 
@@ -541,13 +545,17 @@ def test_weight_transport_is_invariant_to_the_scale_of_the_cost():
         scaled = gsp.weight_transport(cost * s, mu=0.3, inverse_temperature=3.0 / s)
         np.testing.assert_allclose(scaled.pi, base.pi, rtol=1e-12, atol=1e-16)
         np.testing.assert_allclose(scaled.rho, base.rho, rtol=1e-12, atol=1e-16)
-    # A huge constant cost shift does not change (P2) (exact method: cost - min c).
+    # cost + 1e300 rounds every entry to exactly 1e300: by symmetry each pi_ij = mu / (m n).
+    # The solvers see only cost differences; tau = log t ~ 1e310 is reported as inf.
     shifted = gsp.weight_transport(cost + 1e300, mu=0.3, inverse_temperature=1e10)
     assert shifted.converged and np.all(np.isinf(shifted.log_t))
-    with pytest.raises(ValueError, match=r"inverse_temperature \* cost overflows float64"):
-        gsp.weight_transport(cost * 1e300, mu=0.3, inverse_temperature=1e10)
-    with pytest.raises(ValueError, match=r"inverse_temperature \* cost overflows float64.*t = 1"):
-        gsp.weight_transport(cost + 1e300, mu=0.3, inverse_temperature=1e10, method="fixed_point")
+    np.testing.assert_allclose(shifted.pi, 0.3 / 18, rtol=1e-14)
+    # ε c ~ 1e310 overflows, ε (c - c') does too: every weight but the LP's is exactly 0.
+    huge = gsp.weight_transport(cost * 1e300, mu=0.3, inverse_temperature=1e10)
+    assert huge.converged and np.all(huge.residual <= 1e-15)
+    np.testing.assert_allclose(huge.pi, gsp.solve_p1_linprog(cost, mu=0.3).pi, rtol=0, atol=1e-12)
+    _, fixed = _wt(cost + 1e300, mu=0.3, inverse_temperature=1e10, method="fixed_point", max_iter=5)
+    np.testing.assert_allclose(fixed.pi.sum(axis=(1, 2)), 0.3, rtol=0, atol=1e-15)
 
 
 def test_p1_solvers_at_extreme_scales():

@@ -21,15 +21,29 @@ and the mass constraint becomes one monotone scalar equation per image,
 
     g(tau) = (1/n) sum_j sigma(tau + l_j) = mu.
 
-Prop. 4.2's iteration is, in these variables, ``tau <- tau + log mu - log g(tau)``
-(from ``tau_0 = 0``, i.e. ``t^(0) = 1``); it contracts with rate
-``r = (n/mu) sum_j (sum_i pi_ij)^2 < 1`` at the fixed point. ``method="exact"`` solves
-``g(tau) = mu`` by safeguarded Newton, then once more in the re-centred variable
-``delta`` of ``x_j = (tau + l_j) + delta`` (see :func:`_solve_exact`), so that the mass
-constraint holds to rounding even where ``|tau|`` is so large (ε = 1e16) that its own
-ulp would move a whole feature's mass. Nothing forms ``exp(-ε c)``.
+Any finite ε (docs/gsp.md Sec. 2)
+---------------------------------
+``tau`` and ``l_j`` grow like ε (up to ~1e308) while the logits ``x_j = tau + l_j`` that
+decide the solution stay of order one: formed as ``tau + l_j``, they would carry an
+absolute rounding of ``ulp(ε c)``. Both solvers therefore work in the coordinates of an
+anchor feature ``p``: ``x_j = y + (l_j - l_p)`` with ``y = tau + l_p`` and
+``l_j - l_p = (lam_j - lam_p) - ε (cmin_j - cmin_p)`` formed from cost differences
+(``cmin_j = min_i c_ij``, ``lam_j = l_j + ε cmin_j`` in ``[0, log m]``), exact to a few
+ulps of itself; ``exp`` only ever sees numbers ``<= 0`` and an overflowing ``ε (c - c')``
+is ``inf`` (a weight of exactly 0), never an error.
 
-Length: ~540 lines, over the house ~450 on purpose: the solvers, the result they fill
+``method="exact"`` picks ``p`` as the feature whose logit is nearest 0 at the root (a
+bisection over the features sorted by ``cmin``, then a window of ``[-1024, 1024]`` around
+it, beyond which every sigmoid is 0 or 1 in float64) and solves ``g = mu`` for ``y`` by
+safeguarded Newton inside that bracket: the constraints hold to rounding for every finite
+ε up to ``np.finfo(float).max``. ``method="fixed_point"`` is Prop. 4.2 as printed (from
+``t^(0) = 1``), written as ``y' = log(n mu) - logsumexp_j((l_j - l_p) - softplus(y +
+l_j - l_p))`` (no cancellation of ``y``); every iterate satisfies the mass constraint to
+rounding at any ε, the column constraints only once converged, and at large ε that takes
+~ε times a cost gap iterations (a ``ConvergenceWarning`` says so). Nothing forms
+``exp(-ε c)``.
+
+Length: ~700 lines, over the house ~450 on purpose: the solvers, the result they fill
 and the two backward passes that read it are one derivation (docs/gsp.md Secs. 2-4)
 and are meant to be read side by side; half of the file is docstring.
 """
@@ -56,6 +70,9 @@ __all__ = [
 
 METHODS = ("exact", "fixed_point")
 _ULP = np.finfo(np.float64).eps
+# |x| beyond which sigma(x) is exactly 0 or 1 in float64 (exp(-745) is below the least
+# subnormal): the pivot search's window, with room for misordered pairs (|l - l'| <= log m).
+_SATURATION = 1024.0
 
 
 @dataclass(frozen=True)
@@ -69,11 +86,14 @@ class WeightTransportResult:
     pi : (B, m, n)
         Transport plan.
     t, log_t : (B,)
-        The scaling ``t`` of Prop. 4.2 and ``tau = log t``. ``t`` is ``inf`` where
-        ``exp(tau)`` overflows (very large inverse_temperature) and at ``mu = 1``.
+        The scaling ``t`` of Prop. 4.2 and ``tau = log t``, for the cost as given. ``t`` is
+        ``inf`` where ``exp(tau)`` overflows and at ``mu = 1``; ``tau ~ ε c`` carries an
+        absolute rounding of ``ulp(ε c)`` and is ``±inf`` where ``ε c`` overflows (the
+        solution, computed from cost differences, is not affected).
     n_iter : int
-        Newton/bisection steps (``exact``, both phases, maximum over images) or
-        fixed-point iterations (``fixed_point``, shared by all images); 0 at ``mu = 1``.
+        ``exact``: evaluations of ``g`` per image (the pivot search, ~log2(n) + 2, and
+        the safeguarded Newton steps), maximum over images; ``fixed_point``: iterations
+        (shared by all images); 0 at ``mu = 1``.
     residual : (B,)
         ``max(max_j |rho_j + sum_i pi_ij - 1/n|, |sum_ij pi_ij - mu|)``, from the arrays.
     converged : bool
@@ -83,13 +103,20 @@ class WeightTransportResult:
         ``sigma(x_j) = 1 - n rho_j`` (the fraction of feature ``j`` that is transported),
         computed without the cancellation of ``1 - n * rho``.
     log_s : (B, n)
-        ``l_j = logsumexp_i(-ε c_ij)`` (of ``c - min c`` per image where ``ε c`` itself
-        overflows, ``method="exact"`` only; the solution does not change).
+        ``l_j = logsumexp_i(-ε c_ij)``, as ``tau`` rounded to ``ulp(ε c)`` and ``-inf`` or
+        ``inf`` where ``ε c`` overflows.
     assignment : (B, m, n)
         ``softmax_i(-ε c_ij)``, so that ``pi_ij = (sum_k pi_kj) assignment_ij``.
     tau_history : (B, k + 1) or None
         ``tau_0 = 0, ..., tau_k`` of the fixed-point iteration (``fixed_point`` only,
-        ``None`` at ``mu = 1``): all the unrolled backward needs, memory O(k).
+        ``None`` at ``mu = 1``), rounded as ``log_t``.
+    pivot, relative_log_s, anchored_tau_history : (B,), (B, n), (B, k + 1) or None
+        The coordinates the fixed point runs in (``fixed_point`` only, ``None`` at
+        ``mu = 1``): an anchor ``a = l_p`` (``p = pivot``, the feature of least
+        ``min_i c_ij``) where ``l_p <= 0``, else ``a = 0`` (``pivot == -1``);
+        ``relative_log_s = l - a`` formed from cost differences and ``anchored_tau_history
+        = tau_s + a``, both free of the rounding of ``tau``: all the unrolled backward
+        needs, memory O(k + n).
     """
 
     rho: np.ndarray
@@ -107,6 +134,9 @@ class WeightTransportResult:
     log_s: np.ndarray
     assignment: np.ndarray
     tau_history: np.ndarray | None = None
+    pivot: np.ndarray | None = None
+    relative_log_s: np.ndarray | None = None
+    anchored_tau_history: np.ndarray | None = None
 
     @property
     def contraction_rate(self) -> np.ndarray:
@@ -124,66 +154,138 @@ class WeightTransportGrads:
     cost: np.ndarray  # (B, m, n)
 
 
-def _log_kernel(cost: np.ndarray, inverse_temperature: float, shift_allowed: bool):
-    """``l_j = logsumexp_i(-ε c_ij)`` (B, n), ``softmax_i(-ε c_ij)`` (B, m, n), shift (B,).
+def _eps_times_gap(inverse_temperature: float, a, b):
+    """``ε (a - b)`` with no overflow of ``a - b``; ``±inf`` only where the product overflows.
 
-    (P2)'s solution depends on the cost only through ``ε (c - min c)`` per image (the
-    mass ``sum pi = mu`` is fixed, so a constant cost shift changes the objective by a
-    constant). Where ``ε c`` overflows and ``shift_allowed``, the cost is shifted by its
-    per-image minimum; ``shift`` (B,) is ``ε min c`` then, 0 otherwise.
+    The halving is exact (but for subnormals, where it moves the product by at most
+    ``ε 2^-1075 < 1e-15``), the difference is one rounding (none by Sterbenz where ``a``
+    and ``b`` are within a factor 2), the product one more, the doubling none.
     """
-    batch = cost.shape[0]
-    with np.errstate(over="ignore", invalid="ignore"):
-        scaled = -inverse_temperature * cost
-        shift = np.zeros(batch)
-        if not np.all(np.isfinite(scaled)) and shift_allowed:
-            lowest = cost.min(axis=(1, 2))
-            scaled = -inverse_temperature * (cost - lowest[:, None, None])
-            shift = inverse_temperature * lowest
-    if not np.all(np.isfinite(scaled)):
-        b = int(np.argwhere(~np.isfinite(scaled))[0][0])
-        spread = float(np.max(cost[b]) - np.min(cost[b])) if shift_allowed else float(np.max(np.abs(cost[b])))
-        what = "(max c - min c)" if shift_allowed else "max|c| (the fixed point starts at t = 1 for the cost as given)"
-        raise ValueError(
-            f"inverse_temperature * cost overflows float64: inverse_temperature == "
-            f"{inverse_temperature!r} and {what} == {spread:.3e} in image {b}; "
-            "(P2) at this scale is not representable"
-        )
-    log_s = logsumexp(scaled, axis=1)
-    return log_s, np.exp(scaled - log_s[:, None, :]), shift
+    with np.errstate(over="ignore"):
+        return (inverse_temperature * (0.5 * a - 0.5 * b)) * 2.0
 
 
-def _log_g(tau: np.ndarray, log_s: np.ndarray) -> np.ndarray:
-    """``log g(tau) = log((1/n) sum_j sigma(tau + l_j))``, per image."""
-    return logsumexp(log_expit(tau[:, None] + log_s), axis=1) - np.log(log_s.shape[1])
+def _log_kernel(cost: np.ndarray, inverse_temperature: float):
+    """``cmin`` (B, n), ``lam`` (B, n) and ``softmax_i(-ε c_ij)`` (B, m, n).
 
-
-def _newton(log_s: np.ndarray, mu: float, max_iter: int, tau: np.ndarray | None = None):
-    """Root of ``(1/n) sum_j sigma(tau + l_j) = mu`` per image by safeguarded Newton.
-
-    Newton runs on ``phi(tau) = logit(g(tau)) - logit(mu)``, exactly linear when all
-    ``l_j`` are equal (one step) and close to linear otherwise. The bracket
-    ``[logit(mu) - max l, logit(mu) - min l]`` holds the root; a step that leaves it is
-    replaced by bisection. Stops when ``|phi|`` reaches its rounding floor (g = mu to
-    machine precision), or the step or the bracket is below a few ulps of tau.
-    Starts from ``tau`` (default: ``logit(mu) - mean l``). Returns ``(tau, n_iter,
-    exhausted)``, ``exhausted`` true if some image was still active at ``max_iter``.
+    ``cmin_j = min_i c_ij`` and ``lam_j = log sum_i exp(-ε (c_ij - cmin_j))`` in
+    ``[0, log m]``, so that ``l_j = lam_j - ε cmin_j``. ``exp`` sees only numbers ``<= 0``;
+    where ``ε (c_ij - cmin_j)`` overflows the weight is exactly 0, as in real arithmetic
+    to float64's resolution.
     """
-    n = log_s.shape[1]
-    logit_mu = np.log(mu) - np.log1p(-mu)
-    lo = logit_mu - log_s.max(axis=1)
-    hi = logit_mu - log_s.min(axis=1)
-    tau = logit_mu - log_s.mean(axis=1) if tau is None else np.array(tau, dtype=np.float64)
-    tau = np.clip(tau, lo, hi)
-    active = hi - lo > 4.0 * _ULP * np.maximum(1.0, np.abs(tau))
-    tau = np.where(active, tau, lo)
+    column_min = cost.min(axis=1)
+    weights = np.exp(-_eps_times_gap(inverse_temperature, cost, column_min[:, None, :]))
+    total = weights.sum(axis=1)  # in [1, m]: the column's minimum contributes exp(0)
+    return column_min, np.log(total), weights / total[:, None, :]
+
+
+def _log_s(column_min: np.ndarray, lam: np.ndarray, inverse_temperature: float) -> np.ndarray:
+    """``l_j`` for the cost as given (``±inf`` where ``ε cmin`` overflows)."""
+    with np.errstate(over="ignore"):
+        return lam - inverse_temperature * column_min
+
+
+def _relative_log_s(column_min, lam, inverse_temperature: float, pivot) -> np.ndarray:
+    """``l_j - l_p`` (B, n) for each image's pivot ``p`` (B,), from cost differences.
+
+    Accurate to a few ulps of itself (and of ``log m``) at any ε, where ``l_j - l_p``
+    formed from the rounded ``l`` would be off by ``ulp(ε c)``; ``-inf``/``inf`` where
+    ``ε (cmin_j - cmin_p)`` overflows. The pivot's own entry is exactly 0.
+    """
+    rows = np.arange(column_min.shape[0])
+    return (lam - lam[rows, pivot][:, None]) - _eps_times_gap(
+        inverse_temperature, column_min, column_min[rows, pivot][:, None]
+    )
+
+
+def _phi(y: np.ndarray, relative: np.ndarray, logit_mu: float) -> np.ndarray:
+    """``phi(y) = logit(g) - logit(mu)``, ``g = (1/n) sum_j sigma(y + relative_j)``, per image.
+
+    From log-sigmoids, so ``g = 1e-300`` or ``1 - g = 1e-300`` are resolved; ``y`` is
+    finite and the pivot's entry of ``relative`` is 0, so neither sum is empty.
+    """
+    x = y[:, None] + relative
+    return logsumexp(log_expit(x), axis=1) - logsumexp(log_expit(-x), axis=1) - logit_mu
+
+
+def _pivot_search(column_min, lam, inverse_temperature: float, logit_mu: float):
+    """Pivot ``p``, ``l - l_p`` and a bracket ``[lo, hi]`` of the root ``y = x_p`` (docs/gsp.md).
+
+    ``phi`` at ``y = 0`` in the coordinates of feature ``q`` is ``>= 0`` iff ``x_q <= 0`` at
+    the root, and it grows with ``cmin_q`` (up to pairs whose ``l`` differ by less than
+    ``log m``, which may be out of order). Bisection over the features sorted by ``cmin``
+    finds two neighbours ``plus`` (``x > 0``) and ``minus`` (``x <= 0``); one of them is
+    within ``log m`` of the logit nearest 0. With ``G = l_plus - l_minus`` and
+    ``H = min(G/2, 1024)``, the sign of ``phi(-H)`` in ``minus``'s coordinates says which
+    is nearer; if the root is more than 1024 from both, every sigmoid is 0 or 1 in
+    float64 (``sigma(-1024) = 0``) and ``y = 1024`` in ``plus``'s coordinates solves
+    ``g = mu`` to rounding (a plateau of ``g``). Returns ``(pivot, relative, lo, hi,
+    evaluations)``, ``evaluations`` (B,) the calls of ``phi`` per image.
+    """
+    batch, n = column_min.shape
+    rows = np.arange(batch)
+    order = np.argsort(column_min, axis=1, kind="stable")
+    zero = np.zeros(batch)
+    below, above = np.full(batch, -1), np.full(batch, n)
+    evaluations = np.zeros(batch, dtype=np.int64)
+    while np.any(above - below > 1):
+        active = above - below > 1
+        middle = (below + above) // 2
+        candidate = order[rows, np.clip(middle, 0, n - 1)]
+        relative = _relative_log_s(column_min, lam, inverse_temperature, candidate)
+        nonnegative = _phi(zero, relative, logit_mu) >= 0.0
+        above = np.where(active & nonnegative, middle, above)
+        below = np.where(active & ~nonnegative, middle, below)
+        evaluations += active
+    minus = order[rows, np.minimum(above, n - 1)]
+    plus = order[rows, np.maximum(below, 0)]
+    relative_minus = _relative_log_s(column_min, lam, inverse_temperature, minus)
+    relative_plus = _relative_log_s(column_min, lam, inverse_temperature, plus)
+    interior = (below >= 0) & (above < n)
+    gap = np.maximum(relative_minus[rows, plus], 0.0)  # l_plus - l_minus
+    half = np.minimum(0.5 * gap, _SATURATION)
+    far_from_minus = _phi(-half, relative_minus, logit_mu) >= 0.0  # root <= -H
+    evaluations += interior
+    use_plus = (below >= 0) & ((above == n) | far_from_minus)
+    relative = np.where(use_plus[:, None], relative_plus, relative_minus)
+    lo = np.where(use_plus, 0.0, np.where(interior, -half, -np.inf))
+    hi = np.where(use_plus, np.where(interior, gap - half, np.inf), 0.0)  # inf where G is
+    far = use_plus & interior & (hi > _SATURATION)
+    if np.any(far):
+        plateau = _phi(np.full(batch, _SATURATION), relative_plus, logit_mu) < 0.0
+        evaluations += far
+        hi = np.where(far, _SATURATION, hi)
+        lo = np.where(far & plateau, _SATURATION, lo)
+    # g's own bracket (every sigmoid <= mu at the left end, >= mu at the right end).
+    lo = np.maximum(lo, logit_mu - relative.max(axis=1))
+    hi = np.maximum(np.minimum(hi, logit_mu - relative.min(axis=1)), lo)
+    return np.where(use_plus, plus, minus), relative, lo, hi, evaluations
+
+
+def _newton(relative, logit_mu: float, y, lo, hi, max_iter: int):
+    """Root of ``phi(y) = 0`` in ``[lo, hi]`` per image by safeguarded Newton.
+
+    ``phi = logit(g) - logit(mu)`` is exactly linear when all ``relative`` are equal
+    (one step) and close to linear otherwise. A step that leaves the bracket is replaced
+    by bisection. Stops when ``|phi|`` reaches its rounding floor (g = mu to machine
+    precision), or the step or the bracket is below a few ulps of ``y``. Returns
+    ``(y, steps, exhausted)``: ``steps`` (B,) per image, ``exhausted`` true if some image
+    was still active at ``max_iter``.
+    """
+    n = relative.shape[1]
+    lo, hi = lo.copy(), hi.copy()
+    y = np.clip(y, lo, hi)
+    active = hi - lo > 4.0 * _ULP * np.maximum(1.0, np.abs(y))
+    y = np.where(active, y, lo)
     phi_floor = 16.0 * _ULP * (1.0 + abs(logit_mu))
-    n_iter = 0
-    while np.any(active) and n_iter < max_iter:
-        n_iter += 1
+    steps = np.zeros(y.shape[0], dtype=np.int64)
+    for _ in range(max_iter):
+        if not np.any(active):
+            break
         idx = np.flatnonzero(active)
-        t, l = tau[idx], log_s[idx]
-        x = t[:, None] + l
+        steps[idx] += 1
+        t = y[idx]
+        x = t[:, None] + relative[idx]
         log_sig, log_one_minus = log_expit(x), log_expit(-x)
         log_g = logsumexp(log_sig, axis=1)
         log_one_minus_g = logsumexp(log_one_minus, axis=1)
@@ -205,72 +307,86 @@ def _newton(log_s: np.ndarray, mu: float, max_iter: int, tau: np.ndarray | None 
         inside = (newton > lo_i) & (newton < hi_i)
         new = np.where(small | inside, newton, 0.5 * (lo_i + hi_i))
         # phi at its rounding floor: g = mu to machine precision. On a plateau of g
-        # (large inverse_temperature) tau is ill-determined there, but rho and pi are not.
+        # (large inverse_temperature) y is ill-determined there, but rho and pi are not.
         level = np.abs(phi) <= phi_floor
         done = level | small | (hi_i - lo_i <= scale)
-        tau[idx] = np.where(level, t, new)
+        y[idx] = np.where(level, t, new)
         lo[idx], hi[idx] = lo_i, hi_i
         active[idx[done]] = False
-    return tau, n_iter, bool(np.any(active))
+    return y, steps, bool(np.any(active))
 
 
-def _solve_exact(log_s: np.ndarray, mu: float, max_iter: int):
-    """``(x, tau, n_iter, exhausted)`` with ``x_j = tau + l_j`` solving ``g = mu``.
+def _solve_exact(column_min, lam, inverse_temperature: float, mu: float, max_iter: int):
+    """``(x, log_t, n_iter, exhausted)``: the logits ``x_j = tau + l_j`` solving ``g = mu``.
 
-    Phase 1 finds ``tau`` to within a few ulps of ``|tau|``. Where ``|tau|`` is huge
-    (ε = 1e16 makes ``l`` ~ -1e16), that ulp (~2) is a large step of ``sigma``: the mass
-    would be off by a visible fraction of one feature. Phase 2 therefore re-centres,
-    ``a_j = fl(tau + l_j)`` (a rounding of the problem of at most ``ulp(tau + l_j)``,
-    i.e. a relative perturbation ~1e-16 of ``ε c``), and solves for ``delta`` near 0,
-    where the resolution is fine, so that ``x = a + delta`` satisfies the mass
-    constraint to rounding. For ordinary ε phase 2 stops at its first step.
+    ``x = y + (l - l_p)`` in the pivot's coordinates (:func:`_pivot_search`), so that it
+    is accurate to a few ulps of ``max(1, |x|)`` at any ε; ``log_t = y - l_p`` for the
+    cost as given (rounded to ``ulp(ε c)``, ``±inf`` where that overflows).
     """
-    tau, n_first, exhausted_first = _newton(log_s, mu, max_iter)
-    anchored = tau[:, None] + log_s
-    delta, n_second, exhausted_second = _newton(
-        anchored, mu, max_iter, tau=np.zeros(log_s.shape[0])
+    logit_mu = np.log(mu) - np.log1p(-mu)
+    pivot, relative, lo, hi, evaluations = _pivot_search(
+        column_min, lam, inverse_temperature, logit_mu
     )
-    x = anchored + delta[:, None]
-    return x, tau + delta, n_first + n_second, exhausted_first or exhausted_second
+    y, steps, exhausted = _newton(relative, logit_mu, np.zeros(len(pivot)), lo, hi, max_iter)
+    rows = np.arange(len(pivot))
+    with np.errstate(over="ignore"):
+        log_t = y - (lam[rows, pivot] - inverse_temperature * column_min[rows, pivot])
+    return y[:, None] + relative, log_t, int(np.max(evaluations + steps)), exhausted
 
 
-def _fixed_point_taus(log_s: np.ndarray, mu: float, max_iter: int, tol: float) -> np.ndarray:
-    """Prop. 4.2 in the log domain: ``tau_k = tau_{k-1} + log mu - log g(tau_{k-1})``.
+def _column_terms(y: np.ndarray, relative: np.ndarray) -> np.ndarray:
+    """``relative_j - softplus(y + relative_j)`` (B, n): ``log(s_j rho_j n)`` shifted by ``-a``.
 
-    Returns the history ``(B, k + 1)`` from ``tau_0 = 0`` (``t^(0) = 1``). With
-    ``tol > 0`` it stops at the first k where every image's column residual
-    ``max_j |rho_j + sum_i pi_ij - 1/n|`` is <= tol (the mass constraint holds exactly
-    after each t-update, in exact arithmetic).
+    The summands of Prop. 4.2's t-update ``1/t' = (1/(n mu)) sum_j s_j / (1 + t s_j)`` in
+    anchored coordinates; where ``x = y + relative > 0`` it is formed as
+    ``-y - softplus(-x)`` (the same number), so that ``relative = inf`` gives ``-y``,
+    not ``inf - inf``.
     """
-    n = log_s.shape[1]
-    log_mu = np.log(mu)
-    tau = np.zeros(log_s.shape[0])
-    history = [tau]
+    x = y[:, None] + relative
+    with np.errstate(invalid="ignore"):  # the branch np.where discards may be inf - inf
+        return np.where(
+            x > 0.0, -y[:, None] - np.logaddexp(0.0, -x), relative - np.logaddexp(0.0, x)
+        )
+
+
+def _fixed_point(column_min, lam, inverse_temperature: float, mu: float, max_iter: int,
+                 tol: float):
+    """Prop. 4.2 in anchored log coordinates: ``(pivot, relative, history)``.
+
+    ``tau_{k+1} = log(n mu) - logsumexp_j(l_j - softplus(tau_k + l_j))`` is the printed
+    t-update in the log domain; with ``y = tau + a`` and ``relative = l - a`` it reads
+    ``y_{k+1} = log(n mu) - logsumexp_j(relative_j - softplus(y_k + relative_j))``, which
+    never subtracts ``y_k`` from itself. The anchor is ``a = l_p`` for the feature ``p`` of
+    least ``cmin`` where ``l_p <= 0`` (the first step then jumps ``tau`` by ~``-l_p``,
+    after which ``y`` moves by O(log(n / mu)) a step), else ``a = 0`` (``tau`` then stays
+    within O(k log(n / mu)) of 0; ``pivot = -1``). ``history`` (B, k + 1) holds ``y_0 = a, ..., y_k``;
+    with ``tol > 0`` it stops at the first k where every image's column residual
+    ``max_j |rho_j + sum_i pi_ij - 1/n|`` is <= tol.
+    """
+    batch, n = column_min.shape
+    rows = np.arange(batch)
+    first = np.argmin(column_min, axis=1)
+    log_s = _log_s(column_min, lam, inverse_temperature)
+    anchor = log_s[rows, first]
+    at_pivot = anchor <= 0.0
+    relative = np.where(
+        at_pivot[:, None], _relative_log_s(column_min, lam, inverse_temperature, first), log_s
+    )
+    log_n_mu = np.log(n) + np.log(mu)
+    y = np.where(at_pivot, anchor, 0.0)
+    history = [y]
     for _ in range(max_iter):
-        new = tau + log_mu - _log_g(tau, log_s)
+        terms = _column_terms(y, relative)
+        new = log_n_mu - logsumexp(terms, axis=1)
         history.append(new)
         if tol > 0.0:
-            log_sig = log_expit(tau[:, None] + log_s)
-            column_mass = np.exp((new - tau)[:, None] + log_sig) / n
-            column_residual = np.max(np.abs(column_mass - np.exp(log_sig) / n), axis=1)
+            # rho_j + P_j - 1/n = (exp(new + term_j) - sigma(x_j)) / n
+            sig = expit(y[:, None] + relative)
+            column_residual = np.max(np.abs(np.exp(new[:, None] + terms) - sig), axis=1) / n
             if np.all(column_residual <= tol):
                 break
-        tau = new
-    return np.stack(history, axis=1)
-
-
-def _assemble(x, log_ratio, assignment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``rho = (1/n) sigma(-x)``, ``pi = exp(log_ratio) (1/n) sigma(x) A``, ``sigma(x)``.
-
-    For the exact solution ``x = tau + l`` and ``log_ratio = 0``. For the k-th
-    fixed-point iterate ``x = tau_{k-1} + l`` and ``log_ratio = tau_k - tau_{k-1}``:
-    ``rho^(k)`` comes from ``t^(k-1)`` and ``pi^(k)`` from ``t^(k)`` as in Prop. 4.2.
-    """
-    n = x.shape[1]
-    transported = expit(x)
-    rho = expit(-x) / n
-    column_mass = np.exp(log_ratio[:, None] + log_expit(x)) / n
-    return rho, column_mass[:, None, :] * assignment, transported
+        y = new
+    return np.where(at_pivot, first, -1), relative, np.stack(history, axis=1)
 
 
 def _residual(rho: np.ndarray, pi: np.ndarray, mu: float) -> np.ndarray:
@@ -282,10 +398,10 @@ def _residual(rho: np.ndarray, pi: np.ndarray, mu: float) -> np.ndarray:
 
 def _weight_transport(cost, mu, inverse_temperature, method, max_iter, tol) -> WeightTransportResult:
     batch, m, n = cost.shape
-    log_s, assignment, shift = _log_kernel(cost, inverse_temperature, method == "exact")
+    column_min, lam, assignment = _log_kernel(cost, inverse_temperature)
     common = dict(
         method=method, mu=mu, inverse_temperature=inverse_temperature, tol=tol,
-        log_s=log_s, assignment=assignment,
+        log_s=_log_s(column_min, lam, inverse_temperature), assignment=assignment,
     )
     if mu == 1.0:
         # Thm 4.1's boundary: the root of g(tau) = 1 is tau = +inf, so rho = 0 and
@@ -295,29 +411,51 @@ def _weight_transport(cost, mu, inverse_temperature, method, max_iter, tol) -> W
         return WeightTransportResult(
             rho=rho, pi=pi, t=np.full(batch, np.inf), log_t=np.full(batch, np.inf),
             n_iter=0, residual=_residual(rho, pi, mu), converged=True,
-            transported=np.ones((batch, n)), tau_history=None, **common,
+            transported=np.ones((batch, n)), **common,
         )
+    fixed = {}
     if method == "exact":
-        x, tau, n_iter, exhausted = _solve_exact(log_s, mu, max_iter)
-        rho, pi, transported = _assemble(x, np.zeros(batch), assignment)
-        history = None
-        with np.errstate(over="ignore"):
-            tau = tau + shift  # the multiplier of the cost as given
+        x, log_t, n_iter, exhausted = _solve_exact(
+            column_min, lam, inverse_temperature, mu, max_iter
+        )
+        column_mass = expit(x) / n
     else:
-        history = _fixed_point_taus(log_s, mu, max_iter, tol)
-        tau_prev, tau, n_iter = history[:, -2], history[:, -1], history.shape[1] - 1
-        rho, pi, transported = _assemble(tau_prev[:, None] + log_s, tau - tau_prev, assignment)
+        pivot, relative, history = _fixed_point(
+            column_min, lam, inverse_temperature, mu, max_iter, tol
+        )
+        n_iter = history.shape[1] - 1
         exhausted = n_iter == max_iter
+        x = history[:, -2, None] + relative  # rho^(k) from t^(k-1), pi^(k) from t^(k)
+        column_mass = np.exp(history[:, -1, None] + _column_terms(history[:, -2], relative)) / n
+        with np.errstate(over="ignore", invalid="ignore"):
+            tau_history = history - history[:, :1]  # tau_s = y_s - a (a = y_0)
+        tau_history[:, 0] = 0.0  # tau_0 = 0 even where a = -inf
+        log_t = tau_history[:, -1]
+        fixed = dict(
+            tau_history=tau_history, pivot=pivot, relative_log_s=relative,
+            anchored_tau_history=history,
+        )
+    transported = expit(x)
+    rho = expit(-x) / n
+    pi = column_mass[:, None, :] * assignment
     residual = _residual(rho, pi, mu)
     converged = bool(np.all(residual <= tol))
     if not converged and tol > 0.0:
         worst = float(residual.max())
         if exhausted:
             why = f"reached max_iter == {max_iter} with residual {worst:.3e} > tol == {tol:g}"
+            if method == "fixed_point":
+                why += (
+                    " (the mass constraint holds at every iterate, the column constraints only"
+                    " at convergence; Prop. 4.2 moves log t by O(log n) per iteration, so at"
+                    " large inverse_temperature it needs ~inverse_temperature * (cost gap)"
+                    " iterations: method='exact' solves (P2) directly)"
+                )
         elif method == "exact":
             why = (
-                f"stalled after {n_iter} steps at the rounding floor of tau with residual "
-                f"{worst:.3e} > tol == {tol:g} (tol is below what float64 can reach here)"
+                f"stalled after {n_iter} steps at the rounding floor of the logits with "
+                f"residual {worst:.3e} > tol == {tol:g} (tol is below what float64 can "
+                "reach here)"
             )
         else:
             why = (
@@ -326,10 +464,10 @@ def _weight_transport(cost, mu, inverse_temperature, method, max_iter, tol) -> W
             )
         warnings.warn(f"weight_transport(method={method!r}) {why}", ConvergenceWarning, stacklevel=3)
     with np.errstate(over="ignore"):
-        t = np.exp(tau)
+        t = np.exp(log_t)
     return WeightTransportResult(
-        rho=rho, pi=pi, t=t, log_t=tau, n_iter=int(n_iter), residual=residual,
-        converged=converged, transported=transported, tau_history=history, **common,
+        rho=rho, pi=pi, t=t, log_t=log_t, n_iter=int(n_iter), residual=residual,
+        converged=converged, transported=transported, **fixed, **common,
     )
 
 
@@ -366,12 +504,16 @@ def weight_transport(
         become uniform (GAP). GSP's defaults: 0.5 with proxy losses, 5.0 with pair losses.
     method : {"exact", "fixed_point"}
         ``"exact"`` (default): solves ``g(tau) = (1/n) sum_j sigmoid(tau + l_j) = mu``
-        per image by safeguarded Newton to machine precision, in two phases (the second
-        re-centred, so that the constraints hold to rounding even at ε = 1e16);
-        ``max_iter`` caps the steps of each phase (a handful suffice; a few dozen at
-        huge ε). ``"fixed_point"``: Prop. 4.2 as printed, from ``t^(0) = 1``, in the
-        log domain (same iterates); up to ``max_iter`` iterations, stopping early once
-        the column residual is <= ``tol``.
+        per image to machine precision: a bisection over the features for the one whose
+        logit is nearest 0 at the root, then safeguarded Newton in its coordinates
+        (docs/gsp.md Sec. 2), so that the constraints hold to rounding at every finite
+        ε, up to ``np.finfo(float).max``; ``max_iter`` caps the Newton steps (a handful
+        suffice, at most ~60 in the window). ``"fixed_point"``: Prop. 4.2 as printed, from
+        ``t^(0) = 1``, in the log domain (same iterates); up to ``max_iter`` iterations,
+        stopping early once the column residual is <= ``tol``. Each iterate holds the
+        mass constraint to rounding at any ε, the column constraints only at
+        convergence, which at large ε takes ~ε times a gap of the cost iterations (not
+        converged: ``converged=False`` and a warning saying so).
     max_iter : int >= 1
     tol : float >= 0
         Residual below which the result counts as converged; otherwise a
@@ -388,18 +530,21 @@ def weight_transport(
     Raises
     ------
     ValueError
-        For ``mu`` outside (0, 1], ``inverse_temperature <= 0``, an unknown ``method``,
-        ``max_iter < 1``, ``tol < 0``, a cost that is not a finite (B, m, n) array, and
-        where ``inverse_temperature * cost`` overflows float64 (``exact``: where
-        ``inverse_temperature * (max c - min c)`` does, a constant shift of an image's
-        cost leaving its solution unchanged).
+        For ``mu`` outside (0, 1], ``inverse_temperature`` not a finite number > 0, an
+        unknown ``method``, ``max_iter < 1``, ``tol < 0``, and a cost that is not a
+        finite (B, m, n) array. Any finite ``inverse_temperature * cost`` is solved:
+        where a product ``ε (c - c')`` overflows, the weight it governs is exactly 0,
+        as it is to float64's resolution in real arithmetic.
 
     Notes
     -----
     Everything is computed from ``l_j = logsumexp_i(-ε c_ij)`` and
     ``softmax_i(-ε c_.j)``: ``rho_j = (1/n) sigmoid(-(tau + l_j))`` and
-    ``pi_ij = (1/n) sigmoid(tau + l_j) softmax_i(-ε c_ij)`` (docs/gsp.md).
-    The constraints hold to ``residual`` (~1e-16 for ``exact`` at any ε).
+    ``pi_ij = (1/n) sigmoid(tau + l_j) softmax_i(-ε c_ij)`` (docs/gsp.md), with the
+    logits ``tau + l_j`` formed from cost differences. The constraints hold to
+    ``residual`` (~1e-16 for ``exact`` at every finite ε; as ε grows the solution
+    tends to the LP (P1)'s, which it equals to rounding once ε times every gap of the
+    cost exceeds ~40).
 
     ``mu = 1`` (Thm 4.1) is handled explicitly for both methods: ``tau = t = inf``,
     ``rho = 0``, ``pi_ij = (1/n) softmax_i(-ε c_ij)``, ``n_iter = 0``,
@@ -422,22 +567,57 @@ def check_transport_upstream(result, d_rho, d_pi) -> tuple[np.ndarray, np.ndarra
     return d_rho, d_pi
 
 
+def _softmax_part(assignment, pi, d_pi):
+    """``pi_ij (d_pi_ij - a_j)`` (B, m, n) and ``a_j = sum_i A_ij d_pi_ij`` (B, n).
+
+    ``d_pi_ij - a_j = sum_k A_kj (d_pi_ij - d_pi_kj)`` is formed as ``(d_pi_ij - d_pi_rj)
+    + sum_k A_kj (d_pi_rj - d_pi_kj)`` with ``r`` the column's largest weight: where A is
+    one-hot to rounding (large ε), the second sum has only tiny terms, where
+    ``d_pi_rj - a_j`` would be a cancellation that ε then multiplies.
+    """
+    top = np.argmax(assignment, axis=1)[:, None, :]
+    reference = np.take_along_axis(d_pi, top, axis=1)
+    offset = np.sum(assignment * (reference - d_pi), axis=1, keepdims=True)
+    return pi * ((d_pi - reference) + offset), np.sum(assignment * d_pi, axis=1)
+
+
+def _scaled_gradient(inverse_temperature: float, inner: np.ndarray) -> np.ndarray:
+    """``-ε inner``; ``ValueError`` where it overflows float64 (``inner`` is finite)."""
+    with np.errstate(over="ignore"):
+        d_cost = -inverse_temperature * inner
+    if not np.all(np.isfinite(d_cost)):
+        raise ValueError(
+            f"d_cost overflows float64: inverse_temperature == {inverse_temperature!r} times "
+            f"a derivative of {float(np.max(np.abs(inner))):.3e}; at this inverse temperature "
+            "(P2) is this sensitive to the cost only next to a tie of the cost (a kink of the LP)"
+        )
+    return d_cost
+
+
 def closed_form_backward(result, d_rho, d_pi) -> np.ndarray:
-    """Prop. 4.3 on valid input (see :func:`weight_transport_backward`)."""
-    n = result.rho.shape[1]
-    rho, pi, sig = result.rho, result.pi, result.transported
-    weighted = pi * d_pi
-    q = rho * d_rho + weighted.sum(axis=1)
-    # kappa = 1 - mu - n rho^T rho and eta = sum(rho d_rho) - n q^T rho, rewritten with
-    # 1 - n rho_j = sig_j (equal on the constraint set) so that neither cancels as
-    # mu -> 1 (rho -> 0) or mu -> 0 (n rho -> 1).
-    kappa = np.sum(rho * sig, axis=1)
-    eta = np.sum(rho * (sig * d_rho - n * weighted.sum(axis=1)), axis=1)
-    # eta / kappa is a weighted mean of bounded terms (docs/gsp.md); kappa = 0 only at
-    # mu = 1, where rho = 0 and the term vanishes.
-    ratio = np.divide(eta, kappa, out=np.zeros_like(eta), where=kappa > 0.0)
-    inner = q - ratio[:, None] * rho
-    return -result.inverse_temperature * (weighted - n * pi * inner[:, None, :])
+    """Prop. 4.3 on valid input (see :func:`weight_transport_backward`).
+
+    Evaluated as ``d_cost_ij = -ε (pi_ij (d_pi_ij - a_j) + A_ij rho_j sigma_j (b_j - bbar))``
+    with ``b = a - d_rho`` and ``bbar`` its mean under weights ``rho_j sigma_j``
+    (docs/gsp.md Sec. 3): the same number as the printed form, with both differences
+    taken against the dominant term so that nothing cancels before ε multiplies it.
+    """
+    rho, sig, assignment = result.rho, result.transported, result.assignment
+    softmax_part, column = _softmax_part(assignment, result.pi, d_pi)
+    b = column - d_rho
+    # rho_j sigma_j = sigma_j (1 - sigma_j) / n without forming 1 - sigma; kappa = sum is
+    # Prop. 4.3's 1 - mu - n rho^T rho, 0 only at mu = 1 (rho = 0: no marginal term).
+    weight = rho * sig
+    kappa = weight.sum(axis=1)
+    rows = np.arange(b.shape[0])
+    b_top = b[rows, np.argmax(weight, axis=1)][:, None]
+    mean_offset = np.divide(
+        np.sum(weight * (b_top - b), axis=1), kappa, out=np.zeros_like(kappa), where=kappa > 0.0
+    )
+    centred = (b - b_top) + mean_offset[:, None]
+    return _scaled_gradient(
+        result.inverse_temperature, softmax_part + assignment * (weight * centred)[:, None, :]
+    )
 
 
 def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> WeightTransportGrads:
@@ -467,14 +647,25 @@ def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> Wei
     the implicit function theorem on ``g(tau) = mu`` (docs/gsp.md), puts ``rho`` inside
     the Diag, multiplied by ``eta / kappa``; finite differences confirm this reading.
 
-    ``kappa`` and ``eta`` are evaluated as ``sum_j rho_j (1 - n rho_j)`` and
-    ``sum_j rho_j ((1 - n rho_j) d_rho_j - n (pi^T d_pi)_j)`` with ``1 - n rho_j`` taken
-    from ``result.transported`` (identical on the constraint set), so no cancellation
-    occurs as mu -> 1, where both go to 0 while ``eta / kappa`` stays bounded. At
-    ``mu = 1`` exactly (``rho = 0``), the result is the softmax gradient
-    ``-ε (pi * d_pi - n pi * q)``. Applied to a non-converged fixed-point result, this
-    is the paper's practice (implicit gradient at an approximate solution); it is exact
-    only at the solution.
+    Evaluation: with ``a_j = sum_i A_ij d_pi_ij`` (``A`` the softmax), ``b = a - d_rho``,
+    weights ``w_j = rho_j sigma_j`` (``sigma_j = 1 - n rho_j`` from
+    ``result.transported``; ``kappa = sum w``) and ``bbar = sum w b / kappa``, the same
+    expression reads
+
+        d_cost_ij = -ε (pi_ij (d_pi_ij - a_j) + A_ij w_j (b_j - bbar))   (docs/gsp.md Sec. 3),
+
+    and both differences are taken against the column's (image's) dominant term, so
+    that nothing cancels before ε multiplies it: as ε grows the softmax and the
+    sigmoids saturate, the true gradient tends to 0 away from ties of the cost (the LP
+    is piecewise constant in the cost), and so does this one, to every finite ε (the
+    printed form's rounding, ~ε 1e-16, would be ~1e292 at ε = 1e308). Nothing cancels as
+    mu -> 1 either, where ``eta`` and ``kappa`` go to 0 together. At ``mu = 1`` exactly
+    (``rho = 0``), the result is the softmax gradient ``-ε (pi * d_pi - n pi * q)``.
+    Applied to a non-converged fixed-point result, this is the paper's practice
+    (implicit gradient at an approximate solution); it is exact only at the solution.
+
+    Raises ``ValueError`` (naming ``inverse_temperature``) where ``d_cost`` itself
+    overflows float64: ε near float64's maximum next to an exact tie of the cost.
     """
     d_rho, d_pi = check_transport_upstream(result, d_rho, d_pi)
     return WeightTransportGrads(cost=closed_form_backward(result, d_rho, d_pi))
@@ -482,39 +673,42 @@ def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> Wei
 
 def unrolled_backward(result, d_rho, d_pi) -> np.ndarray:
     """Reverse pass through the k fixed-point steps (see :func:`weight_transport_backward_unrolled`)."""
-    if result.tau_history is None:  # mu = 1: the closed form is the limit
+    if result.anchored_tau_history is None:  # mu = 1: the closed form is the limit
         return closed_form_backward(result, d_rho, d_pi)
     n = result.rho.shape[1]
-    inverse_temperature = result.inverse_temperature
-    log_s, assignment, history = result.log_s, result.assignment, result.tau_history
-    pi = result.pi
-    # pi_ij = P_j A_ij with P_j = exp(tau_k - tau_{k-1}) sigma(x_j) / n, x = tau_{k-1} + l;
-    # rho_j = (1 - sigma(x_j)) / n.
-    d_column = np.sum(assignment * d_pi, axis=1)
-    d_cost = -inverse_temperature * pi * (d_pi - d_column[:, None, :])  # through softmax_i(-ε c)
-    column_mass = pi.sum(axis=1)
-    sig = result.transported
-    d_x = d_column * column_mass * (1.0 - sig) - d_rho * sig * (1.0 - sig) / n
-    d_log_s = d_x.copy()
-    d_delta = np.sum(d_column * column_mass, axis=1)
-    d_tau = d_delta                                # adjoint of tau_k
-    d_tau_prev = np.sum(d_x, axis=1) - d_delta     # adjoint of tau_{k-1}, partial
+    relative, history, pivot = result.relative_log_s, result.anchored_tau_history, result.pivot
+    # Forward (anchored, docs/gsp.md Sec. 4): x = y_{k-1} + r, rho_j = sigma(-x_j) / n,
+    # log P_j = y_k + T_j(y_{k-1}) - log n with T_j(y) = r_j - softplus(y + r_j), pi = P A,
+    # y_s = log(n mu) - logsumexp_j T_j(y_{s-1}); dT_j/dr_j = sigma(-x_j), dT_j/dy = -sigma(x_j).
+    softmax_part, column = _softmax_part(result.assignment, result.pi, d_pi)
     k = history.shape[1] - 1
+    x = history[:, k - 1, None] + relative
+    sig, sig_minus = expit(x), expit(-x)
+    weighted = column * result.pi.sum(axis=1)          # P_j * dL/dP_j
+    through_rho = d_rho * sig * sig_minus / n          # -dL/dx_j through rho
+    d_relative = weighted * sig_minus - through_rho
+    d_y = weighted.sum(axis=1)                         # adjoint of y_k
+    d_y_prev = -np.sum(weighted * sig + through_rho, axis=1)  # of y_{k-1}, direct part
     for s in range(k, 0, -1):
-        # tau_s = tau_{s-1} + log mu - log g(tau_{s-1}; l):
-        #   d tau_s / d l_j       = -sigma_j (1 - sigma_j) / sum sigma
-        #   d tau_s / d tau_{s-1} = 1 - sum_j sigma_j (1 - sigma_j) / sum sigma
-        # sigma(tau_{s-1} + l) is recomputed from the stored taus: O(k B) memory
-        # instead of the O(k B n) of keeping every step's sigmoids.
-        x = history[:, s - 1, None] + log_s
-        log_sig, log_one_minus = log_expit(x), log_expit(-x)
-        weight = np.exp(log_sig + log_one_minus - logsumexp(log_sig, axis=1, keepdims=True))
-        d_log_s -= d_tau[:, None] * weight
-        d_prev = d_tau * (1.0 - weight.sum(axis=1))
-        if s == k:
-            d_prev = d_prev + d_tau_prev
-        d_tau = d_prev
-    return d_cost - inverse_temperature * assignment * d_log_s[:, None, :]
+        # sigma(y_{s-1} + r) is recomputed from the stored y: O(k B) memory instead of
+        # the O(k B n) of keeping every step's sigmoids.
+        x = history[:, s - 1, None] + relative
+        share = np.exp(_column_terms(history[:, s - 1], relative))
+        share /= share.sum(axis=1, keepdims=True)      # softmax_j T_j, no cancellation
+        d_relative -= d_y[:, None] * share * expit(-x)
+        d_prev = d_y * np.sum(share * expit(x), axis=1)  # = r, the contraction rate, at the root
+        d_y = d_prev + d_y_prev if s == k else d_prev
+    # l = a + r. Anchored at a pivot p: a = l_p enters through y_0 = a and through every
+    # r_j = l_j - l_p (j != p; r_p = 0 is a constant). Anchored at 0: y_0 = 0, r = l.
+    d_log_s = d_relative.copy()
+    rows = np.flatnonzero(pivot >= 0)
+    if rows.size:
+        p = pivot[rows]
+        others = d_relative[rows].sum(axis=1) - d_relative[rows, p]
+        d_log_s[rows, p] = d_y[rows] - others
+    return _scaled_gradient(
+        result.inverse_temperature, softmax_part + result.assignment * d_log_s[:, None, :]
+    )
 
 
 def check_unrolled(result) -> None:
@@ -535,9 +729,12 @@ def weight_transport_backward_unrolled(
     (for an early-stopped run, of the map with that k). ``d_rho`` (B, n) and ``d_pi``
     (B, m, n) as in :func:`weight_transport_backward` (``None`` means zero).
 
-    Memory wins over recomputation here, on purpose: only ``tau_0..tau_k`` are stored
-    (O(k) per image), and each step's ``sigma(tau_{s-1} + l)`` (O(n) per image and step)
-    is recomputed from them in the reverse pass. As k grows the result approaches
+    Memory wins over recomputation here, on purpose: only the anchored ``tau_0..tau_k``
+    and ``l - a`` are stored (``result.anchored_tau_history``, ``result.relative_log_s``:
+    O(k + n) per image), and each step's ``sigma(tau_{s-1} + l)`` (O(n) per image and
+    step) is recomputed from them in the reverse pass, which runs in the same anchored
+    coordinates as the forward (docs/gsp.md Sec. 4), so it stays accurate at any ε. As k
+    grows the result approaches
     :func:`weight_transport_backward` (at rate ``r^k``, ``r`` =
     :attr:`WeightTransportResult.contraction_rate`). At ``mu = 1`` the result is the
     limit, so this returns the closed-form (softmax) gradient. A validation operator
