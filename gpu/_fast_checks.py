@@ -71,9 +71,11 @@ def fast_labels(value: Any, name: str, ns: ArrayNamespace, *, length: int | None
     array = value if is_cupy_array(value) else np.asarray(value)
     kind = np.dtype(array.dtype)
     if kind == bool or not np.issubdtype(kind, np.integer):
+        # Integral floats beyond int64 (1e300) would not survive the cast: refused here.
         integral = np.issubdtype(kind, np.floating) and (
             not data_checks(ns)
-            or bool(xp.all(xp.isfinite(array)) & xp.all(array == xp.round(array)))
+            or bool(xp.all(xp.isfinite(array)) & xp.all(array == xp.round(array))
+                    & xp.all(xp.abs(array) < 2.0**63))
         )
         if not integral:
             raise TypeError(f"{name} must hold integer labels, got dtype {kind}")

@@ -31,7 +31,7 @@ from refdml.train.layers import (
     Sequential,
     XMLHistogramHead,
 )
-from refdml.train.optim import SGD, Adam, AdamW, Optimizer
+from refdml.train.optim import SGD, Adam, AdamW, NonFiniteStepError, Optimizer
 from refdml.train.schedules import CosineAnnealing, ReduceOnPlateau, Schedule, StepDecay
 from refdml.train.trainer import Trainer, TrainingDiverged
 from refdml.train.runs import build_run
@@ -51,6 +51,7 @@ __all__ = [
     "Layer",
     "Linear",
     "LocalLinear",
+    "NonFiniteStepError",
     "Optimizer",
     "Parameter",
     "ReLU",

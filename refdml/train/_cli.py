@@ -3,8 +3,10 @@
 Precedence: a flag given on the command line > the TOML file (``--config``) > the study's
 defaults (:data:`refdml.train.runs.KEYS`). The effective config is recorded in
 ``<out>/config.json`` under ``"run"``. Exit statuses: 0 done (or stopped early), 1 the run
-diverged (:class:`~refdml.train.TrainingDiverged`), 2 bad arguments, a bad config or an
-unavailable device.
+diverged (:class:`~refdml.train.TrainingDiverged`) or failed while training (an error
+raised by the model or objective, a file that cannot be written), 2 bad arguments, a bad
+config, a run folder that cannot be resumed or an unavailable device. Every error is one
+line on stderr naming the flag or config key (no traceback).
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ def _nonnegative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    if value >= 2**63:   # an epoch count or seed NumPy holds in an int64
+        raise argparse.ArgumentTypeError(f"{value} must be < 2**63")
     return value
+
+
+def _error(prog: str, message: str) -> int:
+    """One line on stderr, argparse's way; the exit status of bad arguments."""
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, *, study: str | None) -> None:
@@ -65,54 +75,73 @@ def add_train_arguments(parser: argparse.ArgumentParser, *, study: str | None) -
 def run_from_args(args: argparse.Namespace, *, study: str | None = None,
                   prog: str = "refdml train") -> int:
     """Build the run from the flags and the TOML, train it, print a summary; exit status."""
-    from refdml.train.runs import DeviceUnavailable, build_run
-    from refdml.train.trainer import TrainingDiverged
+    from refdml.train.runs import KEYS, DeviceUnavailable, _check_value, build_run
+    from refdml.train.trainer import TrainingDiverged, _check_out_dir
 
     study = study or args.study
+    try:
+        out = _check_out_dir(args.out, "--out")
+    except (TypeError, ValueError) as exc:
+        return _error(prog, str(exc))
     config: dict[str, Any] = {}
     if args.config is not None:
+        if not Path(args.config).is_file():
+            what = "is a folder" if Path(args.config).is_dir() else "no such file"
+            return _error(prog, f"--config {args.config!r}: {what}")
         try:
             config = load_toml(args.config)
-        except FileNotFoundError:
-            print(f"{prog}: error: --config {args.config}: no such file", file=sys.stderr)
-            return 2
+        except OSError as exc:
+            return _error(prog, f"--config {args.config!r} cannot be read: {exc}")
         except Exception as exc:  # tomllib.TOMLDecodeError (no common import on 3.10)
-            print(f"{prog}: error: --config {args.config} is not valid TOML: {exc}",
-                  file=sys.stderr)
-            return 2
+            return _error(prog, f"--config {args.config} is not valid TOML: {exc}")
+    features = getattr(args, "features", None)
+    if features is not None:
+        if study != "features":
+            return _error(prog, f"--features applies to --study features, not to {study!r}")
+        if not Path(features).is_file():
+            return _error(prog, f"--features {features!r}: no such file")
     for flag in ("epochs", "seed", "device", "dtype", "reference", "progress", "features"):
         value = getattr(args, flag, None)
         if value is not None:
+            if flag in config:   # overridden by the flag, but a bad value is still refused
+                try:
+                    _check_value(flag, KEYS[flag], config[flag])
+                except (TypeError, ValueError) as exc:
+                    return _error(prog, f"bad config (in {args.config}): {exc}")
             config[flag] = str(Path(value)) if flag == "features" else value
-    out = Path(args.out)
     # config.json without checkpoint.npz: a run killed before its first checkpoint, which
     # --resume starts again (Trainer.resume checks the config first)
     if args.resume and not ((out / "checkpoint.npz").is_file() or (out / "config.json").is_file()):
-        print(f"{prog}: error: --resume: {out / 'checkpoint.npz'} does not exist", file=sys.stderr)
-        return 2
+        return _error(prog, f"--resume: {out / 'checkpoint.npz'} does not exist")
     if not args.resume and (out / "log.jsonl").is_file():
-        print(f"{prog}: error: --out {out} already holds a run (log.jsonl); pass --resume to "
-              "continue it or choose another folder", file=sys.stderr)
-        return 2
+        return _error(prog, f"--out {out} already holds a run (log.jsonl); pass --resume to "
+                            "continue it or choose another folder")
     try:
         run = build_run(study, config, out_dir=out)
     except DeviceUnavailable as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except (TypeError, ValueError, KeyError, FileNotFoundError) as exc:
+        return _error(prog, str(exc))
+    except (TypeError, ValueError, KeyError, OSError) as exc:
         where = f" (in {args.config} or the flags)" if args.config else ""
-        print(f"{prog}: error: bad config{where}: {exc}", file=sys.stderr)
-        return 2
+        return _error(prog, f"bad config{where}: {exc}")
+    except MemoryError as exc:   # sizes (dim, n_prototypes, ...) beyond this machine
+        where = f" (in {args.config} or the flags)" if args.config else ""
+        return _error(prog, f"bad config{where}: its arrays do not fit in memory: {exc}")
     if args.resume:
         try:
             run.trainer.resume()
-        except ValueError as exc:
-            print(f"{prog}: error: --resume: {exc}", file=sys.stderr)
-            return 2
+        except (TypeError, ValueError, OSError) as exc:   # a damaged or missing run file
+            return _error(prog, f"--resume: {exc}")
     try:
         rows = run.trainer.fit()
     except TrainingDiverged as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except (TypeError, ValueError, FloatingPointError, OSError, MemoryError) as exc:
+        # raised while training (e.g. an objective whose scores overflow float32 after a
+        # huge step, a full disk): the run failed, its last checkpoint stays in --out
+        epoch = run.trainer.epoch + 1 if run.trainer.started else 0
+        print(f"{prog}: error: training stopped in epoch {epoch}: "
+              f"{' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     trainer = run.trainer
     for row in rows:

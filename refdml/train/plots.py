@@ -39,14 +39,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from refdml._io import save_figure
-from refdml._validation import _describe
+from refdml._io import read_lines, save_figure
+from refdml._validation import _describe, as_float_array, as_label_array, check_scalar
 from refdml._xp import to_numpy
 from refdml.train._conv import LocalLinearContext
 from refdml.train._heads import GSPHead, HeadContext
@@ -75,6 +76,58 @@ def _figure_class():
             'refdml.train.plots needs matplotlib: pip install "refdml[plot]"'
         ) from error
     return Figure
+
+
+def _check_out_path(out_path) -> Path:
+    """A figure file to write: a path, not a folder, whose suffix (if any) is a format
+    matplotlib writes (checked before any drawing; matplotlib is imported by then)."""
+    if isinstance(out_path, (bytes, bool)) or not isinstance(out_path, (str, os.PathLike)):
+        raise TypeError(f"out_path must be a path (str or os.PathLike), got {_describe(out_path)}")
+    text = os.fspath(out_path)
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"out_path == {text!r}, must name a file")
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"out_path == {text!r} is a folder, not a file")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix[1:].lower()
+    if suffix and suffix not in formats:
+        raise ValueError(f"out_path == {text!r}: matplotlib writes no {suffix!r} files; use "
+                         f"one of {sorted(formats)}")
+    return path
+
+
+def _check_title(title, *, optional: bool) -> None:
+    if not (isinstance(title, str) or (optional and title is None)):
+        wanted = "a str or None" if optional else "a str"
+        raise TypeError(f"title must be {wanted}, got {_describe(title)}")
+
+
+def _check_pair(value, name: str) -> tuple[int, int]:
+    """``(rows, columns)``: two integers >= 1, each named ``name[i]``."""
+    if not isinstance(value, (tuple, list, np.ndarray)) or len(value) != 2:
+        raise TypeError(f"{name} must be a pair of integers (rows, columns), got "
+                        f"{_describe(value)}")
+    first, second = (check_scalar(v, f"{name}[{i}]", low=1, integer=True)
+                     for i, v in enumerate(value))
+    return first, second
+
+
+def _class_name(class_names, label) -> str:
+    """The name of class ``label``: ``class_names(label)``, ``class_names[label]`` or the label."""
+    if class_names is None:
+        return str(label)
+    if callable(class_names):
+        return str(class_names(label))
+    if not hasattr(class_names, "__getitem__") or isinstance(class_names, (str, bytes)):
+        raise TypeError(f"class_names must be a callable or a mapping (label -> name), got "
+                        f"{_describe(class_names)}")
+    try:
+        return str(class_names[label])
+    except (KeyError, IndexError):
+        raise ValueError(f"class_names has no name for class {label}") from None
 
 
 def _save(fig, out_path) -> Path:
@@ -151,35 +204,89 @@ def upsample_weights(weights, grid: tuple[int, int], image_shape: tuple[int, int
 
     Pixel ``(r, c)`` takes the weight of feature cell ``(r H' // H, c W' // W)``: with a
     stride-2 feature map of a 16 x 16 image, each weight covers a 2 x 2 block of pixels.
+    ``weights``: real and finite, NumPy or CuPy, one map (n,) or a batch (B, n); the maps
+    come back in float64 on the host. ``grid`` and ``image_shape``: pairs of integers >= 1.
     """
-    w = to_numpy(weights)
+    if weights is None:
+        raise TypeError("weights must be an array of real numbers, got None")
+    w = as_float_array(to_numpy(weights), "weights", ndim=(1, 2), allow_empty=True)
     if w.ndim == 1:
         w = w[None]
-    gh, gw = (int(s) for s in grid)
-    height, width = (int(s) for s in image_shape)
-    if w.ndim != 2 or w.shape[1] != gh * gw:
+    gh, gw = _check_pair(grid, "grid")
+    height, width = _check_pair(image_shape, "image_shape")
+    if w.shape[1] != gh * gw:
         raise ValueError(
             f"weights has shape {w.shape}, expected (B, {gh * gw}) for the grid {gh} x {gw}"
         )
+    if w.shape[0] * height * width >= 2**63:   # NumPy could not index such an array
+        raise ValueError(f"image_shape == {(height, width)}: {w.shape[0]} maps of that size "
+                         "exceed 2**63 entries")
     rows = np.arange(height) * gh // height
     cols = np.arange(width) * gw // width
     return w.reshape(-1, gh, gw)[:, rows[:, None], cols[None, :]]
 
 
 # --------------------------------------------------------------------------- curves
+#: The numbers plot_curves draws, with their range (None: any finite value).
+_CURVE_KEYS = {"train_loss": None, "val_map_at_r": (0.0, 1.0), "test_map_at_r": (0.0, 1.0)}
+
+
 def _read_rows(log_path_or_rows) -> tuple[list[dict], str | None]:
-    if isinstance(log_path_or_rows, (str, Path)):
+    """The log's rows, checked (named errors), and the run folder's name (None for rows).
+
+    A file is read as :meth:`~refdml.train.Trainer.resume` reads it
+    (:func:`refdml._io.read_lines`): a last line cut by a kill (no newline) is dropped.
+    """
+    if isinstance(log_path_or_rows, (str, os.PathLike)):
         path = Path(log_path_or_rows)
         if path.is_dir():
             path = path / "log.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return rows, path.resolve().parent.name
-    if isinstance(log_path_or_rows, Sequence) and all(isinstance(r, dict) for r in log_path_or_rows):
-        return list(log_path_or_rows), None
+        if not path.is_file():
+            raise FileNotFoundError(f"log_path_or_rows: no training log at {path}")
+        try:
+            lines = read_lines(path)
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path} is not UTF-8 text ({error})") from None
+        rows = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise ValueError(f"{path} line {number} is not a log row (JSON): "
+                                 f"{line[:80]!r}") from None
+            rows.append((f"{path} line {number}", row))
+        _check_rows(rows)
+        return [row for _, row in rows], path.resolve().parent.name
+    if isinstance(log_path_or_rows, Sequence) and not isinstance(log_path_or_rows, (str, bytes)):
+        rows = [(f"log_path_or_rows[{i}]", row) for i, row in enumerate(log_path_or_rows)]
+        _check_rows(rows)
+        return [row for _, row in rows], None
     raise TypeError(
         "log_path_or_rows must be a path to log.jsonl (or its run folder) or a list of log "
         f"rows (dicts), got {_describe(log_path_or_rows)}"
     )
+
+
+def _check_rows(rows: list[tuple[str, Any]]) -> None:
+    """Each row a dict with an integer ``epoch`` >= 0, epochs increasing, and the plotted
+    numbers finite (MAP@R in [0, 1]) or null."""
+    previous = None
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise TypeError(f"{where} must be a log row (a dict), got {_describe(row)}")
+        if "epoch" not in row:
+            raise ValueError(f"{where} has no 'epoch'")
+        epoch = check_scalar(row["epoch"], f"{where}['epoch']", low=0, integer=True)
+        if previous is not None and epoch <= previous:
+            raise ValueError(f"{where} has epoch {epoch} after epoch {previous}: the epochs "
+                             "of a log increase")
+        previous = epoch
+        for key, bounds in _CURVE_KEYS.items():
+            if row.get(key) is not None:
+                low, high = bounds or (None, None)
+                check_scalar(row[key], f"{where}[{key!r}]", low=low, high=high)
 
 
 def _series(rows, key):
@@ -195,10 +302,12 @@ def plot_curves(log_path_or_rows, out_path, *, title: str | None = None):
     :meth:`~refdml.train.Trainer.fit` returned. ``title`` defaults to the run folder's
     name (``"training run"`` for rows). The epoch of the best validation MAP@R is marked.
     """
+    Figure = _figure_class()
+    out_path = _check_out_path(out_path)
+    _check_title(title, optional=True)
     rows, run = _read_rows(log_path_or_rows)
     if not rows:
         raise ValueError("the log has no rows: nothing to plot")
-    Figure = _figure_class()
     fig = Figure(figsize=(10, 4), layout="constrained")
     loss_ax, map_ax = fig.subplots(1, 2)
     xs, ys = _series(rows, "train_loss")
@@ -221,7 +330,11 @@ def plot_curves(log_path_or_rows, out_path, *, title: str | None = None):
     map_ax.set_xlabel("epoch (0 = untrained model)")
     map_ax.set_ylabel("MAP@R")
     map_ax.set_title("retrieval on unseen classes")
-    map_ax.legend(loc="best", fontsize="small")
+    if map_ax.get_legend_handles_labels()[0]:
+        map_ax.legend(loc="best", fontsize="small")
+    else:
+        map_ax.text(0.5, 0.5, "no MAP@R in the log", ha="center", va="center",
+                    transform=map_ax.transAxes)
     epochs = [r["epoch"] for r in rows]
     for ax in (loss_ax, map_ax):
         ax.grid(alpha=0.3)
@@ -234,13 +347,14 @@ def plot_curves(log_path_or_rows, out_path, *, title: str | None = None):
 
 # --------------------------------------------------------------------------- attention
 def _images_2d(images) -> np.ndarray:
-    images = np.asarray(to_numpy(images), dtype=np.float64)
+    wanted = "images must be (N, H, W) or (N, 1, H, W) grey-level images"
+    if images is None:
+        raise TypeError(f"{wanted}, got None")
+    images = as_float_array(to_numpy(images), "images", allow_empty=True)
     if images.ndim == 4 and images.shape[1] == 1:
         images = images[:, 0]
-    if images.ndim != 3:
-        raise ValueError(
-            f"images must be (N, H, W) or (N, 1, H, W) grey-level images, got shape {images.shape}"
-        )
+    if images.ndim != 3 or min(images.shape) < 1:
+        raise ValueError(f"{wanted}, N, H, W >= 1, got shape {images.shape}")
     return images
 
 
@@ -279,16 +393,32 @@ def plot_attention(images, weights, out_path, *, grid: tuple[int, int] | None = 
     mu : float, optional
         GSP's transported mass; fixes the colour scale to ``[0, 1/mu]`` (the weights'
         range), so maps of different images and runs compare. Default: ``[0, max w]``.
-    max_images : int
+    max_images : int >= 1
         Rows drawn (the first ``max_images`` images).
+
+    Images and weights must be real and finite; ``mu`` in (0, 1]; ``labels`` integers, one
+    per image; a class missing from a ``class_names`` mapping is a ValueError.
     """
+    Figure = _figure_class()
+    out_path = _check_out_path(out_path)
+    _check_title(title, optional=False)
     images = _images_2d(images)
-    w = np.asarray(to_numpy(weights), dtype=np.float64)
-    if w.ndim != 2 or w.shape[0] != images.shape[0]:
+    if weights is None:
+        raise TypeError("weights must be an array of real numbers, got None")
+    w = as_float_array(to_numpy(weights), "weights", allow_empty=True)
+    if w.ndim != 2 or w.shape[0] != images.shape[0] or w.shape[1] < 1:
         raise ValueError(
-            f"weights must be (N, n) with N = {images.shape[0]} images, got shape {w.shape}"
+            f"weights must be (N, n) with N = {images.shape[0]} images and n >= 1, got shape "
+            f"{w.shape}"
         )
-    n_images = min(images.shape[0], int(max_images))
+    if grid is not None:
+        grid = _check_pair(grid, "grid")
+    if mu is not None:
+        mu = check_scalar(mu, "mu", low=0.0, high=1.0, low_inclusive=False)
+    if labels is not None:
+        labels = as_label_array(to_numpy(labels), "labels", length=images.shape[0])
+    n_images = min(images.shape[0], check_scalar(max_images, "max_images", low=1,
+                                                 integer=True))
     height, width = images.shape[1:]
     n = w.shape[1]
     if grid is None:
@@ -308,7 +438,6 @@ def plot_attention(images, weights, out_path, *, grid: tuple[int, int] | None = 
                 f"foreground has shape {foreground.shape}, must match the images {images.shape}"
             )
     vmax = 1.0 / mu if mu is not None else float(maps.max()) if maps.size else 1.0
-    Figure = _figure_class()
     fig = Figure(figsize=(6.2, 2.6 * n_images + 0.6), layout="constrained")
     axes = np.asarray(fig.subplots(n_images, 2, squeeze=False))
     last_map = None
@@ -318,14 +447,7 @@ def plot_attention(images, weights, out_path, *, grid: tuple[int, int] | None = 
         last_map = map_ax.imshow(maps[i], cmap="viridis", vmin=0.0, vmax=vmax)
         name = ""
         if labels is not None:
-            label = int(np.asarray(to_numpy(labels))[i])
-            if callable(class_names):
-                name = str(class_names(label))
-            elif class_names is not None:
-                name = str(class_names[label])
-            else:
-                name = str(label)
-            name = f"class {name}"
+            name = f"class {_class_name(class_names, int(labels[i]))}"
         image_ax.set_title(f"image {i}" + (f", {name}" if name else ""), fontsize="medium")
         subtitle = f"weights on the {grid[0]}x{grid[1]} feature map"
         if foreground is not None:
@@ -356,18 +478,32 @@ def pca_2d(embeddings) -> tuple[np.ndarray, np.ndarray]:
     each component's sign fixed so its largest-magnitude loading is positive
     (deterministic); ``ratio`` (2,) the share of the total variance of each component.
     One-dimensional data give a zero second column.
+
+    Any finite scale works (1e-300 .. 1e300): the data are first multiplied by the power
+    of two ``2**-e`` that brings ``max |X|`` into [0.5, 1), which is exact (a change of
+    the exponent only), and the coordinates are multiplied back by ``2**e``; ``ratio``
+    does not depend on the scale. Coordinates beyond the float64 range (``|X|`` near
+    1.8e308) are a ValueError. Real (integer or float), finite input only.
     """
-    x = np.asarray(to_numpy(embeddings), dtype=np.float64)
-    if x.ndim != 2 or x.shape[0] < 2:
-        raise ValueError(f"embeddings must be (N, d) with N >= 2, got shape {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("embeddings contain NaN or inf")
+    if embeddings is None:
+        raise TypeError("embeddings must be an array of real numbers, got None")
+    x = as_float_array(to_numpy(embeddings), "embeddings", allow_empty=True)
+    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 1:
+        raise ValueError(f"embeddings must be (N, d) with N >= 2 and d >= 1, got shape {x.shape}")
+    # Squares of 1e160 overflow and of 1e-160 underflow: work at max |x| in [0.5, 1).
+    _, exponent = np.frexp(np.max(np.abs(x)))
+    x = np.ldexp(x, -int(exponent))
     centred = x - x.mean(axis=0)
     _, s, vt = np.linalg.svd(centred, full_matrices=False)
     vt = vt[:2]
     signs = np.sign(vt[np.arange(vt.shape[0]), np.argmax(np.abs(vt), axis=1)])
     vt = vt * np.where(signs == 0, 1.0, signs)[:, None]
-    coords = centred @ vt.T
+    with np.errstate(over="ignore"):
+        coords = np.ldexp(centred @ vt.T, int(exponent))
+    if not np.all(np.isfinite(coords)):
+        raise ValueError(
+            f"embeddings: the principal coordinates exceed the float64 range (max "
+            f"|embeddings| == {np.ldexp(np.max(np.abs(x)), int(exponent)):.3g})")
     total = float(np.sum(s ** 2))
     ratio = s[:2] ** 2 / total if total > 0 else np.zeros(min(2, s.shape[0]))
     if coords.shape[1] < 2:
@@ -383,12 +519,12 @@ def plot_embeddings_2d(embeddings, labels, out_path, *, class_names=None,
     A legend (class names via ``class_names``, a callable or mapping) when there are at
     most 20 classes; otherwise colours from a continuous map and no legend. Returns the Figure.
     """
-    coords, ratio = pca_2d(embeddings)
-    labels = np.asarray(to_numpy(labels))
-    if labels.shape != (coords.shape[0],):
-        raise ValueError(f"labels has shape {labels.shape}, expected ({coords.shape[0]},)")
-    classes = np.unique(labels)
     Figure = _figure_class()
+    out_path = _check_out_path(out_path)
+    _check_title(title, optional=False)
+    coords, ratio = pca_2d(embeddings)
+    labels = as_label_array(to_numpy(labels), "labels", length=coords.shape[0])
+    classes = np.unique(labels)
     fig = Figure(figsize=(6.5, 5), layout="constrained")
     ax = fig.subplots()
     few = classes.shape[0] <= MAX_LEGEND_CLASSES
@@ -398,12 +534,7 @@ def plot_embeddings_2d(embeddings, labels, out_path, *, class_names=None,
     for k, c in enumerate(classes):
         where = labels == c
         colour = cmap(k % cmap.N) if few else cmap(k / max(1, classes.shape[0] - 1))
-        if callable(class_names):
-            name = str(class_names(c))
-        elif class_names is not None:
-            name = str(class_names[c])
-        else:
-            name = str(c)
+        name = _class_name(class_names, int(c)) if few else str(c)
         ax.scatter(coords[where, 0], coords[where, 1], s=14, color=colour, alpha=0.8,
                    label=f"class {name}" if few else None)
     ax.set_xlabel(f"principal component 1 ({ratio[0]:.0%} of variance)")
@@ -426,7 +557,12 @@ def write_run_figures(run, out_dir, *, n_attention: int = 8) -> list[Path]:
     class cell outlined). Needs matplotlib (``pip install "refdml[plot]"``).
     """
     _figure_class()  # the install hint, before any work
-    out_dir = Path(out_dir)
+    from refdml.train.trainer import Trainer, _check_out_dir
+
+    if not isinstance(getattr(run, "trainer", None), Trainer):
+        raise TypeError(f"run must be a Run of refdml.train.runs.build_run, got {_describe(run)}")
+    n_attention = check_scalar(n_attention, "n_attention", low=1, integer=True)
+    out_dir = _check_out_dir(out_dir)
     figures = out_dir / "figures"
     trainer = run.trainer
     written = []

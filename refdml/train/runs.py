@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe
+from refdml._validation import _describe, check_choice, check_scalar
 from refdml.train._dense import Embedding, Linear, ReLU
 from refdml.train._conv import Conv2d, LocalLinear
 from refdml.train._heads import GAP, GMP, GeMean, GSPHead, L2Normalize
@@ -95,6 +95,7 @@ class Key:
     low: float | None = None
     high: float | None = None
     low_inclusive: bool = True
+    high_inclusive: bool = True
     choices: tuple[str, ...] | None = None
     optional: bool = False       # may be None (TOML: leave the key out)
 
@@ -137,7 +138,8 @@ KEYS: dict[str, Key] = {
     "weight_decay": Key(_same(0.0), "paper (default Adam)", "float", low=0.0),
     "plateau_factor": Key({"digits-collage": 0.5, "features": 0.5},
                           "paper (GSP supp. 2.2: reduce on plateau, factor 0.5)", "float",
-                          low=0.0, high=1.0, low_inclusive=False, optional=True),
+                          low=0.0, high=1.0, low_inclusive=False, high_inclusive=False,
+                          optional=True),
     "plateau_patience": Key({"digits-collage": 5, "features": 5},
                             "paper (GSP supp. 2.2: 5 epochs patience)", "int", low=0),
     # -- batches
@@ -149,9 +151,10 @@ KEYS: dict[str, Key] = {
                                "tokens: paper (4 samples); digits-collage: ours (batch 64, "
                                "issue 12's benchmark size); features: ours", "int", low=1),
     # -- data
-    "n_train_per_class": Key({"tokens": 64}, "ours (the paper gives no counts)", "int", low=1),
-    "n_val_per_class": Key({"tokens": 16}, "ours", "int", low=1),
-    "n_test_per_class": Key({"tokens": 16}, "ours", "int", low=1),
+    # >= 2: a positive pair to train on, a class mate for each retrieval query
+    "n_train_per_class": Key({"tokens": 64}, "ours (the paper gives no counts)", "int", low=2),
+    "n_val_per_class": Key({"tokens": 16}, "ours", "int", low=2),
+    "n_test_per_class": Key({"tokens": 16}, "ours", "int", low=2),
     "n_classes": Key({"tokens": 16}, "paper (GSP supp. 2.1)", "int", low=2),
     "tokens_per_class": Key({"tokens": 4}, "paper", "int", low=1),
     "n_background_tokens": Key({"tokens": 4}, "paper", "int", low=1),
@@ -256,9 +259,17 @@ def _check_value(name: str, key: Key, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise TypeError(f"{name} must be a number, got {_describe(value)}")
         if kind == "int":
-            if float(value) != int(value):
-                raise TypeError(f"{name} must be an integer, got {value!r}")
-            value = int(value)
+            if isinstance(value, (float, np.floating)):
+                # an integral float (TOML 4.0) is read as the integer; nan, inf, 1.5 are not
+                if not np.isfinite(value):
+                    raise ValueError(f"{name} == {value}, must be a finite integer")
+                if not float(value).is_integer():
+                    raise TypeError(f"{name} must be an integer, got {value!r}")
+                if abs(value) >= 2.0**63:
+                    raise ValueError(f"{name} == {value!r}, must fit in int64 "
+                                     f"(|{name}| < 2**63)")
+                value = int(value)
+            value = check_scalar(value, name, integer=True)
         else:
             value = float(value)
             if not np.isfinite(value):
@@ -268,8 +279,11 @@ def _check_value(name: str, key: Key, value: Any) -> Any:
         if below:
             relation = ">=" if key.low_inclusive else ">"
             raise ValueError(f"{name} == {value}, must be {relation} {key.low}")
-        if key.high is not None and value > key.high:
-            raise ValueError(f"{name} == {value}, must be <= {key.high}")
+        above = key.high is not None and (
+            value > key.high or (value == key.high and not key.high_inclusive))
+        if above:
+            relation = "<=" if key.high_inclusive else "<"
+            raise ValueError(f"{name} == {value}, must be {relation} {key.high}")
         return value
     if kind in ("str", "path"):
         if isinstance(value, Path):
@@ -363,6 +377,10 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
             f"reference == true runs the float64 NumPy reference operators: it needs dtype == "
             f"'float64' and device == 'cpu', got dtype == {out['dtype']!r}, device == "
             f"{out['device']!r}")
+    if out["zero_shot"] and out["n_classes_per_batch"] < 2:
+        raise ValueError(f"n_classes_per_batch == {out['n_classes_per_batch']}: zero_shot "
+                         "(GSP's regulariser) splits each batch into two class-disjoint "
+                         "halves, which needs n_classes_per_batch >= 2")
     if asap and out["budget"] < out["proxies_per_class"]:
         raise ValueError(f"budget == {out['budget']} must be >= proxies_per_class == "
                          f"{out['proxies_per_class']} (ASAP Alg. 2 picks that many per pool)")
@@ -378,6 +396,7 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
 
 def check_device(device: str) -> None:
     """Raise :class:`DeviceUnavailable` unless ``device`` can run here."""
+    check_choice(device, "device", ("cpu", "cuda"))
     if device != "cuda":
         return
     try:
@@ -457,6 +476,21 @@ def _objective(c: dict, n_classes: int, rng, dtype, device, model_parameters=())
                          **kwargs)
 
 
+def _load_features(c: dict, dtype) -> Any:
+    """:func:`load_features` of the config's ``features``, its errors naming that key."""
+    path = c["features"]
+    try:
+        return load_features(path, features_key=c["features_key"], labels_key=c["labels_key"],
+                             dtype=dtype)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"features == {path!r}: no such file") from None
+    except KeyError as error:   # an array key the archive lacks: a bad value, not a lookup
+        raise ValueError(f"features: {error.args[0]}") from None
+    except (TypeError, ValueError) as error:
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        raise kind(f"features: {error}") from None
+
+
 def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any) -> Run:
     """Assemble the data, model, objective, optimiser, schedule and trainer of a run.
 
@@ -505,8 +539,7 @@ def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any)
                   *_head(c, c["local_dim"], init, dtype, device),
                   *_tail(c, c["local_dim"], init, dtype, device)]
     else:
-        fs = load_features(c["features"], features_key=c["features_key"],
-                           labels_key=c["labels_key"], dtype=dtype)
+        fs = _load_features(c, dtype)
         split = class_disjoint_split(fs.labels, rng=seed, fractions=tuple(c["split_fractions"]))
         train, val, test = ((fs.features[i], fs.labels[i]) for i in (split.train, split.val,
                                                                       split.test))

@@ -1,10 +1,14 @@
 r"""Learning-rate schedules: step decay, cosine annealing with warm-up, reduce-on-plateau.
 
 A schedule holds an :class:`~refdml.train.optim.Optimizer` and writes its ``lr`` once per
-epoch. Call ``schedule.step()`` (``schedule.step(metric)`` for :class:`ReduceOnPlateau`)
-at the end of each epoch, after the epoch's optimiser steps; at construction the epoch is
-0 and ``lr`` is already set to the epoch-0 value. ``base_lr`` is the optimiser's ``lr``
-when the schedule is built. With :math:`\eta_0` = ``base_lr`` and epoch :math:`e`:
+epoch. Every schedule has one protocol, ``schedule.step(metric=None)``, called at the end of
+each epoch after the epoch's optimiser steps: a schedule whose ``uses_metric`` is true
+(:class:`ReduceOnPlateau`) needs the epoch's metric, the closed-form ones
+(:class:`StepDecay`, :class:`CosineAnnealing`) take none; the other way round is a
+TypeError naming ``metric`` (a metric handed to a closed-form schedule would be silently
+ignored). At construction the epoch is 0 and ``lr`` is already set to the epoch-0
+value. ``base_lr`` is the optimiser's ``lr`` when the schedule is built. With
+:math:`\eta_0` = ``base_lr`` and epoch :math:`e`:
 
 Step decay: :math:`\eta_e = \eta_0\,\gamma^{\lfloor e / s \rfloor}` (``step_size`` s,
 ``gamma`` :math:`\gamma`), PyTorch's ``StepLR``.
@@ -50,16 +54,31 @@ from refdml.train.optim import Optimizer
 __all__ = ["Schedule", "StepDecay", "CosineAnnealing", "ReduceOnPlateau"]
 
 
+def _check_min_lr(value: Any, base_lr: float) -> float:
+    """A floor of the rate in ``[0, base_lr]``, named ``min_lr``."""
+    min_lr = check_scalar(value, "min_lr", low=0.0)
+    if min_lr > base_lr:
+        raise ValueError(f"min_lr == {min_lr!r}, must be <= the optimiser's lr == {base_lr!r}")
+    return min_lr
+
+
 class Schedule:
     """Base class: the optimiser, ``base_lr``, the epoch counter and the state dict.
 
     Subclasses implement ``_check_arguments(values, base_lr) -> dict`` (named checks),
-    ``_arguments()``, and either ``lr_at(epoch)`` or their own ``step``.
+    ``_arguments()``, and either ``lr_at(epoch)`` or their own ``_step_on(metric)`` (with
+    ``uses_metric = True``).
     """
 
     _extra_state: tuple[str, ...] = ()
+    #: Whether :meth:`step` needs the epoch's metric (the trainer passes the validation
+    #: MAP@R) or takes none (a closed-form schedule of the epoch).
+    uses_metric: bool = False
 
     def __init__(self, optimizer: Optimizer, arguments: dict[str, Any]) -> None:
+        if type(self) is Schedule:
+            raise TypeError("Schedule is the base class; build a StepDecay, a "
+                            "CosineAnnealing or a ReduceOnPlateau")
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
                 f"optimizer must be a refdml.train.optim.Optimizer, got {_describe(optimizer)}"
@@ -134,11 +153,28 @@ class Schedule:
     def lr_at(self, epoch: int) -> float:
         raise NotImplementedError
 
-    def step(self) -> float:
-        """End of an epoch: advance the epoch, set and return the optimiser's ``lr``."""
+    def step(self, metric: float | None = None) -> float:
+        """End of an epoch: advance the epoch, set and return the optimiser's ``lr``.
+
+        ``metric``: the epoch's metric where :attr:`uses_metric` (finite), else ``None``;
+        anything else is a TypeError naming ``metric``, and the epoch does not advance.
+        """
+        kind = type(self).__name__
+        if self.uses_metric:
+            if metric is None:
+                raise TypeError(f"metric is None: {kind}.step(metric) needs the epoch's metric")
+            metric = check_scalar(metric, "metric")
+        elif metric is not None:
+            raise TypeError(
+                f"metric == {_describe(metric)}: {kind} is a closed-form schedule of the epoch "
+                f"and steps without a metric ({kind}.step()); ReduceOnPlateau takes one")
         self.epoch += 1
-        self._apply()
+        self._step_on(metric)
         return self.optimizer.lr
+
+    def _step_on(self, metric: float | None) -> None:
+        """The new epoch's rate (``self.epoch`` is already advanced)."""
+        self._apply()
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._arguments().items())
@@ -209,11 +245,7 @@ class CosineAnnealing(Schedule):
     @classmethod
     def _check_arguments(cls, values: dict[str, Any], base_lr: float) -> dict[str, Any]:
         t_max = check_scalar(values["t_max"], "t_max", low=1, integer=True)
-        min_lr = check_scalar(values["min_lr"], "min_lr", low=0.0)
-        if min_lr > base_lr:
-            raise ValueError(
-                f"min_lr == {min_lr!r}, must be <= the optimiser's lr == {base_lr!r}"
-            )
+        min_lr = _check_min_lr(values["min_lr"], base_lr)
         warmup = check_scalar(values["warmup_epochs"], "warmup_epochs", low=0, integer=True)
         if warmup >= t_max:
             raise ValueError(f"warmup_epochs == {warmup}, must be < t_max == {t_max}")
@@ -253,10 +285,12 @@ class ReduceOnPlateau(Schedule):
     cooldown : int, default 0
         Epochs after a reduction during which bad epochs are not counted, >= 0.
     min_lr : float, default 0
-        Floor of the rate, >= 0.
+        Floor of the rate, in [0, base_lr] (a floor above the optimiser's ``lr`` would
+        raise the rate; checked again against the saved ``base_lr`` on load).
     """
 
     _extra_state = ("best", "n_bad_epochs", "cooldown_counter", "n_reductions")
+    uses_metric = True
 
     def __init__(
         self,
@@ -290,7 +324,7 @@ class ReduceOnPlateau(Schedule):
             "threshold_mode": check_choice(values["threshold_mode"], "threshold_mode",
                                            ("rel", "abs")),
             "cooldown": check_scalar(values["cooldown"], "cooldown", low=0, integer=True),
-            "min_lr": check_scalar(values["min_lr"], "min_lr", low=0.0),
+            "min_lr": _check_min_lr(values["min_lr"], base_lr),
         }
 
     def _arguments(self) -> dict[str, Any]:
@@ -324,10 +358,8 @@ class ReduceOnPlateau(Schedule):
             return metric < self.best - margin
         return metric > self.best + margin
 
-    def step(self, metric: float) -> float:  # type: ignore[override]
-        """End of an epoch with its ``metric`` (finite); returns the (new) ``lr``."""
-        metric = check_scalar(metric, "metric")
-        self.epoch += 1
+    def _step_on(self, metric: float | None) -> None:
+        """Count the epoch as good or bad on its (checked, finite) ``metric``; reduce."""
         if self.is_improvement(metric):
             self.best = metric
             self.n_bad_epochs = 0
@@ -344,4 +376,3 @@ class ReduceOnPlateau(Schedule):
                 self.n_reductions += 1
             self.cooldown_counter = self.cooldown
             self.n_bad_epochs = 0
-        return self.optimizer.lr

@@ -17,10 +17,10 @@ After the epoch: the mean training loss over its steps; MAP@R, P@1 and R@1
 (:func:`refdml.gpu.metrics.retrieval_metrics`, the fast-path mirror, which is exact in
 float64 and runs on NumPy or CuPy) of the L2-normalised embeddings (the model's first
 output) of the validation and the test data, each in same-set mode (every sample a query
-against the others of its split); the schedule's step (``ReduceOnPlateau`` gets the
-validation MAP@R); a row appended to ``out_dir/log.jsonl`` (``epoch``, ``train_loss``,
-``lr``: the rate this epoch trained with, ``n_steps``: optimiser steps so far,
-``val_map_at_r``, ``val_precision_at_1``, ``val_recall_at_1``, the same for ``test_``,
+against the others of its split); the schedule's step (a schedule whose ``uses_metric``
+is true, :class:`~refdml.train.ReduceOnPlateau`, gets the validation MAP@R); a row
+appended to ``out_dir/log.jsonl`` (``epoch``, ``train_loss``, ``lr``: the rate this epoch
+trained with, ``n_steps``: optimiser steps so far, ``val_map_at_r``, ``val_precision_at_1``, ``val_recall_at_1``, the same for ``test_``,
 ``best_val_map_at_r``, ``seconds``); ``out_dir/checkpoint.npz``
 and, when the validation MAP@R improved, ``out_dir/best.npz``. Epoch 0 evaluates the
 untrained model (``train_loss`` null) and checkpoints it, so a run that diverges in its
@@ -85,7 +85,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,12 +96,13 @@ import numpy as np
 
 from refdml._io import (append_line, read_lines, write_bytes_atomic, write_json_atomic,
                         write_text_atomic)
-from refdml._validation import _describe, check_choice, check_scalar
+from refdml._validation import (_describe, as_label_array, check_choice, check_float_dtype,
+                                check_scalar)
 from refdml._xp import to_numpy
 from refdml.train._checkpoint import load_checkpoint, save_checkpoint
 from refdml.train.data import PKBatchSampler
 from refdml.train.optim import Optimizer
-from refdml.train.schedules import ReduceOnPlateau, Schedule
+from refdml.train.schedules import Schedule
 
 __all__ = ["Trainer", "TrainingDiverged", "METRIC_KEYS"]
 
@@ -110,6 +113,9 @@ METRIC_KEYS = {
     "recall_at_1": "recall_at_1",
 }
 _INPUT_FIELDS = ("token_ids", "images", "features", "inputs")
+#: The entries of a checkpoint's ``meta`` that :meth:`Trainer.resume` reads.
+_CHECKPOINT_META = frozenset({"epoch", "best_val_map_at_r", "best_epoch", "stopped_early",
+                              "rng", "sampler", "schedule", "objective"})
 
 
 def _without_run_epochs(value: Any, key: str) -> Any:
@@ -121,6 +127,34 @@ def _without_run_epochs(value: Any, key: str) -> Any:
 
 class TrainingDiverged(RuntimeError):
     """A NaN or inf loss or gradient; the last good checkpoint is left in place."""
+
+
+def _check_out_dir(value: Any, name: str = "out_dir") -> Path:
+    """A run folder: a non-empty path (str or os.PathLike) that is not an existing file."""
+    if isinstance(value, (bytes, bool)) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {_describe(value)}")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {_describe(value)}")
+    if not text:
+        # Path("") is the current folder: a run would silently write its files there
+        raise ValueError(f"{name} == '', must name a folder")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name} == {text!r} is an existing file, not a folder")
+    # the folder is created by fit(): refuse now one that could not be created then
+    blocking = next((parent for parent in path.parents if parent.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise ValueError(f"{name} == {text!r} lies under {str(blocking)!r}, which is a file")
+    return path
+
+
+def _check_retrieval_labels(labels: np.ndarray, name: str) -> None:
+    """Same-set retrieval needs a class with two samples (a query with a true reference)."""
+    if labels.shape[0] == 0 or np.unique(labels, return_counts=True)[1].max() < 2:
+        raise ValueError(
+            f"{name} has no class with two or more samples ({labels.shape[0]} sample(s)): "
+            "same-set retrieval (MAP@R, P@1, R@1) needs a query with a class mate")
 
 
 def _as_dataset(data: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -137,6 +171,10 @@ def _as_dataset(data: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
             )
         inputs, labels = getattr(data, field), data.labels
     inputs, labels = np.asarray(inputs), np.asarray(labels)
+    if inputs.dtype == bool or not (np.issubdtype(inputs.dtype, np.floating)
+                                    or np.issubdtype(inputs.dtype, np.integer)):
+        raise TypeError(f"{name} inputs must hold real numbers (floating inputs or integer "
+                        f"token ids), got dtype {inputs.dtype}")
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"{name} labels must be a 1-D integer array, got {_describe(labels)}")
     if inputs.ndim < 1 or inputs.shape[0] != labels.shape[0]:
@@ -153,23 +191,26 @@ class Trainer:
     Parameters
     ----------
     model : Layer
-        ``forward(x) -> (outputs, ctx)``, ``backward(ctx, d_outputs)``; ``outputs`` is the
-        embedding ``y`` (B, d) or a tuple whose first entry is ``y``.
+        ``forward(x) -> (outputs, ctx)``, ``backward(ctx, d_outputs)`` (both checked to
+        exist); ``outputs`` is the embedding ``y`` (B, d) or a tuple whose first entry is
+        ``y``.
     objective : object
         ``parameters()``, ``forward(outputs, labels) -> (value, ctx)``,
         ``backward(ctx, d_value) -> d_outputs``; optional ``state_dict``/``load_state_dict``.
     optimizer : Optimizer
         Over the model's and the objective's parameters (names must be unique).
     schedule : Schedule, optional
-        Stepped once per epoch (``ReduceOnPlateau`` with the validation MAP@R).
+        Stepped once per epoch (with the validation MAP@R when its ``uses_metric``, as
+        ``ReduceOnPlateau``'s).
     train_sampler : PKBatchSampler
         Over ``train_data``'s labels.
     train_data, val_data, test_data
         ``TokenSamples``, ``CollageSplit``, ``FeatureSet`` or an ``(inputs, labels)`` pair
-        of host arrays. ``test_data`` is optional.
-    out_dir : path
-        Created if missing; holds ``config.json``, ``log.jsonl``, ``checkpoint.npz``,
-        ``best.npz``.
+        of host arrays. ``test_data`` is optional. Validation and test need a class with
+        two or more samples (same-set retrieval: a query with a class mate).
+    out_dir : str or os.PathLike
+        Required, non-empty, not a file nor under one; created if missing; holds
+        ``config.json``, ``log.jsonl``, ``checkpoint.npz``, ``best.npz``.
     epochs : int >= 0
         Training epochs after the epoch-0 evaluation.
     early_stopping_patience : int >= 1, optional
@@ -185,7 +226,7 @@ class Trainer:
     dtype : "float32" or "float64"
         Of the floating inputs; must be the parameters' dtype.
     device : "cpu" or "cuda"
-    progress : bool
+    progress : bool (or numpy.bool_)
         A tqdm bar over each epoch's batches (only on a terminal).
     after_step : callable, optional
         Called with no argument after every optimiser step (e.g. a projection).
@@ -197,7 +238,7 @@ class Trainer:
         objective that has that method. ``None``: never.
     run_config : dict, optional
         The plain config a run was built from (:func:`refdml.train.runs.build_run`),
-        recorded as ``"run"`` in ``config.json`` (JSON types only).
+        recorded as ``"run"`` in ``config.json`` (JSON types only: checked here).
     """
 
     def __init__(
@@ -217,6 +258,10 @@ class Trainer:
             raise TypeError(f"schedule must be a Schedule or None, got {_describe(schedule)}")
         if schedule is not None and schedule.optimizer is not optimizer:
             raise ValueError("schedule drives another optimiser than optimizer")
+        for method in ("forward", "backward"):
+            if not callable(getattr(model, method, None)):
+                raise TypeError(f"model has no method {method}(), got {_describe(model)}; "
+                                "see refdml.train.layers")
         if not isinstance(train_sampler, PKBatchSampler):
             raise TypeError(
                 f"train_sampler must be a PKBatchSampler, got {_describe(train_sampler)}")
@@ -231,10 +276,13 @@ class Trainer:
         self.val_x, self.val_y = _as_dataset(val_data, "val_data")
         self.test_x, self.test_y = (None, None) if test_data is None else _as_dataset(
             test_data, "test_data")
+        _check_retrieval_labels(self.val_y, "val_data")
+        if test_data is not None:
+            _check_retrieval_labels(self.test_y, "test_data")
         if train_sampler._labels.shape != self.train_y.shape or not np.array_equal(
                 train_sampler._labels, self.train_y):
             raise ValueError("train_sampler was built over other labels than train_data's")
-        self.out_dir = Path(out_dir)
+        self.out_dir = _check_out_dir(out_dir)
         self.epochs = check_scalar(epochs, "epochs", low=0, integer=True)
         self.early_stopping_patience = None if early_stopping_patience is None else check_scalar(
             early_stopping_patience, "early_stopping_patience", low=1, integer=True)
@@ -246,13 +294,18 @@ class Trainer:
         self.blas_threads = None if blas_threads is None else check_scalar(
             blas_threads, "blas_threads", low=1, integer=True)
         self.seed = check_scalar(seed, "seed", low=0, integer=True)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.dtype = check_float_dtype(dtype)
         self.device = check_choice(device, "device", ("cpu", "cuda"))
+        if not isinstance(progress, (bool, np.bool_)):
+            raise TypeError(f"progress must be True or False, got {_describe(progress)}")
         self.progress = bool(progress)
         if run_config is not None and not isinstance(run_config, dict):
             raise TypeError(f"run_config must be a dict or None, got {_describe(run_config)}")
+        if run_config is not None:
+            try:   # written to config.json by fit(): refused here, not after epoch 0
+                json.dumps(run_config)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"run_config must hold JSON types only: {error}") from None
         self.run_config = None if run_config is None else dict(run_config)
         self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
                                             integer=True)
@@ -327,10 +380,31 @@ class Trainer:
         return self._xp.asarray(inputs), self._xp.asarray(labels)
 
     # -- evaluation ----------------------------------------------------------------------
+    @staticmethod
+    def _check_inputs(inputs: Any, name: str = "inputs") -> Any:
+        """Host (NumPy) or device samples ``(N, ...)``, N >= 1, of a real dtype."""
+        wanted = f"{name} must be an array of N >= 1 samples (N, ...)"
+        if inputs is None or isinstance(inputs, (str, bytes)):
+            raise TypeError(f"{wanted}, got {_describe(inputs)}")
+        if not (hasattr(inputs, "shape") and hasattr(inputs, "dtype")):
+            try:
+                inputs = np.asarray(inputs)
+            except ValueError:   # a ragged nested list
+                raise TypeError(f"{wanted}, got {_describe(inputs)}") from None
+        if inputs.ndim < 1 or inputs.shape[0] < 1:
+            raise ValueError(f"{wanted}, got shape {tuple(inputs.shape)}")
+        kind = np.dtype(inputs.dtype)
+        if kind == bool or not (np.issubdtype(kind, np.floating)
+                                or np.issubdtype(kind, np.integer)):
+            raise TypeError(f"{name} must hold real numbers (floating inputs or integer token "
+                            f"ids), got dtype {kind}")
+        return inputs
+
     def embed(self, inputs: np.ndarray) -> Any:
         """L2-normalised embeddings (the model's first output) of ``inputs``, on the device."""
         from refdml.gpu.normalize import l2_normalize_forward
 
+        inputs = self._check_inputs(inputs)
         xp = self._xp
         parts = []
         for start in range(0, inputs.shape[0], self.eval_batch_size):
@@ -344,6 +418,9 @@ class Trainer:
         """MAP@R, P@1 and R@1 of the L2-normalised embeddings, same-set retrieval."""
         from refdml.gpu.metrics import retrieval_metrics
 
+        inputs = self._check_inputs(inputs)
+        labels = as_label_array(to_numpy(labels), "labels", length=inputs.shape[0])
+        _check_retrieval_labels(labels, "labels")
         embeddings = self.embed(inputs)
         result = retrieval_metrics(embeddings, self._xp.asarray(labels), k=(1,))
         return {key: float(result[name]) for key, name in METRIC_KEYS.items()}
@@ -351,6 +428,7 @@ class Trainer:
     # -- problem instances ---------------------------------------------------------------
     def instance_due(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (1-based) starts a new problem instance."""
+        epoch = check_scalar(epoch, "epoch", low=0, integer=True)
         return self.instance_every is not None and epoch >= 1 and (
             (epoch - 1) % self.instance_every == 0)
 
@@ -358,6 +436,9 @@ class Trainer:
         """Embed the training samples, call the objective's ``new_problem_instance`` with
         :attr:`rng`, reset the optimiser state of the objective's parameters; returns what
         the objective returned."""
+        if not callable(getattr(self.objective, "new_problem_instance", None)):
+            raise TypeError(f"objective has no method new_problem_instance(); "
+                            f"{type(self.objective).__name__} cannot start a problem instance")
         embeddings = self.embed(self.train_x)
         result = self.objective.new_problem_instance(embeddings, self.train_y, self.rng)
         params = list(self.objective.parameters())
@@ -464,7 +545,7 @@ class Trainer:
         if metric > self.improved_metric + self.early_stopping_min_delta or epoch == 0:
             self.improved_metric, self.improved_epoch = metric, epoch
         if epoch > 0 and self.schedule is not None:
-            if isinstance(self.schedule, ReduceOnPlateau):
+            if self.schedule.uses_metric:
                 self.schedule.step(metric)
             else:
                 self.schedule.step()
@@ -515,8 +596,8 @@ class Trainer:
         ``config.json`` matching and no ``checkpoint.npz`` in this trainer's own
         ``out_dir``, nothing is loaded and :meth:`fit` starts from epoch 0.
         """
-        source = self.out_dir if out_dir is None else Path(out_dir)
-        saved_config = json.loads((source / "config.json").read_text())
+        source = self.out_dir if out_dir is None else _check_out_dir(out_dir)
+        saved_config = self._read_config(source)
         ours = json.loads(json.dumps(self.config()))   # tuples -> lists, as saved
         differ = sorted(k for k in set(ours) | set(saved_config)
                         if k != "epochs" and _without_run_epochs(ours.get(k), k)
@@ -527,7 +608,7 @@ class Trainer:
                 "(only 'epochs' may change)")
         if source == self.out_dir and not (source / "checkpoint.npz").is_file():
             return
-        parameters, optimizer_state, meta = load_checkpoint(source / "checkpoint.npz")
+        parameters, optimizer_state, meta = self._read_checkpoint(source)
         if set(parameters) != set(self.parameters):
             raise ValueError(
                 f"checkpoint parameters {sorted(parameters)} differ from the optimiser's "
@@ -537,6 +618,8 @@ class Trainer:
             if value.shape != p.shape or value.dtype != p.dtype:
                 raise ValueError(f"checkpoint {name} is {value.dtype}{value.shape}, parameter "
                                  f"is {p.dtype}{p.shape}")
+        # The log is read before any state is set: a bad log leaves this trainer as it was.
+        rows = self._read_log_rows(source, int(meta["epoch"]))
         self.optimizer.load_state_dict(optimizer_state)
         self.train_sampler.load_state_dict(meta["sampler"])
         if (meta["schedule"] is None) != (self.schedule is None):
@@ -554,17 +637,6 @@ class Trainer:
         self.improved_epoch = int(meta.get("improved_epoch", self.best_epoch))
         self.stopped_early = bool(meta["stopped_early"])
         self.started = True
-        log = source / "log.jsonl"
-        rows = []
-        for number, line in enumerate(read_lines(log), start=1):   # drops a cut last line
-            if not line.strip():
-                continue
-            try:
-                epoch = json.loads(line)["epoch"]
-            except (ValueError, TypeError, KeyError):
-                raise ValueError(f"{log} line {number} is not a log row: {line[:80]!r}") from None
-            if epoch <= self.epoch:
-                rows.append(line)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.out_dir / "config.json", ours, indent=2, sort_keys=True)
         write_text_atomic(self.out_dir / "log.jsonl", "".join(r + "\n" for r in rows))
@@ -576,3 +648,67 @@ class Trainer:
             self._save(self.out_dir / "best.npz")
         elif source != self.out_dir and (source / "best.npz").is_file():
             write_bytes_atomic(self.out_dir / "best.npz", (source / "best.npz").read_bytes())
+
+    # -- reading a run folder (named errors: a folder that is not a run, a damaged file) --
+    @staticmethod
+    def _read_config(source: Path) -> dict[str, Any]:
+        path = source / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"cannot resume from {source}: it has no config.json (not a refdml.train "
+                "run folder)")
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise ValueError(f"cannot resume from {source}: config.json is not valid JSON "
+                             f"({error})") from None
+        if not isinstance(saved, dict):
+            raise ValueError(f"cannot resume from {source}: config.json holds "
+                             f"{type(saved).__name__}, not the trainer's record (an object)")
+        return saved
+
+    @staticmethod
+    def _read_checkpoint(source: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        path = source / "checkpoint.npz"
+        if not path.is_file():
+            raise FileNotFoundError(f"cannot resume from {source}: it has no checkpoint.npz")
+        try:
+            parameters, optimizer_state, meta = load_checkpoint(path)
+        except (OSError, EOFError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as error:
+            # np.load's own errors (a pickle it refuses, EOF, a bad zip) name no file
+            raise ValueError(f"cannot resume from {source}: checkpoint.npz is not a readable "
+                             f"checkpoint ({type(error).__name__}: {error})") from None
+        missing = sorted(_CHECKPOINT_META - set(meta))
+        if missing:
+            raise ValueError(f"cannot resume from {source}: checkpoint.npz lacks {missing}")
+        for key in ("epoch", "best_epoch"):
+            if isinstance(meta[key], bool) or not isinstance(meta[key], int) or meta[key] < 0:
+                raise ValueError(f"cannot resume from {source}: checkpoint.npz has {key} == "
+                                 f"{meta[key]!r}, not an epoch")
+        return parameters, optimizer_state, meta
+
+    @staticmethod
+    def _read_log_rows(source: Path, last_epoch: int) -> list[str]:
+        """The log lines of epochs up to ``last_epoch`` (a cut last line dropped)."""
+        log = source / "log.jsonl"
+        if not log.is_file():
+            raise FileNotFoundError(f"cannot resume from {source}: it has no log.jsonl (the "
+                                    f"checkpoint is at epoch {last_epoch})")
+        try:
+            lines = read_lines(log)   # drops a last line cut by a kill
+        except UnicodeDecodeError as error:
+            raise ValueError(f"cannot resume from {source}: log.jsonl is not UTF-8 text "
+                             f"({error})") from None
+        rows = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                epoch = json.loads(line)["epoch"]
+            except (ValueError, TypeError, KeyError, IndexError):
+                raise ValueError(f"{log} line {number} is not a log row: {line[:80]!r}") from None
+            if isinstance(epoch, bool) or not isinstance(epoch, int):
+                raise ValueError(f"{log} line {number} has epoch == {epoch!r}, not an integer")
+            if epoch <= last_epoch:
+                rows.append(line)
+        return rows

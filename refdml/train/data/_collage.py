@@ -155,6 +155,10 @@ def make_digits_collage(*, rng: Any, collages_per_image: int = 1,
         s0, f0 = s0 + n_shared, f0 + n_fg
         images = np.concatenate([pools[c] for c in fg])
         labels = np.concatenate([np.full(pools[c].shape[0], c) for c in fg])
+        if images.size * copies >= 2**63:   # np.repeat's size would wrap (a NumPy segfault)
+            name = "collages_per_image" if split == 0 else "eval_collages_per_image"
+            raise ValueError(f"{name} == {copies}: {images.shape[0]} images x {copies} copies "
+                             "exceed 2**63 pixels")
         images = np.repeat(images, copies, axis=0)
         labels = np.repeat(labels, copies)
         splits.append(_compose(images, labels, shared, pools, gen))

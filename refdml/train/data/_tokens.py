@@ -129,6 +129,15 @@ def make_tokens(
     mixing_mean = check_scalar(mixing_mean, "mixing_mean", low=0.0, high=1.0)
     mixing_std = check_scalar(mixing_std, "mixing_std", low=0.0)
     gen = check_rng(rng)
+    # Sizes and token ids beyond int64: np.repeat's size wraps around (a segfault in NumPy
+    # 2.4, not an error) and the ids would overflow.
+    if n_classes * n_per_class * n >= 2**63:
+        raise ValueError(f"{n_classes} classes x {n_per_class} samples per class x {n} "
+                         f"tokens_per_sample == {n_classes * n_per_class * n} token slots, "
+                         "must be < 2**63")
+    if n_classes * tokens_per_class + n_background_tokens >= 2**63:
+        raise ValueError(f"tokens_per_class == {tokens_per_class}: n_classes * "
+                         "tokens_per_class + n_background_tokens token ids must be < 2**63")
 
     labels = np.repeat(np.arange(n_classes, dtype=np.int64), n_per_class)
     n_samples = labels.shape[0]
