@@ -37,10 +37,15 @@ checked only under Numba's CUDA simulator this session (never run on a GPU).
 
 dtype: ``points``, ``m`` and the radii stay in the input dtype; the dot product accumulates
 in float64 in both kernels (the CPU twin with ``fastmath={"reassoc", "contract"}`` so that
-LLVM vectorises the sum: a different, deterministic summation order; no finite-math flags). In float64 the picks are the reference's and the radii agree to
-rounding (the reference's BLAS mat-vec sums the dot products in another order: ~1e-16
-relative of ``|x|^2``; the parity tests hold 1e-13). A pick could differ only where two
-points' distances agree to that rounding.
+LLVM vectorises the sum: a different, deterministic summation order; no finite-math flags).
+In float64 the picks are the reference's and the radii agree to rounding (the readable
+reference sums the dot products in NumPy's pairwise order: ~1e-16 relative of ``|x|^2``;
+the parity tests hold the bound of tests/_kcenter_checks.py). A pick could differ only
+where two distinct points' distances agree to that rounding. The vectorised order depends
+on ``d`` and on the CPU target (vector width, FMA), never on a row's position: identical
+points get identical distances, so ties among duplicates go to the lowest index on every
+CPU.
+:func:`sq_to_set_cpu` gives the distances to initial centres with the same loop.
 """
 
 from __future__ import annotations
@@ -50,9 +55,9 @@ import math
 import numpy as np
 from numba import cuda, get_num_threads, njit, prange
 
-from refdml.gpu._numba_support import BLOCK
+from refdml.gpu._numba_support import BLOCK, parallel_launch
 
-__all__ = ["better", "farthest_first_cpu", "farthest_first_cuda", "sq_to_center"]
+__all__ = ["better", "farthest_first_cpu", "farthest_first_cuda", "sq_to_center", "sq_to_set_cpu"]
 
 
 @njit(cache=True, inline="always")
@@ -138,7 +143,41 @@ def _sq_norms_cpu(points, out):
 
 def _sq_norms(points: np.ndarray) -> np.ndarray:
     out = np.empty(points.shape[0], dtype=points.dtype)
-    _sq_norms_cpu(points, out)
+    with parallel_launch():
+        _sq_norms_cpu(points, out)
+    return out
+
+
+@njit(cache=True, parallel=True, fastmath=_FAST)
+def _sq_to_set_cpu(points, sq_norms, centers, c_sq, out):
+    for i in prange(points.shape[0]):
+        best = math.inf
+        for c in range(centers.shape[0]):
+            dot = 0.0
+            for j in range(points.shape[1]):
+                dot += np.float64(points[i, j]) * np.float64(centers[c, j])
+            dist = sq_to_center(np.float64(sq_norms[i]), dot, np.float64(c_sq[c]))
+            if dist < best:
+                best = dist
+        out[i] = best
+
+
+def sq_to_set_cpu(points, centers):
+    """``min_c max(|x_i|^2 - 2 <x_i, c> + |c|^2, 0)`` (n,) over the centres (m, d): the
+    squared distances to a set of initial centres, in the points' dtype.
+
+    The traversal's arithmetic (the same dot-product loop, accumulated in float64), no BLAS:
+    a GEMM rounds identical rows differently by their position in the matrix, which would
+    make the picks among duplicate points depend on the CPU. Here every row runs the same
+    loop, so identical rows get identical values. One pass over the points; ``n m d``
+    multiply-adds spread over Numba's threads.
+    """
+    points = np.ascontiguousarray(points)
+    centers = np.ascontiguousarray(centers, dtype=points.dtype)
+    out = np.empty(points.shape[0], dtype=points.dtype)
+    sq_norms, c_sq = _sq_norms(points), _sq_norms(centers)
+    with parallel_launch():
+        _sq_to_set_cpu(points, sq_norms, centers, c_sq, out)
     return out
 
 
@@ -153,14 +192,16 @@ def farthest_first_cpu(points, k, min_sq, first, sq_norms=None):
     Returns ``(indices (k,) int64, radii (k,) in the points' dtype)``.
     """
     points = np.ascontiguousarray(points)
-    if sq_norms is None:
-        sq_norms = _sq_norms(points)
     n = points.shape[0]
-    n_chunks = max(1, min(get_num_threads(), -(-n // BLOCK)))
     indices = np.empty(k, dtype=np.int64)
     radii_sq = np.empty(k, dtype=np.float64)
-    _traverse_cpu(points, sq_norms, min_sq, -1 if first is None else int(first), k, n_chunks,
-                  indices, radii_sq)
+    # get_num_threads starts Numba's threads: inside, so the layer is picked first.
+    with parallel_launch():
+        if sq_norms is None:
+            sq_norms = _sq_norms(points)
+        n_chunks = max(1, min(get_num_threads(), -(-n // BLOCK)))
+        _traverse_cpu(points, sq_norms, min_sq, -1 if first is None else int(first), k,
+                      n_chunks, indices, radii_sq)
     return indices, np.sqrt(np.maximum(radii_sq, 0.0)).astype(points.dtype)
 
 

@@ -8,8 +8,16 @@
     the same traversal to pick prototypes among local features).
     Memory: one distance vector of length n plus one block of ``chunk_size`` rows, never
     an n x n matrix. Squared distances to a new centre come from
-    ``|x|^2 - 2 <x, c> + |c|^2`` (one mat-vec per pick); their absolute error is about
-    machine eps times ``|x|^2``, which only blurs distances far below the covering radius.
+    ``|x|^2 - 2 <x, c> + |c|^2`` (one pass over the points per pick); their absolute error
+    is about machine eps times ``|x|^2``, which only blurs distances far below the covering
+    radius.
+    Ties: the arg-max takes the lowest index among equal distances, and identical points
+    get identical distances on every CPU, so duplicates are picked in index order
+    everywhere. No BLAS computes a distance that decides a pick (a BLAS mat-vec or GEMM
+    rounds two identical rows differently by their position in the matrix, and how
+    depends on the CPU's kernel). Two distinct points whose distances agree to rounding
+    can still be picked in either order on different CPUs or by the two implementations
+    below.
     Scale: points (and initial centres) are divided by one power of two (exact) so that
     ``|x|^2`` neither overflows nor underflows, and the radii are scaled back: any finite
     input gives the radii and the picks of the unscaled arithmetic.
@@ -19,16 +27,21 @@
     proxies ``rho_c``. The algorithm as printed seeds the distances with ``rho_c`` and
     grows ``r_c`` until ``|r_c| = |rho_c|``, so ``budget >= |rho_c|`` is required.
 
-Two implementations of the traversal, held together by tests/test_kcenter.py (fixed seeds
-and hypothesis inputs: the same picks, radii to 1e-13 relative in float64):
-``_farthest_first`` (readable, NumPy: a mat-vec, an update and an arg-max per pick) is the
-statement of the algorithm, reachable as ``_greedy_k_center_readable``;
+Two implementations of the traversal, held together by tests/test_gpu_kernels_kcenter.py
+(fixed seeds and hypothesis inputs: the same picks up to a near-tie within rounding, radii
+within the Gram identity's rounding bound; tests/_kcenter_checks.py states it):
+``_farthest_first`` (readable, NumPy: per pick exact products and row sums in NumPy's
+fixed order, an update and an arg-max; the same bits on every CPU) is the statement of the
+algorithm, reachable as ``_greedy_k_center_readable``;
 :func:`greedy_k_center` runs the compiled twin ``refdml.gpu._nb_kcenter.farthest_first_cpu``
 (Numba, one fused pass over the points per pick, no BLAS: on 100,000 x 128 it reads the
 points once per pick and cannot oversubscribe the cores as a threaded BLAS mat-vec does, at
-any thread setting). Both use the same Gram-identity arithmetic; only the order in which the
+any thread setting; its sums are vectorised, so their last bits follow the CPU's vector
+width and FMA). Both use the same Gram-identity arithmetic; only the order in which the
 dot products are summed differs (rounding, ~1e-16 of ``|x|^2``), so a pick could differ only
-between two points whose distances agree to that rounding.
+between two distinct points whose distances agree to that rounding. The distances to
+``initial`` centres are computed the same way by each (``_sq_to_set``, and
+``refdml.gpu._nb_kcenter.sq_to_set_cpu`` for :func:`greedy_k_center`).
 """
 
 from __future__ import annotations
@@ -75,43 +88,68 @@ class ProxySelection:
     proxies: np.ndarray
 
 
-def _sq_to_center(points, sq_norms, center, chunk_size) -> np.ndarray:
+def _row_dots(rows, vector) -> np.ndarray:
+    """``<x_i, v>`` for every row ``x_i`` of ``rows``: exact products, then one row sum each.
+
+    No BLAS: OpenBLAS's mat-vec and GEMM round two identical rows differently by their
+    position in the matrix (every kernel from Prescott to SkylakeX: rows are blocked and a
+    remainder is finished another way), so duplicate points would get distances a few ulps
+    apart and the arg-max among them would depend on the CPU. Here each product is one
+    correctly rounded multiplication and each row is summed by NumPy's add-reduction in the
+    same fixed (pairwise) order, with no FMA: identical rows give identical values, and
+    every CPU gives the same values (that reduction is plain C on every NumPy SIMD target).
+    """
+    return np.multiply(rows, vector).sum(axis=1)
+
+
+def _sq_norms(points, chunk_size) -> np.ndarray:
+    """``|x_i|^2`` by :func:`_row_dots` in blocks of rows: for ``x_i`` equal to a centre
+    ``c`` the Gram identity then gives ``|x_i|^2 - 2 <x_i, c> + |c|^2 = 0`` exactly."""
     out = np.empty(points.shape[0])
-    c_sq = float(center @ center)
+    for start in range(0, points.shape[0], chunk_size):
+        block = points[start:start + chunk_size]
+        out[start:start + chunk_size] = _row_dots(block, block)
+    return out
+
+
+def _sq_to_center(points, sq_norms, center, c_sq, chunk_size) -> np.ndarray:
+    out = np.empty(points.shape[0])
     for start in range(0, points.shape[0], chunk_size):
         stop = start + chunk_size
-        block = points[start:stop] @ center
+        block = _row_dots(points[start:stop], center)
         out[start:stop] = sq_norms[start:stop] - 2.0 * block + c_sq
     np.maximum(out, 0.0, out=out)
     return out
 
 
-def _sq_to_set(points, sq_norms, centers, chunk_size) -> np.ndarray:
-    """min_c ||x - c||^2 over a set of centres, in blocks of rows and of centres."""
+def _sq_to_set(points, centers, chunk_size) -> np.ndarray:
+    """min_c ||x - c||^2 over a set of centres: one :func:`_sq_to_center` per centre."""
+    sq_norms = _sq_norms(points, chunk_size)
+    c_sq = _sq_norms(centers, chunk_size)
     out = np.full(points.shape[0], np.inf)
-    c_sq = np.einsum("cd,cd->c", centers, centers)
-    col_step = max(1, chunk_size)
-    row_step = max(1, chunk_size)
-    for start in range(0, points.shape[0], row_step):
-        rows = points[start:start + row_step]
-        for c0 in range(0, centers.shape[0], col_step):
-            block = sq_norms[start:start + row_step, None] - 2.0 * (rows @ centers[c0:c0 + col_step].T)
-            block += c_sq[None, c0:c0 + col_step]
-            np.minimum(out[start:start + row_step], block.min(axis=1),
-                       out=out[start:start + row_step])
-    np.maximum(out, 0.0, out=out)
+    for center, center_sq in zip(centers, c_sq):
+        np.minimum(out, _sq_to_center(points, sq_norms, center, center_sq, chunk_size), out=out)
     return out
+
+
+def _sq_to_set_compiled(points, centers, chunk_size) -> np.ndarray:
+    """:func:`_sq_to_set` by the compiled CPU twin (one pass over the points, the
+    traversal's dot-product loop; no BLAS)."""
+    from refdml.gpu._nb_kcenter import sq_to_set_cpu
+
+    return sq_to_set_cpu(points, centers)
 
 
 def _farthest_first(points, k, min_sq, first, chunk_size):
     """k picks; ``min_sq`` (n,) squared distance to the current set (modified in place)."""
-    sq_norms = np.einsum("nd,nd->n", points, points)
+    sq_norms = _sq_norms(points, chunk_size)
     indices = np.empty(k, dtype=np.int64)
     radii = np.empty(k)
     for pick in range(k):
         q = first if pick == 0 and first is not None else int(np.argmax(min_sq))
         indices[pick] = q
-        np.minimum(min_sq, _sq_to_center(points, sq_norms, points[q], chunk_size), out=min_sq)
+        np.minimum(min_sq, _sq_to_center(points, sq_norms, points[q], sq_norms[q], chunk_size),
+                   out=min_sq)
         # -1 marks a centre: never picked twice, even among duplicate points.
         min_sq[q] = -1.0
         radii[pick] = np.sqrt(max(float(min_sq.max()), 0.0))
@@ -146,15 +184,16 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
     -------
     KCenterResult
     """
-    return _greedy_k_center(points, k, initial, rng, chunk_size, _farthest_first_compiled)
+    return _greedy_k_center(points, k, initial, rng, chunk_size, _farthest_first_compiled,
+                            _sq_to_set_compiled)
 
 
 def _greedy_k_center_readable(points, k, *, initial=None, rng=None, chunk_size=8192):
     """:func:`greedy_k_center` with the readable NumPy traversal (the statement)."""
-    return _greedy_k_center(points, k, initial, rng, chunk_size, _farthest_first)
+    return _greedy_k_center(points, k, initial, rng, chunk_size, _farthest_first, _sq_to_set)
 
 
-def _greedy_k_center(points, k, initial, rng, chunk_size, traversal) -> KCenterResult:
+def _greedy_k_center(points, k, initial, rng, chunk_size, traversal, to_set) -> KCenterResult:
     points = as_float_array(points, "points", ndim=2, copy=False)  # read only
     n = points.shape[0]
     k = check_scalar(k, "k", low=1, integer=True)
@@ -176,6 +215,9 @@ def _greedy_k_center(points, k, initial, rng, chunk_size, traversal) -> KCenterR
     if scale != 1.0:
         points = points / scale
         centers = None if centers is None else centers / scale
+    # Row-major rows: every row (and centre) is summed by the same reduction loop.
+    points = np.ascontiguousarray(points)
+    centers = None if centers is None else np.ascontiguousarray(centers)
     first = None
     if initial is None:
         if k > n:
@@ -184,7 +226,6 @@ def _greedy_k_center(points, k, initial, rng, chunk_size, traversal) -> KCenterR
         first = int(rng.integers(n))
         initial_radius = float("inf")
     else:
-        sq_norms = np.einsum("nd,nd->n", points, points)
         if by_index:
             idx = initial_array.astype(np.int64)
             if idx.size and (idx.min() < -n or idx.max() >= n):
@@ -198,12 +239,12 @@ def _greedy_k_center(points, k, initial, rng, chunk_size, traversal) -> KCenterR
                 min_sq = np.full(n, np.inf)
                 first = int(rng.integers(n))
             else:
-                min_sq = _sq_to_set(points, sq_norms, points[idx], chunk_size)
+                min_sq = to_set(points, points[idx], chunk_size)
                 min_sq[idx] = -1.0
         else:
             if k > n:
                 raise ValueError(f"k == {k}, must be in [1, {n}] (the number of points)")
-            min_sq = _sq_to_set(points, sq_norms, centers, chunk_size)
+            min_sq = to_set(points, centers, chunk_size)
         initial_radius = (
             scale * float(np.sqrt(max(float(min_sq.max()), 0.0))) if first is None
             else float("inf")

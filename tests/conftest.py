@@ -32,6 +32,16 @@ settings.register_profile(
 settings.register_profile(
     "thorough", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+# scripts/ci_cpu_matrix.sh: the cpu_exact tests once per CPU code path; CI's fixed examples,
+# fewer of them (a test's own @settings(max_examples=...) still wins).
+settings.register_profile(
+    "cpu_matrix",
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 

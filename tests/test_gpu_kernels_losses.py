@@ -19,6 +19,8 @@ from refdml.gpu import use_kernels
 from refdml.gpu._loss_kernels import masked_logsumexp
 from refdml.gpu._numba_support import BLOCK
 
+pytestmark = pytest.mark.cpu_exact
+
 KINDS = ["cpu", "cuda"]
 
 

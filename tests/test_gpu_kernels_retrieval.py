@@ -21,6 +21,8 @@ from refdml.gpu import metrics as fast
 from refdml.gpu import use_kernels
 from refdml.gpu._nb_retrieval import nearest_cpu
 
+pytestmark = pytest.mark.cpu_exact
+
 
 def _data(seed, n, d, n_classes, dtype=np.float64, duplicates=3):
     rng = np.random.default_rng(seed)

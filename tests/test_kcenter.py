@@ -7,8 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _kcenter_checks import FACTOR, assert_same_traversal
 from refdml.gradcheck import strategies as rst
-from refdml.kcenter import greedy_k_center, select_proxies
+from refdml.kcenter import KCenterResult, greedy_k_center, select_proxies
+
+pytestmark = pytest.mark.cpu_exact
 
 
 def _radius(points, centers):
@@ -34,14 +37,15 @@ def test_radii_follow_a_readable_farthest_first_loop():
     rng = np.random.default_rng(0)
     points = rng.standard_normal((40, 3))
     result = greedy_k_center(points, 6, initial=np.array([3]))
-    chosen = [3]
+    chosen, radii = [3], []
     for pick in range(6):
         dist = [min(np.linalg.norm(p - points[c]) for c in chosen) for p in points]
-        q = int(np.argmax(dist))
-        chosen.append(q)
-        assert result.indices[pick] == q
-        radius = max(min(np.linalg.norm(p - points[c]) for c in chosen) for p in points)
-        np.testing.assert_allclose(result.radii[pick], radius, rtol=1e-12)
+        chosen.append(int(np.argmax(dist)))
+        radii.append(max(min(np.linalg.norm(p - points[c]) for c in chosen) for p in points))
+    loop = KCenterResult(np.array(chosen[1:]), np.array(radii), result.initial_radius)
+    # The picks are discrete: equal wherever rounding cannot swap them (tests/_kcenter_checks).
+    assert_same_traversal(result, loop, points, initial=np.array([3]))
+    np.testing.assert_allclose(result.radii, radii, rtol=1e-12)
     assert np.all(np.diff(result.radii) <= 1e-15)
 
 
@@ -50,6 +54,7 @@ def test_initial_points_and_indices_agree_and_are_not_returned():
     points = rng.standard_normal((50, 4))
     by_index = greedy_k_center(points, 5, initial=np.array([7, 11]))
     by_points = greedy_k_center(points, 5, initial=points[[7, 11]])
+    # Exactly equal by construction: the same centre values, scale and arithmetic.
     np.testing.assert_array_equal(by_index.indices, by_points.indices)
     assert not {7, 11} & set(by_index.indices.tolist())
     np.testing.assert_allclose(by_index.initial_radius, _radius(points, points[[7, 11]]), rtol=1e-12)
@@ -60,12 +65,14 @@ def test_chunk_size_does_not_change_the_result():
     points = rng.standard_normal((257, 5))
     a = greedy_k_center(points, 10, rng=3, initial=None)
     b = greedy_k_center(points, 10, rng=3, chunk_size=7)
+    # Exactly equal by construction: each row's distance is computed by itself (no block
+    # enters its sum), so the blocking cannot change a bit.
     np.testing.assert_array_equal(a.indices, b.indices)
     np.testing.assert_allclose(a.radii, b.radii, rtol=1e-12)
 
 
 def test_duplicates_are_never_picked_twice():
-    points = np.repeat(np.eye(2), 3, axis=0)
+    points = np.repeat(np.eye(2), 3, axis=0)    # exact small integers in any order: ties exact
     result = greedy_k_center(points, 6, rng=0)
     assert sorted(result.indices.tolist()) == list(range(6))
     np.testing.assert_array_equal(result.radii[1:], 0.0)
@@ -91,7 +98,14 @@ def test_empty_and_malformed_input_are_errors():
 
 
 def _loop_select_proxies(embeddings, labels, proxies, proxy_labels, budget, rng):
-    """ASAP Algorithm 2 as printed, one class and one pick at a time."""
+    """ASAP Algorithm 2 as printed, one class and one pick at a time.
+
+    Each pick must beat the runner-up by more than the rounding of two implementations
+    (tests/_kcenter_checks.py), so that an exact comparison of the picks is well posed.
+    """
+    d = embeddings.shape[1]
+    scale = max(np.max(np.sum(embeddings**2, axis=1)), np.max(np.sum(proxies**2, axis=1)))
+    margin = 2 * FACTOR * (d + 3) * np.finfo(np.float64).eps * scale
     out = np.empty(len(proxies), dtype=int)
     for c in np.unique(proxy_labels):
         slots = np.flatnonzero(proxy_labels == c)
@@ -100,13 +114,16 @@ def _loop_select_proxies(embeddings, labels, proxies, proxy_labels, budget, rng)
         centres = [proxies[s] for s in slots]
         picked = []
         while len(picked) < len(slots):
-            best, best_d = None, -1.0
+            best, best_d, runner_up = None, -1.0, -1.0
             for u in pool:
                 if u in picked:
                     continue
-                d = min(np.linalg.norm(embeddings[u] - v) for v in centres)
-                if d > best_d:
-                    best, best_d = u, d
+                dist = min(np.linalg.norm(embeddings[u] - v) for v in centres)
+                if dist > best_d:
+                    best, best_d, runner_up = u, dist, best_d
+                else:
+                    runner_up = max(runner_up, dist)
+            assert best_d**2 - runner_up**2 > margin, "a near-tie: pick another seed"
             picked.append(best)
             centres.append(embeddings[best])
         out[slots] = picked
@@ -141,11 +158,17 @@ def test_radii_and_picks_at_extreme_scales(scale):
     points = rng.standard_normal((30, 3))
     plain = greedy_k_center(points, 6, rng=1)
     scaled = greedy_k_center(scale * points, 6, rng=1)
-    np.testing.assert_array_equal(scaled.indices, plain.indices)
+    # scale * points is rounded (scale is no power of two): the picks are the same up to a
+    # near-tie within rounding (tests/_kcenter_checks.py).
+    plain_scaled = KCenterResult(plain.indices, scale * plain.radii, plain.initial_radius)
+    assert_same_traversal(scaled, plain_scaled, scale * points)
     radii = [_radius(points, points[plain.indices[: i + 1]]) for i in range(6)]
     np.testing.assert_allclose(scaled.radii, scale * np.array(radii), rtol=1e-12)
     by_points = greedy_k_center(scale * points, 4, initial=scale * points[[2, 9]])
     by_index = greedy_k_center(points, 4, initial=np.array([2, 9]))
-    np.testing.assert_array_equal(by_points.indices, by_index.indices)
+    by_index_scaled = KCenterResult(by_index.indices, scale * by_index.radii,
+                                    scale * by_index.initial_radius)
+    assert_same_traversal(by_points, by_index_scaled, scale * points,
+                          initial=scale * points[[2, 9]])
     np.testing.assert_allclose(by_points.initial_radius, scale * _radius(points, points[[2, 9]]),
                                rtol=1e-12)

@@ -3,8 +3,9 @@
 The public forward runs the compiled CPU twin of the small-problem Sinkhorn kernel
 (clouds of at most 128 points); :func:`_pairwise_sinkhorn_divergence_forward_readable`
 is the readable NumPy form. They must agree: divergences and gradients (the readable
-backward on either context) to 1e-10 relative, iteration counts and ``converged`` exactly,
-the same ConvergenceWarning.
+backward on either context) to 1e-10 relative, iteration counts and ``converged`` exactly
+where the stopping margin certifies them (:func:`_stops_certified`), the same
+ConvergenceWarning.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
@@ -21,9 +22,41 @@ from refdml.exceptions import ConvergenceWarning
 from refdml.gpu import _nb_sinkhorn, use_kernels
 from refdml.ot import pairwise_sinkhorn_divergence, pairwise_sinkhorn_divergence_backward
 from refdml.ot import pairwise_sinkhorn_divergence_forward
+from refdml.ot import _sinkhorn
 from refdml.ot._divergence import _pairwise_sinkhorn_divergence_forward_readable as readable
 
+pytestmark = pytest.mark.cpu_exact
+
 RTOL = 1e-10
+# Stopping margin, in units of n eps (n points per cloud). The routes' L1 marginal errors
+# (sums of n terms |u_i (K v)_i - a_i| with sum a = 1) at one iteration differ by rounding:
+# at most 0.6 n eps in 60 random draws like the hypothesis test's. A stopping test
+# ``error <= threshold`` can go the other way only where an error lies that close to its
+# threshold, so counts are compared exactly where every count of the readable route stays
+# when every threshold moves by 64 n eps either way (100 times the rounding seen).
+MARGIN_ULPS = 64
+
+
+def _counts(clouds, shift, kw):
+    """The readable route's counts and flags with ``tol`` and the eps-scaling stages'
+    threshold (``refdml.ot._sinkhorn._STAGE_TOL``) moved by ``shift``."""
+    stage_tol = _sinkhorn._STAGE_TOL
+    _sinkhorn._STAGE_TOL = stage_tol + shift
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            # residuals are >= 0: tol = 0 stops only at an exact 0, compared with tol = margin
+            _, ctx = readable(clouds, **{**kw, "tol": max(kw.get("tol", 1e-9) + shift, 0.0)})
+    finally:
+        _sinkhorn._STAGE_TOL = stage_tol
+    batches = (ctx.pairs.cross, ctx.pairs.self_)
+    return [(batch.n_iter.tolist(), batch.converged.tolist()) for batch in batches]
+
+
+def _stops_certified(clouds, **kw) -> bool:
+    """Whether no stopping test of these clouds lies within the margin of its threshold."""
+    margin = MARGIN_ULPS * clouds.shape[1] * np.finfo(np.float64).eps
+    return _counts(clouds, -margin, kw) == _counts(clouds, margin, kw)
 
 
 def _both(clouds, **kw):
@@ -32,7 +65,10 @@ def _both(clouds, **kw):
         return pairwise_sinkhorn_divergence_forward(clouds, **kw), readable(clouds, **kw)
 
 
-def _assert_equivalent(clouds, seed=0, **kw):
+def _assert_equivalent(clouds, seed=0, *, certified=None, **kw):
+    if certified is None:
+        certified = _stops_certified(clouds, **kw)
+    assert certified, "a residual within the stopping margin of its threshold: pick another input"
     (fast, fast_ctx), (ref, ref_ctx) = _both(clouds, **kw)
     assert fast.dtype == ref.dtype == np.float64
     assert_allclose(fast, ref, rtol=0, atol=RTOL * max(np.abs(ref).max(), 1e-300))
@@ -110,4 +146,6 @@ def test_one_cloud_and_bad_input_as_the_reference():
        d=st.integers(1, 4), eps=st.sampled_from([1.0, 0.1, 0.02]), p=st.sampled_from([1, 2]))
 def test_compiled_route_hypothesis(seed, n_clouds, n, d, eps, p):
     clouds = np.random.default_rng(seed).uniform(-1, 1, (n_clouds, n, d))
-    _assert_equivalent(clouds, seed=seed, eps=eps, p=p, tol=1e-10, max_iter=2000)
+    kw = dict(eps=eps, p=p, tol=1e-10, max_iter=2000)
+    assume(_stops_certified(clouds, **kw))       # ~5% of draws sit at a stopping boundary
+    _assert_equivalent(clouds, seed=seed, certified=True, **kw)

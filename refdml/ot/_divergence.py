@@ -21,6 +21,19 @@ formed, and ``eps`` by ``s^p``: ``SD_eps(x, y) = s^p SD_{eps / s^p}(x / s, y / s
 finite clouds work as long as the costs ``||x - y||^p`` and ``eps`` relative to them are
 representable; otherwise a ``ValueError`` says which (never a NaN or a silent 0).
 
+The ratio ``r = eps / max C`` is invariant under that rescaling, so no rescaling helps
+where float64 cannot resolve it (``r`` outside ``[1e-13, 1e12]``). For features of
+magnitude 1e-200 (p = 1) and ``eps = 0.1``, ``r ~ 1e199``: there ``SD_eps`` equals the
+closed form ``<a x b, C_xy> - (<a x a, C_xx> + <b x b, C_yy>) / 2`` up to ``O(C^2 / eps)``,
+but the Sinkhorn potentials carry a rounding error ``~ eps 2^-52``, far above ``C``. At
+1e200, ``r ~ 1e-201``: ``SD_eps`` is the unregularised ``W_p^p`` up to ``O(eps log n)``,
+but the kernel ``exp(-C / eps)`` cannot tell the costs apart. Computing either limit needs
+another algorithm (that closed form, or an exact OT solver); the divergences and the
+Wasserstein losses refuse instead, with a message that leads with the data (``features``,
+``clouds``, ``x and y``) or with ``eps``, whichever lies further from 1, and gives the
+range of the largest cost that this ``eps`` allows and the range of ``eps`` that these
+data allow (:func:`refdml.ot._sinkhorn._relative_eps_message`).
+
 Gradients: ``dOT/dC`` from :mod:`refdml.ot._entropic` and
 ``dC_ij/dx_i = p ||x_i - y_j||^(p-2) (x_i - y_j)`` (0 at coincident points for p < 2, the
 centre of the subdifferential); the symmetric terms move through both slots.
@@ -48,6 +61,7 @@ from refdml.ot._sinkhorn import (
     _check_weights,
     _OTBatch,
     _solve_batch,
+    _weight_gradient,
 )
 
 __all__ = [
@@ -219,7 +233,7 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     costs = [_ground_cost(sq, p) for sq in (sq_xy, sq_xx, sq_yy)]
     scaled_eps = eps / unit
     _check_relative_eps(scaled_eps, max(float(c.max()) for c in costs), user_eps=eps,
-                        cost_name=_COST_NAME)
+                        cost_name=_COST_NAME, data_name="x and y", unit=unit, p=p)
     solve = dict(eps=scaled_eps, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
     xy = _solve_batch(a[None], b[None], costs[0], **solve)
     xx = _solve_batch(a[None], a[None], costs[1], symmetric=True, **solve)
@@ -258,8 +272,8 @@ def sinkhorn_divergence_backward(ctx: SinkhornDivergenceContext, d_value) -> Sin
     to_points = ctx.unit / ctx.scale
     grad_a = grad_b = None
     if ctx.weights_given:
-        grad_a = (da_xy + da1 + da2)[0] / ctx.a_mass
-        grad_b = (db_xy + db1 + db2)[0] / ctx.b_mass
+        grad_a = _weight_gradient((da_xy + da1 + da2)[0], ctx.a_mass, "a")
+        grad_b = _weight_gradient((db_xy + db1 + db2)[0], ctx.b_mass, "b")
     return SinkhornDivergenceGrads(
         x=to_points * (dx_xy + dx1 + dx2)[0], y=to_points * (dy_xy + dy1 + dy2)[0],
         a=grad_a, b=grad_b,
@@ -330,7 +344,7 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     scaled_eps = eps / unit
     _check_relative_eps(scaled_eps, max(float(cost_cross.max()), float(cost_self.max())),
-                        user_eps=eps, cost_name=_COST_NAME)
+                        user_eps=eps, cost_name=_COST_NAME, data_name=name, unit=unit, p=p)
     solve = dict(eps=scaled_eps, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
     solve_batch = _compiled_solve_batch if compiled else _solve_batch
     cross = solve_batch(*_uniform(sq_cross.shape[0], n), cost_cross, **solve)
@@ -453,7 +467,11 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     from the readable form (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in
     rounding (sums in another order; kernel entries below float64's ``tiny`` flushed to 0),
     held to 1e-10 relative (divergences, gradients) and equal iteration counts by
-    ``tests/test_ot_pairwise_route.py`` on fixed seeds and hypothesis inputs; the parity
+    ``tests/test_ot_pairwise_route.py`` on fixed seeds and hypothesis inputs (a count can
+    differ only where a residual lies within that rounding of ``tol``: those inputs are
+    certified away from it, see there). Rounding also follows the CPU: the compiled sums
+    are vectorised for it, the readable form goes through BLAS and NumPy's SIMD exp and
+    log (float64 ``np.exp`` differs in the last bit on AVX-512); the parity
     suite holds the fast path to the readable form. Context and backward are this module's.
     ``refdml.gpu.use_kernels("array")`` (or ``REFDML_GPU_KERNELS=array``) runs the readable
     form; so do clouds of more than 128 points. Why not keep the reference pure NumPy: the

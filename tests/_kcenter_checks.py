@@ -1,0 +1,85 @@
+"""Comparison of two greedy k-center traversals whose arithmetic differs only by rounding.
+
+Two implementations (readable NumPy, compiled twin, the mirror's array path, a float32 run)
+compute the same Gram-identity distances ``|x|^2 - 2 <x, c> + |c|^2`` with different
+summation orders, vector widths and FMA use, which also change with the CPU. A pick is a
+discrete output: it is the same in both only where the farthest point is ahead of every
+other distinct point by more than the two runs' rounding. So the picks are compared while
+an exact walk (float64 explicit differences, after a power-of-two rescaling) certifies
+them; at the first pick that differs, both picks must be near-optimal within the rounding
+bound and distinct points (identical points get identical distances in every
+implementation, so their tie goes to the lowest index in both), and the runs part ways
+there.
+
+Rounding bound of one squared distance by the Gram identity in precision ``eps``, with
+``M`` the largest ``|x|^2`` among the points and centres: each of ``|x|^2``, ``<x, c>``,
+``|c|^2`` is a sum of ``d`` products (error <= ``d eps M / 2`` each) and three more
+roundings of values <= ``4 M``, so <= ``(2 d + 6) eps M``; the radii, ``|x|^2`` stored in
+the input dtype and ``sqrt`` add a few ``eps M``. :data:`FACTOR` doubles it:
+``sq_tol = 4 (d + 3) eps M`` per run, ``2 sq_tol`` between two runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FACTOR = 4.0
+
+
+def _exact_sq(points, center):
+    return np.sum((points - center) ** 2, axis=1)
+
+
+def assert_same_traversal(a, b, points, *, initial=None, dtype=None):
+    """``a``, ``b``: KCenterResult of one traversal of ``points`` (NumPy arrays).
+
+    ``initial``: None, row indices or centre coordinates (as passed to both); ``dtype``:
+    the precision of the less precise run (default: the points' dtype).
+    """
+    points = np.asarray(points, dtype=np.float64)
+    n, d = points.shape
+    eps = float(np.finfo(dtype or np.float64).eps)
+    centres = np.empty((0, d))
+    marked = np.empty(0, dtype=np.int64)
+    if initial is not None:
+        initial = np.asarray(initial)
+        if initial.ndim == 1 and np.issubdtype(initial.dtype, np.integer):
+            marked = np.unique(initial % n)
+            centres = points[marked]
+        else:
+            centres = np.asarray(initial, dtype=np.float64)
+    top = float(np.max(np.abs(np.concatenate([points.ravel(), centres.ravel()]))))
+    scale = 2.0 ** np.floor(np.log2(top)) if top > 0.0 else 1.0      # exact
+    x, c = points / scale, centres / scale
+    m = float(np.max(np.sum(np.concatenate([x, c]) ** 2, axis=1)))
+    sq_tol = FACTOR * (d + 3) * eps * m                               # one run's bound
+
+    def sq(r):
+        return (np.asarray(r, dtype=np.float64) / scale) ** 2
+
+    min_sq = np.full(n, np.inf)
+    for centre in c:
+        min_sq = np.minimum(min_sq, _exact_sq(x, centre))
+    min_sq[marked] = -np.inf
+    if initial is not None:
+        exact = max(float(np.max(min_sq)), 0.0)
+        for run in (a, b):
+            assert abs(sq(run.initial_radius) - exact) <= sq_tol, "initial radius"
+    assert a.indices.shape == b.indices.shape
+    for t, (p, q) in enumerate(zip(a.indices.tolist(), b.indices.tolist())):
+        if p != q:
+            best = float(np.max(min_sq))
+            assert best < np.inf, f"first pick differs ({p} vs {q}): the same draw of rng"
+            assert min_sq[p] >= best - 2 * sq_tol and min_sq[q] >= best - 2 * sq_tol, (
+                f"pick {t} differs ({p} vs {q}) without a near-tie: squared distances "
+                f"{min_sq[p]:.17g}, {min_sq[q]:.17g}, farthest {best:.17g}, bound {sq_tol:.3g}")
+            assert not np.array_equal(points[p], points[q]), (
+                f"pick {t}: identical points {p} and {q} picked in different orders")
+            return t
+        min_sq = np.minimum(min_sq, _exact_sq(x, x[p]))
+        min_sq[p] = -np.inf
+        exact = max(float(np.max(min_sq)), 0.0)
+        for run in (a, b):
+            err = abs(sq(run.radii[t]) - exact)
+            assert err <= sq_tol, f"radius {t}: squared error {err:.3g} > {sq_tol:.3g}"
+    return len(a.indices)
