@@ -15,7 +15,9 @@ reference's bit for bit; float32 keeps the input dtype throughout (radii to abou
 relative; a pick can differ from the float64 one only where two candidates' distances
 agree to float32 rounding).
 
-Per pick (no loop over points, no host round trip): one mat-vec ``points @ x_q``, one
+Per pick (no loop over points, no host round trip): the row dots ``<x_i, x_q>`` (exact
+products and one row sum each, no BLAS: a mat-vec rounds identical rows differently by
+their position, and the arg-max among duplicates would then depend on the CPU), one
 fused elementwise update of ``m``, one arg-max; the arg-max that chooses the next pick
 also gives the radius of the current set (``m`` at the arg-max is its maximum), so the
 radius costs a gather, not a second reduction. The pick index stays a 1-element device
@@ -50,20 +52,34 @@ from refdml.kcenter import KCenterResult
 __all__ = ["KCenterResult", "greedy_k_center"]
 
 
+def _row_dots(xp: Any, rows: Any, vector: Any) -> Any:
+    """``<x_i, v>`` per row: exact products, then one row sum each (no BLAS), as
+    ``refdml.kcenter._row_dots``: identical rows give identical values wherever they sit (a
+    mat-vec or GEMM rounds them by position), so ties among duplicates go to the lowest
+    index. On NumPy the same operations as the reference; CuPy's reduction sums in its own
+    (fixed) order."""
+    return xp.sum(xp.multiply(rows, vector), axis=1)
+
+
+def _sq_norms(xp: Any, points: Any, chunk_size: int) -> Any:
+    out = xp.empty(points.shape[0], dtype=points.dtype)
+    for start in range(0, points.shape[0], chunk_size):
+        block = points[start:start + chunk_size]
+        out[start:start + chunk_size] = _row_dots(xp, block, block)
+    return out
+
+
 def _sq_to_set(xp: Any, points: Any, sq_norms: Any, centers: Any, chunk_size: int) -> Any:
-    """``min_c max(||x - c||^2, 0)`` in blocks of rows and of centres (the reference's blocks)."""
-    n = points.shape[0]
-    out = xp.full(n, np.inf, dtype=points.dtype)
-    c_sq = xp.einsum("cd,cd->c", centers, centers)
-    for start in range(0, n, chunk_size):
-        rows = points[start:start + chunk_size]
-        for c0 in range(0, centers.shape[0], chunk_size):
-            block = sq_norms[start:start + chunk_size, None] - 2.0 * (
-                rows @ centers[c0:c0 + chunk_size].T
-            )
-            block += c_sq[None, c0:c0 + chunk_size]
-            xp.minimum(out[start:start + chunk_size], block.min(axis=1),
-                       out=out[start:start + chunk_size])
+    """``min_c max(||x - c||^2, 0)``: one pass over the points per centre, in blocks of rows
+    (the reference's ``_sq_to_set``)."""
+    out = xp.full(points.shape[0], np.inf, dtype=points.dtype)
+    c_sq = _sq_norms(xp, centers, chunk_size)
+    for c in range(centers.shape[0]):
+        for start in range(0, points.shape[0], chunk_size):
+            stop = start + chunk_size
+            block = sq_norms[start:stop] - 2.0 * _row_dots(xp, points[start:stop], centers[c])
+            block += c_sq[c]
+            xp.minimum(out[start:stop], block, out=out[start:stop])
     return xp.maximum(out, 0.0, out=out)
 
 
@@ -83,8 +99,8 @@ def _farthest_first(xp: Any, points: Any, k: int, min_sq: Any, first: Any) -> tu
 
 
 def _farthest_first_array(xp: Any, points: Any, k: int, min_sq: Any, first: Any):
-    """The array path: a mat-vec, an update and an arg-max per pick."""
-    sq_norms = xp.einsum("nd,nd->n", points, points)
+    """The array path: row dots (:func:`_row_dots`), an update and an arg-max per pick."""
+    sq_norms = _sq_norms(xp, points, 8192)
     indices = xp.empty(k, dtype=xp.int64)
     radii_sq = xp.empty(k, dtype=points.dtype)
     q = first if first is not None else xp.argmax(min_sq, keepdims=True)
@@ -92,8 +108,8 @@ def _farthest_first_array(xp: Any, points: Any, k: int, min_sq: Any, first: Any)
     for pick in range(k):
         indices[pick:pick + 1] = q
         center = points[q[0]]                     # gather on the device (q is an array)
-        to_center = sq_norms - 2.0 * (points @ center)
-        to_center += center @ center
+        to_center = sq_norms - 2.0 * _row_dots(xp, points, center)
+        to_center += sq_norms[q[0]]
         xp.minimum(min_sq, xp.maximum(to_center, zero), out=min_sq)
         min_sq[q] = -1.0
         q = xp.argmax(min_sq, keepdims=True)      # the next pick ...
@@ -154,7 +170,7 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
         min_sq = xp.full(n, np.inf, dtype=points.dtype)
         first = xp.asarray([int(rng.integers(n))], dtype=xp.int64)
     else:
-        sq_norms = xp.einsum("nd,nd->n", points, points)
+        sq_norms = _sq_norms(xp, points, chunk_size)
         if by_index:
             idx = xp.asarray(initial_array).astype(xp.int64)
             if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):   # sync on CuPy

@@ -109,6 +109,26 @@ def test_kcenter_duplicates_are_never_picked_twice():
             result.indices, ref_kcenter.greedy_k_center(points, 6, rng=0).indices)
 
 
+@pytest.mark.parametrize("initial", ["indices", "coordinates", None])
+def test_kcenter_array_path_is_the_reference_bit_for_bit_with_duplicates(initial):
+    # Equal by construction in float64 on NumPy: the array path does the readable
+    # traversal's operations (products, NumPy's fixed-order row sums, no BLAS), so even
+    # among many duplicate points (exact ties, lowest index first) picks and radii agree
+    # exactly on every CPU; a mat-vec would round the copies by their position.
+    rng = np.random.default_rng(11)
+    points = rng.standard_normal((300, 7))[rng.integers(40, size=300)]
+    kwargs = {"rng": 3}
+    if initial == "indices":
+        kwargs["initial"] = np.array([5, 17, 200])
+    elif initial == "coordinates":
+        kwargs["initial"] = points[[5, 17]] + 0.0
+    want = ref_kcenter._greedy_k_center_readable(points, 25, **kwargs)
+    with use_kernels("array"):
+        got = fast_kcenter.greedy_k_center(points, 25, **kwargs)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.radii, want.radii)
+    assert got.initial_radius == want.initial_radius
+
 @pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
 def test_kcenter_any_scale_float64(scale):
     rng = np.random.default_rng(6)

@@ -113,6 +113,14 @@ def test_pool_kernel_matches_array_path(kind, dtype, p, cuda_device_array):
 def test_n_iter_is_the_references_count(kind, cuda_device_array):
     features, prototypes = _inputs(np.random.default_rng(3))
     _, ref_ctx = reference.gsp_pool_forward(features, prototypes, mu=0.4, inverse_temperature=3.0)
+    # A count is a discrete outcome of a threshold test: two implementations that round
+    # differently could stop one step apart if a residual landed within rounding of tol.
+    # Certify this input first: the reference's count is the same at tol / 4 and 4 tol, so
+    # every residual is far (a factor 4) from the threshold and rounding cannot flip a stop.
+    for tol in (2.5e-13, 4e-12):
+        _, ctx_tol = reference.gsp_pool_forward(features, prototypes, mu=0.4,
+                                                inverse_temperature=3.0, tol=tol)
+        assert ctx_tol.transport.n_iter == ref_ctx.transport.n_iter
     with use_kernels(kind):
         _, ctx = fast.gsp_pool_forward(_device(features, kind, cuda_device_array),
                                        _device(prototypes, kind, cuda_device_array),
