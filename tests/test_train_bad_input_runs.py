@@ -509,7 +509,7 @@ def test_features_errors_name_the_features_key(tmp_path):
                   out_dir=tmp_path / "b")
 
 
-def test_sizes_beyond_int64_are_named_not_a_crash():
+def test_sizes_beyond_int64_are_named_not_a_crash(tmp_path):
     """np.repeat crashes the process (SIGSEGV, NumPy 2.4) when its size wraps past int64:
     run in a child process, so that a regression fails this test instead of pytest."""
     code = """
@@ -522,8 +522,10 @@ for call in (lambda: make_token_splits(rng=0, n_classes=4, n_train_per_class=2**
     except ValueError as error:
         print("ValueError:", error)
 """
+    # cwd: not the repository root, whose source refdml/ (without gpu/, which installs as
+    # refdml.gpu) would shadow the installed package for `python -c`.
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 3, done.stdout
