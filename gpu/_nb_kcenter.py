@@ -57,7 +57,7 @@ from numba import cuda, get_num_threads, njit, prange
 
 from refdml.gpu._numba_support import BLOCK, parallel_launch
 
-__all__ = ["better", "farthest_first_cpu", "farthest_first_cuda", "sq_to_center", "sq_to_set_cpu"]
+__all__ = ["SERIAL_BELOW", "better", "farthest_first_cpu", "farthest_first_cuda", "sq_to_center", "sq_to_set_cpu"]
 
 
 @njit(cache=True, inline="always")
@@ -132,6 +132,14 @@ def _traverse_cpu(points, sq_norms, min_sq, first, k, n_chunks, indices, radii_s
         q = arg
 
 
+# The same traversal in one thread, for small inputs: each pick is one parallel region, and a
+# region's launch (a few microseconds under OpenMP, tens under the fork-safe workqueue layer,
+# docs/gpu.md) outweighs a pick's work below ~1e5 multiply-adds. prange runs as range here.
+_traverse_serial = njit(cache=True, fastmath=_FAST)(_traverse_cpu.py_func)
+#: Below this many entries (n * d) the traversal runs in one thread (:data:`_traverse_serial`).
+SERIAL_BELOW = 2**17
+
+
 @njit(cache=True, parallel=True, fastmath=_FAST)
 def _sq_norms_cpu(points, out):
     for i in prange(points.shape[0]):
@@ -195,13 +203,15 @@ def farthest_first_cpu(points, k, min_sq, first, sq_norms=None):
     n = points.shape[0]
     indices = np.empty(k, dtype=np.int64)
     radii_sq = np.empty(k, dtype=np.float64)
-    # get_num_threads starts Numba's threads: inside, so the layer is picked first.
-    with parallel_launch():
-        if sq_norms is None:
-            sq_norms = _sq_norms(points)
-        n_chunks = max(1, min(get_num_threads(), -(-n // BLOCK)))
-        _traverse_cpu(points, sq_norms, min_sq, -1 if first is None else int(first), k,
-                      n_chunks, indices, radii_sq)
+    first = -1 if first is None else int(first)
+    if sq_norms is None:
+        sq_norms = _sq_norms(points)
+    if points.size < SERIAL_BELOW:
+        _traverse_serial(points, sq_norms, min_sq, first, k, 1, indices, radii_sq)
+    else:
+        with parallel_launch():   # get_num_threads starts Numba's threads: layer first
+            n_chunks = max(1, min(get_num_threads(), -(-n // BLOCK)))
+            _traverse_cpu(points, sq_norms, min_sq, first, k, n_chunks, indices, radii_sq)
     return indices, np.sqrt(np.maximum(radii_sq, 0.0)).astype(points.dtype)
 
 

@@ -43,9 +43,15 @@ def _assert_equal(a, b, points, kwargs, dtype=np.float64):
     assert_same_traversal(a, b, points, initial=kwargs.get("initial"), dtype=dtype)
 
 
+@pytest.mark.parametrize("threads", ["serial", "parallel"])
 @pytest.mark.parametrize("mode", ["rng", "index", "centers"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_compiled_matches_readable(seed, mode):
+def test_compiled_matches_readable(seed, mode, threads, monkeypatch):
+    # Both traversals of the twin: one thread below SERIAL_BELOW entries, Numba's threads
+    # (one parallel region per pick) above; the threshold is moved to run each here.
+    from refdml.gpu import _nb_kcenter
+
+    monkeypatch.setattr(_nb_kcenter, "SERIAL_BELOW", 2**62 if threads == "serial" else 0)
     points = _points(seed, 300, 7)   # not a multiple of BLOCK
     kwargs = _kwargs(mode, seed, points)
     _assert_equal(ref.greedy_k_center(points, 40, **kwargs),
