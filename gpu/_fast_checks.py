@@ -54,7 +54,7 @@ def check_fast_upstream(value: Any, name: str, shape: tuple[int, ...], ns: Array
             f"{name} has shape {tuple(value.shape)}, must be {tuple(shape)} (the shape of the "
             "forward's output; it is not broadcast)"
         )
-    array = xp.asarray(value, dtype=dtype)
+    array = _validation.cast_checked(value, dtype, name, ns)
     if data_checks(ns) and not bool(xp.all(xp.isfinite(array))):
         if array.ndim == 0:
             raise ValueError(f"{name} == {array}, must be finite")

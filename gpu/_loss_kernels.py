@@ -6,8 +6,13 @@ pairwise matrices the losses see the embeddings through, and their backward.
 ``ReductionKernel`` (issue 10) is to replace its body, with this array code as its
 fallback and parity twin; keep its signature.
 
-Scale: the Euclidean losses use :func:`refdml.gpu.distances._pairwise_norm` (one common
-power of two, exact); the cosine losses use :func:`refdml.gpu.normalize._l2_forward`
+Scale: the Euclidean losses divide the embeddings by one common power of two ``s``
+(exact), as the reference does, and keep ``x / s`` and the distances ``D / s`` in their
+context: the gradient of ``D`` with respect to ``x`` is that of ``D / s`` with respect to
+``x / s`` (degree 0), so the backward divides by numbers near 1 and is right at any scale,
+subnormal embeddings included (a float32 subnormal, below 1.2e-38, holds fewer than 24
+bits: the result is that of the rounded input); the cosine losses use
+:func:`refdml.gpu.normalize._l2_forward`
 (a power of two per row, exact), or for the proxy losses :func:`cross_cosine`'s one pass
 over embeddings and proxies by their plain norms where that is as accurate, so the
 gradient with respect to the raw rows needs no further factor and ``row_scale`` /
@@ -35,7 +40,7 @@ from refdml.normalize import L2NormalizeContext
 from refdml.gpu import _nb_losses
 from refdml.gpu._fast_checks import data_checks
 from refdml.gpu._numba_support import BLOCK, kernel_mode, parallel_launch, select_kernel
-from refdml.gpu.distances import _pairwise_norm
+from refdml.gpu.distances import _scaled_sq, common_scale
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
 __all__ = ["COSINE_WHY", "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits",
@@ -139,12 +144,14 @@ def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tup
 
     ``"mean"`` divides by the number of existing terms, ``"mean_nonzero"`` by the number
     of strictly positive ones, ``"sum"`` by 1; no term at all gives 0 and zero weights.
-    The sum is accumulated in float64 (float32 terms cannot overflow it).
+    The sum is accumulated in float64 (float32 terms cannot overflow it); float64 terms
+    whose sum overflows while their mean does not are reduced as the reference reduces
+    them (:func:`_mean`).
     """
     if exists is None and reduction != "mean_nonzero":
         # Every term counts: a constant weight, no mask to build or count.
         count = 1 if reduction == "sum" else max(terms.size, 1)
-        value = xp.sum(terms, dtype=xp.float64) / count
+        value = _mean(xp, terms, count)
         return value, xp.full(terms.shape, 1 / count, dtype=terms.dtype)
     weight = terms > 0 if reduction == "mean_nonzero" else exists
     if reduction == "sum":
@@ -152,8 +159,32 @@ def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tup
     else:
         count = xp.maximum(xp.count_nonzero(weight), 1).astype(terms.dtype)
     weight = weight.astype(terms.dtype)
-    value = xp.sum(terms, dtype=xp.float64) / count.astype(xp.float64)
+    value = _mean(xp, terms, count.astype(xp.float64))
     return value, weight / count
+
+
+# A power of two: the reference's rescaling of a sum beyond float64 (refdml.losses._common).
+_TWO_64 = 2.0**64
+
+
+def _mean(xp: Any, terms: Any, count: Any) -> Any:
+    """``sum(terms) / count`` (0-d float64, not synchronised) without overflow of the sum.
+
+    Where the float64 sum overflows, the reference takes ``2^64 (sum(terms / 2^64) /
+    count)`` (exact powers of two; terms too small to survive ``2^-64`` are negligible next
+    to a sum beyond 1e308): the same here, on NumPy only then; on CuPy float64 both sums
+    are formed and the finite one kept (no synchronisation). float32 terms need neither.
+    """
+    with _quiet(xp):
+        total = xp.sum(terms, dtype=xp.float64)
+        if terms.dtype == np.float32:
+            return total / count
+        if xp is np:
+            if np.isfinite(total):
+                return total / count
+            return _TWO_64 * (xp.sum(terms / _TWO_64) / count)
+        scaled = _TWO_64 * (xp.sum(terms / _TWO_64) / count)
+        return xp.where(xp.isfinite(total), total / count, scaled)
 
 
 def scalar_value(value: Any, reduction: str) -> float:
@@ -168,16 +199,23 @@ def scalar_value(value: Any, reduction: str) -> float:
 
 
 def self_euclidean(ns: ArrayNamespace, x: Any) -> tuple[Any, EuclideanContext, Any]:
-    """``D_ij = ||x_i - x_j||`` (exact 0 diagonal); ``(D, ctx, ones((n, 1)))``."""
+    """``D_ij = ||x_i - x_j||`` (exact 0 diagonal); ``(D, ctx, ones((n, 1)))``.
+
+    ``ctx`` holds ``x / s`` and ``D / s`` (module docstring), like the reference's.
+    """
     xp = ns.xp
-    distance = _pairwise_norm(xp, x, x, self_pairs=True)
+    scale = common_scale(xp, x)
+    scaled = x / scale
+    with _quiet(xp):
+        scaled_distance = xp.sqrt(_scaled_sq(xp, scaled, scaled, True))
+        distance = scaled_distance * scale
     if data_checks(ns) and not bool(xp.all(xp.isfinite(distance))):
         raise ValueError(
             "embeddings has pairwise distances beyond the "
             f"{np.dtype(x.dtype).name} range (max |entry| == {float(xp.max(xp.abs(x))):.3g})"
         )
     ones = xp.ones((x.shape[0], 1), dtype=x.dtype)
-    return distance, EuclideanContext(x=x, y=x, distance=distance), ones
+    return distance, EuclideanContext(x=scaled, y=scaled, distance=scaled_distance), ones
 
 
 def self_cosine(ns: ArrayNamespace, x: Any) -> tuple[Any, CosineContext, Any]:

@@ -17,7 +17,8 @@ import numpy as np
 from refdml._validation import _describe
 from refdml._xp import ArrayNamespace, array_namespace, is_cupy_array
 
-__all__ = ["CHECK_FINITE_ON_GPU", "as_fast_array", "result_dtype", "set_finite_checks"]
+__all__ = ["CHECK_FINITE_ON_GPU", "as_fast_array", "cast_checked", "result_dtype",
+           "set_finite_checks"]
 
 CHECK_FINITE_ON_GPU = True
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -37,6 +38,30 @@ def result_dtype(*arrays: Any) -> np.dtype:
     if dtypes and all(d == np.float32 for d in dtypes):
         return np.dtype(np.float32)
     return np.dtype(np.float64)
+
+
+def cast_checked(array: Any, dtype: Any, name: str, ns: ArrayNamespace) -> Any:
+    """``array`` (NumPy or CuPy) as ``dtype`` on ``ns``; narrowing float64 to float32, a finite
+    entry beyond float32's range is a ``ValueError`` naming ``name`` and the entry (a cast
+    would make it inf, or warn). The check reads the data: on CuPy only while
+    :data:`CHECK_FINITE_ON_GPU` (one synchronisation), and only when narrowing.
+    """
+    xp = ns.xp
+    dtype = np.dtype(dtype)
+    if (dtype == np.float32 and np.dtype(array.dtype).itemsize > 4
+            and np.issubdtype(array.dtype, np.floating) and (not ns.on_gpu or CHECK_FINITE_ON_GPU)):
+        array = xp.asarray(array)
+        limit = float(np.finfo(np.float32).max)
+        beyond = xp.isfinite(array) & (xp.abs(array) > limit)
+        if bool(xp.any(beyond)):
+            bad = tuple(int(i) for i in xp.argwhere(beyond)[0])
+            where = f"[{bad[0] if len(bad) == 1 else bad}]" if bad else ""
+            raise ValueError(
+                f"{name}{where} == {float(array[bad])!r} is beyond the float32 range "
+                f"(|x| <= {limit!r}) of this float32 computation"
+            )
+    with np.errstate(over="ignore"):  # only inf, -inf and nan are left to overflow
+        return xp.asarray(array, dtype=dtype)
 
 
 def as_fast_array(
@@ -65,7 +90,7 @@ def as_fast_array(
         raise TypeError(f"{name} must be an array of real numbers, got dtype {kind}")
     if dtype is None:
         dtype = kind if kind in _FLOATS else np.dtype(np.float64)
-    array = xp.asarray(array, dtype=dtype)
+    array = cast_checked(array, dtype, name, ns)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if array.ndim not in allowed:

@@ -22,6 +22,11 @@ What differs from the reference (and why)
   ``ValueError`` says so (use :mod:`refdml.gsp`). So is (P1).
 * float32: a positive ``tol`` below the dtype's residual floor is raised to it (see
   :func:`refdml.gpu._gsp_transport.residual_floor`, ~7.5e-6 for float32 at m n = 3136).
+* Small ``mu``: the pooling layer's ``w = sigma / mu`` and ``z`` are O(1) at any mu, but
+  ``sigma ~ mu`` is not a float32 below ~1e-38. Below ``_SMALL_MU`` (float32 2^-100) the
+  layer takes the array path and float32 solves (P2) in float64, ``z`` is formed from
+  ``w`` and the backward never forms ``1 / mu``; so every mu in ``[2.2e-308, 1]`` (a
+  normal float64) is computed in both dtypes, and a subnormal mu is a ``ValueError``.
 * Cost map: the Gram identity is refined from explicit differences where the squared
   distance is below ``_REFINE[dtype]`` of ``|x|^2 + |y|^2`` (so a float32 cost keeps
   ~1e-6 relative accuracy next to a prototype); ``CostMapContext.scale`` is a 0-d array
@@ -32,10 +37,12 @@ Kernels: where :func:`refdml.gpu.use_kernels` / ``select_kernel`` pick them, the
 layer and (P2) run the Numba kernels of :mod:`refdml.gpu._nb_gsp` (CUDA on CuPy input under
 "auto"; the CPU twins only under ``use_kernels("cpu")``, see ``CPU_TWIN_PAYS``), through
 :mod:`refdml.gpu._gsp_kernels`; the array code here stays their fallback and parity twin.
-Length: ~480 lines, a little over the house ~450, for that dispatch beside the array path.
+Length: ~600 lines, over the house ~450, for that dispatch beside the array path and the
+small-mu and extreme-magnitude handling (issue 20).
 
 Synchronisation on CuPy (the results that must reach Python, and the checks): the
-input checks (finiteness, GeMean's sign; switched off by
+input checks (finiteness, GeMean's sign, the points' largest norm against the dtype's
+normal range; switched off by
 :func:`refdml.gpu._validation.set_finite_checks`), the refinement of the cost map
 (one ``nonzero``), the solver's "every image converged?" test once per few sweeps and
 ``WeightTransportResult.converged`` (a Python bool, like the reference's).
@@ -43,6 +50,7 @@ input checks (finiteness, GeMean's sign; switched off by
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -108,8 +116,9 @@ def _one_blas_thread(fn):
 
 
 def _kernel(x, mu: float) -> str:
-    """The implementation for input ``x``: ``mu = 1`` (no solve) always takes the array path."""
-    if mu >= 1.0:
+    """The implementation for input ``x``: ``mu = 1`` (no solve) and ``mu`` below
+    ``_SMALL_MU`` (see :func:`_pool_transport`) always take the array path."""
+    if mu >= 1.0 or mu < _SMALL_MU[np.dtype(x.dtype)]:
         return "array"
     return select_kernel(x, has_cpu=CPU_TWIN_PAYS or kernel_mode() == "cpu")
 
@@ -117,6 +126,14 @@ def _kernel(x, mu: float) -> str:
 # the Gram identity's relative error on c is then <= ~u / fraction (u = unit roundoff).
 _REFINE = {np.dtype(np.float32): 0.1, np.dtype(np.float64): 1e-3}
 _VALIDATION_ONLY = "is validation only and has no fast path; use refdml.gsp"
+# Below this mu the pooling layer takes the array path, and float32 solves (P2) in float64
+# (:func:`_pool_transport`): sigma_j ~ mu and pi_ij ~ mu / (n m) would reach float32's
+# subnormals (2^-126), where sigma / mu (the weights) and sum_j pi_ij / mu (z) lose digits
+# (an absolute error 2^-150 / mu: <= 2^-50 here) and 1 / mu overflows (below 2^-128).
+# The float64 bound keeps the compiled kernels' z (from pi) as accurate: m 2^-1075 / mu.
+_SMALL_MU = {np.dtype(np.float32): 2.0**-100, np.dtype(np.float64): 2.0**-900}
+# The least mu of the pooling layer: sigma / mu needs sigma ~ mu a normal float64.
+_LEAST_MU = float(np.finfo(np.float64).tiny)
 
 
 # --------------------------------------------------------------------------- checks
@@ -164,13 +181,15 @@ def _method_backward(method: str, backward: str = "closed_form") -> None:
 
 
 # --------------------------------------------------------------------------- cost map
-def _row_norm(xp, u):
+def _row_norm(xp, u, name: str = "u"):
     """``||u||`` over the last axis (keepdims), without overflow or underflow of squares.
 
     The plain sum of squares (one pass) is exact enough wherever it lies in
     ``[2**-100, max/4]`` of the dtype (float64: ``[2**-900, max/4]``); the rows outside
     (tiny or huge entries; found with one ``nonzero``) are recomputed divided by a power
-    of two near their largest magnitude (exact).
+    of two near their largest magnitude (exact). A norm beyond the dtype (float32 rows of
+    entries near 3.4e38) is a ``ValueError`` naming ``name``: the clipped point and the
+    context's norm could not be formed.
     """
     squares = xp.einsum("...d,...d->...", u, u)
     info = np.finfo(u.dtype)
@@ -180,16 +199,30 @@ def _row_norm(xp, u):
     if bad[0].size:
         rows = u[bad]
         peak = xp.max(xp.abs(rows), axis=-1, keepdims=True)
-        scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), xp.frexp(peak)[1]), 1)
+        # Capped at the top binade (2^128 is no float32): the ratio is then below 2.
+        exponent = xp.minimum(xp.frexp(peak)[1], info.maxexp - 1)
+        scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), exponent), 1)
         scaled = rows / scale
-        norm[bad] = xp.sqrt(xp.einsum("kd,kd->k", scaled, scaled)) * scale[:, 0]
+        scaled_norm = xp.sqrt(xp.einsum("kd,kd->k", scaled, scaled))
+        with np.errstate(over="ignore"):
+            fixed = scaled_norm * scale[:, 0]
+        if not bool(xp.all(xp.isfinite(fixed))):   # this branch has synchronised already
+            k = int(xp.argmax(~xp.isfinite(fixed)))
+            where = tuple(int(i[k]) for i in bad)
+            where = where[0] if len(where) == 1 else where
+            raise ValueError(
+                f"{name}[{where}] has norm {float(scaled_norm[k]) * float(scale[k, 0]):.3g}, "
+                f"beyond {np.dtype(u.dtype).name}'s range ({float(info.max):.3g}): rescale "
+                f"{name} or use float64"
+            )
+        norm[bad] = fixed
     return norm[..., None]
 
 
 def _normalised(xp, features, prototypes):
     """The clipped points, their norms and the common power of two ``s`` (0-d array)."""
-    features_norm = _row_norm(xp, features)                     # (B, n, 1)
-    prototypes_norm = _row_norm(xp, prototypes)                 # (m, 1)
+    features_norm = _row_norm(xp, features, "features")         # (B, n, 1)
+    prototypes_norm = _row_norm(xp, prototypes, "prototypes")   # (m, 1)
     features_bar = features * (1.0 / xp.maximum(features_norm, 1.0))
     prototypes_bar = prototypes / xp.maximum(prototypes_norm, 1.0)
     f_len = xp.minimum(features_norm, 1.0)[:, :, 0]             # ||fbar|| (B, n)
@@ -198,6 +231,16 @@ def _normalised(xp, features, prototypes):
     # squares of the scaled points neither overflow nor underflow.
     # (fbar / s) . (wbar / s) = fbar . (wbar / s / s).
     peak = xp.maximum(xp.max(f_len), xp.max(w_len))
+    tiny = np.finfo(features.dtype).tiny
+    if (xp is np or _validation.CHECK_FINITE_ON_GPU) and float(peak) < tiny:
+        # The Gram factor wbar / s^2 and the backward's r / s hold 1 / s, which overflows
+        # for a subnormal s (one synchronisation on CuPy, with the data checks).
+        raise ValueError(
+            f"features and prototypes: their largest norm is {float(peak):.3g}, below "
+            f"{np.dtype(features.dtype).name}'s normal range ({tiny:.3g}), where the fast "
+            "path's cost map cannot scale them; rescale both (below norm 1 the cost is "
+            "homogeneous of degree 1) or use refdml.gsp"
+        )
     mantissa, exponent = xp.frexp(peak)
     exponent = exponent - (mantissa == 0.5)
     scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), exponent), 1)
@@ -377,13 +420,48 @@ def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> Wei
 
 
 # --------------------------------------------------------------------------- pooling
+def _pool_transport(xp, cost_t, mu, inverse_temperature, max_iter, tol):
+    """(P2) on the cost ``(B, n, m)`` in memory and the weights ``w = sigma / mu`` (B, n).
+
+    float32 with ``mu < _SMALL_MU``: sigma ~ mu would underflow, so (P2) is solved in
+    float64 (a positive ``tol`` still raised to float32's floor) and the result cast back:
+    ``pi``, ``sigma`` round to float32 (to 0 below its range, as they should); ``w`` is
+    taken before the cast, O(1) at any mu >= ``_LEAST_MU``.
+    """
+    dtype = cost_t.dtype
+    if dtype == np.float64 or mu >= _SMALL_MU[np.dtype(dtype)]:
+        result = _wt.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
+        return result, result.transported * (1.0 / mu)
+    if tol > 0.0:
+        tol = max(tol, residual_floor(dtype, cost_t.shape[2], cost_t.shape[1]))
+    wide = _wt.transport(xp, cost_t.astype(np.float64), mu, inverse_temperature, max_iter, tol)
+    weights = (wide.transported * (1.0 / mu)).astype(dtype)
+    with np.errstate(over="ignore", under="ignore"):  # t, tau: inf beyond float32, as documented
+        narrow = {
+            name: getattr(wide, name).astype(dtype)  # order "K": pi stays a transposed view
+            for name in ("rho", "pi", "t", "log_t", "residual", "transported", "log_s",
+                         "assignment")
+        }
+    return dataclasses.replace(wide, **narrow), weights
+
+
+def _gemean_power(p: float, dtype) -> float:
+    """``p`` as the power mean applies it: capped at the dtype's largest number, which
+    gives the same limit (``max_j y_j``, as ``y^p`` of every ``y < 1`` is 0 there)."""
+    return min(p, float(np.finfo(dtype).max))
+
+
 def _power_mean(xp, weighted, p: float):
-    """``((1/n) sum_j y_j^p)^(1/p)`` over axis 1, scaled per (image, channel) by a power of two."""
+    """``((1/n) sum_j y_j^p)^(1/p)`` over axis 1, on ``y`` divided by its largest entry per
+    (image, channel): the largest ``(y / peak)^p`` is 1, so the mean is at least ``1/n`` at
+    any ``p`` (a power-of-two scale left every ``(y / s)^p < 1`` to underflow to 0 for
+    ``p`` in the thousands, and the result with them)."""
     peak = xp.max(weighted, axis=1, keepdims=True)
-    scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), xp.frexp(peak)[1]), 1)
-    scaled = weighted / scale
-    scaled **= p
-    return scale[:, 0, :] * xp.mean(scaled, axis=1) ** (1.0 / p)
+    scaled = weighted / xp.where(peak > 0, peak, 1)
+    power = _gemean_power(p, weighted.dtype)
+    with np.errstate(under="ignore"):  # 1 / power is subnormal for float32 near its max
+        scaled **= power
+        return peak[:, 0, :] * xp.mean(scaled, axis=1) ** (1.0 / power)
 
 
 @_one_blas_thread
@@ -405,6 +483,12 @@ def gsp_pool_forward(
     p = check_scalar(p, "p", low=1.0)
     backward = check_choice(backward, "backward", ("closed_form", "unrolled"))
     _method_backward(method, backward)
+    if mu < _LEAST_MU:
+        raise ValueError(
+            f"mu == {mu!r} is subnormal; the fast path's pooling layer needs mu >= {_LEAST_MU!r} "
+            "(float64's least normal number): its weights (1 - n rho_j) / mu = sigma_j / mu "
+            "need sigma_j ~ mu to carry its digits"
+        )
     if p > 1.0 and _checks_data(ns) and bool(xp.any(features < 0)):
         bad = tuple(int(i) for i in xp.argwhere(features < 0)[0])
         raise ValueError(
@@ -430,13 +514,16 @@ def gsp_pool_forward(
             pooled = _power_mean(xp, weights[:, :, None] * features, p)
     else:
         cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
-        result = _wt.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
-        weights = result.transported * (1.0 / mu)
+        result, weights = _pool_transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
         if p == 1.0:
-            pooled = (weights[:, None, :] @ features)[:, 0, :] * (1.0 / n)
+            # (w / n) sums to 1: a convex combination, never beyond the largest feature
+            # (the sum w . f of float32 features near 3.4e38 overflowed before / n).
+            pooled = ((weights * (1.0 / n))[:, None, :] @ features)[:, 0, :]
         else:
             pooled = _power_mean(xp, weights[:, :, None] * features, p)
-        z = xp.sum(result.pi.transpose(0, 2, 1), axis=1) * (1.0 / mu)
+        # z_i = (1/mu) sum_j pi_ij = (1/n) sum_j A_ij w_j: from the weights, never from pi,
+        # which underflows for small mu.
+        z = (weights[:, None, :] @ result.assignment.transpose(0, 2, 1))[:, 0, :] * (1.0 / n)
     ctx = PoolContext(features, weights, pooled, p, backward, cost_ctx, result)
     return (pooled, z), ctx
 
@@ -472,21 +559,24 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
         positive = pooled > 0
         ratio = weights[:, :, None] * features
         ratio /= xp.where(positive, pooled, 1.0)
-        ratio **= ctx.p - 1.0
+        ratio **= _gemean_power(ctx.p, ratio.dtype) - 1.0
         ratio *= xp.where(positive, d_pooled[:, None, :] * (1.0 / n), 0)
         d_weights = xp.einsum("bnd,bnd->bn", ratio, features)
         ratio *= weights[:, :, None]
         direct = ratio
     if kind != "array":
         return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct)
-    d_rho = d_weights * (-n / mu)
-    # Prop. 4.3 with d_pi_ij = d_z_i / mu (never broadcast to memory), as the reference
-    # evaluates it: d_cost = -ε A (P (d_pi - a) + w (b - bbar)) (docs/gsp.md Sec. 3).
+    # Prop. 4.3 with d_pi_ij = d_z_i / mu (never broadcast to memory) and d_rho = -(n / mu)
+    # d_w, as the reference evaluates it: d_cost = -ε A (P (d_pi - a) + w (b - bbar))
+    # (docs/gsp.md Sec. 3). Both terms are linear in (d_pi, d_rho) and in sigma, so the
+    # 1 / mu moves onto sigma: sigma d_pi = w d_z, and the marginal term is that of
+    # (d_z, -n d_w) with w = sigma / mu in place of sigma. No 1 / mu is formed (it
+    # overflows float32 below mu = 2^-128), only the O(1) weights.
     assignment_t = result.assignment.transpose(0, 2, 1)
-    d_column = d_z * (1.0 / mu)                                            # (B, m)
-    weights_t, column = _wt.softmax_centred(xp, assignment_t, d_column[:, None, :])
-    weights_t *= (result.transported * (1.0 / n))[:, :, None]
-    weights_t += _wt.marginal_factors(xp, result, d_rho, column)[:, :, None]
+    weights_t, column = _wt.softmax_centred(xp, assignment_t, d_z[:, None, :])
+    weights_t *= (weights * (1.0 / n))[:, :, None]
+    per_weight = dataclasses.replace(result, transported=weights)
+    weights_t += _wt.marginal_factors(xp, per_weight, d_weights * (-n), column)[:, :, None]
     weights_t *= assignment_t
     # W = d_cost_t / c' = d_cost_t s / c: 0 where c = 0 (the subgradient).
     weights_t *= ctx.cost.scale

@@ -118,7 +118,20 @@ def convex_combination_forward(z, prototypes):
         raise ValueError(
             f"z has {z.shape[1]} weights per row but there are {prototypes.shape[0]} prototypes"
         )
-    return z @ prototypes, ConvexCombinationContext(z, prototypes)
+    with _quiet(ns.xp):
+        y_hat = z @ prototypes
+    _check_product(ns, y_hat, "y_hat = z @ prototypes", z=z, prototypes=prototypes)
+    return y_hat, ConvexCombinationContext(z, prototypes)
+
+
+def _check_product(ns, product, what: str, **factors) -> None:
+    """``ValueError`` where a product of finite arrays overflowed the dtype (one
+    synchronisation on CuPy, while data checks are on)."""
+    xp = ns.xp
+    if data_checks(ns) and not bool(xp.all(xp.isfinite(product))):
+        shown = ", ".join(f"max |{k}| == {float(xp.max(xp.abs(v))):.3g}"
+                          for k, v in factors.items())
+        raise ValueError(f"{what} overflows {np.dtype(product.dtype).name} ({shown})")
 
 
 def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
@@ -127,7 +140,12 @@ def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCom
     ns = array_namespace(ctx.z)
     d_y = check_fast_upstream(d_y, "d_y", (ctx.z.shape[0], ctx.prototypes.shape[1]), ns,
                               ctx.z.dtype)
-    return ConvexCombinationGrads(z=d_y @ ctx.prototypes.T, prototypes=ctx.z.T @ d_y)
+    with _quiet(ns.xp):
+        d_z, d_prototypes = d_y @ ctx.prototypes.T, ctx.z.T @ d_y
+    _check_product(ns, d_z, "the gradient of z, d_y @ prototypes.T,", d_y=d_y,
+                   prototypes=ctx.prototypes)
+    _check_product(ns, d_prototypes, "the gradient of prototypes, z.T @ d_y,", z=ctx.z, d_y=d_y)
+    return ConvexCombinationGrads(z=d_z, prototypes=d_prototypes)
 
 
 def convex_combination(z, prototypes) -> Any:

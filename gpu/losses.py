@@ -157,18 +157,19 @@ def _d_value(ctx, d_value) -> Any:
 def _pairwise_backward(ctx: PairwiseLossContext, d_value) -> LossGrads:
     ns = array_namespace(ctx.d_matrix)
     xp = ns.xp
-    g = _d_value(ctx, d_value) * ctx.d_matrix
+    scale = _d_value(ctx, d_value)
     # Not finite only where it overflows (inf times 0 included): checked below.
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        g = scale * ctx.d_matrix
         d_x = self_pairwise_backward(xp, ctx.metric_ctx, g) / ctx.row_scale
     if isinstance(ctx.metric_ctx, CosineContext):
-        _check_gradient(ns, d_x, "embeddings")
+        _check_gradient(ns, d_x, "embeddings", d_value=scale)
     else:
-        # The Euclidean gradient is a sum of unit vectors, finite at any scale; the fast
-        # path divides by the distances themselves, which fails where they are subnormal.
+        # The context holds x / s and D / s (scale-free): the gradient is d_value times a
+        # sum of unit vectors weighted by d value / d D, finite at any scale of x.
         _check_gradient(ns, d_x, "embeddings", why=(
-            "the fast path divides by pairwise distances, and those of that row are below "
-            f"{np.dtype(d_x.dtype).name}'s normal range (refdml.losses is scale-safe there)"))
+            f"it is d_value == {_shown(scale)} times a sum of unit vectors, beyond "
+            f"{np.dtype(d_x.dtype).name}; use a smaller d_value"))
     return LossGrads(embeddings=d_x)
 
 
@@ -176,8 +177,9 @@ def _proxy_backward(ctx: ProxyLossContext, d_value) -> ProxyLossGrads:
     ns = array_namespace(ctx.d_similarity)
     xp = ns.xp
     scale = _d_value(ctx, d_value)
-    g = ctx.d_similarity if isinstance(scale, float) and scale == 1.0 else scale * ctx.d_similarity
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        g = (ctx.d_similarity if isinstance(scale, float) and scale == 1.0
+             else scale * ctx.d_similarity)
         d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, g)
         if ctx.regularizer_ctx is not None:
             d_p = d_p + self_pairwise_backward(xp, ctx.regularizer_ctx, scale * ctx.d_regularizer)
@@ -185,20 +187,32 @@ def _proxy_backward(ctx: ProxyLossContext, d_value) -> ProxyLossGrads:
             d_x = d_x / ctx.embedding_scale
         if not is_ones_column(ctx.proxy_scale):
             d_p = d_p / ctx.proxy_scale
-    _check_gradient(ns, d_x, "embeddings")
-    _check_gradient(ns, d_p, "proxies")
+    _check_gradient(ns, d_x, "embeddings", d_value=scale)
+    _check_gradient(ns, d_p, "proxies", d_value=scale)
     return ProxyLossGrads(embeddings=d_x, proxies=d_p)
 
 
-def _check_gradient(ns: ArrayNamespace, gradient: Any, name: str, why: str | None = None) -> None:
+def _shown(d_value: Any) -> str:
+    return repr(d_value) if isinstance(d_value, float) else str(to_numpy(d_value))
+
+
+def _check_gradient(ns: ArrayNamespace, gradient: Any, name: str, why: str | None = None,
+                    d_value: Any = 1.0) -> None:
     """The reference's ValueError for a gradient beyond the dtype (on CuPy: one
-    synchronisation, while data checks are on)."""
+    synchronisation, while data checks are on); a ``d_value`` beyond 1 in magnitude is
+    named beside the cosine's cause, as it scales the gradient."""
     if not data_checks(ns) or bool(ns.xp.all(ns.xp.isfinite(gradient))):
         return
     dtype_name = np.dtype(gradient.dtype).name
     if why is None:
-        raise ValueError(cosine_gradient_overflow(to_numpy(gradient), name, dtype_name))
-    raise ValueError(cosine_gradient_overflow(to_numpy(gradient), name, dtype_name, why))
+        message = cosine_gradient_overflow(to_numpy(gradient), name, dtype_name)
+        if not abs(float(d_value)) <= 1.0:
+            message += f" (or use a smaller d_value: d_value == {_shown(d_value)} scales it)"
+        raise ValueError(message)
+    host = to_numpy(gradient)
+    row = int(np.flatnonzero(~np.all(np.isfinite(host), axis=-1))[0])
+    raise ValueError(f"the gradient with respect to {name} overflows {dtype_name} at row {row}: "
+                     f"{why}")
 
 
 def _loss_value(value: Any, reduction: str, cause) -> float:
@@ -253,6 +267,24 @@ def _exclusion(xp: Any, keep: Any, dtype: Any) -> Any:
         return 1 / keep.astype(dtype) - 1
 
 
+def terms_dtype(dtype: Any, *bounds: float) -> np.dtype:
+    """The dtype of a loss's terms: ``dtype``, or float64 where a bound on them set by the
+    hyperparameters (a margin; a multi-similarity logit bound ``2 alpha``) lies beyond
+    ``dtype``'s range (float32: 3.4e38).
+
+    Such a hyperparameter enters the terms (``[m- - d]_+``, ``d_ap - d_an + m``, the
+    logits ``alpha (s - base)``), which the value sums in float64 anyway, but not the
+    gradient (+-1 / count per active hinge term, softmax weights: O(1)): so a float32
+    batch with a margin of 1e300 is computed as the reference computes it, with the
+    (n, n) terms in float64 and the gradient cast back to float32. Pure Python on the
+    hyperparameters: no synchronisation.
+    """
+    limit = float(np.finfo(dtype).max)
+    if all(abs(m) <= limit for m in bounds):
+        return np.dtype(dtype)
+    return np.dtype(np.float64)
+
+
 # ------------------------------------------------------------------ pair hinge losses
 
 
@@ -267,7 +299,7 @@ def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, 
         sign = -1.0
     upper = _upper(xp, n)
     same = labels[:, None] == labels[None, :]
-    dt = x.dtype.type
+    dt = terms_dtype(x.dtype, pos_margin, neg_margin).type
     # iota = +1 positives, -1 negatives: pre = sign iota (matrix - margin of the pair), as
     # sign iota matrix - sign iota margin (multiplications by +-1 and 0 / 1 are exact).
     signed = same * dt(2 * sign) - dt(sign)
@@ -279,7 +311,8 @@ def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, 
     with _quiet_all(xp):
         value, d_terms = reduce_terms(xp, terms, reduction, upper)
     slope = signed * active
-    ctx = PairwiseLossContext(loss, metric_ctx, d_terms * slope, scale)
+    ctx = PairwiseLossContext(loss, metric_ctx, (d_terms * slope).astype(x.dtype, copy=False),
+                              scale)
 
     def cause() -> str:
         return _hinge_cause(to_numpy(matrix[upper]), pos_margin, neg_margin)
@@ -342,6 +375,44 @@ def generalized_contrastive(embeddings, labels, *, alpha, beta, reduction="mean"
 # ----------------------------------------------------------------------------- triplet
 
 
+def _triplet_terms(xp, distance, positive, negative, order, margin, mining, reduction, dtype):
+    """The triplet terms in ``distance``'s dtype: ``(value, terms, d_matrix)``, ``d_matrix``
+    (d value / d distance) cast to ``dtype``. ``order``: the positives of each anchor first
+    (``mining="all"``), else None."""
+    n = distance.shape[0]
+    rows = xp.arange(n)[:, None]
+    work = distance.dtype
+    if mining == "all":
+        is_pos = xp.take_along_axis(positive, order, axis=1)                # (n, P)
+        d_ap = xp.take_along_axis(distance, order, axis=1)
+        valid = is_pos[:, :, None] & negative[:, None, :]                   # (n, P, n)
+        with _quiet_all(xp):
+            pre = d_ap[:, :, None] - distance[:, None, :] + margin
+            terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(work, copy=False)
+            value, d_terms = reduce_terms(xp, terms, reduction, valid)
+        active = xp.where(pre > 0, d_terms, 0).astype(dtype, copy=False)
+        d_matrix = -xp.sum(active, axis=1)
+        # ``order`` is a permutation per row: the assignment never collides.
+        d_pos = xp.zeros_like(d_matrix)
+        d_pos[rows, order] = xp.sum(active, axis=2)
+        return value, terms, d_matrix + d_pos
+    valid = xp.any(positive, axis=1) & xp.any(negative, axis=1)
+    pos = xp.argmax(distance - _exclusion(xp, positive, work), axis=1)
+    neg = xp.argmin(distance + _exclusion(xp, negative, work), axis=1)
+    d_ap = xp.take_along_axis(distance, pos[:, None], axis=1)[:, 0]
+    d_an = xp.take_along_axis(distance, neg[:, None], axis=1)[:, 0]
+    with _quiet_all(xp):
+        pre = d_ap - d_an + margin
+        terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(work, copy=False)
+        value, d_terms = reduce_terms(xp, terms, reduction, valid)
+    active = xp.where(pre > 0, d_terms, 0).astype(dtype, copy=False)
+    # pos != neg on every row (same class vs not): the two assignments never collide.
+    d_matrix = xp.zeros((n, n), dtype=dtype)
+    d_matrix[rows[:, 0], pos] = active
+    d_matrix[rows[:, 0], neg] = -active
+    return value, terms, d_matrix
+
+
 def _triplet_forward(ns, x, labels, margin, mining, reduction):
     xp = ns.xp
     n = x.shape[0]
@@ -349,39 +420,22 @@ def _triplet_forward(ns, x, labels, margin, mining, reduction):
     same = labels[:, None] == labels[None, :]
     positive = same & ~xp.eye(n, dtype=bool)
     negative = ~same
-    rows = xp.arange(n)[:, None]
+    order = None
     if mining == "all":
         # The positives of each anchor first (stable sort), padded to P columns.
         width = int(xp.max(xp.sum(positive, axis=1)))  # label bookkeeping: one sync
         order = xp.argsort(~positive, axis=1, kind="stable")[:, :width]
-        is_pos = xp.take_along_axis(positive, order, axis=1)                # (n, P)
-        d_ap = xp.take_along_axis(distance, order, axis=1)
-        valid = is_pos[:, :, None] & negative[:, None, :]                   # (n, P, n)
-        with _quiet_all(xp):
-            pre = d_ap[:, :, None] - distance[:, None, :] + margin
-            terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(x.dtype, copy=False)
-            value, d_terms = reduce_terms(xp, terms, reduction, valid)
-        active = xp.where(pre > 0, d_terms, 0).astype(x.dtype, copy=False)
-        d_matrix = -xp.sum(active, axis=1)
-        # ``order`` is a permutation per row: the assignment never collides.
-        d_pos = xp.zeros_like(d_matrix)
-        d_pos[rows, order] = xp.sum(active, axis=2)
-        d_matrix = d_matrix + d_pos
-    else:
-        valid = xp.any(positive, axis=1) & xp.any(negative, axis=1)
-        pos = xp.argmax(distance - _exclusion(xp, positive, x.dtype), axis=1)
-        neg = xp.argmin(distance + _exclusion(xp, negative, x.dtype), axis=1)
-        d_ap = xp.take_along_axis(distance, pos[:, None], axis=1)[:, 0]
-        d_an = xp.take_along_axis(distance, neg[:, None], axis=1)[:, 0]
-        with _quiet_all(xp):
-            pre = d_ap - d_an + margin
-            terms = xp.where(valid, xp.maximum(pre, 0), 0).astype(x.dtype, copy=False)
-            value, d_terms = reduce_terms(xp, terms, reduction, valid)
-        active = xp.where(pre > 0, d_terms, x.dtype.type(0))
-        # pos != neg on every row (same class vs not): the two assignments never collide.
-        d_matrix = xp.zeros((n, n), dtype=x.dtype)
-        d_matrix[rows[:, 0], pos] = active
-        d_matrix[rows[:, 0], neg] = -active
+    args = (positive, negative, order, margin, mining, reduction, x.dtype)
+    work = terms_dtype(x.dtype, margin)
+    value, terms, d_matrix = _triplet_terms(xp, distance.astype(work, copy=False), *args)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = float(value)                             # the sync of the value
+    if not np.isfinite(out) and work != np.float64 and not bool(xp.all(xp.isfinite(terms))):
+        # A float32 term d_ap + margin beyond float32 (both in range): float64 holds it,
+        # as in the reference; the gradient (+-1 / count) is O(1) either way.
+        value, terms, d_matrix = _triplet_terms(xp, distance.astype(np.float64), *args)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = float(value)
     ctx = PairwiseLossContext("triplet", metric_ctx, d_matrix, scale)
 
     def cause() -> str:
@@ -390,8 +444,6 @@ def _triplet_forward(ns, x, labels, margin, mining, reduction):
             return f"the margin is too large (margin == {margin!r}, largest distance {largest:.3g})"
         return f"the embeddings are too far apart (largest distance {largest:.3g})"
 
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = float(value)                             # the sync of the value
     if not np.isfinite(out) and not bool(xp.all(xp.isfinite(terms))):
         raise ValueError(
             f"a triplet term d_ap - d_an + margin exceeds the float64 range: {cause()}"
@@ -435,15 +487,23 @@ def _multi_similarity_forward(ns, x, labels, alpha, beta, base, mining_margin, r
     valid = xp.any(positive, axis=1) & xp.any(negative, axis=1)
     hardest_pos = xp.min(s + _exclusion(xp, positive, x.dtype), axis=1)
     hardest_neg = xp.max(s - _exclusion(xp, negative, x.dtype), axis=1)
-    mined_neg = negative & (s + mining_margin > hardest_pos[:, None])
-    mined_pos = positive & (s - mining_margin < hardest_neg[:, None])
+    # Cosines lie in [-1, 1] (to rounding): any margin beyond 4 mines every pair, as 4
+    # does, and 4 is a number of every dtype (1e300 is not a float32).
+    margin = min(mining_margin, 4.0)
+    mined_neg = negative & (s + margin > hardest_pos[:, None])
+    mined_pos = positive & (s - margin < hardest_neg[:, None])
     keep = xp.any(mined_neg, axis=1) & xp.any(mined_pos, axis=1)
     mined_pos &= keep[:, None]
     mined_neg &= keep[:, None]
-    lse_pos, w_pos = masked_logsumexp(xp, -alpha * (s - base), mined_pos, extra_zero=True)
-    lse_neg, w_neg = masked_logsumexp(xp, beta * (s - base), mined_neg, extra_zero=True)
+    # |s - base| <= 2: logits beyond the dtype (float32, alpha > 1.7e38) are taken in float64.
+    logits = s.astype(terms_dtype(x.dtype, 2.0 * alpha, 2.0 * beta), copy=False) - base
+    lse_pos, w_pos = masked_logsumexp(xp, -alpha * logits, mined_pos, extra_zero=True)
+    lse_neg, w_neg = masked_logsumexp(xp, beta * logits, mined_neg, extra_zero=True)
     with _quiet_all(xp):
-        terms = xp.where(keep, lse_pos / alpha + lse_neg / beta, 0).astype(x.dtype, copy=False)
+        # The (n,) terms in float64: lse / alpha ~ log(n) / alpha is beyond float32 for a
+        # small alpha, while the gradient (softmax weights) is O(1) at any alpha.
+        terms = xp.where(keep, lse_pos.astype(xp.float64) / alpha
+                         + lse_neg.astype(xp.float64) / beta, 0)
         value, d_terms = reduce_terms(xp, terms, reduction, valid)
     d_matrix = (d_terms[:, None] * (w_neg - w_pos)).astype(x.dtype, copy=False)
     ctx = PairwiseLossContext("multi_similarity", metric_ctx, d_matrix, scale)
@@ -465,7 +525,8 @@ def multi_similarity_forward(embeddings, labels, *, alpha=2.0, beta=40.0, base=0
     base = check_scalar(base, "base", low=-1.0, high=1.0)
     mining_margin = check_scalar(mining_margin, "mining_margin", low=0.0)
     reduction = check_reduction(reduction)
-    check_multi_similarity_scales(alpha, beta, x.shape[0], x.dtype)
+    # float64 as the reference: the terms are float64 in either dtype (the value's range).
+    check_multi_similarity_scales(alpha, beta, x.shape[0], np.float64)
     return _multi_similarity_forward(ns, x, y, alpha, beta, base, mining_margin, reduction)
 
 

@@ -8,11 +8,15 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numpy.testing import assert_allclose
+from scipy.special import logsumexp
 
 from refdml import gsp as reference
-from refdml.gpu import _gsp_transport
+from refdml.gpu import _gsp_transport, use_kernels
 from refdml.gpu import gsp as fast
+from refdml.gradcheck import check_gradients
 
 
 def _inputs(rng, batch=3, n=6, m=4, d=5, dtype=np.float64):
@@ -133,6 +137,134 @@ def test_constraints_and_reference_at_huge_inverse_temperature(dtype, inverse_te
     assert_allclose(pooled, ref_pooled, rtol=0, atol=100 * atol * np.abs(ref_pooled).max())
     assert_allclose(z, ref_z, rtol=0, atol=100 * atol)
     assert np.all(grads.prototypes == 0.0) and np.all(np.isfinite(grads.features))
+
+
+def _small_mu_case(mu, dtype, kernels, seed=11):
+    rng = np.random.default_rng(seed)
+    features, prototypes = _inputs(rng, batch=3, n=7, m=5, d=4)
+    args = dict(mu=mu, inverse_temperature=5.0)
+    (ref_pooled, ref_z), ref_ctx = reference.gsp_pool_forward(features, prototypes, **args)
+    d_pooled, d_z = rng.standard_normal(ref_pooled.shape), rng.standard_normal(ref_z.shape)
+    ref = reference.gsp_pool_backward(ref_ctx, d_pooled, d_z)
+    with warnings.catch_warnings(), use_kernels(kernels):
+        warnings.simplefilter("error")  # no overflow of 1 / mu, no ConvergenceWarning
+        (pooled, z), ctx = fast.gsp_pool_forward(
+            features.astype(dtype), prototypes.astype(dtype), **args)
+        grads = fast.gsp_pool_backward(ctx, d_pooled.astype(dtype), d_z.astype(dtype))
+    # float32: the cost carries ~1e-7 relative and the solve's floor 16 u |logit mu|.
+    rtol = 2e-5 if dtype == np.float32 else 1e-12
+    for got, want in ((pooled, ref_pooled), (z, ref_z), (grads.features, ref.features),
+                      (grads.prototypes, ref.prototypes)):
+        assert got.dtype == dtype
+        assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
+    assert ctx.transport.converged and ctx.transport.pi.dtype == dtype
+    assert ctx.transport.mu == mu
+    return ctx
+
+
+@pytest.mark.parametrize("kernels", ["array", "cpu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mu", [1e-20, 1e-38, 1e-45, 1e-300])
+def test_small_mu_matches_the_reference(mu, dtype, kernels):
+    # w = sigma / mu and z are O(1) at any mu, while sigma ~ mu is not a float32 below
+    # ~1e-38: once 1 / mu overflowed float32 to inf, and inf * 0 gave NaN (issue 20).
+    ctx = _small_mu_case(mu, dtype, kernels)
+    if dtype == np.float32 and mu < 1e-100:
+        # pi, sigma ~ mu are far below float32's least subnormal: 0, as they should be.
+        assert np.all(ctx.transport.pi == 0.0) and np.all(ctx.transport.transported == 0.0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(exponent=st.floats(-300.0, -1.0), seed=st.integers(0, 2**16))
+def test_small_mu_matches_the_reference_hypothesis(exponent, seed):
+    _small_mu_case(10.0**exponent, np.float32, "array", seed=seed)
+
+
+def test_small_mu_backward_matches_finite_differences():
+    # The backward moves 1 / mu onto sigma (w = sigma / mu): checked here against
+    # central differences of the fast forward itself (float64, mu = 1e-300).
+    rng = np.random.default_rng(12)
+    features, prototypes = _inputs(rng, batch=2, n=5, m=3, d=3)
+    result = check_gradients(
+        lambda features, prototypes: fast.gsp_pool_forward(
+            features, prototypes, mu=1e-300, inverse_temperature=2.0),
+        fast.gsp_pool_backward, {"features": features, "prototypes": prototypes},
+        mode="full", rng=rng,
+    )
+    assert result.passed(rtol=1e-6), result.max_rel_error
+
+
+@pytest.mark.parametrize("mu", [1e-310, 5e-324])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_subnormal_mu_is_named(mu, dtype):
+    features, prototypes = _inputs(np.random.default_rng(13), dtype=dtype)
+    with pytest.raises(ValueError, match=rf"^mu == {mu!r} is subnormal; .* needs mu >= 2.2"):
+        fast.gsp_pool_forward(features, prototypes, mu=mu, inverse_temperature=5.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("p", [2000.0, 1e5, 1e38, 1e300])
+def test_gemean_at_large_p_is_the_power_mean(dtype, p):
+    # At mu = 1 the weights are 1: pooled is the power mean of the features, here from
+    # log-sum-exp in float64 (independent of the layer). A power-of-two scale once let
+    # every (y / s)^p underflow for p in the thousands: pooled was 0.
+    features = np.abs(_inputs(np.random.default_rng(14))[0]) + 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (pooled, _), ctx = fast.gsp_pool_forward(
+            features.astype(dtype), np.eye(5, dtype=dtype), mu=1.0, inverse_temperature=1.0,
+            p=p)
+        grads = fast.gsp_pool_backward(ctx, np.ones_like(pooled), None)
+    n = features.shape[1]
+    with np.errstate(over="ignore"):
+        logs = p * np.log(features)
+    if np.all(np.isfinite(logs)):
+        expected = np.exp((logsumexp(logs, axis=1) - np.log(n)) / p)
+    else:  # p beyond float64: the limit, the largest entry
+        expected = features.max(axis=1)
+    rtol = 1e-6 if dtype == np.float32 else 1e-12
+    assert_allclose(pooled, expected, rtol=rtol)
+    assert np.all(np.isfinite(grads.features))
+
+
+def test_gemean_at_large_p_backward_matches_finite_differences():
+    rng = np.random.default_rng(15)
+    features = np.abs(_inputs(rng, batch=2, n=4, m=3, d=3)[0]) + 0.1
+    result = check_gradients(
+        lambda features: fast.gsp_pool_forward(
+            features, np.eye(3), mu=1.0, inverse_temperature=1.0, p=2000.0),
+        fast.gsp_pool_backward, {"features": features}, mode="full", rng=rng,
+    )
+    assert result.passed(rtol=1e-5), result.max_rel_error
+
+
+def test_float32_cost_map_next_to_float32_max():
+    # Entries past 2^127 once took the scale 2^128 (inf in float32) and warned; a norm
+    # beyond float32 is named (the clipped point would be 0).
+    features, prototypes = _inputs(np.random.default_rng(16))
+    features, prototypes = features / np.abs(features).max(), prototypes / np.abs(prototypes).max()
+    features[0, 0] = [3e38, 0, 0, 0, 0]
+    features[1, 2] = [0, -2e38, 1e38, 0, 0]
+    prototypes[0] = [0, 0, 0, 1.7e38, 0]
+    expected = reference.cost_map(features, prototypes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cost = fast.cost_map(features.astype(np.float32), prototypes.astype(np.float32))
+    assert_allclose(cost, expected, rtol=0, atol=1e-6 * expected.max())
+    features[2, 1] = [3e38, 3e38, 0, 0, 0]
+    with pytest.raises(ValueError, match=r"^features\[\(2, 1\)\] has norm 4.24e\+38, beyond "
+                                         r"float32's range \(3.4e\+38\)"):
+        fast.cost_map(features.astype(np.float32), prototypes.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype, scale", [(np.float64, 1e-310), (np.float32, 1e-40)])
+def test_subnormal_points_are_named(dtype, scale):
+    features, prototypes = _inputs(np.random.default_rng(17))
+    with np.errstate(under="ignore"):
+        features, prototypes = (scale * features).astype(dtype), (scale * prototypes).astype(dtype)
+    with pytest.raises(ValueError, match=r"^features and prototypes: their largest norm is .*, "
+                                         r"below float\d\d's normal range"):
+        fast.cost_map(features, prototypes)
 
 
 def test_gradient_overflow_is_named():

@@ -3,13 +3,24 @@ extreme hyperparameters, the small-gamma path of SoftTriple, degenerate batches.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
 from refdml import losses as ref
 from refdml.gpu import losses as fast
-from refdml.gpu._loss_kernels import cosine_bound, exp_fits, exp_limit, masked_logsumexp
+from refdml.gpu._loss_kernels import (
+    cosine_bound,
+    exp_fits,
+    exp_limit,
+    masked_logsumexp,
+    reduce_terms,
+)
+from refdml.losses._common import reduce_terms as ref_reduce_terms
 from refdml._numerics import masked_logsumexp as ref_masked_logsumexp
 
 LABELS = np.array([0, 0, 1, 1, 2, 2])
@@ -235,13 +246,122 @@ def test_cosine_gradients_of_subnormal_rows_give_the_references_message(loss, kw
     assert messages[0].startswith("the gradient with respect to embeddings overflows float64 at row 1")
 
 
-def test_euclidean_gradient_at_subnormal_distances_is_named_not_nan():
-    # The reference's Euclidean gradient is scale-safe (a sum of unit vectors); the fast
-    # path divides by the distances, which are subnormal here: a named ValueError, not NaN.
-    x = 1e-310 * _x(seed=6)
-    value, ctx = fast.contrastive_forward(x, LABELS)
-    ref_value, ref_ctx = ref.contrastive_forward(x, LABELS)
-    assert_allclose(value, ref_value, rtol=1e-12)
-    assert np.all(np.isfinite(ref.contrastive_backward(ref_ctx).embeddings))
-    with pytest.raises(ValueError, match="fast path divides by pairwise distances"):
-        fast.contrastive_backward(ctx)
+_EUCLIDEAN = [
+    ("contrastive", {"neg_margin": 1.5}),
+    ("generalized_contrastive", {"alpha": 0.3, "beta": 1.2}),
+    ("triplet", {"margin": 0.4, "mining": "all"}),
+    ("triplet", {"margin": 0.4, "mining": "batch_hard"}),
+]
+
+
+def _against_reference(loss, x, kwargs, rtol, d_value=1.7):
+    """The fast loss on ``x`` against the reference on ``x`` as float64 (the rounded input)."""
+    value, ctx = getattr(fast, f"{loss}_forward")(x, LABELS, **kwargs)
+    grads = getattr(fast, f"{loss}_backward")(ctx, d_value)
+    ref_value, ref_ctx = getattr(ref, f"{loss}_forward")(x.astype(np.float64), LABELS, **kwargs)
+    want = getattr(ref, f"{loss}_backward")(ref_ctx, d_value).embeddings
+    assert grads.embeddings.dtype == x.dtype
+    assert_allclose(value, ref_value, rtol=rtol)
+    assert_allclose(grads.embeddings, want, rtol=0, atol=rtol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("loss, kwargs", _EUCLIDEAN)
+@pytest.mark.parametrize("dtype, scale", [(np.float64, 1e-310), (np.float64, 1e-300),
+                                          (np.float32, 1e-40), (np.float64, 1e300),
+                                          (np.float32, 1e37)])
+def test_euclidean_losses_at_extreme_scales_match_the_reference(loss, kwargs, dtype, scale):
+    # The context holds x / s and D / s (s a power of two), as the reference's: the
+    # gradient, a sum of unit vectors, is computed at any scale. It once divided by the
+    # subnormal distances and refused (issue 20). A float32 subnormal (1e-40) holds ~17
+    # bits: the reference runs on that rounded input. The margins scale with x.
+    kwargs = {k: v * scale if k != "mining" else v for k, v in kwargs.items()}
+    with np.errstate(under="ignore"):
+        x = (scale * _x(seed=6)).astype(dtype)
+    _against_reference(loss, x, kwargs, rtol=1e-5 if dtype == np.float32 else 1e-10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(exponent=st.integers(-320, 300), seed=st.integers(0, 2**16),
+       loss=st.sampled_from(range(len(_EUCLIDEAN))))
+def test_euclidean_losses_at_any_scale_hypothesis(exponent, seed, loss):
+    name, kwargs = _EUCLIDEAN[loss]
+    scale = 10.0**exponent
+    kwargs = {k: v * scale if k != "mining" else v for k, v in kwargs.items()}
+    kwargs = {k: v for k, v in kwargs.items() if k == "mining" or v > 0}  # 1e-320 * 0.3 is 0
+    if name == "generalized_contrastive" and len(kwargs) < 2:
+        return
+    _against_reference(name, scale * _x(seed=seed), kwargs, rtol=1e-9)
+
+
+def test_xml_loss_at_subnormal_y_matches_the_reference():
+    from refdml import crossbatch as ref_crossbatch
+    from refdml.gpu import crossbatch as fast_crossbatch
+    from refdml.gradcheck.catalog import get
+
+    args = dict(get("crossbatch.xml_loss").make_inputs(np.random.default_rng(7)))
+    z, y, labels = args.pop("Z"), 1e-310 * args.pop("Y"), args.pop("labels")
+    args["base_loss_kwargs"] = {k: 1e-310 * v for k, v in args["base_loss_kwargs"].items()}
+    value, ctx = fast_crossbatch.xml_loss_forward(z, y, labels, **args)
+    grads = fast_crossbatch.xml_loss_backward(ctx, 1.3)
+    ref_value, ref_ctx = ref_crossbatch.xml_loss_forward(z, y, labels, **args)
+    want = ref_crossbatch.xml_loss_backward(ref_ctx, 1.3)
+    assert_allclose(value, ref_value, rtol=1e-10)
+    for name in ("Z", "Y"):
+        expected = getattr(want, name)
+        assert_allclose(getattr(grads, name), expected, rtol=0, atol=1e-10 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("loss, kwargs", [
+    ("contrastive", {"pos_margin": 1e300, "neg_margin": 1e300}),
+    ("contrastive", {"neg_margin": 1e39}),
+    ("generalized_contrastive", {"alpha": 1.0, "beta": 1e300}),
+    ("triplet", {"margin": 1e300, "mining": "all"}),
+    ("triplet", {"margin": 1e300, "mining": "batch_hard"}),
+    ("multi_similarity", {"alpha": 1e300, "beta": 1e300}),
+    ("multi_similarity", {"alpha": 1e-300, "beta": 1e-40}),
+    ("multi_similarity", {"mining_margin": 1e300}),
+])
+def test_float32_hyperparameters_beyond_float32_are_computed(loss, kwargs):
+    # A margin of 1e300 is no float32 (its cast overflowed); it enters the terms, whose
+    # value is a float64, not the O(1) gradient: the terms are formed in float64.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _against_reference(loss, _x(np.float32, seed=8), kwargs, rtol=1e-5)
+
+
+def test_float32_triplet_term_beyond_float32_is_computed():
+    # Distances and margin both float32 numbers, d_ap - d_an + margin not: float64 terms.
+    x = 1e38 * _x(np.float32, seed=9) / 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _against_reference("triplet", x, {"margin": 3e38}, rtol=1e-5)
+
+
+@pytest.mark.parametrize("exists", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "mean_nonzero"])
+def test_mean_of_terms_whose_sum_overflows(exists, reduction):
+    # As the reference (refdml.losses._common.reduce_terms): the mean of terms whose float64
+    # sum overflows is taken on terms / 2^64, not refused.
+    terms = np.array([1.5e308, 1.7e308, 0.0, 1e308, 5.0])
+    value, weights = reduce_terms(np, terms, reduction, np.ones(5, bool) if exists else None)
+    expected, ref_weights = ref_reduce_terms(terms, reduction)
+    assert np.isfinite(float(value))
+    assert_allclose(float(value), expected, rtol=1e-15)
+    assert_allclose(weights, ref_weights, rtol=1e-15)
+
+
+def test_contrastive_whose_sum_overflows_returns_the_mean():
+    points = 0.8e308 * np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    labels = np.array([0, 1, 0, 1])
+    value, _ = fast.contrastive_forward(points, labels, neg_margin=1.0)
+    expected, _ = ref.contrastive_forward(points, labels, neg_margin=1.0)
+    assert_allclose(value, expected, rtol=1e-14)
+
+
+def test_upstream_beyond_float32_is_named():
+    _, ctx = fast.contrastive_forward(_x(np.float32), LABELS)
+    with pytest.raises(ValueError, match=r"^d_value == 1e\+300 is beyond the float32 range"):
+        fast.contrastive_backward(ctx, np.array(1e300))
+    with pytest.raises(ValueError, match=r"d_value == 1e\+300 times a sum of unit vectors, "
+                                         r"beyond float32; use a smaller d_value"):
+        fast.contrastive_backward(ctx, 1e300)

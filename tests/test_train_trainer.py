@@ -13,8 +13,10 @@ vectors start at ~N(0, 1/16) (entries ~0.25), so a visible change needs ~1e3 ste
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ from refdml.losses import contrastive_backward, contrastive_forward
 from refdml.train import Adam, ReduceOnPlateau
 from refdml.train.data import PKBatchSampler, clip_token_table, make_token_splits
 from refdml.train.layers import GAP, Embedding, L2Normalize, Linear, Sequential
-from refdml.train._checkpoint import load_checkpoint
+from refdml.train._checkpoint import load_checkpoint, save_checkpoint
 from refdml.train.trainer import Trainer, TrainingDiverged
 
 LR = 1e-2
@@ -187,6 +189,77 @@ def test_resume_is_bit_for_bit(tmp_path):
     # A row's lr is the rate its epoch trained with (the schedule steps after the row);
     # epoch 1's metric improves on the initial best (+inf in mode "min"), later ones do not.
     assert [r["lr"] for r in a] == [LR, LR, LR, LR / 2, LR / 4]
+
+
+class Counting(Contrastive):
+    """An objective with a state (its call count), checked on load (test only)."""
+
+    def state_dict(self):
+        return {"n_calls": self.n_calls}
+
+    def load_state_dict(self, state):
+        if not isinstance(state, dict) or not isinstance(state.get("n_calls"), int):
+            raise ValueError(f"state must be {{'n_calls': int}}, got {state!r}")
+        self.n_calls = state["n_calls"]
+
+
+def _state(trainer):
+    """Everything resume() may set, copied (arrays as arrays)."""
+    return {
+        "parameters": _values(trainer),
+        "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+        "sampler": trainer.train_sampler.state_dict(),
+        "schedule": trainer.schedule.state_dict(),
+        "objective": trainer.objective.state_dict(),
+        "rng": trainer.rng.bit_generator.state,
+        "lr": trainer.optimizer.lr,
+        "attributes": [trainer.epoch, trainer.best_epoch, trainer.best_metric,
+                       trainer.improved_metric, trainer.improved_epoch, trainer.stopped_early,
+                       trainer.started],
+    }
+
+
+def _assert_same(a, b, where="state"):
+    # Restored copies of the same values: equal bit for bit by construction.
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), where
+        for key in a:
+            _assert_same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert_array_equal(a, b, err_msg=where)
+    else:
+        assert a == b or (a != a and b != b), (where, a, b)
+
+
+@pytest.mark.parametrize("damage, words", [
+    # the objective's state: loaded after the optimiser, sampler and schedule
+    (lambda meta: meta.update(objective={"n_calls": "many"}), "must be {'n_calls': int}"),
+    # the Generator's state: the last part set, after the parameters
+    (lambda meta: meta.update(rng={"bit_generator": "PCG64", "state": "x"}),
+     "holds an rng state that the trainer's PCG64 refuses"),
+])
+def test_refused_resume_leaves_the_trainer_unchanged(tmp_path, damage, words):
+    # Issue 20: resume loaded its parts one after another, so a damaged last part left
+    # the optimiser, sampler, schedule (and parameters) of the checkpoint applied.
+    _trainer(tmp_path, epochs=2, schedule=True, objective=Counting()).fit()
+    path = tmp_path / "checkpoint.npz"
+    parameters, optimizer_state, meta = load_checkpoint(path)
+    damage(meta)
+    save_checkpoint(path, parameters=parameters, optimizer_state=optimizer_state, meta=meta)
+    fresh = _trainer(tmp_path, epochs=3, schedule=True, objective=Counting())
+    before = _state(fresh)
+    # the checkpoint differs from the fresh trainer in every part (else this proves nothing)
+    assert not all(np.array_equal(v, before["parameters"][k]) for k, v in parameters.items())
+    assert optimizer_state["n_steps"] != before["optimizer"]["n_steps"]
+    assert meta["sampler"]["epoch"] != before["sampler"]["epoch"]
+    assert meta["schedule"] != before["schedule"]
+    with pytest.raises(ValueError, match=re.escape(words)):
+        fresh.resume()
+    _assert_same(before, _state(fresh))
 
 
 def test_resume_refuses_another_configuration(tmp_path):

@@ -147,7 +147,7 @@ def _overflows(value_fn, dtype=np.float64) -> bool:
     """Whether the float64 ``value_fn()`` lies beyond ``dtype``'s range."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         value = value_fn()
-    return not abs(value) <= np.finfo(dtype).max
+    return not abs(value) <= float(np.finfo(dtype).max)  # float32's max would cast value
 
 
 def check_generalized_margins(alpha, beta) -> tuple[float, float]:

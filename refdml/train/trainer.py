@@ -83,6 +83,7 @@ the trainer sees it.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -114,6 +115,9 @@ METRIC_KEYS = {
 }
 _INPUT_FIELDS = ("token_ids", "images", "features", "inputs")
 #: The entries of a checkpoint's ``meta`` that :meth:`Trainer.resume` reads.
+# What resume() sets besides the state dicts, the parameters and the Generator.
+_RESUMED_ATTRIBUTES = ("epoch", "best_epoch", "best_metric", "improved_metric",
+                       "improved_epoch", "stopped_early", "started")
 _CHECKPOINT_META = frozenset({"epoch", "best_val_map_at_r", "best_epoch", "stopped_early",
                               "rng", "sampler", "schedule", "objective"})
 
@@ -620,23 +624,15 @@ class Trainer:
                                  f"is {p.dtype}{p.shape}")
         # The log is read before any state is set: a bad log leaves this trainer as it was.
         rows = self._read_log_rows(source, int(meta["epoch"]))
-        self.optimizer.load_state_dict(optimizer_state)
-        self.train_sampler.load_state_dict(meta["sampler"])
-        if (meta["schedule"] is None) != (self.schedule is None):
-            raise ValueError("checkpoint and trainer disagree on having a schedule")
-        if self.schedule is not None:
-            self.schedule.load_state_dict(meta["schedule"])
-        if meta["objective"] is not None:
-            self.objective.load_state_dict(meta["objective"])
-        for name, value in parameters.items():
-            self.parameters[name].value[...] = self._xp.asarray(value)
-        self.rng.bit_generator.state = meta["rng"]
-        self.epoch, self.best_epoch = int(meta["epoch"]), int(meta["best_epoch"])
-        self.best_metric = float(meta["best_val_map_at_r"])
-        self.improved_metric = float(meta.get("improved_val_map_at_r", self.best_metric))
-        self.improved_epoch = int(meta.get("improved_epoch", self.best_epoch))
-        self.stopped_early = bool(meta["stopped_early"])
-        self.started = True
+        # The parts are loaded one after another, each checked before it is set: a later
+        # part refused (a damaged or mismatched checkpoint) would leave the earlier ones
+        # applied, so everything is restored from a snapshot then (all or nothing).
+        snapshot = self._resume_snapshot()
+        try:
+            self._load_resumed(source, parameters, optimizer_state, meta)
+        except BaseException:
+            self._restore_snapshot(snapshot)
+            raise
         self.out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.out_dir / "config.json", ours, indent=2, sort_keys=True)
         write_text_atomic(self.out_dir / "log.jsonl", "".join(r + "\n" for r in rows))
@@ -648,6 +644,63 @@ class Trainer:
             self._save(self.out_dir / "best.npz")
         elif source != self.out_dir and (source / "best.npz").is_file():
             write_bytes_atomic(self.out_dir / "best.npz", (source / "best.npz").read_bytes())
+
+    def _load_resumed(self, source: Path, parameters: dict[str, Any],
+                      optimizer_state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Set every part of the state from a read checkpoint (:meth:`resume`)."""
+        self.optimizer.load_state_dict(optimizer_state)
+        self.train_sampler.load_state_dict(meta["sampler"])
+        if (meta["schedule"] is None) != (self.schedule is None):
+            raise ValueError("checkpoint and trainer disagree on having a schedule")
+        if self.schedule is not None:
+            self.schedule.load_state_dict(meta["schedule"])
+        if meta["objective"] is not None:
+            self.objective.load_state_dict(meta["objective"])
+        for name, value in parameters.items():
+            self.parameters[name].value[...] = self._xp.asarray(value)
+        try:
+            self.rng.bit_generator.state = meta["rng"]
+        except (TypeError, ValueError, KeyError) as error:   # NumPy's own name no file
+            raise ValueError(
+                f"cannot resume from {source}: checkpoint.npz holds an rng state that the "
+                f"trainer's {type(self.rng.bit_generator).__name__} refuses "
+                f"({type(error).__name__}: {error})") from None
+        self.epoch, self.best_epoch = int(meta["epoch"]), int(meta["best_epoch"])
+        self.best_metric = float(meta["best_val_map_at_r"])
+        self.improved_metric = float(meta.get("improved_val_map_at_r", self.best_metric))
+        self.improved_epoch = int(meta.get("improved_epoch", self.best_epoch))
+        self.stopped_early = bool(meta["stopped_early"])
+        self.started = True
+
+    def _resume_snapshot(self) -> dict[str, Any]:
+        """Copies of everything :meth:`_load_resumed` sets (state dicts deep-copied: a
+        ``load_state_dict`` may write into the arrays its object's ``state_dict`` shared)."""
+        stateful = callable(getattr(self.objective, "state_dict", None))
+        return {
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "sampler": copy.deepcopy(self.train_sampler.state_dict()),
+            "schedule": None if self.schedule is None else copy.deepcopy(
+                self.schedule.state_dict()),
+            "objective": copy.deepcopy(self.objective.state_dict()) if stateful else None,
+            "parameters": {name: p.value.copy() for name, p in self.parameters.items()},
+            "rng": copy.deepcopy(self.rng.bit_generator.state),
+            "attributes": {name: getattr(self, name) for name in _RESUMED_ATTRIBUTES},
+        }
+
+    def _restore_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Undo a partial :meth:`_load_resumed`; the optimiser last, as a schedule's load
+        sets its learning rate."""
+        self.train_sampler.load_state_dict(snapshot["sampler"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(snapshot["schedule"])
+        if snapshot["objective"] is not None:
+            self.objective.load_state_dict(snapshot["objective"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+        for name, value in snapshot["parameters"].items():
+            self.parameters[name].value[...] = value
+        self.rng.bit_generator.state = snapshot["rng"]
+        for name, value in snapshot["attributes"].items():
+            setattr(self, name, value)
 
     # -- reading a run folder (named errors: a folder that is not a run, a damaged file) --
     @staticmethod
