@@ -166,12 +166,16 @@ def test_compiled_score_has_the_bits_of_the_ordered_array_score(d):
     # built without fast-math (no reassociation, no FMA). Under NUMBA_CPU_NAME=generic and
     # every OPENBLAS_CORETYPE (scripts/ci_cpu_matrix.sh) it must stay bit-equal.
     from refdml._numerics import ordered_sq_distances
-    from refdml.gpu._nb_retrieval import _score64
+    from refdml.gpu._nb_retrieval import _score64, _score64_four
 
     x, y = _wide_rows(1, 40, d), _wide_rows(2, 50, d)
     want = ordered_sq_distances(x, np.ascontiguousarray(y.T))
     got = np.array([[_score64(x, i, y, j) for j in range(50)] for i in range(40)])
     np.testing.assert_array_equal(got, want)
+    four = np.array([[s for j in range(0, 48, 4) for s in _score64_four(x, i, y, j, j + 1, j + 2,
+                                                                       j + 3)]
+                     for i in range(40)])     # the re-rank's four interleaved chains
+    np.testing.assert_array_equal(four, want[:, :48])
     if d >= 8:   # the data can tell orders apart, so the equality above is not vacuous
         assert np.any(np.sum((x[:, None, :] - y[None]) ** 2, axis=-1) != want)
 
