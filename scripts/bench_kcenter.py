@@ -11,8 +11,10 @@ Sections (each in one run, the machine load printed beside every number):
     can be up to 2x this: the stricter ratio is printed too).
 ``threads``
     k = 100 at the default thread settings: the compiled path vs the readable reference
-    (``_greedy_k_center_readable``: a BLAS mat-vec per pick) at the default BLAS threads
-    and with BLAS held at one thread (threadpoolctl), interleaved medians.
+    (``_greedy_k_center_readable``: exact products and NumPy's fixed-order row sums per
+    pick, no BLAS since issue 20, so that duplicate points tie on every CPU) at the default
+    BLAS threads and with BLAS held at one thread (threadpoolctl; it no longer matters to
+    the readable path, and the two rows show that), interleaved medians.
 ``compile``
     First-call times in fresh interpreters: cold (this module's ``__pycache__`` Numba cache
     files of ``_nb_kcenter`` / ``_nb_retrieval`` deleted first) and warm (cache present):
