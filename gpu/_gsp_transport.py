@@ -331,17 +331,23 @@ def marginal_factors(xp, result: WeightTransportResult, d_rho, column):
     ``column`` is ``a_j = sum_i A_ij d_pi_ij`` (B, n), ``b = a - d_rho``, ``w_j = rho_j
     sigma_j`` (``sigma = result.transported``) and ``bbar = sum w b / sum w``, the
     difference taken against the image's largest ``w`` (nothing cancels as ε grows or
-    as mu -> 0 or 1; 0 where ``sum w = 0``, i.e. mu = 1).
+    as mu -> 0 or 1; 0 where ``sum w = 0``, i.e. mu = 1), on ``b / 2`` (so that no
+    difference of two finite ``b`` overflows).
     """
     weight = result.rho * result.transported
     kappa = xp.sum(weight, axis=1)
-    b = column - d_rho
-    b_top = xp.take_along_axis(b, xp.argmax(weight, axis=1)[:, None], axis=1)
+    # Halved first (exact): b and b_top may each lie near the dtype's largest number
+    # (features near 1e38 in float32 make d_rho ~ n |f| |d_pooled|), where their difference
+    # would overflow; weight <= 1 / n brings the result back.
+    half = column * 0.5 - d_rho * 0.5
+    half_top = xp.take_along_axis(half, xp.argmax(weight, axis=1)[:, None], axis=1)
     positive = kappa > 0
     mean_offset = xp.where(
-        positive, xp.sum(weight * (b_top - b), axis=1) / xp.where(positive, kappa, 1.0), 0.0
+        positive, xp.sum(weight * (half_top - half), axis=1) / xp.where(positive, kappa, 1.0),
+        0.0,
     )
-    return weight * ((b - b_top) + mean_offset[:, None])
+    with np.errstate(over="ignore"):  # inf only where w (b - bbar) itself overflows
+        return (weight * ((half - half_top) + mean_offset[:, None])) * 2.0
 
 
 def softmax_centred(xp, assignment_t, d_pi_t):
@@ -359,10 +365,11 @@ def softmax_centred(xp, assignment_t, d_pi_t):
     return centred, xp.sum(assignment_t * d_pi_t, axis=2)
 
 
-def scale_gradient(xp, inner, factor: float):
-    """``factor * inner`` in place (``factor = -ε``), checked by :func:`check_gradient`."""
+def scale_gradient(xp, inner, factor: float, check: bool = True):
+    """``factor * inner`` in place (``factor = -ε``), checked by :func:`check_gradient`
+    (``check=False``: the caller tests the result itself)."""
     _times(xp, inner, factor, out=inner)
-    return check_gradient(xp, inner, abs(factor))
+    return check_gradient(xp, inner, abs(factor)) if check else inner
 
 
 def check_gradient(xp, gradient, inverse_temperature: float):

@@ -24,8 +24,8 @@ every kernel does, per image ``b``:
   :func:`column_softmax`, :func:`column_plan`, :func:`pool_backward_column`,
   :func:`transport_backward_column`, :func:`cost_gradient`);
 * ``sigma(x_j)``, ``rho_j = sigma(-x_j)/n``, ``pi_ji = A_ji sigma(x_j)/n``, the residual of
-  the arrays as stored; pool: ``w_j = sigma(x_j)/mu``, ``pooled = (1/n) sum_j w_j f_j``
-  (``p = 1``), ``z_i = (1/mu) sum_j pi_ji``;
+  the arrays as stored; pool: ``w_j = sigma(x_j)/mu``, ``pooled = sum_j (w_j / n) f_j``
+  (``p = 1``; products and sum in float64), ``z_i = (1/mu) sum_j pi_ji``;
 * backward: Prop. 4.3 as the reference evaluates it, ``d_cost_ji = -ε A_ji (P_j ((d_pi_ji -
   r_j) + offset_j) + w_j (b_j - bbar))`` (docs/gsp.md Sec. 3: both differences against the
   dominant term, so the gradient tends to 0 with the softmax's and sigmoids' saturation
@@ -449,13 +449,15 @@ def pool_forward_cpu(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp
         for j in range(n):
             weights[b, j] = transported[b, j] * inv_mu
         if p_one:
+            # (w_j / n) f_j in float64: a convex combination, never beyond the largest
+            # feature (w f of float32 features near 3.4e38 overflowed float32).
             total = np.zeros(d)
             for j in range(n):
-                w = weights[b, j]
+                w = weights[b, j] * (1.0 / n)
                 for k in range(d):
                     total[k] += w * features[b, j, k]
             for k in range(d):
-                pooled[b, k] = total[k] * (1.0 / n)
+                pooled[b, k] = total[k]
         for i in range(m):
             column = 0.0
             for j in range(n):
@@ -842,12 +844,13 @@ def cuda_kernels():
             j += BLOCK
         cuda.syncthreads()
         if p_one:
+            inv_n = 1.0 / n
             k = tid
             while k < d:
                 total = 0.0
-                for j in range(n):
-                    total += weights[b, j] * features[b, j, k]
-                pooled[b, k] = total * (1.0 / n)
+                for j in range(n):  # float64, as the CPU twin: (w_j / n) f_j, never beyond max f
+                    total += (weights[b, j] * inv_n) * features[b, j, k]
+                pooled[b, k] = total
                 k += BLOCK
         i = tid
         while i < m:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 
 import numpy as np
 
@@ -12,8 +13,12 @@ from refdml.gpu._fast_checks import check_fast_upstream, data_checks
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import _scaled_sq
 from refdml.ot._divergence import (
+    _check_gradient,
     _cost_unit,
+    _normalised_sq,
+    _points_factor,
 )
+from refdml.ot._entropic import centred
 from refdml.ot._sinkhorn import _OTBatch, _batch_shape
 
 
@@ -65,11 +70,17 @@ def _unbatch(array, batch_shape):
     return out.item() if out.ndim == 0 else out          # a Python scalar: one sync on CuPy
 
 
+def _divided(xp, array, power_of_two: float):
+    """``array / power_of_two`` exactly, by ``ldexp``: ``array * (1 / s)`` cast ``1 / s`` to
+    the dtype first, which overflows float32 for ``s`` below ``2^-128`` (subnormal data)."""
+    return xp.ldexp(array, 1 - math.frexp(power_of_two)[1])
+
+
 def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel=5):
     """Solve on the cost divided by one power of two (max |C| in [0.5, 1)); see the reference."""
     peak = float(xp.max(xp.abs(cost)))                   # one synchronisation on CuPy
     unit = float(common_scale(np.array(peak)))
-    cost = cost * (1.0 / unit)
+    cost = _divided(xp, cost, unit)
     _solver.check_relative_eps(eps / unit, peak / unit, cost.dtype, user_eps=eps,
                                data_name="cost", unit=unit)
     return _solver.solve_batch(xp, a, b, cost, eps=eps / unit, max_iter=max_iter, tol=tol,
@@ -86,20 +97,51 @@ def _cloud_sq(xp, x, y, p: float, self_pairs: bool):
 
 
 def _ground_cost(sq, p: float):
-    return sq if p == 2.0 else sq ** (0.5 * p)
+    """``sq^(p/2)``; ``sq <= 1`` for ``p`` other than 1, 2 (divided by its largest), so a
+    power capped at the dtype's largest number (float32, ``p = 1e300``) is the same limit."""
+    return sq if p == 2.0 else sq ** min(0.5 * p, float(np.finfo(sq.dtype).max))
 
 
 def _ground_cost_backward(xp, x, y, sq, p, d_cost):
-    """Gradients of ``<d_cost, ||x_i - y_j||^p>`` w.r.t. x and y (0 at x_i = y_j)."""
+    """Gradients of ``<d_cost, ||x_i - y_j||^p>`` w.r.t. x and y (0 at x_i = y_j), as the
+    reference's (``p`` last; overflows are named by the caller). A ``p`` beyond the dtype
+    (float32) is refused: at the largest distance the gradient is ``p`` times the cost."""
     if p == 2.0:
         w = 2.0 * d_cost
     else:
+        if p > float(np.finfo(sq.dtype).max):
+            raise ValueError(
+                f"p == {p:g} is beyond {np.dtype(sq.dtype).name}'s range: the gradient "
+                "p ||x - y||^(p-1) cannot be formed in it; use float64"
+            )
         positive = sq > 0
-        w = xp.where(positive, p * d_cost * xp.where(positive, sq, 1.0) ** (0.5 * p - 1.0), 0.0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            w = xp.where(positive, (xp.where(positive, sq, 1.0) ** (0.5 * p - 1.0) * d_cost) * p,
+                         0.0)
         w = w.astype(sq.dtype, copy=False)
-    d_x = xp.sum(w, axis=2)[:, :, None] * x - w @ y
-    d_y = xp.sum(w, axis=1)[:, :, None] * y - xp.swapaxes(w, 1, 2) @ x
+    with np.errstate(over="ignore", invalid="ignore"):
+        d_x = xp.sum(w, axis=2)[:, :, None] * x - w @ y
+        d_y = xp.sum(w, axis=1)[:, :, None] * y - xp.swapaxes(w, 1, 2) @ x
     return d_x, d_y
+
+
+def _to_points(ns, gradient, unit: float, scale: float, sq_unit: float, name: str, p: float):
+    """``gradient`` (w.r.t. the scaled points) times ``unit / (scale sq_unit)``, the
+    reference's chain-rule factor, applied as a power of two where it is one and beyond
+    the dtype (float32 data near its subnormals); a result beyond the dtype is named
+    (checked on NumPy, on CuPy while data checks are on)."""
+    xp = ns.xp
+    factor = _points_factor(unit, scale, sq_unit)
+    info = np.finfo(gradient.dtype)
+    mantissa, exponent = math.frexp(factor)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        if factor == 0.0 or info.tiny <= abs(factor) <= info.max or not math.isfinite(factor):
+            out = gradient * factor
+        else:
+            out = xp.ldexp(gradient * mantissa, exponent)
+    if data_checks(ns):
+        _check_gradient(xp, out, name, p)
+    return out
 
 
 def _check_output(xp, values, what: str) -> None:
@@ -107,10 +149,19 @@ def _check_output(xp, values, what: str) -> None:
         raise ValueError(f"{what} overflows {np.dtype(values.dtype).name}; rescale the data (or eps)")
 
 
-def _scale_and_unit(xp, names: str, p: float, *arrays):
+def _scaled_points(xp, *arrays):
+    """``(scale, arrays / scale ...)``: the reference's power of two (``common_scale``) and the
+    arrays divided by it (exact, :func:`_divided`)."""
     peak = max(float(xp.max(xp.abs(v))) for v in arrays)   # one synchronisation on CuPy
     scale = float(common_scale(np.array(peak)))
-    return scale, _cost_unit(scale, p, names)
+    return (scale, *(_divided(xp, v, scale) for v in arrays))
+
+
+def _sq_and_unit(p: float, scale: float, names: str, *sqs):
+    """``(unit, sq_unit, sq ...)``: the squared distances divided by the reference's
+    ``sq_unit`` (:func:`refdml.ot._divergence._normalised_sq`) and the costs' unit."""
+    sq_unit, *normalised = _normalised_sq(p, *sqs)
+    return (_cost_unit(scale, p, names, sq_unit), sq_unit, *normalised)
 
 
 def _weight_vector(w, name, size, ns, dtype):
@@ -137,8 +188,7 @@ def _ot_vjp(xp, batch: _OTBatch, value: str, d_value):
         d_cost, da, db = batch.plan, batch.f, batch.g
     else:
         d_cost, da, db = _transport_cost_vjp(xp, batch)
-    da = da - xp.sum(da * batch.a, axis=1)[:, None]
-    db = db - xp.sum(db * batch.b, axis=1)[:, None]
+    da, db = centred(xp, da, batch.a), centred(xp, db, batch.b)
     scale = batch.unit * d_value[:, None]
     return d_cost * d_value[:, None, None], da * scale, db * scale
 

@@ -15,6 +15,7 @@ from refdml.gpu import _ot_sinkhorn as _solver
 from refdml.gpu._numba_support import parallel_launch, select_kernel
 from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
 from refdml.gpu._validation import as_fast_array
+from refdml.gpu.losses import terms_dtype
 from refdml.ot._divergence import (
     _COST_NAME,
     PairwiseSinkhornDivergenceContext,
@@ -37,8 +38,10 @@ from refdml.gpu._ot_common import (
     _ground_cost,
     _ground_cost_backward,
     _scalar_upstream,
-    _scale_and_unit,
+    _scaled_points,
+    _sq_and_unit,
     _term,
+    _to_points,
 )
 
 # --------------------------------------------------------------------------- many pairs
@@ -119,14 +122,14 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     All K cross problems are one batch, the S self problems (``selves``) another.
     """
     n, dtype = clouds.shape[1], clouds.dtype
-    scale, unit = _scale_and_unit(xp, name, p, clouds)
-    scaled = clouds * (1.0 / scale)
+    scale, scaled = _scaled_points(xp, clouds)
     first, second = unique_pairs[:, 0], unique_pairs[:, 1]
     sq_cross = _cross_sq(xp, scaled, first, second, p)
     if _compiled_costs(xp, scaled):
         sq_self = compiled_pair_sq(scaled, selves, selves)
     else:
         sq_self = _cloud_sq(xp, scaled[selves], scaled[selves], p, True)
+    unit, sq_unit, sq_cross, sq_self = _sq_and_unit(p, scale, name, sq_cross, sq_self)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     largest_cross, largest_self = float(xp.max(cost_cross)), float(xp.max(cost_self))
     _solver.check_relative_eps(eps / unit, max(largest_cross, largest_self), dtype, user_eps=eps,
@@ -145,28 +148,32 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     values = term(cross) - 0.5 * (self_value[first] + self_value[second])
     _check_output(xp, values, "the Sinkhorn divergence")
     ctx = _PairsContext(scaled, scale, unit, unique_pairs, selves, sq_cross, sq_self, cross,
-                        self_, p, value)
+                        self_, p, value, sq_unit)
     return values, ctx
 
 
-def _pair_divergences_backward(xp, ctx: _PairsContext, d_unique):
-    """Gradient w.r.t. the (unscaled) clouds of ``sum_k d_unique[k] SD(pairs[k])``."""
+def _pair_divergences_backward(ns, ctx: _PairsContext, d_unique, name: str = "clouds"):
+    """Gradient w.r.t. the (unscaled) clouds of ``sum_k d_unique[k] SD(pairs[k])``
+    (``name``: the argument the clouds were, for the error where it overflows)."""
+    xp = ns.xp
     clouds, pairs = ctx.clouds, ctx.pairs
     first, second = pairs[:, 0], pairs[:, 1]
     grad = xp.zeros_like(clouds)
     d_cost, _, _ = _ot_vjp(xp, ctx.cross, ctx.value, d_unique)
     d_x, d_y = _ground_cost_backward(xp, clouds[first], clouds[second], ctx.sq_cross, ctx.p,
                                      d_cost)
-    _index_add(xp, grad, first, d_x)
-    _index_add(xp, grad, second, d_y)
+    with np.errstate(over="ignore", invalid="ignore"):  # named by _to_points
+        _index_add(xp, grad, first, d_x)
+        _index_add(xp, grad, second, d_y)
     d_self = xp.zeros(clouds.shape[0], dtype=clouds.dtype)
     _index_add(xp, d_self, first, -0.5 * d_unique)
     _index_add(xp, d_self, second, -0.5 * d_unique)
     d_cost, _, _ = _ot_vjp(xp, ctx.self_, ctx.value, d_self[ctx.selves])
     x = clouds[ctx.selves]
     d_x1, d_x2 = _ground_cost_backward(xp, x, x, ctx.sq_self, ctx.p, d_cost)
-    grad[ctx.selves] += d_x1 + d_x2                    # selves are unique
-    return grad * (ctx.unit / ctx.scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        grad[ctx.selves] += d_x1 + d_x2                    # selves are unique
+    return _to_points(ns, grad, ctx.unit, ctx.scale, ctx.sq_unit, name, ctx.p)
 
 
 def _cloud_batch(clouds, name: str):
@@ -216,7 +223,7 @@ def pairwise_sinkhorn_divergence_backward(ctx: PairwiseSinkhornDivergenceContext
                             ctx.pairs.clouds.dtype)
     first, second = ctx.pairs.pairs[:, 0], ctx.pairs.pairs[:, 1]
     d_unique = d[first, second] + d[second, first]
-    return PairwiseSinkhornDivergenceGrads(_pair_divergences_backward(ns.xp, ctx.pairs, d_unique))
+    return PairwiseSinkhornDivergenceGrads(_pair_divergences_backward(ns, ctx.pairs, d_unique))
 
 
 def pairwise_sinkhorn_divergence(clouds, *, eps, p=2, value="regularized", max_iter=1000,
@@ -300,12 +307,15 @@ def wcontrastive_forward(features, labels, *, margin, eps, p=1, value="regulariz
     d_w, inverse, divergences = _losses_divergences(ns, features, pairs, eps, p, value,
                                                     max_iter, tol, eps_scaling)
     same = labels[pairs[:, 0]] == labels[pairs[:, 1]]
+    # The (K,) terms in float64 where the margin is no float32 (gpu/losses.py's rule); the
+    # loss is summed in float64 as the reference's (K float32 terms near 1e38 overflowed).
+    d_w = d_w.astype(terms_dtype(dtype, margin), copy=False)
     hinge = margin - d_w
     terms = xp.where(same, d_w, xp.maximum(hinge, 0))
     count = pairs.shape[0]
     d_rows = xp.where(same, 1.0, xp.where(hinge > 0, -1.0, 0.0)) / count
     d_unique = _accumulate(xp, d_rows, inverse, divergences.pairs.shape[0], dtype)
-    loss = float(xp.sum(terms)) / count                   # the Python float: one sync
+    loss = float(xp.sum(terms, dtype=xp.float64)) / count     # the Python float: one sync
     return loss, WContrastiveContext(tuple(features.shape), divergences, d_unique)
 
 
@@ -316,7 +326,8 @@ def _loss_backward(ctx, d_value):
         return WassersteinLossGrads(ns.xp.zeros(ctx.shape, dtype=ctx.d_unique.dtype))
     ns = array_namespace(ctx.divergences.clouds)
     d = _scalar_upstream(d_value, ns, ctx.d_unique.dtype)
-    return WassersteinLossGrads(_pair_divergences_backward(ns.xp, ctx.divergences, d * ctx.d_unique))
+    return WassersteinLossGrads(
+        _pair_divergences_backward(ns, ctx.divergences, d * ctx.d_unique, "features"))
 
 
 def wcontrastive_backward(ctx: WContrastiveContext, d_value=1.0) -> WassersteinLossGrads:
@@ -366,11 +377,13 @@ def wtriplet_forward(features, labels, *, margin, eps, p=1, value="regularized",
     d_w, inverse, divergences = _losses_divergences(ns, features, pairs, eps, p, value,
                                                     max_iter, tol, eps_scaling)
     count = triplets.shape[0]
+    # As wcontrastive: the terms in float64 where the margin is no float32, the sum in float64.
+    d_w = d_w.astype(terms_dtype(dtype, margin), copy=False)
     hinge = d_w[:count] - d_w[count:] + margin
     active = (hinge > 0).astype(dtype) / count
     d_unique = _accumulate(xp, xp.concatenate([active, -active]), inverse,
                            divergences.pairs.shape[0], dtype)
-    loss = float(xp.sum(xp.maximum(hinge, 0))) / count    # the Python float: one sync
+    loss = float(xp.sum(xp.maximum(hinge, 0), dtype=xp.float64)) / count  # one sync
     return loss, WTripletContext(tuple(features.shape), divergences, d_unique)
 
 

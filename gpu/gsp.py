@@ -27,6 +27,11 @@ What differs from the reference (and why)
   layer takes the array path and float32 solves (P2) in float64, ``z`` is formed from
   ``w`` and the backward never forms ``1 / mu``; so every mu in ``[2.2e-308, 1]`` (a
   normal float64) is computed in both dtypes, and a subnormal mu is a ``ValueError``.
+* float32 features near its largest number (1e37-1e38): the pooling backward's
+  ``d_w ~ |f| |d_pooled|`` and ``W = d_cost / c'`` can leave float32 where the gradients do
+  not; such a backward is redone in float64 on the widened context and cast back
+  (:func:`refdml.gpu._validation.cast_checked` names a gradient truly beyond float32).
+  GeMean is the reference's own :func:`refdml.gsp._pool.power_mean` and its backward.
 * Cost map: the Gram identity is refined from explicit differences where the squared
   distance is below ``_REFINE[dtype]`` of ``|x|^2 + |y|^2`` (so a float32 cost keeps
   ~1e-6 relative accuracy next to a prototype); ``CostMapContext.scale`` is a 0-d array
@@ -37,12 +42,14 @@ Kernels: where :func:`refdml.gpu.use_kernels` / ``select_kernel`` pick them, the
 layer and (P2) run the Numba kernels of :mod:`refdml.gpu._nb_gsp` (CUDA on CuPy input under
 "auto"; the CPU twins only under ``use_kernels("cpu")``, see ``CPU_TWIN_PAYS``), through
 :mod:`refdml.gpu._gsp_kernels`; the array code here stays their fallback and parity twin.
-Length: ~600 lines, over the house ~450, for that dispatch beside the array path and the
-small-mu and extreme-magnitude handling (issue 20).
+Length: ~670 lines, over the house ~450, for that dispatch beside the array path and the
+small-mu and extreme-magnitude handling (issue 20: the float32 and float64 retries of the
+pooling backward).
 
 Synchronisation on CuPy (the results that must reach Python, and the checks): the
 input checks (finiteness, GeMean's sign, the points' largest norm against the dtype's
-normal range; switched off by
+normal range, GeMean's result within the dtype, the pooling backward's finiteness (the
+float32 / float64 retries); switched off by
 :func:`refdml.gpu._validation.set_finite_checks`), the refinement of the cost map
 (one ``nonzero``), the solver's "every image converged?" test once per few sweeps and
 ``WeightTransportResult.converged`` (a Python bool, like the reference's).
@@ -62,9 +69,19 @@ from refdml.gpu import _gsp_kernels
 from refdml.gpu import _gsp_transport as _wt
 from refdml.gpu import _validation
 from refdml.gpu._numba_support import kernel_mode, select_kernel
-from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml.gpu._validation import as_fast_array, cast_checked, result_dtype
 from refdml.gsp._cost import CostMapContext, CostMapGrads
-from refdml.gsp._pool import PoolContext, PoolGrads
+from refdml.gsp._pool import (
+    PoolContext,
+    PoolGrads,
+    check_pool_mu,
+    exponent_of,
+    pool_gradient_overflow,
+    power_mean,
+    power_mean_backward,
+    upstream_exponent,
+    weight_gradient_shift,
+)
 from refdml.gsp._transport import WeightTransportGrads, WeightTransportResult, check_transport_args
 
 __all__ = [
@@ -132,8 +149,6 @@ _VALIDATION_ONLY = "is validation only and has no fast path; use refdml.gsp"
 # (an absolute error 2^-150 / mu: <= 2^-50 here) and 1 / mu overflows (below 2^-128).
 # The float64 bound keeps the compiled kernels' z (from pi) as accurate: m 2^-1075 / mu.
 _SMALL_MU = {np.dtype(np.float32): 2.0**-100, np.dtype(np.float64): 2.0**-900}
-# The least mu of the pooling layer: sigma / mu needs sigma ~ mu a normal float64.
-_LEAST_MU = float(np.finfo(np.float64).tiny)
 
 
 # --------------------------------------------------------------------------- checks
@@ -426,7 +441,7 @@ def _pool_transport(xp, cost_t, mu, inverse_temperature, max_iter, tol):
     float32 with ``mu < _SMALL_MU``: sigma ~ mu would underflow, so (P2) is solved in
     float64 (a positive ``tol`` still raised to float32's floor) and the result cast back:
     ``pi``, ``sigma`` round to float32 (to 0 below its range, as they should); ``w`` is
-    taken before the cast, O(1) at any mu >= ``_LEAST_MU``.
+    taken before the cast, O(1) at any normal mu (``refdml.gsp._pool.check_pool_mu``).
     """
     dtype = cost_t.dtype
     if dtype == np.float64 or mu >= _SMALL_MU[np.dtype(dtype)]:
@@ -443,25 +458,6 @@ def _pool_transport(xp, cost_t, mu, inverse_temperature, max_iter, tol):
                          "assignment")
         }
     return dataclasses.replace(wide, **narrow), weights
-
-
-def _gemean_power(p: float, dtype) -> float:
-    """``p`` as the power mean applies it: capped at the dtype's largest number, which
-    gives the same limit (``max_j y_j``, as ``y^p`` of every ``y < 1`` is 0 there)."""
-    return min(p, float(np.finfo(dtype).max))
-
-
-def _power_mean(xp, weighted, p: float):
-    """``((1/n) sum_j y_j^p)^(1/p)`` over axis 1, on ``y`` divided by its largest entry per
-    (image, channel): the largest ``(y / peak)^p`` is 1, so the mean is at least ``1/n`` at
-    any ``p`` (a power-of-two scale left every ``(y / s)^p < 1`` to underflow to 0 for
-    ``p`` in the thousands, and the result with them)."""
-    peak = xp.max(weighted, axis=1, keepdims=True)
-    scaled = weighted / xp.where(peak > 0, peak, 1)
-    power = _gemean_power(p, weighted.dtype)
-    with np.errstate(under="ignore"):  # 1 / power is subnormal for float32 near its max
-        scaled **= power
-        return peak[:, 0, :] * xp.mean(scaled, axis=1) ** (1.0 / power)
 
 
 @_one_blas_thread
@@ -483,12 +479,7 @@ def gsp_pool_forward(
     p = check_scalar(p, "p", low=1.0)
     backward = check_choice(backward, "backward", ("closed_form", "unrolled"))
     _method_backward(method, backward)
-    if mu < _LEAST_MU:
-        raise ValueError(
-            f"mu == {mu!r} is subnormal; the fast path's pooling layer needs mu >= {_LEAST_MU!r} "
-            "(float64's least normal number): its weights (1 - n rho_j) / mu = sigma_j / mu "
-            "need sigma_j ~ mu to carry its digits"
-        )
+    check_pool_mu(mu)
     if p > 1.0 and _checks_data(ns) and bool(xp.any(features < 0)):
         bad = tuple(int(i) for i in xp.argwhere(features < 0)[0])
         raise ValueError(
@@ -497,6 +488,7 @@ def gsp_pool_forward(
         )
     n = features.shape[1]
     kind = _kernel(features, mu)
+    power_ctx = None
     if kind != "array":
         features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _normalised(
             xp, features, prototypes
@@ -511,7 +503,7 @@ def gsp_pool_forward(
             cost=cost_t.transpose(0, 2, 1), scale=scale,
         )
         if p != 1.0:
-            pooled = _power_mean(xp, weights[:, :, None] * features, p)
+            pooled, power_ctx = power_mean(xp, weights, features, p, _checks_data(ns))
     else:
         cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
         result, weights = _pool_transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
@@ -520,11 +512,11 @@ def gsp_pool_forward(
             # (the sum w . f of float32 features near 3.4e38 overflowed before / n).
             pooled = ((weights * (1.0 / n))[:, None, :] @ features)[:, 0, :]
         else:
-            pooled = _power_mean(xp, weights[:, :, None] * features, p)
+            pooled, power_ctx = power_mean(xp, weights, features, p, _checks_data(ns))
         # z_i = (1/mu) sum_j pi_ij = (1/n) sum_j A_ij w_j: from the weights, never from pi,
         # which underflows for small mu.
         z = (weights[:, None, :] @ result.assignment.transpose(0, 2, 1))[:, 0, :] * (1.0 / n)
-    ctx = PoolContext(features, weights, pooled, p, backward, cost_ctx, result)
+    ctx = PoolContext(features, weights, pooled, p, backward, cost_ctx, result, power_ctx)
     return (pooled, z), ctx
 
 
@@ -540,38 +532,109 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     result = ctx.transport
     d_pooled = _upstream(d_pooled, "d_pooled", ctx.pooled.shape, ctx.pooled)
     d_z = _upstream(d_z, "d_z", result.pi.shape[:2], ctx.pooled)
-    xp = array_namespace(ctx.pooled).xp
-    features, weights = ctx.features, ctx.weights
-    n = features.shape[1]
-    mu = result.mu
+    ns = array_namespace(ctx.pooled)
+    xp = ns.xp
     d_pooled = xp.zeros_like(ctx.pooled) if d_pooled is None else d_pooled
     d_z = xp.zeros(result.pi.shape[:2], dtype=ctx.pooled.dtype) if d_z is None else d_z
-    kind = _kernel(ctx.pooled, mu)
+    # GeMean's d y = d pooled / d (w f) (bounded by |d_pooled|), from the forward's context.
+    d_y = None if ctx.p == 1.0 else power_mean_backward(
+        xp, ctx.weights, ctx.features, ctx.p, ctx.power_mean, d_pooled)
+    if not _checks_data(ns):
+        return _pool_backward(xp, ctx, d_pooled, d_z, d_y, check=True)
+    # d_weights ~ |f| |d_pooled| and W = d_cost / c' can leave the dtype where the gradients
+    # do not (features near its largest number: their gradient through the normalised cost
+    # map is O(ε |d_pooled|)). float32: such a backward is redone in float64 and cast back
+    # (cast_checked names a gradient truly beyond float32); float64: redone on upstreams
+    # divided by powers of two, as the reference (a gradient beyond float64 named). The
+    # finiteness test is the synchronisation the overflow check of W made before.
+    with np.errstate(over="ignore", invalid="ignore"):
+        grads = _pool_backward(xp, ctx, d_pooled, d_z, d_y, check=False)
+    if bool(xp.all(xp.isfinite(grads.features)) & xp.all(xp.isfinite(grads.prototypes))):
+        return grads
+    if ctx.pooled.dtype == np.float64:
+        return _pool_backward_rescaled(xp, ctx, d_pooled, d_z, d_y)
+    wide = _pool_backward(xp, _widened(ctx), d_pooled.astype(np.float64),
+                          d_z.astype(np.float64), None if d_y is None else d_y.astype(np.float64),
+                          check=True)
+    return PoolGrads(
+        features=cast_checked(wide.features, np.float32, "the gradient of features", ns),
+        prototypes=cast_checked(wide.prototypes, np.float32, "the gradient of prototypes", ns),
+    )
+
+
+def _widened(value):
+    """``value`` (a context dataclass, nested) with every float32 array as float64."""
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{
+            field.name: _widened(getattr(value, field.name))
+            for field in dataclasses.fields(value) if field.init
+        })
+    if hasattr(value, "dtype") and value.dtype == np.float32:
+        return value.astype(np.float64)  # order "K": transposed views keep their layout
+    return value
+
+
+def _pool_backward(xp, ctx: PoolContext, d_pooled, d_z, d_y, check: bool) -> PoolGrads:
+    """The backward in the context's dtype; ``d_y`` GeMean's (None at p = 1); ``check``: the
+    overflow check of ``W``."""
+    result = ctx.transport
+    features, weights = ctx.features, ctx.weights
+    n = features.shape[1]
+    kind = _kernel(ctx.pooled, result.mu)
     if kind != "array" and ctx.p == 1.0:
-        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, None, None)
+        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, None, None, check)
     if ctx.p == 1.0:
         upstream = d_pooled * (1.0 / n)                                    # (B, d)
         d_weights = (features @ upstream[:, :, None])[:, :, 0]            # (B, n)
         direct = weights[:, :, None] * upstream[:, None, :]
     else:
-        # d pooled_c / d x_jc = (1/n) (x_jc / pooled_c)^(p-1), bounded; 0 where pooled_c = 0.
-        pooled = ctx.pooled[:, None, :]
-        positive = pooled > 0
-        ratio = weights[:, :, None] * features
-        ratio /= xp.where(positive, pooled, 1.0)
-        ratio **= _gemean_power(ctx.p, ratio.dtype) - 1.0
-        ratio *= xp.where(positive, d_pooled[:, None, :] * (1.0 / n), 0)
-        d_weights = xp.einsum("bnd,bnd->bn", ratio, features)
-        ratio *= weights[:, :, None]
-        direct = ratio
+        d_weights = xp.einsum("bnd,bnd->bn", d_y, features)
+        direct = d_y * weights[:, :, None]
     if kind != "array":
-        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct)
-    # Prop. 4.3 with d_pi_ij = d_z_i / mu (never broadcast to memory) and d_rho = -(n / mu)
-    # d_w, as the reference evaluates it: d_cost = -ε A (P (d_pi - a) + w (b - bbar))
-    # (docs/gsp.md Sec. 3). Both terms are linear in (d_pi, d_rho) and in sigma, so the
-    # 1 / mu moves onto sigma: sigma d_pi = w d_z, and the marginal term is that of
-    # (d_z, -n d_w) with w = sigma / mu in place of sigma. No 1 / mu is formed (it
-    # overflows float32 below mu = 2^-128), only the O(1) weights.
+        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct, check)
+    weights_t = _distance_weights_of_pool(xp, ctx, d_weights, d_z, check)
+    return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
+
+
+def _pool_backward_rescaled(xp, ctx: PoolContext, d_pooled, d_z, d_y) -> PoolGrads:
+    """float64 where the backward's intermediates overflowed (features beyond ~1e300): the
+    reference's rescaling (:func:`refdml.gsp._pool._transport_backward`). The direct path
+    as it is; the weights' gradient on ``f / 2^shift``, the (linear) rest on the upstream
+    ``(d_weights, d_z)`` divided by ``2^(shift + k)``, its result multiplied back by
+    ``ldexp``. The array path; synchronises (the exponents)."""
+    features, weights, n = ctx.features, ctx.weights, ctx.features.shape[1]
+    d_y = xp.broadcast_to((d_pooled * (1.0 / n))[:, None, :], features.shape) if d_y is None \
+        else d_y
+    direct = d_y * weights[:, :, None]
+    shift = weight_gradient_shift(features)
+    d_weights = xp.einsum("bnd,bnd->bn", d_y, xp.ldexp(features, -shift))
+    d_z = xp.ldexp(d_z, -shift)
+    k = upstream_exponent(d_weights, d_z, n)
+    weights_t = _distance_weights_of_pool(xp, ctx, xp.ldexp(d_weights, -k), xp.ldexp(d_z, -k),
+                                          check=True)
+    through = _cost_map_backward(xp, ctx.cost, weights_t)
+    with np.errstate(over="ignore", invalid="ignore"):
+        grads = PoolGrads(features=xp.ldexp(through.features, k + shift) + direct,
+                          prototypes=xp.ldexp(through.prototypes, k + shift))
+    for name in ("features", "prototypes"):
+        if not bool(xp.all(xp.isfinite(getattr(grads, name)))):
+            raise ValueError(pool_gradient_overflow(
+                name, exponent_of(d_weights) + shift, ctx.transport.inverse_temperature))
+    return grads
+
+
+def _distance_weights_of_pool(xp, ctx: PoolContext, d_weights, d_z, check: bool):
+    """``W = d_cost / c'`` (B, n, m) of the layer's (P2) for the weights' gradient
+    ``d_weights`` (B, n) and ``d_z`` (B, m); ``check``: ``W``'s overflow check.
+
+    Prop. 4.3 with d_pi_ij = d_z_i / mu (never broadcast to memory) and d_rho = -(n / mu)
+    d_w, as the reference evaluates it: d_cost = -ε A (P (d_pi - a) + w (b - bbar))
+    (docs/gsp.md Sec. 3). Both terms are linear in (d_pi, d_rho) and in sigma, so the
+    1 / mu moves onto sigma: sigma d_pi = w d_z, and the marginal term is that of
+    (d_z, -n d_w) with w = sigma / mu in place of sigma. No 1 / mu is formed (it
+    overflows float32 below mu = 2^-128), only the O(1) weights.
+    """
+    result, weights, n = ctx.transport, ctx.weights, ctx.features.shape[1]
     assignment_t = result.assignment.transpose(0, 2, 1)
     weights_t, column = _wt.softmax_centred(xp, assignment_t, d_z[:, None, :])
     weights_t *= (weights * (1.0 / n))[:, :, None]
@@ -580,16 +643,16 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     weights_t *= assignment_t
     # W = d_cost_t / c' = d_cost_t s / c: 0 where c = 0 (the subgradient).
     weights_t *= ctx.cost.scale
-    _wt.scale_gradient(xp, weights_t, -result.inverse_temperature)
+    _wt.scale_gradient(xp, weights_t, -result.inverse_temperature, check=check)
     cost_t = ctx.cost.cost.transpose(0, 2, 1)
     weights_t /= xp.where(cost_t > 0, cost_t, np.inf)
-    return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
+    return weights_t
 
 
-def _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct) -> PoolGrads:
+def _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct, check) -> PoolGrads:
     """The Numba kernel's ``W`` and features' gradient, then the prototypes' (one GEMM)."""
     distance_weights, d_features = _gsp_kernels.pool_backward(
-        xp, kind, ctx, d_pooled, d_z, d_weights, direct
+        xp, kind, ctx, d_pooled, d_z, d_weights, direct, check=check
     )
     batch, n, m = distance_weights.shape
     flat = distance_weights.reshape(batch * n, m)

@@ -29,6 +29,8 @@ from refdml.histogram import (
     ConvexCombinationGrads,
     HistogramEntropicContext,
     HistogramGrads,
+    overflow_message,
+    rescaled_product,
 )
 
 __all__ = [
@@ -118,20 +120,25 @@ def convex_combination_forward(z, prototypes):
         raise ValueError(
             f"z has {z.shape[1]} weights per row but there are {prototypes.shape[0]} prototypes"
         )
-    with _quiet(ns.xp):
-        y_hat = z @ prototypes
-    _check_product(ns, y_hat, "y_hat = z @ prototypes", z=z, prototypes=prototypes)
+    y_hat = _product(ns, z, prototypes, "y_hat = z @ prototypes", z=z, prototypes=prototypes)
     return y_hat, ConvexCombinationContext(z, prototypes)
 
 
-def _check_product(ns, product, what: str, **factors) -> None:
-    """``ValueError`` where a product of finite arrays overflowed the dtype (one
-    synchronisation on CuPy, while data checks are on)."""
+def _product(ns, left, right, what: str, **factors) -> Any:
+    """``left @ right`` as the reference's: entries whose intermediate sums overflowed are
+    recomputed on rows and columns scaled by powers of two
+    (:func:`refdml.histogram.rescaled_product`), a value beyond the dtype is a ``ValueError``
+    naming ``what`` (one synchronisation on CuPy, while data checks are on)."""
     xp = ns.xp
-    if data_checks(ns) and not bool(xp.all(xp.isfinite(product))):
-        shown = ", ".join(f"max |{k}| == {float(xp.max(xp.abs(v))):.3g}"
-                          for k, v in factors.items())
-        raise ValueError(f"{what} overflows {np.dtype(product.dtype).name} ({shown})")
+    with _quiet(xp):
+        product = left @ right
+        if not data_checks(ns):
+            return product
+        product = rescaled_product(xp, left, right, product)
+    if not bool(xp.all(xp.isfinite(product))):
+        maxima = {k: float(xp.max(xp.abs(v))) for k, v in factors.items()}
+        raise ValueError(overflow_message(what, np.dtype(product.dtype).name, maxima))
+    return product
 
 
 def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
@@ -140,11 +147,10 @@ def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCom
     ns = array_namespace(ctx.z)
     d_y = check_fast_upstream(d_y, "d_y", (ctx.z.shape[0], ctx.prototypes.shape[1]), ns,
                               ctx.z.dtype)
-    with _quiet(ns.xp):
-        d_z, d_prototypes = d_y @ ctx.prototypes.T, ctx.z.T @ d_y
-    _check_product(ns, d_z, "the gradient of z, d_y @ prototypes.T,", d_y=d_y,
+    d_z = _product(ns, d_y, ctx.prototypes.T, "the gradient of z, d_y @ prototypes.T,", d_y=d_y,
                    prototypes=ctx.prototypes)
-    _check_product(ns, d_prototypes, "the gradient of prototypes, z.T @ d_y,", z=ctx.z, d_y=d_y)
+    d_prototypes = _product(ns, ctx.z.T, d_y, "the gradient of prototypes, z.T @ d_y,",
+                            z=ctx.z, d_y=d_y)
     return ConvexCombinationGrads(z=d_z, prototypes=d_prototypes)
 
 

@@ -20,12 +20,17 @@ What differs from the reference (and why)
   below ``_PINV_RCOND[dtype]`` of the largest (1e-12 float64, 1e-6 float32).
 * Divergences between point clouds use the Gram identity for the squared distances
   (:func:`refdml.gpu.distances._scaled_sq`, points scaled into the unit ball first).
+* float32 and ``p`` beyond its largest number: the forward is the reference's limit (the
+  power capped there), the backward a ``ValueError`` (the gradient is ``p`` times a cost).
+  A ``tol`` beyond the dtype is applied as its largest number; loss terms whose margin is
+  no float32 are float64 (:func:`refdml.gpu.losses.terms_dtype`).
 
 Synchronisation on CuPy (results that reach Python, and checks): the input checks
 (finiteness, positive weights; :func:`refdml.gpu._validation.set_finite_checks`) and,
-under the same switch, the finiteness of the gradients w.r.t. given weights, the
-largest cost (for the exact power-of-two rescaling, the eps check and the eps-scaling
-schedule), the solver's convergence test every
+under the same switch, the finiteness of the gradients w.r.t. given weights and w.r.t.
+the points, the largest cost (for the exact power-of-two rescaling, the eps check and the
+eps-scaling schedule), the largest squared distance (``p`` other than 1 and 2), the
+solver's convergence test every
 :data:`refdml.gpu._ot_sinkhorn.CHECK_EVERY_GPU` iterations, the warning, the Python
 floats the reference returns (one problem's scalars, divergence, loss values, masses),
 and the sizes of the unique pairs of the losses.
@@ -72,9 +77,11 @@ from refdml.gpu._ot_common import (
     _ground_cost,
     _ground_cost_backward,
     _scalar_upstream,
-    _scale_and_unit,
+    _scaled_points,
     _solve_scaled,
+    _sq_and_unit,
     _term,
+    _to_points,
     _unbatch,
     _weight_vector,
 )
@@ -208,11 +215,11 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     weights_given = bool(given)
     a, a_mass = _weight_vector(xp.full(n, 1.0 / n, dtype=dtype) if a is None else a, "a", n, ns, dtype)
     b, b_mass = _weight_vector(xp.full(m, 1.0 / m, dtype=dtype) if b is None else b, "b", m, ns, dtype)
-    scale, unit = _scale_and_unit(xp, "x and y", p, x, y)
-    xs, ys = x * (1.0 / scale), y * (1.0 / scale)
-    sq_xy = _cloud_sq(xp, xs[None], ys[None], p, False)
-    sq_xx = _cloud_sq(xp, xs[None], xs[None], p, True)
-    sq_yy = _cloud_sq(xp, ys[None], ys[None], p, True)
+    scale, xs, ys = _scaled_points(xp, x, y)
+    unit, sq_unit, sq_xy, sq_xx, sq_yy = _sq_and_unit(
+        p, scale, "x and y", _cloud_sq(xp, xs[None], ys[None], p, False),
+        _cloud_sq(xp, xs[None], xs[None], p, True), _cloud_sq(xp, ys[None], ys[None], p, True),
+    )
     costs = [_ground_cost(sq, p) for sq in (sq_xy, sq_xx, sq_yy)]
     largest = max(float(xp.max(c)) for c in costs)
     _solver.check_relative_eps(eps / unit, largest, dtype, user_eps=eps, cost_name=_COST_NAME,
@@ -227,7 +234,7 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     ctx = SinkhornDivergenceContext(
         x=xs, y=ys, scale=scale, unit=unit, a=a, b=b, a_mass=a_mass, b_mass=b_mass,
         weights_given=weights_given, p=p, value=value, sq_xy=sq_xy, sq_xx=sq_xx,
-        sq_yy=sq_yy, xy=xy, xx=xx, yy=yy,
+        sq_yy=sq_yy, xy=xy, xx=xx, yy=yy, sq_unit=sq_unit,
     )
     return float(divergence[0]), ctx
 
@@ -246,13 +253,15 @@ def sinkhorn_divergence_backward(ctx: SinkhornDivergenceContext, d_value) -> Sin
     dx1, dx2 = _ground_cost_backward(xp, x, x, ctx.sq_xx, p, d_cost)
     d_cost, db1, db2 = _ot_vjp(xp, ctx.yy, ctx.value, half)
     dy1, dy2 = _ground_cost_backward(xp, y, y, ctx.sq_yy, p, d_cost)
-    to_points = ctx.unit / ctx.scale
     grad_a = grad_b = None
     if ctx.weights_given:
         grad_a = _weight_gradient(ns, (da_xy + da1 + da2)[0], ctx.a_mass, "a")
         grad_b = _weight_gradient(ns, (db_xy + db1 + db2)[0], ctx.b_mass, "b")
+    with np.errstate(over="ignore", invalid="ignore"):
+        d_x, d_y = (dx_xy + dx1 + dx2)[0], (dy_xy + dy1 + dy2)[0]
+    factors = (ctx.unit, ctx.scale, ctx.sq_unit)
     return SinkhornDivergenceGrads(
-        x=(dx_xy + dx1 + dx2)[0] * to_points, y=(dy_xy + dy1 + dy2)[0] * to_points,
+        x=_to_points(ns, d_x, *factors, "x", p), y=_to_points(ns, d_y, *factors, "y", p),
         a=grad_a, b=grad_b,
     )
 

@@ -27,6 +27,12 @@ powers of two (exact), ``s = s_f s_p (nu' ^T x')``: the LP and the closed form (
 argmax is invariant under positive scaling) see well-scaled scores at any magnitude, and
 their objective is ``s_f s_p`` times the scaled one. ``ε s`` is formed as
 ``((ε s') s_f) s_p``; a ValueError names it where it, or an objective, overflows float64.
+
+The convex combination ``y_hat = z @ nu`` and its gradients ``d_y @ nu^T``, ``z^T @ d_y``
+are plain products; an entry that overflows there is recomputed with the rows of the left
+factor and the columns of the right one divided by powers of two (:func:`rescaled_product`):
+an intermediate sum beyond float64 whose value is not (terms of opposite signs, weights
+that are not a histogram) is computed, a value beyond float64 is a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -109,6 +115,46 @@ def _unscale(values: np.ndarray, scale_f: float, scale_p: float, what: str) -> n
         raise ValueError(
             f"{what} overflows float64 (|features| ~ {scale_f:.1e}, |prototypes| ~ {scale_p:.1e})"
         )
+    return out
+
+
+def rescaled_product(xp, left, right, plain):
+    """``left @ right`` (2-d) with the entries where ``plain`` (that product, computed) is not
+    finite recomputed without overflow; written against ``xp`` (the fast path calls it).
+
+    ``(L R)_bd = r_b c_d sum_k (L_bk / r_b)(R_kd / c_d)`` with ``r_b``, ``c_d`` the powers of
+    two just above the row's and the column's largest magnitude (division exact): every
+    term is below 1, the sum below the inner dimension, and ``ldexp`` puts ``r_b c_d``
+    back exactly, overflowing only where the value itself lies beyond the dtype. Terms
+    that underflow in the scaled sum are below ``2^-1074 r_b c_d``, far below the rounding
+    of a sum whose plain form overflowed (a term of ``|L_bk R_kd| ~ max / k`` entered it).
+    Finite entries of ``plain`` are kept as they are. One synchronisation on CuPy.
+    """
+    bad = ~xp.isfinite(plain)
+    if not bool(xp.any(bad)):
+        return plain
+    rows = xp.frexp(xp.max(xp.abs(left), axis=1, keepdims=True))[1]     # (B, 1)
+    columns = xp.frexp(xp.max(xp.abs(right), axis=0, keepdims=True))[1]  # (1, d)
+    scaled = xp.ldexp(left, -rows) @ xp.ldexp(right, -columns)
+    with np.errstate(over="ignore"):
+        redone = xp.ldexp(scaled, rows + columns)
+    return xp.where(bad, redone, plain)
+
+
+def overflow_message(what: str, dtype_name: str, maxima: dict) -> str:
+    """The ValueError text for a product ``what`` beyond ``dtype_name`` (the factors' maxima)."""
+    shown = ", ".join(f"max |{name}| == {value:.3g}" for name, value in maxima.items())
+    return f"{what} overflows {dtype_name} ({shown})"
+
+
+def _product(left, right, what: str, **factors) -> np.ndarray:
+    """``left @ right``: computed where only its intermediate sums overflow, a ValueError
+    naming ``what`` (and the largest entry of each of ``factors``) where its value does."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = rescaled_product(np, left, right, left @ right)
+    if not np.all(np.isfinite(out)):
+        maxima = {name: float(np.max(np.abs(value))) for name, value in factors.items()}
+        raise ValueError(overflow_message(what, "float64", maxima))
     return out
 
 
@@ -233,7 +279,9 @@ def histogram_entropic(features, prototypes, *, inverse_temperature) -> np.ndarr
 def convex_combination_forward(z, prototypes) -> tuple[np.ndarray, ConvexCombinationContext]:
     """Eq. (2.3): ``y_hat[b] = sum_k z[b, k] nu_k``, shape (B, d); returns ``(y_hat, ctx)``.
 
-    ``z`` is (B, m), usually a histogram; any real weights are accepted.
+    ``z`` is (B, m), usually a histogram; any real weights are accepted. A ``y_hat`` beyond
+    float64 is a ValueError naming it (for a histogram ``z`` it never is: ``|y_hat| <= max
+    |nu|``); one whose intermediate sums alone overflow is computed (module docstring).
     """
     z = as_float_array(z, "z", ndim=2)
     prototypes = as_float_array(prototypes, "prototypes", ndim=2)
@@ -241,14 +289,22 @@ def convex_combination_forward(z, prototypes) -> tuple[np.ndarray, ConvexCombina
         raise ValueError(
             f"z has {z.shape[1]} weights per row but there are {prototypes.shape[0]} prototypes"
         )
-    return z @ prototypes, ConvexCombinationContext(z, prototypes)
+    y_hat = _product(z, prototypes, "y_hat = z @ prototypes", z=z, prototypes=prototypes)
+    return y_hat, ConvexCombinationContext(z, prototypes)
 
 
 def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
-    """Gradients ``.z`` (B, m) and ``.prototypes`` (m, d); ``d_y`` has the shape (B, d) of ``y_hat``."""
+    """Gradients ``.z`` (B, m) and ``.prototypes`` (m, d); ``d_y`` has the shape (B, d) of ``y_hat``.
+
+    A gradient beyond float64 is a ValueError naming it (as the forward's ``y_hat``).
+    """
     check_context(ctx, "ctx", ConvexCombinationContext)
     d_y = check_upstream(d_y, "d_y", (ctx.z.shape[0], ctx.prototypes.shape[1]))
-    return ConvexCombinationGrads(z=d_y @ ctx.prototypes.T, prototypes=ctx.z.T @ d_y)
+    d_z = _product(d_y, ctx.prototypes.T, "the gradient of z, d_y @ prototypes.T,", d_y=d_y,
+                   prototypes=ctx.prototypes)
+    d_prototypes = _product(ctx.z.T, d_y, "the gradient of prototypes, z.T @ d_y,", z=ctx.z,
+                            d_y=d_y)
+    return ConvexCombinationGrads(z=d_z, prototypes=d_prototypes)
 
 
 def convex_combination(z, prototypes) -> np.ndarray:

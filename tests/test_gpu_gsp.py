@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import warnings
@@ -236,6 +237,82 @@ def test_gemean_at_large_p_backward_matches_finite_differences():
         fast.gsp_pool_backward, {"features": features}, mode="full", rng=rng,
     )
     assert result.passed(rtol=1e-5), result.max_rel_error
+
+
+@pytest.mark.parametrize("kernels", ["array", "cpu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("p", [2000.0, 1e5, 1e15, 1e300])
+def test_gemean_at_large_p_matches_the_reference(p, dtype, kernels):
+    # The whole layer (mu = 0.3, weights that move with the cost). The fast backward raised
+    # the rounded y / pooled to p - 1: its derivative at the largest entry was off by
+    # p u from p ~ 1e12 (1.18 at 1e15 where the reference has 1) and was 1/n beyond ~1e17.
+    rng = np.random.default_rng(18)
+    features, prototypes = _inputs(rng, batch=2, n=5, m=3, d=4)
+    features = np.abs(features) + 0.1
+    args = dict(mu=0.3, inverse_temperature=2.0, p=p)
+    (ref_pooled, ref_z), ref_ctx = reference.gsp_pool_forward(features, prototypes, **args)
+    d_pooled, d_z = rng.standard_normal(ref_pooled.shape), rng.standard_normal(ref_z.shape)
+    ref = reference.gsp_pool_backward(ref_ctx, d_pooled, d_z)
+    with warnings.catch_warnings(), use_kernels(kernels):
+        warnings.simplefilter("error")
+        (pooled, z), ctx = fast.gsp_pool_forward(features.astype(dtype),
+                                                 prototypes.astype(dtype), **args)
+        grads = fast.gsp_pool_backward(ctx, d_pooled.astype(dtype), d_z.astype(dtype))
+    rtol = 2e-5 if dtype == np.float32 else 1e-10
+    for got, want in ((pooled, ref_pooled), (z, ref_z), (grads.features, ref.features),
+                      (grads.prototypes, ref.prototypes)):
+        assert got.dtype == dtype
+        assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kernels", ["array", "cpu"])
+@pytest.mark.parametrize("p", [1.0, 3.0])
+@pytest.mark.parametrize("upstream", [1e-3, 1.0, 10.0, 1e10])
+def test_float64_features_near_its_largest_number_are_the_references(upstream, p, kernels):
+    # Features near 2^1023 with weights up to ~3: d_weights ~ |f| |d_pooled| and W overflowed
+    # (a RuntimeWarning, or an error that blamed inverse_temperature) where the gradients do
+    # not. Both now rescale the upstream by powers of two; both name a gradient beyond
+    # float64 (the prototypes' ~ε |f| |d_pooled| at the larger upstreams) alike.
+    rng = np.random.default_rng(20)
+    features = rng.uniform(0.2, 1.0, (2, 5, 3)) * 2.0**1023
+    features[:, 0] = np.array([1.0, 0.9, 0.8]) * 2.0**1023
+    prototypes = np.array([[1.0, 0.9, 0.8], [-1.0, 0.5, 0.1], [0.2, -1.0, 0.3]])
+    args = dict(mu=0.2, inverse_temperature=10.0, p=p)
+    d_pooled, d_z = upstream * rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+    _, ref_ctx = reference.gsp_pool_forward(features, prototypes, **args)
+    with use_kernels(kernels):
+        _, ctx = fast.gsp_pool_forward(features, prototypes, **args)
+    try:
+        ref = reference.gsp_pool_backward(ref_ctx, d_pooled, d_z)
+    except ValueError as error:
+        with pytest.raises(ValueError, match=re.escape(str(error))), use_kernels(kernels):
+            fast.gsp_pool_backward(ctx, d_pooled, d_z)
+        assert upstream >= 10.0
+        return
+    with warnings.catch_warnings(), use_kernels(kernels):
+        warnings.simplefilter("error")
+        grads = fast.gsp_pool_backward(ctx, d_pooled, d_z)
+    for name in ("features", "prototypes"):
+        want = getattr(ref, name)
+        assert_allclose(getattr(grads, name), want, rtol=0, atol=1e-10 * np.abs(want).max())
+
+
+def test_marginal_factors_near_the_largest_float64():
+    # b = a - d_rho near +-1.5e308: b_top - b overflowed (inf - inf). The map is linear in
+    # (d_rho, column), so 2^k times its value at (d_rho, column) / 2^k (far from overflow,
+    # every step exact up to rounding) is the answer; weight <= 1/n keeps it finite.
+    rng = np.random.default_rng(19)
+    cost = rng.uniform(0.0, 2.0, (2, 3, 5))
+    result = fast.weight_transport(cost, mu=0.4, inverse_temperature=2.0)
+    d_rho = 1.5e308 * rng.choice([-1.0, 1.0], (2, 5)) * rng.uniform(0.5, 1.0, (2, 5))
+    column = rng.standard_normal((2, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = _gsp_transport.marginal_factors(np, result, d_rho, column)
+    scale = 2.0**600
+    want = scale * _gsp_transport.marginal_factors(np, result, d_rho / scale, column / scale)
+    assert np.all(np.isfinite(got))
+    assert_allclose(got, want, rtol=1e-13)
 
 
 def test_float32_cost_map_next_to_float32_max():

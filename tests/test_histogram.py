@@ -1,10 +1,11 @@
 """XML histogram operator: LP (2.1), Claim 2.1, entropic (2.4), convex combination (2.3)."""
 
 import functools
+from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy.optimize import linprog, minimize
@@ -130,7 +131,10 @@ def test_convex_combination_matches_a_loop():
 
 @given(
     rst.simplex_vectors(4, batch=3),
-    hnp.arrays(np.float64, (4, 2), elements=st.floats(-3, 3, allow_nan=False, width=64)),
+    # No subnormals: prototypes of 5e-324 give gradients of z that are single subnormal
+    # units, below any finite difference's resolution (a draw that failed, not a bug).
+    hnp.arrays(np.float64, (4, 2), elements=st.floats(-3, 3, allow_nan=False, width=64,
+                                                      allow_subnormal=False)),
 )
 def test_convex_combination_gradients_hypothesis(z, prototypes):
     inputs = {"z": z, "prototypes": prototypes}
@@ -229,3 +233,76 @@ def test_histograms_at_extreme_scales(scale):
     else:  # scores ~ scale^2 underflow: the uniform histogram is the right answer
         tiny = histogram.histogram_entropic(features * scale, prototypes * scale, inverse_temperature=2.0)
         np.testing.assert_allclose(tiny, 0.25, rtol=1e-14)
+
+
+# ---------------------------------------------------------------- issue 20: extreme magnitudes
+
+
+def test_convex_combination_computes_where_only_partial_sums_overflow():
+    # z = (2^996, -2^996) (weights that are not a histogram), nu rows 2^30 and 2^30 - 1:
+    # each product is ~2^1026 (inf, once with only a RuntimeWarning) while the value is
+    # 2^996 (2^996 * 2^30 - 2^996 * (2^30 - 1)); the second column 2^996 * (3 - 1).
+    # Rows and columns scaled by powers of two make every step exact here.
+    big = 2.0**996
+    z = np.array([[big, -big], [0.25, 0.75]])
+    prototypes = np.array([[2.0**30, 3.0], [2.0**30 - 1.0, 1.0]])
+    y_hat, ctx = histogram.convex_combination_forward(z, prototypes)
+    np.testing.assert_allclose(y_hat, [[big, 2 * big], [2.0**30 - 0.75, 1.5]], rtol=1e-15)
+    # The gradient of z, d_y nu^T, the same way: 2^996 (2^30 - (2^30 - 1)) = 2^996.
+    _, ctx = histogram.convex_combination_forward(np.ones((1, 1)), np.array([[2.0**30,
+                                                                               2.0**30 - 1.0]]))
+    grads = histogram.convex_combination_backward(ctx, np.array([[big, -big]]))
+    np.testing.assert_allclose(grads.z, [[big]], rtol=1e-15)
+    np.testing.assert_allclose(grads.prototypes, [[big, -big]], rtol=1e-15)
+
+
+def test_convex_combination_beyond_float64_is_named():
+    z, prototypes = np.array([[1e300, 1e300]]), np.array([[1e10], [1e10]])
+    with pytest.raises(ValueError, match=r"^y_hat = z @ prototypes overflows float64 \(max \|z\| "
+                                         r"== 1e\+300, max \|prototypes\| == 1e\+10\)"):
+        histogram.convex_combination_forward(z, prototypes)
+    _, ctx = histogram.convex_combination_forward(np.array([[0.5, 0.5]]), prototypes)
+    with pytest.raises(ValueError, match=r"^the gradient of z, d_y @ prototypes.T, overflows "
+                                         r"float64 \(max \|d_y\| == 1e\+300"):
+        histogram.convex_combination_backward(ctx, np.array([[1e300]]))
+    _, ctx = histogram.convex_combination_forward(np.array([[1e10, 1e10]]), 1e-10 * prototypes)
+    with pytest.raises(ValueError, match=r"^the gradient of prototypes, z.T @ d_y, overflows"):
+        histogram.convex_combination_backward(ctx, np.array([[1e300]]))
+
+
+def _exact_product(left, right):
+    """``left @ right`` and ``|left| @ |right|`` in rational arithmetic (Fractions)."""
+    rows, inner, columns = left.shape[0], left.shape[1], right.shape[1]
+    value = [[sum(Fraction(left[b, k]) * Fraction(right[k, c]) for k in range(inner))
+              for c in range(columns)] for b in range(rows)]
+    bound = [[sum(abs(Fraction(left[b, k]) * Fraction(right[k, c])) for k in range(inner))
+              for c in range(columns)] for b in range(rows)]
+    return value, bound
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hnp.arrays(np.float64, (2, 3), elements=st.floats(-1.0, 1.0)),
+    hnp.arrays(np.float64, (3, 2), elements=st.floats(-1.0, 1.0)),
+    st.floats(-300.0, 308.0), st.floats(-300.0, 308.0),
+)
+def test_convex_combination_is_the_exact_product_or_named_hypothesis(z, prototypes, a, b):
+    # Oracle: the product in rational arithmetic. Where every entry lies within float64
+    # (below max / 2), the result is it to the rounding of a floating sum, (inner + 2) u
+    # times the sum of the |terms|; where one lies beyond 2 max, a ValueError names it.
+    z, prototypes = z * 10.0**a, prototypes * 10.0**b
+    value, bound = _exact_product(z, prototypes)
+    largest = Fraction(float(np.finfo(float).max))
+    peak = max(abs(v) for row in value for v in row)
+    assume(peak < largest / 2 or peak > 2 * largest)
+    if peak > 2 * largest:
+        with pytest.raises(ValueError, match=r"^y_hat = z @ prototypes overflows float64"):
+            histogram.convex_combination_forward(z, prototypes)
+        return
+    y_hat, _ = histogram.convex_combination_forward(z, prototypes)
+    unit = Fraction(float(np.finfo(float).eps))
+    for row in range(2):
+        for column in range(2):
+            error = abs(Fraction(float(y_hat[row, column])) - value[row][column])
+            # + 2^-1074: a value or a term that underflows carries one subnormal rounding.
+            assert error <= 5 * unit * bound[row][column] + Fraction(2) ** -1070

@@ -1,6 +1,7 @@
 """Entropic OT, Sinkhorn divergences and Wasserstein losses against POT, LP limits and
 finite differences."""
 
+import re
 import warnings
 
 import numpy as np
@@ -707,3 +708,89 @@ def test_an_eps_scaling_too_close_to_one_is_named_not_a_hang():
     with pytest.raises(ValueError, match=r"^eps_scaling == 0.9999999999999999 needs"):
         rot.pairwise_sinkhorn_divergence(np.stack([_problem(47)[0]] * 3), eps=eps,
                                          eps_scaling=1 - 1e-16)
+
+
+# ------------------------------------------------------- issue 20: any p, coincident points
+
+
+def _cloud_at_unit_distance():
+    """Clouds whose largest distance is exactly 1 (x_0 = (0, 0), y_0 = (1, 0); every other
+    distance at most 0.9), so that ||x - y||^p is representable at every p."""
+    x = np.array([[0.0, 0.0], [0.5, 0.0], [0.2, 0.3]])
+    y = np.array([[1.0, 0.0], [0.7, 0.1]])
+    return x, y
+
+
+@pytest.mark.parametrize("p", [1e5, 1e38, 1e300])
+def test_divergence_at_huge_p_is_that_of_the_limit_costs(p):
+    # Every cost (D / D_max)^p but the largest (1) is 0 at these p (0.9^1e5 underflows):
+    # the divergence is that of the 0/1 cost matrices, solved directly (once the scaled
+    # cost 2^p overflowed, or the unit s^p: a RuntimeWarning, or a refusal).
+    x, y = _cloud_at_unit_distance()
+    eps = 0.1
+    sd, grads = rot.sinkhorn_divergence(x, y, eps=eps, p=p, **TIGHT)
+
+    def limit(u, v):
+        distance = np.linalg.norm(u[:, None] - v[None], axis=-1)
+        cost = (distance == 1.0).astype(float)
+        return rot.entropic_ot_forward(np.full(len(u), 1 / len(u)), np.full(len(v), 1 / len(v)),
+                                       cost, eps=eps, **TIGHT)[0]
+
+    expected = limit(x, y) - 0.5 * (limit(x, x) + limit(y, y))
+    np.testing.assert_allclose(sd, expected, rtol=1e-12)
+    # The gradient is p times the cost's derivative at the one pair of distance 1: it
+    # moves x_0 and y_0 along their difference, nothing else.
+    assert np.all(np.isfinite(grads.x)) and np.all(np.isfinite(grads.y))
+    np.testing.assert_allclose(grads.x[1:], 0.0, atol=0.0)
+    np.testing.assert_allclose(grads.x[0, 1], 0.0, atol=0.0)
+    np.testing.assert_allclose(grads.x[0, 0], -grads.y[0, 0], rtol=1e-12)
+    assert grads.x[0, 0] < 0.0
+
+
+@pytest.mark.parametrize("p", [3.0, 7.0, 40.0])
+def test_divergence_gradients_at_larger_p_match_finite_differences(p):
+    # (D / D_max)^p in the unit D_max^p: eps in the cost's units, scaled with it.
+    from refdml.gradcheck import assert_gradients, check_gradients
+
+    rng = np.random.default_rng(50)
+    x, y = rng.uniform(-1, 1, (4, 2)), rng.uniform(-1, 1, (3, 2))
+    largest = np.max(np.linalg.norm(np.concatenate([x, y])[:, None] - np.concatenate([x, y])[None],
+                                    axis=-1)) ** p
+
+    def forward(x, y):
+        return rot.sinkhorn_divergence_forward(x, y, eps=0.2 * largest, p=p, **TIGHT)
+
+    result = check_gradients(forward, rot.sinkhorn_divergence_backward, {"x": x, "y": y}, rng=5)
+    assert_gradients(result, rtol=1e-6)
+
+
+def test_p_beyond_the_range_of_the_data_is_named():
+    # Largest distance 3: 3^p is a float64 in [2^-1000, 2^1000] for p <= 1000 / log2(3).
+    x, y = _cloud_at_unit_distance()
+    fits = 1000.0 / np.log2(3.0)
+    for call in (lambda p: rot.sinkhorn_divergence(3 * x, 3 * y, eps=0.1, p=p),
+                 lambda p: rot.wcontrastive(np.stack([3 * x[:2], 3 * y]), [0, 1], margin=1.0,
+                                            eps=0.1, p=p)):
+        for p in (1000.0, 1e38):
+            with pytest.raises(ValueError, match=rf"^p == {re.escape(f'{p:g}')}: the largest "
+                                                 r"cost \|\|x - y\|\|"
+                                                 rf"\^p of .* \(largest distance 3\) is 2\^.*, it "
+                                                 rf"overflows float64 .* p <= {fits:.4g} keeps"):
+                call(p)
+
+
+def test_weight_gradient_is_zero_where_the_points_coincide():
+    # y scaled by 1e-300 next to x of order 1: every y_j is at the same distance from each
+    # x_i (to float64), so the divergence does not depend on b; its gradient, (g - <g, b>) /
+    # |b| in both conventions, is 0. The projection is taken against the largest weight:
+    # equal potentials give 0, where <g, b> left an ulp of |g| along (1, ..., 1). Bounded by
+    # the rounding of the potentials (they may differ by an ulp: BLAS mat-vecs).
+    rng = np.random.default_rng(51)
+    x, y = 3 * rng.standard_normal((5, 3)), 1e-300 * rng.standard_normal((4, 3)) + 1.0
+    a, b = rng.uniform(0.5, 1.0, 5), rng.uniform(0.5, 1.0, 4)
+    for value in ("regularized", "transport_cost"):
+        sd, ctx = rot.sinkhorn_divergence_forward(x, y, a, b, eps=0.1, value=value, **TIGHT)
+        grads = rot.sinkhorn_divergence_backward(ctx, 1.0)
+        scale = ctx.unit * np.abs(ctx.xy.g).max() / ctx.b_mass
+        np.testing.assert_allclose(grads.b, 0.0, atol=64 * np.finfo(float).eps * scale * 4)
+        assert np.abs(grads.a).max() > 1e-3

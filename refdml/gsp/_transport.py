@@ -154,6 +154,16 @@ class WeightTransportGrads:
     cost: np.ndarray  # (B, m, n)
 
 
+def _sigmoid(x):
+    """``sigma(x)`` down to float64's least subnormal (``x ~ -744.4``).
+
+    scipy's ``expit`` is 0 below ``x ~ -709.78`` (``1 / (1 + e^-x)`` overflows), where
+    ``sigma(x) = e^x (1 - e^x + ...)`` is ``e^x`` to float64's precision: the GSP pooling
+    weights ``sigma_j / mu`` at ``mu`` near float64's least normal number were 0 there.
+    """
+    return np.where(x < -700.0, np.exp(np.minimum(x, -700.0)), expit(x))
+
+
 def _eps_times_gap(inverse_temperature: float, a, b):
     """``ε (a - b)`` with no overflow of ``a - b``; ``±inf`` only where the product overflows.
 
@@ -381,7 +391,7 @@ def _fixed_point(column_min, lam, inverse_temperature: float, mu: float, max_ite
         history.append(new)
         if tol > 0.0:
             # rho_j + P_j - 1/n = (exp(new + term_j) - sigma(x_j)) / n
-            sig = expit(y[:, None] + relative)
+            sig = _sigmoid(y[:, None] + relative)
             column_residual = np.max(np.abs(np.exp(new[:, None] + terms) - sig), axis=1) / n
             if np.all(column_residual <= tol):
                 break
@@ -418,7 +428,7 @@ def _weight_transport(cost, mu, inverse_temperature, method, max_iter, tol) -> W
         x, log_t, n_iter, exhausted = _solve_exact(
             column_min, lam, inverse_temperature, mu, max_iter
         )
-        column_mass = expit(x) / n
+        column_mass = _sigmoid(x) / n
     else:
         pivot, relative, history = _fixed_point(
             column_min, lam, inverse_temperature, mu, max_iter, tol
@@ -435,8 +445,8 @@ def _weight_transport(cost, mu, inverse_temperature, method, max_iter, tol) -> W
             tau_history=tau_history, pivot=pivot, relative_log_s=relative,
             anchored_tau_history=history,
         )
-    transported = expit(x)
-    rho = expit(-x) / n
+    transported = _sigmoid(x)
+    rho = _sigmoid(-x) / n
     pi = column_mass[:, None, :] * assignment
     residual = _residual(rho, pi, mu)
     converged = bool(np.all(residual <= tol))
@@ -683,7 +693,7 @@ def unrolled_backward(result, d_rho, d_pi) -> np.ndarray:
     softmax_part, column = _softmax_part(result.assignment, result.pi, d_pi)
     k = history.shape[1] - 1
     x = history[:, k - 1, None] + relative
-    sig, sig_minus = expit(x), expit(-x)
+    sig, sig_minus = _sigmoid(x), _sigmoid(-x)
     weighted = column * result.pi.sum(axis=1)          # P_j * dL/dP_j
     through_rho = d_rho * sig * sig_minus / n          # -dL/dx_j through rho
     d_relative = weighted * sig_minus - through_rho
@@ -695,8 +705,8 @@ def unrolled_backward(result, d_rho, d_pi) -> np.ndarray:
         x = history[:, s - 1, None] + relative
         share = np.exp(_column_terms(history[:, s - 1], relative))
         share /= share.sum(axis=1, keepdims=True)      # softmax_j T_j, no cancellation
-        d_relative -= d_y[:, None] * share * expit(-x)
-        d_prev = d_y * np.sum(share * expit(x), axis=1)  # = r, the contraction rate, at the root
+        d_relative -= d_y[:, None] * share * _sigmoid(-x)
+        d_prev = d_y * np.sum(share * _sigmoid(x), axis=1)  # = r, the contraction rate, at the root
         d_y = d_prev + d_y_prev if s == k else d_prev
     # l = a + r. Anchored at a pivot p: a = l_p enters through y_0 = a and through every
     # r_j = l_j - l_p (j != p; r_p = 0 is a constant). Anchored at 0: y_0 = 0, r = l.

@@ -21,6 +21,17 @@ formed, and ``eps`` by ``s^p``: ``SD_eps(x, y) = s^p SD_{eps / s^p}(x / s, y / s
 finite clouds work as long as the costs ``||x - y||^p`` and ``eps`` relative to them are
 representable; otherwise a ``ValueError`` says which (never a NaN or a silent 0).
 
+Any ``p >= 1`` (issue 20). For ``p`` other than 1 and 2 the squared distances of the
+scaled clouds are further divided by the largest of them, ``T`` (over every problem of the
+call), so the costs are ``(D / D_max)^p`` in ``[0, 1]`` with the largest exactly 1, in the
+unit ``D_max^p``: scaled distances reach 2, and ``2^p`` overflows float64 from ``p =
+1024``, while ``(D / D_max)^p`` neither overflows nor underflows to all zeros at any
+``p`` (at ``p = 1e300`` every cost but the largest is 0: the limit). The valid range of
+``p`` is where that unit, the largest cost ``D_max^p``, is a float64 in ``[2^-1000,
+2^1000]`` (``p |log2 D_max| <= 1000``); beyond it a ``ValueError`` names ``p``, the
+largest distance and the ``p`` that would fit. The gradient ``p ||x - y||^(p-2) (x - y)``
+is formed as ``p ((D / D_max)^(p-2) d_cost)`` (``p`` last); one beyond float64 is named.
+
 The ratio ``r = eps / max C`` is invariant under that rescaling, so no rescaling helps
 where float64 cannot resolve it (``r`` outside ``[1e-13, 1e12]``). For features of
 magnitude 1e-200 (p = 1) and ``eps = 0.1``, ``r ~ 1e199``: there ``SD_eps`` equals the
@@ -106,31 +117,90 @@ def _ground_cost(sq: np.ndarray, p: float) -> np.ndarray:
 
 
 def _ground_cost_backward(x, y, sq, p, d_cost):
-    """Gradients of ``<d_cost, ||x_i - y_j||^p>`` w.r.t. x and y (subgradient 0 at x_i = y_j)."""
+    """Gradients of ``<d_cost, ||x_i - y_j||^p>`` w.r.t. x and y (subgradient 0 at x_i = y_j).
+
+    ``sq`` as the context holds it (divided by ``sq_unit``; the caller divides the result
+    by it). ``p`` multiplies last, so that only a gradient beyond float64 overflows.
+    """
     if p == 2.0:
         w = 2.0 * d_cost
     else:
         positive = sq > 0.0
-        w = np.where(positive, p * d_cost * np.where(positive, sq, 1.0) ** (0.5 * p - 1.0), 0.0)
-    d_x = w.sum(axis=2)[:, :, None] * x - w @ y
-    d_y = w.sum(axis=1)[:, :, None] * y - np.swapaxes(w, 1, 2) @ x
+        with np.errstate(over="ignore", invalid="ignore"):  # checked by the caller
+            w = np.where(positive, (np.where(positive, sq, 1.0) ** (0.5 * p - 1.0) * d_cost) * p,
+                         0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d_x = w.sum(axis=2)[:, :, None] * x - w @ y
+        d_y = w.sum(axis=1)[:, :, None] * y - np.swapaxes(w, 1, 2) @ x
     return d_x, d_y
 
 
-def _cost_unit(scale: float, p: float, names: str) -> float:
-    """``scale^p``: the unit of the costs of clouds divided by ``scale`` (a power of two)."""
-    exponent = float(np.log2(scale)) * p
-    if exponent > 1000.0:
+def _distance_unit(p: float, largest_sq: float) -> float:
+    """``T``, the unit of the squared distances before the power ``p / 2``: 1 for ``p`` in
+    {1, 2} (the scaled costs are at most 4), else ``largest_sq``, the largest squared
+    distance of the scaled clouds (1 if every distance is 0); see the module docstring."""
+    if p in (1.0, 2.0) or not largest_sq > 0.0:
+        return 1.0
+    return float(largest_sq)
+
+
+def _cost_unit(scale: float, p: float, names: str, sq_unit: float = 1.0) -> float:
+    """``(scale sqrt(sq_unit))^p``: the unit of the costs of clouds divided by ``scale`` (a
+    power of two) whose squared distances are divided by ``sq_unit`` (:func:`_distance_unit`).
+
+    ``ValueError`` where it lies outside ``[2^-1000, 2^1000]``: with ``sq_unit = 1`` the
+    data's magnitude is named, otherwise the largest cost ``D_max^p`` with the range of
+    ``p`` (``p |log2 D_max| <= 1000``) that these data allow.
+    """
+    log_distance = float(np.log2(scale)) + 0.5 * float(np.log2(sq_unit))
+    exponent = log_distance * p
+    if abs(exponent) <= 1000.0:
+        return float(np.exp2(exponent))
+    flows = "overflows" if exponent > 0.0 else "underflows"
+    if sq_unit == 1.0:
         raise ValueError(
-            f"the cost ||x - y||^p of {names} (magnitude ~{scale:.3g}, p == {p:g}) overflows "
+            f"the cost ||x - y||^p of {names} (magnitude ~{scale:.3g}, p == {p:g}) {flows} "
             "float64; rescale the data"
         )
-    if exponent < -1000.0:
+    largest = scale * float(np.sqrt(sq_unit))
+    fits = 1000.0 / abs(log_distance)
+    hint = (f"p <= {fits:.4g} keeps it in range for these data, or rescale the data"
+            if fits >= 1.0 else "rescale the data")
+    raise ValueError(
+        f"p == {p:g}: the largest cost ||x - y||^p of {names} (largest distance {largest:.6g}) "
+        f"is 2^{exponent:.4g}, it {flows} float64 (2^-1000 .. 2^1000); {hint}"
+    )
+
+
+def _normalised_sq(p: float, *sqs):
+    """``(sq_unit, sq / sq_unit ...)`` of squared distance arrays (NumPy or CuPy) for the
+    power ``p`` (:func:`_distance_unit`; the largest, exactly 1, is one synchronisation on
+    CuPy for ``p`` other than 1 and 2)."""
+    if p in (1.0, 2.0):
+        return (1.0, *sqs)
+    largest = max(float(sq.max()) if sq.size else 0.0 for sq in sqs)
+    sq_unit = _distance_unit(p, largest)
+    if sq_unit == 1.0:
+        return (1.0, *sqs)
+    return (sq_unit, *(sq / sq.dtype.type(sq_unit) for sq in sqs))
+
+
+def _points_factor(unit: float, scale: float, sq_unit: float) -> float:
+    """``unit / (scale sq_unit)``: the chain-rule factor from scaled to given points (costs
+    ``unit c(x / scale)``, squared distances divided by ``sq_unit``). Python floats: an
+    ``inf`` here (a gradient beyond float64) is named by :func:`_check_gradient`."""
+    return unit / scale / sq_unit
+
+
+def _check_gradient(xp, gradient, name: str, p: float) -> None:
+    """``ValueError`` where the gradient with respect to ``name`` is not finite (it
+    overflowed: ``p ||x - y||^(p-1)`` or the upstream gradient beyond the dtype)."""
+    if not bool(xp.all(xp.isfinite(gradient))):
         raise ValueError(
-            f"the cost ||x - y||^p of {names} (magnitude ~{scale:.3g}, p == {p:g}) underflows "
-            "float64; rescale the data"
+            f"the gradient with respect to {name} overflows {np.dtype(gradient.dtype).name} "
+            f"(p == {p:g}: it holds p ||x - y||^(p-1), beyond the dtype here); use a smaller "
+            "p, a smaller upstream gradient or rescale the data"
         )
-    return float(np.exp2(exponent))
 
 
 def _check_p(p) -> float:
@@ -177,6 +247,7 @@ class SinkhornDivergenceContext:
     xy: _OTBatch             # the three problems of Eq. (4)
     xx: _OTBatch
     yy: _OTBatch
+    sq_unit: float = 1.0     # the sq_* above are divided by it (_distance_unit; p not 1, 2)
 
 
 def _check_clouds(x, y):
@@ -225,11 +296,11 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     b, b_mass = _check_weight_vector(np.full(m, 1.0 / m) if b is None else b, "b", m)
 
     scale = common_scale(x, y)
-    unit = _cost_unit(scale, p, "x and y")
     xs, ys = x / scale, y / scale
-    sq_xy = _sq_dist(xs[None], ys[None], p)
-    sq_xx = _self_sq_dist(xs[None], p)
-    sq_yy = _self_sq_dist(ys[None], p)
+    sq_unit, sq_xy, sq_xx, sq_yy = _normalised_sq(
+        p, _sq_dist(xs[None], ys[None], p), _self_sq_dist(xs[None], p), _self_sq_dist(ys[None], p)
+    )
+    unit = _cost_unit(scale, p, "x and y", sq_unit)
     costs = [_ground_cost(sq, p) for sq in (sq_xy, sq_xx, sq_yy)]
     scaled_eps = eps / unit
     _check_relative_eps(scaled_eps, max(float(c.max()) for c in costs), user_eps=eps,
@@ -244,7 +315,7 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     ctx = SinkhornDivergenceContext(
         x=xs, y=ys, scale=scale, unit=unit, a=a, b=b, a_mass=a_mass, b_mass=b_mass,
         weights_given=weights_given, p=p, value=value, sq_xy=sq_xy, sq_xx=sq_xx,
-        sq_yy=sq_yy, xy=xy, xx=xx, yy=yy,
+        sq_yy=sq_yy, xy=xy, xx=xx, yy=yy, sq_unit=sq_unit,
     )
     return divergence, ctx
 
@@ -268,16 +339,18 @@ def sinkhorn_divergence_backward(ctx: SinkhornDivergenceContext, d_value) -> Sin
     d_cost, db1, db2 = _ot_vjp(ctx.yy, ctx.value, half)
     dy1, dy2 = _ground_cost_backward(y, y, ctx.sq_yy, p, d_cost)
 
-    # Costs are unit * C'(x / scale): the chain rule gives unit / scale = scale^(p-1).
-    to_points = ctx.unit / ctx.scale
+    # Costs are unit * C'(x / scale) (squared distances in units of sq_unit): the chain
+    # rule gives unit / (scale sq_unit), scale^(p-1) for p in {1, 2}.
+    to_points = _points_factor(ctx.unit, ctx.scale, ctx.sq_unit)
     grad_a = grad_b = None
     if ctx.weights_given:
         grad_a = _weight_gradient((da_xy + da1 + da2)[0], ctx.a_mass, "a")
         grad_b = _weight_gradient((db_xy + db1 + db2)[0], ctx.b_mass, "b")
-    return SinkhornDivergenceGrads(
-        x=to_points * (dx_xy + dx1 + dx2)[0], y=to_points * (dy_xy + dy1 + dy2)[0],
-        a=grad_a, b=grad_b,
-    )
+    with np.errstate(over="ignore", invalid="ignore"):
+        grad_x, grad_y = to_points * (dx_xy + dx1 + dx2)[0], to_points * (dy_xy + dy1 + dy2)[0]
+    _check_gradient(np, grad_x, "x", p)
+    _check_gradient(np, grad_y, "y", p)
+    return SinkhornDivergenceGrads(x=grad_x, y=grad_y, a=grad_a, b=grad_b)
 
 
 def sinkhorn_divergence(x, y, a=None, b=None, *, eps, p=2, value="regularized",
@@ -313,6 +386,7 @@ class _PairsContext:
     self_: _OTBatch
     p: float
     value: str
+    sq_unit: float = 1.0     # sq_cross, sq_self are divided by it (_distance_unit)
 
 
 def _uniform(n_problems: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -333,7 +407,6 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     inverse = inverse.reshape(-1)
     selves = np.unique(unique_pairs)
     scale = common_scale(clouds)
-    unit = _cost_unit(scale, p, name)
     scaled = clouds / scale
     sq_cross = None
     if compiled:
@@ -341,6 +414,8 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     if sq_cross is None:
         sq_cross = _sq_dist(scaled[unique_pairs[:, 0]], scaled[unique_pairs[:, 1]], p)
     sq_self = _compiled_self_sq(scaled, selves) if compiled else _self_sq_dist(scaled[selves], p)
+    sq_unit, sq_cross, sq_self = _normalised_sq(p, sq_cross, sq_self)
+    unit = _cost_unit(scale, p, name, sq_unit)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
     scaled_eps = eps / unit
     _check_relative_eps(scaled_eps, max(float(cost_cross.max()), float(cost_self.max())),
@@ -355,7 +430,7 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     values = term(cross) - 0.5 * (self_value[unique_pairs[:, 0]] + self_value[unique_pairs[:, 1]])
     _check_output(values, "the Sinkhorn divergence")
     ctx = _PairsContext(scaled, scale, unit, unique_pairs, selves, sq_cross, sq_self, cross,
-                        self_, p, value)
+                        self_, p, value, sq_unit)
     return values[inverse], inverse, ctx
 
 
@@ -402,23 +477,29 @@ def _compiled_solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmet
                                         tol_floor=False)
 
 
-def _pair_divergences_backward(ctx: _PairsContext, d_unique: np.ndarray) -> np.ndarray:
-    """Gradient w.r.t. the (unscaled) clouds of ``sum_k d_unique[k] * SD(pairs[k])``."""
+def _pair_divergences_backward(ctx: _PairsContext, d_unique: np.ndarray,
+                               name: str = "clouds") -> np.ndarray:
+    """Gradient w.r.t. the (unscaled) clouds of ``sum_k d_unique[k] * SD(pairs[k])``
+    (``name``: the argument the clouds were, for the error where it overflows)."""
     clouds, pairs = ctx.clouds, ctx.pairs
     grad = np.zeros_like(clouds)
     first, second = pairs[:, 0], pairs[:, 1]
     d_cost, _, _ = _ot_vjp(ctx.cross, ctx.value, d_unique)
     d_x, d_y = _ground_cost_backward(clouds[first], clouds[second], ctx.sq_cross, ctx.p, d_cost)
-    np.add.at(grad, first, d_x)
-    np.add.at(grad, second, d_y)
+    with np.errstate(over="ignore", invalid="ignore"):  # named by _check_gradient below
+        np.add.at(grad, first, d_x)
+        np.add.at(grad, second, d_y)
     d_self = np.zeros(clouds.shape[0])
     np.add.at(d_self, first, -0.5 * d_unique)
     np.add.at(d_self, second, -0.5 * d_unique)
     d_cost, _, _ = _ot_vjp(ctx.self_, ctx.value, d_self[ctx.selves])
     x = clouds[ctx.selves]
     d_x1, d_x2 = _ground_cost_backward(x, x, ctx.sq_self, ctx.p, d_cost)
-    np.add.at(grad, ctx.selves, d_x1 + d_x2)
-    return (ctx.unit / ctx.scale) * grad
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.add.at(grad, ctx.selves, d_x1 + d_x2)
+        grad *= _points_factor(ctx.unit, ctx.scale, ctx.sq_unit)
+    _check_gradient(np, grad, name, ctx.p)
+    return grad
 
 
 def _check_cloud_batch(clouds, name: str) -> np.ndarray:

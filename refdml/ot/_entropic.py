@@ -21,7 +21,12 @@ Gradients (no autodiff; derivations in docs/ot.md, Secs. 3-4)
 * weights: ``a`` and ``b`` are normalised to sum 1 inside (any positive weights are
   accepted), so the value is a function of ``a / sum(a)`` and its gradient is unique:
   ``(f - <f, a/|a|>) / |a|``. Off the simplex the transport problem is infeasible, which is
-  why ``f`` itself cannot be the finite-difference gradient of anything.
+  why ``f`` itself cannot be the finite-difference gradient of anything. The potentials'
+  own ambiguity (``(f + t, g - t)`` solve the same problem) never reaches it: the
+  projection removes any constant. It is formed against the largest weight
+  (:func:`centred`), so equal potentials (coincident points, e.g. ``y`` scaled by 1e-300:
+  the value does not depend on ``b`` there) give exactly 0, not the rounding of ``<f, a>``
+  (an ulp of ``|f|`` along ``(1, ..., 1)``, different in every implementation).
 
 The gradients are exact at the fixed point; with the L1 marginal error below ``tol`` they
 are accurate to about ``tol`` relative.
@@ -74,6 +79,15 @@ class EntropicOTContext:
     b_shape: tuple[int, ...]
 
 
+def centred(xp, values, weights):
+    """``values - <values, weights>`` per row (``weights`` on the simplex), as
+    ``(v - v_r) - sum_k w_k (v_k - v_r)`` with ``r`` the row's largest weight: exactly 0
+    where the values of a row are equal; written against ``xp`` (the fast path's too)."""
+    top = xp.argmax(weights, axis=1)[:, None]
+    differences = values - xp.take_along_axis(values, top, axis=1)
+    return differences - xp.sum(differences * weights, axis=1)[:, None]
+
+
 def _ot_vjp(batch: _OTBatch, value: str, d_value: np.ndarray):
     """Gradients of ``sum_p d_value[p] * OT_p`` w.r.t. the cost and the (simplex) weights.
 
@@ -87,8 +101,7 @@ def _ot_vjp(batch: _OTBatch, value: str, d_value: np.ndarray):
         da, db = batch.f, batch.g
     else:
         d_cost, da, db = _transport_cost_vjp(batch)
-    da = da - np.einsum("pi,pi->p", da, a)[:, None]
-    db = db - np.einsum("pj,pj->p", db, b)[:, None]
+    da, db = centred(np, da, a), centred(np, db, b)
     scale = batch.unit * d_value[:, None]
     return d_cost * d_value[:, None, None], da * scale, db * scale
 

@@ -167,7 +167,9 @@ def wcontrastive_backward(ctx: WContrastiveContext, d_value=1.0) -> WassersteinL
 def _loss_backward(ctx, d_value: float) -> WassersteinLossGrads:
     if ctx.divergences is None:
         return WassersteinLossGrads(np.zeros(ctx.shape))
-    return WassersteinLossGrads(_pair_divergences_backward(ctx.divergences, d_value * ctx.d_unique))
+    return WassersteinLossGrads(
+        _pair_divergences_backward(ctx.divergences, d_value * ctx.d_unique, "features")
+    )
 
 
 def wcontrastive(features, labels, *, margin, eps, p=1, value="regularized", pairs=None,
