@@ -391,3 +391,30 @@ def test_whole_model_check_catches_a_wrong_parameter_gradient():
         _conv.conv2d_backward = original
     assert not result["conv.weight"].passed(1e-6)
     assert result["local.weight"].passed(1e-6)
+
+
+@pytest.mark.parametrize("p", [50.0, 2000.0, 1e5, 1e15, 1e17, 1e300])
+def test_gemean_at_large_p_against_a_log_domain_oracle(p):
+    # An independent evaluation in the log domain: log y = (logsumexp(p log f) - log n) / p
+    # and dy/df_j = (1/n) exp((p - 1)(log f_j - log y)). The old weights (f / y)^(p - 1)
+    # multiplied y's rounding by p - 1: wrong in the first digit from p ~ 1e15.
+    from scipy.special import logsumexp
+
+    from refdml.train._heads import gemean_backward, gemean_forward
+
+    rng = np.random.default_rng(1)
+    f = rng.uniform(0.1, 1.0, (2, 6, 3))     # distinct values: one arg-max per channel
+    y, ctx = gemean_forward(f, p=p)
+    d_y = rng.standard_normal(y.shape)
+    got = gemean_backward(ctx, d_y).features
+    # The oracle's own rounding grows with p (p times log's): it is used up to p = 1e5;
+    # beyond, the map is max pooling to float64's precision and is compared with it.
+    if p <= 1e5:
+        log_y = (logsumexp(p * np.log(f), axis=1) - np.log(f.shape[1])) / p
+        want = d_y[:, None, :] / f.shape[1] * np.exp((p - 1) * (np.log(f) - log_y[:, None, :]))
+        np.testing.assert_allclose(y, np.exp(log_y), rtol=1e-12)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-300)
+    else:
+        one_hot = f == f.max(axis=1, keepdims=True)
+        np.testing.assert_allclose(y, f.max(axis=1), rtol=1e-14)
+        np.testing.assert_allclose(got, d_y[:, None, :] * one_hot, atol=1e-12)

@@ -143,11 +143,15 @@ def gemean_forward(features, *, p: float = 3.0):
     scale = f.max(axis=1)  # (B, d)
     alive = scale > 0
     safe_scale = xp.where(alive, scale, 1)
-    y = safe_scale * ((f / safe_scale[:, None, :]) ** p).mean(axis=1) ** (1.0 / p)
-    y = xp.where(alive, y, 0)
-    # y >= max_j f / n^(1/p) > 0 on live columns: f / y <= n^(1/p), no overflow.
-    safe_y = xp.where(alive, y, 1)
-    weights = (f / safe_y[:, None, :]) ** (p - 1) / f.shape[1] * alive[:, None, :]
+    t = f / safe_scale[:, None, :]           # in [0, 1], the largest exactly 1
+    with np.errstate(under="ignore"):        # t^p of t < 1 is 0 at large p, as it should be
+        mean = (t ** p).mean(axis=1)         # in [1/n, 1] on live columns: no underflow
+        y = xp.where(alive, safe_scale * mean ** (1.0 / p), 0)
+        # dy/df_j = (1/n) (f_j / y)^(p-1) = (1/n) t_j^(p-1) M^(1/p - 1): each factor in [0, 1]
+        # and [1, n]. Not (f / y)^(p-1): the rounding of y would be multiplied by p - 1
+        # (wrong in the first digit from p ~ 1e15).
+        weights = t ** (p - 1) * (xp.where(alive, mean, 1) ** (1.0 / p - 1.0)
+                                  / f.shape[1] * alive)[:, None, :]
     return y, PoolingContext(weights=weights.astype(f.dtype, copy=False), kind="gemean",
                              y_shape=tuple(y.shape))
 
