@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{1e3 * pool:>13.1f}{pool / exact_pool:>8.2f}"
             )
         goal_met &= bool(exact.residual.max() <= 1e-12 and exact_solver <= rows[-1][2])
-        print(f"{'':>5} (exact: {exact.n_iter} Newton steps at most)")
+        print(f"{'':>5} (exact: {exact.n_iter} evaluations of g at most: pivot search and "
+              "Newton)")
     print(
         "goal (exact reaches residual <= 1e-12 at every inverse_temperature in no more time than k=100): "
         + ("met" if goal_met else "NOT met")
