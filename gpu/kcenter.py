@@ -47,40 +47,9 @@ from refdml.gpu._nb_kcenter import farthest_first_cpu, farthest_first_cuda
 from refdml.gpu._numba_support import select_kernel
 from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import common_scale
-from refdml.kcenter import KCenterResult
+from refdml.kcenter import KCenterResult, _row_dots, _sq_norms, _sq_to_set
 
 __all__ = ["KCenterResult", "greedy_k_center"]
-
-
-def _row_dots(xp: Any, rows: Any, vector: Any) -> Any:
-    """``<x_i, v>`` per row: exact products, then one row sum each (no BLAS), as
-    ``refdml.kcenter._row_dots``: identical rows give identical values wherever they sit (a
-    mat-vec or GEMM rounds them by position), so ties among duplicates go to the lowest
-    index. On NumPy the same operations as the reference; CuPy's reduction sums in its own
-    (fixed) order."""
-    return xp.sum(xp.multiply(rows, vector), axis=1)
-
-
-def _sq_norms(xp: Any, points: Any, chunk_size: int) -> Any:
-    out = xp.empty(points.shape[0], dtype=points.dtype)
-    for start in range(0, points.shape[0], chunk_size):
-        block = points[start:start + chunk_size]
-        out[start:start + chunk_size] = _row_dots(xp, block, block)
-    return out
-
-
-def _sq_to_set(xp: Any, points: Any, sq_norms: Any, centers: Any, chunk_size: int) -> Any:
-    """``min_c max(||x - c||^2, 0)``: one pass over the points per centre, in blocks of rows
-    (the reference's ``_sq_to_set``)."""
-    out = xp.full(points.shape[0], np.inf, dtype=points.dtype)
-    c_sq = _sq_norms(xp, centers, chunk_size)
-    for c in range(centers.shape[0]):
-        for start in range(0, points.shape[0], chunk_size):
-            stop = start + chunk_size
-            block = sq_norms[start:stop] - 2.0 * _row_dots(xp, points[start:stop], centers[c])
-            block += c_sq[c]
-            xp.minimum(out[start:stop], block, out=out[start:stop])
-    return xp.maximum(out, 0.0, out=out)
 
 
 def _farthest_first(xp: Any, points: Any, k: int, min_sq: Any, first: Any) -> tuple[Any, Any]:
@@ -99,8 +68,9 @@ def _farthest_first(xp: Any, points: Any, k: int, min_sq: Any, first: Any) -> tu
 
 
 def _farthest_first_array(xp: Any, points: Any, k: int, min_sq: Any, first: Any):
-    """The array path: row dots (:func:`_row_dots`), an update and an arg-max per pick."""
-    sq_norms = _sq_norms(xp, points, 8192)
+    """The array path: the reference's row dots (``refdml.kcenter._row_dots``: exact
+    products, one row sum each, no BLAS), an update and an arg-max per pick."""
+    sq_norms = _sq_norms(points, 8192, xp=xp)
     indices = xp.empty(k, dtype=xp.int64)
     radii_sq = xp.empty(k, dtype=points.dtype)
     q = first if first is not None else xp.argmax(min_sq, keepdims=True)
@@ -108,7 +78,7 @@ def _farthest_first_array(xp: Any, points: Any, k: int, min_sq: Any, first: Any)
     for pick in range(k):
         indices[pick:pick + 1] = q
         center = points[q[0]]                     # gather on the device (q is an array)
-        to_center = sq_norms - 2.0 * _row_dots(xp, points, center)
+        to_center = sq_norms - 2.0 * _row_dots(points, center, xp=xp)
         to_center += sq_norms[q[0]]
         xp.minimum(min_sq, xp.maximum(to_center, zero), out=min_sq)
         min_sq[q] = -1.0
@@ -170,7 +140,6 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
         min_sq = xp.full(n, np.inf, dtype=points.dtype)
         first = xp.asarray([int(rng.integers(n))], dtype=xp.int64)
     else:
-        sq_norms = _sq_norms(xp, points, chunk_size)
         if by_index:
             idx = xp.asarray(initial_array).astype(xp.int64)
             if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):   # sync on CuPy
@@ -184,12 +153,12 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
                 min_sq = xp.full(n, np.inf, dtype=points.dtype)
                 first = xp.asarray([int(rng.integers(n))], dtype=xp.int64)
             else:
-                min_sq = _sq_to_set(xp, points, sq_norms, points[idx], chunk_size)
+                min_sq = _sq_to_set(points, points[idx], chunk_size, xp=xp)
                 min_sq[idx] = -1.0
         else:
             if k > n:
                 raise ValueError(f"k == {k}, must be in [1, {n}] (the number of points)")
-            min_sq = _sq_to_set(xp, points, sq_norms, centers, chunk_size)
+            min_sq = _sq_to_set(points, centers, chunk_size, xp=xp)
     if first is None:
         # A Python float like the reference: one synchronisation on CuPy.
         initial_radius = float(scale * xp.sqrt(xp.maximum(xp.max(min_sq), 0.0)))

@@ -88,7 +88,7 @@ class ProxySelection:
     proxies: np.ndarray
 
 
-def _row_dots(rows, vector) -> np.ndarray:
+def _row_dots(rows, vector, *, xp=np):
     """``<x_i, v>`` for every row ``x_i`` of ``rows``: exact products, then one row sum each.
 
     No BLAS: OpenBLAS's mat-vec and GEMM round two identical rows differently by their
@@ -98,37 +98,40 @@ def _row_dots(rows, vector) -> np.ndarray:
     correctly rounded multiplication and each row is summed by NumPy's add-reduction in the
     same fixed (pairwise) order, with no FMA: identical rows give identical values, and
     every CPU gives the same values (that reduction is plain C on every NumPy SIMD target).
+    ``xp``: the array module; the fast path's array route calls these helpers with CuPy
+    (whose reduction sums in its own fixed order) and in float32, the dtype kept throughout.
     """
-    return np.multiply(rows, vector).sum(axis=1)
+    return xp.sum(xp.multiply(rows, vector), axis=1)
 
 
-def _sq_norms(points, chunk_size) -> np.ndarray:
+def _sq_norms(points, chunk_size, *, xp=np):
     """``|x_i|^2`` by :func:`_row_dots` in blocks of rows: for ``x_i`` equal to a centre
     ``c`` the Gram identity then gives ``|x_i|^2 - 2 <x_i, c> + |c|^2 = 0`` exactly."""
-    out = np.empty(points.shape[0])
+    out = xp.empty(points.shape[0], dtype=points.dtype)
     for start in range(0, points.shape[0], chunk_size):
         block = points[start:start + chunk_size]
-        out[start:start + chunk_size] = _row_dots(block, block)
+        out[start:start + chunk_size] = _row_dots(block, block, xp=xp)
     return out
 
 
-def _sq_to_center(points, sq_norms, center, c_sq, chunk_size) -> np.ndarray:
-    out = np.empty(points.shape[0])
+def _sq_to_center(points, sq_norms, center, c_sq, chunk_size, *, xp=np):
+    out = xp.empty(points.shape[0], dtype=points.dtype)
     for start in range(0, points.shape[0], chunk_size):
         stop = start + chunk_size
-        block = _row_dots(points[start:stop], center)
+        block = _row_dots(points[start:stop], center, xp=xp)
         out[start:stop] = sq_norms[start:stop] - 2.0 * block + c_sq
-    np.maximum(out, 0.0, out=out)
+    xp.maximum(out, 0.0, out=out)
     return out
 
 
-def _sq_to_set(points, centers, chunk_size) -> np.ndarray:
+def _sq_to_set(points, centers, chunk_size, *, xp=np):
     """min_c ||x - c||^2 over a set of centres: one :func:`_sq_to_center` per centre."""
-    sq_norms = _sq_norms(points, chunk_size)
-    c_sq = _sq_norms(centers, chunk_size)
-    out = np.full(points.shape[0], np.inf)
-    for center, center_sq in zip(centers, c_sq):
-        np.minimum(out, _sq_to_center(points, sq_norms, center, center_sq, chunk_size), out=out)
+    sq_norms = _sq_norms(points, chunk_size, xp=xp)
+    c_sq = _sq_norms(centers, chunk_size, xp=xp)
+    out = xp.full(points.shape[0], np.inf, dtype=points.dtype)
+    for c in range(centers.shape[0]):
+        xp.minimum(out, _sq_to_center(points, sq_norms, centers[c], c_sq[c], chunk_size, xp=xp),
+                   out=out)
     return out
 
 

@@ -82,6 +82,23 @@ def _compare_pool(kind, features, prototypes, tol, cuda_device_array=None, **arg
     return got, want
 
 
+def _transport_on_kernel_and_array(kind, cuda_device_array, cost, args, d_rho, d_pi, *,
+                                   kernel_warnings=None):
+    """``(result, gradients)`` of :func:`fast.weight_transport` and its backward on the
+    ``kind`` kernel, then on the array path; ``kernel_warnings="error"`` makes any warning
+    of the kernel run an error (None: the suite's own filters)."""
+    with use_kernels(kind), warnings.catch_warnings():
+        if kernel_warnings is not None:
+            warnings.simplefilter(kernel_warnings)
+        got = fast.weight_transport(_device(cost, kind, cuda_device_array), **args)
+        got_grad = fast.weight_transport_backward(
+            got, _device(d_rho, kind, cuda_device_array), _device(d_pi, kind, cuda_device_array))
+    with use_kernels("array"):
+        want = fast.weight_transport(cost, **args)
+        want_grad = fast.weight_transport_backward(want, d_rho, d_pi)
+    return (got, got_grad), (want, want_grad)
+
+
 def _compare_result(got, want, tol):
     for name in ("rho", "pi", "transported", "assignment", "log_s"):
         _close(getattr(got, name), getattr(want, name), tol, name)
@@ -137,13 +154,8 @@ def test_weight_transport_kernel_matches_array_path(kind, dtype, cuda_device_arr
     args = dict(mu=0.4, inverse_temperature=3.0)
     d_rho = rng.standard_normal((2, 5)).astype(dtype)
     d_pi = rng.standard_normal((2, 3, 5)).astype(dtype)
-    with use_kernels(kind):
-        got = fast.weight_transport(_device(cost, kind, cuda_device_array), **args)
-        got_grad = fast.weight_transport_backward(
-            got, _device(d_rho, kind, cuda_device_array), _device(d_pi, kind, cuda_device_array))
-    with use_kernels("array"):
-        want = fast.weight_transport(cost, **args)
-        want_grad = fast.weight_transport_backward(want, d_rho, d_pi)
+    (got, got_grad), (want, want_grad) = _transport_on_kernel_and_array(
+        kind, cuda_device_array, cost, args, d_rho, d_pi)
     _compare_result(got, want, TOL[dtype])
     _close(got.log_t, want.log_t, TOL[dtype], "log_t")
     _close(got_grad.cost, want_grad.cost, TOL[dtype], "d cost")
@@ -194,14 +206,8 @@ def test_kernels_match_array_path_and_reference_at_huge_inverse_temperature(
     cost = np.where(rng.random(shape) < 0.5, near, rng.uniform(0.5, 2.0, shape))
     args = dict(mu=0.45, inverse_temperature=inverse_temperature)
     d_rho, d_pi = rng.standard_normal((2, 5)), rng.standard_normal(shape)
-    with use_kernels(kind), warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = fast.weight_transport(_device(cost, kind, cuda_device_array), **args)
-        got_grad = fast.weight_transport_backward(
-            got, _device(d_rho, kind, cuda_device_array), _device(d_pi, kind, cuda_device_array))
-    with use_kernels("array"):
-        want = fast.weight_transport(cost, **args)
-        want_grad = fast.weight_transport_backward(want, d_rho, d_pi)
+    (got, got_grad), (want, want_grad) = _transport_on_kernel_and_array(
+        kind, cuda_device_array, cost, args, d_rho, d_pi, kernel_warnings="error")
     _compare_result(got, want, 1e-10)
     _close(got_grad.cost, want_grad.cost, 1e-10, "d cost")
     ref = reference.weight_transport(cost, **args)

@@ -398,6 +398,23 @@ def test_two_batch_decomposition_at_extreme_scales(scale):
         rtol=1e-8, atol=0)
 
 
+def _assert_updates_give_the_batch_solution(estimator, rng, n_updates, b, alpha,
+                                            seen_Z=(), seen_Y=()):
+    """``n_updates`` batches of ``b`` rows; after each, the prototypes must be the weighted
+    least-squares solution of every batch so far (a negligible ridge), to 1e-9 of their size."""
+    seen_Z, seen_Y = list(seen_Z), list(seen_Y)
+    m, c = estimator.n_prototypes, estimator.dim
+    for _ in range(n_updates):
+        Z, Y = _batch(rng, b, m, c)
+        estimator.update(Z, Y)
+        seen_Z.append(Z)
+        seen_Y.append(Y)
+        K = len(seen_Z)
+        expected = _lstsq_ridge(seen_Z, seen_Y, alpha ** (K - 1 - np.arange(K, dtype=float)), 0.0)
+        np.testing.assert_allclose(estimator.prototypes, expected, rtol=0,
+                                   atol=1e-9 * np.abs(expected).max())
+
+
 @pytest.mark.parametrize("alpha", [1.0, 0.9])
 def test_rls_with_tiny_ridge_waits_for_a_definite_r_k_then_is_right(alpha):
     rng = np.random.default_rng(5)
@@ -408,16 +425,7 @@ def test_rls_with_tiny_ridge_waits_for_a_definite_r_k_then_is_right(alpha):
     estimator.update(Z, Y)  # 3 rows cannot span 4 prototypes: R_1 numerically singular
     with pytest.raises(ValueError, match="ridge == 1e-300.*no unique solution"):
         estimator.prototypes
-    seen_Z, seen_Y = [Z], [Y]
-    for _ in range(6):
-        Z, Y = _batch(rng, 3, 4, 2)
-        estimator.update(Z, Y)
-        seen_Z.append(Z)
-        seen_Y.append(Y)
-        K = len(seen_Z)
-        expected = _lstsq_ridge(seen_Z, seen_Y, alpha ** (K - 1 - np.arange(K, dtype=float)), 0.0)
-        np.testing.assert_allclose(estimator.prototypes, expected, rtol=0,
-                                   atol=1e-9 * np.abs(expected).max())
+    _assert_updates_give_the_batch_solution(estimator, rng, 6, 3, alpha, [Z], [Y])
 
 
 def test_rls_overflowing_batch_is_named_and_leaves_the_state():
@@ -461,16 +469,7 @@ def test_rls_with_a_tiny_ridge_and_b_at_least_m_rows_is_right(alpha, b):
     # raising SciPy's LinAlgError, and stays the batch solution (ridge negligible).
     rng = np.random.default_rng(30)
     estimator = prototypes.RecursivePrototypes(3, 2, alpha=alpha, ridge=1e-300)
-    seen_Z, seen_Y = [], []
-    for _ in range(4):
-        Z, Y = _batch(rng, b, 3, 2)
-        estimator.update(Z, Y)
-        seen_Z.append(Z)
-        seen_Y.append(Y)
-        K = len(seen_Z)
-        expected = _lstsq_ridge(seen_Z, seen_Y, alpha ** (K - 1 - np.arange(K, dtype=float)), 0.0)
-        np.testing.assert_allclose(estimator.prototypes, expected, rtol=0,
-                                   atol=1e-9 * np.abs(expected).max())
+    _assert_updates_give_the_batch_solution(estimator, rng, 4, b, alpha)
 
 
 def _exact_ridge(blocks_Z, blocks_Y, weights, beta):
