@@ -26,7 +26,7 @@ import numpy as np
 from refdml._xp import to_numpy
 from refdml.gpu import _gsp_transport as _wt
 from refdml.gpu import _nb_gsp
-from refdml.gpu._numba_support import BLOCK, parallel_launch
+from refdml.gpu._numba_support import BLOCK, cuda_launch, parallel_launch
 from refdml.gsp._transport import WeightTransportResult
 
 __all__ = ["pool_backward", "pool_forward", "transport", "transport_backward"]
@@ -89,7 +89,7 @@ def _launch(xp, kind, name, args, batch, scratch_columns=0):
             kernel = _nb_gsp.cuda_kernels()[_KERNELS.index(name)]
             if scratch_columns:
                 args = (*args, xp.empty((batch, scratch_columns), dtype=np.float64))
-            kernel[batch, BLOCK](*args)
+            cuda_launch(kernel, batch, BLOCK, *args)
     else:
         with np.errstate(all="ignore"), parallel_launch():
             getattr(_nb_gsp, f"{name}_cpu")(*args)

@@ -39,7 +39,8 @@ from refdml.distances import CosineContext, EuclideanContext
 from refdml.normalize import L2NormalizeContext
 from refdml.gpu import _nb_losses
 from refdml.gpu._fast_checks import data_checks
-from refdml.gpu._numba_support import BLOCK, kernel_mode, parallel_launch, select_kernel
+from refdml.gpu._numba_support import (BLOCK, cuda_launch, kernel_mode, parallel_launch,
+                                       select_kernel)
 from refdml.gpu.distances import _scaled_sq, common_scale
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
@@ -131,7 +132,7 @@ def _masked_logsumexp_kernel(xp: Any, kind: str, z: Any, mask: Any, axis: int,
     weights = xp.empty(z2.shape, dtype=z.dtype)
     args = (z2, mask2, mask is not None, bool(extra_zero), lse, weights)
     if kind == "cuda":
-        _nb_losses.cuda_masked_lse()[rows, BLOCK](*args)
+        cuda_launch(_nb_losses.cuda_masked_lse(), rows, BLOCK, *args)
     else:
         with parallel_launch():
             _nb_losses.masked_lse_cpu(*args)

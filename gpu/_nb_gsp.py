@@ -580,7 +580,7 @@ def cuda_kernels():
 
     Returns ``(refdml_gsp_transport, refdml_gsp_pool_forward, refdml_gsp_pool_backward,
     refdml_gsp_transport_backward)``;
-    launch each as ``kernel[B, BLOCK](...)`` with the CPU twin's arguments.
+    launch each with ``cuda_launch(kernel, B, BLOCK, ...)`` and the CPU twin's arguments.
     """
     # the per-column maths, compiled for the device from the CPU twins' source
     softmax_dev = cuda.jit(device=True)(column_softmax.py_func)

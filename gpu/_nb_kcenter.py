@@ -55,7 +55,7 @@ import math
 import numpy as np
 from numba import cuda, get_num_threads, njit, prange
 
-from refdml.gpu._numba_support import BLOCK, parallel_launch
+from refdml.gpu._numba_support import BLOCK, cuda_launch, parallel_launch
 
 __all__ = ["SERIAL_BELOW", "better", "farthest_first_cpu", "farthest_first_cuda", "sq_to_center", "sq_to_set_cpu"]
 
@@ -305,7 +305,7 @@ def farthest_first_cuda(xp, points, k, min_sq, first):
     points = xp.ascontiguousarray(points)
     sq_norms = xp.empty(n, dtype=points.dtype)
     n_blocks = -(-n // BLOCK)
-    refdml_kcenter_sq_norms[n_blocks, BLOCK](points, sq_norms)
+    cuda_launch(refdml_kcenter_sq_norms, n_blocks, BLOCK, points, sq_norms)
     block_max = xp.empty(n_blocks, dtype=xp.float64)
     block_arg = xp.empty(n_blocks, dtype=xp.int64)
     indices = xp.empty(k, dtype=xp.int64)
@@ -316,8 +316,8 @@ def farthest_first_cuda(xp, points, k, min_sq, first):
         q_box = xp.asarray(first, dtype=xp.int64).reshape(1).copy()
     indices[0:1] = q_box
     for pick in range(k):
-        refdml_kcenter_update[n_blocks, BLOCK](points, sq_norms, min_sq, q_box, block_max,
-                                               block_arg)
-        refdml_kcenter_pick[1, BLOCK](block_max, block_arg, n_blocks, pick, q_box, indices,
-                                      radii_sq)
+        cuda_launch(refdml_kcenter_update, n_blocks, BLOCK, points, sq_norms, min_sq, q_box,
+                    block_max, block_arg)
+        cuda_launch(refdml_kcenter_pick, 1, BLOCK, block_max, block_arg, n_blocks, pick, q_box,
+                    indices, radii_sq)
     return indices, xp.sqrt(xp.maximum(radii_sq, 0.0)).astype(points.dtype)

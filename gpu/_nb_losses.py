@@ -66,7 +66,7 @@ def masked_lse_cpu(z, mask, has_mask, extra_zero, lse, weights):
 def cuda_masked_lse():
     """The ``@cuda.jit`` kernel ``refdml_loss_masked_lse``, built on first use.
 
-    Launch as ``kernel[rows, BLOCK](z, mask, has_mask, extra_zero, lse, weights)``.
+    Launch with ``cuda_launch(kernel, rows, BLOCK, z, mask, has_mask, extra_zero, lse, weights)``.
     """
 
     @cuda.jit

@@ -86,7 +86,7 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from refdml._numerics import ordered_unit_rows
-from refdml.gpu._numba_support import BLOCK, parallel_launch
+from refdml.gpu._numba_support import BLOCK, cuda_launch, parallel_launch
 
 __all__ = ["EXTRA", "MAX_KEEP", "TILE", "nearest_cpu", "nearest_cuda", "score_before"]
 
@@ -414,7 +414,6 @@ def nearest_cuda(xp, query, rows, reference, n_keep, same_set, metric):
     best_s = xp.empty((rows.shape[0], n_keep), dtype=xp.float64)
     best_j = xp.empty((rows.shape[0], n_keep), dtype=xp.int64)
     grid = max(1, -(-rows.shape[0] // BLOCK))
-    refdml_retrieval_topk[grid, BLOCK](xp.ascontiguousarray(query), rows,
-                                       xp.ascontiguousarray(reference), bool(same_set),
-                                       best_s, best_j)
+    cuda_launch(refdml_retrieval_topk, grid, BLOCK, xp.ascontiguousarray(query), rows,
+                xp.ascontiguousarray(reference), bool(same_set), best_s, best_j)
     return best_j

@@ -71,7 +71,7 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from refdml.gpu._numba_scalar import lse_push, lse_value
-from refdml.gpu._numba_support import BLOCK, cuda_simulator, parallel_launch
+from refdml.gpu._numba_support import BLOCK, cuda_launch, cuda_simulator, parallel_launch
 
 __all__ = ["MAX_POINTS", "TILE_BYTES", "cuda_kernel", "refdml_ot_sinkhorn_small_cpu",
            "solve_small"]
@@ -504,8 +504,9 @@ def solve_small(xp, kernel: str, a, b, cost, *, schedule, stage_tol, max_iter, s
                 with parallel_launch():
                     refdml_ot_sinkhorn_small_cpu(cost, a, b, phi, psi, *args, plan, n_iter, err)
         elif kernel == "cuda":
-            launch = cuda_kernel(np.dtype(dtype))[n_problems, threads_per_problem(n, m)]
-            launch(cost, a, b, phi, psi, *args, plan.reshape(n_problems, n * m), n_iter, err)
+            cuda_launch(cuda_kernel(np.dtype(dtype)), n_problems, threads_per_problem(n, m),
+                        cost, a, b, phi, psi, *args, plan.reshape(n_problems, n * m), n_iter,
+                        err)
         else:
             raise ValueError(f"kernel == {kernel!r}, must be 'cpu' or 'cuda'")
     return phi.astype(dtype, copy=False), psi.astype(dtype, copy=False), n_iter, \
@@ -599,7 +600,8 @@ def lse_half_step(xp, kernel: str, scaled_cost, weighted_potential):
             refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out)
     elif kernel == "cuda":
         threads = min(BLOCK, rows) if cuda_simulator() else BLOCK
-        refdml_ot_lse_half_step[-(-rows // threads), threads](scaled_cost, weighted_potential, out)
+        cuda_launch(refdml_ot_lse_half_step, -(-rows // threads), threads, scaled_cost,
+                    weighted_potential, out)
     else:
         raise ValueError(f"kernel == {kernel!r}, must be 'cpu' or 'cuda'")
     return out

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -51,6 +52,7 @@ __all__ = [
     "BLOCK",
     "KERNEL_MODES",
     "THREADING_LAYER",
+    "cuda_launch",
     "cuda_simulator",
     "kernel_mode",
     "parallel_launch",
@@ -123,6 +125,87 @@ def select_kernel(x: Any, *, has_cpu: bool = True, has_cuda: bool = True) -> str
             "simulator (NUMBA_ENABLE_CUDASIM=1)"
         )
     return "cuda" if has_cuda else "array"
+
+
+# ------------------------------------------------------------------------ CUDA launches
+def _launch_sync() -> bool:
+    """``$REFDML_CUDA_LAUNCH_SYNC == "1"``: numba-cuda's default per-array synchronisation."""
+    return os.environ.get("REFDML_CUDA_LAUNCH_SYNC", "0") == "1"
+
+
+def _device_arrays(args: tuple) -> list[int]:
+    return [i for i, a in enumerate(args) if hasattr(a, "__cuda_array_interface__")]
+
+
+def _launch_stream(cuda: Any, interface: dict) -> Any:
+    """The Numba stream of a ``__cuda_array_interface__`` (version 3) ``stream`` entry: 1 the
+    legacy default stream, 2 the per-thread default stream, another integer a producer's
+    stream (CuPy's current stream when it exported the array), absent/None: the legacy one."""
+    ptr = interface.get("stream")
+    if ptr in (None, 0, 1):
+        return cuda.legacy_default_stream()
+    if ptr == 2:
+        return cuda.per_thread_default_stream()
+    return cuda.external_stream(ptr)
+
+
+class _HostInterface:
+    """A ``__cuda_array_interface__`` read as ``__array_interface__`` (simulator only)."""
+
+    def __init__(self, interface: dict):
+        self.__array_interface__ = {key: interface[key] for key in ("shape", "typestr", "data")}
+        self.__array_interface__.update(strides=interface.get("strides"), version=3)
+
+
+def _simulator_args(args: tuple) -> tuple:
+    """Under Numba's CUDA simulator the kernels run on host memory: NumPy arrays as they
+    are, and the arrays of refdml's CuPy stand-in (tests/cupy_standin, a module ``cupy``
+    with ``__refdml_standin__``, whose interface points at host memory) as NumPy views."""
+    indices = _device_arrays(args)
+    if not indices:
+        return args
+    cupy = sys.modules.get("cupy")
+    if not getattr(cupy, "__refdml_standin__", False):
+        raise ValueError(
+            "Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot read device memory: "
+            "unset NUMBA_ENABLE_CUDASIM to run the CUDA kernels on CuPy arrays"
+        )
+    import numpy as np
+
+    args = list(args)
+    for i in indices:
+        args[i] = np.asarray(_HostInterface(args[i].__cuda_array_interface__))
+    return tuple(args)
+
+
+def cuda_launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
+    """Launch the ``@cuda.jit`` ``kernel`` on ``grid`` blocks of ``block`` threads.
+
+    Every CUDA launch of refdml.gpu goes through here. Device arrays (CuPy's, or any object
+    with ``__cuda_array_interface__``) are handed to Numba as views that do not synchronise
+    (``numba.cuda.as_cuda_array(..., sync=False)``) and the kernel runs on the stream the
+    arrays were exported on (CuPy's current stream): stream order alone keeps the launch
+    after the work that produced its inputs and before the work that reads its outputs.
+    numba-cuda's default instead synchronises that stream once per array argument (a GSP
+    launch has about 20), which costs more than the kernel at small sizes (issue 21);
+    ``REFDML_CUDA_LAUNCH_SYNC=1`` restores it, for comparison. Under the simulator the
+    arguments become host arrays (:func:`_simulator_args`). Returns nothing: outputs are
+    written into their arrays; nothing waits for the kernel.
+    """
+    if cuda_simulator():
+        kernel[grid, block](*_simulator_args(args))
+        return
+    indices = _device_arrays(args)
+    if not indices or _launch_sync():
+        kernel[grid, block](*args)
+        return
+    from numba import cuda
+
+    stream = _launch_stream(cuda, args[indices[0]].__cuda_array_interface__)
+    args = list(args)
+    for i in indices:
+        args[i] = cuda.as_cuda_array(args[i], sync=False)
+    kernel[grid, block, stream](*args)
 
 
 # ------------------------------------------------------------------------ threading layer

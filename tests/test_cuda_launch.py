@@ -1,0 +1,144 @@
+"""``refdml.gpu._numba_support.cuda_launch``: the one place every CUDA kernel is launched.
+
+Under the simulator (CI) the launch hands host arrays to the simulated kernel; on hardware
+it hands device arrays to Numba as non-synchronising views on the arrays' own stream. The
+hardware branch cannot run here; its choices (stream, views, the opt-out) are checked with
+stand-ins for Numba's functions, which is what they are: calls with the right arguments.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from refdml.gpu import _numba_support
+from refdml.gpu._numba_support import cuda_launch
+
+
+class _DeviceLike:
+    """An object that exports ``__cuda_array_interface__`` over a NumPy array's memory."""
+
+    def __init__(self, array: np.ndarray, stream=1):
+        self.array = array
+        interface = dict(array.__array_interface__)
+        self.__cuda_array_interface__ = {
+            "shape": interface["shape"], "typestr": interface["typestr"],
+            "data": interface["data"], "strides": interface["strides"], "version": 3,
+            "stream": stream,
+        }
+
+
+class _RecordingKernel:
+    """``kernel[grid, block(, stream)](*args)`` that records the launch and runs ``body``."""
+
+    def __init__(self, body=None):
+        self.launches = []
+        self.body = body
+
+    def __getitem__(self, config):
+        def launch(*args):
+            self.launches.append((config, args))
+            if self.body is not None:
+                self.body(*args)
+        return launch
+
+
+def _add_one(x, out):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        out[i] = x[i] + 1.0
+
+
+@pytest.mark.skipif(not _numba_support.cuda_simulator(), reason="needs Numba's CUDA simulator")
+def test_simulator_runs_kernel_on_standin_host_views(monkeypatch):
+    # (the simulator swaps the module-level name ``cuda`` inside the kernel: not a local)
+    add_one = cuda.jit(_add_one)
+    monkeypatch.setitem(__import__("sys").modules, "cupy",
+                        types.SimpleNamespace(__refdml_standin__=True))
+    x = np.arange(5.0)
+    out = np.full(5, np.nan)
+    cuda_launch(add_one, 1, 8, _DeviceLike(x), _DeviceLike(out))
+    # the kernel wrote through the view into the exporter's memory
+    np.testing.assert_array_equal(out, x + 1.0)
+
+
+@pytest.mark.skipif(not _numba_support.cuda_simulator(), reason="needs Numba's CUDA simulator")
+def test_simulator_refuses_real_device_memory(monkeypatch):
+    # A CuPy array under the simulator would be a device pointer read as host memory.
+    monkeypatch.setitem(__import__("sys").modules, "cupy", types.SimpleNamespace())
+    kernel = _RecordingKernel()
+    with pytest.raises(ValueError, match="simulator .* cannot read device memory"):
+        cuda_launch(kernel, 1, 32, _DeviceLike(np.zeros(3)))
+    assert kernel.launches == []
+
+
+@pytest.mark.skipif(not _numba_support.cuda_simulator(), reason="needs Numba's CUDA simulator")
+def test_simulator_passes_numpy_and_scalars_unchanged():
+    kernel = _RecordingKernel()
+    x = np.zeros(3)
+    cuda_launch(kernel, 2, 32, x, 1.5, 7, True)
+    (config, args), = kernel.launches
+    assert config == (2, 32)
+    assert args[0] is x and args[1:] == (1.5, 7, True)
+
+
+class _FakeCuda:
+    """The four numba.cuda functions the hardware branch calls, recorded."""
+
+    def __init__(self):
+        self.views = []
+
+    def as_cuda_array(self, obj, sync=True):
+        self.views.append((obj, sync))
+        return ("view", obj)
+
+    def legacy_default_stream(self):
+        return "legacy"
+
+    def per_thread_default_stream(self):
+        return "per-thread"
+
+    def external_stream(self, ptr):
+        return ("external", ptr)
+
+
+@pytest.fixture
+def hardware(monkeypatch):
+    """The hardware branch of cuda_launch, with Numba's functions recorded."""
+    import numba
+
+    fake = _FakeCuda()
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
+    monkeypatch.delenv("REFDML_CUDA_LAUNCH_SYNC", raising=False)
+    monkeypatch.setattr(numba, "cuda", fake, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "numba.cuda", fake)
+    return fake
+
+
+@pytest.mark.parametrize("exported, expected", [
+    (None, "legacy"), (0, "legacy"), (1, "legacy"), (2, "per-thread"),
+    (0x7F00DEAD, ("external", 0x7F00DEAD)),
+])
+def test_hardware_launch_uses_exported_stream_without_sync(hardware, exported, expected):
+    kernel = _RecordingKernel()
+    a, b = _DeviceLike(np.zeros(2), stream=exported), _DeviceLike(np.zeros(2), stream=exported)
+    cuda_launch(kernel, 4, 128, a, 2.0, b)
+    (config, args), = kernel.launches
+    assert config == (4, 128, expected)
+    assert args == (("view", a), 2.0, ("view", b))
+    assert hardware.views == [(a, False), (b, False)]
+
+
+def test_hardware_launch_sync_opt_out(hardware, monkeypatch):
+    # REFDML_CUDA_LAUNCH_SYNC=1: the arrays go to Numba as they are (its default: one
+    # synchronisation of the exported stream per array) on Numba's default stream.
+    monkeypatch.setenv("REFDML_CUDA_LAUNCH_SYNC", "1")
+    kernel = _RecordingKernel()
+    a = _DeviceLike(np.zeros(2), stream=0x1234)
+    cuda_launch(kernel, 1, 32, a)
+    (config, args), = kernel.launches
+    assert config == (1, 32) and args == (a,)
+    assert hardware.views == []
