@@ -956,3 +956,34 @@ def cuda_kernels():
 
     return (refdml_gsp_transport, refdml_gsp_pool_forward, refdml_gsp_pool_backward,
             refdml_gsp_transport_backward)
+
+
+def _launch_signatures(dt):
+    """The Numba signature of each kernel's launch (:mod:`refdml.gpu._gsp_kernels`) for
+    inputs of dtype ``dt``: arrays C-contiguous, per-image outputs float64 / int64, Python
+    floats float64, ``max_iter`` int64, ``p_one`` a bool (tests/conftest.py checks every
+    simulated launch against these)."""
+    a1, a2, a3 = f"{dt}[::1]", f"{dt}[:, ::1]", f"{dt}[:, :, ::1]"
+    real, count = "float64[:, ::1]", "int64[:, ::1]"     # image_real / scratch; order / image_int
+    # eps, mu, logit_mu, max_iter, ulp, cap, phi_floor
+    solver = "float64, float64, float64, int64, float64, float64, float64"
+    # assignment, lam, log_s, rho, transported, pi, order
+    outputs = f"{a3}, {a2}, {a2}, {a2}, {a2}, {a3}, {count}"
+    return {
+        "refdml_gsp_transport": f"void({a3}, {solver}, {outputs}, {real}, {count})",
+        "refdml_gsp_pool_forward": (f"void({a3}, {a3}, {a2}, {a1}, {solver}, boolean, {a3}, "
+                                    f"{outputs}, {a2}, {a2}, {a2}, {real}, {count})"),
+        "refdml_gsp_pool_backward": (f"void({a3}, {a3}, {a2}, {a2}, {a1}, {a3}, {a3}, {a2}, "
+                                     f"{a2}, {a2}, {a2}, {a2}, {a2}, {a3}, boolean, float64, "
+                                     f"float64, {a3}, {a3}, {real})"),
+        "refdml_gsp_transport_backward": f"void({a3}, {a2}, {a2}, {a2}, {a3}, float64, {a3}, {real})",
+    }
+
+
+#: The argument types of every launch of :func:`cuda_kernels`' kernels, by the input dtype:
+#: kernel name -> {dtype: Numba signature}. :mod:`refdml.gpu._cuda_compile` compiles each
+#: for real GPUs; keep :func:`_launch_signatures` in step with the launches.
+CUDA_SIGNATURES = {
+    name: {dt: _launch_signatures(dt)[name] for dt in ("float32", "float64")}
+    for name in _launch_signatures("float64")
+}

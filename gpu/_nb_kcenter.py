@@ -293,6 +293,23 @@ def refdml_kcenter_sq_norms(points, out):
     out[i] = acc
 
 
+#: The argument types of every launch of the kernels above (:func:`farthest_first_cuda`),
+#: by the points' dtype: kernel name -> {dtype: Numba signature}. ``"any"``: the same types
+#: for both dtypes (the blocks' (max, arg-max) are float64 / int64 whatever the points').
+#: :mod:`refdml.gpu._cuda_compile` compiles each for real GPUs; keep it in step with the
+#: launches (every array C-contiguous, Python ints int64).
+CUDA_SIGNATURES = {
+    "refdml_kcenter_sq_norms": {
+        dt: f"void({dt}[:, ::1], {dt}[::1])" for dt in ("float32", "float64")},
+    "refdml_kcenter_update": {
+        dt: f"void({dt}[:, ::1], {dt}[::1], {dt}[::1], int64[::1], float64[::1], int64[::1])"
+        for dt in ("float32", "float64")},
+    "refdml_kcenter_pick": {
+        "any": "void(float64[::1], int64[::1], int64, int64, int64[::1], int64[::1], "
+               "float64[::1])"},
+}
+
+
 def farthest_first_cuda(xp, points, k, min_sq, first):
     """``k`` picks with the CUDA kernels (CuPy arrays on a GPU; NumPy under the simulator).
 

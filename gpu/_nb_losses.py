@@ -109,3 +109,14 @@ def cuda_masked_lse():
             j += BLOCK
 
     return refdml_loss_masked_lse
+
+
+#: The argument types of every launch of :func:`cuda_masked_lse`'s kernel
+#: (:func:`refdml.gpu._loss_kernels.masked_logsumexp`), by the dtype of ``z``: kernel name
+#: -> {dtype: Numba signature}. :mod:`refdml.gpu._cuda_compile` compiles each for real
+#: GPUs; keep it in step with the launch (every array C-contiguous, flags Python bools).
+CUDA_SIGNATURES = {
+    "refdml_loss_masked_lse": {
+        dt: f"void({dt}[:, ::1], boolean[:, ::1], boolean, boolean, {dt}[::1], {dt}[:, ::1])"
+        for dt in ("float32", "float64")},
+}

@@ -402,6 +402,18 @@ def refdml_retrieval_topk(q, rows, r, same_set, best_s, best_j):
         _offer_device(best_s[a], best_j[a], acc, j)
 
 
+#: The argument types of every launch of the kernel above (:func:`nearest_cuda`), by the
+#: data's dtype (cosine launches float64 only: its unit rows are made in float64):
+#: kernel name -> {dtype: Numba signature}. :mod:`refdml.gpu._cuda_compile` compiles each
+#: for real GPUs; keep it in step with the launch (every array C-contiguous).
+CUDA_SIGNATURES = {
+    "refdml_retrieval_topk": {
+        dt: f"void({dt}[:, ::1], int64[::1], {dt}[:, ::1], boolean, float64[:, ::1], "
+            "int64[:, ::1])"
+        for dt in ("float32", "float64")},
+}
+
+
 def nearest_cuda(xp, query, rows, reference, n_keep, same_set, metric):
     """:func:`nearest_cpu`'s contract with the CUDA kernel (CuPy arrays on a GPU, NumPy under
     the simulator); the result stays on the device (no synchronisation)."""

@@ -578,6 +578,29 @@ def refdml_ot_lse_half_step(scaled_cost, weighted_potential, out):
     out[p, i] = -lse_value(mx, s)
 
 
+def _launch_signatures(dt):
+    """The Numba signature of each kernel's launch for a cost of dtype ``dt``: the small
+    problems' (:func:`solve_small`, the kernel :func:`cuda_kernel` builds for ``dt``; the
+    state float64, the plan flat (P, n m)) and the half step's (:func:`lse_half_step`; its
+    arrays as :mod:`refdml.gpu._ot_sinkhorn` passes them, contiguous)."""
+    f8_1, f8_2 = "float64[::1]", "float64[:, ::1]"
+    return {
+        "refdml_ot_sinkhorn_small": (f"void({dt}[:, :, ::1], {f8_2}, {f8_2}, {f8_2}, {f8_2}, "
+                                     f"{f8_1}, {f8_1}, int64, boolean, float64, float64, "
+                                     f"float64, {dt}[:, ::1], int64[::1], {f8_1})"),
+        "refdml_ot_lse_half_step": f"void({dt}[:, :, ::1], {dt}[:, ::1], {dt}[:, ::1])",
+    }
+
+
+#: The argument types of every launch of this module's CUDA kernels, by the cost's dtype:
+#: kernel name -> {dtype: Numba signature}. :mod:`refdml.gpu._cuda_compile` compiles each
+#: for real GPUs; keep :func:`_launch_signatures` in step with the launches.
+CUDA_SIGNATURES = {
+    name: {dt: _launch_signatures(dt)[name] for dt in ("float32", "float64")}
+    for name in _launch_signatures("float64")
+}
+
+
 def lse_half_step(xp, kernel: str, scaled_cost, weighted_potential):
     r"""``f_i = -LSE_j(w_j - S_ij)`` (P, n) for ``S`` (P, n, m), ``w`` (P, m): the log-sum-exp
     half step of the batched Sinkhorn of :mod:`refdml.gpu._ot_sinkhorn` (``w = log b + psi``),
