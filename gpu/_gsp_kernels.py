@@ -130,7 +130,7 @@ def pool_forward(xp, kind, features, features_bar, prototypes_bar, scale, mu,
     pooled = xp.empty((batch, d), dtype=dtype)
     z = xp.empty((batch, m), dtype=dtype)
     logit_mu, ulp, cap, phi_floor = _solver_constants(dtype, mu)
-    args = (features, xp.ascontiguousarray(fs), ws_t, scale_1, float(inverse_temperature),
+    args = (xp.ascontiguousarray(features), xp.ascontiguousarray(fs), ws_t, scale_1, float(inverse_temperature),
             float(mu), logit_mu, int(max_iter), ulp, cap, phi_floor, bool(p_one), cost_t,
             out["assignment"], out["lam"], out["log_s"], out["rho"],
             out["transported"], out["pi"], out["order"], weights, pooled, z,

@@ -149,6 +149,13 @@ def _launch_stream(cuda: Any, interface: dict) -> Any:
     return cuda.external_stream(ptr)
 
 
+#: Callables ``observe(kernel, args)`` run before every simulated launch, ``args`` as the
+#: simulated kernel gets them (host arrays). tests/conftest.py registers one that checks
+#: each launch's argument types against the registry of :mod:`refdml.gpu._cuda_compile`,
+#: so that the compile check compiles what the kernels are launched with.
+SIMULATED_LAUNCH_OBSERVERS: list = []
+
+
 class _HostInterface:
     """A ``__cuda_array_interface__`` read as ``__array_interface__`` (simulator only)."""
 
@@ -193,7 +200,10 @@ def cuda_launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
     written into their arrays; nothing waits for the kernel.
     """
     if cuda_simulator():
-        kernel[grid, block](*_simulator_args(args))
+        args = _simulator_args(args)
+        for observe in SIMULATED_LAUNCH_OBSERVERS:
+            observe(kernel, args)
+        kernel[grid, block](*args)
         return
     indices = _device_arrays(args)
     if not indices or _launch_sync():

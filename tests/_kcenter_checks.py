@@ -17,6 +17,10 @@ Rounding bound of one squared distance by the Gram identity in precision ``eps``
 roundings of values <= ``4 M``, so <= ``(2 d + 6) eps M``; the radii, ``|x|^2`` stored in
 the input dtype and ``sqrt`` add a few ``eps M``. :data:`FACTOR` doubles it:
 ``sq_tol = 4 (d + 3) eps M`` per run, ``2 sq_tol`` between two runs.
+
+:func:`pick_leads` certifies picks between runs whose inputs differ (a CPU and a GPU run of
+a model): the same picks while each pick leads the next candidate by more than four times
+the largest move of a point.
 """
 
 from __future__ import annotations
@@ -83,3 +87,28 @@ def assert_same_traversal(a, b, points, *, initial=None, dtype=None):
             err = abs(sq(run.radii[t]) - exact)
             assert err <= sq_tol, f"radius {t}: squared error {err:.3g} > {sq_tol:.3g}"
     return len(a.indices)
+
+
+def pick_leads(points, k, initial):
+    """The lead of each of the ``k`` picks of the exact traversal from centres ``initial``:
+    the farthest point's distance to the centres minus the next farthest's (float64
+    explicit differences; ``inf`` where no other candidate is left).
+
+    Distances are 1-Lipschitz in the points and the centres, so a traversal of inputs that
+    each moved by at most ``delta`` (any arithmetic, any device) makes the same picks while
+    every lead exceeds ``4 delta``: each distance moves by at most ``2 delta``.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    n = points.shape[0]
+    dist = np.full(n, np.inf)
+    for centre in np.asarray(initial, dtype=np.float64).reshape(-1, points.shape[1]):
+        dist = np.minimum(dist, np.sqrt(_exact_sq(points, centre)))
+    leads = []
+    for _ in range(k):
+        order = np.argsort(-dist, kind="stable")          # ties: the lowest index first
+        p = order[0]
+        runner_up = dist[order[1]] if n > 1 else -np.inf
+        leads.append(dist[p] - runner_up if runner_up > -np.inf else np.inf)
+        dist = np.minimum(dist, np.sqrt(_exact_sq(points, points[p])))
+        dist[p] = -np.inf
+    return np.array(leads)

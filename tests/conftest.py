@@ -1,4 +1,8 @@
+import contextlib
+import functools
 import os
+import sys
+import warnings
 
 # Tiny matrices on a 2-core machine: threaded BLAS only adds contention. Must be set
 # before numpy is first imported.
@@ -10,6 +14,15 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # before numba.cuda is first imported. Set NUMBA_ENABLE_CUDASIM yourself to override.
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not os.path.exists("/dev/nvidiactl"):
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+# REFDML_CUPY_STANDIN=1 (scripts/ci_cupy_standin.sh): `import cupy` gives the strict
+# NumPy-backed stand-in of tests/cupy_standin, so the CuPy rows run without a GPU. Must
+# happen before anything imports refdml or cupy.
+if os.environ.get("REFDML_CUPY_STANDIN") == "1":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cupy_standin
+
+    cupy_standin.install()
 
 import pytest
 
@@ -45,18 +58,136 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
-@pytest.fixture
+# ------------------------------------------------------------------ GPU tests (issue 21)
+# Two markers say what a test (or a parametrised row) needs; where it is missing the test
+# skips with the reason, never fails. ``requires_cuda``: the Numba ``@cuda.jit`` kernels,
+# which run under the simulator (on NumPy arrays) or on a GPU (on CuPy arrays, so CuPy must
+# see the device too). ``requires_cupy``: CuPy arrays, which need a GPU with the simulator
+# off (the simulator cannot read device memory, and CuPy inputs dispatch to the kernels),
+# or refdml's CuPy stand-in (a module ``cupy`` with ``__refdml_standin__``) under the
+# simulator. The checks run once, after every block of this file has run.
+def _simulated() -> bool:
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+@functools.cache
+def cupy_skip_reason() -> str | None:
+    """Why CuPy arrays cannot be used in this session (None: they can)."""
+    if getattr(sys.modules.get("cupy"), "__refdml_standin__", False):
+        return None if _simulated() else (
+            "the CuPy stand-in runs the CUDA kernels under the simulator only "
+            "(NUMBA_ENABLE_CUDASIM=1)")
+    if _simulated():
+        return ("the CUDA simulator is on and cannot read device memory: CuPy rows run on a "
+                "GPU with NUMBA_ENABLE_CUDASIM=0, or on the CuPy stand-in "
+                "(REFDML_CUPY_STANDIN=1)")
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (no GPU run)"
+    try:
+        devices = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:                        # CUDARuntimeError without a driver
+        return f"CuPy sees no CUDA device ({type(exc).__name__}: {exc})"
+    if devices < 1:
+        return "CuPy sees no CUDA device"
+    return _numba_cuda_skip_reason()               # CuPy inputs dispatch to the kernels
+
+
+def _numba_cuda_skip_reason() -> str | None:
+    try:
+        from numba import cuda
+        if cuda.is_available():
+            return None
+    except Exception as exc:
+        return f"numba.cuda does not load ({type(exc).__name__}: {exc})"
+    return ("no usable CUDA GPU (numba.cuda.is_available() is False) and the simulator is "
+            "off (NUMBA_ENABLE_CUDASIM=0)")
+
+
+@functools.cache
+def cuda_skip_reason() -> str | None:
+    """Why the ``@cuda.jit`` kernels cannot run in this session (None: they can)."""
+    if _simulated():
+        return None
+    return _numba_cuda_skip_reason() or cupy_skip_reason()
+
+
+_REQUIREMENTS = {"requires_cuda": cuda_skip_reason, "requires_cupy": cupy_skip_reason}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires_cuda: runs the Numba CUDA kernels (the "
+                            "simulator, or a GPU with CuPy); skipped with the reason elsewhere")
+    config.addinivalue_line("markers", "requires_cupy: needs CuPy arrays (a GPU, or the CuPy "
+                            "stand-in under the simulator); skipped with the reason elsewhere")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name, reason in _REQUIREMENTS.items():
+            if item.get_closest_marker(name) is not None and reason() is not None:
+                item.add_marker(pytest.mark.skip(reason=f"{name}: {reason()}"))
+
+
+@pytest.fixture(scope="session")
 def cuda_device_array():
     """Move a NumPy array to where the Numba CUDA kernels run in this session.
 
     Under the simulator (no GPU: CI) the kernels take NumPy arrays and the array is returned
     as it is; on a lent GPU it becomes a CuPy array. Tests of a ``@cuda.jit`` kernel call
-    ``cuda_device_array(x)`` on their inputs and ``refdml._xp.to_numpy`` on the outputs.
+    ``cuda_device_array(x)`` on their inputs and ``refdml._xp.to_numpy`` on the outputs, and
+    carry the ``requires_cuda`` marker (a call where the kernels cannot run skips the test).
+    Session-scoped (it holds no state) so that hypothesis tests may take it. With the CuPy
+    stand-in (REFDML_CUPY_STANDIN=1) the arrays become stand-in CuPy arrays, as on a GPU.
     """
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    if _simulated() and not getattr(sys.modules.get("cupy"), "__refdml_standin__", False):
         return lambda x: x
-    cupy = pytest.importorskip("cupy", reason="a real CUDA run needs CuPy arrays")
-    return cupy.asarray
+
+    def to_device(x):
+        if cuda_skip_reason() is not None:
+            pytest.skip(f"requires_cuda: {cuda_skip_reason()}")
+        import cupy
+
+        return cupy.asarray(x)
+
+    return to_device
+
+
+# numba-cuda warns "Grid size N will likely result in GPU under-utilization due to low
+# occupancy." at every launch of fewer than 128 blocks: the tests' tiny grids, on a GPU only
+# (the simulator never does). numba-cuda 0.30 raises it as numba.cuda.core.errors'
+# NumbaPerformanceWarning, not numba.core.errors' (older releases): both classes are named,
+# and only that message, so a host-array copy warning still fails a test.
+_LOW_OCCUPANCY = r".*Grid size \d+ will likely result in GPU under-utilization"
+
+
+def _performance_warnings() -> list[type[Warning]]:
+    from numba.core.errors import NumbaPerformanceWarning
+
+    categories = [NumbaPerformanceWarning]
+    try:
+        from numba.cuda.core.errors import NumbaPerformanceWarning as CudaPerformanceWarning
+    except ImportError:                             # no numba-cuda: nothing launches
+        return categories
+    return [*categories, CudaPerformanceWarning]
+
+
+@contextlib.contextmanager
+def _warnings_as_errors():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for category in _performance_warnings():
+            warnings.filterwarnings("ignore", _LOW_OCCUPANCY, category)
+        yield
+
+
+@pytest.fixture(scope="session")
+def warnings_as_errors():
+    """``with warnings_as_errors():`` makes every warning an error (``simplefilter("error")``
+    in a ``catch_warnings``) except numba-cuda's low-occupancy note on small launches; add
+    more filters inside the block as usual."""
+    return _warnings_as_errors
 
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
@@ -97,3 +228,43 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 
     if _PATCHABLE:
         _kernelapi.FakeCUDAShared.array = _locked_shared_array
+
+    # Every simulated launch must match a signature of the registry that
+    # `refdml gpu-check --compile-only` compiles for real GPUs (gpu/_cuda_compile.py): on a
+    # GPU, numba-cuda compiles one specialisation per argument types, so a launch the
+    # registry lacks (a strided view, an int32 index array) would be a kernel that nobody
+    # compiled in CI. Arrays are compared by dtype, ndim and layout (not numba's readonly
+    # flag: device arrays are never typed readonly).
+    from numba import typeof as _typeof
+    from numba.core import types as _types
+    from numba.core.sigutils import normalize_signature as _normalize_signature
+
+    from refdml.gpu import _cuda_compile, _numba_support
+
+    def _launch_type(value):
+        kind = _typeof(value)
+        if isinstance(kind, _types.Array):
+            return (str(kind.dtype), kind.ndim, kind.layout)
+        return str(kind)
+
+    @functools.cache
+    def _registered_types(name):
+        return {tuple(_launch_type_of_numba(t) for t in _normalize_signature(sig)[0])
+                for sig in _cuda_compile.signatures_of(name)}
+
+    def _launch_type_of_numba(kind):
+        if isinstance(kind, _types.Array):
+            return (str(kind.dtype), kind.ndim, kind.layout)
+        return str(kind)
+
+    def _check_registered_launch(kernel, args):
+        name = kernel.fn.__name__
+        launched = tuple(_launch_type(a) for a in args)
+        registered = _registered_types(name)
+        if launched not in registered:
+            raise AssertionError(
+                f"CUDA kernel {name} launched with argument types {launched}, which the "
+                f"registry of gpu/_cuda_compile.py (compiled by `refdml gpu-check "
+                f"--compile-only`) does not list: {sorted(registered)}")
+
+    _numba_support.SIMULATED_LAUNCH_OBSERVERS.append(_check_registered_launch)

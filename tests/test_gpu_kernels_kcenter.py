@@ -7,7 +7,8 @@ tests/_kcenter_checks.py: equal until a pick that the rounding bound of the Gram
 does not certify (then both picks must be near-optimal within it), radii within that bound.
 float32 (the mirror's CPU twin and CUDA kernel): against the mirror's own array path on the
 same float32 input, with the float32 bound. The CUDA kernels run under Numba's CUDA
-simulator here (tiny inputs: every thread is a Python thread).
+simulator where there is no GPU (tiny inputs: every thread is a Python thread), on CuPy
+arrays on a GPU; the bound covers their FMA contraction and summation order too.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def test_mirror_cpu_kernel_matches_array_path(mode, dtype):
     _assert_equal(got, want, points, kwargs, dtype)
 
 
+@pytest.mark.requires_cuda
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("mode", ["rng", "centers"])
 def test_mirror_cuda_kernel_matches_array_path(mode, dtype, cuda_device_array):

@@ -1,7 +1,8 @@
 """The masked log-sum-exp Numba kernels (refdml.gpu._nb_losses) against the array path.
 
 ``masked_logsumexp`` under ``use_kernels("cpu")`` (CPU twin) and ``use_kernels("cuda")``
-(CUDA under the simulator here) against ``use_kernels("array")`` and a float64 oracle:
+(CUDA under the simulator on NumPy arrays, or on a GPU on CuPy arrays: the
+``cuda_device_array`` fixture) against ``use_kernels("array")`` and a float64 oracle:
 empty rows (-inf, zero weights), ``extra_zero``, all masked, ties, broadcast masks, other
 axes, float32 at large magnitudes, entries outside the mask never read (NaN there).
 """
@@ -14,14 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
-from refdml._xp import to_numpy
+from refdml._xp import array_namespace, to_numpy
 from refdml.gpu import use_kernels
 from refdml.gpu._loss_kernels import masked_logsumexp
 from refdml.gpu._numba_support import BLOCK
 
 pytestmark = pytest.mark.cpu_exact
 
-KINDS = ["cpu", "cuda"]
+KINDS = ["cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda)]
 
 
 def _oracle(z, mask, axis, extra_zero):
@@ -44,8 +45,10 @@ def _oracle(z, mask, axis, extra_zero):
 
 def _run(kind, z, mask, axis=-1, extra_zero=False, cuda_device_array=lambda x: x):
     move = cuda_device_array if kind == "cuda" else (lambda x: x)
+    z = move(z)
     with use_kernels(kind):
-        lse, weights = masked_logsumexp(np, move(z), None if mask is None else move(mask),
+        lse, weights = masked_logsumexp(array_namespace(z).xp, z,
+                                        None if mask is None else move(mask),
                                         axis=axis, extra_zero=extra_zero)
     return to_numpy(lse), to_numpy(weights)
 
@@ -79,6 +82,8 @@ def test_masked_rows_empty_rows_and_extra_zero(kind, dtype, extra_zero, cuda_dev
     z[0, ~mask[0]] = np.nan   # never read
     lse, weights = _check(kind, z, mask, extra_zero=extra_zero,
                           cuda_device_array=cuda_device_array)
+    # Exact by construction on every device: an empty row's state stays (-inf, 0) and the
+    # extra zero makes it (0, 1), whose log is 0 exactly; the weights are written as 0.
     assert lse[1] == (0.0 if extra_zero else -np.inf)
     assert np.all(weights[1] == 0.0) and np.all(weights[~mask] == 0.0)
 

@@ -1,11 +1,11 @@
 """The small-problem Sinkhorn kernels (gpu/_nb_sinkhorn.py) against their array-path twin.
 
-The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator here:
-no GPU) must take the array path's steps: the same iteration counts where the stopping
-margin certifies them (:func:`_certified`), the same residuals, potentials and plans to
-rounding (float64: 1e-12 relative; float32: 1e-5, the kernel accumulating in float64
-against the array path's float32). Simulated inputs stay tiny (3 problems of at most 7
-points, tens of iterations): each simulated test takes ~1 s.
+The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator on NumPy
+arrays where there is no GPU, on CuPy arrays on a GPU: the ``cuda_device_array`` fixture)
+must take the NumPy array path's steps: the same iteration counts where the stopping margin
+certifies them (:func:`_certified`), the same residuals, potentials and plans to the
+tolerances of :data:`RTOL`. Simulated inputs stay tiny (3 problems of at most 7 points, tens
+of iterations): each simulated test takes ~1 s.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
+from refdml._xp import array_namespace, to_numpy
 from refdml.exceptions import ConvergenceWarning
 from refdml.gpu import _nb_sinkhorn, use_kernels
 from refdml.gpu import _ot_sinkhorn as solver
@@ -25,7 +26,13 @@ from refdml.gpu.ot import pairwise_sinkhorn_divergence_forward, wtriplet_forward
 
 pytestmark = pytest.mark.cpu_exact
 
-KERNELS = ("cpu", "cuda")
+KERNELS = ("cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda))
+# Relative tolerance (max error / max |array path|) of potentials and plans. The kernels and
+# the array path run the same iterations with roundings in other places (summation order;
+# on a GPU, FMA contraction): a few ulps per step, which the contracting iteration does not
+# amplify; float64: tens of steps of ~10 eps (~1e-13) with a factor 10 to spare. float32:
+# the array path rounds every step to float32 (u = 6e-8) where the kernel keeps float64, so
+# the arrays differ by the array path's own error, ~100 u.
 RTOL = {np.float64: 1e-12, np.float32: 1e-5}
 # Stopping margin, in units of n eps of the dtype (n rows; the rule of
 # tests/test_ot_pairwise_route.py). The kernel's and the array path's L1 marginal errors at
@@ -49,10 +56,21 @@ def _problems(rng, n_problems, n, m, symmetric=False, dtype=np.float64):
     return a.astype(dtype), b.astype(dtype), cost.astype(dtype)
 
 
+def _on_host(x):
+    return x
+
+
+def _mover(kernel, cuda_device_array):
+    """Where ``kernel`` takes its inputs: the CUDA kernel's device (CuPy on a GPU, NumPy under
+    the simulator), NumPy for the others."""
+    return cuda_device_array if kernel == "cuda" else _on_host
+
+
 def _solve(kernel, a, b, cost, **kw):
     with use_kernels(kernel), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return solver.solve_batch(np, a, b, cost, small_kernels=True, **kw)
+        return solver.solve_batch(array_namespace(cost).xp, a, b, cost, small_kernels=True,
+                                  **kw)
 
 
 def _certified(a, b, cost, **kw):
@@ -72,29 +90,37 @@ def _certified(a, b, cost, **kw):
     return runs[0] == runs[1]
 
 
-def _assert_kernel_matches(kernel, a, b, cost, dtype=np.float64, **kw):
+def _assert_kernel_matches(kernel, a, b, cost, dtype=np.float64, *, move=_on_host, **kw):
+    """``kernel`` on ``move``d inputs against the NumPy array path, on a certified input."""
     assert _certified(a, b, cost, **kw), "a residual at a stopping threshold: pick another input"
-    _assert_same(_solve(kernel, a, b, cost, **kw), _solve("array", a, b, cost, **kw), dtype)
+    ours = _solve(kernel, move(a), move(b), move(cost), **kw)
+    _assert_same(ours, _solve("array", a, b, cost, **kw), dtype)
 
 
 def _assert_same(ours, ref, dtype):
+    """``ours`` (NumPy or CuPy) against the NumPy array path's ``ref``. Counts and flags are
+    compared exactly: callers pass only inputs that :func:`_certified` certifies (no stopping
+    test within the margin that rounding, FMA included, could cross)."""
     rtol = RTOL[dtype]
-    assert_array_equal(ours.n_iter, ref.n_iter)
-    assert_array_equal(ours.converged, ref.converged)
+    assert_array_equal(to_numpy(ours.n_iter), ref.n_iter)
+    assert_array_equal(to_numpy(ours.converged), ref.converged)
     for name in ("f", "g", "plan"):
-        got, want = getattr(ours, name), getattr(ref, name)
+        got, want = to_numpy(getattr(ours, name)), getattr(ref, name)
         assert got.dtype == want.dtype == dtype
         assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max(), err_msg=name)
-    # float32: the array path sums the residual in float32, the kernel in float64.
-    atol = 1e-6 if dtype == np.float32 else max(1e-15, 10 * rtol * float(ref.marginal_error.max()))
-    assert_allclose(ours.marginal_error, ref.marginal_error, rtol=0, atol=atol)
+    # float32: the array path sums the residual in float32, the kernel in float64. float64:
+    # a residual near 0 is rounding noise, each of its n + m marginal entries a few eps of
+    # its value (<= 1) on either path, hence the floor 8 (n + m) eps.
+    floor = 8 * sum(ref.plan.shape[1:]) * float(np.finfo(np.float64).eps)
+    atol = 1e-6 if dtype == np.float32 else max(floor, 10 * rtol * float(ref.marginal_error.max()))
+    assert_allclose(to_numpy(ours.marginal_error), ref.marginal_error, rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("eps_scaling", [None, 0.5])
-def test_kernel_matches_array_path(kernel, dtype, symmetric, eps_scaling):
+def test_kernel_matches_array_path(kernel, dtype, symmetric, eps_scaling, cuda_device_array):
     # float32: the two residuals differ by ~1e-6 (the array path sums in float32), within
     # the margin of any useful tol, and the float32 array path's residual can reach exactly
     # 0: no stopping step near convergence can be certified. So float32 compares the
@@ -105,39 +131,44 @@ def test_kernel_matches_array_path(kernel, dtype, symmetric, eps_scaling):
                            dtype)
     tol, max_iter = (1e-7, 40) if dtype == np.float64 else (0.0, 3)
     kw = dict(eps=0.05, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, symmetric=symmetric)
-    _assert_kernel_matches(kernel, a, b, cost, dtype, **kw)
+    _assert_kernel_matches(kernel, a, b, cost, dtype, move=_mover(kernel, cuda_device_array),
+                           **kw)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_kernel_absorbs_like_the_array_path(kernel):
+def test_kernel_absorbs_like_the_array_path(kernel, cuda_device_array):
     # eps = 0.002 of the cost: scalings leave [e^-30, e^30] and the kernel is rebuilt.
     a, b, cost = _problems(np.random.default_rng(2), 2, 4, 6)
     kw = dict(eps=0.002, max_iter=30, tol=1e-9, eps_scaling=None)
-    _assert_kernel_matches(kernel, a, b, cost, **kw)
+    _assert_kernel_matches(kernel, a, b, cost, move=_mover(kernel, cuda_device_array), **kw)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_fixed_iterations_and_warning(kernel):
-    a, b, cost = _problems(np.random.default_rng(3), 2, 4, 3)
-    with use_kernels(kernel), warnings.catch_warnings():
-        warnings.simplefilter("error")                   # tol = 0: no warning
-        fixed = solver.solve_batch(np, a, b, cost, eps=0.05, max_iter=7, tol=0.0,
+def test_fixed_iterations_and_warning(kernel, cuda_device_array, warnings_as_errors):
+    move = _mover(kernel, cuda_device_array)
+    a, b, cost = (move(v) for v in _problems(np.random.default_rng(3), 2, 4, 3))
+    xp = array_namespace(cost).xp
+    with use_kernels(kernel), warnings_as_errors():     # tol = 0: no warning
+        fixed = solver.solve_batch(xp, a, b, cost, eps=0.05, max_iter=7, tol=0.0,
                                    eps_scaling=None, small_kernels=True)
-    assert_array_equal(fixed.n_iter, [7, 7])   # tol = 0 stops only at an exact 0 residual
-    assert not fixed.converged.any()
+    # Exact by construction: tol = 0 stops only at an exact 0 residual, so the count is
+    # max_iter on any device.
+    assert_array_equal(to_numpy(fixed.n_iter), [7, 7])
+    assert not to_numpy(fixed.converged).any()
     with use_kernels(kernel), pytest.warns(ConvergenceWarning, match="max_iter=3"):
-        solver.solve_batch(np, a, b, cost, eps=0.05, max_iter=3, tol=1e-9, eps_scaling=None,
+        solver.solve_batch(xp, a, b, cost, eps=0.05, max_iter=3, tol=1e-9, eps_scaling=None,
                            small_kernels=True)
 
 
-def test_cuda_kernel_global_tile(monkeypatch):
+@pytest.mark.requires_cuda
+def test_cuda_kernel_global_tile(monkeypatch, cuda_device_array):
     # A kernel too large for the shared tile runs from the plan in global memory.
     a, b, cost = _problems(np.random.default_rng(4), 2, 5, 6)
     monkeypatch.setattr(_nb_sinkhorn, "TILE_BYTES", 64)
     _nb_sinkhorn.cuda_kernel.cache_clear()
     try:
         kw = dict(eps=0.1, max_iter=30, tol=1e-8, eps_scaling=None)
-        _assert_kernel_matches("cuda", a, b, cost, **kw)
+        _assert_kernel_matches("cuda", a, b, cost, move=cuda_device_array, **kw)
     finally:
         _nb_sinkhorn.cuda_kernel.cache_clear()
 
@@ -172,17 +203,19 @@ def test_cpu_twin_hypothesis(seed, n, m, eps, symmetric):
     _assert_same(_solve("cpu", a, b, cost, **kw), _solve("array", a, b, cost, **kw), np.float64)
 
 
+@pytest.mark.requires_cuda
 @settings(max_examples=3)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 5), m=st.integers(1, 5))
-def test_cuda_kernel_hypothesis(seed, n, m):
+def test_cuda_kernel_hypothesis(seed, n, m, cuda_device_array):
     a, b, cost = _problems(np.random.default_rng(seed), 2, n, m)
     kw = dict(eps=0.2, max_iter=10, tol=1e-9, eps_scaling=None)
     assume(_certified(a, b, cost, **kw))        # a draw at a stopping boundary is discarded
-    _assert_same(_solve("cuda", a, b, cost, **kw), _solve("array", a, b, cost, **kw), np.float64)
+    ours = _solve("cuda", *(cuda_device_array(v) for v in (a, b, cost)), **kw)
+    _assert_same(ours, _solve("array", a, b, cost, **kw), np.float64)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_pairwise_divergence_and_losses_use_the_kernel(kernel, monkeypatch):
+def test_pairwise_divergence_and_losses_use_the_kernel(kernel, monkeypatch, cuda_device_array):
     rng = np.random.default_rng(7)
     clouds = rng.uniform(-1, 1, (3, 4, 2))
     kw = dict(eps=0.5, p=2, tol=1e-9)
@@ -204,30 +237,35 @@ def test_pairwise_divergence_and_losses_use_the_kernel(kernel, monkeypatch):
     real = _nb_sinkhorn.solve_small
     monkeypatch.setattr(_nb_sinkhorn, "solve_small",
                         lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    move = _mover(kernel, cuda_device_array)
     with use_kernels(kernel):
-        ours, _ = pairwise_sinkhorn_divergence_forward(clouds, **kw)
-        loss, _ = wtriplet_forward(clouds, np.array([0, 0, 1]), margin=1.0, **kw)
+        ours, _ = pairwise_sinkhorn_divergence_forward(move(clouds), **kw)
+        loss, _ = wtriplet_forward(move(clouds), move(np.array([0, 0, 1])), margin=1.0, **kw)
     assert calls == [kernel] * 4                         # cross and self, twice
-    assert_allclose(ours, ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    assert_allclose(to_numpy(ours), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
     assert_allclose(loss, ref_loss, rtol=1e-12)
 
 
 # --------------------------------------------------------------------------- LSE half step
-def _half_step(kernel, scaled, potential, log_weight):
+def _half_step(kernel, scaled, potential, log_weight, move=_on_host):
+    """The half step by ``kernel`` on ``move``d inputs, as a NumPy array."""
+    scaled, potential, log_weight = move(scaled), move(potential), move(log_weight)
     with use_kernels(kernel):
-        return solver._lse_half_step(np, scaled, potential, log_weight)
+        return to_numpy(solver._lse_half_step(array_namespace(scaled).xp, scaled, potential,
+                                              log_weight))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_lse_half_step_matches_array_path(kernel, dtype):
+def test_lse_half_step_matches_array_path(kernel, dtype, cuda_device_array):
     rng = np.random.default_rng(8)
     # S up to 1e4 (eps = 1e-4 of the cost): the exponents span 1e4, nothing may overflow.
     scaled = (rng.uniform(0, 1, (3, 5, 7)) * np.array([1.0, 100.0, 1e4])[:, None, None])
     potential = rng.normal(0, 5, (3, 7))
     log_weight = np.log(rng.dirichlet(np.ones(7), 3))
     args = [v.astype(dtype) for v in (scaled, potential, log_weight)]
-    got, want = _half_step(kernel, *args), _half_step("array", *args)
+    got = _half_step(kernel, *args, move=_mover(kernel, cuda_device_array))
+    want = _half_step("array", *args)
     assert got.dtype == want.dtype == dtype and got.shape == (3, 5)
     # float32: the array path rounds every exponent to float32; the kernel sums in float64.
     atol = (1e-12 if dtype == np.float64 else 1e-6) * np.abs(scaled).max()
@@ -235,33 +273,49 @@ def test_lse_half_step_matches_array_path(kernel, dtype):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_lse_half_step_edge_shapes(kernel):
+def test_lse_half_step_edge_shapes(kernel, cuda_device_array):
+    move = _mover(kernel, cuda_device_array)
     rng = np.random.default_rng(9)
     for shape in [(1, 1, 1), (1, 1, 6), (2, 3, 1)]:
         scaled = rng.uniform(0, 3, shape)
         potential = rng.normal(size=(shape[0], shape[2]))
         log_weight = np.zeros((shape[0], shape[2]))
-        assert_allclose(_half_step(kernel, scaled, potential, log_weight),
+        assert_allclose(_half_step(kernel, scaled, potential, log_weight, move),
                         _half_step("array", scaled, potential, log_weight), rtol=1e-14, atol=1e-14)
     empty = np.zeros((0, 3, 4))
-    assert _half_step(kernel, empty, np.zeros((0, 4)), np.zeros((0, 4))).shape == (0, 3)
+    assert _half_step(kernel, empty, np.zeros((0, 4)), np.zeros((0, 4)), move).shape == (0, 3)
     with pytest.raises(ValueError, match="kernel == 'array'"):
         _nb_sinkhorn.lse_half_step(np, "array", np.zeros((1, 1, 1)), np.zeros((1, 1)))
 
 
-@settings(max_examples=20)
-@given(seed=st.integers(0, 2**32 - 1), shape=st.tuples(st.integers(1, 4), st.integers(1, 6),
-                                                        st.integers(1, 6)),
-       spread=st.sampled_from([1.0, 1e2, 1e6]))
-def test_lse_half_step_hypothesis(seed, shape, spread):
+HALF_STEP_CASES = dict(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(1, 6)),
+    spread=st.sampled_from([1.0, 1e2, 1e6]),
+)
+
+
+def _assert_half_step_matches(kernel, seed, shape, spread, move=_on_host):
     rng = np.random.default_rng(seed)
     scaled = spread * rng.uniform(0, 1, shape)
     potential = spread * rng.normal(size=(shape[0], shape[2]))
     log_weight = np.log(rng.dirichlet(np.ones(shape[2]), shape[0]))
     want = _half_step("array", scaled, potential, log_weight)
-    for kernel in KERNELS if seed % 4 == 0 else ("cpu",):      # simulated CUDA on a quarter
-        assert_allclose(_half_step(kernel, scaled, potential, log_weight), want, rtol=0,
-                        atol=1e-12 * max(spread, np.abs(want).max()))
+    assert_allclose(_half_step(kernel, scaled, potential, log_weight, move), want, rtol=0,
+                    atol=1e-12 * max(spread, np.abs(want).max()))
+
+
+@settings(max_examples=20)
+@given(**HALF_STEP_CASES)
+def test_lse_half_step_hypothesis(seed, shape, spread):
+    _assert_half_step_matches("cpu", seed, shape, spread)
+
+
+@pytest.mark.requires_cuda
+@settings(max_examples=5)                # a quarter of the CPU twin's draws (simulator time)
+@given(**HALF_STEP_CASES)
+def test_cuda_lse_half_step_hypothesis(seed, shape, spread, cuda_device_array):
+    _assert_half_step_matches("cuda", seed, shape, spread, cuda_device_array)
 
 
 # --------------------------------------------------------------------------- pair costs

@@ -432,10 +432,10 @@ def test_momentum_buffer_mismatch_on_load_is_named():
         target.load_state_dict(with_velocity)
 
 
+@pytest.mark.requires_cupy          # tests/conftest.py: skipped, with the reason, without a GPU
 def test_cupy_matches_numpy_when_available():
-    cupy = pytest.importorskip("cupy")
-    if cupy.cuda.runtime.getDeviceCount() == 0:
-        pytest.skip("no GPU")
+    import cupy
+
     for cls, kwargs in ((SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
                         (AdamW, dict(lr=0.01))):
         on_cpu, on_gpu = _two_params(np.float64), _two_params(np.float64)
