@@ -1,14 +1,30 @@
-"""Benchmarks of the fast path (:mod:`refdml.gpu`) against the float64 reference (not a test).
+"""Benchmarks of the fast path (:mod:`refdml.gpu`): on the CPU against the float64
+reference, and on a GPU (CuPy) against the array path, the CPU and POT (not a test).
 
-    python scripts/bench_gpu.py                  # every section
+    python scripts/bench_gpu.py                  # every CPU section
     python scripts/bench_gpu.py --only gsp       # one section (repeatable)
     python scripts/bench_gpu.py --repeats 15     # more interleaved repeats
     python scripts/bench_gpu.py --quick          # 3 repeats, a smoke run
+    python scripts/bench_gpu.py --device cuda --json bench_gpu.json   # the GPU sections
+    python scripts/bench_gpu.py --device cuda --dry-run               # the same, no GPU
 
-One section per family, each an independent function ``bench_<family>(repeats)`` that
-prints its own rows. Every timing is the median of ``repeats`` runs, the reference and
-the fast path interleaved in one process, so their ratio is comparable on a busy
-machine (the absolute times are not).
+``--device cpu`` (default): one section per family, each an independent function
+``bench_<family>(repeats)`` that prints its own rows. Every timing is the median of
+``repeats`` runs, the reference and the fast path interleaved in one process, so their
+ratio is comparable on a busy machine (the absolute times are not).
+
+``--device cuda`` (issue 21; docs/gpu.md, "GPU benchmarks"): the sections of
+``CUDA_SECTIONS`` on CuPy arrays, each an independent function ``cuda_<name>(run)`` adding
+rows (:class:`Row`) to the run. A time is the wall time of one call between two device
+synchronisations; the first call of each path (compilation, caches) is timed apart; the
+paths of a group run interleaved, ``--repeats`` rounds or fewer once the group has taken
+``--max-seconds``; every path's result is checked against a twin before it is timed.
+``--json PATH`` writes every row and a header (GPU, driver, CUDA, CuPy, numba-cuda,
+date) atomically, after every section. ``--dry-run`` runs the same code at tiny sizes on
+refdml's CuPy stand-in (tests/cupy_standin) under Numba's CUDA simulator, so CI can keep
+the script from rotting; its rows say so and measure nothing. Without ``--dry-run`` and
+without CuPy and a GPU, ``--device cuda`` exits with status 2 and the reason. Exit status
+1: some row has an error (a failed section, a parity check outside its tolerance).
 
 BLAS threads: OpenBLAS's worker threads spin while they wait, and on a machine whose
 cores are busy with other work they make a matrix product many times slower, not
@@ -23,11 +39,18 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", os.environ.get("REFDML_BENCH_BLAS_THREADS", "1"))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from _bench import interleaved  # noqa: E402  (scripts/ is on sys.path when run as a script)
+# scripts/ is on sys.path when run as a script
+from _bench import clocked, interleaved, timed_rounds  # noqa: E402
 
 
 def _load() -> str:
@@ -143,17 +166,19 @@ def bench_compile(repeats: int) -> None:
     Each run is a fresh interpreter; ``NUMBA_CACHE_DIR`` points at an empty temporary folder
     for the cold run and at the same folder, now filled, for the warm one (the package's
     own ``__pycache__`` is left alone). Times: import, then the first calls of each dtype.
+    The child runs in an empty temporary folder: ``python -c`` puts its working directory
+    first on ``sys.path``, and from the repository root the source ``refdml/`` (which has no
+    ``gpu/``) would shadow an installed wheel (issue 21).
     """
     import subprocess
     import tempfile
 
     del repeats
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as cwd:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         print(f"Numba CPU twins: import + first calls (float64 and float32), seconds ({_load()})")
         for label in ("cold cache", "warm cache"):
-            out = subprocess.run([sys.executable, "-c", _COMPILE_PROBE], env=env, cwd=root,
+            out = subprocess.run([sys.executable, "-c", _COMPILE_PROBE], env=env, cwd=cwd,
                                  capture_output=True, text=True, check=True).stdout.split()
             print(f"  {label}: import {out[0]} s, GSP pool fwd+bwd + transport fwd+bwd {out[1]} s, "
                   f"masked log-sum-exp {out[2]} s")
@@ -343,19 +368,891 @@ SECTIONS = {"gsp": bench_gsp, "compile": bench_compile, "lse": bench_lse,
             "kcenter": bench_kcenter, "metrics": bench_metrics}
 
 
+
+# ======================================================================= --device cuda
+# Issue 21, section 3. Every section runs on CuPy arrays (the CuPy stand-in under
+# --dry-run), adds its rows to the run as it goes, and never writes a number anywhere but
+# the rows (printed, and in --json).
+
+_SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+_REPOSITORY = os.path.dirname(_SCRIPTS)
+_DRY_NOTE = "dry run: not a measurement"
+#: Version of the ``--json`` document's layout (the GPU ledger embeds the document).
+JSON_SCHEMA = "refdml.bench_gpu/1"
+#: What every time in the CUDA tables is (also in the JSON header).
+TIMING = ("wall time of one call between two device synchronisations "
+          "(cudaDeviceSynchronize: every stream, CuPy's and torch's), so it includes the host "
+          "work, the launches and the synchronisations the call makes itself; the median of "
+          "interleaved rounds; the first call (compilation, caches, allocations) is timed apart")
+#: Parity of a GSP path against the CPU fast path in float64: the largest error over pooled
+#: and both gradients relative to the largest entry, the catalogue's mirror tolerances
+#: (OperatorSpec.mirror_tolerance; 1e-10 float64, 1e-4 float32) with float64's widened 10x
+#: for FMA contraction on the device (measured on the CPU: 1.5e-14 and 7e-6).
+_GSP_PARITY = {"float32": 1e-4, "float64": 1e-9}
+_GSP_ARGS = {"mu": 0.3, "inverse_temperature": 5.0}
+_GSP_GOAL_S = 0.5e-3
+_OT_EPS = 0.05
+# Both solvers stop at 1e-5: refdml on the L1 norm of the row-marginal error (its float32
+# floor, u (1 + max C / eps), is 4.9e-6 for costs <= 4 at eps 0.05), POT on the L2 norm
+# (<= L1, so POT's test is the looser one) every 10 iterations; POT's float32 log-Sinkhorn
+# stalls near 1.2e-6 (measured on the dry run's clouds), so 1e-6 would run it to max_iter.
+_OT_TOL = 1e-5
+_OT_MAX_ITER = 5000
+# |SD_refdml - SD_POT| on unit-norm clouds (costs in [0, 4], divergences ~0.01-1): each
+# solve's value is off by about tol x the largest cost (4e-5), three solves per divergence
+# and two solvers; 1e-3 is well above that and far below what a wrong problem gives.
+_OT_PARITY = 1e-3
+# Pairs per ot.batch.solve_batch call: POT builds (pairs, n, d) copies of both clouds and
+# (pairs, n, n) costs, so all 523,776 pairs at once would need ~30 GB for the copies alone.
+_POT_CHUNK = 16384
+_OT_GOAL = 20.0
+# Largest |difference| of the retrieval metrics between the CUDA kernel and the array path
+# (averages over the queries): 1e-3 is 10 queries in 10,000 whose neighbours differ where
+# the kernel's FMA contraction reorders references whose distances agree to ~1e-16
+# relative (gpu/_nb_retrieval.py).
+_RETRIEVAL_PARITY = 1e-3
+_RETRIEVAL_BLOCK = 16384
+# k-center: radii of the CUDA kernel and the array path over their common first picks,
+# relative (float32; FMA on the device).
+_KCENTER_PARITY = 1e-4
+_TRAIN_GOAL_S = 5e-3
+
+
+@dataclasses.dataclass
+class Row:
+    """One line of the CUDA tables and one entry of the ``--json`` document's ``rows``.
+
+    ``ratios`` maps what a ratio is relative to onto ``time(that) / time(this row)``: above
+    1 this row is that many times faster; against a bound (the matrix product, the memory
+    bandwidth) it is the fraction of the bound this row reaches. ``rate`` is in
+    ``rate_unit`` (per second). ``goal_met`` is None where no goal applies or nothing was
+    measured (a dry run, an error). ``error`` set: the row failed (exit status 1).
+    """
+
+    section: str
+    name: str
+    device: str
+    dtype: str | None = None
+    size: str = ""
+    median_s: float | None = None
+    repeats: int | None = None
+    first_call_s: float | None = None
+    rate: float | None = None
+    rate_unit: str | None = None
+    ratios: dict = dataclasses.field(default_factory=dict)
+    goal: str | None = None
+    goal_met: bool | None = None
+    parity_error: float | None = None
+    parity_tolerance: float | None = None
+    parity_against: str | None = None
+    measurement: bool = True
+    note: str = ""
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the CUDA sections share: the array module, the clock, the rows so far."""
+
+    xp: Any                       # cupy, or the stand-in under --dry-run
+    dry_run: bool
+    repeats: int
+    max_seconds: float
+    sync: Any                     # waits for the device
+    json_path: str | None = None
+    header: dict = dataclasses.field(default_factory=dict)
+    rows: list = dataclasses.field(default_factory=list)
+
+    @property
+    def device(self) -> str:
+        return "cuda (dry run: simulator + CuPy stand-in)" if self.dry_run else "cuda"
+
+    def sizes(self, full, dry):
+        return dry if self.dry_run else full
+
+    def warm(self, functions: dict) -> tuple[dict, dict]:
+        """The first call of each function, timed apart: ``(seconds, outputs)`` by name."""
+        seconds, outputs = {}, {}
+        for name, fn in functions.items():
+            seconds[name], outputs[name] = clocked(fn, self.sync)
+        return seconds, outputs
+
+    def time(self, functions: dict) -> dict[str, list[float]]:
+        return timed_rounds(functions, self.repeats, sync=self.sync, max_s=self.max_seconds)
+
+    def add(self, section: str, name: str, *, times=None, device=None, **fields) -> Row:
+        """Record (and print) a row; ``times``: the timed calls, summarised as their median."""
+        if times:
+            fields.update(median_s=statistics.median(times), repeats=len(times))
+        if self.dry_run:
+            fields.update(goal_met=None, measurement=False,
+                          note="; ".join(filter(None, (_DRY_NOTE, fields.get("note")))))
+        if fields.get("error"):
+            fields["goal_met"] = None
+        row = Row(section, name, device or self.device, **fields)
+        self.rows.append(row)
+        print(_format_row(row), flush=True)
+        return row
+
+    def write_json(self, complete: bool) -> None:
+        if self.json_path is None:
+            return
+        from refdml._io import write_json_atomic
+
+        document = {"schema": JSON_SCHEMA, "complete": complete, "header": self.header,
+                    "rows": [dataclasses.asdict(row) for row in self.rows]}
+        write_json_atomic(self.json_path, _finite(document), indent=1)
+
+
+def _finite(value):
+    """``value`` with every NaN or infinity replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.3f} s"
+
+
+def _format_row(row: Row) -> str:
+    parts = [f"{row.section:11s} {row.name:46s} {row.dtype or '':7s}"]
+    if row.median_s is not None:
+        parts.append(f"{_ms(row.median_s):>11s} " + ("(computed)" if row.repeats is None
+                                                      else f"x{row.repeats}"))
+    if row.first_call_s is not None:
+        parts.append(f"first call {_ms(row.first_call_s)}")
+    if row.rate is not None:
+        parts.append(f"{row.rate:,.4g} {row.rate_unit}")
+    parts += [f"{value:.3g}x {other}" for other, value in row.ratios.items()]
+    if row.goal is not None:
+        met = {True: "met", False: "NOT met", None: "not judged"}[row.goal_met]
+        parts.append(f"goal {row.goal}: {met}")
+    if row.parity_error is not None:
+        parts.append(f"parity {row.parity_error:.2e} (tol {row.parity_tolerance:.0e} vs "
+                     f"{row.parity_against})")
+    parts += [text for text in (row.note, row.error and f"ERROR {row.error}") if text]
+    return " | ".join(parts)
+
+
+def _ratios(medians: dict, name: str, others) -> dict:
+    return {other: medians[other] / medians[name] for other in others
+            if other in medians and other != name and medians[name] > 0}
+
+
+def _host(value) -> np.ndarray:
+    from refdml._xp import to_numpy
+
+    if hasattr(value, "detach"):                # a torch tensor (POT's rows)
+        return value.detach().cpu().numpy()
+    return to_numpy(value)
+
+
+def _relative_error(got, want) -> float:
+    """Largest over the paired arrays of ``max |got - want| / max |want|`` (on the host)."""
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        g, w = _host(g).astype(np.float64), _host(w).astype(np.float64)
+        scale = float(np.max(np.abs(w))) or 1.0
+        worst = max(worst, float(np.max(np.abs(g - w))) / scale)
+    return worst
+
+
+def _gated(run: _Run, section: str, size: str, functions: dict, *, against: str,
+           tolerance, error=_relative_error) -> tuple[dict, dict, dict, dict]:
+    """Warm every function up (its first call, timed apart), then check its output against
+    ``functions[against]``'s before anything is timed: a function outside
+    ``tolerance(name)`` becomes an error row and is not timed.
+    ``(timed functions, first-call seconds, outputs, {name: parity error})``."""
+    first, outputs = run.warm(functions)
+    keep, parity = {}, {}
+    for name, fn in functions.items():
+        if name != against:
+            parity[name] = error(outputs[name], outputs[against])
+            if not parity[name] <= tolerance(name):         # NaN fails too
+                run.add(section, name, size=size, first_call_s=first[name],
+                        parity_error=parity[name], parity_tolerance=tolerance(name),
+                        parity_against=against, error="parity outside its tolerance; not timed")
+                continue
+        keep[name] = fn
+    return keep, first, outputs, parity
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str | None):
+    """``os.environ[name] = value`` (None: unset) inside the block, then as it was."""
+    before = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+# --------------------------------------------------------------------------- GSP
+def _gsp_inputs(batch: int, m: int, n: int, d: int):
+    from bench_gsp import _data
+
+    features, prototypes = _data(np.random.default_rng(0), batch, m, n, d)
+    rng = np.random.default_rng(1)
+    return features, prototypes, rng.standard_normal((batch, d)), rng.standard_normal((batch, m))
+
+
+def _gsp_layer(xp, host, dtype: str, kernels: str):
+    """One forward + backward of the GSP pooling layer on ``xp`` arrays of ``dtype`` under
+    ``use_kernels(kernels)``; the call returns (pooled, d_features, d_prototypes) where they
+    were computed (no copy in the timed call)."""
+    from refdml.gpu import gsp as fast
+    from refdml.gpu import use_kernels
+
+    features, prototypes, d_pooled, d_z = (xp.asarray(a.astype(dtype)) for a in host)
+
+    def call():
+        with use_kernels(kernels):
+            (pooled, _), ctx = fast.gsp_pool_forward(features, prototypes, **_GSP_ARGS)
+            grads = fast.gsp_pool_backward(ctx, d_pooled, d_z)
+        return pooled, grads.features, grads.prototypes
+    return call
+
+
+def cuda_gsp(run: _Run) -> None:
+    """GSP pooling forward + backward (issue 21: < 0.5 ms in float32 at B = 256).
+
+    At B = 256 in both dtypes: the CUDA kernels (``use_kernels("cuda")``), the CuPy array
+    path (``use_kernels("array")``) and the CPU fast path on NumPy (``"auto"``), all
+    interleaved; then images per second at B = 4096 in float32, the same three paths.
+    """
+    section = "gsp"
+    batch, big, m, n, d = run.sizes((256, 4096, 64, 49, 128), (3, 5, 4, 5, 8))
+    paths = {"cuda kernel": (run.xp, "cuda"), "cupy array path": (run.xp, "array"),
+             "cpu fast path": (np, "auto")}
+    for size_b, dtypes in ((batch, ("float32", "float64")), (big, ("float32",))):
+        size = (f"B={size_b} m={m} n={n} d={d} mu={_GSP_ARGS['mu']} "
+                f"inverse_temperature={_GSP_ARGS['inverse_temperature']}")
+        host = _gsp_inputs(size_b, m, n, d)
+        label = {(path, dtype): f"{path} {dtype}" + (f" B={size_b}" if size_b != batch else "")
+                 for dtype in dtypes for path in paths}
+        dtype_of = {name: dtype for (_, dtype), name in label.items()}
+        functions = {name: _gsp_layer(paths[path][0], host, dtype, paths[path][1])
+                     for (path, dtype), name in label.items()}
+        against = label["cpu fast path", dtypes[-1]]
+        keep, first, _, parity = _gated(run, section, size, functions, against=against,
+                                        tolerance=lambda name: _GSP_PARITY[dtype_of[name]])
+        times = run.time(keep)
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        for name in keep:
+            dtype = dtype_of[name]
+            goal = {}
+            if name == "cuda kernel float32":
+                goal = dict(goal=f"< {_GSP_GOAL_S * 1e3:g} ms per call",
+                            goal_met=medians[name] < _GSP_GOAL_S)
+            run.add(section, name, dtype=dtype, size=size, times=times[name],
+                    device="cpu" if name.startswith("cpu") else None,
+                    first_call_s=first[name], rate=size_b / medians[name], rate_unit="images/s",
+                    ratios=_ratios(medians, name, [label[p, dtype] for p in paths]),
+                    parity_error=parity.get(name),
+                    parity_tolerance=_GSP_PARITY[dtype] if name in parity else None,
+                    parity_against=against if name in parity else None, **goal)
+
+
+def cuda_launch_sync(run: _Run) -> None:
+    """The GSP layer's CUDA kernels (B = 256, float32) with and without numba-cuda's
+    synchronisation of every array argument (``REFDML_CUDA_LAUNCH_SYNC=1`` / unset).
+
+    :func:`refdml.gpu._numba_support.cuda_launch` reads the switch at every launch, so the
+    two variants alternate in one process (checked first: a switch read once would make
+    both variants the same).
+    """
+    from refdml.gpu import _numba_support
+
+    section, variable = "launch_sync", "REFDML_CUDA_LAUNCH_SYNC"
+    batch, m, n, d = run.sizes((256, 64, 49, 128), (3, 4, 5, 8))
+    size = f"B={batch} m={m} n={n} d={d} (GSP pooling forward + backward, CUDA kernels)"
+    probe = getattr(_numba_support, "_launch_sync", None)
+    seen = []
+    for value in ("1", None):
+        with _environment(variable, value):
+            seen.append(probe() if probe is not None else None)
+    if seen != [True, False]:
+        raise RuntimeError(f"refdml.gpu._numba_support does not read {variable} at each "
+                           "launch as this section assumes; run the two variants in separate "
+                           "processes instead")
+    layer = _gsp_layer(run.xp, _gsp_inputs(batch, m, n, d), "float32", "cuda")
+
+    def under(value):
+        def call():
+            with _environment(variable, value):
+                return layer()
+        return call
+    synced = f"per-array sync ({variable}=1, numba-cuda's default)"
+    free = f"no per-array sync ({variable} unset, refdml's default)"
+    keep, first, _, parity = _gated(run, section, size, {synced: under("1"), free: under(None)},
+                                    against=synced, tolerance=lambda name: _GSP_PARITY["float32"])
+    times = run.time(keep)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    fastest = min(medians, key=medians.get)
+    for name in keep:
+        run.add(section, name, dtype="float32", size=size, times=times[name],
+                first_call_s=first[name], rate=batch / medians[name], rate_unit="images/s",
+                ratios=_ratios(medians, name, keep), parity_error=parity.get(name),
+                parity_tolerance=_GSP_PARITY["float32"] if name in parity else None,
+                parity_against=synced if name in parity else None,
+                note=f"faster: {fastest.split(' (')[0]}" if len(medians) == 2 else "")
+
+
+# --------------------------------------------------------------------------- training
+class _TrainStep:
+    """One optimisation step of ``refdml train --study digits-collage`` on the run's first
+    batch: what :class:`refdml.train.Trainer` does per batch (zero_grad, model forward,
+    objective forward and backward, model backward, Adam step), as scripts/bench_train.py's
+    ``Step``, with config overrides (the dry run's small batch), under
+    ``use_kernels(kernels)``."""
+
+    def __init__(self, device: str, dtype: str, overrides: dict, out_dir: str,
+                 kernels: str = "auto") -> None:
+        from refdml.train.runs import build_run
+
+        self.kernels = kernels
+        config = dict(dtype=dtype, device=device, epochs=0, progress=False, **overrides)
+        run = build_run("digits-collage", config, out_dir=out_dir)
+        trainer = run.trainer
+        batch = next(iter(trainer.train_sampler))
+        self.batch_size = len(batch)
+        self.x, self.labels = trainer._to_device(trainer.train_x[batch], trainer.train_y[batch])
+        self.model, self.objective, self.optimizer = run.model, run.objective, trainer.optimizer
+
+    def __call__(self):
+        from refdml.gpu import use_kernels
+
+        with use_kernels(self.kernels):
+            self.optimizer.zero_grad()
+            outputs, ctx = self.model.forward(self.x)
+            loss, octx = self.objective.forward(outputs, self.labels)
+            self.model.backward(ctx, self.objective.backward(octx, 1.0))
+            self.optimizer.step()
+        return loss
+
+
+def cuda_train(run: _Run) -> None:
+    """One ``refdml train`` step of digits-collage at batch 64 on ``--device cuda`` (goal
+    < 5 ms in float32), beside float64 and the CPU fast path (float32) of the same run."""
+    import tempfile
+
+    section = "train"
+    overrides = run.sizes({}, {"n_classes_per_batch": 2, "n_samples_per_class": 2})
+    # The dry run takes the array path on the stand-in and leaves float64 out: a step of
+    # simulated kernels took 20-25 s on the loaded 2-core machine, and the other sections
+    # run the same kernels under the simulator already.
+    kernels = run.sizes("auto", "array")
+    paths = run.sizes((("cuda", "float32"), ("cuda", "float64"), ("cpu", "float32")),
+                      (("cuda", "float32"), ("cpu", "float32")))
+    with tempfile.TemporaryDirectory() as out_dir:
+        steps = {f"{device} {dtype}": _TrainStep(device, dtype, overrides,
+                                                 os.path.join(out_dir, f"{device}-{dtype}"),
+                                                 kernels)
+                 for device, dtype in paths}
+        first, _ = run.warm(steps)
+        times = run.time(steps)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    for name, step in steps.items():
+        device, dtype = name.split()
+        goal = {}
+        if name == "cuda float32":
+            goal = dict(goal=f"< {_TRAIN_GOAL_S * 1e3:g} ms per step",
+                        goal_met=medians[name] < _TRAIN_GOAL_S)
+        run.add(section, f"digits-collage step, {name}", dtype=dtype,
+                device=run.device if device == "cuda" else "cpu",
+                size=f"batch {step.batch_size}", times=times[name], first_call_s=first[name],
+                rate=1.0 / medians[name], rate_unit="steps/s",
+                ratios=_ratios(medians, name, ["cpu float32"]), **goal,
+                note="" if kernels == "auto" else f'use_kernels("{kernels}")')
+
+
+# --------------------------------------------------------------------------- OT
+def _pot_divergences(clouds, first, second, *, index, concatenate):
+    """All-pairs Sinkhorn divergences by POT's batched solver (``ot.batch``), the pairs in
+    chunks of ``_POT_CHUNK``: ``OT(i, j) - (OT(i, i) + OT(j, j)) / 2`` with POT's
+    KL-regularised value (``reg_type="kl"``: refdml's ``value="regularized"``).
+    ``clouds`` a torch tensor (or a NumPy array); ``index`` turns a NumPy index array into
+    one for ``clouds``. Returns (divergences, largest iteration count)."""
+    import ot.batch
+
+    def values(rows, cols):
+        out, iterations = [], 0
+        for start in range(0, len(rows), _POT_CHUNK):
+            r, c = index(rows[start:start + _POT_CHUNK]), index(cols[start:start + _POT_CHUNK])
+            cost = ot.batch.dist_batch(clouds[r], clouds[c], metric="sqeuclidean")
+            result = ot.batch.solve_batch(cost, reg=_OT_EPS, max_iter=_OT_MAX_ITER, tol=_OT_TOL,
+                                          method="log_sinkhorn", reg_type="kl", grad="detach")
+            out.append(result.value)
+            iterations = max(iterations, int(result.log["n_iter"]) + 1)
+        return concatenate(out), iterations
+
+    selves = np.arange(clouds.shape[0])
+    cross, cross_iterations = values(first, second)
+    self_values, self_iterations = values(selves, selves)
+    divergence = cross - 0.5 * (self_values[index(first)] + self_values[index(second)])
+    return divergence, max(cross_iterations, self_iterations)
+
+
+def _pot_inputs(run: _Run, device_clouds, host_clouds):
+    """POT's inputs on the same GPU: a torch tensor sharing CuPy's memory (DLPack), with its
+    index and concatenate; under --dry-run NumPy arrays. ``(None, why)`` where POT or
+    torch cannot run (the row then says so and the section goes on)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ot") is None:
+        return None, "POT not installed"
+    if run.dry_run:
+        return (host_clouds, np.asarray, np.concatenate), "POT's NumPy backend (dry run)"
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch not installed (POT's GPU backend)"
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "torch sees no CUDA device"
+    clouds = torch.from_dlpack(device_clouds)
+    return ((clouds, lambda a: torch.as_tensor(a, device=clouds.device), torch.cat),
+            f"POT's torch backend (torch {torch.__version__}, {clouds.device})")
+
+
+def cuda_sinkhorn(run: _Run) -> None:
+    """All-pairs Sinkhorn divergence of 1,024 clouds of 49 points (eps 0.05), float32:
+    problems per second of refdml's fast path and of POT's batched solver on the same GPU
+    (goal 20x POT), after checking that the two agree on every divergence."""
+    import warnings
+
+    from refdml.exceptions import ConvergenceWarning
+    from refdml.gpu import ot as fast
+
+    section = "sinkhorn"
+    # The dry run keeps R^128: tiny clouds in R^8 at eps 0.05 stall above float32's
+    # residual floor on every path (CPU ones too), and the simulator would run max_iter.
+    n_clouds, n_points, dim = run.sizes((1024, 49, 128), (6, 5, 128))
+    host = _ot_clouds(np.random.default_rng(0), n_clouds, n_points, dim).astype(np.float32)
+    first, second = np.triu_indices(n_clouds, k=1)
+    n_problems = first.size + n_clouds
+    size = (f"{n_clouds} clouds of {n_points} points in R^{dim} (unit norm), p=2, "
+            f"eps={_OT_EPS}, tol={_OT_TOL:g}: {n_problems} OT problems (pairs + selves)")
+    clouds = run.xp.asarray(host)
+    ours = "refdml fast path"
+
+    def refdml_call():
+        return fast.pairwise_sinkhorn_divergence_forward(clouds, eps=_OT_EPS, tol=_OT_TOL,
+                                                         max_iter=_OT_MAX_ITER)[0]
+    functions = {ours: refdml_call}
+    pot_inputs, backend = _pot_inputs(run, clouds, host)
+    pot = f"POT ot.batch.solve_batch log_sinkhorn, chunks of {_POT_CHUNK}"
+    if pot_inputs is not None:
+        pot_clouds, index, concatenate = pot_inputs
+        functions[pot] = lambda: _pot_divergences(pot_clouds, first, second, index=index,
+                                                  concatenate=concatenate)
+    else:
+        run.add(section, pot, dtype="float32", size=size, note=backend)
+    with warnings.catch_warnings():
+        # A timing of unconverged solves means nothing: the section fails instead.
+        warnings.simplefilter("error", ConvergenceWarning)
+        first_s, outputs = run.warm(functions)
+    parity = {}
+    if pot in functions:
+        divergence, iterations = outputs[pot]
+        mine = _host(outputs[ours])[first, second].astype(np.float64)
+        parity[pot] = float(np.max(np.abs(_host(divergence).astype(np.float64) - mine)))
+        failure = None
+        if iterations >= _OT_MAX_ITER:
+            failure = f"POT did not converge in {_OT_MAX_ITER} iterations"
+        elif not parity[pot] <= _OT_PARITY:
+            failure = "parity outside its tolerance; not timed"
+        if failure:
+            run.add(section, pot, dtype="float32", size=size, first_call_s=first_s[pot],
+                    parity_error=parity[pot], parity_tolerance=_OT_PARITY, parity_against=ours,
+                    error=failure)
+            del functions[pot]
+        else:
+            backend += f"; {iterations} iterations at most"
+    times = run.time(functions)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    for name in functions:
+        goal = {}
+        if name == ours:
+            goal = dict(goal=f">= {_OT_GOAL:g}x POT's problems/s",
+                        goal_met=medians[ours] * _OT_GOAL <= medians[pot] if pot in medians
+                        else None)
+        run.add(section, name, dtype="float32", size=size, times=times[name],
+                first_call_s=first_s[name], rate=n_problems / medians[name],
+                rate_unit="problems/s", ratios=_ratios(medians, name, functions),
+                parity_error=parity.get(name),
+                parity_tolerance=_OT_PARITY if name in parity else None,
+                parity_against=ours if name in parity else None,
+                note=backend if name == pot else "", **goal)
+
+
+# --------------------------------------------------------------------------- scans
+def _metrics_error(got: dict, want: dict) -> float:
+    return max(abs(float(got[key]) - float(want[key])) for key in want)
+
+
+def cuda_retrieval(run: _Run) -> None:
+    """Retrieval metrics of 10,000 queries against 1,000,000 x 128 references (float32,
+    Euclidean, 10,000 classes of 100): queries per second of the CUDA kernel and of the
+    CuPy array path, and their ratio to the float32 matrix-product bound of the same run
+    (``cupy.matmul`` of the query block by every reference block: the product the array
+    path makes, without the top-K)."""
+    from refdml.gpu import metrics as fast
+    from refdml.gpu import use_kernels
+
+    section, xp = "retrieval", run.xp
+    n_ref, n_query, dim, n_classes = run.sizes((1_000_000, 10_000, 128, 10_000), (96, 12, 8, 6))
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((n_classes, dim), dtype=np.float32)
+    ref_labels = rng.permutation(np.arange(n_ref) % n_classes)
+    reference = centres[ref_labels]
+    reference += 1.5 * rng.standard_normal((n_ref, dim), dtype=np.float32)
+    query_labels = rng.integers(0, n_classes, n_query)
+    query = centres[query_labels] + 1.5 * rng.standard_normal((n_query, dim), dtype=np.float32)
+    reference, ref_labels, query, query_labels = (
+        xp.asarray(a) for a in (reference, ref_labels, query, query_labels))
+    size = (f"{n_query} queries x {n_ref} references of dimension {dim}, {n_classes} classes, "
+            "Euclidean")
+
+    def metrics(kernels):
+        def call():
+            with use_kernels(kernels):
+                return fast.retrieval_metrics(query, query_labels, reference, ref_labels)
+        return call
+
+    def matmul_bound():
+        for start in range(0, n_ref, _RETRIEVAL_BLOCK):
+            xp.matmul(query, reference[start:start + _RETRIEVAL_BLOCK].T)
+
+    kernel, array, bound = "cuda kernel", "cupy array path", "float32 matmul bound"
+    keep, first, _, parity = _gated(run, section, size, {array: metrics("array"),
+                                                         kernel: metrics("cuda")},
+                                    against=array, tolerance=lambda name: _RETRIEVAL_PARITY,
+                                    error=_metrics_error)
+    bound_first, _ = clocked(matmul_bound, run.sync)
+    keep[bound] = matmul_bound
+    first[bound] = bound_first
+    times = run.time(keep)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    flops = 2.0 * n_query * n_ref * dim
+    for name in keep:
+        run.add(section, name, dtype="float32", size=size, times=times[name],
+                first_call_s=first[name], rate=n_query / medians[name], rate_unit="queries/s",
+                ratios=_ratios(medians, name, [bound, array]),
+                parity_error=parity.get(name),
+                parity_tolerance=_RETRIEVAL_PARITY if name in parity else None,
+                parity_against=array if name in parity else None,
+                note=(f"{flops / medians[name] / 1e12:.3g} TFLOP/s, blocks of "
+                      f"{_RETRIEVAL_BLOCK} references" if name == bound else ""))
+
+
+def _kcenter_error(got, want) -> float:
+    """Largest relative radius difference over the common first picks (inf: none)."""
+    got_i, want_i = _host(got.indices), _host(want.indices)
+    differ = np.flatnonzero(got_i != want_i)
+    common = int(differ[0]) if differ.size else got_i.size
+    if common == 0:
+        return math.inf
+    g = _host(got.radii)[:common].astype(np.float64)
+    w = _host(want.radii)[:common].astype(np.float64)
+    return float(np.max(np.abs(g - w) / np.maximum(np.abs(w), np.finfo(np.float32).tiny)))
+
+
+def cuda_kcenter(run: _Run) -> None:
+    """Greedy k-center of 1,000,000 x 128 points (float32), k = 1,000: time of the CUDA
+    kernels and of the CuPy array path, and their ratio to the memory-bandwidth bound.
+
+    The bound: every pick must read all the points (``n d`` values; they do not fit in any
+    cache) and read and write the running distances (``2 n``), so ``k n (d + 2) 4`` bytes
+    at the device's bandwidth, measured in the same run as a device-to-device copy of the
+    points (``2 n d 4`` bytes moved: read + write)."""
+    from refdml.gpu import kcenter as fast
+    from refdml.gpu import use_kernels
+
+    section, xp = "kcenter", run.xp
+    n, dim, k = run.sizes((1_000_000, 128, 1000), (200, 8, 6))
+    points = xp.asarray(np.random.default_rng(0).standard_normal((n, dim), dtype=np.float32))
+    copy = xp.empty_like(points)
+    size = f"n={n} d={dim} k={k}, first centre drawn with rng=0"
+
+    def picks(kernels):
+        def call():
+            with use_kernels(kernels):
+                return fast.greedy_k_center(points, k, rng=0)
+        return call
+
+    def device_copy():
+        copy[...] = points
+
+    kernel, array, copied = "cuda kernel", "cupy array path", "device-to-device copy"
+    keep, first, outputs, parity = _gated(run, section, size, {array: picks("array"),
+                                                               kernel: picks("cuda")},
+                                          against=array, tolerance=lambda name: _KCENTER_PARITY,
+                                          error=_kcenter_error)
+    first[copied], _ = clocked(device_copy, run.sync)
+    keep[copied] = device_copy
+    times = run.time(keep)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    bandwidth = 2.0 * points.nbytes / medians[copied]
+    bound = "memory-bandwidth bound"
+    medians[bound] = k * n * (dim + 2) * points.itemsize / bandwidth
+    for name in keep:
+        if name == copied:
+            run.add(section, name, dtype="float32", size=f"{points.nbytes} bytes",
+                    times=times[name], first_call_s=first[name], rate=bandwidth,
+                    rate_unit="bytes/s (read + written)")
+            continue
+        common = ""
+        if name in parity:
+            got, want = _host(outputs[name].indices), _host(outputs[array].indices)
+            differ = np.flatnonzero(got != want)
+            common = f"first {int(differ[0]) if differ.size else k} of {k} picks as the array path"
+        run.add(section, name, dtype="float32", size=size, times=times[name],
+                first_call_s=first[name], rate=k / medians[name], rate_unit="picks/s",
+                ratios=_ratios(medians, name, [bound, array]), parity_error=parity.get(name),
+                parity_tolerance=_KCENTER_PARITY if name in parity else None,
+                parity_against=array if name in parity else None, note=common)
+    run.add(section, bound, dtype="float32", size=size, median_s=medians[bound],
+            note=f"k n (d + 2) 4 bytes at the copy's {bandwidth / 1e9:.4g} GB/s (computed, "
+                 "not timed)")
+
+
+CUDA_SECTIONS = {"gsp": cuda_gsp, "launch_sync": cuda_launch_sync, "train": cuda_train,
+                 "kcenter": cuda_kcenter, "retrieval": cuda_retrieval, "sinkhorn": cuda_sinkhorn}
+
+
+# --------------------------------------------------------------------------- the run
+def _prepare_cuda(dry_run: bool) -> str | None:
+    """Make ``--device cuda`` runnable, or say why it is not (None: runnable).
+
+    Dry run: Numba's CUDA simulator and refdml's CuPy stand-in (tests/cupy_standin), set up
+    before Numba or CuPy is imported. Otherwise: real CuPy seeing a device, numba-cuda
+    seeing it too, the simulator off, and an importable refdml.gpu (from the repository
+    root the source ``refdml/`` shadows an installed wheel and has no ``gpu/``).
+    """
+    if dry_run:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        os.environ["REFDML_CUPY_STANDIN"] = "1"
+        tests = os.path.join(_REPOSITORY, "tests")
+        if not os.path.isdir(os.path.join(tests, "cupy_standin")):
+            return f"--dry-run needs the CuPy stand-in of the repository ({tests}/cupy_standin)"
+        sys.path.insert(0, tests)
+        import cupy_standin
+
+        cupy_standin.install()
+    else:
+        if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+            return ("NUMBA_ENABLE_CUDASIM=1: the simulator's timings mean nothing; unset it on a "
+                    "GPU machine, or add --dry-run")
+        if os.environ.get("REFDML_CUPY_STANDIN") == "1":
+            return "REFDML_CUPY_STANDIN=1: the CuPy stand-in is no GPU; unset it, or add --dry-run"
+        try:
+            import cupy
+        except ImportError as exc:
+            return f"CuPy is not installed ({exc}); install cupy-cuda12x/13x, or add --dry-run"
+        try:
+            devices = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:                 # CUDARuntimeError without a driver
+            return f"CuPy sees no CUDA device ({type(exc).__name__}: {exc}); add --dry-run"
+        if devices < 1:
+            return "CuPy sees no CUDA device; add --dry-run"
+        try:
+            from numba import cuda
+
+            usable = cuda.is_available()
+        except Exception as exc:
+            return f"numba.cuda does not load ({type(exc).__name__}: {exc})"
+        if not usable:
+            return "numba.cuda.is_available() is False (is numba-cuda installed?)"
+    try:
+        import refdml.gpu  # noqa: F401
+    except ImportError as exc:
+        return (f"refdml.gpu cannot be imported ({exc}); install refdml and run from outside "
+                "the repository root, whose source refdml/ has no gpu/")
+    return None
+
+
+def _eager_imports() -> list[str]:
+    """Which of POT, dask and distributed (absent on the GPU machine) importing the fast
+    path and refdml.train pulls in; must run before anything imports POT on purpose."""
+    import refdml.gpu.gsp, refdml.gpu.kcenter, refdml.gpu.metrics, refdml.gpu.ot  # noqa: E401, F401
+    import refdml.train.runs  # noqa: F401
+
+    return sorted(name for name in ("ot", "dask", "distributed") if name in sys.modules)
+
+
+def _cuda_version(number: int) -> str:
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def _header(run: _Run, eager: list[str]) -> dict:
+    import datetime
+    import importlib.metadata
+    import platform
+
+    import refdml
+
+    def version(distribution):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    device: dict = {}
+    try:
+        runtime = run.xp.cuda.runtime
+        properties = runtime.getDeviceProperties(run.xp.cuda.Device().id)
+        name = properties["name"]
+        device = {
+            "name": name.decode() if isinstance(name, bytes) else str(name),
+            "compute_capability": f"{properties['major']}.{properties['minor']}",
+            "memory_bytes": int(properties["totalGlobalMem"]),
+            "multiprocessors": int(properties["multiProcessorCount"]),
+            "driver_cuda_version": _cuda_version(runtime.driverGetVersion()),
+            "runtime_cuda_version": _cuda_version(runtime.runtimeGetVersion()),
+        }
+    except Exception as exc:                      # a header never stops the run
+        device["error"] = f"{type(exc).__name__}: {exc}"
+    import numba
+
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "dry_run": run.dry_run,
+        "note": _DRY_NOTE if run.dry_run else "",
+        "device": device,
+        "versions": {
+            "python": platform.python_version(), "refdml": version("refdml"),
+            "numpy": np.__version__, "cupy": getattr(run.xp, "__version__", None),
+            "numba": numba.__version__, "numba-cuda": version("numba-cuda"),
+            "POT": version("POT"), "torch": version("torch"),
+        },
+        "refdml_path": os.path.dirname(refdml.__file__),
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                 "numba_threads": numba.get_num_threads()},
+        "environment": {name: os.environ.get(name) for name in (
+            "NUMBA_ENABLE_CUDASIM", "REFDML_CUPY_STANDIN", "REFDML_CUDA_LAUNCH_SYNC",
+            "REFDML_GPU_KERNELS", "CUPY_TF32", "OPENBLAS_NUM_THREADS", "NUMBA_CACHE_DIR",
+            "CUPY_CACHE_DIR")},
+        "timing": TIMING,
+        "repeats": run.repeats,
+        "max_seconds": run.max_seconds,
+        "eager_imports": eager,
+        "command": [os.path.basename(sys.argv[0])] + sys.argv[1:],
+        "sections_s": {},
+    }
+
+
+def _free_device_memory(xp) -> None:
+    """Hand cached blocks back between sections, so that one section's pool does not
+    starve the next (or torch's allocator, for POT)."""
+    try:
+        xp.get_default_memory_pool().free_all_blocks()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
+def run_cuda(sections: list[str], *, dry_run: bool, repeats: int, max_seconds: float,
+             json_path: str | None) -> int:
+    """The CUDA sections in order, each failure a row (the others still run); the JSON
+    document is rewritten after every section. Exit status: 0, 1 if a row has an error,
+    2 if ``--device cuda`` cannot run here."""
+    import traceback
+    import warnings
+
+    reason = _prepare_cuda(dry_run)
+    if reason is not None:
+        print(f"bench_gpu.py --device cuda: {reason}", file=sys.stderr)
+        return 2
+    import cupy
+
+    # numba-cuda warns of low occupancy at every small grid (the dry run's, GSP's per-image
+    # launches); it says nothing about correctness and would bury the table.
+    warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
+    device = cupy.cuda.Device()
+    run = _Run(xp=cupy, dry_run=dry_run, repeats=repeats, max_seconds=max_seconds,
+               sync=device.synchronize, json_path=json_path)
+    eager = _eager_imports()
+    run.header = _header(run, eager)
+    print(f"bench_gpu.py --device cuda{' --dry-run' if dry_run else ''}: "
+          f"{run.header['device'].get('name')}; {TIMING}; up to {repeats} rounds, "
+          f"{max_seconds:g} s per group", flush=True)
+    try:
+        run.write_json(complete=False)          # an unwritable --json fails now, not later
+    except OSError as exc:
+        print(f"bench_gpu.py --device cuda: --json {json_path}: {exc}", file=sys.stderr)
+        return 2
+    if eager:
+        run.add("imports", "refdml.gpu + refdml.train.runs", error=(
+            f"imported {', '.join(eager)} eagerly (absent on the GPU machine)"))
+    for name in sections:
+        start = time.perf_counter()
+        try:
+            CUDA_SECTIONS[name](run)
+        except Exception as exc:                 # out of memory, a kernel fault, ...
+            traceback.print_exc()
+            run.add(name, "section failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            _free_device_memory(cupy)
+        run.header["sections_s"][name] = round(time.perf_counter() - start, 3)
+        run.write_json(complete=False)
+    run.write_json(complete=True)
+    return 1 if any(row.error for row in run.rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(SECTIONS), action="append",
-                        help="run only these sections (repeatable)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: the fast path on NumPy against the reference (default); "
+                             "cuda: the CuPy benchmarks of issue 21")
+    parser.add_argument("--only", choices=sorted(set(SECTIONS) | set(CUDA_SECTIONS)),
+                        action="append", help="run only these sections (repeatable)")
     parser.add_argument("--quick", action="store_true", help="3 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (median)")
+    parser.add_argument("--max-seconds", type=float, default=10.0,
+                        help="--device cuda: a group's timed rounds stop once they have taken "
+                             "this long, after at least one (default 10)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="--device cuda at tiny sizes on the CuPy stand-in under Numba's "
+                             "CUDA simulator (no GPU; CI): checks the script, measures nothing")
+    parser.add_argument("--json", metavar="PATH",
+                        help="--device cuda: write every row and a header to PATH (atomically)")
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats == {args.repeats}, must be at least 1")
-    repeats = args.repeats or (3 if args.quick else 9)
-    for name in args.only or sorted(SECTIONS):
-        SECTIONS[name](repeats)
-    return 0
+    if not args.max_seconds >= 0:
+        parser.error(f"--max-seconds == {args.max_seconds}, must be >= 0")
+    sections = SECTIONS if args.device == "cpu" else CUDA_SECTIONS
+    for name in args.only or ():
+        if name not in sections:
+            parser.error(f"--only {name!r} is not a section of --device {args.device}; "
+                         f"choose from {', '.join(sections)}")
+    if args.device == "cpu":
+        if args.dry_run or args.json:
+            parser.error("--dry-run and --json go with --device cuda (the CPU sections print "
+                         "their tables)")
+        repeats = args.repeats or (3 if args.quick else 9)
+        for name in args.only or sorted(SECTIONS):
+            SECTIONS[name](repeats)
+        return 0
+    repeats = args.repeats or (1 if args.dry_run else 3 if args.quick else 9)
+    return run_cuda(list(dict.fromkeys(args.only or CUDA_SECTIONS)), dry_run=args.dry_run,
+                    repeats=repeats, max_seconds=args.max_seconds, json_path=args.json)
 
 
 if __name__ == "__main__":
