@@ -152,7 +152,7 @@ def _check_output(xp, values, what: str) -> None:
 def _scaled_points(xp, *arrays):
     """``(scale, arrays / scale ...)``: the reference's power of two (``common_scale``) and the
     arrays divided by it (exact, :func:`_divided`)."""
-    peak = max(float(xp.max(xp.abs(v))) for v in arrays)   # one synchronisation on CuPy
+    peak = max(xp.stack([xp.max(xp.abs(v)) for v in arrays]).tolist())   # one transfer on CuPy
     scale = float(common_scale(np.array(peak)))
     return (scale, *(_divided(xp, v, scale) for v in arrays))
 

@@ -55,6 +55,13 @@ def _index_add(xp, target, index, values) -> None:
         cupyx.scatter_add(target, index, values)
 
 
+def _upper_pairs(xp, n: int):
+    """The pairs ``i < j`` of ``n`` items, ``(n (n - 1) / 2, 2)`` int64 of ``xp``, built on the
+    host and copied over: CuPy's ``triu_indices`` masks on the device and reads the count
+    back (two synchronisations)."""
+    return xp.asarray(np.stack(np.triu_indices(n, k=1), axis=1).astype(np.int64))
+
+
 # Largest Gram matrix of all points (entries) that _cross_sq builds instead of K small ones.
 _GRAM_ENTRIES = 1 << 24
 
@@ -131,7 +138,7 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
         sq_self = _cloud_sq(xp, scaled[selves], scaled[selves], p, True)
     unit, sq_unit, sq_cross, sq_self = _sq_and_unit(p, scale, name, sq_cross, sq_self)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
-    largest_cross, largest_self = float(xp.max(cost_cross)), float(xp.max(cost_self))
+    largest_cross, largest_self = xp.stack([xp.max(cost_cross), xp.max(cost_self)]).tolist()
     _solver.check_relative_eps(eps / unit, max(largest_cross, largest_self), dtype, user_eps=eps,
                                cost_name=_COST_NAME, data_name=name, unit=unit, p=p)
     solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit,
@@ -200,9 +207,10 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     out = xp.zeros((n_clouds, n_clouds), dtype=clouds.dtype)
     if n_clouds < 2:
         return out, PairwiseSinkhornDivergenceContext(tuple(clouds.shape), None)
-    first, second = xp.triu_indices(n_clouds, k=1)
+    pairs = _upper_pairs(xp, n_clouds)
+    first, second = pairs[:, 0], pairs[:, 1]
     values, ctx = _pair_divergences(
-        xp, clouds, xp.stack([first, second], axis=1), xp.arange(n_clouds), eps=eps, p=p,
+        xp, clouds, pairs, xp.arange(n_clouds), eps=eps, p=p,
         value=value, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling,
     )
     out[first, second] = values
@@ -257,7 +265,7 @@ def _index_rows(rows, name: str, width: int, n_items: int, ns):
         raise ValueError(f"{name} must have shape (K, {width}), got {tuple(array.shape)}")
     array = xp.asarray(array, dtype=xp.int64)
     if array.size and data_checks(ns):
-        low, high = int(array.min()), int(array.max())
+        low, high = xp.stack([array.min(), array.max()]).tolist()   # one transfer on CuPy
         if low < 0 or high >= n_items:
             raise ValueError(f"{name} holds indices outside [0, {n_items}), got {low}..{high}")
     return array
@@ -283,7 +291,11 @@ def _losses_divergences(ns, features, pairs, eps, p, value, max_iter, tol, eps_s
 
 
 def _accumulate(xp, d_rows, inverse, n_unique: int, dtype):
-    return xp.bincount(inverse, weights=d_rows, minlength=n_unique).astype(dtype)
+    # A scatter-add in float64 (bincount's sums), not bincount: CuPy's bincount reads
+    # max(inverse) and tests for a negative entry on the host (two synchronisations).
+    out = xp.zeros(n_unique, dtype=xp.float64)
+    _index_add(xp, out, inverse, d_rows.astype(xp.float64, copy=False))
+    return out.astype(dtype)
 
 
 def wcontrastive_forward(features, labels, *, margin, eps, p=1, value="regularized", pairs=None,
@@ -295,7 +307,7 @@ def wcontrastive_forward(features, labels, *, margin, eps, p=1, value="regulariz
     xp, dtype = ns.xp, features.dtype
     n_images = features.shape[0]
     if pairs is None:
-        pairs = xp.stack(xp.triu_indices(n_images, k=1), axis=1)
+        pairs = _upper_pairs(xp, n_images)
     pairs = _index_rows(pairs, "pairs", 2, n_images, ns)
     if pairs.shape[0] == 0:
         return 0.0, WContrastiveContext(tuple(features.shape), None, xp.zeros(0, dtype=dtype))

@@ -256,6 +256,12 @@ def _stage_scaling(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, m
     return out_phi, out_psi, out_iter, out_err
 
 
+def _true_rows(xp, mask, count: int):
+    """The indices of the ``count`` true entries of the 1-d ``mask``, ascending, with no
+    synchronisation: the k-th true entry is where the running count first reaches k."""
+    return xp.searchsorted(xp.cumsum(mask), xp.arange(1, count + 1), side="left")
+
+
 def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter, symmetric,
            check_every):
     """Sinkhorn at one eps for P problems; returns phi, psi, n_iter, error (all (P, ...)).
@@ -276,24 +282,27 @@ def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
     else:
         psi = _lse_half_step(xp, scaled_t, phi, log_a, out=_view(work, scaled_t.shape))
         following = _lse_half_step(xp, scaled, psi, log_b, out=_view(work, scaled.shape))
+    n_live = n_problems                           # live rows, counted on the host
     for it in range(max_iter + 1):
         if it % check_every == 0 or it == max_iter:
             err = _row_error(xp, a, phi, following)
             done = live & ((err <= tol) if it < max_iter else True)
-            # One synchronisation on CuPy: does any problem stop here?
+            # One synchronisation on CuPy: does any problem stop here? The rows are then
+            # gathered by index, not by mask (a CuPy mask index reads its count again).
             n_done = int(xp.count_nonzero(done))
             if n_done:
-                rows = index[done]
-                out_phi[rows] = phi[done]
-                out_psi[rows] = psi[done]
+                picked = _true_rows(xp, done, n_done)
+                rows = index[picked]
+                out_phi[rows] = phi[picked]
+                out_psi[rows] = psi[picked]
                 out_iter[rows] = it
-                out_err[rows] = err[done]
+                out_err[rows] = err[picked]
                 live &= ~done
-                n_live = int(xp.count_nonzero(live))
+                n_live -= n_done                  # done is a subset of live
                 if n_live == 0:
                     break
                 if live.shape[0] - n_live >= max(1, live.shape[0] // 8):
-                    keep = live
+                    keep = _true_rows(xp, live, n_live)
                     index, live = index[keep], live[keep]
                     a, log_a, phi, following = a[keep], log_a[keep], phi[keep], following[keep]
                     scaled = scaled[keep]

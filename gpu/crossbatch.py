@@ -105,7 +105,7 @@ def _check_split(ns: ArrayNamespace, split, labels, rng) -> Any:
 
 def _cross_fit_kernel(ns: ArrayNamespace, Z, targets, mask, ridge: float, Z_name: str = "Z"):
     xp = ns.xp
-    first, second = xp.flatnonzero(mask), xp.flatnonzero(~mask)   # the halves' sizes: a sync
+    first, second = xp.flatnonzero(mask), xp.flatnonzero(~mask)   # the halves' sizes: a sync each
     if first.size == 0 or second.size == 0:
         raise ValueError("split leaves one half empty; both halves need samples")
     sc, peak = _scaling(ns, Z, targets, ridge)

@@ -50,8 +50,10 @@ Synchronisation on CuPy (the results that must reach Python, and the checks): th
 input checks (finiteness, GeMean's sign, the points' largest norm against the dtype's
 normal range, GeMean's result within the dtype, the pooling backward's finiteness (the
 float32 / float64 retries); switched off by
-:func:`refdml.gpu._validation.set_finite_checks`), the refinement of the cost map
-(one ``nonzero``), the solver's "every image converged?" test once per few sweeps and
+:func:`refdml.gpu._validation.set_finite_checks`), the rows whose squared norm leaves the
+plain range (one ``nonzero`` for the features, one for the prototypes: :func:`_row_norm`),
+the refinement of the cost map (one ``nonzero``, two when a pair is refined), the
+solver's "every image converged?" test once per few sweeps and
 ``WeightTransportResult.converged`` (a Python bool, like the reference's).
 """
 

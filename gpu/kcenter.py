@@ -142,7 +142,8 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
     else:
         if by_index:
             idx = xp.asarray(initial_array).astype(xp.int64)
-            if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):   # sync on CuPy
+            low, high = xp.stack([idx.min(), idx.max()]).tolist() if idx.size else (0, 0)
+            if low < -n or high >= n:                       # one transfer on CuPy
                 raise ValueError(f"initial holds indices outside [0, {n})")
             idx = xp.unique(idx % n)
             if k > n - idx.size:                                            # size: a sync

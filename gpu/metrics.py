@@ -39,7 +39,8 @@ round each operation like NumPy's; the CUDA kernel may contract to FMA: see
 :mod:`refdml.gpu._nb_retrieval`.)
 
 Synchronisations on CuPy: the size of the top-K (``K = max(max_i R_i, max k)``, needed
-for the shapes: one sync), the check that some query has a true reference (one), one
+for the shapes) and the check that some query has a true reference (one transfer for
+both), the indices of the scored queries (one ``nonzero``), one
 per (query block, reference block) to learn whether any row has a tie across the cut
 (``bool(any(tied))``; the redo of those rows needs their count), the
 returned Python floats and ints (one transfer of the summed metrics at the end), and the
@@ -275,20 +276,23 @@ def retrieval_metrics(
     else:
         chunk_size = check_scalar(chunk_size, "chunk_size", low=1, integer=True)
 
-    classes, ref_counts = xp.unique(reference_labels, return_counts=True)
-    position = xp.minimum(xp.searchsorted(classes, query_labels), classes.size - 1)
-    n_true = xp.where(classes[position] == query_labels, ref_counts[position], 0)
+    # References of each query's class, counted in the sorted labels (no unique: on CuPy
+    # its size is data-dependent, a synchronisation).
+    ordered = xp.sort(reference_labels)
+    n_true = (xp.searchsorted(ordered, query_labels, side="right")
+              - xp.searchsorted(ordered, query_labels, side="left"))
     if same_set:
         n_true = n_true - 1
     scored = n_true > 0
-    # Two syncs on CuPy: the check, and K (it sets the shapes).
-    if not bool(xp.any(scored)):
+    # One transfer on CuPy: the check, and K (it sets the shapes).
+    n_scored, largest_r = xp.stack([xp.count_nonzero(scored), xp.max(n_true)]).tolist()
+    if n_scored == 0:
         raise ValueError(
             "no query has a true reference (every query's class is absent from the "
             "references, or of size 1 in same-set mode)"
         )
     available = n_ref - 1 if same_set else n_ref
-    n_keep = min(max(int(xp.max(n_true)), ks[-1]), available)
+    n_keep = min(max(int(largest_r), ks[-1]), available)
 
     scored_index = xp.nonzero(scored)[0]
     neighbours = _nearest(xp, query, scored_index, reference, n_keep, same_set, metric,

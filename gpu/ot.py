@@ -33,7 +33,10 @@ eps-scaling schedule), the largest squared distance (``p`` other than 1 and 2), 
 solver's convergence test every
 :data:`refdml.gpu._ot_sinkhorn.CHECK_EVERY_GPU` iterations, the warning, the Python
 floats the reference returns (one problem's scalars, divergence, loss values, masses),
-and the sizes of the unique pairs of the losses.
+the finiteness of the divergences (whatever the switch: an overflow is named), and the
+sizes of the unique pairs (two ``unique``) and the list of triplets (one ``nonzero``) of
+the losses. The solver gathers converged problems by index, not by mask (a CuPy mask index
+reads its count back: one more synchronisation per array).
 """
 
 from __future__ import annotations
@@ -221,13 +224,15 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
         _cloud_sq(xp, xs[None], xs[None], p, True), _cloud_sq(xp, ys[None], ys[None], p, True),
     )
     costs = [_ground_cost(sq, p) for sq in (sq_xy, sq_xx, sq_yy)]
-    largest = max(float(xp.max(c)) for c in costs)
-    _solver.check_relative_eps(eps / unit, largest, dtype, user_eps=eps, cost_name=_COST_NAME,
-                               data_name="x and y", unit=unit, p=p)
+    largests = xp.stack([xp.max(c) for c in costs]).tolist()   # one transfer on CuPy
+    _solver.check_relative_eps(eps / unit, max(largests), dtype, user_eps=eps,
+                               cost_name=_COST_NAME, data_name="x and y", unit=unit, p=p)
     solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
-    xy = _solver.solve_batch(xp, a[None], b[None], costs[0], **solve)
-    xx = _solver.solve_batch(xp, a[None], a[None], costs[1], symmetric=True, **solve)
-    yy = _solver.solve_batch(xp, b[None], b[None], costs[2], symmetric=True, **solve)
+    xy = _solver.solve_batch(xp, a[None], b[None], costs[0], largest=largests[0], **solve)
+    xx = _solver.solve_batch(xp, a[None], a[None], costs[1], symmetric=True, largest=largests[1],
+                             **solve)
+    yy = _solver.solve_batch(xp, b[None], b[None], costs[2], symmetric=True, largest=largests[2],
+                             **solve)
     term = _term(xp, value)
     divergence = term(xy) - 0.5 * (term(xx) + term(yy))
     _check_output(xp, divergence, "the Sinkhorn divergence")

@@ -98,7 +98,7 @@ def _scaling(ns: ArrayNamespace, Z: Any, Y: Any, ridge: float):
     """The reference's ``Scaling`` of ``(Z, Y, ridge)``: ``max|Z|``, ``max|Y|`` on the host
     (one synchronisation), then exact powers of two; and ``max|Z|`` for error messages."""
     xp = ns.xp
-    peaks = [float(v) for v in xp.stack([xp.max(xp.abs(Z)), xp.max(xp.abs(Y))])]
+    peaks = xp.stack([xp.max(xp.abs(Z)), xp.max(xp.abs(Y))]).tolist()   # one transfer
     return scaling_for(np.asarray(peaks[0]), np.asarray(peaks[1]), ridge), peaks[0]
 
 

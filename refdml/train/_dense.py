@@ -150,7 +150,7 @@ def _as_tokens(tokens, n_rows: int, ns) -> Any:
         raise TypeError(f"tokens must be an array of integers, got dtype {array.dtype}")
     array = xp.asarray(array, dtype=xp.int64)
     if array.size and data_checks(ns):
-        low, high = int(array.min()), int(array.max())
+        low, high = xp.stack([array.min(), array.max()]).tolist()   # one transfer on CuPy
         if low < 0 or high >= n_rows:
             bad = low if low < 0 else high
             raise ValueError(f"tokens holds {bad}, must be in [0, {n_rows}) (the table's rows)")

@@ -1,0 +1,259 @@
+"""The host synchronisations of the fast path on CuPy, counted on the CuPy stand-in
+(tests/cupy_standin), against what each operator's docstring lists.
+
+Run with ``REFDML_CUPY_STANDIN=1`` (scripts/ci_cupy_standin.sh); the counts skip otherwise. Counts
+are taken with the data checks off (:func:`refdml.gpu._validation.set_finite_checks`), so
+that what remains is what the docstrings call the results that must reach Python; with
+the checks on, the checks add booleans only. A "shape" transfer is an operation whose
+output size depends on the data (boolean-mask indexing, ``nonzero``, ``unique`` ...),
+for which CuPy reads a count back.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from refdml.gpu import _validation, use_kernels
+from refdml.gradcheck.catalog import get
+
+standin = pytest.mark.skipif(
+    not getattr(sys.modules.get("cupy"), "__refdml_standin__", False),
+    reason="counts host transfers on the CuPy stand-in: REFDML_CUPY_STANDIN=1 "
+           "(scripts/ci_cupy_standin.sh)")
+
+
+@pytest.fixture(autouse=True)
+def data_checks_off():
+    """Data checks off for the test (restored after); ``True`` turns them back on."""
+    _validation.set_finite_checks(False)
+    yield lambda on: _validation.set_finite_checks(on)
+    _validation.set_finite_checks(True)
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def _counted(call):
+    import cupy_standin
+
+    with cupy_standin.count_transfers() as counter:
+        result = call()
+    return result, counter
+
+
+def _catalogue_call(name, kernels="array", dtype=np.float32, seed=0):
+    """Forward and backward counts of catalogue entry ``name``'s mirror on the stand-in."""
+    cupy = _cupy()
+    spec = get(name)
+    forward, backward = spec.mirror_pair()
+    rng = np.random.default_rng(seed)
+    inputs = {k: (cupy.asarray(v.astype(dtype) if v.dtype.kind == "f" else v)
+                  if isinstance(v, np.ndarray) else v)
+              for k, v in spec.make_inputs(rng).items()}
+    with use_kernels(kernels):
+        (out, ctx), fwd = _counted(lambda: forward(**inputs))
+        outs = out if isinstance(out, tuple) else (out,)
+        upstream = [cupy.asarray(rng.standard_normal(o.shape).astype(dtype))
+                    if getattr(o, "ndim", 0) else 0.5 for o in outs]
+        _, bwd = _counted(lambda: backward(ctx, *upstream))
+    return outs, ctx, fwd, bwd
+
+
+LOSSES = ["contrastive", "contrastive_cosine", "contrastive_no_positive",
+          "generalized_contrastive", "multi_similarity", "proxy_anchor", "proxy_nca",
+          "soft_triple", "triplet", "triplet_batch_hard"]
+# gpu/losses.py: "one synchronisation per forward (float(value)). The label bookkeeping of
+# triplet(mining="all") (P) and soft_triple (the classes of the centres) costs one more each".
+EXTRA = {"triplet": 1, "soft_triple": 1}
+
+
+@standin
+@pytest.mark.parametrize("loss", LOSSES)
+def test_a_loss_forward_synchronises_once(loss):
+    outs, _, fwd, bwd = _catalogue_call(f"losses.{loss}")
+    assert isinstance(outs[0], float)
+    assert fwd["float"] + fwd["tolist"] == 1 and fwd.total == 1 + EXTRA.get(loss, 0), fwd
+    assert bwd.total == 0, bwd
+
+
+@standin
+@pytest.mark.parametrize("loss", ["multi_similarity", "soft_triple"])
+def test_a_loss_kernel_forward_synchronises_as_its_array_path(loss):
+    # The CUDA kernels (under the simulator, on the stand-in's arrays via cuda_launch) add none.
+    _, _, fwd, bwd = _catalogue_call(f"losses.{loss}", kernels="cuda")
+    assert fwd.total == 1 + EXTRA.get(loss, 0) and bwd.total == 0, (fwd, bwd)
+
+
+ELEMENTWISE = ["normalize.l2_normalize", "normalize.clip_normalize", "distances.euclidean",
+               "distances.sq_euclidean", "distances.cosine", "histogram.entropic",
+               "histogram.convex_combination", "train.linear", "train.local_linear",
+               "train.conv2d", "train.gap", "train.gmp", "train.gemean", "train.relu",
+               "train.embedding"]
+
+
+@standin
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_no_synchronisation_without_data_checks(name, data_checks_off):
+    # normalize: "the zero-row check of l2_normalize is the only synchronisation";
+    # distances, histogram: one each for the range checks "while data checks are on";
+    # the layers: none.
+    _, _, fwd, bwd = _catalogue_call(name)
+    assert fwd.total == 0 and bwd.total == 0, (fwd, bwd)
+    data_checks_off(True)
+    _, _, fwd, bwd = _catalogue_call(name)
+    checks = {**fwd.by_kind, **{f"backward {k}": n for k, n in bwd.by_kind.items()}}
+    allowed = {"bool", "backward bool"} | ({"tolist"} if name == "train.embedding" else set())
+    assert set(checks) <= allowed and fwd.total + bwd.total > 0, checks
+
+
+@standin
+def test_the_token_range_is_one_transfer(data_checks_off):
+    # refdml/train/_dense.py: "Checking the range reads the tokens (one device
+    # synchronisation on CuPy while data checks are on)".
+    from refdml.train import _dense
+
+    cupy = _cupy()
+    tokens = cupy.asarray(np.arange(12).reshape(3, 4) % 5)
+    table = cupy.asarray(np.ones((5, 2)))
+    _, off = _counted(lambda: _dense.embedding_forward(tokens, table))
+    data_checks_off(True)
+    _, on = _counted(lambda: _dense.embedding_forward(tokens, table))
+    assert off.total == 0 and on["tolist"] == 1, (off, on)
+
+
+@standin
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_an_optimiser_step_is_one_copy(optimizer):
+    # refdml/train/optim.py: "step makes one device-to-host copy ... nothing else syncs".
+    import refdml.train as train
+    from refdml.train._parameter import Parameter
+
+    cupy = _cupy()
+    rng = np.random.default_rng(0)
+    params = [Parameter(cupy.asarray(rng.standard_normal(s)), f"p{i}")
+              for i, s in enumerate([(3, 4), (4,), (2, 2, 2)])]
+    opt = getattr(train, optimizer)(params, lr=1e-2)
+    for step in range(2):
+        for p in params:
+            p.accumulate(cupy.asarray(rng.standard_normal(p.shape)))
+        _, counter = _counted(opt.step)
+        assert counter.total == 1 and counter["get"] == 1, (step, counter)
+        opt.zero_grad()
+
+
+@standin
+def test_the_sinkhorn_loop_synchronises_once_per_check():
+    # gpu/_ot_sinkhorn.py: "Convergence check (the one synchronisation of the loop on
+    # CuPy): ... every CHECK_EVERY_GPU iterations"; converged problems leave the batch
+    # (compaction) without further synchronisation.
+    from refdml.gpu import _ot_sinkhorn as solver
+
+    cupy = _cupy()
+    rng = np.random.default_rng(1)
+    n_problems, n, m = 12, 7, 5
+    cost = rng.random((n_problems, n, m)) * rng.uniform(0.2, 1.0, (n_problems, 1, 1))
+    cost /= 1.25 * cost.max()                     # largest entry in [0.5, 1) as required
+    a = np.full((n_problems, n), 1.0 / n)
+    b = np.full((n_problems, m), 1.0 / m)
+    batch, counter = _counted(lambda: solver.solve_batch(
+        cupy, cupy.asarray(a), cupy.asarray(b), cupy.asarray(cost), eps=0.05, max_iter=400,
+        tol=1e-9, eps_scaling=None))
+    n_iter = batch.n_iter.get()
+    assert len(set(n_iter.tolist())) > 1, "every problem stopped together: no compaction ran"
+    checks = int(n_iter.max()) // solver.CHECK_EVERY_GPU + 1
+    # The largest cost (one float), one int per check, the warning's count (one int).
+    assert counter["shape"] == 0, counter
+    assert counter["float"] == 1 and counter["int"] <= checks + 1, (counter, checks)
+    assert counter.total == counter["float"] + counter["int"], counter
+
+
+@standin
+def test_pair_losses_synchronise_for_their_pairs_only():
+    # gpu/ot.py: "the sizes of the unique pairs (two unique) and the list of triplets (one
+    # nonzero) of the losses"; the pairs i < j are built on the host, the gradient of the
+    # unique pairs is a scatter-add (CuPy's triu_indices and bincount would read counts).
+    for name, shape in (("ot.wcontrastive", 2), ("ot.wtriplet", 3),
+                        ("ot.pairwise_sinkhorn_divergence", 0)):
+        _, _, fwd, bwd = _catalogue_call(name)
+        assert fwd["shape"] == shape and bwd.total == 0, (name, fwd, bwd)
+
+
+@standin
+def test_retrieval_metrics_synchronisations():
+    # gpu/metrics.py: K and the check (one transfer), the scored queries (one nonzero), one
+    # per (query block, reference block) for ties, the results (one transfer).
+    from refdml.gpu import metrics
+
+    cupy = _cupy()
+    rng = np.random.default_rng(2)
+    x = cupy.asarray(rng.standard_normal((30, 4)))
+    labels = cupy.asarray(rng.integers(0, 3, 30))
+    for kernels in ("array", "cuda"):
+        with use_kernels(kernels):
+            result, counter = _counted(lambda: metrics.retrieval_metrics(x, labels))
+        assert isinstance(result["precision_at_1"], float)
+        assert counter["tolist"] == 2 and counter["shape"] == 1, (kernels, counter)
+        assert counter.total - 3 == counter["bool"] <= 1, (kernels, counter)
+
+
+@standin
+def test_k_center_synchronisations():
+    # gpu/kcenter.py: "initial_radius (a Python float; one sync when initial is given), the
+    # range and count checks of an index initial (two syncs)"; none inside the loop.
+    from refdml.gpu import kcenter
+
+    cupy = _cupy()
+    points = cupy.asarray(np.random.default_rng(3).standard_normal((25, 3)))
+    for kernels in ("array", "cuda"):
+        with use_kernels(kernels):
+            _, plain = _counted(lambda: kcenter.greedy_k_center(points, 6, rng=0))
+            _, indexed = _counted(lambda: kcenter.greedy_k_center(
+                points, 6, initial=cupy.asarray([0, 7, 7]), rng=0))
+        assert plain.total == 0, (kernels, plain)
+        assert indexed.total == 3 and indexed["float"] == 1, (kernels, indexed)
+
+
+@standin
+def test_ridge_and_cross_fit_synchronisations():
+    # gpu/prototypes.py: "the forward reads max|Z| and max|Y| on the host" (one transfer);
+    # gpu/crossbatch.py: the halves' sizes (one flatnonzero each) and that scaling.
+    _, _, fwd, bwd = _catalogue_call("prototypes.ridge_fit_primal")
+    assert fwd.total == fwd["tolist"] == 1 and bwd.total == 0, (fwd, bwd)
+    _, _, fwd, bwd = _catalogue_call("crossbatch.cross_fit")
+    assert (fwd["shape"], fwd["tolist"], fwd.total) == (2, 1, 3) and bwd.total == 0, (fwd, bwd)
+
+
+@standin
+@pytest.mark.parametrize("kernels", ["array", "cuda"])
+def test_gsp_synchronisations(kernels):
+    # gpu/gsp.py: the rows outside the plain norm range (one nonzero per input), the cost
+    # map's refinement (one nonzero, two when a pair is refined: array path), the solver's
+    # convergence test once per _SWEEPS sweeps (array path) or its counts (the kernel: one
+    # transfer, gpu/_gsp_kernels.py), and ``converged``.
+    from refdml.gpu import _gsp_transport
+
+    _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels=kernels)
+    sweeps = ctx.transport.n_iter                  # a Python int, like the reference's
+    assert bwd.total == 0, bwd
+    assert set(fwd.by_kind) <= {"shape", "bool", "get"}, fwd
+    assert fwd["shape"] <= 4 and fwd["get"] <= 1, fwd
+    assert fwd["bool"] <= sweeps // _gsp_transport._SWEEPS + 2, (fwd, sweeps)
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=40))
+def test_true_rows_are_flatnonzero_without_a_count_read(mask):
+    # The Sinkhorn loop's gather by index (gpu/_ot_sinkhorn._true_rows) is flatnonzero
+    # given the count, which the loop already has.
+    from refdml.gpu._ot_sinkhorn import _true_rows
+
+    mask = np.array(mask)
+    got = _true_rows(np, mask, int(np.count_nonzero(mask)))
+    np.testing.assert_array_equal(got, np.flatnonzero(mask))
