@@ -122,8 +122,9 @@ def _fit_normalised(ns: ArrayNamespace, Zs, Ys, scaling, form: str, name: str, r
     if not singular:
         try:
             factor = xp.linalg.cholesky(matrix)
-        except np.linalg.LinAlgError:
-            singular = True
+        except np.linalg.LinAlgError:       # NumPy only: CuPy returns NaN and does not raise,
+            singular = True                 # so there only _definite (data checks) refuses;
+                                            # with checks off a singular system gives NaN W
     if singular:
         raise ValueError(
             f"{what} ({form} form) is numerically singular: ridge == {ridge!r} is below the "
