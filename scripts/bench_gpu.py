@@ -1050,9 +1050,11 @@ def _prepare_cuda(dry_run: bool) -> str | None:
         if not os.path.isdir(os.path.join(tests, "cupy_standin")):
             return f"--dry-run needs the CuPy stand-in of the repository ({tests}/cupy_standin)"
         sys.path.insert(0, tests)
+        import cuda_simulator_tuning
         import cupy_standin
 
         cupy_standin.install()
+        cuda_simulator_tuning.tune()    # what the test suite runs the simulator with
     else:
         if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
             return ("NUMBA_ENABLE_CUDASIM=1: the simulator's timings mean nothing; unset it on a "

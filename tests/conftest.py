@@ -191,43 +191,11 @@ def warnings_as_errors():
 
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    # The simulator runs every CUDA thread as a Python thread, polled by a busy loop that
-    # holds the GIL: each syncthreads() costs a few GIL switch intervals (5 ms by default),
-    # which made a 30-iteration simulated Sinkhorn solve take 7 s. A 0.1 ms interval makes
-    # it 5-10x faster. Shorter switches expose a check-then-act race in the simulator's
-    # shared-array registry (two threads of a block can each create "the" shared array of
-    # a line); a lock makes it atomic.
-    import sys
-    import threading
+    # (tests/cuda_simulator_tuning.py: a shorter GIL switch interval, atomic shared arrays)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cuda_simulator_tuning
 
-    from numba.cuda.simulator import kernelapi as _kernelapi
-
-    # The patch below reaches into the simulator's internals (numba 0.59-0.68); where they
-    # differ, leave the simulator and the switch interval as they are (slower, not wrong
-    # more often than the simulator itself).
-    _PATCHABLE = all(hasattr(_kernelapi, name) for name in ("FakeCUDAShared", "types",
-                                                             "numpy_support", "np"))
-    if _PATCHABLE:
-        sys.setswitchinterval(1e-4)
-    _shared_lock = threading.Lock()
-    _dynamic_shared_array = getattr(getattr(_kernelapi, "FakeCUDAShared", None), "array", None)
-
-    def _locked_shared_array(self, shape, dtype):
-        """The simulator's FakeCUDAShared.array (one array per source line), made atomic."""
-        if shape == 0:
-            return _dynamic_shared_array(self, shape, dtype)
-        if isinstance(dtype, _kernelapi.types.Type):
-            dtype = _kernelapi.numpy_support.as_dtype(dtype)
-        frame = sys._getframe(1)
-        caller = (frame.f_code.co_filename, frame.f_lineno)
-        with _shared_lock:
-            array = self._allocations.get(caller)
-            if array is None:
-                array = self._allocations[caller] = _kernelapi.np.empty(shape, dtype)
-        return array
-
-    if _PATCHABLE:
-        _kernelapi.FakeCUDAShared.array = _locked_shared_array
+    cuda_simulator_tuning.tune()
 
     # Every simulated launch must match a signature of the registry that
     # `refdml gpu-check --compile-only` compiles for real GPUs (gpu/_cuda_compile.py): on a
