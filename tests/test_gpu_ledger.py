@@ -287,3 +287,17 @@ def test_fixture_is_marked_fake():
     # The fixture is a GPU ledger as far as the renderer can tell: the round-trip test
     # above exercises the GPU rendering, not the "never run" one.
     assert tool.is_gpu_ledger(copy.deepcopy(ledger))
+
+
+def test_readme_ledger_section_is_generated_from_the_recorded_ledger():
+    # README's GPU ledger must be what scripts/gpu_ledger.py renders from the ledger a GPU
+    # run recorded (docs/gpu_ledger.json), or "never run on a GPU" where none was recorded:
+    # a hand edit, or a new ledger without the README regenerated, fails here.
+    recorded = ROOT / "docs" / "gpu_ledger.json"
+    args = ["--readme", ROOT / "README.md", "--check"]
+    if recorded.exists():
+        args += ["--ledger", recorded]
+    result = run(*args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    if not recorded.exists():
+        assert "never run on a GPU" in (ROOT / "README.md").read_text(encoding="utf-8")
