@@ -54,6 +54,7 @@ __all__ = [
     "THREADING_LAYER",
     "cuda_launch",
     "cuda_simulator",
+    "cuda_unavailable_reason",
     "kernel_mode",
     "parallel_launch",
     "running_threading_layer",
@@ -97,6 +98,31 @@ def use_kernels(mode: str) -> Iterator[None]:
 def cuda_simulator() -> bool:
     """True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``)."""
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why CuPy arrays cannot run refdml's CUDA kernels on this machine, or None if they can:
+    CuPy must import and see a device, and numba.cuda must load and find a usable GPU (the
+    simulator, which runs on host arrays, is not asked about: see :func:`cuda_simulator`).
+    Used by the GPU tests to skip with the reason and by ``scripts/bench_gpu.py``."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return f"CuPy is not installed ({exc})"
+    try:
+        devices = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:                        # CUDARuntimeError without a driver
+        return f"CuPy sees no CUDA device ({type(exc).__name__}: {exc})"
+    if devices < 1:
+        return "CuPy sees no CUDA device"
+    try:
+        from numba import cuda
+
+        if cuda.is_available():
+            return None
+    except Exception as exc:
+        return f"numba.cuda does not load ({type(exc).__name__}: {exc})"
+    return "numba.cuda finds no usable CUDA GPU (numba.cuda.is_available() is False)"
 
 
 def select_kernel(x: Any, *, has_cpu: bool = True, has_cuda: bool = True) -> str:

@@ -1061,29 +1061,18 @@ def _prepare_cuda(dry_run: bool) -> str | None:
                     "GPU machine, or add --dry-run")
         if os.environ.get("REFDML_CUPY_STANDIN") == "1":
             return "REFDML_CUPY_STANDIN=1: the CuPy stand-in is no GPU; unset it, or add --dry-run"
-        try:
-            import cupy
-        except ImportError as exc:
-            return f"CuPy is not installed ({exc}); install cupy-cuda12x/13x, or add --dry-run"
-        try:
-            devices = cupy.cuda.runtime.getDeviceCount()
-        except Exception as exc:                 # CUDARuntimeError without a driver
-            return f"CuPy sees no CUDA device ({type(exc).__name__}: {exc}); add --dry-run"
-        if devices < 1:
-            return "CuPy sees no CUDA device; add --dry-run"
-        try:
-            from numba import cuda
-
-            usable = cuda.is_available()
-        except Exception as exc:
-            return f"numba.cuda does not load ({type(exc).__name__}: {exc})"
-        if not usable:
-            return "numba.cuda.is_available() is False (is numba-cuda installed?)"
     try:
         import refdml.gpu  # noqa: F401
     except ImportError as exc:
         return (f"refdml.gpu cannot be imported ({exc}); install refdml and run from outside "
                 "the repository root, whose source refdml/ has no gpu/")
+    if not dry_run:
+        from refdml.gpu._numba_support import cuda_unavailable_reason
+
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            return (f"{reason} (a GPU machine with cupy-cuda12x/13x and refdml[gpu] needed), "
+                    "or add --dry-run")
     return None
 
 

@@ -81,28 +81,15 @@ def cupy_skip_reason() -> str | None:
         return ("the CUDA simulator is on and cannot read device memory: CuPy rows run on a "
                 "GPU with NUMBA_ENABLE_CUDASIM=0, or on the CuPy stand-in "
                 "(REFDML_CUPY_STANDIN=1)")
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (no GPU run)"
-    try:
-        devices = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:                        # CUDARuntimeError without a driver
-        return f"CuPy sees no CUDA device ({type(exc).__name__}: {exc})"
-    if devices < 1:
-        return "CuPy sees no CUDA device"
-    return _numba_cuda_skip_reason()               # CuPy inputs dispatch to the kernels
+    return _on_gpu_skip_reason()
 
 
-def _numba_cuda_skip_reason() -> str | None:
-    try:
-        from numba import cuda
-        if cuda.is_available():
-            return None
-    except Exception as exc:
-        return f"numba.cuda does not load ({type(exc).__name__}: {exc})"
-    return ("no usable CUDA GPU (numba.cuda.is_available() is False) and the simulator is "
-            "off (NUMBA_ENABLE_CUDASIM=0)")
+def _on_gpu_skip_reason() -> str | None:
+    # CuPy inputs dispatch to the kernels, so a GPU run needs both CuPy and numba.cuda
+    from refdml.gpu._numba_support import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()
+    return None if reason is None else f"{reason}; the simulator is off (NUMBA_ENABLE_CUDASIM=0)"
 
 
 @functools.cache
@@ -110,7 +97,7 @@ def cuda_skip_reason() -> str | None:
     """Why the ``@cuda.jit`` kernels cannot run in this session (None: they can)."""
     if _simulated():
         return None
-    return _numba_cuda_skip_reason() or cupy_skip_reason()
+    return cupy_skip_reason()     # on a GPU the kernels run on CuPy arrays: both needed
 
 
 _REQUIREMENTS = {"requires_cuda": cuda_skip_reason, "requires_cupy": cupy_skip_reason}
