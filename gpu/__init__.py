@@ -3,22 +3,28 @@
 ``refdml.gpu.<family>`` has the same names, signatures, result and context types as
 ``refdml.<family>`` (normalize, distances, losses, histogram, prototypes, crossbatch, gsp,
 ot, kcenter, metrics), written once against the input's array module, float32 or float64,
-batched. ``refdml.gpu.parity.check_parity`` and ``refdml gpu-check`` hold each mirror to the
-float64 reference; see docs/gpu.md. CuPy is not a dependency: install the wheel for your
-CUDA version (``cupy-cuda12x``); without it everything runs on NumPy.
+batched. ``refdml.gradcheck.parity.check_parity`` and ``refdml gpu-check`` hold each mirror
+to the float64 reference; see docs/gpu.md. CuPy is not a dependency: install the wheel for
+your CUDA version (``cupy-cuda12x``); without it everything runs on NumPy.
 
 Some mirrors also have compiled Numba kernels beside their array path (a ``@njit`` CPU
 twin, a ``@cuda.jit`` kernel, one source): :func:`use_kernels` picks which runs
-(``"auto"``, ``"array"``, ``"cpu"``, ``"cuda"``); see :mod:`refdml.gpu._numba_support`.
+(``"auto"``, ``"array"``, ``"cpu"``, ``"cuda"``); see :mod:`refdml._compiled._support`.
+
+On CuPy each data-dependent input check (finiteness, zero rows, ...) costs one
+device-to-host synchronisation; :func:`set_finite_checks` turns them off for a loop whose
+data is already validated (the checks live in :mod:`refdml._validation`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-from refdml.gpu._numba_support import kernel_mode, use_kernels
+from refdml._compiled._support import kernel_mode, use_kernels
+from refdml._validation import set_finite_checks
 
-__all__ = ["cupy_available", "kernel_mode", "numba_cuda_available", "use_kernels"]
+__all__ = ["cupy_available", "kernel_mode", "numba_cuda_available", "set_finite_checks",
+           "use_kernels"]
 
 
 def cupy_available() -> bool:

@@ -1,7 +1,7 @@
 r"""The kernel path of :mod:`refdml.gpu.gsp`: allocate, launch the Numba kernels, assemble.
 
 Private module. :mod:`refdml.gpu.gsp` calls these where
-:func:`refdml.gpu._numba_support.select_kernel` picks ``"cpu"`` (the ``@njit(parallel=True)``
+:func:`refdml._compiled._support.select_kernel` picks ``"cpu"`` (the ``@njit(parallel=True)``
 twins of :mod:`refdml.gpu._nb_gsp`) or ``"cuda"`` (the ``@cuda.jit`` kernels, one block of
 ``BLOCK`` threads per image); the results are the reference's dataclasses, exactly as the
 array path (:mod:`refdml.gpu._gsp_transport`) builds them: same tolerance rule
@@ -26,7 +26,7 @@ import numpy as np
 from refdml._xp import to_numpy
 from refdml.gpu import _gsp_transport as _wt
 from refdml.gpu import _nb_gsp
-from refdml.gpu._numba_support import BLOCK, cuda_launch, parallel_launch
+from refdml._compiled._support import BLOCK, cuda_launch, parallel_launch
 from refdml.gsp._transport import WeightTransportResult
 
 __all__ = ["pool_backward", "pool_forward", "transport", "transport_backward"]

@@ -312,7 +312,7 @@ def _caller_level() -> int:
 
 
 def _checks_on_gpu() -> bool:
-    from refdml.gpu import _validation
+    from refdml import _validation
 
     return _validation.CHECK_FINITE_ON_GPU
 
@@ -377,7 +377,7 @@ def check_gradient(xp, gradient, inverse_temperature: float):
 
     The inner factor is finite by construction, so this is ε times it overflowing: ε near
     the dtype's maximum next to a tie of the cost. On CuPy one synchronisation, unless the
-    data checks are off (:func:`refdml.gpu._validation.set_finite_checks`).
+    data checks are off (:func:`refdml.gpu.set_finite_checks`).
     """
     if (xp is np or _checks_on_gpu()) and not bool(xp.all(xp.isfinite(gradient))):
         raise ValueError(

@@ -3,7 +3,7 @@ pairwise matrices the losses see the embeddings through, and their backward.
 
 ``masked_logsumexp`` is the reduction the softmax-type losses go through
 (multi-similarity, SoftTriple; Proxy-Anchor and ProxyNCA++ past their bound): a fused CuPy
-``ReductionKernel`` (issue 10) is to replace its body, with this array code as its
+``ReductionKernel`` is to replace its body, with this array code as its
 fallback and parity twin; keep its signature.
 
 Scale: the Euclidean losses divide the embeddings by one common power of two ``s``
@@ -38,8 +38,8 @@ from refdml._xp import ArrayNamespace
 from refdml.distances import CosineContext, EuclideanContext
 from refdml.normalize import L2NormalizeContext
 from refdml.gpu import _nb_losses
-from refdml.gpu._fast_checks import data_checks
-from refdml.gpu._numba_support import (BLOCK, cuda_launch, kernel_mode, parallel_launch,
+from refdml._validation import data_checks
+from refdml._compiled._support import (BLOCK, cuda_launch, kernel_mode, parallel_launch,
                                        select_kernel)
 from refdml.gpu.distances import _scaled_sq, common_scale
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column

@@ -1,7 +1,7 @@
 r"""Numba kernels of the GSP layer: (P2) per image, the pooling layer, its closed-form backward.
 
 Private module of :mod:`refdml.gpu.gsp`, which dispatches to it with
-:func:`refdml.gpu._numba_support.select_kernel` (the array path of
+:func:`refdml._compiled._support.select_kernel` (the array path of
 :mod:`refdml.gpu._gsp_transport` stays the fallback and the twin these kernels are tested
 against). The maths is the reference's (docs/gsp.md Secs. 2-3, :mod:`refdml.gsp._transport`);
 every kernel does, per image ``b``:
@@ -65,8 +65,8 @@ import math
 import numpy as np
 from numba import cuda, float64, njit, prange
 
-from refdml.gpu._numba_scalar import lse_merge, lse_push, lse_value
-from refdml.gpu._numba_support import BLOCK
+from refdml._compiled._scalar import lse_merge, lse_push, lse_value
+from refdml._compiled._support import BLOCK
 
 __all__ = [
     "SATURATION",

@@ -1,7 +1,7 @@
 r"""Numba kernels of the losses: the masked row-wise log-sum-exp and its softmax.
 
 Private module; :func:`refdml.gpu._loss_kernels.masked_logsumexp` dispatches here with
-:func:`refdml.gpu._numba_support.select_kernel` and keeps its array code as the fallback
+:func:`refdml._compiled._support.select_kernel` and keeps its array code as the fallback
 and the twin these kernels are tested against. For each row ``r`` of ``z`` (rows, k) with
 mask ``M`` (rows, k) (``None``: every entry):
 
@@ -9,7 +9,7 @@ mask ``M`` (rows, k) (``None``: every entry):
     \mathrm{lse}_r = \log\Big([\text{extra\_zero}] + \sum_{j: M_{rj}} e^{z_{rj}}\Big),\qquad
     w_{rj} = [M_{rj}]\, e^{z_{rj} - \mathrm{lse}_r}
 
-in two passes over the row: the online log-sum-exp of :mod:`refdml.gpu._numba_scalar`
+in two passes over the row: the online log-sum-exp of :mod:`refdml._compiled._scalar`
 (``lse_push``; ``extra_zero`` pushes one more term 0), then the weights
 ``exp(z - m) / s`` from its state ``(m, s)``. An empty row gives ``-inf`` (``0`` with
 ``extra_zero``) and zero weights; entries outside the mask are never read into the result
@@ -31,8 +31,8 @@ import math
 
 from numba import cuda, float64, njit, prange
 
-from refdml.gpu._numba_scalar import lse_merge, lse_push, lse_value
-from refdml.gpu._numba_support import BLOCK
+from refdml._compiled._scalar import lse_merge, lse_push, lse_value
+from refdml._compiled._support import BLOCK
 
 __all__ = ["cuda_masked_lse", "masked_lse_cpu"]
 

@@ -9,8 +9,7 @@ import numpy as np
 from refdml._numerics import common_scale
 from refdml._xp import array_namespace
 from refdml.gpu import _ot_sinkhorn as _solver
-from refdml.gpu._fast_checks import check_fast_upstream, data_checks
-from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml._validation import as_fast_array, check_fast_upstream, data_checks, result_dtype
 from refdml.gpu.distances import _scaled_sq
 from refdml.ot._divergence import (
     _check_gradient,

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from refdml._validation import check_choice, check_context
+from refdml._compiled._support import select_kernel
+from refdml._compiled.sinkhorn import MAX_POINTS, compiled_pair_sq
+from refdml._validation import (
+    as_fast_array, check_choice, check_context, check_fast_upstream, data_checks, fast_labels,
+)
 from refdml._xp import array_namespace, is_cupy_array
-from refdml.gpu import _nb_sinkhorn
 from refdml.gpu import _ot_sinkhorn as _solver
-from refdml.gpu._numba_support import parallel_launch, select_kernel
-from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
-from refdml.gpu._validation import as_fast_array
 from refdml.gpu.losses import terms_dtype
 from refdml.ot._divergence import (
     _COST_NAME,
@@ -66,42 +66,18 @@ def _upper_pairs(xp, n: int):
 _GRAM_ENTRIES = 1 << 24
 
 
-def compiled_pair_sq(clouds, first, second, refine=-1.0):
-    """``||x_i - y_j||^2`` (K, n, n) of the clouds of pairs (``first[k]``, ``second[k]``) on
-    the CPU: one compiled pass, a BLAS GEMM per pair inside it
-    (:func:`refdml.gpu._nb_sinkhorn.refdml_ot_pair_sq_cpu`; the array path gathers, then
-    makes four passes). A pair of a cloud with itself gets the symmetric self costs (0
-    diagonal). ``refine``: the reference's near-pair refinement threshold
-    (``refdml._numerics._REFINE``), negative for none. Clouds scaled to ``|x| < 1``.
-
-    Threads: BLAS is held at one thread for the call; the pairs are spread over Numba's
-    threads. A multi-threaded BLAS call here (one syrk of all points, as before) was 1.5x
-    faster by itself but left OpenBLAS's threads spinning while the solver's ``prange``
-    ran, which made the solve 2x slower on 2 cores (docs/gpu.md)."""
-    from threadpoolctl import threadpool_limits
-
-    n_clouds, n, _ = clouds.shape
-    points = np.ascontiguousarray(clouds)
-    norms = np.einsum("bnd,bnd->bn", points, points)
-    out = np.empty((first.shape[0], n, n), dtype=points.dtype)
-    with parallel_launch(), threadpool_limits(limits=1, user_api="blas"):
-        _nb_sinkhorn.refdml_ot_pair_sq_cpu(points, norms, np.asarray(first, dtype=np.int64),
-                                           np.asarray(second, dtype=np.int64), float(refine),
-                                           out)
-    return out
-
-
 def _compiled_costs(xp, clouds) -> bool:
-    """Whether the pair costs of ``clouds`` are built by :func:`compiled_pair_sq` (the CPU
-    kernels on NumPy, clouds of at most ``MAX_POINTS`` points: the route of the solver)."""
-    return (xp is np and clouds.shape[1] <= _nb_sinkhorn.MAX_POINTS
+    """Whether the pair costs of ``clouds`` are built by
+    :func:`refdml._compiled.sinkhorn.compiled_pair_sq` (the CPU kernels on NumPy, clouds of at
+    most ``MAX_POINTS`` points: the route of the solver)."""
+    return (xp is np and clouds.shape[1] <= MAX_POINTS
             and select_kernel(clouds, has_cuda=False) == "cpu")
 
 
 def _cross_sq(xp, clouds, first, second, p):
     """``||x_i - y_j||^2`` (K, n, n) for the clouds of every pair (``first[k]``, ``second[k]``).
 
-    On the CPU kernels, :func:`compiled_pair_sq`. Otherwise (the array path, CuPy), when
+    On the CPU kernels, :func:`refdml._compiled.sinkhorn.compiled_pair_sq`. Otherwise (the array path, CuPy), when
     the pairs cover at least a quarter of all ``B^2`` and the ``(B n, B n)`` Gram matrix
     is small, one product of all points (the Gram identity as :func:`_cloud_sq`, the blocks
     gathered) instead of ``K`` small products of gathered ``(n, d)`` clouds: 2x faster on

@@ -34,15 +34,16 @@ float32: the marginal error cannot go below the rounding of the exponents,
 
 from __future__ import annotations
 
-import warnings
+import functools
 from typing import Any
 
 import numpy as np
 
-from refdml.exceptions import ConvergenceWarning
+from refdml._compiled._support import select_kernel
+from refdml._compiled.sinkhorn import MAX_POINTS
 from refdml.gpu import _nb_sinkhorn
-from refdml.gpu._numba_support import select_kernel
 from refdml.ot._sinkhorn import _check_schedule_length, _OTBatch, _relative_eps_message
+from refdml.ot._small import finish_batch, solve_small_batch
 
 __all__ = ["CHECK_EVERY_GPU", "residual_floor", "solve_batch", "check_relative_eps"]
 
@@ -102,7 +103,7 @@ def _lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=No
     entry over ``a_i``, at most ``1 / a_i``; rows whose sum leaves the normal range
     (a far-off start, or the symmetric update) are redone with the maximum.
 
-    Kernels: where :func:`refdml.gpu._numba_support.select_kernel` picks one (CuPy ->
+    Kernels: where :func:`refdml._compiled._support.select_kernel` picks one (CuPy ->
     the ``@cuda.jit`` kernel, NumPy -> its CPU twin, in mode "auto"), the half step is
     :func:`refdml.gpu._nb_sinkhorn.lse_half_step` (one pass, online log-sum-exp, no
     temporary); the code below is the array path it is checked against.
@@ -330,11 +331,12 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     ``xp`` (potentials ``f = eps phi`` in units of ``unit``). ``tol`` is raised to
     :func:`residual_floor` of the dtype when positive and below it.
 
-    ``small_kernels``: problems of at most :data:`refdml.gpu._nb_sinkhorn.MAX_POINTS`
+    ``small_kernels``: problems of at most :data:`refdml._compiled.sinkhorn.MAX_POINTS`
     (128) points per side run the small-problem Numba kernel chosen by
-    :func:`refdml.gpu._numba_support.select_kernel` (CPU twin on NumPy, ``@cuda.jit`` on
-    CuPy; same iterations, stopping rule and residual as the loop below); larger
-    problems, and ``use_kernels("array")``, run the array path below.
+    :func:`refdml._compiled._support.select_kernel` (CPU twin on NumPy, ``@cuda.jit`` on
+    CuPy; same iterations, stopping rule and residual as the loop below) through the
+    reference's driver :func:`refdml.ot._small.solve_small_batch`; larger problems, and
+    ``use_kernels("array")``, run the array path below.
     """
     dtype = cost.dtype
     check_every = CHECK_EVERY_GPU if xp is not np else 1
@@ -359,17 +361,15 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
             level *= eps_scaling
         schedule.append(eps)
     kernel = "array"
-    if small_kernels and n_problems and max(n, m) <= _nb_sinkhorn.MAX_POINTS:
+    if small_kernels and n_problems and max(n, m) <= MAX_POINTS:
         kernel = select_kernel(cost)
     if kernel != "array":
-        stage_tol = [max(tol, _STAGE_TOL)] * (len(schedule) - 1) + [tol]
-        high = float(np.exp(_ABSORB[np.dtype(dtype)]))
-        phi, psi, n_iter, err, plan = _nb_sinkhorn.solve_small(
-            xp, kernel, a, b, cost, schedule=schedule, stage_tol=stage_tol, max_iter=max_iter,
-            symmetric=symmetric, tiny=float(np.finfo(dtype).tiny), high=high, low=1.0 / high,
+        return solve_small_batch(
+            xp, a, b, cost, schedule=schedule, eps=eps, max_iter=max_iter, tol=tol,
+            symmetric=symmetric, unit=unit, absorb=_ABSORB[np.dtype(dtype)],
+            warn_stacklevel=warn_stacklevel + 1,
+            solve_small=functools.partial(_nb_sinkhorn.solve_small, xp, kernel),
         )
-        return _finish(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
-                       warn_stacklevel + 1)
     previous = schedule[0]
     for k, level in enumerate(schedule):
         last = k == len(schedule) - 1
@@ -393,27 +393,8 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     if want_plan:
         plan = (log_a + phi)[:, :, None] + (log_b + psi)[:, None, :] - scaled
         xp.exp(plan, out=plan)
-    return _finish(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
-                   warn_stacklevel + 1)
-
-
-def _finish(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
-            warn_stacklevel):
-    """The batch of a solve: ``converged``, the ConvergenceWarning, the potentials in units."""
-    n_problems = cost.shape[0]
-    converged = err <= tol
-    # tol = 0: a fixed number of iterations, no warning (as the reference).
-    if tol > 0.0:
-        n_bad = int(xp.count_nonzero(~converged))       # one synchronisation on CuPy
-        if n_bad:
-            warnings.warn(
-                f"Sinkhorn stopped at max_iter={max_iter} iterations above tol={tol:g} for "
-                f"{n_bad} of {n_problems} problem(s) (largest marginal error "
-                f"{float(xp.max(err)):.3g}); increase max_iter, eps, or use eps_scaling",
-                ConvergenceWarning,
-                stacklevel=warn_stacklevel,
-            )
-    return _OTBatch(a, b, cost, eps, eps * phi, eps * psi, plan, n_iter, err, converged, unit)
+    return finish_batch(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
+                        warn_stacklevel + 1)
 
 
 def batch_value(xp, batch: _OTBatch):

@@ -24,7 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, check_context, check_rng, check_scalar
+from refdml._validation import (
+    _describe, as_fast_array, check_context, check_fast_upstream, check_rng, check_scalar,
+    data_checks, fast_labels, result_dtype,
+)
 from refdml._xp import ArrayNamespace, array_namespace, is_cupy_array, to_numpy
 from refdml.crossbatch import (
     CrossFitContext,
@@ -36,9 +39,7 @@ from refdml.crossbatch import (
 )
 from refdml.crossbatch._split import draw_split
 from refdml.crossbatch._zero_shot import DEFAULT_ZERO_SHOT_SCALE
-from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
 from refdml.gpu._loss_kernels import masked_logsumexp
-from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet
 from refdml.gpu.prototypes import (

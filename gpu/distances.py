@@ -1,6 +1,11 @@
 """Fast-path mirror of :mod:`refdml.distances` (NumPy or CuPy, float32 or float64).
 
-Same names, shapes, broadcasting and contexts as the reference. The squared distances
+Same names, shapes, broadcasting and contexts as the reference. The shape checks, the
+three backwards, the cosine forward and the overflow check of ``sq_euclidean`` are the
+reference's xp-generic kernels, called on the input's module and dtype. What is this
+module's own is the forward of ``euclidean`` and ``sq_euclidean``, a different algorithm
+from the reference's (below), and its helpers shared by the other mirrors
+(:func:`common_scale`, ``_scaled_sq``). The squared distances
 come from the Gram identity ``|x|^2 + |y|^2 - 2 x y^T`` (one matrix product: the fast
 part) after both sets are divided by one power of two ``s`` held as a 0-d array of the
 input's module (exact, no synchronisation), so the squares stay in range in float32 too.
@@ -12,7 +17,7 @@ resolved (the reference resolves it). For the distances of a set with itself
 (``self_pairs=True`` in the private kernels, used by the losses) the diagonal is exactly 0.
 
 ``sq_euclidean`` raises ``ValueError`` where a squared distance exceeds the dtype's range
-(one synchronisation on CuPy, see :mod:`refdml.gpu._fast_checks`); ``cosine`` refuses zero
+(one synchronisation on CuPy, see :mod:`refdml._validation`); ``cosine`` refuses zero
 rows like :func:`refdml.gpu.normalize.l2_normalize`.
 """
 
@@ -22,12 +27,23 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_context
+from refdml._validation import (
+    as_fast_array, check_context, check_fast_upstream, data_checks, result_dtype,
+)
 from refdml._xp import ArrayNamespace, array_namespace
-from refdml.distances import CosineContext, DistanceGrads, EuclideanContext, SqEuclideanContext
-from refdml.gpu._fast_checks import check_fast_upstream, data_checks
-from refdml.gpu._validation import as_fast_array, result_dtype
-from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet
+from refdml.distances import (
+    CosineContext,
+    DistanceGrads,
+    EuclideanContext,
+    SqEuclideanContext,
+    _check_pair_shapes,
+    _check_sq_range,
+    _cosine_backward,
+    _cosine_forward,
+    _euclidean_backward,
+    _sq_euclidean_backward,
+)
+from refdml.gpu.normalize import _quiet
 
 __all__ = [
     "CosineContext",
@@ -51,29 +67,8 @@ def _check_pair(x, y) -> tuple[ArrayNamespace, Any, Any]:
     dtype = result_dtype(x, y) if hasattr(x, "dtype") and hasattr(y, "dtype") else None
     x = as_fast_array(x, "x", min_ndim=2, dtype=dtype, ns=ns)
     y = as_fast_array(y, "y", min_ndim=2, dtype=x.dtype, ns=ns)
-    if x.shape[-1] != y.shape[-1]:
-        raise ValueError(
-            f"x and y must have the same last dimension, got x.shape={tuple(x.shape)}, "
-            f"y.shape={tuple(y.shape)}"
-        )
-    try:
-        np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
-    except ValueError:
-        raise ValueError(
-            f"leading dimensions of x {tuple(x.shape[:-2])} and y {tuple(y.shape[:-2])} "
-            "do not broadcast"
-        ) from None
+    _check_pair_shapes(x, y)
     return ns, x, y
-
-
-def _sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
-    extra = grad.ndim - len(shape)
-    if extra:
-        grad = grad.sum(axis=tuple(range(extra)))
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and grad.shape[i] != 1)
-    if axes:
-        grad = grad.sum(axis=axes, keepdims=True)
-    return grad
 
 
 def common_scale(xp: Any, *arrays: Any) -> Any:
@@ -128,15 +123,6 @@ def _euclidean_forward(
     return distance, EuclideanContext(x=x, y=y, distance=distance)
 
 
-def _euclidean_backward(xp: Any, ctx: EuclideanContext, g: Any) -> DistanceGrads:
-    positive = ctx.distance > 0
-    w = xp.where(positive, g / xp.where(positive, ctx.distance, xp.ones_like(g)), 0)
-    w = w.astype(ctx.distance.dtype, copy=False)
-    d_x = w.sum(axis=-1)[..., None] * ctx.x - w @ ctx.y
-    d_y = w.sum(axis=-2)[..., None] * ctx.y - xp.swapaxes(w, -1, -2) @ ctx.x
-    return DistanceGrads(x=_sum_to_shape(d_x, ctx.x.shape), y=_sum_to_shape(d_y, ctx.y.shape))
-
-
 def euclidean_forward(x, y) -> tuple[Any, EuclideanContext]:
     """Pairwise Euclidean distances ``D (..., n, m)``; ``(D, ctx)`` like the reference."""
     ns, x, y = _check_pair(x, y)
@@ -148,7 +134,7 @@ def euclidean_backward(ctx: EuclideanContext, d_distance) -> DistanceGrads:
     check_context(ctx, "ctx", EuclideanContext)
     ns = array_namespace(ctx.distance)
     g = check_fast_upstream(d_distance, "d_distance", ctx.distance.shape, ns, ctx.distance.dtype)
-    return _euclidean_backward(ns.xp, ctx, g)
+    return _euclidean_backward(ctx, g, xp=ns.xp)
 
 
 def euclidean(x, y) -> Any:
@@ -159,19 +145,9 @@ def euclidean(x, y) -> Any:
 def _sq_euclidean_forward(ns: ArrayNamespace, x: Any, y: Any) -> tuple[Any, SqEuclideanContext]:
     xp = ns.xp
     distance = _pairwise_sq(xp, x, y)
-    if data_checks(ns) and bool(xp.any(xp.isinf(distance))):
-        largest = float(xp.maximum(xp.max(xp.abs(x)), xp.max(xp.abs(y))))
-        raise ValueError(
-            f"x and y: squared distances overflow {np.dtype(distance.dtype).name} "
-            f"(max |x|, |y| == {largest:.3g}); use euclidean"
-        )
+    if data_checks(ns):
+        _check_sq_range(distance, x, y, xp=xp)
     return distance, SqEuclideanContext(x=x, y=y, shape=tuple(distance.shape))
-
-
-def _sq_euclidean_backward(xp: Any, ctx: SqEuclideanContext, g: Any) -> DistanceGrads:
-    d_x = 2 * (g.sum(axis=-1)[..., None] * ctx.x - g @ ctx.y)
-    d_y = 2 * (g.sum(axis=-2)[..., None] * ctx.y - xp.swapaxes(g, -1, -2) @ ctx.x)
-    return DistanceGrads(x=_sum_to_shape(d_x, ctx.x.shape), y=_sum_to_shape(d_y, ctx.y.shape))
 
 
 def sq_euclidean_forward(x, y) -> tuple[Any, SqEuclideanContext]:
@@ -185,7 +161,7 @@ def sq_euclidean_backward(ctx: SqEuclideanContext, d_distance) -> DistanceGrads:
     check_context(ctx, "ctx", SqEuclideanContext)
     ns = array_namespace(ctx.x)
     g = check_fast_upstream(d_distance, "d_distance", ctx.shape, ns, ctx.x.dtype)
-    return _sq_euclidean_backward(ns.xp, ctx, g)
+    return _sq_euclidean_backward(ctx, g, xp=ns.xp)
 
 
 def sq_euclidean(x, y) -> Any:
@@ -193,26 +169,10 @@ def sq_euclidean(x, y) -> Any:
     return sq_euclidean_forward(x, y)[0]
 
 
-def _cosine_forward(ns: ArrayNamespace, x: Any, y: Any) -> tuple[Any, CosineContext]:
-    xp = ns.xp
-    x_unit, x_ctx = _l2_forward(ns, x, "x")
-    y_unit, y_ctx = _l2_forward(ns, y, "y")
-    similarity = x_unit @ xp.swapaxes(y_unit, -1, -2)
-    return similarity, CosineContext(x_unit, y_unit, x_ctx, y_ctx, tuple(similarity.shape))
-
-
-def _cosine_backward(xp: Any, ctx: CosineContext, g: Any) -> DistanceGrads:
-    d_x_unit = g @ ctx.y_unit
-    d_y_unit = xp.swapaxes(g, -1, -2) @ ctx.x_unit
-    d_x = _l2_backward(xp, ctx.x_norm_ctx, _sum_to_shape(d_x_unit, ctx.x_unit.shape), "x")
-    d_y = _l2_backward(xp, ctx.y_norm_ctx, _sum_to_shape(d_y_unit, ctx.y_unit.shape), "y")
-    return DistanceGrads(x=d_x, y=d_y)
-
-
 def cosine_forward(x, y) -> tuple[Any, CosineContext]:
     """Pairwise cosine similarities ``S (..., n, m)``; ``(S, ctx)`` like the reference."""
     ns, x, y = _check_pair(x, y)
-    return _cosine_forward(ns, x, y)
+    return _cosine_forward(x, y, ns=ns)
 
 
 def cosine_backward(ctx: CosineContext, d_similarity) -> DistanceGrads:
@@ -220,7 +180,7 @@ def cosine_backward(ctx: CosineContext, d_similarity) -> DistanceGrads:
     check_context(ctx, "ctx", CosineContext)
     ns = array_namespace(ctx.x_unit)
     g = check_fast_upstream(d_similarity, "d_similarity", ctx.shape, ns, ctx.x_unit.dtype)
-    return _cosine_backward(ns.xp, ctx, g)
+    return _cosine_backward(ctx, g, xp=ns.xp, check=data_checks(ns))
 
 
 def cosine(x, y) -> Any:

@@ -30,7 +30,7 @@ What differs from the reference (and why)
 * float32 features near its largest number (1e37-1e38): the pooling backward's
   ``d_w ~ |f| |d_pooled|`` and ``W = d_cost / c'`` can leave float32 where the gradients do
   not; such a backward is redone in float64 on the widened context and cast back
-  (:func:`refdml.gpu._validation.cast_checked` names a gradient truly beyond float32).
+  (:func:`refdml._validation.cast_checked` names a gradient truly beyond float32).
   GeMean is the reference's own :func:`refdml.gsp._pool.power_mean` and its backward.
 * Cost map: the Gram identity is refined from explicit differences where the squared
   distance is below ``_REFINE[dtype]`` of ``|x|^2 + |y|^2`` (so a float32 cost keeps
@@ -42,15 +42,15 @@ Kernels: where :func:`refdml.gpu.use_kernels` / ``select_kernel`` pick them, the
 layer and (P2) run the Numba kernels of :mod:`refdml.gpu._nb_gsp` (CUDA on CuPy input under
 "auto"; the CPU twins only under ``use_kernels("cpu")``, see ``CPU_TWIN_PAYS``), through
 :mod:`refdml.gpu._gsp_kernels`; the array code here stays their fallback and parity twin.
-Length: ~670 lines, over the house ~450, for that dispatch beside the array path and the
-small-mu and extreme-magnitude handling (issue 20: the float32 and float64 retries of the
-pooling backward).
+The dispatch sits beside the array path and the small-mu and extreme-magnitude handling
+(the float32 and float64 retries of the pooling backward), so one module reads as one
+operator.
 
 Synchronisation on CuPy (the results that must reach Python, and the checks): the
 input checks (finiteness, GeMean's sign, the points' largest norm against the dtype's
 normal range, GeMean's result within the dtype, the pooling backward's finiteness (the
 float32 / float64 retries); switched off by
-:func:`refdml.gpu._validation.set_finite_checks`), the rows whose squared norm leaves the
+:func:`refdml.gpu.set_finite_checks`), the rows whose squared norm leaves the
 plain range (one ``nonzero`` for the features, one for the prototypes: :func:`_row_norm`),
 the refinement of the cost map (one ``nonzero``, two when a pair is refined), the
 solver's "every image converged?" test once per few sweeps and
@@ -65,13 +65,14 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_choice, check_context, check_scalar
+from refdml._validation import (
+    as_fast_array, cast_checked, check_choice, check_context, check_scalar, result_dtype,
+)
 from refdml._xp import array_namespace
 from refdml.gpu import _gsp_kernels
 from refdml.gpu import _gsp_transport as _wt
-from refdml.gpu import _validation
-from refdml.gpu._numba_support import kernel_mode, select_kernel
-from refdml.gpu._validation import as_fast_array, cast_checked, result_dtype
+from refdml import _validation
+from refdml._compiled._support import kernel_mode, select_kernel
 from refdml.gsp._cost import CostMapContext, CostMapGrads
 from refdml.gsp._pool import (
     PoolContext,
@@ -120,7 +121,7 @@ def _threadpools():
 
 
 def _one_blas_thread(fn):
-    """Run ``fn`` with host BLAS limited to one thread (~0.06 ms a call; no effect on cuBLAS).
+    """Run ``fn`` with host BLAS limited to one thread (no effect on cuBLAS).
 
     Why: the GEMMs here are small ((B n, d) x (d, m)); with the user's default BLAS threads on
     a busy 2-core machine, OpenBLAS's spinning workers made the pooling layer's forward +

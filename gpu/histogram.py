@@ -9,6 +9,13 @@ each divided by a power of two (0-d arrays, exact, no synchronisation); the logi
 ``inverse_temperature`` whose logits fit the dtype). ``ValueError`` where the logits
 overflow the dtype (one synchronisation on CuPy while data checks are on). The context
 keeps the assignment: the backward is matrix products only.
+
+The convex combination is the reference's xp-generic kernel
+(``refdml.histogram._convex_forward`` / ``_convex_backward``), and so is the softmax
+backward of the entropic histogram (``_entropic_d_scores``). The entropic forward is this
+module's own: the log-domain masked softmax and batched products in place of the
+reference's ``scipy.special.softmax`` and ``einsum`` (a different evaluation, and float32
+needs the log domain); the backward's contractions are batched products for the same reason.
 """
 
 from __future__ import annotations
@@ -17,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_context, check_scalar
+from refdml._validation import (
+    as_fast_array, check_context, check_fast_upstream, check_scalar, data_checks, result_dtype,
+)
 from refdml._xp import array_namespace
-from refdml.gpu._fast_checks import check_fast_upstream, data_checks
 from refdml.gpu._loss_kernels import masked_logsumexp
-from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet
 from refdml.histogram import (
@@ -29,8 +36,9 @@ from refdml.histogram import (
     ConvexCombinationGrads,
     HistogramEntropicContext,
     HistogramGrads,
-    overflow_message,
-    rescaled_product,
+    _convex_backward,
+    _convex_forward,
+    _entropic_d_scores,
 )
 
 __all__ = [
@@ -94,8 +102,7 @@ def histogram_entropic_backward(ctx: HistogramEntropicContext, d_z) -> Histogram
     a = ctx.assignment
     batch, m, n = a.shape
     d_z = check_fast_upstream(d_z, "d_z", (batch, m), ns, a.dtype)
-    d_a = d_z[:, :, None] / n
-    d_scores = ctx.inverse_temperature * a * (d_a - xp.sum(a * d_a, axis=1, keepdims=True))
+    d_scores = _entropic_d_scores(xp, ctx, d_z)
     d_features = xp.swapaxes(d_scores, 1, 2) @ ctx.prototypes
     d_prototypes = (
         xp.swapaxes(d_scores, 0, 1).reshape(m, batch * n) @ ctx.features.reshape(batch * n, -1)
@@ -116,29 +123,7 @@ def convex_combination_forward(z, prototypes):
         prototypes, "dtype") else None
     z = as_fast_array(z, "z", ndim=2, dtype=dtype, ns=ns)
     prototypes = as_fast_array(prototypes, "prototypes", ndim=2, dtype=z.dtype, ns=ns)
-    if z.shape[1] != prototypes.shape[0]:
-        raise ValueError(
-            f"z has {z.shape[1]} weights per row but there are {prototypes.shape[0]} prototypes"
-        )
-    y_hat = _product(ns, z, prototypes, "y_hat = z @ prototypes", z=z, prototypes=prototypes)
-    return y_hat, ConvexCombinationContext(z, prototypes)
-
-
-def _product(ns, left, right, what: str, **factors) -> Any:
-    """``left @ right`` as the reference's: entries whose intermediate sums overflowed are
-    recomputed on rows and columns scaled by powers of two
-    (:func:`refdml.histogram.rescaled_product`), a value beyond the dtype is a ``ValueError``
-    naming ``what`` (one synchronisation on CuPy, while data checks are on)."""
-    xp = ns.xp
-    with _quiet(xp):
-        product = left @ right
-        if not data_checks(ns):
-            return product
-        product = rescaled_product(xp, left, right, product)
-    if not bool(xp.all(xp.isfinite(product))):
-        maxima = {k: float(xp.max(xp.abs(v))) for k, v in factors.items()}
-        raise ValueError(overflow_message(what, np.dtype(product.dtype).name, maxima))
-    return product
+    return _convex_forward(ns.xp, z, prototypes, check=data_checks(ns))
 
 
 def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
@@ -147,11 +132,7 @@ def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCom
     ns = array_namespace(ctx.z)
     d_y = check_fast_upstream(d_y, "d_y", (ctx.z.shape[0], ctx.prototypes.shape[1]), ns,
                               ctx.z.dtype)
-    d_z = _product(ns, d_y, ctx.prototypes.T, "the gradient of z, d_y @ prototypes.T,", d_y=d_y,
-                   prototypes=ctx.prototypes)
-    d_prototypes = _product(ns, ctx.z.T, d_y, "the gradient of prototypes, z.T @ d_y,",
-                            z=ctx.z, d_y=d_y)
-    return ConvexCombinationGrads(z=d_z, prototypes=d_prototypes)
+    return _convex_backward(ns.xp, ctx, d_y, check=data_checks(ns))
 
 
 def convex_combination(z, prototypes) -> Any:

@@ -24,13 +24,14 @@ radius costs a gather, not a second reduction. The pick index stays a 1-element 
 array used to gather ``x_q`` and to mark ``m(q) = -1``: no synchronisation inside the
 loop. The loop over the ``k`` picks is sequential by nature (each pick depends on the
 previous one). Kernels: with ``use_kernels("auto")`` a NumPy input runs the compiled CPU
-twin and a CuPy input the CUDA kernels of :mod:`refdml.gpu._nb_kcenter` (the update and the
+twin (:mod:`refdml._compiled.kcenter`) and a CuPy input the CUDA kernels of
+:mod:`refdml.gpu._nb_kcenter` (the update and the
 arg-max fused in one pass per pick); ``"array"`` runs the array code described here.
 
 Synchronisations on CuPy (results that must reach Python, or checks of the data):
 ``initial_radius`` (a Python float, like the reference; one sync when ``initial`` is
 given), the range and count checks of an index ``initial`` (two syncs), and the
-finiteness check of ``points`` / ``initial`` (see :mod:`refdml.gpu._validation`).
+finiteness check of ``points`` / ``initial`` (see :mod:`refdml._validation`).
 ``indices`` (int64) and ``radii`` (input dtype) are arrays of the input's module.
 Scale: points (and centres) are divided by one power of two (exact) as in the reference.
 """
@@ -41,11 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_rng, check_scalar
+from refdml._compiled._support import select_kernel
+from refdml._compiled.kcenter import farthest_first_cpu
+from refdml._validation import as_fast_array, check_rng, check_scalar, result_dtype
 from refdml._xp import array_namespace, is_cupy_array
-from refdml.gpu._nb_kcenter import farthest_first_cpu, farthest_first_cuda
-from refdml.gpu._numba_support import select_kernel
-from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml.gpu._nb_kcenter import farthest_first_cuda
 from refdml.gpu.distances import common_scale
 from refdml.kcenter import KCenterResult, _row_dots, _sq_norms, _sq_to_set
 

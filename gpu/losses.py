@@ -15,7 +15,7 @@ Differences of implementation, not of result:
   reference: **one synchronisation per forward** (``float(value)``). The label
   bookkeeping of ``triplet(mining="all")`` (``P``) and ``soft_triple`` (the classes of
   the centres) costs one more each; the data checks (zero rows, classes without a proxy,
-  distances beyond the range) one each while enabled (:mod:`refdml.gpu._fast_checks`).
+  distances beyond the range) one each while enabled (:mod:`refdml._validation`).
 * The context keeps ``d value / d matrix`` for an upstream of 1 (as the reference); the
   backward is matrix products only, no recomputation.
 
@@ -30,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_choice, check_scalar
+from refdml._validation import (
+    as_fast_array, check_choice, check_fast_upstream, check_scalar, data_checks, fast_labels,
+    result_dtype,
+)
 from refdml._xp import ArrayNamespace, array_namespace, to_numpy
-from refdml.gpu._fast_checks import check_fast_upstream, data_checks, fast_labels
 from refdml.gpu._loss_kernels import (
     cosine_backward_sum,
     cosine_bound,
@@ -47,7 +49,6 @@ from refdml.gpu._loss_kernels import (
     self_euclidean,
     self_pairwise_backward,
 )
-from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.distances import CosineContext
 from refdml.gpu.normalize import _quiet
 from refdml.losses import LossGrads, PairwiseLossContext, ProxyLossContext, ProxyLossGrads

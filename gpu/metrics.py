@@ -21,13 +21,13 @@ A matrix product's last bits depend on the BLAS (or cuBLAS) kernel and on where 
 sits in the product, so these scores only choose candidates: the answer is the
 reference's ranking by the ordered float64 score, computed for the ``K'`` candidates
 with the operations of :func:`refdml._numerics.ordered_sq_distances`, after the
-certificate of :mod:`refdml.gpu._nb_retrieval` (with the data dtype's rounding) has shown
+certificate of :mod:`refdml._compiled.retrieval` (with the data dtype's rounding) has shown
 that the candidates hold every true neighbour; a query whose certificate fails is redone
 by an ordered scan of all references. No Python loop over queries or references.
 Memory: ``O(chunk_size * _REFERENCE_BLOCK)`` plus the inputs.
 
 Kernels (:func:`refdml.gpu.use_kernels`): with ``"auto"`` a NumPy input runs the compiled CPU
-twin (the same two stages compiled; see :mod:`refdml.gpu._nb_retrieval`), a CuPy input
+twin (the same two stages compiled; see :mod:`refdml._compiled.retrieval`), a CuPy input
 the CUDA kernel (an ordered float64 scan per query); ``"array"`` runs the array code
 described here, and so does the CPU mode where ``K`` exceeds ``MAX_KEEP`` (256).
 
@@ -36,7 +36,7 @@ float32 data: on the float32 inputs, taken exactly into float64), in either dtyp
 every CPU: the certificate makes the matrix product's rounding irrelevant, and the
 re-rank's float64 operations are the reference's. (On a GPU, CuPy's elementwise kernels
 round each operation like NumPy's; the CUDA kernel may contract to FMA: see
-:mod:`refdml.gpu._nb_retrieval`.)
+:mod:`refdml._compiled.retrieval`.)
 
 Synchronisations on CuPy: the size of the top-K (``K = max(max_i R_i, max k)``, needed
 for the shapes) and the check that some query has a true reference (one transfer for
@@ -44,7 +44,7 @@ both), the indices of the scored queries (one ``nonzero``), one
 per (query block, reference block) to learn whether any row has a tie across the cut
 (``bool(any(tied))``; the redo of those rows needs their count), the
 returned Python floats and ints (one transfer of the summed metrics at the end), and the
-data checks of :mod:`refdml.gpu._validation`.
+data checks of :mod:`refdml._validation`.
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ from typing import Any
 
 import numpy as np
 
+from refdml._compiled._support import select_kernel
+from refdml._compiled.retrieval import EXTRA, MAX_KEEP, nearest_cpu
 from refdml._numerics import ordered_sq_distances, ordered_unit_rows
-from refdml._validation import check_choice, check_scalar
+from refdml._validation import (
+    as_fast_array, check_choice, check_nonzero_rows, check_scalar, fast_labels, result_dtype,
+)
 from refdml._xp import array_namespace
-from refdml.gpu._fast_checks import check_nonzero_rows, fast_labels
-from refdml.gpu._nb_retrieval import EXTRA, MAX_KEEP, nearest_cpu, nearest_cuda
-from refdml.gpu._numba_support import select_kernel
-from refdml.gpu._validation import as_fast_array, result_dtype
+from refdml.gpu._nb_retrieval import nearest_cuda
 from refdml.gpu.distances import common_scale
 from refdml.metrics import _check_k
 
@@ -109,7 +110,7 @@ def _nearest(xp, query, rows, reference, n_keep, same_set, metric, chunk_size):
     """(n_rows, n_keep) indices of the nearest references of ``query[rows]``, in order.
 
     Dispatch (:func:`refdml.gpu.use_kernels`): the compiled CPU twin or the CUDA kernel of
-    :mod:`refdml.gpu._nb_retrieval`, else the array path below.
+    :mod:`refdml._compiled.retrieval`, else the array path below.
     """
     kernel = select_kernel(query, has_cpu=n_keep <= MAX_KEEP)
     if kernel == "cpu":
@@ -125,7 +126,7 @@ def _nearest_array(xp, query, rows, reference, n_keep, same_set, metric, chunk_s
     Stage 1: blocks of queries and references, ``s = |r|^2 - 2 <q, r>`` by one matrix
     product in the data's dtype, argpartition and a stable merge into the running
     ``K' = K + EXTRA`` best. Stage 2 (:func:`_certified_rerank`): the certificate and the
-    ordered float64 re-rank of :mod:`refdml.gpu._nb_retrieval`, in array code.
+    ordered float64 re-rank of :mod:`refdml._compiled.retrieval`, in array code.
     """
     dtype = query.dtype
     r64 = reference.astype(xp.float64)
@@ -170,7 +171,7 @@ def _certified_rerank(xp, q64, own, r64_t, top, top_idx, n_keep, complete, big_r
     """The ``n_keep`` nearest of each query by ``(S64, j)``, ``S64`` the ordered score.
 
     ``top`` / ``top_idx``: the ``K'`` smallest matrix-product scores (ascending) and their
-    references. Where the certificate of :mod:`refdml.gpu._nb_retrieval` holds (``v_K' >
+    references. Where the certificate of :mod:`refdml._compiled.retrieval` holds (``v_K' >
     t + 2 (delta + eta)``, with ``delta`` the bound of the data's dtype: its unit roundoff
     and smallest normal in place of float32's; or the list holds every reference) the
     candidates are re-ranked by the ordered float64 score, the operations of

@@ -26,7 +26,7 @@ What differs from the reference (and why)
   no float32 are float64 (:func:`refdml.gpu.losses.terms_dtype`).
 
 Synchronisation on CuPy (results that reach Python, and checks): the input checks
-(finiteness, positive weights; :func:`refdml.gpu._validation.set_finite_checks`) and,
+(finiteness, positive weights; :func:`refdml.gpu.set_finite_checks`) and,
 under the same switch, the finiteness of the gradients w.r.t. given weights and w.r.t.
 the points, the largest cost (for the exact power-of-two rescaling, the eps check and the
 eps-scaling schedule), the largest squared distance (``p`` other than 1 and 2), the
@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from refdml._validation import check_choice, check_context
+from refdml._validation import (
+    as_fast_array, check_choice, check_context, check_fast_upstream, data_checks, result_dtype,
+)
 from refdml._xp import array_namespace
+from refdml.distances import _sum_to_shape
 from refdml.gpu import _ot_sinkhorn as _solver
-from refdml.gpu._fast_checks import check_fast_upstream, data_checks
-from refdml.gpu._validation import as_fast_array, result_dtype
-from refdml.gpu.distances import _sum_to_shape
 from refdml.ot._divergence import (
     _COST_NAME,
     PairwiseSinkhornDivergenceContext,

@@ -10,7 +10,7 @@ The systems are solved by Cholesky through :func:`_cho_solve`, which works for N
 
 Synchronisations: the forward reads ``max|Z|`` and ``max|Y|`` on the host (the scaling's
 exponents are Python ints, as in the reference's ``Scaling``); with data checks on
-(:mod:`refdml.gpu._fast_checks`) it also checks that the system is numerically definite
+(:mod:`refdml._validation`) it also checks that the system is numerically definite
 (the reference's test, eigenvalues when the cheap bound fails) and that ``V`` does not
 overflow. The backward's scaling of ``d_V`` stays on the device.
 
@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_choice, check_context, check_scalar
+from refdml._validation import (
+    as_fast_array, check_choice, check_context, check_fast_upstream, check_scalar, data_checks,
+    result_dtype,
+)
 from refdml._xp import ArrayNamespace, array_namespace
-from refdml.gpu._fast_checks import check_fast_upstream, data_checks
-from refdml.gpu._validation import as_fast_array, result_dtype
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet
 from refdml.prototypes import RidgeContext, RidgeGrads

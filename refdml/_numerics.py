@@ -32,6 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from refdml import _validation
+from refdml._xp import array_namespace
+
 __all__ = [
     "check_nonzero_rows",
     "common_scale",
@@ -125,7 +128,7 @@ def ordered_sq_distances(x, y_t, *, out=None, work=None, xp=np):
     the two rows alone: identical rows give identical values wherever they sit in ``x``
     or ``y``, on every CPU. A compiled twin gets the same bits with the loop
     ``acc = 0.0; for k: t = x[k] - y[k]; acc += t * t`` compiled without fast-math (no
-    reassociation, no contraction), which ``refdml.gpu._nb_retrieval`` does.
+    reassociation, no contraction), which ``refdml._compiled.retrieval`` does.
     The caller keeps the entries small enough that the squares cannot overflow (a common
     power-of-two scaling, or unit rows). ``y_t`` is the transposed reference set so that
     each step reads a contiguous row. ``out`` and ``work``: optional (m, n) buffers.
@@ -188,9 +191,7 @@ def masked_logsumexp(
 
 
 def check_nonzero_rows(x: np.ndarray, name: str, *, why: str = "its direction is needed") -> None:
-    """Raise ``ValueError`` naming ``name`` and the first row (last axis) that is all zeros."""
-    zero = ~np.any(x != 0.0, axis=-1)
-    if np.any(zero):
-        index = tuple(int(i) for i in np.argwhere(zero)[0])
-        where = index[0] if len(index) == 1 else index
-        raise ValueError(f"{name} has a zero vector at row {where}; {why}")
+    """Raise ``ValueError`` naming ``name`` and the first row (last axis) that is all zeros
+    (the check is :func:`refdml._validation.check_nonzero_rows`, on ``x``'s module)."""
+    ns = array_namespace(x)
+    _validation.check_nonzero_rows(ns.xp, x, name, why=why, ns=ns)

@@ -21,16 +21,24 @@ takes an upstream gradient of exactly that shape and returns gradients shaped li
 ``cosine``: ``S_ij = <x_i, y_j> / (||x_i|| ||y_j||)``; zero vectors raise ValueError.
     Each row is normalised by :func:`refdml.normalize.l2_normalize`'s kernel, which
     rescales it by a power of two first: the same similarities at any scale.
+
+The shape checks, the backwards and the cosine forward are written once against the array
+module ``xp`` (keyword ``xp=np`` / ``ns``, the dtype of the input kept):
+:mod:`refdml.gpu.distances` calls them on float32/float64 NumPy or CuPy arrays. The
+forwards of ``euclidean`` and ``sq_euclidean`` are the fast path's own there (the Gram
+identity without the recomputation of nearby pairs: a different algorithm).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from refdml._numerics import pairwise_norm, pairwise_sq_distances
 from refdml._validation import as_float_array, check_context, check_upstream
+from refdml._xp import ArrayNamespace
 from refdml.normalize import L2NormalizeContext, _l2_backward, _l2_forward
 
 __all__ = [
@@ -82,23 +90,30 @@ class CosineContext:
     shape: tuple[int, ...]       # shape of the output, (..., n, m)
 
 
-def _check_pair(x, y) -> tuple[np.ndarray, np.ndarray]:
-    x = as_float_array(x, "x", min_ndim=2)
-    y = as_float_array(y, "y", min_ndim=2)
+def _check_pair_shapes(x: Any, y: Any) -> None:
+    """``x (..., n, d)`` and ``y (..., m, d)`` of one ``d`` and broadcastable leading axes."""
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(
-            f"x and y must have the same last dimension, got x.shape={x.shape}, y.shape={y.shape}"
+            f"x and y must have the same last dimension, got x.shape={tuple(x.shape)}, "
+            f"y.shape={tuple(y.shape)}"
         )
     try:
         np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     except ValueError:
         raise ValueError(
-            f"leading dimensions of x {x.shape[:-2]} and y {y.shape[:-2]} do not broadcast"
+            f"leading dimensions of x {tuple(x.shape[:-2])} and y {tuple(y.shape[:-2])} "
+            "do not broadcast"
         ) from None
+
+
+def _check_pair(x, y) -> tuple[np.ndarray, np.ndarray]:
+    x = as_float_array(x, "x", min_ndim=2)
+    y = as_float_array(y, "y", min_ndim=2)
+    _check_pair_shapes(x, y)
     return x, y
 
 
-def _sum_to_shape(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def _sum_to_shape(grad: Any, shape: tuple[int, ...]) -> Any:
     """Sum a broadcast gradient back to the shape of the input it came from."""
     extra = grad.ndim - len(shape)
     if extra:
@@ -114,13 +129,15 @@ def _euclidean_forward(x, y) -> tuple[np.ndarray, EuclideanContext]:
     return distance, EuclideanContext(x=x, y=y, distance=distance)
 
 
-def _euclidean_backward(ctx: EuclideanContext, d_distance: np.ndarray) -> DistanceGrads:
+def _euclidean_backward(ctx: EuclideanContext, d_distance: Any, *, xp: Any = np) -> DistanceGrads:
     # d_x_i = sum_j w_ij (x_i - y_j), w_ij = g_ij / D_ij (subgradient 0 where D_ij = 0).
     # Within 1e-300 .. 1e300 neither factor over- nor underflows: w scales as 1 / |x|.
-    positive = ctx.distance > 0.0
-    w = np.where(positive, d_distance / np.where(positive, ctx.distance, 1.0), 0.0)
+    positive = ctx.distance > 0
+    w = xp.where(positive, d_distance / xp.where(positive, ctx.distance, xp.ones_like(d_distance)),
+                 0)
+    w = w.astype(ctx.distance.dtype, copy=False)   # CuPy's where may promote the 0
     d_x = w.sum(axis=-1)[..., None] * ctx.x - w @ ctx.y
-    d_y = w.sum(axis=-2)[..., None] * ctx.y - np.swapaxes(w, -1, -2) @ ctx.x
+    d_y = w.sum(axis=-2)[..., None] * ctx.y - xp.swapaxes(w, -1, -2) @ ctx.x
     return DistanceGrads(x=_sum_to_shape(d_x, ctx.x.shape), y=_sum_to_shape(d_y, ctx.y.shape))
 
 
@@ -154,11 +171,11 @@ def euclidean(x, y) -> np.ndarray:
     return euclidean_forward(x, y)[0]
 
 
-def _check_sq_range(distance: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
-    if np.isinf(distance).any():
-        largest = max(float(np.max(np.abs(x))), float(np.max(np.abs(y))))
+def _check_sq_range(distance: Any, x: Any, y: Any, *, xp: Any = np) -> None:
+    if bool(xp.any(xp.isinf(distance))):
+        largest = max(float(xp.max(xp.abs(x))), float(xp.max(xp.abs(y))))
         raise ValueError(
-            "x and y: squared distances overflow float64 "
+            f"x and y: squared distances overflow {np.dtype(distance.dtype).name} "
             f"(max |x|, |y| == {largest:.3g}); use euclidean"
         )
 
@@ -169,9 +186,9 @@ def _sq_euclidean_forward(x, y) -> tuple[np.ndarray, SqEuclideanContext]:
     return distance, SqEuclideanContext(x=x, y=y, shape=distance.shape)
 
 
-def _sq_euclidean_backward(ctx: SqEuclideanContext, g: np.ndarray) -> DistanceGrads:
-    d_x = 2.0 * (g.sum(axis=-1)[..., None] * ctx.x - g @ ctx.y)
-    d_y = 2.0 * (g.sum(axis=-2)[..., None] * ctx.y - np.swapaxes(g, -1, -2) @ ctx.x)
+def _sq_euclidean_backward(ctx: SqEuclideanContext, g: Any, *, xp: Any = np) -> DistanceGrads:
+    d_x = 2 * (g.sum(axis=-1)[..., None] * ctx.x - g @ ctx.y)
+    d_y = 2 * (g.sum(axis=-2)[..., None] * ctx.y - xp.swapaxes(g, -1, -2) @ ctx.x)
     return DistanceGrads(x=_sum_to_shape(d_x, ctx.x.shape), y=_sum_to_shape(d_y, ctx.y.shape))
 
 
@@ -200,18 +217,23 @@ def sq_euclidean(x, y) -> np.ndarray:
     return sq_euclidean_forward(x, y)[0]
 
 
-def _cosine_forward(x, y) -> tuple[np.ndarray, CosineContext]:
-    x_unit, x_ctx = _l2_forward(x, "x")
-    y_unit, y_ctx = _l2_forward(y, "y")
-    similarity = x_unit @ np.swapaxes(y_unit, -1, -2)
-    return similarity, CosineContext(x_unit, y_unit, x_ctx, y_ctx, similarity.shape)
+def _cosine_forward(x, y, *, ns: ArrayNamespace | None = None) -> tuple[Any, CosineContext]:
+    x_unit, x_ctx = _l2_forward(x, "x", ns=ns)
+    y_unit, y_ctx = _l2_forward(y, "y", ns=ns)
+    xp = np if ns is None else ns.xp
+    similarity = x_unit @ xp.swapaxes(y_unit, -1, -2)
+    return similarity, CosineContext(x_unit, y_unit, x_ctx, y_ctx, tuple(similarity.shape))
 
 
-def _cosine_backward(ctx: CosineContext, g: np.ndarray) -> DistanceGrads:
+def _cosine_backward(ctx: CosineContext, g: Any, *, xp: Any = np,
+                     check: bool = True) -> DistanceGrads:
+    """``check=False``: a gradient beyond the dtype is not looked for (CuPy, data checks off)."""
     d_x_unit = g @ ctx.y_unit
-    d_y_unit = np.swapaxes(g, -1, -2) @ ctx.x_unit
-    d_x = _l2_backward(ctx.x_norm_ctx, _sum_to_shape(d_x_unit, ctx.x_unit.shape), "x")
-    d_y = _l2_backward(ctx.y_norm_ctx, _sum_to_shape(d_y_unit, ctx.y_unit.shape), "y")
+    d_y_unit = xp.swapaxes(g, -1, -2) @ ctx.x_unit
+    d_x = _l2_backward(xp, ctx.x_norm_ctx, _sum_to_shape(d_x_unit, ctx.x_unit.shape),
+                       "x" if check else None)
+    d_y = _l2_backward(xp, ctx.y_norm_ctx, _sum_to_shape(d_y_unit, ctx.y_unit.shape),
+                       "y" if check else None)
     return DistanceGrads(x=d_x, y=d_y)
 
 

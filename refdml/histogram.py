@@ -33,11 +33,16 @@ are plain products; an entry that overflows there is recomputed with the rows of
 factor and the columns of the right one divided by powers of two (:func:`rescaled_product`):
 an intermediate sum beyond float64 whose value is not (terms of opposite signs, weights
 that are not a histogram) is computed, a value beyond float64 is a ValueError naming it.
+
+The convex combination's kernels (forward and backward, with :func:`rescaled_product`) and
+the entropic histogram's softmax backward are written once against the array module
+``xp``: :mod:`refdml.gpu.histogram` calls them on float32/float64 NumPy or CuPy arrays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import softmax
@@ -147,14 +152,21 @@ def overflow_message(what: str, dtype_name: str, maxima: dict) -> str:
     return f"{what} overflows {dtype_name} ({shown})"
 
 
-def _product(left, right, what: str, **factors) -> np.ndarray:
+def _product(xp, left, right, what: str, *, check: bool = True, **factors) -> Any:
     """``left @ right``: computed where only its intermediate sums overflow, a ValueError
-    naming ``what`` (and the largest entry of each of ``factors``) where its value does."""
+    naming ``what`` (and the largest entry of each of ``factors``) where its value does.
+
+    ``check=False`` (the fast path on CuPy with its data checks off) returns the plain
+    product: both steps read the data (one synchronisation each).
+    """
     with np.errstate(over="ignore", invalid="ignore"):
-        out = rescaled_product(np, left, right, left @ right)
-    if not np.all(np.isfinite(out)):
-        maxima = {name: float(np.max(np.abs(value))) for name, value in factors.items()}
-        raise ValueError(overflow_message(what, "float64", maxima))
+        out = left @ right
+        if not check:
+            return out
+        out = rescaled_product(xp, left, right, out)
+    if not bool(xp.all(xp.isfinite(out))):
+        maxima = {name: float(xp.max(xp.abs(value))) for name, value in factors.items()}
+        raise ValueError(overflow_message(what, np.dtype(out.dtype).name, maxima))
     return out
 
 
@@ -215,12 +227,17 @@ def _entropic_forward(features, prototypes, inverse_temperature):
     return z, HistogramEntropicContext(features, prototypes, assignment, inverse_temperature)
 
 
-def _entropic_backward(ctx: HistogramEntropicContext, d_z: np.ndarray) -> HistogramGrads:
+def _entropic_d_scores(xp, ctx: HistogramEntropicContext, d_z: Any) -> Any:
+    """The gradient (B, m, n) of the scores ``s_ij = nu_i^T x_j`` from that of ``z``."""
     n = ctx.features.shape[1]
     a = ctx.assignment
     d_a = d_z[:, :, None] / n
     # softmax over i of ε s: d s_ij = ε a_ij (d a_ij - sum_k a_kj d a_kj)
-    d_scores = ctx.inverse_temperature * a * (d_a - np.sum(a * d_a, axis=1, keepdims=True))
+    return ctx.inverse_temperature * a * (d_a - xp.sum(a * d_a, axis=1, keepdims=True))
+
+
+def _entropic_backward(ctx: HistogramEntropicContext, d_z: np.ndarray) -> HistogramGrads:
+    d_scores = _entropic_d_scores(np, ctx, d_z)
     d_features = np.einsum("bij,id->bjd", d_scores, ctx.prototypes)
     d_prototypes = np.einsum("bij,bjd->id", d_scores, ctx.features)
     return HistogramGrads(features=d_features, prototypes=d_prototypes)
@@ -285,12 +302,29 @@ def convex_combination_forward(z, prototypes) -> tuple[np.ndarray, ConvexCombina
     """
     z = as_float_array(z, "z", ndim=2)
     prototypes = as_float_array(prototypes, "prototypes", ndim=2)
+    return _convex_forward(np, z, prototypes)
+
+
+def _convex_forward(
+    xp, z, prototypes, *, check: bool = True
+) -> tuple[Any, ConvexCombinationContext]:
+    """The forward on checked 2-d arrays (any ``xp``, their dtype); ``check``: :func:`_product`."""
     if z.shape[1] != prototypes.shape[0]:
         raise ValueError(
             f"z has {z.shape[1]} weights per row but there are {prototypes.shape[0]} prototypes"
         )
-    y_hat = _product(z, prototypes, "y_hat = z @ prototypes", z=z, prototypes=prototypes)
+    y_hat = _product(xp, z, prototypes, "y_hat = z @ prototypes", check=check, z=z,
+                     prototypes=prototypes)
     return y_hat, ConvexCombinationContext(z, prototypes)
+
+
+def _convex_backward(xp, ctx: ConvexCombinationContext, d_y, *,
+                     check: bool = True) -> ConvexCombinationGrads:
+    d_z = _product(xp, d_y, ctx.prototypes.T, "the gradient of z, d_y @ prototypes.T,",
+                   check=check, d_y=d_y, prototypes=ctx.prototypes)
+    d_prototypes = _product(xp, ctx.z.T, d_y, "the gradient of prototypes, z.T @ d_y,",
+                            check=check, z=ctx.z, d_y=d_y)
+    return ConvexCombinationGrads(z=d_z, prototypes=d_prototypes)
 
 
 def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
@@ -300,11 +334,7 @@ def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCom
     """
     check_context(ctx, "ctx", ConvexCombinationContext)
     d_y = check_upstream(d_y, "d_y", (ctx.z.shape[0], ctx.prototypes.shape[1]))
-    d_z = _product(d_y, ctx.prototypes.T, "the gradient of z, d_y @ prototypes.T,", d_y=d_y,
-                   prototypes=ctx.prototypes)
-    d_prototypes = _product(ctx.z.T, d_y, "the gradient of prototypes, z.T @ d_y,", z=ctx.z,
-                            d_y=d_y)
-    return ConvexCombinationGrads(z=d_z, prototypes=d_prototypes)
+    return _convex_backward(np, ctx, d_y)
 
 
 def convex_combination(z, prototypes) -> np.ndarray:

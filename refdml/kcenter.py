@@ -33,7 +33,7 @@ within the Gram identity's rounding bound; tests/_kcenter_checks.py states it):
 ``_farthest_first`` (readable, NumPy: per pick exact products and row sums in NumPy's
 fixed order, an update and an arg-max; the same bits on every CPU) is the statement of the
 algorithm, reachable as ``_greedy_k_center_readable``;
-:func:`greedy_k_center` runs the compiled twin ``refdml.gpu._nb_kcenter.farthest_first_cpu``
+:func:`greedy_k_center` runs the compiled twin ``refdml._compiled.kcenter.farthest_first_cpu``
 (Numba, one fused pass over the points per pick, no BLAS: on 100,000 x 128 it reads the
 points once per pick and cannot oversubscribe the cores as a threaded BLAS mat-vec does, at
 any thread setting; its sums are vectorised, so their last bits follow the CPU's vector
@@ -41,7 +41,7 @@ width and FMA). Both use the same Gram-identity arithmetic; only the order in wh
 dot products are summed differs (rounding, ~1e-16 of ``|x|^2``), so a pick could differ only
 between two distinct points whose distances agree to that rounding. The distances to
 ``initial`` centres are computed the same way by each (``_sq_to_set``, and
-``refdml.gpu._nb_kcenter.sq_to_set_cpu`` for :func:`greedy_k_center`).
+``refdml._compiled.kcenter.sq_to_set_cpu`` for :func:`greedy_k_center`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from refdml._compiled import kcenter as _twin
 from refdml._numerics import common_scale
 from refdml._validation import (
     as_float_array,
@@ -138,9 +139,7 @@ def _sq_to_set(points, centers, chunk_size, *, xp=np):
 def _sq_to_set_compiled(points, centers, chunk_size) -> np.ndarray:
     """:func:`_sq_to_set` by the compiled CPU twin (one pass over the points, the
     traversal's dot-product loop; no BLAS)."""
-    from refdml.gpu._nb_kcenter import sq_to_set_cpu
-
-    return sq_to_set_cpu(points, centers)
+    return _twin.sq_to_set_cpu(points, centers)
 
 
 def _farthest_first(points, k, min_sq, first, chunk_size):
@@ -160,11 +159,9 @@ def _farthest_first(points, k, min_sq, first, chunk_size):
 
 
 def _farthest_first_compiled(points, k, min_sq, first, chunk_size):
-    """:func:`_farthest_first` by the compiled CPU twin (imported lazily: refdml.gpu imports
-    this module)."""
-    from refdml.gpu._nb_kcenter import farthest_first_cpu
-
-    return farthest_first_cpu(points, k, min_sq, first)
+    """:func:`_farthest_first` by the compiled CPU twin
+    (:func:`refdml._compiled.kcenter.farthest_first_cpu`)."""
+    return _twin.farthest_first_cpu(points, k, min_sq, first)
 
 
 def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KCenterResult:

@@ -46,7 +46,7 @@ Two implementations of the ranking, held together by tests/test_gpu_kernels_retr
 every CPU). ``_nearest`` (readable: the ordered score block per chunk of queries,
 ``argpartition``, a lexicographic sort of the kept columns) is the statement, reachable as
 ``_retrieval_metrics_readable``. :func:`retrieval_metrics` runs the compiled CPU twin
-``refdml.gpu._nb_retrieval.nearest_cpu``: float32 tiles (single-threaded sgemm per Numba
+``refdml._compiled.retrieval.nearest_cpu``: float32 tiles (single-threaded sgemm per Numba
 thread, BLAS threads held at one inside) merged into a running top-``(K + 32)`` per query,
 then the candidates re-ranked by the same ordered float64 score, compiled without
 fast-math so that its bits are ``ordered_sq_distances``' own. A rounding bound certifies
@@ -76,6 +76,7 @@ import numpy as np
 from scipy.cluster.vq import kmeans2
 from scipy.special import gammaln
 
+from refdml._compiled import retrieval as _twin
 from refdml._numerics import (
     check_nonzero_rows,
     common_scale,
@@ -182,15 +183,12 @@ def _check_k(k) -> tuple[int, ...]:
 
 
 def _nearest_compiled(query, rows, reference, n_keep, same_set, metric, chunk_size):
-    """:func:`_nearest` by the compiled CPU twin (``refdml.gpu._nb_retrieval.nearest_cpu``:
-    float32 tiles with a running top-K, verified and re-ranked in float64; imported lazily,
-    refdml.gpu imports this module). ``chunk_size`` is the readable path's; the twin's tiles
-    are fixed (1024 x 1024 per thread)."""
-    from refdml.gpu._nb_retrieval import MAX_KEEP, nearest_cpu
-
-    if n_keep > MAX_KEEP:   # huge classes: sorted lists of K would cost O(K) per insertion
+    """:func:`_nearest` by the compiled CPU twin (:func:`refdml._compiled.retrieval.nearest_cpu`:
+    float32 tiles with a running top-K, verified and re-ranked in float64). ``chunk_size`` is
+    the readable path's; the twin's tiles are fixed (1024 x 1024 per thread)."""
+    if n_keep > _twin.MAX_KEEP:   # huge classes: sorted lists of K would cost O(K) per insertion
         return _nearest(query, rows, reference, n_keep, same_set, metric, chunk_size)
-    return nearest_cpu(query, rows, reference, n_keep, same_set, metric)
+    return _twin.nearest_cpu(query, rows, reference, n_keep, same_set, metric)
 
 
 def retrieval_metrics(

@@ -19,6 +19,11 @@ without an intermediate ``||u||`` that could overflow. ``np.linalg.norm`` would 
 first: ``inf`` above ~1e154 (zeros out) and ``0`` below ~1e-162 (a false zero vector).
 
 Shapes: ``x`` is ``(..., d)``; the output and every gradient have the shape of ``x``.
+
+The private kernels are written once against the array module ``xp`` (NumPy or CuPy) and
+keep the input's dtype: the public functions here validate and call them on float64 NumPy
+arrays; :mod:`refdml.gpu.normalize` calls the same kernels on float32/float64 NumPy or CuPy
+arrays.
 """
 
 from __future__ import annotations
@@ -27,8 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refdml._numerics import check_nonzero_rows
-from refdml._validation import as_float_array, check_context, check_upstream
+from typing import Any
+
+from refdml._validation import (
+    as_float_array, check_context, check_nonzero_rows, check_upstream,
+)
+from refdml._xp import ArrayNamespace, array_namespace, to_numpy
 
 __all__ = [
     "ClipNormalizeContext",
@@ -71,47 +80,50 @@ class ClipNormalizeContext:
     outside: np.ndarray      # ||u|| > 1 (keepdims, bool)
 
 
-def _row_scale(x: np.ndarray) -> np.ndarray:
-    """Per-row power of two ``s`` with ``max|u| / s`` in ``[1, 2)`` (1 for a zero row).
+def _row_scale(xp: Any, x: Any) -> Any:
+    """Per-row power of two ``s`` (keepdims, dtype of ``x``) with ``max|u| / s`` in ``[1, 2)``
+    (1 for a zero row).
 
     ``2 ** (e - 1)`` rather than ``2 ** e`` (``frexp``'s exponent): for entries near the
-    float64 maximum ``2 ** e`` would be ``2 ** 1024 = inf``.
+    dtype's maximum ``2 ** e`` would be ``inf``.
     """
-    peak = np.max(np.abs(x), axis=-1, keepdims=True)
-    exponent = np.frexp(peak)[1]
-    return np.where(peak > 0.0, np.ldexp(1.0, exponent - 1), 1.0)
+    peak = xp.max(xp.abs(x), axis=-1, keepdims=True)
+    exponent = xp.frexp(peak)[1]
+    one = xp.ones_like(peak)
+    return xp.where(peak > 0, xp.ldexp(one, exponent - 1), one)
 
 
-def _scaled_direction(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scaled_direction(xp: Any, x: Any) -> tuple[Any, Any, Any]:
     """``(u / s) / ||u / s||`` (0 for a zero row), ``s`` and ``||u / s||``, per row."""
-    scale = _row_scale(x)
+    scale = _row_scale(xp, x)
     scaled = x / scale
-    scaled_norm = np.sqrt(np.sum(scaled * scaled, axis=-1, keepdims=True))
-    direction = scaled / np.where(scaled_norm > 0.0, scaled_norm, 1.0)
+    scaled_norm = xp.sqrt(xp.sum(scaled * scaled, axis=-1, keepdims=True))
+    direction = scaled / xp.where(scaled_norm > 0, scaled_norm, xp.ones_like(scaled_norm))
     return direction, scale, scaled_norm
 
 
-def _tangent(y: np.ndarray, d_y: np.ndarray) -> np.ndarray:
+def _tangent(xp: Any, y: Any, d_y: Any) -> Any:
     """``(I - y y^T) d_y`` per row: the part of ``d_y`` orthogonal to the unit vector ``y``."""
-    return d_y - y * np.sum(y * d_y, axis=-1, keepdims=True)
+    return d_y - y * xp.sum(y * d_y, axis=-1, keepdims=True)
 
 
-def _clip_forward(x: np.ndarray) -> tuple[np.ndarray, ClipNormalizeContext]:
-    direction, scale, scaled_norm = _scaled_direction(x)
+def _clip_forward(xp: Any, x: Any) -> tuple[Any, ClipNormalizeContext]:
+    direction, scale, scaled_norm = _scaled_direction(xp, x)
     # ||u|| > 1 without forming ||u|| (it can overflow): ||u/s|| > 1/s, with 1/s exact
-    # or, for the tiniest rows (s < 2**-1023), inf: correctly "inside".
-    with np.errstate(over="ignore"):
-        outside = scaled_norm > 1.0 / scale
-    y = np.where(outside, direction, x)
+    # or, for the tiniest rows (s below the dtype's smallest normal), inf: "inside".
+    with np.errstate(over="ignore", divide="ignore"):
+        outside = scaled_norm > 1 / scale
+    y = xp.where(outside, direction, x)
     return y, ClipNormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm, outside=outside)
 
 
-def _clip_backward(ctx: ClipNormalizeContext, d_y: np.ndarray) -> np.ndarray:
+def _clip_backward(xp: Any, ctx: ClipNormalizeContext, d_y: Any) -> Any:
     # Inside rows take the identity; their (unused) denominators are set to 1.
-    scale = np.where(ctx.outside, ctx.scale, 1.0)
-    scaled_norm = np.where(ctx.outside, ctx.scaled_norm, 1.0)
-    projected = _tangent(ctx.y, d_y) / scaled_norm / scale
-    return np.where(ctx.outside, projected, d_y)
+    one = xp.ones_like(ctx.scale)
+    scale = xp.where(ctx.outside, ctx.scale, one)
+    scaled_norm = xp.where(ctx.outside, ctx.scaled_norm, one)
+    projected = _tangent(xp, ctx.y, d_y) / scaled_norm / scale
+    return xp.where(ctx.outside, projected, d_y)
 
 
 def clip_normalize_forward(x) -> tuple[np.ndarray, ClipNormalizeContext]:
@@ -122,7 +134,7 @@ def clip_normalize_forward(x) -> tuple[np.ndarray, ClipNormalizeContext]:
     ``x`` of shape ``(..., d)``; ``y`` has the same shape. GSP Alg. 2, ASAP Sec. 4.4.
     """
     x = as_float_array(x, "x", min_ndim=1)
-    return _clip_forward(x)
+    return _clip_forward(np, x)
 
 
 def clip_normalize_backward(ctx: ClipNormalizeContext, d_y) -> NormalizeGrads:
@@ -130,7 +142,7 @@ def clip_normalize_backward(ctx: ClipNormalizeContext, d_y) -> NormalizeGrads:
     the unit ball, ``d_y`` inside and on the sphere. ``d_y`` must have the shape of ``y``."""
     check_context(ctx, "ctx", ClipNormalizeContext)
     d_y = check_upstream(d_y, "d_y", ctx.y.shape)
-    return NormalizeGrads(x=_clip_backward(ctx, d_y))
+    return NormalizeGrads(x=_clip_backward(np, ctx, d_y))
 
 
 def clip_normalize(x) -> np.ndarray:
@@ -138,18 +150,40 @@ def clip_normalize(x) -> np.ndarray:
     return clip_normalize_forward(x)[0]
 
 
-def _l2_forward(x: np.ndarray, name: str = "x") -> tuple[np.ndarray, L2NormalizeContext]:
-    check_nonzero_rows(x, name, why="L2 normalisation of a zero vector is undefined")
-    y, scale, scaled_norm = _scaled_direction(x)
+_ZERO_WHY = "L2 normalisation of a zero vector is undefined"
+
+
+def _l2_forward(
+    x: Any, name: str = "x", *, why: str = _ZERO_WHY, ns: ArrayNamespace | None = None
+) -> tuple[Any, L2NormalizeContext]:
+    """``x / ||x||`` of a checked array; ``ValueError`` naming ``name``'s first zero row (on
+    CuPy only while data checks are on: :func:`refdml._validation.data_checks`)."""
+    ns = ns if ns is not None else array_namespace(x)
+    check_nonzero_rows(ns.xp, x, name, why=why, ns=ns)
+    y, scale, scaled_norm = _scaled_direction(ns.xp, x)
     return y, L2NormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm)
 
 
-def _l2_backward(ctx: L2NormalizeContext, d_y: np.ndarray, name: str = "x") -> np.ndarray:
-    # The gradient scales as 1 / ||x||: beyond float64 for rows of subnormal entries.
-    with np.errstate(over="ignore"):
-        grad = _tangent(ctx.y, d_y) / ctx.scaled_norm / ctx.scale
-    if not np.all(np.isfinite(grad)):
-        raise ValueError(_l2_overflow_message(grad, ctx.scaled_norm * ctx.scale, name, "float64"))
+def _l2_backward(
+    xp: Any, ctx: L2NormalizeContext, d_y: Any, name: str | None = None, *,
+    unit_scale: bool = False,
+) -> Any:
+    """``(I - y y^T) d_y / ||x||``, as ``(...) / ||x / s|| / s``.
+
+    With ``name``, a gradient beyond the dtype (it scales as ``1 / ||x||``: rows of
+    subnormal entries) is a ``ValueError`` naming it; without, the caller checks (or has
+    turned the data checks off). ``unit_scale``: ``ctx.scale`` is all ones (the fast
+    path's losses), and the division by it is left out.
+    """
+    grad = _tangent(xp, ctx.y, d_y)
+    with np.errstate(over="ignore", divide="ignore"):
+        grad /= ctx.scaled_norm
+        if not unit_scale:
+            grad /= ctx.scale
+    if name is not None and not bool(xp.all(xp.isfinite(grad))):
+        norm = ctx.scaled_norm if unit_scale else ctx.scaled_norm * ctx.scale
+        raise ValueError(_l2_overflow_message(to_numpy(grad), to_numpy(norm), name,
+                                              np.dtype(grad.dtype).name))
     return grad
 
 
@@ -184,7 +218,7 @@ def l2_normalize_backward(ctx: L2NormalizeContext, d_y) -> NormalizeGrads:
     """
     check_context(ctx, "ctx", L2NormalizeContext)
     d_y = check_upstream(d_y, "d_y", ctx.y.shape)
-    return NormalizeGrads(x=_l2_backward(ctx, d_y))
+    return NormalizeGrads(x=_l2_backward(np, ctx, d_y, "x"))
 
 
 def l2_normalize(x) -> np.ndarray:

@@ -409,7 +409,7 @@ _OT_GOAL = 20.0
 # Largest |difference| of the retrieval metrics between the CUDA kernel and the array path
 # (averages over the queries): 1e-3 is 10 queries in 10,000 whose neighbours differ where
 # the kernel's FMA contraction reorders references whose distances agree to ~1e-16
-# relative (gpu/_nb_retrieval.py).
+# relative (refdml/_compiled/retrieval.py).
 _RETRIEVAL_PARITY = 1e-3
 _RETRIEVAL_BLOCK = 16384
 # k-center: radii of the CUDA kernel and the array path over their common first picks,
@@ -671,22 +671,22 @@ def cuda_launch_sync(run: _Run) -> None:
     """The GSP layer's CUDA kernels (B = 256, float32) with and without numba-cuda's
     synchronisation of every array argument (``REFDML_CUDA_LAUNCH_SYNC=1`` / unset).
 
-    :func:`refdml.gpu._numba_support.cuda_launch` reads the switch at every launch, so the
+    :func:`refdml._compiled._support.cuda_launch` reads the switch at every launch, so the
     two variants alternate in one process (checked first: a switch read once would make
     both variants the same).
     """
-    from refdml.gpu import _numba_support
+    from refdml._compiled import _support
 
     section, variable = "launch_sync", "REFDML_CUDA_LAUNCH_SYNC"
     batch, m, n, d = run.sizes((256, 64, 49, 128), (3, 4, 5, 8))
     size = f"B={batch} m={m} n={n} d={d} (GSP pooling forward + backward, CUDA kernels)"
-    probe = getattr(_numba_support, "_launch_sync", None)
+    probe = getattr(_support, "_launch_sync", None)
     seen = []
     for value in ("1", None):
         with _environment(variable, value):
             seen.append(probe() if probe is not None else None)
     if seen != [True, False]:
-        raise RuntimeError(f"refdml.gpu._numba_support does not read {variable} at each "
+        raise RuntimeError(f"refdml._compiled._support does not read {variable} at each "
                            "launch as this section assumes; run the two variants in separate "
                            "processes instead")
     layer = _gsp_layer(run.xp, _gsp_inputs(batch, m, n, d), "float32", "cuda")
@@ -1067,7 +1067,7 @@ def _prepare_cuda(dry_run: bool) -> str | None:
         return (f"refdml.gpu cannot be imported ({exc}); install refdml and run from outside "
                 "the repository root, whose source refdml/ has no gpu/")
     if not dry_run:
-        from refdml.gpu._numba_support import cuda_unavailable_reason
+        from refdml._compiled._support import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason is not None:

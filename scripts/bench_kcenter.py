@@ -16,8 +16,8 @@ Sections (each in one run, the machine load printed beside every number):
     BLAS threads and with BLAS held at one thread (threadpoolctl; it no longer matters to
     the readable path, and the two rows show that), interleaved medians.
 ``compile``
-    First-call times in fresh interpreters: cold (this module's ``__pycache__`` Numba cache
-    files of ``_nb_kcenter`` / ``_nb_retrieval`` deleted first) and warm (cache present):
+    First-call times in fresh interpreters: cold (the Numba cache files of the CPU twins
+    ``refdml/_compiled/kcenter.py`` / ``retrieval.py`` deleted first) and warm (cache present):
     import + first call of ``greedy_k_center`` and of ``retrieval_metrics`` on tiny inputs.
 
 Run WITHOUT OPENBLAS_NUM_THREADS set (the default a user has).
@@ -124,12 +124,12 @@ print(f"{t1 - t0:.2f} {t2 - t1:.2f} {t3 - t2:.2f}")
 
 
 def bench_compile() -> None:
-    cache = os.path.join(os.path.dirname(__file__), "..", "gpu", "__pycache__")
+    cache = os.path.join(os.path.dirname(__file__), "..", "refdml", "_compiled", "__pycache__")
     print(f"\nfirst-call times in a fresh interpreter ({load()}): import | greedy_k_center | "
           "retrieval_metrics (same-set euclidean + separate cosine)")
     for label in ("cold cache", "warm cache"):
         if label == "cold cache":
-            for pattern in ("_nb_kcenter*.nb[ic]", "_nb_retrieval*.nb[ic]"):
+            for pattern in ("kcenter*.nb[ic]", "retrieval*.nb[ic]"):
                 for path in glob.glob(os.path.join(cache, pattern)):
                     os.remove(path)
         out = subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True,

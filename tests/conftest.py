@@ -86,7 +86,7 @@ def cupy_skip_reason() -> str | None:
 
 def _on_gpu_skip_reason() -> str | None:
     # CuPy inputs dispatch to the kernels, so a GPU run needs both CuPy and numba.cuda
-    from refdml.gpu._numba_support import cuda_unavailable_reason
+    from refdml._compiled._support import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     return None if reason is None else f"{reason}; the simulator is off (NUMBA_ENABLE_CUDASIM=0)"
@@ -194,7 +194,8 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     from numba.core import types as _types
     from numba.core.sigutils import normalize_signature as _normalize_signature
 
-    from refdml.gpu import _cuda_compile, _numba_support
+    from refdml._compiled import _support
+    from refdml.gpu import _cuda_compile
 
     def _launch_type(value):
         kind = _typeof(value)
@@ -222,4 +223,4 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
                 f"registry of gpu/_cuda_compile.py (compiled by `refdml gpu-check "
                 f"--compile-only`) does not list: {sorted(registered)}")
 
-    _numba_support.SIMULATED_LAUNCH_OBSERVERS.append(_check_registered_launch)
+    _support.SIMULATED_LAUNCH_OBSERVERS.append(_check_registered_launch)

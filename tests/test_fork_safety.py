@@ -1,7 +1,7 @@
 """Fork safety of the compiled parallel paths (issue 20): Numba's threading layer.
 
 Numba's default layer on Linux, GNU OpenMP, terminates a child forked after a parallel
-region; refdml asks Numba for its "forksafe" layer instead (refdml.gpu._numba_support,
+region; refdml asks Numba for its "forksafe" layer instead (refdml._compiled._support,
 docs/gpu.md). The runs happen in a fresh interpreter (a threading layer is fixed for the
 life of a process, so this process's own state must not matter): the compiled paths in the
 parent, then in children forked by multiprocessing and by os.fork (one of them while
@@ -88,7 +88,7 @@ def in_os_fork():
 
 def fork_while_lock_held():
     """os.fork while another thread is inside parallel_launch (holding the launch lock)."""
-    from refdml.gpu._numba_support import parallel_launch
+    from refdml._compiled._support import parallel_launch
 
     inside, leave = threading.Event(), threading.Event()
 

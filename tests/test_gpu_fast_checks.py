@@ -1,4 +1,4 @@
-"""refdml.gpu._fast_checks beyond the families' own tests: the labels check agrees with the
+"""refdml._validation.fast_labels beyond the families' own tests: the labels check agrees with the
 reference's ``as_label_array`` at the edge of int64 (issue 20)."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
-from refdml._validation import as_label_array
+from refdml._validation import as_label_array, fast_labels
 from refdml._xp import array_namespace, to_numpy
-from refdml.gpu._fast_checks import fast_labels
 from refdml.gpu.metrics import retrieval_metrics
 
 NS = array_namespace(np.zeros(1))

@@ -30,7 +30,7 @@ from refdml._xp import to_numpy
 from refdml.exceptions import ConvergenceWarning
 from refdml.gpu import gsp as fast
 from refdml.gpu import use_kernels
-from refdml.gpu._numba_support import BLOCK
+from refdml._compiled._support import BLOCK
 
 pytestmark = pytest.mark.cpu_exact
 

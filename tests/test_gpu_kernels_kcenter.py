@@ -1,4 +1,5 @@
-"""The greedy k-center kernels (refdml.gpu._nb_kcenter) against the readable traversal.
+"""The greedy k-center kernels (refdml._compiled.kcenter, refdml.gpu._nb_kcenter) against the
+readable traversal.
 
 The implementations differ only in the order the dot products are summed (the readable
 reference: NumPy's pairwise row sums; the compiled twin: a loop vectorised for the CPU
@@ -50,9 +51,9 @@ def _assert_equal(a, b, points, kwargs, dtype=np.float64):
 def test_compiled_matches_readable(seed, mode, threads, monkeypatch):
     # Both traversals of the twin: one thread below SERIAL_BELOW entries, Numba's threads
     # (one parallel region per pick) above; the threshold is moved to run each here.
-    from refdml.gpu import _nb_kcenter
+    from refdml._compiled import kcenter as twin
 
-    monkeypatch.setattr(_nb_kcenter, "SERIAL_BELOW", 2**62 if threads == "serial" else 0)
+    monkeypatch.setattr(twin, "SERIAL_BELOW", 2**62 if threads == "serial" else 0)
     points = _points(seed, 300, 7)   # not a multiple of BLOCK
     kwargs = _kwargs(mode, seed, points)
     _assert_equal(ref.greedy_k_center(points, 40, **kwargs),

@@ -18,7 +18,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 from refdml._xp import array_namespace, to_numpy
 from refdml.gpu import use_kernels
 from refdml.gpu._loss_kernels import masked_logsumexp
-from refdml.gpu._numba_support import BLOCK
+from refdml._compiled._support import BLOCK
 
 pytestmark = pytest.mark.cpu_exact
 

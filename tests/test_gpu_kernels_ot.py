@@ -1,4 +1,5 @@
-"""The small-problem Sinkhorn kernels (gpu/_nb_sinkhorn.py) against their array-path twin.
+"""The small-problem Sinkhorn kernels (refdml/_compiled/sinkhorn.py: the CPU twin;
+gpu/_nb_sinkhorn.py: the CUDA kernel) against their array-path twin.
 
 The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator on NumPy
 arrays where there is no GPU, on CuPy arrays on a GPU: the ``cuda_device_array`` fixture)
@@ -18,6 +19,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
+from refdml._compiled.sinkhorn import MAX_POINTS, compiled_pair_sq
 from refdml._xp import array_namespace, to_numpy
 from refdml.exceptions import ConvergenceWarning
 from refdml.gpu import _nb_sinkhorn, use_kernels
@@ -183,9 +185,9 @@ def test_cpu_twin_edge_sizes(n, m):
 def test_larger_problems_fall_back_to_the_array_path(monkeypatch):
     calls = []
     monkeypatch.setattr(_nb_sinkhorn, "solve_small", lambda *a, **k: calls.append(1))
-    a, b, cost = _problems(np.random.default_rng(6), 1, 3, _nb_sinkhorn.MAX_POINTS + 1)
+    a, b, cost = _problems(np.random.default_rng(6), 1, 3, MAX_POINTS + 1)
     out = _solve("cpu", a, b, cost, eps=0.1, max_iter=5, tol=1e-6, eps_scaling=None)
-    assert not calls and out.plan.shape == (1, 3, _nb_sinkhorn.MAX_POINTS + 1)
+    assert not calls and out.plan.shape == (1, 3, MAX_POINTS + 1)
     monkeypatch.undo()
     with pytest.raises(ValueError, match="at most 128 points"):
         _nb_sinkhorn.solve_small(np, "cpu", a, b, cost, schedule=[0.1], stage_tol=[1e-6],
@@ -328,8 +330,6 @@ def _explicit_sq(clouds, first, second):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("refine", [-1.0, 1e-3])
 def test_compiled_pair_costs_match_explicit_differences(dtype, refine):
-    from refdml.gpu._ot_pairs import compiled_pair_sq
-
     rng = np.random.default_rng(3)
     clouds = rng.uniform(-0.5, 0.5, (5, 6, 9))
     clouds[2, 1] = clouds[4, 3] + 1e-9                  # a near pair (refined when asked)
@@ -349,8 +349,6 @@ def test_compiled_pair_costs_match_explicit_differences(dtype, refine):
 
 
 def test_compiled_self_costs_are_symmetric_with_zero_diagonal():
-    from refdml.gpu._ot_pairs import compiled_pair_sq
-
     clouds = np.random.default_rng(4).uniform(-0.5, 0.5, (3, 7, 130))
     selves = np.array([2, 0])
     got = compiled_pair_sq(clouds, selves, selves, refine=1e-3)

@@ -1,8 +1,9 @@
-"""The retrieval top-K kernels (refdml.gpu._nb_retrieval) against the readable ranking.
+"""The retrieval top-K kernels (refdml._compiled.retrieval, refdml.gpu._nb_retrieval) against
+the readable ranking.
 
 The compiled CPU twin must return the readable path's neighbours (same indices, same order)
 and therefore equal metrics, asserted with ``==``: its float32 stage is certified by a
-rounding bound and re-ranked in float64 (module docstring of refdml.gpu._nb_retrieval).
+rounding bound and re-ranked in float64 (module docstring of refdml._compiled.retrieval).
 Inputs are generic (Gaussian), so no two float64 distances agree to rounding, plus exact
 duplicates (exact ties, lower index first). The CUDA kernel runs under Numba's CUDA
 simulator on a few points where there is no GPU (every thread is a Python thread), on CuPy
@@ -21,11 +22,12 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
 from refdml import metrics as ref
+from refdml._compiled.retrieval import nearest_cpu
 from refdml._numerics import common_scale, ordered_sq_distances, ordered_unit_rows
 from refdml._xp import array_namespace, to_numpy
 from refdml.gpu import metrics as fast
 from refdml.gpu import use_kernels
-from refdml.gpu._nb_retrieval import nearest_cpu, nearest_cuda
+from refdml.gpu._nb_retrieval import nearest_cuda
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -126,7 +128,7 @@ def test_mirror_cpu_kernel_matches_array_path(same_set, metric, dtype):
 
 
 def _rounding_bound(q, r):
-    """``eta_i`` of refdml.gpu._nb_retrieval: the error bound of one ordered float64 score
+    """``eta_i`` of refdml._compiled.retrieval: the error bound of one ordered float64 score
     ``S_ij`` of query ``q_i``, for every reference row of ``r``, in any summation order, with
     or without FMA."""
     d = q.shape[1]
@@ -222,13 +224,13 @@ def test_bad_input_named_on_the_fast_path():
 
 def test_large_k_uses_the_readable_ranking(monkeypatch):
     # K above MAX_KEEP (one class of 300 in same-set mode) runs the readable ranking.
-    from refdml.gpu import _nb_retrieval
+    from refdml._compiled import retrieval
 
-    monkeypatch.setattr(_nb_retrieval, "MAX_KEEP", 20)
+    monkeypatch.setattr(retrieval, "MAX_KEEP", 20)
     x, _ = _data(9, 60, 4, 1)
     labels = np.zeros(60, dtype=int)
     called = []
-    monkeypatch.setattr(_nb_retrieval, "nearest_cpu", lambda *a, **k: called.append(1))
+    monkeypatch.setattr(retrieval, "nearest_cpu", lambda *a, **k: called.append(1))
     want = ref._retrieval_metrics_readable(x, labels)
     assert ref.retrieval_metrics(x, labels) == want and not called
 
@@ -249,7 +251,7 @@ def test_compiled_score_has_the_bits_of_the_ordered_array_score(d):
     # built without fast-math (no reassociation, no FMA). Under NUMBA_CPU_NAME=generic and
     # every OPENBLAS_CORETYPE (scripts/ci_cpu_matrix.sh) it must stay bit-equal.
     from refdml._numerics import ordered_sq_distances
-    from refdml.gpu._nb_retrieval import _score64, _score64_four
+    from refdml._compiled.retrieval import _score64, _score64_four
 
     x, y = _wide_rows(1, 40, d), _wide_rows(2, 50, d)
     want = ordered_sq_distances(x, np.ascontiguousarray(y.T))

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
 from refdml.exceptions import ConvergenceWarning
-from refdml.gpu import _nb_sinkhorn, use_kernels
+from refdml._compiled import sinkhorn as twin
+from refdml.gpu import use_kernels
 from refdml.ot import pairwise_sinkhorn_divergence, pairwise_sinkhorn_divergence_backward
 from refdml.ot import pairwise_sinkhorn_divergence_forward
 from refdml.ot import _sinkhorn
@@ -114,8 +115,8 @@ def test_compiled_route_warns_like_the_readable_form():
 
 def test_readable_form_is_reachable(monkeypatch):
     calls = []
-    real = _nb_sinkhorn.solve_small
-    monkeypatch.setattr(_nb_sinkhorn, "solve_small",
+    real = twin.solve_small_cpu
+    monkeypatch.setattr(twin, "solve_small_cpu",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     clouds = np.random.default_rng(5).uniform(-1, 1, (3, 4, 2))
     pairwise_sinkhorn_divergence(clouds, eps=0.5)
@@ -124,7 +125,7 @@ def test_readable_form_is_reachable(monkeypatch):
         out = pairwise_sinkhorn_divergence(clouds, eps=0.5)
     assert calls == [1, 1]
     assert_array_equal(out, readable(clouds, eps=0.5)[0])    # bit for bit: the same code
-    big = np.random.default_rng(6).uniform(-1, 1, (2, _nb_sinkhorn.MAX_POINTS + 1, 2))
+    big = np.random.default_rng(6).uniform(-1, 1, (2, twin.MAX_POINTS + 1, 2))
     out = pairwise_sinkhorn_divergence(big, eps=1.0, tol=1e-6)
     assert calls == [1, 1]
     assert_array_equal(out, readable(big, eps=1.0, tol=1e-6)[0])

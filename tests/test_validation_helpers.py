@@ -1,7 +1,13 @@
+import types
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from refdml import _validation
 from refdml._validation import as_float_array, as_label_array, check_rng, check_scalar
+from refdml._xp import ArrayNamespace
 
 
 def test_float_array_converts_float32_and_int():
@@ -64,3 +70,98 @@ def test_features_prototypes_check():
         check_features_prototypes(np.ones((2, 3, 4)), np.ones((5, 3)))
     with pytest.raises(ValueError, match="features must have 3 dimensions"):
         check_features_prototypes(np.ones((3, 4)), np.ones((5, 4)))
+
+
+# --- one home for the reference's and the fast path's checks (issue 22) ------------------
+
+
+def test_one_sided_bounds_are_stated_as_inequalities():
+    assert check_scalar(3, "stride", low=1, integer=True, one_sided=True) == 3
+    with pytest.raises(ValueError, match=r"^stride == 0, must be >= 1$"):
+        check_scalar(0, "stride", low=1, integer=True, one_sided=True)
+    with pytest.raises(ValueError, match=r"^tol == 0.0, must be > 0$"):
+        check_scalar(0.0, "tol", low=0.0, low_inclusive=False, one_sided=True)
+    with pytest.raises(ValueError, match=r"^p == 3.5, must be <= 2$"):
+        check_scalar(3.5, "p", high=2.0, one_sided=True)
+    with pytest.raises(ValueError, match=r"^d_in == 10{30}, must be at most 9223372036854775807 "
+                                         r"\(int64\)$"):
+        check_scalar(10**30, "d_in", low=1, integer=True, one_sided=True)
+    # The bound comes before the int64 limit: a negative beyond int64 is "below 1" first.
+    with pytest.raises(ValueError, match=r"^n == -10{30}, must be >= 1$"):
+        check_scalar(-(10**30), "n", low=1, integer=True, one_sided=True)
+    with pytest.raises(TypeError, match=r"^padding must be an integer, got 1.5$"):
+        check_scalar(1.5, "padding", low=0, integer=True, one_sided=True)
+
+
+@given(value=st.integers(min_value=-(2**70), max_value=2**70),
+       low=st.integers(min_value=-5, max_value=5), width=st.integers(min_value=0, max_value=10))
+def test_one_sided_accepts_and_refuses_what_the_interval_form_does(value, low, width):
+    # Only the wording differs: both forms accept the same integers and return them unchanged.
+    def outcome(one_sided):
+        try:
+            return check_scalar(value, "n", low=low, high=low + width, integer=True,
+                                one_sided=one_sided)
+        except ValueError:
+            return "refused"
+
+    expected = value if low <= value <= low + width else "refused"
+    assert outcome(False) == expected
+    assert outcome(True) == expected
+
+
+@pytest.mark.parametrize("bad, kind", [
+    (None, TypeError), ("abc", TypeError), (np.array([True]), TypeError),
+    (np.array([1 + 2j]), TypeError), (np.zeros((0, 2)), ValueError), (np.ones(3), ValueError),
+    (np.array([[1.0, np.nan]]), ValueError), (np.array([[1.0], [-np.inf]]), ValueError),
+])
+def test_fast_and_reference_array_checks_say_the_same(bad, kind):
+    messages = []
+    for check in (_validation.as_float_array, _validation.as_fast_array):
+        with pytest.raises(kind) as info:
+            check(bad, "x", ndim=2)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("bad, kind", [
+    (None, TypeError), ("abc", TypeError), (np.array([[True, False]]), TypeError),
+    (np.ones((2, 1)), ValueError), (np.array([[1.0, np.inf]]), ValueError),
+])
+def test_fast_and_reference_upstream_checks_say_the_same(bad, kind):
+    ns = _validation.array_namespace(np.zeros(1))
+    messages = []
+    for check in (lambda: _validation.check_upstream(bad, "d_y", (1, 2)),
+                  lambda: _validation.check_fast_upstream(bad, "d_y", (1, 2), ns, np.float32)):
+        with pytest.raises(kind) as info:
+            check()
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+def test_scalar_upstream_non_finite_says_the_same():
+    ns = _validation.array_namespace(np.zeros(1))
+    for value in (np.array(np.nan), np.array(np.inf, np.float32)):
+        with pytest.raises(ValueError) as ref:
+            _validation.check_upstream(value, "d_value", ())
+        with pytest.raises(ValueError) as fast:
+            _validation.check_fast_upstream(value, "d_value", (), ns, value.dtype)
+        assert str(ref.value) == str(fast.value) and str(ref.value).startswith("d_value == ")
+
+
+def test_finite_checks_switch_is_refdml_gpus_and_skips_only_off_numpy():
+    import refdml.gpu
+
+    assert refdml.gpu.set_finite_checks is _validation.set_finite_checks
+    device = ArrayNamespace(xp=types.ModuleType("not_numpy"), special=types.ModuleType("s"))
+    host = _validation.array_namespace(np.zeros(1))
+    try:
+        refdml.gpu.set_finite_checks(False)
+        assert not _validation.data_checks(device) and _validation.data_checks(host)
+        # NumPy inputs are always checked, whatever the switch says.
+        with pytest.raises(ValueError, match="x must be finite"):
+            _validation.as_fast_array(np.array([np.nan]), "x")
+    finally:
+        refdml.gpu.set_finite_checks(True)
+    assert _validation.data_checks(device)
+    with pytest.raises(TypeError, match="enabled must be a bool, got 1"):
+        refdml.gpu.set_finite_checks(1)

@@ -56,7 +56,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refdml._numerics import common_scale, pairwise_norm, pairwise_sq_distances
+from refdml._compiled import sinkhorn as _twin
+from refdml._compiled._support import kernel_mode
+from refdml._numerics import _REFINE, common_scale, pairwise_norm, pairwise_sq_distances
 from refdml._validation import (
     as_float_array,
     check_choice,
@@ -64,16 +66,19 @@ from refdml._validation import (
     check_scalar,
     check_upstream,
 )
+from refdml.ot import _sinkhorn
 from refdml.ot._entropic import _ot_vjp
 from refdml.ot._sinkhorn import (
     VALUES,
     _check_relative_eps,
     _check_solver_args,
     _check_weights,
+    _eps_schedule,
     _OTBatch,
     _solve_batch,
     _weight_gradient,
 )
+from refdml.ot._small import solve_small_batch
 
 __all__ = [
     "PairwiseSinkhornDivergenceContext",
@@ -439,22 +444,16 @@ def _compiled_cross_sq(scaled: np.ndarray, pairs: np.ndarray) -> np.ndarray | No
     None where it does not apply (a pair ``i == j``). The same refinement of near pairs
     (``_REFINE``): the squared distances agree with :func:`_sq_dist`'s to rounding (a few
     ulp of ``|x|^2 + |y|^2`` off the near pairs, a few ulp of the value on them)."""
-    from refdml._numerics import _REFINE
-    from refdml.gpu._ot_pairs import compiled_pair_sq
-
     first, second = pairs[:, 0], pairs[:, 1]
     if np.any(first >= second):
         return None
-    return compiled_pair_sq(scaled, first, second, refine=_REFINE)
+    return _twin.compiled_pair_sq(scaled, first, second, refine=_REFINE)
 
 
 def _compiled_self_sq(scaled: np.ndarray, selves: np.ndarray) -> np.ndarray:
     """:func:`_self_sq_dist` of the clouds ``selves`` by the compiled CPU route: the same
     refinement, 0 diagonal and mean of the two triangles."""
-    from refdml._numerics import _REFINE
-    from refdml.gpu._ot_pairs import compiled_pair_sq
-
-    return compiled_pair_sq(scaled, selves, selves, refine=_REFINE)
+    return _twin.compiled_pair_sq(scaled, selves, selves, refine=_REFINE)
 
 
 def _compiled_solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
@@ -464,17 +463,14 @@ def _compiled_solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmet
     The same iteration (kernel scalings, absorption at ``e^+-30``, eps-scaling stages, the
     symmetric update), stopping rule, residual and ``n_iter``; a kernel entry below
     float64's ``tiny`` is flushed to 0 and rebuilds trigger on masses below it (here:
-    ``_TINY``), which changes nothing above underflow. Imported lazily: refdml.gpu imports
-    this package.
+    ``_TINY``), which changes nothing above underflow. The driver
+    (:func:`refdml.ot._small.solve_small_batch`) is the one refdml.gpu's solver uses for its
+    small problems; the kernel is :func:`refdml._compiled.sinkhorn.solve_small_cpu`.
     """
-    from refdml.gpu import _ot_sinkhorn
-    from refdml.gpu._numba_support import use_kernels
-
-    with use_kernels("cpu"):
-        return _ot_sinkhorn.solve_batch(np, a, b, cost, eps=eps, max_iter=max_iter, tol=tol,
-                                        eps_scaling=eps_scaling, symmetric=symmetric, unit=unit,
-                                        small_kernels=True, warn_stacklevel=6,
-                                        tol_floor=False)
+    return solve_small_batch(np, a, b, cost, schedule=_eps_schedule(cost, eps, eps_scaling),
+                             eps=eps, max_iter=max_iter, tol=tol, symmetric=symmetric,
+                             unit=unit, absorb=_sinkhorn._ABSORB, warn_stacklevel=6,
+                             solve_small=_twin.solve_small_cpu)
 
 
 def _pair_divergences_backward(ctx: _PairsContext, d_unique: np.ndarray,
@@ -537,7 +533,7 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
 
     The compiled route. This is the one reference operator that does not run its readable
     form by default: with ``n <= 128`` points per cloud it solves the problems with the
-    compiled CPU twin of the small-problem Sinkhorn kernel (:mod:`refdml.gpu._nb_sinkhorn`,
+    compiled CPU twin of the small-problem Sinkhorn kernel (:mod:`refdml._compiled.sinkhorn`,
     float64, threads over problems), 4-9x faster on 64 clouds of 49 points (docs/gpu.md), so
     that the all-pairs divergence is usable on a laptop without a GPU (issue 11). It is
     the same solver, not an approximation of it: the same kernel-scaling iteration with
@@ -566,10 +562,7 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
 
 def _compiled_route(n_points: int) -> bool:
     """Whether :func:`pairwise_sinkhorn_divergence_forward` runs the compiled CPU twin."""
-    from refdml.gpu._nb_sinkhorn import MAX_POINTS
-    from refdml.gpu._numba_support import kernel_mode
-
-    return n_points <= MAX_POINTS and kernel_mode() in ("auto", "cpu")
+    return n_points <= _twin.MAX_POINTS and kernel_mode() in ("auto", "cpu")
 
 
 def _pairwise_sinkhorn_divergence_forward_readable(clouds, *, eps, p=2, value="regularized",

@@ -30,7 +30,7 @@ Host transfers are counted by kind (:data:`DEVICE_TO_HOST`: ``float()``, ``int()
 stream or event, and ``"shape"``: boolean-mask indexing, ``nonzero``, ``unique``, ... whose
 output size CuPy reads back from the device)::
 
-    set_finite_checks(False)      # refdml.gpu._validation: leave out the data checks' reads
+    set_finite_checks(False)      # refdml.gpu.set_finite_checks: leave out the data checks' reads
     with count_transfers() as c:
         value, ctx = fast.contrastive_forward(x, labels)
     assert c.total == 1, c        # the loss value, a Python float

@@ -53,9 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, check_float_dtype, check_rng, check_scalar
+from refdml._validation import _describe, as_fast_array, check_float_dtype, check_rng, check_scalar
 from refdml._xp import array_namespace, is_cupy_array
-from refdml.gpu._validation import as_fast_array
 
 __all__ = [
     "TOKEN_VALUE_RANGE",
@@ -220,7 +219,7 @@ def clip_token_table(table):
     float64 array (n_tokens, dim), else ``TypeError`` (a list or an integer array cannot be
     clipped in place). Its entries must be finite (``ValueError``): a NaN would stay NaN,
     and clipping an inf would hide a diverged step. On CuPy the finiteness check follows
-    :func:`refdml.gpu._validation.set_finite_checks` (it synchronises the device).
+    :func:`refdml.gpu.set_finite_checks` (it synchronises the device).
     """
     if not (isinstance(table, np.ndarray) or is_cupy_array(table)):
         raise TypeError(f"table must be the token table, a NumPy or CuPy array clipped in "

@@ -1,7 +1,10 @@
-"""Which implementation a fast-path operator runs: the array path or a Numba kernel.
+"""Which implementation an operator runs (the array path or a Numba kernel), and how
+compiled kernels are launched: the Numba support that the reference's compiled CPU twins
+(:mod:`refdml._compiled`) and the fast path's kernels (refdml.gpu) share.
 
-Every Numba kernel in refdml.gpu sits beside its array-path twin (the code written once
-against NumPy/CuPy), and the caller picks with :func:`use_kernels`:
+Every Numba kernel sits beside its array-path twin (the code written once against
+NumPy/CuPy, or the readable reference), and the caller picks with :func:`use_kernels`
+(public as ``refdml.gpu.use_kernels``):
 
 ``"auto"`` (default)
     A CuPy input runs the ``@cuda.jit`` kernel where one exists; a NumPy input runs the
@@ -63,7 +66,8 @@ __all__ = [
     "use_kernels",
 ]
 
-#: Threads per block of every 1-D launch in refdml.gpu (the one launch-size constant).
+#: Threads per block of every 1-D launch of refdml's CUDA kernels (the one launch-size
+#: constant; also the largest problem of the small-problem Sinkhorn, one thread per point).
 BLOCK = 128
 
 KERNEL_MODES = ("auto", "array", "cpu", "cuda")

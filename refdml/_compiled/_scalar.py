@@ -1,4 +1,4 @@
-"""Scalar maths shared by every Numba kernel of refdml.gpu: one source of truth.
+"""Scalar maths shared by every Numba kernel of refdml: one source of truth.
 
 These are plain ``numba.njit`` functions. The ``@cuda.jit`` kernels call them as device
 functions and the ``@njit(parallel=True)`` CPU twins call them as ordinary compiled
