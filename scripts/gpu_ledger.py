@@ -283,10 +283,11 @@ def _bench(data: Any) -> dict:
 
 
 def parity_row(row: dict) -> dict:
-    """One ``refdml gpu-check --json`` row (keys in ``refdml.cli._gpu_check``'s docstring)
-    with the ledger's own fields added: ``label`` (what ran, in words), ``error`` (the larger
-    of the output and gradient errors), ``passed`` and ``seconds``, whatever the row's own
-    spelling of them; the row's fields are kept as they are."""
+    """One ``refdml gpu-check --json`` row (keys in the docstring of
+    ``refdml.catalog._gpu_check_cli.run``) with the ledger's own fields added: ``label``
+    (what ran, in words), ``error`` (the larger of the output and gradient errors),
+    ``passed`` and ``seconds``, whatever the row's own spelling of them; the row's fields
+    are kept as they are."""
     device = _first(row, "device")
     if device is None:
         backend, kernels = _first(row, "backend") or "numpy", _first(row, "path", "kernels") or "array"

@@ -318,9 +318,9 @@ try:
     import refdml
     import refdml.cli
     import refdml.gpu
-    import refdml.gpu.parity
+    import refdml.gradcheck.parity
     import refdml.train
-    from refdml.gradcheck.catalog import all_operators
+    from refdml.catalog import all_operators
 
     all_operators()
     refdml.cli.build_parser()

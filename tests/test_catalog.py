@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refdml.gradcheck import assert_gradients
-from refdml.gradcheck.catalog import FAMILIES, OperatorSpec, all_operators, get, register
+from refdml.catalog import FAMILIES, OperatorSpec, all_operators, get, register
 
 SPECS = all_operators()
 IDS = [s.name for s in SPECS]
@@ -77,7 +77,7 @@ def test_every_public_backward_is_catalogued(qualname, backward):
 def _operator_sources():
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE)
-        if relative.parts[0] in ("gradcheck", "validation", "gpu") or relative.name == "cli.py":
+        if relative.parts[0] in ("catalog", "gradcheck", "validation", "gpu") or relative.name == "cli.py":
             continue
         yield str(relative), path
 
@@ -105,6 +105,25 @@ def test_register_refuses_a_duplicate_name():
         register(clone)
     with pytest.raises(TypeError, match="OperatorSpec"):
         register("normalize.l2_normalize")
+
+
+def test_a_mirror_is_a_pair_of_callables():
+    spec = get("normalize.l2_normalize")
+    fields = dict(name="zztest.op", forward=spec.forward, backward=spec.backward,
+                  make_inputs=spec.make_inputs, paper="none")
+    # A dotted name is no longer resolved later: it is refused when the entry is made.
+    with pytest.raises(TypeError, match="mirror must be callable"):
+        OperatorSpec(**fields, mirror="refdml.gpu.normalize.l2_normalize_forward",
+                     mirror_backward=spec.mirror_backward)
+    with pytest.raises(ValueError, match="mirror and mirror_backward go together"):
+        OperatorSpec(**fields, mirror=spec.mirror)
+    with pytest.raises(ValueError, match="mirror and mirror_backward go together"):
+        OperatorSpec(**fields, mirror_backward=spec.mirror_backward)
+    with pytest.raises(TypeError, match="forward must be callable"):
+        OperatorSpec(**dict(fields, forward="refdml.normalize.l2_normalize_forward"))
+    paired = OperatorSpec(**fields, mirror=spec.mirror, mirror_backward=spec.mirror_backward)
+    assert paired.mirror_pair() == (spec.mirror, spec.mirror_backward)
+    assert OperatorSpec(**fields).mirror_pair() is None
 
 
 def test_get_names_the_known_operators():

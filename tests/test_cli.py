@@ -49,7 +49,7 @@ def test_gpu_and_validation_install_under_refdml():
 
 
 def test_gradcheck_columns_never_run_together(capsys):
-    from refdml.gradcheck.catalog import all_operators
+    from refdml.catalog import all_operators
 
     longest = max((s.name for s in all_operators()), key=len)
     assert main(["gradcheck", "--only", longest]) == 0
@@ -220,7 +220,7 @@ def test_gpu_check_one_dtype_and_the_unmirrored_list(capsys):
 def test_gpu_check_failure_and_crash_exit_1(capsys, monkeypatch):
     import dataclasses
 
-    from refdml.gpu import parity
+    from refdml.gradcheck import parity
 
     real = parity.check_parity
 

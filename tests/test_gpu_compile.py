@@ -25,7 +25,7 @@ import pytest
 import refdml.gpu
 from refdml.cli import main
 from refdml.gpu import _cuda_compile, _nb_losses, _nb_sinkhorn
-from refdml.gpu._numba_support import BLOCK
+from refdml._compiled._support import BLOCK
 
 GPU_SOURCES = Path(refdml.gpu.__file__).parent
 _NO_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is None
@@ -186,7 +186,7 @@ def test_parity_rows_as_json(capsys, tmp_path):
 
 
 def test_parity_json_keeps_a_crash(monkeypatch, tmp_path):
-    from refdml.gpu import parity
+    from refdml.gradcheck import parity
 
     def crashing(spec, **kwargs):
         raise RuntimeError("boom")

@@ -296,7 +296,7 @@ def test_euclidean_losses_at_any_scale_hypothesis(exponent, seed, loss):
 def test_xml_loss_at_subnormal_y_matches_the_reference():
     from refdml import crossbatch as ref_crossbatch
     from refdml.gpu import crossbatch as fast_crossbatch
-    from refdml.gradcheck.catalog import get
+    from refdml.catalog import get
 
     args = dict(get("crossbatch.xml_loss").make_inputs(np.random.default_rng(7)))
     z, y, labels = args.pop("Z"), 1e-310 * args.pop("Y"), args.pop("labels")

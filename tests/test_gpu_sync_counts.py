@@ -2,7 +2,7 @@
 (tests/cupy_standin), against what each operator's docstring lists.
 
 Run with ``REFDML_CUPY_STANDIN=1`` (scripts/ci_cupy_standin.sh); the counts skip otherwise. Counts
-are taken with the data checks off (:func:`refdml.gpu._validation.set_finite_checks`), so
+are taken with the data checks off (:func:`refdml.gpu.set_finite_checks`), so
 that what remains is what the docstrings call the results that must reach Python; with
 the checks on, the checks add booleans only. A "shape" transfer is an operation whose
 output size depends on the data (boolean-mask indexing, ``nonzero``, ``unique`` ...),
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refdml.gpu import _validation, use_kernels
-from refdml.gradcheck.catalog import get
+from refdml.gpu import set_finite_checks, use_kernels
+from refdml.catalog import get
 
 standin = pytest.mark.skipif(
     not getattr(sys.modules.get("cupy"), "__refdml_standin__", False),
@@ -30,9 +30,9 @@ standin = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def data_checks_off():
     """Data checks off for the test (restored after); ``True`` turns them back on."""
-    _validation.set_finite_checks(False)
-    yield lambda on: _validation.set_finite_checks(on)
-    _validation.set_finite_checks(True)
+    set_finite_checks(False)
+    yield lambda on: set_finite_checks(on)
+    set_finite_checks(True)
 
 
 def _cupy():

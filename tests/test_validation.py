@@ -13,7 +13,7 @@ import pytest
 from hypothesis import strategies as st
 
 from refdml.cli import main
-from refdml.gradcheck.catalog import _CATALOGUE, OperatorSpec
+from refdml.catalog import _CATALOGUE, OperatorSpec
 from refdml.validation import (
     CHECKS,
     ClaimSpec,
@@ -213,6 +213,21 @@ def test_context_rng_depends_on_seed_and_salt_only():
     np.testing.assert_array_equal(a, Context(seed=3, quick=True).rng("x").standard_normal(3))
     assert not np.allclose(a, Context(seed=4).rng("x").standard_normal(3))
     assert not np.allclose(a, Context(seed=3).rng("y").standard_normal(3))
+
+
+def test_claims_register_in_the_order_of_claim_modules():
+    # load_claims imports the claim modules statically; CLAIM_MODULES only documents the
+    # order. An import sorter reordering that statement would reorder `refdml verify`.
+    from refdml.validation import CLAIM_MODULES
+    from refdml.validation._claims import load_claims
+
+    load_claims()
+    order = []
+    for spec in CHECKS.values():
+        module = spec.function.__module__
+        if module.startswith("refdml.validation.") and module not in order:
+            order.append(module)
+    assert order == list(CLAIM_MODULES)
 
 
 # --------------------------------------------------------------------------- pinned findings

@@ -15,8 +15,7 @@ figures need ``matplotlib`` (the ``plot`` extra).
 
 from __future__ import annotations
 
-import importlib
-
+from ._claims import CLAIM_MODULES
 from ._framework import (
     CHECKS,
     ClaimResult,
@@ -32,7 +31,8 @@ from ._framework import (
     decide,
     find_counterexample,
 )
-from ._runner import check_output_paths, exit_status, list_claims, run_checks, run_cli, select
+from ._cli import run as run_cli
+from ._runner import check_output_paths, exit_status, list_claims, run_checks, select
 
 __all__ = [
     "CHECKS",
@@ -56,17 +56,3 @@ __all__ = [
     "run_cli",
     "select",
 ]
-
-CLAIM_MODULES = (
-    "refdml.validation.claims_xml",
-    "refdml.validation.claims_gsp",
-    "refdml.validation.claims_gsp_supp",
-    "refdml.validation.claims_asap",
-    "refdml.validation.claims_wdml",
-)
-
-
-def _load_claims() -> None:
-    """Import the claim modules (each registers its checks on import)."""
-    for name in CLAIM_MODULES:
-        importlib.import_module(name)

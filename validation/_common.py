@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-__all__ = ["arrays", "floats", "rel_err", "optional_module", "ridge_lstsq", "jsonable_arrays"]
+__all__ = ["arrays", "floats", "rel_err", "ridge_lstsq", "jsonable_arrays"]
 
 
 def floats(low: float, high: float) -> st.SearchStrategy[float]:
@@ -28,21 +26,6 @@ def rel_err(a, b, floor: float = 1e-6) -> float:
     """
     a, b = np.asarray(a, float), np.asarray(b, float)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor))
-
-
-def optional_module(name: str, *attributes: str):
-    """The refdml module ``name`` if it imports and has ``attributes``, else None.
-
-    Operator modules are written alongside the checks; a check that cross-checks one
-    says so in its evidence when it is not there yet.
-    """
-    try:
-        module = importlib.import_module(name)
-    except ImportError:
-        return None
-    if all(hasattr(module, a) for a in attributes):
-        return module
-    return None
 
 
 def ridge_lstsq(blocks, beta: float) -> np.ndarray:

@@ -237,7 +237,7 @@ CHECKS: dict[str, ClaimSpec] = {}
 def claim(id: str, *, paper: str, statement: str, hypotheses: str, operators: Sequence[str] = ()):
     """Register ``function(ctx) -> Finding`` as the check of claim ``id``.
 
-    ``operators`` are prefixes of names in :mod:`refdml.gradcheck.catalog` whose
+    ``operators`` are prefixes of names in :mod:`refdml.catalog` whose
     gradient checks the claim relies on; the runner runs them as self-checks.
     """
 

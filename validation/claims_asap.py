@@ -6,7 +6,7 @@ and the label a fair coin, the generalized contrastive loss of an identity embed
 ``-1`` otherwise: 1-Lipschitz in ``x`` and in ``x'`` (``zeta = 1``) and bounded by
 ``L = max(1 - beta, beta) + alpha``. Expectations over ``Z`` use a midpoint grid.
 
-Length: one self-contained check per claim of the paper, in the paper's order (see
+One self-contained check per claim of the paper, in the paper's order (see
 :mod:`.claims_xml`); the bounds' synthetic setting above is shared by all of them.
 """
 
@@ -17,9 +17,10 @@ import itertools
 import numpy as np
 from hypothesis import strategies as st
 
+from refdml import kcenter as refdml_kcenter
 from refdml.normalize import clip_normalize
 
-from ._common import arrays, floats, jsonable_arrays, optional_module
+from ._common import arrays, floats, jsonable_arrays
 from ._framework import CORRECTION, PRINTED, Figure, Finding, Reading, claim, series
 
 # --------------------------------------------------------------------------- Eq. (4.2)
@@ -475,16 +476,14 @@ def _greedy_ratio(points, k, first) -> float:
 )
 def check_kcenter(ctx) -> Finding:
     rng = ctx.rng("asap.kcenter")
-    module = optional_module("refdml.kcenter", "greedy_k_center")
     worst, worst_refdml, trials = 0.0, 0.0, 0
     for n, d, k in ((8, 2, 2), (10, 2, 3), (12, 3, 3)) + (() if ctx.quick else ((14, 2, 4),)):
         for _ in range(ctx.pick(3, 8)):
             pts = rng.standard_normal((n, d))
             opt = _optimum(pts, k)
             worst = max(worst, _radius(pts, _gonzalez(pts, k, int(rng.integers(n)))) / opt)
-            if module is not None:
-                res = module.greedy_k_center(pts, k, rng=int(rng.integers(1 << 30)))
-                worst_refdml = max(worst_refdml, float(res.radii[-1]) / opt)
+            res = refdml_kcenter.greedy_k_center(pts, k, rng=int(rng.integers(1 << 30)))
+            worst_refdml = max(worst_refdml, float(res.radii[-1]) / opt)
             trials += 1
     bound = 2.0
     cex = ctx.search(_point_set(), lambda a: _greedy_ratio(*a) > bound + 1e-12, max_examples=ctx.pick(30, 100))
@@ -499,11 +498,11 @@ def check_kcenter(ctx) -> Finding:
                           if max(worst, worst_refdml) > bound else 0.0, 1e-12,
                           None if cex is None else {**jsonable_arrays(points=cex[0]), "k": cex[1], "first": cex[2]},
                           trials=trials),),
-        key_number=f"max greedy/optimal radius = {worst:.3f}" + (f" (refdml.kcenter {worst_refdml:.3f})" if module else ""),
+        key_number=f"max greedy/optimal radius = {worst:.3f} (refdml.kcenter {worst_refdml:.3f})",
         sizes=[{"n": 8, "d": 2, "k": 2}, {"n": 10, "d": 2, "k": 3}, {"n": 12, "d": 3, "k": 3}],
         seeds=[ctx.seed],
         details={"max_ratio_own_greedy": worst,
-                 "max_ratio_refdml_greedy_k_center": worst_refdml if module is not None else "not available",
+                 "max_ratio_refdml_greedy_k_center": worst_refdml,
                  "small_set_optimum_vs_greedy": {str(k): {"optimum": _optimum(small, k),
                                                           "greedy": _radius(small, _gonzalez(small, k))} for k in opt_ks}},
         figures=(Figure("asap_kcenter", "Greedy / optimal covering radius (16 points in R^2, brute-force optimum)",

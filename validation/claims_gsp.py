@@ -5,7 +5,7 @@ scalar dual, derived independently in its docstring), itself checked against SLS
 the primal in ``gsp.prop4.2``; every (P1) value from ``linprog`` and POT. refdml's own
 ``refdml.gsp`` is what ``gsp.exact_solver`` and the cross-checks examine.
 
-Length: one self-contained check per claim of the main paper, in its order; the
+One self-contained check per claim of the main paper, in its order; the
 supplement's computational claims (Sec. 1.4, Fig. 9) are in :mod:`.claims_gsp_supp`.
 """
 
@@ -18,10 +18,12 @@ import ot
 from hypothesis import strategies as st
 from scipy.special import log_softmax
 
+from refdml import crossbatch as refdml_crossbatch
+from refdml import gsp as refdml_gsp
 from refdml.exceptions import ConvergenceWarning
 from refdml.gradcheck import check_gradients
 
-from ._common import arrays, floats, jsonable_arrays, optional_module, rel_err
+from ._common import arrays, floats, jsonable_arrays, rel_err
 from ._framework import CORRECTION, PRINTED, Finding, Reading, claim, series, Figure
 from ._oracles import (
     READINGS_43,
@@ -49,10 +51,6 @@ def _cost(rng, m, n, d=8):
 def _p2_instance(draw, max_m=4, max_n=5, mu=(0.05, 0.95), eps=(0.1, 20.0)):
     m, n = draw(st.integers(1, max_m)), draw(st.integers(1, max_n))
     return draw(arrays((m, n), 0.0, 2.0)), draw(floats(*mu)), draw(floats(*eps))
-
-
-def _gsp():
-    return optional_module("refdml.gsp", "weight_transport", "weight_transport_backward")
 
 
 # --------------------------------------------------------------------------- Theorem 4.1
@@ -93,11 +91,8 @@ def check_thm_4_1(ctx) -> Finding:
         cost = _cost(rng, 4, 9)
         _, rho, _ = p1_linprog(cost, mu)
         outside[str(mu)] = float(np.max(np.abs((1.0 / 9 - rho) / mu - 1.0 / 9))) * 9
-    gsp = _gsp()
-    cross = None
-    if gsp is not None:
-        res = gsp.weight_transport(_cost(rng, 5, 7)[None], mu=1.0, inverse_temperature=3.0)
-        cross = float(np.max(np.abs(res.rho)))
+    res = refdml_gsp.weight_transport(_cost(rng, 5, 7)[None], mu=1.0, inverse_temperature=3.0)
+    cross = float(np.max(np.abs(res.rho)))
     return Finding(
         readings=(Reading(PRINTED, "mu = 1 gives weights p_i = 1/n (LP (P1) by linprog)", worst_lp, tol,
                           None if cex is None else jsonable_arrays(cost=cex[0]), trials=trials),),
@@ -106,7 +101,7 @@ def check_thm_4_1(ctx) -> Finding:
         seeds=[ctx.seed],
         details={"max_n_rho_P2_SLSQP_mu1": worst_p2,
                  "outside_mu_lt_1_max_n_abs_p_minus_1_over_n": outside,
-                 "refdml_weight_transport_mu1_max_rho": cross if cross is not None else "not available",
+                 "refdml_weight_transport_mu1_max_rho": cross,
                  "why": "sum_j rho_j = 1 - mu for every feasible point, so mu = 1 forces rho = 0 (also for (P2))"},
         probe={"mu_below_1_deviation_from_GAP": outside},
     )
@@ -177,15 +172,12 @@ def check_prop_4_2(ctx) -> Finding:
         ref = p2_scalar(cost, 0.3, eps)
         _, _, _, e = prop42_iterate(cost, 0.3, eps, 200, reference=ref.rho)
         curves.append(series(f"mu=0.3, eps={eps:g} (r={_rate(ref, 0.3):.2f})", ks, np.maximum(e, 1e-17)))
-    gsp = _gsp()
-    cross = None
-    if gsp is not None:
-        c = _cost(rng, 6, 10)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            res = gsp.weight_transport(c[None], mu=0.4, inverse_temperature=5.0, method="fixed_point", max_iter=37, tol=0.0)
-        mine = prop42_iterate(c, 0.4, 5.0, 37)
-        cross = {"same_37th_iterate_rho": rel_err(res.rho[0], mine[0]), "pi": rel_err(res.pi[0], mine[2])}
+    c = _cost(rng, 6, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        res = refdml_gsp.weight_transport(c[None], mu=0.4, inverse_temperature=5.0, method="fixed_point", max_iter=37, tol=0.0)
+    mine = prop42_iterate(c, 0.4, 5.0, 37)
+    cross = {"same_37th_iterate_rho": rel_err(res.rho[0], mine[0]), "pi": rel_err(res.pi[0], mine[2])}
     return Finding(
         readings=(Reading(PRINTED, f"n max|rho(k) - rho*| -> 0 (measured at k={k_max} where r^k < 1e-14)",
                           worst, tol, None if cex is None else {**jsonable_arrays(cost=cex[0]), "mu": cex[1], "eps": cex[2]},
@@ -202,7 +194,7 @@ def check_prop_4_2(ctx) -> Finding:
             "rate_formula": "r = (n/mu) sum_j (sum_i pi_ij)^2 = sum_j p_j^2 / sum_j p_j < 1, p_j = n sum_i pi_ij",
             "outside_mu1_error_at_k_10_100_1000": [float(err_mu1[9]), float(err_mu1[99]), float(err_mu1[999])],
             "outside_mu1_note": "at mu = 1 the iterates still converge (to rho = 0) but sublinearly, error ~ 1/k",
-            "refdml_fixed_point_vs_printed_iteration": cross if cross is not None else "not available",
+            "refdml_fixed_point_vs_printed_iteration": cross,
         },
         figures=(Figure("gsp_prop42_convergence", "Convergence of the printed iteration, mu = 0.3 (m=64, n=49, d=128)",
                         "iteration k", "n max|rho(k) - rho*|", tuple(curves), yscale="log"),
@@ -258,15 +250,12 @@ def check_prop_4_3(ctx) -> Finding:
            for r in ("a", "b")}
     as_json = {r: None if c is None else {**jsonable_arrays(cost=c[0]), "mu": c[1], "eps": c[2],
                                           "relative_error": _prop43_error(*c, r)} for r, c in cex.items()}
-    gsp = _gsp()
-    cross = None
-    if gsp is not None:
-        cost = _cost(rng, 6, 8)
-        sol = p2_scalar(cost, 0.3, 5.0)
-        d_rho, d_pi = rng.standard_normal(8), rng.standard_normal((6, 8))
-        res = gsp.weight_transport(cost[None], mu=0.3, inverse_temperature=5.0)
-        theirs = gsp.weight_transport_backward(res, d_rho[None], d_pi[None]).cost[0]
-        cross = rel_err(theirs, prop43_gradient(sol.rho, sol.pi, d_rho, d_pi, 0.3, 5.0, "b"))
+    cost = _cost(rng, 6, 8)
+    sol = p2_scalar(cost, 0.3, 5.0)
+    d_rho, d_pi = rng.standard_normal(8), rng.standard_normal((6, 8))
+    res = refdml_gsp.weight_transport(cost[None], mu=0.3, inverse_temperature=5.0)
+    theirs = refdml_gsp.weight_transport_backward(res, d_rho[None], d_pi[None]).cost[0]
+    cross = rel_err(theirs, prop43_gradient(sol.rho, sol.pi, d_rho, d_pi, 0.3, 5.0, "b"))
     return Finding(
         readings=(
             Reading(PRINTED, "(a) " + READINGS_43["a"], errors["a"], tol, as_json["a"], trials=len(cases)),
@@ -279,7 +268,7 @@ def check_prop_4_3(ctx) -> Finding:
         seeds=[ctx.seed],
         details={"max_rel_error_by_reading": errors,
                  "oracle": "central differences (refdml.gradcheck, mode vjp) of the brentq (P2) solution map",
-                 "refdml_weight_transport_backward_vs_reading_b": cross if cross is not None else "not available"},
+                 "refdml_weight_transport_backward_vs_reading_b": cross},
     )
 
 
@@ -422,13 +411,10 @@ def check_eq_4_4(ctx) -> Finding:
     ce, printed, j_fix, corrected = _zs_losses(Z, labels, U, mask)
     cex = {"n_classes": 4, "samples_per_class": 1, **jsonable_arrays(Z=Z, labels=labels, class_embeddings=U, half1=mask),
            "cross_entropy": ce, "printed": printed}
-    module = optional_module("refdml.crossbatch", "zero_shot_loss", "zero_shot_loss_printed")
-    cross = None
-    if module is not None:
-        Z, labels, U, mask = _zs_instance(rng)
-        ce, printed, _, _ = _zs_losses(Z, labels, U, mask)
-        cross = {"zero_shot_loss(scale=1)_vs_CE": abs(module.zero_shot_loss(Z, labels, U, ridge=0.05, scale=1.0, split=mask)[0] - ce) / ce,
-                 "zero_shot_loss_printed_vs_printed": abs(module.zero_shot_loss_printed(Z, labels, U, ridge=0.05, split=mask)[0] - printed) / printed}
+    Z, labels, U, mask = _zs_instance(rng)
+    ce, printed, _, _ = _zs_losses(Z, labels, U, mask)
+    cross = {"zero_shot_loss(scale=1)_vs_CE": abs(refdml_crossbatch.zero_shot_loss(Z, labels, U, ridge=0.05, scale=1.0, split=mask)[0] - ce) / ce,
+             "zero_shot_loss_printed_vs_printed": abs(refdml_crossbatch.zero_shot_loss_printed(Z, labels, U, ridge=0.05, split=mask)[0] - printed) / printed}
     return Finding(
         readings=(
             Reading(PRINTED, "(4.4) as printed equals Algorithm 4's cross-entropy", worst["printed"], tol,
@@ -445,7 +431,7 @@ def check_eq_4_4(ctx) -> Finding:
                  "printed_minus_CE_range": [min(gaps), max(gaps)],
                  "why": "j = y_i adds e^0 = 1 (log(2 + S) vs log(1 + S), a gap in (0, log 2] per sample); "
                         "two per-half means sum to ~2x the batch mean",
-                 "refdml.crossbatch": cross if cross is not None else "not available"},
+                 "refdml.crossbatch": cross},
     )
 
 
@@ -547,10 +533,6 @@ def check_uniform_limit(ctx) -> Finding:
     operators=("gsp.weight_transport",),
 )
 def check_exact_solver(ctx) -> Finding:
-    gsp = _gsp()
-    if gsp is None:
-        return Finding(readings=(Reading(PRINTED, "refdml.gsp exact == fixed point", float("nan"), 1e-10),),
-                       key_number="refdml.gsp not available", inconclusive="refdml.gsp.weight_transport is not available")
     rng = ctx.rng("gsp.exact_solver")
     worst_fp, worst_oracle, trials = 0.0, 0.0, 0
     cases = [(m, n, mu, eps) for m, n in ((4, 9), (16, 49), (64, 49)) for mu in (0.1, 0.3, 0.8) for eps in (0.5, 5.0, 20.0)]
@@ -562,7 +544,7 @@ def check_exact_solver(ctx) -> Finding:
         if _rate(ref, mu) ** 20000 > 1e-14:
             continue  # too slow for the fixed point to reach the fixed point here
         rho_fp, _, pi_fp, _ = prop42_iterate(cost, mu, eps, 20000 if _rate(ref, mu) > 0.9 else 3000)
-        res = gsp.weight_transport(cost[None], mu=mu, inverse_temperature=eps, method="exact")
+        res = refdml_gsp.weight_transport(cost[None], mu=mu, inverse_temperature=eps, method="exact")
         worst_fp = max(worst_fp, n * float(np.max(np.abs(res.rho[0] - rho_fp))), n * float(np.max(np.abs(res.pi[0] - pi_fp))))
         worst_oracle = max(worst_oracle, n * float(np.max(np.abs(res.rho[0] - ref.rho))))
         trials += 1
@@ -570,7 +552,7 @@ def check_exact_solver(ctx) -> Finding:
 
     def disagrees(inst):
         cost, mu, eps = inst
-        res = gsp.weight_transport(cost[None], mu=mu, inverse_temperature=eps, method="exact")
+        res = refdml_gsp.weight_transport(cost[None], mu=mu, inverse_temperature=eps, method="exact")
         return cost.shape[1] * float(np.max(np.abs(res.rho[0] - p2_scalar(cost, mu, eps).rho))) > tol
 
     cex = ctx.search(_p2_instance(), disagrees, max_examples=ctx.pick(25, 100))

@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 from scipy.special import logsumexp
 
-from ._common import arrays, floats, jsonable_arrays, optional_module
+from refdml import coresets as refdml_coresets
+from refdml import ot as refdml_ot
+
+from ._common import arrays, floats, jsonable_arrays
 from ._framework import CORRECTION, EXTRA_HYPOTHESIS, PRINTED, Figure, Finding, Reading, claim, series
 from ._oracles import kr_dual_lp
 
@@ -81,7 +84,6 @@ def _slsqp_value(a, b, M, eta):
 )
 def check_eq3(ctx) -> Finding:
     rng = ctx.rng("wdml.eq3")
-    module = optional_module("refdml.ot", "sinkhorn")
     pot_vs_slsqp, refdml_vs_pot, refdml_plan, trials = 0.0, 0.0, 0.0, 0
     for n, m in ((3, 2), (3, 4)):
         for eta in (0.05, 0.5, 5.0):
@@ -95,10 +97,9 @@ def check_eq3(ctx) -> Finding:
             a, b = _weights(rng, n), _weights(rng, m)
             M = ot.dist(_cloud(rng, n), _cloud(rng, m))
             value, transport = _entropic_values(a, b, M, eta)
-            if module is not None:
-                res = module.sinkhorn(a, b, M, eps=eta, max_iter=100000, tol=1e-13)
-                refdml_vs_pot = max(refdml_vs_pot, abs(float(res.value) - value) / abs(value))
-                refdml_plan = max(refdml_plan, float(np.abs(res.plan - _pot_plan(a, b, M, eta)).max()))
+            res = refdml_ot.sinkhorn(a, b, M, eps=eta, max_iter=100000, tol=1e-13)
+            refdml_vs_pot = max(refdml_vs_pot, abs(float(res.value) - value) / abs(value))
+            refdml_plan = max(refdml_plan, float(np.abs(res.plan - _pot_plan(a, b, M, eta)).max()))
     tol = 1e-7
     return Finding(
         readings=(
@@ -106,13 +107,12 @@ def check_eq3(ctx) -> Finding:
                     "POT's entropy-penalised plan is the minimiser (the penalties differ by a constant on Pi(a, b))",
                     max(pot_vs_slsqp, refdml_vs_pot), tol, trials=trials),
         ),
-        key_number=f"value: POT plan vs SLSQP {pot_vs_slsqp:.1e}, refdml vs POT "
-                   + (f"{refdml_vs_pot:.1e}" if module is not None else "n/a"),
+        key_number=f"value: POT plan vs SLSQP {pot_vs_slsqp:.1e}, refdml vs POT {refdml_vs_pot:.1e}",
         sizes=[{"n": 3, "m": 2}, {"n": 3, "m": 4}, {"n": 5, "m": 7}, {"n": 20, "m": 16}],
         seeds=[ctx.seed],
         details={"pot_value_vs_slsqp_rel": pot_vs_slsqp,
-                 "refdml_value_vs_pot_rel": refdml_vs_pot if module is not None else "not available",
-                 "refdml_plan_vs_pot_max_abs": refdml_plan if module is not None else "not available",
+                 "refdml_value_vs_pot_rel": refdml_vs_pot,
+                 "refdml_plan_vs_pot_max_abs": refdml_plan,
                  "printed_issue": "'argmin' returns a plan; the distance is the minimum. Eq. (3) defines the p-th power "
                                   "W^p, Eq. (4) uses W without the power (see wdml.eq4)."},
     )
@@ -249,11 +249,8 @@ def check_eq4(ctx) -> Finding:
             limits[k].get("slope_large_eta", -1.0) < -0.5 for k in keys)
         return int(identical > 1e-9) + int(negative[powers_key] is not None) + int(not limit_ok)
 
-    module = optional_module("refdml.ot", "sinkhorn_divergence")
-    cross = None
-    if module is not None:
-        cross = {conv: abs(module.sinkhorn_divergence(x, y, a, b, eps=0.5, p=2, value=conv, tol=1e-12, max_iter=100000)[0]
-                           - _sd(x, y, a, b, 0.5, 2, conv)) for conv in ("regularized", "transport_cost")}
+    cross = {conv: abs(refdml_ot.sinkhorn_divergence(x, y, a, b, eps=0.5, p=2, value=conv, tol=1e-12, max_iter=100000)[0]
+                       - _sd(x, y, a, b, 0.5, 2, conv)) for conv in ("regularized", "transport_cost")}
     neg = negative["regularized"]
     if neg is not None:  # the counterexample, plotted: SD of that pair of measures along eta
         pair = (np.array(neg["x"], float), np.array(neg["y"], float))
@@ -284,7 +281,7 @@ def check_eq4(ctx) -> Finding:
                  "root_reading": "W_{p,eta} = (value of Eq. 3)^{1/p} (Eq. 4 without the power): also >= 0 for p in {1, 2} "
                                  "(concavity of the root) but tends to W_p only like sqrt(eta) for p = 2 (see limits)",
                  "transport_convention": "W_{p,eta} = <pi, C> only; see negative_search['transport_cost*']",
-                 "refdml_sinkhorn_divergence_vs_POT": cross if cross is not None else "not available"},
+                 "refdml_sinkhorn_divergence_vs_POT": cross},
         figures=tuple(sd_figures),
         probe={"transport_convention_negative": negative["transport_cost"],
                "transport_p12_negative": negative["transport_cost_p12"]},
@@ -415,17 +412,14 @@ def check_eq6(ctx) -> Finding:
     bound = 1.0 - 1.0 / np.e
     ratios = {name: _ratio(sim, kk) for name, sim in corrections.items() for kk in (k,)}
     cex = ctx.search(_similarity(), lambda s: _ratio(*s) < bound - 1e-12, max_examples=ctx.pick(30, 100))
-    module = optional_module("refdml.coresets", "wcraig")
-    cross = None
-    if module is not None:
-        cross = {}
-        for name, kwargs, sim in (("reciprocal", {"delta": tau}, corrections["reciprocal_shifted"]),
-                                  ("max_minus", {}, corrections["craig_max_minus_SD"])):
-            picked = list(module.wcraig(SD, k, similarity=name, **kwargs).indices)
-            best = max(_facility(sim, list(S)) for S in itertools.combinations(range(n_images), k))
-            cross[name] = {"refdml_picks": picked, "own_greedy_picks": _greedy(sim, k),
-                           "refdml_over_optimum": _facility(sim, picked) / best}
-        ratios.update({f"refdml_{n}": c["refdml_over_optimum"] for n, c in cross.items()})
+    cross = {}
+    for name, kwargs, sim in (("reciprocal", {"delta": tau}, corrections["reciprocal_shifted"]),
+                              ("max_minus", {}, corrections["craig_max_minus_SD"])):
+        picked = list(refdml_coresets.wcraig(SD, k, similarity=name, **kwargs).indices)
+        best = max(_facility(sim, list(S)) for S in itertools.combinations(range(n_images), k))
+        cross[name] = {"refdml_picks": picked, "own_greedy_picks": _greedy(sim, k),
+                       "refdml_over_optimum": _facility(sim, picked) / best}
+    ratios.update({f"refdml_{n}": c["refdml_over_optimum"] for n, c in cross.items()})
     worst = min(ratios.values())
     return Finding(
         readings=(
@@ -441,5 +435,5 @@ def check_eq6(ctx) -> Finding:
         seeds=[ctx.seed],
         details={"printed_F_w_singletons": printed_values, "greedy_over_optimum": ratios,
                  "SD_matrix": SD.tolist(), "search": "random symmetric nonnegative similarities, n <= 6, k <= 3",
-                 "refdml_coresets_wcraig": cross if cross is not None else "not available"},
+                 "refdml_coresets_wcraig": cross},
     )

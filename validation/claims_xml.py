@@ -6,9 +6,8 @@ Conventions: the paper stores samples as columns (``Z`` is ``m x b``, ``Y`` is `
 write the paper's formulas with ``Z_paper = Z.T``; then ``R = Z_paper Z_paper^T = Z^T Z``
 and the printed solutions ``R^{-1} Q`` are ``m x d``, prototype per row.
 
-Length: one self-contained check per claim of the paper (oracle calls, readings, evidence
-and figures side by side), in the paper's order; a reader follows XML from top to bottom,
-which splitting one paper's claims over several files would break.
+One self-contained check per claim of the paper (oracle calls, readings, evidence and
+figures side by side), in the paper's order, so that a reader follows XML from top to bottom.
 """
 
 from __future__ import annotations
@@ -19,7 +18,10 @@ from hypothesis import strategies as st
 from scipy.optimize import linprog, minimize
 from scipy.special import softmax
 
-from ._common import arrays, floats, jsonable_arrays, optional_module, rel_err, ridge_lstsq
+from refdml import histogram as refdml_histogram
+from refdml import prototypes as refdml_prototypes
+
+from ._common import arrays, floats, jsonable_arrays, rel_err, ridge_lstsq
 from ._framework import CORRECTION, EXTRA_HYPOTHESIS, PRINTED, Finding, Reading, claim
 from ._oracles import histogram_lp
 
@@ -281,11 +283,8 @@ def check_eq_2_4(ctx) -> Finding:
             station = V @ X.T - (np.log(pi) + 1.0) / eps
             kkt_err = max(kkt_err, float(np.max(np.ptp(station, axis=0))))
     tol = 1e-6
-    module = optional_module("refdml.histogram", "histogram_entropic")
-    cross = None
-    if module is not None:
-        V, X = rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (7, 3))
-        cross = float(np.max(np.abs(module.histogram_entropic(X[None], V, inverse_temperature=3.0)[0] - _softmax_histogram(V, X, 3.0))))
+    V, X = rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (7, 3))
+    cross = float(np.max(np.abs(refdml_histogram.histogram_entropic(X[None], V, inverse_temperature=3.0)[0] - _softmax_histogram(V, X, 3.0))))
     return Finding(
         readings=(
             Reading(PRINTED, "constraint sum_ij pi_ij = 1/n (as printed)", printed_error, tol,
@@ -303,7 +302,7 @@ def check_eq_2_4(ctx) -> Finding:
             "max_abs_z_error_vs_SLSQP": slsqp_err,
             "max_KKT_stationarity_spread": kkt_err,
             "eps_values": [0.5, 2.0, 10.0],
-            "refdml_histogram_entropic_vs_softmax_formula": cross if cross is not None else "not available",
+            "refdml_histogram_entropic_vs_softmax_formula": cross,
         },
     )
 
@@ -377,14 +376,11 @@ def check_eq_2_6(ctx) -> Finding:
     # Outside: beta = 0 and fewer samples than prototypes, R_K is singular.
     Z = rng.uniform(0, 1, (2, 4))
     rank = int(np.linalg.matrix_rank(Z.T @ Z))
-    module = optional_module("refdml.prototypes", "RecursivePrototypes")
-    cross = None
-    if module is not None:
-        batches = _batches(rng, 6, 4, 5, 3)
-        est = module.RecursivePrototypes(5, 3, alpha=0.8, ridge=0.5)
-        for Zb, Yb in batches:
-            est.update(Zb, Yb)
-        cross = rel_err(est.prototypes, _rls_oracle(batches, 0.8, 0.5))
+    batches = _batches(rng, 6, 4, 5, 3)
+    est = refdml_prototypes.RecursivePrototypes(5, 3, alpha=0.8, ridge=0.5)
+    for Zb, Yb in batches:
+        est.update(Zb, Yb)
+    cross = rel_err(est.prototypes, _rls_oracle(batches, 0.8, 0.5))
     return Finding(
         readings=(Reading(PRINTED, "V = R_K^{-1} Q_K (m x d, prototype per row: the transpose of the "
                           "d x m minimiser A of (2.5))", worst, tol,
@@ -398,7 +394,7 @@ def check_eq_2_6(ctx) -> Finding:
             "oracle": "numpy.linalg.lstsq on the stacked sqrt(alpha^(K-i))-weighted system with sqrt(beta) I rows",
             "transpose_convention": "R_K^{-1} Q_K is m x d; the argmin A of (2.5) is d x m; they are transposes",
             "outside_beta0_rank_of_R_with_b2_m4": rank,
-            "refdml_RecursivePrototypes_vs_lstsq": cross if cross is not None else "not available",
+            "refdml_RecursivePrototypes_vs_lstsq": cross,
         },
     )
 
@@ -462,18 +458,15 @@ def check_eq_2_7(ctx) -> Finding:
             "batches": [jsonable_arrays(Z=z, Y=y) for z, y in found[2]],
             "relative_error": _eq27_error(found[0], found[1], found[2], r)}
     alpha1 = by_alpha["printed"][alphas.index(1.0)]
-    module = optional_module("refdml.prototypes", "recursion_weights")
-    cross = None
-    if module is not None:
-        batches = _batches(rng, 4, 6, 4, 3)
-        _, R_K = _rls_formula(batches[:-1], 0.6, 0.5)
-        Z = batches[-1][0]
-        R = Z.T @ Z + 0.4 * 0.5 * np.eye(4)
-        cross = {
-            "derived": rel_err(module.recursion_weights(R_K, Z, alpha=0.6, ridge=0.5), _wk(R_K, R, 0.6, "corrected")),
-            "printed": rel_err(module.recursion_weights(R_K, Z, alpha=0.6, ridge=0.5, printed=True),
-                               _wk(R_K, R, 0.6, "printed")),
-        }
+    batches = _batches(rng, 4, 6, 4, 3)
+    _, R_K = _rls_formula(batches[:-1], 0.6, 0.5)
+    Z = batches[-1][0]
+    R = Z.T @ Z + 0.4 * 0.5 * np.eye(4)
+    cross = {
+        "derived": rel_err(refdml_prototypes.recursion_weights(R_K, Z, alpha=0.6, ridge=0.5), _wk(R_K, R, 0.6, "corrected")),
+        "printed": rel_err(refdml_prototypes.recursion_weights(R_K, Z, alpha=0.6, ridge=0.5, printed=True),
+                           _wk(R_K, R, 0.6, "printed")),
+    }
     return Finding(
         readings=(
             Reading(PRINTED, "W_K = R^{-1}(R_K^{-1} + alpha R^{-1})^{-1}, R = Z Z^T + (1-alpha) beta I",
@@ -491,7 +484,7 @@ def check_eq_2_7(ctx) -> Finding:
             "reading_literal_R_inverse": "R^{-1} := Z Z^T + (1-alpha) beta I literally (fails too)",
             "beta": 0.5,
             "oracle": "V^(K+1) by numpy.linalg.lstsq on all K+1 batches",
-            "refdml_recursion_weights_vs_formulas": cross if cross is not None else "not available",
+            "refdml_recursion_weights_vs_formulas": cross,
         },
     )
 
@@ -606,12 +599,9 @@ def check_eq_2_9(ctx) -> Finding:
            for r in worst}
     as_json = {r: None if c is None else {**jsonable_arrays(Z1=c[0], Y1=c[1], Z2=c[2], Y2=c[3]), "eps": c[4],
                                           "relative_error": _eq29_error(*c, r)} for r, c in cex.items()}
-    module = optional_module("refdml.prototypes", "two_batch_decomposition")
-    cross = None
-    if module is not None:
-        Z1, Y1, Z2, Y2 = rng.uniform(0, 1, (5, 4)), rng.standard_normal((5, 3)), rng.uniform(0, 1, (6, 4)), rng.standard_normal((6, 3))
-        full = ridge_lstsq([(1.0, np.vstack([Z1, Z2]), np.vstack([Y1, Y2]))], 0.4)
-        cross = rel_err(module.two_batch_decomposition(Z1, Y1, Z2, Y2, ridge=0.4).V, full)
+    Z1, Y1, Z2, Y2 = rng.uniform(0, 1, (5, 4)), rng.standard_normal((5, 3)), rng.uniform(0, 1, (6, 4)), rng.standard_normal((6, 3))
+    full = ridge_lstsq([(1.0, np.vstack([Z1, Z2]), np.vstack([Y1, Y2]))], 0.4)
+    cross = rel_err(refdml_prototypes.two_batch_decomposition(Z1, Y1, Z2, Y2, ridge=0.4).V, full)
     return Finding(
         readings=(
             Reading(PRINTED, "W = R_2^{-1}(R_1^{-1} + R_1^{-2})^{-1}", worst["printed"], tol, as_json["printed"],
@@ -624,5 +614,5 @@ def check_eq_2_9(ctx) -> Finding:
         seeds=[ctx.seed],
         details={"max_rel_error_vs_full_ridge_fit": worst,
                  "oracle": "ridge fit of the stacked batch with eps by numpy.linalg.lstsq",
-                 "refdml_two_batch_decomposition_vs_lstsq": cross if cross is not None else "not available"},
+                 "refdml_two_batch_decomposition_vs_lstsq": cross},
     )

@@ -70,9 +70,8 @@ or at a finite-difference point; ``TypeError`` for a forward that does not retur
 :class:`GradcheckError` when the backward returns no gradient for a differentiated input,
 one of the wrong shape, or a non-finite one.
 
-Length: the three modes share the step, the noise floor, the comparison rule and the
-argument checks, and are one algorithm read together; about a third of the file is this
-docstring and the checks that make the harness refuse to pass what it cannot check.
+The three modes share the step, the noise floor, the comparison rule and the argument
+checks, and are one algorithm read together.
 """
 
 from __future__ import annotations

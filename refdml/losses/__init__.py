@@ -48,7 +48,7 @@ The package: ``_common`` (gradients, contexts, reductions, input checks, scale-s
 kernels), ``_pair`` (contrastive, generalized contrastive, triplet, multi-similarity),
 ``_proxy`` (Proxy-Anchor, ProxyNCA++, SoftTriple), ``_hyperparameters``
 (``PAPER_HYPERPARAMETERS``). Their gradient checks are in
-``refdml/gradcheck/catalog/losses.py``.
+``refdml/catalog/losses.py``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,15 @@ import argparse
 import sys
 import time
 
-__all__ = ["add_arguments", "run_from_args", "EPILOG"]
+from refdml.reproduce._stats import VERDICT_MEANINGS
+
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "run"]
+
+HELP = "run the papers' experiments over seeds on Dask, with computed verdicts"
+DESCRIPTION = ("Train the papers' experiments at small scale (refdml.train) over seeds, "
+               "on a Dask LocalCluster (or --scheduler), with a disk cache; one line per "
+               "experiment: verdict and the paired effect with its bootstrap interval "
+               "(docs/reproduce.md).")
 
 DEFAULT_CACHE = ".refdml-cache/reproduce"
 
@@ -25,8 +33,6 @@ def _positive_int(name: str, low: int = 1):
 
 
 def _epilog() -> str:
-    from refdml.reproduce._stats import VERDICT_MEANINGS
-
     width = max(map(len, VERDICT_MEANINGS))
     lines = "\n".join(f"  {k:<{width}}  {v}" for k, v in VERDICT_MEANINGS.items())
     return ("verdicts (computed from a paired bootstrap 95% interval over seeds):\n" + lines
@@ -35,6 +41,10 @@ def _epilog() -> str:
             "  2  bad arguments\n\nexamples:\n  refdml reproduce --quick --report out/\n"
             "  refdml reproduce --only gsp.synthetic wdml --workers 4\n"
             "  refdml reproduce --scheduler tcp://10.0.0.5:8786 --json results.json")
+
+
+#: The verdicts, the exit statuses and examples (``refdml reproduce --help``).
+EPILOG = _epilog()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +83,8 @@ def _list() -> int:
     return 0
 
 
-def run_from_args(args) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Run ``refdml reproduce`` with the flags of :func:`add_arguments`; its exit status."""
     from refdml.reproduce._experiments import EXPERIMENTS
     from refdml.reproduce._report import evaluate_experiment, summary_lines, write_json, write_report
     from refdml.reproduce._runner import run_tasks

@@ -16,7 +16,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_train_arguments", "run_from_args", "load_toml", "main_for_study"]
+__all__ = [
+    "DESCRIPTION",
+    "EPILOG",
+    "HELP",
+    "add_arguments",
+    "add_train_arguments",
+    "load_toml",
+    "main_for_study",
+    "run",
+    "run_from_args",
+]
+
+HELP = "train a study (tokens, digits-collage, features) with refdml.train"
+DESCRIPTION = ("Train one of the studies of refdml.train with hand-written backward "
+               "passes: flags override the --config TOML, which overrides the study's "
+               "defaults (docs/train.md, 'Running a training'). Writes config.json (the "
+               "effective config), log.jsonl, checkpoint.npz and best.npz to --out. Exit "
+               "status 0 done, 1 the run diverged, 2 bad arguments, config or device.")
+EPILOG = None
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -160,6 +178,16 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
     else:
         print("figures: " + ", ".join(str(path) for path in figures))
     return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``refdml train`` (:func:`add_train_arguments` with ``--study``)."""
+    add_train_arguments(parser, study=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``refdml train``: :func:`run_from_args` with the study of ``--study``."""
+    return run_from_args(args)
 
 
 def main_for_study(study: str, argv: list[str] | None = None) -> int:

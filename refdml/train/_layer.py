@@ -1,7 +1,7 @@
 """The layer protocol and :class:`Sequential`: a model walks its layers in reverse, by hand.
 
 A layer is a thin object around a pure forward/backward pair (catalogued in
-``refdml.gradcheck.catalog.train``, checked there by finite differences):
+``refdml.catalog.train``, checked there by finite differences):
 
 * ``y, ctx = layer.forward(x)``: ``ctx`` is the pair's frozen context, nothing is kept on
   the layer itself (two forwards before one backward are fine);

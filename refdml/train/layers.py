@@ -1,6 +1,6 @@
 """The layers of :mod:`refdml.train`: pure forward/backward pairs and the Layer objects around them.
 
-Every pair here is catalogued (``refdml.gradcheck.catalog.train``) and checked by finite
+Every pair here is catalogued (``refdml.catalog.train``) and checked by finite
 differences; the heads that wrap an existing operator (GSP, XML histogram, L2
 normalisation) use that operator's entry. See :mod:`refdml.train._layer` for the layer
 protocol (``forward(x) -> (y, ctx)``, ``backward(ctx, d_y) -> d_x`` accumulating into

@@ -8,12 +8,15 @@ from typing import Any
 
 import numpy as np
 
+from refdml._validation import check_rng
+from refdml.gradcheck import check_gradients
+
 __all__ = ["OperatorSpec"]
 
 
 @dataclass(frozen=True)
 class OperatorSpec:
-    """How to check (and, later, mirror) one forward/backward pair.
+    """How to check one forward/backward pair, and which fast-path pair mirrors it.
 
     Attributes
     ----------
@@ -36,14 +39,15 @@ class OperatorSpec:
         Tolerance of the finite-difference check (see :mod:`refdml.gradcheck`).
     mode : str
         Mode of :func:`refdml.gradcheck.check_gradients`.
-    mirror : str, optional
-        Dotted name of the fast-path forward in :mod:`refdml.gpu` that mirrors ``forward``
-        (``"refdml.gpu.losses.contrastive_forward"``). The GPU parity suite calls it with
-        the same ``make_inputs`` keywords as ``forward`` (cast to the dtype and device under
-        test), so hyperparameters belong in ``make_inputs``, not in an adapter.
-    mirror_backward : str, optional
-        Dotted name of the mirror's backward; default ``mirror`` with ``forward`` replaced
-        by ``backward`` in its last component.
+    mirror : callable, optional
+        The fast-path forward in :mod:`refdml.gpu` that mirrors ``forward``
+        (``refdml.gpu.losses.contrastive_forward``), imported by the catalogue file, so a
+        name that does not exist fails when the catalogue is imported. The GPU parity
+        suite calls it with the same ``make_inputs`` keywords as ``forward`` (cast to the
+        dtype and device under test), so hyperparameters belong in ``make_inputs``, not in
+        an adapter.
+    mirror_backward : callable, optional
+        The mirror's backward; given exactly when ``mirror`` is.
     mirror_rtol : dict, optional
         Relative tolerance of the mirror against the reference per dtype name, default
         ``{"float64": 1e-10, "float32": 1e-4}``; widen an entry only with a reason in
@@ -72,8 +76,8 @@ class OperatorSpec:
     rtol: float = 1e-6
     atol: float = 0.0
     mode: str = "auto"
-    mirror: str | None = None
-    mirror_backward: str | None = None
+    mirror: Callable[..., Any] | None = None
+    mirror_backward: Callable[..., Any] | None = None
     mirror_rtol: Mapping[str, float] | None = None
     mirror_kernels: tuple[str, ...] = ()
     no_mirror: str | None = None
@@ -83,21 +87,25 @@ class OperatorSpec:
     def family(self) -> str:
         return self.name.split(".", 1)[0]
 
+    def __post_init__(self) -> None:
+        for field_name in ("forward", "backward", "make_inputs"):
+            if not callable(getattr(self, field_name)):
+                raise TypeError(f"{self.name}: {field_name} must be callable, got "
+                                f"{type(getattr(self, field_name)).__name__}")
+        if (self.mirror is None) != (self.mirror_backward is None):
+            raise ValueError(f"{self.name}: mirror and mirror_backward go together "
+                             "(give both or neither)")
+        for field_name in ("mirror", "mirror_backward"):
+            value = getattr(self, field_name)
+            if value is not None and not callable(value):
+                raise TypeError(f"{self.name}: {field_name} must be callable, got "
+                                f"{type(value).__name__}")
+
     def mirror_pair(self) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-        """Import and return the mirror's ``(forward, backward)``, or None without a mirror."""
+        """The mirror's ``(forward, backward)``, or None without a mirror."""
         if self.mirror is None:
             return None
-        import importlib
-
-        backward = self.mirror_backward
-        if backward is None:
-            head, _, last = self.mirror.rpartition(".")
-            backward = f"{head}.{last.replace('forward', 'backward')}"
-        pair = []
-        for dotted in (self.mirror, backward):
-            module, _, attr = dotted.rpartition(".")
-            pair.append(getattr(importlib.import_module(module), attr))
-        return pair[0], pair[1]
+        return self.mirror, self.mirror_backward
 
     def mirror_tolerance(self, dtype_name: str) -> float:
         """Relative tolerance of the mirror against the reference for ``dtype_name``."""
@@ -106,9 +114,6 @@ class OperatorSpec:
 
     def check(self, rng: Any = None):
         """Run the gradient check on freshly made inputs; return the GradcheckResult."""
-        from refdml._validation import check_rng
-        from refdml.gradcheck._core import check_gradients
-
         rng = check_rng(rng)
         inputs = dict(self.make_inputs(rng))
         return check_gradients(

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from refdml import losses
-from refdml.gradcheck.catalog._spec import OperatorSpec
-from refdml.gradcheck.catalog import register
+from refdml.catalog._spec import OperatorSpec
+from refdml.gpu import losses as fast
 
 _KINK_GAP = 1e-3
 _LABELS = np.array([0, 0, 0, 1, 1, 2, 2, 2, 3, 3])
@@ -124,36 +124,49 @@ def _proxy_inputs(rng, **hyper):
 MASKED_LSE_KERNELS = ("cpu", "cuda")
 _THROUGH_MASKED_LSE = {"multi_similarity", "soft_triple"}
 
-for _name, _forward, _backward, _make, _paper in (
+# name, reference pair, mirror pair, input maker, paper
+_ROWS = (
     ("contrastive", losses.contrastive_forward, losses.contrastive_backward,
+     fast.contrastive_forward, fast.contrastive_backward,
      _contrastive_inputs, "C2 contrastive with positive margin (GSP supp. 1.6.6; ASAP Sec. 5)"),
     ("contrastive_cosine", losses.contrastive_forward, losses.contrastive_backward,
+     fast.contrastive_forward, fast.contrastive_backward,
      _contrastive_cosine_inputs, "C1 contrastive on cosine similarity (XBM; GSP supp. 1.6.7)"),
     ("contrastive_no_positive", losses.contrastive_forward, losses.contrastive_backward,
+     fast.contrastive_forward, fast.contrastive_backward,
      _contrastive_no_positive_inputs,
      "C2 contrastive on a batch without positive pairs (negative terms only; ASAP Sec. 5)"),
     ("generalized_contrastive", losses.generalized_contrastive_forward,
-     losses.generalized_contrastive_backward, _generalized_contrastive_inputs,
-     "ASAP Eq. (4.2), generalized contrastive loss"),
+     losses.generalized_contrastive_backward,
+     fast.generalized_contrastive_forward, fast.generalized_contrastive_backward,
+     _generalized_contrastive_inputs, "ASAP Eq. (4.2), generalized contrastive loss"),
     ("triplet", losses.triplet_forward, losses.triplet_backward,
+     fast.triplet_forward, fast.triplet_backward,
      lambda rng: _triplet_inputs(rng, "all"),
      "triplet loss over all batch triplets (ASAP Sec. 5; GSP supp. 1.6.6)"),
     ("triplet_batch_hard", losses.triplet_forward, losses.triplet_backward,
+     fast.triplet_forward, fast.triplet_backward,
      lambda rng: _triplet_inputs(rng, "batch_hard"),
      "triplet loss with batch-hard mining (Hermans et al. 2017)"),
     ("multi_similarity", losses.multi_similarity_forward, losses.multi_similarity_backward,
+     fast.multi_similarity_forward, fast.multi_similarity_backward,
      _multi_similarity_inputs, "multi-similarity loss, Wang et al. 2019 Eqs. 7-9"),
     ("proxy_anchor", losses.proxy_anchor_forward, losses.proxy_anchor_backward,
+     fast.proxy_anchor_forward, fast.proxy_anchor_backward,
      lambda rng: _proxy_inputs(rng, alpha=8.0), "Proxy-Anchor loss, Kim et al. 2020 Eq. 4"),
     ("proxy_nca", losses.proxy_nca_forward, losses.proxy_nca_backward,
+     fast.proxy_nca_forward, fast.proxy_nca_backward,
      lambda rng: _proxy_inputs(rng, temperature=0.5), "ProxyNCA++ loss, Teh et al. 2020 Eq. 5"),
     ("soft_triple", losses.soft_triple_forward, losses.soft_triple_backward,
+     fast.soft_triple_forward, fast.soft_triple_backward,
      lambda rng: _proxy_inputs(rng, lambda_=5.0, gamma=0.3, tau=0.5),
      "SoftTriple loss with regulariser, Qian et al. 2019 Eqs. 8-10"),
-):
-    register(OperatorSpec(
-        name=f"losses.{_name}", forward=_forward, backward=_backward, make_inputs=_make,
-        paper=_paper, tags=("loss",),
-        mirror=f"refdml.gpu.losses.{_forward.__name__}",
-        mirror_kernels=MASKED_LSE_KERNELS if _name in _THROUGH_MASKED_LSE else (),
-    ))
+)
+OPERATORS = tuple(
+    OperatorSpec(
+        name=f"losses.{name}", forward=forward, backward=backward, make_inputs=make,
+        paper=paper, tags=("loss",), mirror=mirror, mirror_backward=mirror_backward,
+        mirror_kernels=MASKED_LSE_KERNELS if name in _THROUGH_MASKED_LSE else (),
+    )
+    for name, forward, backward, mirror, mirror_backward, make, paper in _ROWS
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from refdml.catalog._spec import OperatorSpec
 from refdml.crossbatch import (
     cross_fit_backward,
     cross_fit_forward,
@@ -14,7 +15,7 @@ from refdml.crossbatch import (
     zero_shot_loss_printed_backward,
     zero_shot_loss_printed_forward,
 )
-from refdml.gradcheck.catalog import OperatorSpec, register
+from refdml.gpu import crossbatch as fast
 
 
 def _labels_two_per_class(n_classes: int, rng: np.random.Generator) -> np.ndarray:
@@ -57,41 +58,46 @@ def _xml_inputs(rng: np.random.Generator) -> dict:
     }
 
 
-register(OperatorSpec(
-    name="crossbatch.cross_fit",
-    forward=cross_fit_forward,
-    mirror="refdml.gpu.crossbatch.cross_fit_forward",
-    backward=cross_fit_backward,
-    make_inputs=_cross_fit_inputs,
-    paper="XML Eq. (2.10) predictions Y_hat_1 = V_2 Z_1, Y_hat_2 = V_1 Z_2; GSP Alg. 4",
-))
-register(OperatorSpec(
-    name="crossbatch.zero_shot_loss",
-    forward=zero_shot_loss_forward,
-    mirror="refdml.gpu.crossbatch.zero_shot_loss_forward",
-    backward=zero_shot_loss_backward,
-    make_inputs=_zero_shot_inputs,
-    paper="GSP Sec. 4.3, (P3) and Algorithm 4 (softmax cross-entropy, scale 9.5)",
-    tags=("loss",),
-    # Its softmax runs refdml.gpu._loss_kernels.masked_logsumexp (Numba kernels).
-    mirror_kernels=("cpu", "cuda"),
-))
-register(OperatorSpec(
-    name="crossbatch.zero_shot_loss_printed",
-    forward=zero_shot_loss_printed_forward,
-    backward=zero_shot_loss_printed_backward,
-    make_inputs=_zero_shot_inputs,
-    paper="GSP Eq. (4.4) as printed",
-    no_mirror="validation only",
-    tags=("loss",),
-))
-register(OperatorSpec(
-    name="crossbatch.xml_loss",
-    forward=xml_loss_forward,
-    mirror="refdml.gpu.crossbatch.xml_loss_forward",
-    backward=xml_loss_backward,
-    make_inputs=_xml_inputs,
-    paper="XML Eqs. (2.10)-(2.11) with the contrastive base loss",
-    wrt=("Z", "Y"),
-    tags=("loss",),
-))
+OPERATORS = (
+    OperatorSpec(
+        name="crossbatch.cross_fit",
+        forward=cross_fit_forward,
+        mirror=fast.cross_fit_forward,
+        mirror_backward=fast.cross_fit_backward,
+        backward=cross_fit_backward,
+        make_inputs=_cross_fit_inputs,
+        paper="XML Eq. (2.10) predictions Y_hat_1 = V_2 Z_1, Y_hat_2 = V_1 Z_2; GSP Alg. 4",
+    ),
+    OperatorSpec(
+        name="crossbatch.zero_shot_loss",
+        forward=zero_shot_loss_forward,
+        mirror=fast.zero_shot_loss_forward,
+        mirror_backward=fast.zero_shot_loss_backward,
+        backward=zero_shot_loss_backward,
+        make_inputs=_zero_shot_inputs,
+        paper="GSP Sec. 4.3, (P3) and Algorithm 4 (softmax cross-entropy, scale 9.5)",
+        tags=("loss",),
+        # Its softmax runs refdml.gpu._loss_kernels.masked_logsumexp (Numba kernels).
+        mirror_kernels=("cpu", "cuda"),
+    ),
+    OperatorSpec(
+        name="crossbatch.zero_shot_loss_printed",
+        forward=zero_shot_loss_printed_forward,
+        backward=zero_shot_loss_printed_backward,
+        make_inputs=_zero_shot_inputs,
+        paper="GSP Eq. (4.4) as printed",
+        no_mirror="validation only",
+        tags=("loss",),
+    ),
+    OperatorSpec(
+        name="crossbatch.xml_loss",
+        forward=xml_loss_forward,
+        mirror=fast.xml_loss_forward,
+        mirror_backward=fast.xml_loss_backward,
+        backward=xml_loss_backward,
+        make_inputs=_xml_inputs,
+        paper="XML Eqs. (2.10)-(2.11) with the contrastive base loss",
+        wrt=("Z", "Y"),
+        tags=("loss",),
+    ),
+)

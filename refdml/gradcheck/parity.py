@@ -1,7 +1,10 @@
-"""Parity of a fast-path mirror with the float64 reference, for one catalogue entry.
+"""Parity of a fast-path mirror with the float64 reference, for one operator description.
 
 :func:`check_parity` is the one comparison rule of the GPU parity suite
-(``tests/test_gpu_parity.py``) and of ``refdml gpu-check``:
+(``tests/test_gpu_parity.py``) and of ``refdml gpu-check``. It knows no operator: it takes
+any object with the attributes of :class:`MirroredOperator` (in practice an entry of
+:mod:`refdml.catalog`, the layer above, which hands it here), so the harness never
+imports the catalogue.
 
 1. ``inputs = spec.make_inputs(rng)`` with ``rng = numpy.random.default_rng(seed)``; the
    reference ``spec.forward(**inputs)`` and ``spec.backward(ctx, *upstream)`` run in
@@ -40,25 +43,61 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from refdml._validation import _describe
+from refdml._validation import _describe, check_choice, check_scalar
+from refdml.gpu import cupy_available, use_kernels
 
-__all__ = ["BACKENDS", "DTYPES", "KERNELS", "ParityResult", "available_backends", "check_parity"]
+__all__ = [
+    "BACKENDS",
+    "DTYPES",
+    "KERNELS",
+    "MirroredOperator",
+    "ParityResult",
+    "available_backends",
+    "check_parity",
+]
 
 BACKENDS = ("numpy", "cupy")
 DTYPES = ("float64", "float32")
 KERNELS = ("array", "cpu", "cuda")
 
 
+class MirroredOperator(Protocol):
+    """What :func:`check_parity` reads of an operator (:class:`refdml.catalog.OperatorSpec`).
+
+    ``forward(**inputs) -> (outputs, ctx)`` and ``backward(ctx, *upstream) -> grads`` are
+    the float64 reference; ``make_inputs(rng)`` the keyword arguments of both forwards;
+    ``mirror_pair()`` the fast path's ``(forward, backward)`` or None (``no_mirror`` says
+    why); ``mirror_tolerance(dtype_name)`` the relative tolerance; ``mirror_kernels`` the
+    compiled kernels the mirror has beside its array path.
+    """
+
+    name: str
+    forward: Callable[..., Any]
+    backward: Callable[..., Any]
+    make_inputs: Callable[[np.random.Generator], Mapping[str, Any]]
+    mirror_kernels: tuple[str, ...]
+    no_mirror: str | None
+
+    def mirror_pair(self) -> tuple[Callable[..., Any], Callable[..., Any]] | None: ...
+
+    def mirror_tolerance(self, dtype_name: str) -> float: ...
+
+
+_REQUIRED = ("name", "forward", "backward", "make_inputs", "mirror_kernels", "no_mirror",
+             "mirror_pair", "mirror_tolerance")
+
+
 @dataclass(frozen=True)
 class ParityResult:
-    """One catalogue entry's mirror on one backend and dtype, against the reference.
+    """One operator's mirror on one backend and dtype, against the reference.
 
-    name : the catalogue entry (``"losses.contrastive"``).
+    name : the operator's name (``"losses.contrastive"``).
     backend, dtype : ``"numpy"`` or ``"cupy"``; ``"float64"`` or ``"float32"``.
     output_error, gradient_error : largest relative error (see the module docstring) over
         the outputs, over the gradients (``inf`` where a shape differs or one is missing).
@@ -82,16 +121,12 @@ class ParityResult:
 
 def available_backends() -> tuple[str, ...]:
     """``("numpy",)``, plus ``"cupy"`` where CuPy sees a CUDA device."""
-    from refdml.gpu import cupy_available
-
     return ("numpy", "cupy") if cupy_available() else ("numpy",)
 
 
 def _module(backend: str) -> Any:
     if backend == "numpy":
         return np
-    from refdml.gpu import cupy_available
-
     if not cupy_available():
         raise RuntimeError("backend == 'cupy' needs CuPy and a CUDA device; none here")
     import cupy
@@ -137,15 +172,16 @@ def _synchronize(xp: Any) -> None:
 
 
 def check_parity(
-    spec: Any, *, backend: str = "numpy", dtype: str = "float64", seed: int = 0,
+    spec: MirroredOperator, *, backend: str = "numpy", dtype: str = "float64", seed: int = 0,
     timing_repeats: int = 1, kernels: str = "array",
 ) -> ParityResult:
-    """Compare the mirror of catalogue entry ``spec`` with the reference (module docstring).
+    """Compare the mirror of ``spec`` with the reference (module docstring).
 
     Parameters
     ----------
-    spec : OperatorSpec or str
-        A catalogue entry or its name (``"normalize.l2_normalize"``); it must name a mirror.
+    spec : MirroredOperator
+        An operator description with a mirror, e.g.
+        ``refdml.catalog.get("normalize.l2_normalize")``.
     backend : {"numpy", "cupy"}
         ``"cupy"`` raises ``RuntimeError`` where CuPy has no CUDA device.
     dtype : {"float64", "float32"}
@@ -162,25 +198,23 @@ def check_parity(
         Exceptions raised by the mirror or the reference propagate (a crash is not a
         parity failure to be tabulated here; ``refdml gpu-check`` reports it as CRASH).
     """
-    from refdml._validation import check_choice, check_scalar
-    from refdml.gradcheck.catalog import OperatorSpec, get
-
-    if isinstance(spec, str):
-        spec = get(spec)
-    elif not isinstance(spec, OperatorSpec):
-        raise TypeError(f"spec must be an OperatorSpec or a catalogue name, got {_describe(spec)}")
+    missing = [attribute for attribute in _REQUIRED if not hasattr(spec, attribute)]
+    if missing:
+        raise TypeError(f"spec must be an operator description (refdml.catalog.OperatorSpec), "
+                        f"got {_describe(spec)} without {', '.join(missing)}")
     backend = check_choice(backend, "backend", BACKENDS)
     dtype_name = check_choice(dtype, "dtype", DTYPES)
     seed = check_scalar(seed, "seed", low=0, integer=True)
     timing_repeats = check_scalar(timing_repeats, "timing_repeats", low=0, integer=True)
     kernels = check_choice(kernels, "kernels", KERNELS)
-    if spec.mirror is None:
+    pair = spec.mirror_pair()
+    if pair is None:
         raise ValueError(f"{spec.name} has no mirror ({spec.no_mirror or 'and no reason given'})")
     if kernels != "array" and kernels not in spec.mirror_kernels:
         raise ValueError(f"kernels == {kernels!r}, but {spec.name} has only the array path"
                          + "".join(f" and a {k!r} kernel" for k in spec.mirror_kernels))
     xp = _module(backend)
-    forward, backward = spec.mirror_pair()
+    forward, backward = pair
 
     rng = np.random.default_rng(seed)
     inputs = dict(spec.make_inputs(rng))
@@ -192,8 +226,6 @@ def check_parity(
     np_dtype = np.dtype(dtype_name)
     fast_inputs = {k: _cast(v, xp, np_dtype) for k, v in inputs.items()}
     fast_upstream = [xp.asarray(g.astype(np_dtype)) if np.ndim(g) else float(g) for g in upstream]
-
-    from refdml.gpu import use_kernels
 
     def run():
         with use_kernels(kernels):

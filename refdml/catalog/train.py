@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refdml.gradcheck.catalog import OperatorSpec, register
+from refdml.catalog._spec import OperatorSpec
 from refdml.train.layers import (
     conv2d_backward,
     conv2d_forward,
@@ -31,9 +31,6 @@ from refdml.train.layers import (
     relu_backward,
     relu_forward,
 )
-
-_LAYERS = "refdml.train.layers"
-
 
 def _linear_inputs(rng: np.random.Generator) -> dict:
     # Leading axes (B, n) = (2, 3): the same pair maps a batch and local features.
@@ -102,31 +99,36 @@ def _positive_features(rng: np.random.Generator) -> dict:
 
 
 def _entry(name, forward, backward, make_inputs, paper, wrt=None):
-    register(OperatorSpec(
+    # The pair is its own mirror (module docstring).
+    return OperatorSpec(
         name=f"train.{name}",
         forward=forward,
         backward=backward,
         make_inputs=make_inputs,
         paper=paper,
         wrt=wrt,
-        mirror=f"{_LAYERS}.{forward.__name__}",
-    ))
+        mirror=forward,
+        mirror_backward=backward,
+    )
 
 
-_entry("linear", linear_forward, linear_backward, _linear_inputs,
-       "fully connected layer y = x W^T + b (embedding head of all four papers)")
-_entry("relu", relu_forward, relu_backward, _relu_inputs, "ReLU activation")
-_entry("conv2d", conv2d_forward, conv2d_backward, _conv_inputs,
-       "3x3 convolution by im2col, stride 1, padding 1 (backbone of GSP supp. 2.2's collage model)")
-_entry("conv2d_strided", conv2d_forward, conv2d_backward, _strided_conv_inputs,
-       "3x3 convolution by im2col, stride 2, padding 2 (col2im with uneven coverage)")
-_entry("local_linear", local_linear_forward, local_linear_backward, _local_linear_inputs,
-       "per-location linear map (1x1 conv): feature map -> local features (GSP Sec. 4)")
-_entry("embedding", embedding_forward, embedding_backward, _embedding_inputs,
-       "token embedding table (GSP supp. 2.1 synthetic study)", wrt=("table",))
-_entry("gap", gap_forward, gap_backward, _features,
-       "global average pooling (GSP Thm 4.1: GSP at mu = 1)")
-_entry("gmp", gmp_forward, gmp_backward, _separated_features,
-       "global max pooling (GSP Sec. 5 baseline)")
-_entry("gemean", gemean_forward, gemean_backward, _positive_features,
-       "generalised-mean pooling, p > 1 (GSP Sec. 5 baseline, GeMean)")
+OPERATORS = (
+    _entry("linear", linear_forward, linear_backward, _linear_inputs,
+           "fully connected layer y = x W^T + b (embedding head of all four papers)"),
+    _entry("relu", relu_forward, relu_backward, _relu_inputs, "ReLU activation"),
+    _entry("conv2d", conv2d_forward, conv2d_backward, _conv_inputs,
+           "3x3 convolution by im2col, stride 1, padding 1 (backbone of GSP supp. 2.2's "
+           "collage model)"),
+    _entry("conv2d_strided", conv2d_forward, conv2d_backward, _strided_conv_inputs,
+           "3x3 convolution by im2col, stride 2, padding 2 (col2im with uneven coverage)"),
+    _entry("local_linear", local_linear_forward, local_linear_backward, _local_linear_inputs,
+           "per-location linear map (1x1 conv): feature map -> local features (GSP Sec. 4)"),
+    _entry("embedding", embedding_forward, embedding_backward, _embedding_inputs,
+           "token embedding table (GSP supp. 2.1 synthetic study)", wrt=("table",)),
+    _entry("gap", gap_forward, gap_backward, _features,
+           "global average pooling (GSP Thm 4.1: GSP at mu = 1)"),
+    _entry("gmp", gmp_forward, gmp_backward, _separated_features,
+           "global max pooling (GSP Sec. 5 baseline)"),
+    _entry("gemean", gemean_forward, gemean_backward, _positive_features,
+           "generalised-mean pooling, p > 1 (GSP Sec. 5 baseline, GeMean)"),
+)
