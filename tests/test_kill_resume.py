@@ -93,14 +93,14 @@ if toy:
     # a tiny grid for `refdml reproduce`: the runner's toy study (numbers from the seed),
     # each execution recorded in a ledger
     from refdml.reproduce import EXPERIMENTS, Comparison, Experiment
-    from refdml.reproduce import _tasks
+    from refdml.reproduce import _studies, _tasks
 
     settings = {"sleep": toy["sleep"]}
     EXPERIMENTS["toy.kill"] = Experiment(
         "toy.kill", "none", "b is higher than a", "toy",
         {"a": ("a", settings), "b": ("a", {**settings, "shift": 1.0})},
         (Comparison("b", "a", "value", +1),), metrics=("value",), figures=("bars",))
-    study = _tasks.STUDIES["toy"]
+    study = _studies.STUDIES["toy"]
 
     def ledgered(task):
         with open(toy["ledger"], "a") as handle:
@@ -108,7 +108,7 @@ if toy:
                                     sort_keys=True) + "\n")
         return study(task)
 
-    _tasks.STUDIES["toy"] = ledgered
+    _studies.STUDIES["toy"] = ledgered
 
 from refdml.cli import main
 

@@ -162,8 +162,7 @@ def test_a_setting_chosen_on_the_selection_metric_decides_the_comparison():
 
 
 def test_every_experiment_names_known_runs_and_studies():
-    from refdml.reproduce._tasks import STUDIES
-    from refdml.reproduce import _studies  # noqa: F401
+    from refdml.reproduce._studies import STUDIES
 
     for e in EXPERIMENTS.values():
         assert e.study in STUDIES

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from refdml.reproduce._tasks import Task
+from refdml.reproduce._spec import Task
 
 __all__ = ["Comparison", "Experiment", "EXPERIMENTS", "MODES", "Selection", "settings_for"]
 

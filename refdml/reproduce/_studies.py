@@ -8,6 +8,8 @@ training for the collages), curves per epoch and, for seed 0, small artefacts fo
 Every metric is of the model of the epoch with the best validation MAP@R
 (``val_map_at_r``, on a validation split of its own: ``selected_epoch``), as the papers
 recover the parameters with the best validation performance; the curves show every epoch.
+The models and objectives come from :mod:`refdml.train.models`, the builders of
+:func:`refdml.train.runs.build_run`; :data:`STUDIES` maps each study's name to its function.
 
 ``tokens`` (GSP supp. 2.1): ``Embedding -> GAP | GSP -> Linear -> L2Normalize``, token
 table clipped to [-0.3, 0.3] after each step, contrastive loss. Metrics: ``test_map_at_r``
@@ -42,9 +44,14 @@ divergence between the token sets (fixed iterations).
 
 from __future__ import annotations
 
+import os
+import time
+from typing import Callable
+
 import numpy as np
 
-from refdml.reproduce._tasks import Task, study
+from refdml._io import write_text_atomic
+from refdml.reproduce._spec import Task
 from refdml.reproduce._train import (
     at_epoch,
     covering_radius,
@@ -53,94 +60,43 @@ from refdml.reproduce._train import (
     map_at_r,
     map_at_r_from_distances,
 )
-from refdml.train import (
-    GAP,
-    GMP,
-    Conv2d,
-    Embedding,
-    GeMean,
-    GSPHead,
-    L2Normalize,
-    Layer,
-    Linear,
-    LocalLinear,
-    ReLU,
-    Sequential,
-    XMLHistogramHead,
-)
-from refdml.train.data import (
-    clip_token_table,
-    init_token_table,
-    make_digits_collage,
-    make_token_splits,
-)
-from refdml.train.objectives import (
-    ASAPObjective,
-    GSPObjective,
-    LossObjective,
-    WassersteinObjective,
-    XMLObjective,
+from refdml.train.data import clip_token_table, make_digits_collage, make_token_splits
+from refdml.train.layers import Sequential
+from refdml.train.models import (
+    HeadConfig,
+    ObjectiveConfig,
+    Placement,
+    build_head,
+    build_objective,
+    build_tail,
+    conv_trunk,
+    token_embedding,
 )
 from refdml.train.plots import feature_grid, gsp_weights, upsample_weights
 
 DTYPE = np.float32
-
-
-class TwoBranches(Layer):
-    """``x -> ((main(x), side(x)), ctx)``: a two-output layer from two single-output layers.
-
-    XML's model: the GAP branch feeds the embedding, the histogram branch gives ``z``.
-    ``backward(ctx, (d_main, d_side))`` adds the two input gradients.
-    """
-
-    n_outputs = 2
-
-    def __init__(self, main: Layer, side: Layer, *, name: str = "branches") -> None:
-        super().__init__(name)
-        self.main, self.side = main, side
-
-    def parameters(self):
-        yield from self.main.parameters()
-        yield from self.side.parameters()
-
-    def named_parameters(self):
-        yield from self.main.named_parameters()
-        yield from self.side.named_parameters()
-
-    def forward(self, x):
-        a, ca = self.main.forward(x)
-        b, cb = self.side.forward(x)
-        return (a, b), (ca, cb)
-
-    def backward(self, ctx, d_y):
-        d_main, d_side = d_y
-        d_x = self.main.backward(ctx[0], d_main)
-        if d_side is not None:
-            d_x = d_x + self.side.backward(ctx[1], d_side)
-        return d_x
+#: Every study trains on the fast path in float32, on the CPU.
+PLACEMENT = Placement(dtype=np.dtype(DTYPE))
 
 
 # --------------------------------------------------------------------------- tokens
-@study("tokens")
 def tokens_task(task: Task) -> dict:
     c, seed = task.config, task.seed
     splits = make_token_splits(rng=seed, n_train_per_class=c["n_train_per_class"],
                                n_val_per_class=c["n_val_per_class"],
                                n_test_per_class=c["n_test_per_class"])
-    init = np.random.default_rng(seed + 1)
-    emb = Embedding(splits.train.n_tokens, c["dim"], rng=init, dtype=DTYPE, name="tokens")
-    emb.table.value[...] = init_token_table(splits.train.n_tokens, c["dim"], rng=init,
-                                            dtype=DTYPE)
-    if task.method == "gap":
-        head = GAP()
-    elif task.method == "gsp":
-        head = GSPHead(c["n_prototypes"], c["dim"], mu=c["mu"],
-                       inverse_temperature=c["inverse_temperature"], rng=init, dtype=DTYPE)
-    else:
+    if task.method not in ("gap", "gsp"):
         raise ValueError(f"tokens: method == {task.method!r}, must be 'gap' or 'gsp'")
-    model = Sequential([emb, head, Linear(c["dim"], c["embedding_dim"], rng=init, dtype=DTYPE),
-                        L2Normalize()])
-    objective = LossObjective(c["loss"], dtype=DTYPE)
+    init = np.random.default_rng(seed + 1)
+    emb = token_embedding(splits.train.n_tokens, c["dim"], rng=init, placement=PLACEMENT)
+    head = HeadConfig(kind=task.method, n_prototypes=c["n_prototypes"], mu=c["mu"],
+                      inverse_temperature=c["inverse_temperature"])
+    model = Sequential([emb, *build_head(head, c["dim"], rng=init, placement=PLACEMENT),
+                        *build_tail(c["dim"], embedding_dim=c["embedding_dim"], rng=init,
+                                    placement=PLACEMENT)])
+    objective = build_objective(
+        ObjectiveConfig(kind="loss", loss=c["loss"], embedding_dim=c["embedding_dim"]),
+        np.unique(splits.train.labels).size, rng=init, placement=PLACEMENT)
     test = splits.test
 
     def evaluate():
@@ -163,63 +119,41 @@ def tokens_task(task: Task) -> dict:
 
 
 # --------------------------------------------------------------------------- collage
-_HEADS = ("gap", "gmp", "gemean", "gsp")
+#: A collage method's head and objective kinds.
+_COLLAGE_METHODS = {"gap": ("gap", "loss"), "gmp": ("gmp", "loss"),
+                    "gemean": ("gemean", "loss"), "gsp": ("gsp", "loss"),
+                    "gsp_zsr": ("gsp", "zero_shot"), "xml": ("xml", "xml"),
+                    "asap": ("gap", "asap")}
 
 
-def _collage_model(method: str, c: dict, init):
+def _collage_configs(method: str, c: dict) -> tuple[HeadConfig, ObjectiveConfig]:
+    """The head and the objective of a collage ``method`` with the task's settings ``c``."""
+    if method not in _COLLAGE_METHODS:
+        raise ValueError(f"collage: method == {method!r}, must be one of "
+                         f"{tuple(_COLLAGE_METHODS)}")
+    head_kind, objective_kind = _COLLAGE_METHODS[method]
+    # .get: a setting the method does not read may be absent (a missing one it reads is
+    # None, which the layer or objective refuses, naming it)
+    head = HeadConfig(
+        kind=head_kind, n_prototypes=c.get("n_prototypes"), mu=c.get("mu"),
+        gemean_p=c.get("gemean_p"),
+        inverse_temperature=c.get("xml_inverse_temperature" if head_kind == "xml"
+                                  else "inverse_temperature"))
+    lambda_ = {"zero_shot": c.get("zsr_lambda"), "xml": c.get("xml_lambda")}.get(objective_kind)
+    objective = ObjectiveConfig(
+        kind=objective_kind, loss=c["loss"], embedding_dim=c["embedding_dim"], lambda_=lambda_,
+        ridge=c.get("ridge"), proxies_per_class=c.get("proxies_per_class"),
+        budget=c.get("budget"), asap_lambda=c.get("asap_lambda"))
+    return head, objective
+
+
+def _collage_model(head: HeadConfig, c: dict, init) -> Sequential:
     d = c["local_dim"]
     strides = c.get("conv_strides") or [1] * len(c["conv_channels"])
-    if len(strides) != len(c["conv_channels"]):
-        raise ValueError(f"collage: conv_strides == {strides} needs one stride per entry of "
-                         f"conv_channels == {c['conv_channels']}")
-    trunk, c_in = [], 1
-    for i, (c_out, stride) in enumerate(zip(c["conv_channels"], strides), start=1):
-        trunk += [Conv2d(c_in, c_out, stride=stride, rng=init, dtype=DTYPE, name=f"conv{i}"),
-                  ReLU(name=f"relu{i}")]
-        c_in = c_out
-    trunk.append(LocalLinear(c_in, d, rng=init, dtype=DTYPE))
-    if method == "gemean":
-        # GeM needs non-negative features (refdml.train's GeMean refuses negative ones, and
-        # LocalLinear's outputs are signed): GeM pools post-ReLU CNN features.
-        trunk.append(ReLU(name="relu3"))
-    if method in ("gap", "asap"):
-        head = GAP()
-    elif method == "gmp":
-        head = GMP()
-    elif method == "gemean":
-        head = GeMean(p=c["gemean_p"])
-    elif method in ("gsp", "gsp_zsr"):
-        head = GSPHead(c["n_prototypes"], d, mu=c["mu"],
-                       inverse_temperature=c["inverse_temperature"], rng=init, dtype=DTYPE)
-    elif method == "xml":
-        head = TwoBranches(GAP(), XMLHistogramHead(
-            c["n_prototypes"], d, inverse_temperature=c["xml_inverse_temperature"], rng=init,
-            dtype=DTYPE))
-    else:
-        raise ValueError(f"collage: method == {method!r}, must be one of "
-                         f"{_HEADS + ('gsp_zsr', 'xml', 'asap')}")
-    return Sequential([*trunk, head, Linear(d, c["embedding_dim"], rng=init, dtype=DTYPE),
-                       L2Normalize()])
-
-
-def _collage_objective(method: str, c: dict, n_classes: int, init, model):
-    loss, dim = c["loss"], c["embedding_dim"]
-    proxy = loss in ("proxy_nca", "proxy_anchor")
-    if method == "asap":
-        return ASAPObjective(loss, n_classes=n_classes, dim=dim,
-                             proxies_per_class=c["proxies_per_class"], budget=c["budget"],
-                             lambda_=c["asap_lambda"], model_parameters=list(model.parameters()),
-                             rng=init, dtype=DTYPE)
-    if method == "gsp_zsr":
-        return GSPObjective(loss, lambda_=c["zsr_lambda"], ridge=c["ridge"],
-                            n_classes=n_classes, attribute_dim=dim, rng=init,
-                            base_kwargs={"dim": dim} if proxy else None, dtype=DTYPE)
-    if method == "xml":
-        if proxy:
-            raise ValueError("xml: the XML regulariser needs a loss without proxies")
-        return XMLObjective(loss, lambda_=c["xml_lambda"], ridge=c["ridge"], rng=init)
-    kwargs = {"n_classes": n_classes, "dim": dim} if proxy else {}
-    return LossObjective(loss, rng=init, dtype=DTYPE, **kwargs)
+    return Sequential([
+        *conv_trunk(c["conv_channels"], strides, d, rng=init, placement=PLACEMENT),
+        *build_head(head, d, rng=init, placement=PLACEMENT),
+        *build_tail(d, embedding_dim=c["embedding_dim"], rng=init, placement=PLACEMENT)])
 
 
 def _transfer_map(model, data, c: dict, seed: int) -> float:
@@ -257,16 +191,17 @@ def _pca(x: np.ndarray, *others: np.ndarray):
     return [((a - mean) @ vt[:2].T).round(4).tolist() for a in (x, *others)]
 
 
-@study("collage")
 def collage_task(task: Task) -> dict:
     c, seed, method = task.config, task.seed, task.method
     data = make_digits_collage(rng=seed, collages_per_image=c["collages_per_image"],
                                eval_collages_per_image=1)
     train_classes = np.unique(data.train.labels)
     train_y = np.searchsorted(train_classes, data.train.labels).astype(np.int64)
+    head, objective_config = _collage_configs(method, c)
     init = np.random.default_rng(seed + 1)
-    model = _collage_model(method, c, init)
-    objective = _collage_objective(method, c, train_classes.shape[0], init, model)
+    model = _collage_model(head, c, init)
+    objective = build_objective(objective_config, train_classes.shape[0], rng=init,
+                                placement=PLACEMENT, model_parameters=model.parameters())
     owner = objective.base if method == "gsp_zsr" else objective
     proxies = getattr(owner, "proxies", None)
     test = data.test
@@ -316,31 +251,32 @@ def collage_task(task: Task) -> dict:
 
 
 # --------------------------------------------------------------------------- wdml
-@study("wdml")
 def wdml_task(task: Task) -> dict:
     c, seed, method = task.config, task.seed, task.method
     splits = make_token_splits(rng=seed, n_train_per_class=c["n_train_per_class"],
                                n_val_per_class=c["n_val_per_class"],
                                n_test_per_class=c["n_test_per_class"],
                                tokens_per_sample=c["tokens_per_sample"])
-    init = np.random.default_rng(seed + 1)
-    emb = Embedding(splits.train.n_tokens, c["dim"], rng=init, dtype=DTYPE, name="tokens")
-    emb.table.value[...] = init_token_table(splits.train.n_tokens, c["dim"], rng=init,
-                                            dtype=DTYPE)
     solver = {"eps": c["eps"], "p": 2, "max_iter": c["sinkhorn_iter"], "tol": 0.0}
     if method == "contrastive":
-        model = Sequential([emb, GAP(), L2Normalize()])
-        objective = LossObjective(method, dtype=DTYPE, neg_margin=c["contrastive_neg_margin"])
+        spec = ObjectiveConfig(kind="loss", loss=method, neg_margin=c["contrastive_neg_margin"])
     elif method == "triplet":
-        model = Sequential([emb, GAP(), L2Normalize()])
-        objective = LossObjective(method, dtype=DTYPE, margin=c["triplet_margin"])
+        spec = ObjectiveConfig(kind="loss", loss=method, margin=c["triplet_margin"])
     elif method in ("wcontrastive", "wtriplet"):
-        model = Sequential([emb])
-        objective = WassersteinObjective(method[1:], margin=c[f"{method}_margin"], **solver)
+        spec = ObjectiveConfig(kind="wasserstein", loss=method[1:],
+                               margin=c[f"{method}_margin"], **solver)
     else:
         raise ValueError(f"wdml: method == {method!r}, must be one of contrastive, triplet, "
                          "wcontrastive, wtriplet")
     wasserstein = method.startswith("w")
+    init = np.random.default_rng(seed + 1)
+    emb = token_embedding(splits.train.n_tokens, c["dim"], rng=init, placement=PLACEMENT)
+    # the Wasserstein losses compare the token sets themselves: no pooling
+    model = Sequential([emb] if wasserstein else [
+        emb, *build_head(HeadConfig(kind="gap"), c["dim"], rng=init, placement=PLACEMENT),
+        *build_tail(c["dim"], embedding_dim=None, rng=init, placement=PLACEMENT)])
+    objective = build_objective(spec, np.unique(splits.train.labels).size, rng=init,
+                                placement=PLACEMENT)
 
     def score(split) -> float:
         if not wasserstein:
@@ -361,3 +297,39 @@ def wdml_task(task: Task) -> dict:
                        after_step=lambda: clip_token_table(emb.table.value),
                        select="val_map_at_r")
     return {"metrics": at_epoch(curves, best), "curves": curves}
+
+
+# --------------------------------------------------------------------------- toy
+def _toy(task: Task) -> dict:
+    """Deterministic numbers from the seed (no training): the runner's test double.
+
+    settings: ``shift`` (added to the metric), ``fail_seed`` (this seed raises
+    RuntimeError), ``kill_marker`` (a path: if it does not exist, create it and kill this
+    process, once), ``sleep`` (seconds), ``probe_environ`` (a list of environment variable
+    names: metric ``environ:NAME`` is 1.0 where NAME is set in this process, else 0.0).
+    """
+    c = task.config
+    if c.get("sleep"):
+        time.sleep(float(c["sleep"]))
+    marker = c.get("kill_marker")
+    if marker and task.seed == c.get("kill_seed", task.seed) and not os.path.exists(marker):
+        write_text_atomic(marker, str(os.getpid()))
+        os._exit(1)  # the worker process dies: the scheduler must run the task elsewhere
+    if c.get("fail_seed") == task.seed:
+        raise RuntimeError(f"toy task failed on purpose (seed {task.seed})")
+    rng = np.random.default_rng([task.seed, sum(map(ord, task.method))])
+    value = float(rng.normal()) + float(c.get("shift", 0.0))
+    metrics = {"value": value}
+    for name in c.get("probe_environ", ()):
+        metrics[f"environ:{name}"] = float(name in os.environ)
+    return {"metrics": metrics, "curves": {"value": list(np.cumsum(rng.normal(size=3)))}}
+
+
+#: study name -> function(task) -> dict (metrics, curves, artefacts): what a task's
+#: ``study`` names (:func:`refdml.reproduce._tasks.execute` looks it up here).
+STUDIES: dict[str, Callable[[Task], dict]] = {
+    "tokens": tokens_task,
+    "collage": collage_task,
+    "wdml": wdml_task,
+    "toy": _toy,
+}

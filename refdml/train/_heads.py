@@ -32,18 +32,18 @@ choice is recorded in the context so the matching backward runs.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, check_context, check_rng, check_scalar
+from refdml._validation import (
+    _describe, as_inputs, check_context, check_rng, check_scalar, check_upstream_like, data_checks,
+)
 from refdml._xp import array_namespace
-from refdml.gpu._fast_checks import data_checks
-from refdml.train._checks import as_inputs, check_upstream_like
 from refdml.train._dense import _positive_int
 from refdml.train._layer import Layer, OwnerToken, check_owner, init_array
+from refdml.train._operators import check_reference, operators
 
 __all__ = [
     "GAP",
@@ -212,18 +212,9 @@ class HeadContext:
     layer: OwnerToken
 
 
-def _operators(family: str, reference: bool):
-    return importlib.import_module(f"refdml.{family}" if reference else f"refdml.gpu.{family}")
-
-
-def _check_reference(reference) -> bool:
-    if not isinstance(reference, bool):
-        raise TypeError(f"reference must be a bool, got {_describe(reference)}")
-    return reference
-
-
 class _WrappingLayer(Layer):
-    """A layer around a catalogued operator of ``refdml.<family>`` / ``refdml.gpu.<family>``."""
+    """A layer around a catalogued operator, whose pair it takes from the table
+    :data:`~refdml.train._operators.REFERENCE` or :data:`~refdml.train._operators.FAST`."""
 
     def _wrap(self, inner, reference: bool) -> HeadContext:
         return HeadContext(inner=inner, reference=reference, layer=self._owner_token)
@@ -275,14 +266,13 @@ class GSPHead(_WrappingLayer):
         self.inverse_temperature = check_scalar(inverse_temperature, "inverse_temperature",
                                                 low=0.0)
         self.p = check_scalar(p, "p", low=1.0)
-        self.reference = _check_reference(reference)
+        self.reference = check_reference(reference)
         rng = check_rng(rng)
         self.prototypes = self.add_parameter(
             "prototypes", init_array(_prototype_values(rng, m, d), dtype, device))
 
     def forward(self, x):
-        ops = _operators("gsp", self.reference)
-        (pooled, z), ctx = ops.gsp_pool_forward(
+        (pooled, z), ctx = operators(self.reference).gsp_pool.forward(
             x, self.prototypes.value, mu=self.mu,
             inverse_temperature=self.inverse_temperature, p=self.p,
         )
@@ -295,7 +285,7 @@ class GSPHead(_WrappingLayer):
                 f"d_y must be the pair (d_pooled, d_z) (None for an unused output), "
                 f"got {_describe(d_y)}"
             )
-        grads = _operators("gsp", ctx.reference).gsp_pool_backward(ctx.inner, *d_y)
+        grads = operators(ctx.reference).gsp_pool.backward(ctx.inner, *d_y)
         self.prototypes.accumulate(grads.prototypes)
         return grads.features
 
@@ -316,21 +306,19 @@ class XMLHistogramHead(_WrappingLayer):
         m, d = _positive_int(n_prototypes, "n_prototypes"), _positive_int(d, "d")
         self.inverse_temperature = check_scalar(inverse_temperature, "inverse_temperature",
                                                 low=0.0)
-        self.reference = _check_reference(reference)
+        self.reference = check_reference(reference)
         rng = check_rng(rng)
         self.prototypes = self.add_parameter(
             "prototypes", init_array(_prototype_values(rng, m, d), dtype, device))
 
     def forward(self, x):
-        ops = _operators("histogram", self.reference)
-        z, ctx = ops.histogram_entropic_forward(
+        z, ctx = operators(self.reference).histogram_entropic.forward(
             x, self.prototypes.value, inverse_temperature=self.inverse_temperature)
         return z, self._wrap(ctx, self.reference)
 
     def backward(self, ctx, d_y):
         ctx = self.check_own_context(ctx)
-        grads = _operators("histogram", ctx.reference).histogram_entropic_backward(
-            ctx.inner, d_y)
+        grads = operators(ctx.reference).histogram_entropic.backward(ctx.inner, d_y)
         self.prototypes.accumulate(grads.prototypes)
         return grads.features
 
@@ -343,12 +331,12 @@ class L2Normalize(_WrappingLayer):
 
     def __init__(self, *, reference: bool = False, name: str = "l2") -> None:
         super().__init__(name)
-        self.reference = _check_reference(reference)
+        self.reference = check_reference(reference)
 
     def forward(self, x):
-        y, ctx = _operators("normalize", self.reference).l2_normalize_forward(x)
+        y, ctx = operators(self.reference).l2_normalize.forward(x)
         return y, self._wrap(ctx, self.reference)
 
     def backward(self, ctx, d_y):
         ctx = self.check_own_context(ctx)
-        return _operators("normalize", ctx.reference).l2_normalize_backward(ctx.inner, d_y).x
+        return operators(ctx.reference).l2_normalize.backward(ctx.inner, d_y).x

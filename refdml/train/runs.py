@@ -1,4 +1,4 @@
-r"""Complete training runs from a plain config dict: the three studies of issue 12.
+r"""Complete training runs from a config: the three studies of issue 12.
 
 :func:`build_run(study, config, out_dir=...) <build_run>` returns a ready
 :class:`~refdml.train.Run` (the :class:`~refdml.train.Trainer` plus the effective config);
@@ -26,17 +26,9 @@ model's parameters, and every ``instance_every`` epochs a new problem instance (
 greedy k-center on per-class pools of ``budget`` training samples, ``theta* <- theta``,
 the proxies' Adam state reset); the log gains ``proxy_covering_radius``.
 
-The config is flat: every key of :data:`KEYS` that applies to the study (unknown keys are
-a ValueError naming them). :func:`effective_config` fills the defaults; the defaults that
-depend on other keys (``inverse_temperature`` on the loss, ``zero_shot`` on the head) are
-resolved there, so ``config.json`` records the values the run used. Each default's source
-("paper: GSP supp. 2.1", "ours", ...) is in :data:`KEYS` and docs/train.md.
-
-``reference = true`` runs the float64 NumPy reference operators (:mod:`refdml.gsp`,
-:mod:`refdml.normalize`, :mod:`refdml.losses`, :mod:`refdml.crossbatch`) in the head, the
-normalisation and the objective instead of the :mod:`refdml.gpu` mirrors; the dense, conv
-and plain pooling layers are written once and are the same code on both paths. It needs
-``dtype = "float64"`` and ``device = "cpu"``.
+The config (its keys, defaults, checks and the typed :class:`~refdml.train.config.RunConfig`)
+is :mod:`refdml.train.config`; the model and the objective are built by
+:mod:`refdml.train.models`, the same builders ``refdml reproduce`` uses.
 
 Training labels are re-indexed to ``0 .. C - 1`` (sorted class ids) for the objectives
 with per-class parameters (proxies, class embeddings); validation and test keep their ids.
@@ -44,28 +36,32 @@ with per-class parameters (proxies, class embeddings); validation and test keep 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, check_choice, check_scalar
-from refdml.train._dense import Embedding, Linear, ReLU
-from refdml.train._conv import Conv2d, LocalLinear
-from refdml.train._heads import GAP, GMP, GeMean, GSPHead, L2Normalize
+from refdml._validation import check_choice
 from refdml.train._layer import Sequential
+from refdml.train.config import (  # noqa: F401  (_check_value: refdml train's flag checks)
+    KEYS,
+    STUDIES,
+    RunConfig,
+    _check_value,
+    default_config,
+    effective_config,
+    resolve_config,
+)
 from refdml.train.data import (
     PKBatchSampler,
     class_disjoint_split,
     clip_token_table,
-    init_token_table,
     load_features,
     make_digits_collage,
     make_token_splits,
 )
-from refdml.train.objectives import PROXY_LOSSES, ASAPObjective, GSPObjective, LossObjective
+from refdml.train.models import build_run_model
+from refdml.train.objectives import Objective
 from refdml.train.optim import Adam
 from refdml.train.schedules import ReduceOnPlateau
 from refdml.train.trainer import Trainer
@@ -73,325 +69,9 @@ from refdml.train.trainer import Trainer
 __all__ = ["STUDIES", "KEYS", "Run", "DeviceUnavailable", "build_run", "default_config",
            "effective_config", "check_device"]
 
-STUDIES = ("tokens", "digits-collage", "features")
-HEADS = ("gap", "gmp", "gemean", "gsp")
-_LOSSES = ("contrastive", "proxy_nca")
-_ALL = STUDIES
-#: The keys that only objective == "asap" reads.
-ASAP_KEYS = ("proxies_per_class", "budget", "asap_lambda", "instance_every")
-
 
 class DeviceUnavailable(RuntimeError):
     """``device = "cuda"`` without CuPy or without a CUDA device."""
-
-
-@dataclass(frozen=True)
-class Key:
-    """One config key: per-study defaults, where each comes from, and its check."""
-
-    defaults: dict[str, Any]     # study -> default (``None``: resolved from other keys)
-    source: str
-    kind: str                    # "int", "float", "bool", "str", "path"
-    low: float | None = None
-    high: float | None = None
-    low_inclusive: bool = True
-    high_inclusive: bool = True
-    choices: tuple[str, ...] | None = None
-    optional: bool = False       # may be None (TOML: leave the key out)
-
-
-def _same(value, studies=_ALL) -> dict[str, Any]:
-    return {s: value for s in studies}
-
-
-#: Every key, its default per study and its source. ``None`` as a default means "resolved
-#: from other keys" (see :func:`effective_config`) or "none" where ``optional``.
-KEYS: dict[str, Key] = {
-    # -- the run
-    "seed": Key(_same(0), "ours", "int", low=0),
-    "epochs": Key({"tokens": 400, "digits-collage": 30, "features": 30},
-                  "ours (tokens: a cap above the early stop, measured at epochs 164-261 on "
-                  "seeds 0-2; "
-                  "digits-collage: issue 12's 30)", "int", low=0),
-    "dtype": Key(_same("float32"), "ours (the fast path)", "str",
-                 choices=("float32", "float64")),
-    "device": Key(_same("cpu"), "ours", "str", choices=("cpu", "cuda")),
-    "reference": Key(_same(False), "ours", "bool"),
-    "early_stopping_patience": Key({"tokens": 30, "digits-collage": 10, "features": 10},
-                                   "tokens: paper (GSP supp. 2.1, 30 epochs on MAP@R); "
-                                   "others: ours",
-                                   "int", low=1, optional=True),
-    "early_stopping_min_delta": Key(_same(0.0), "ours (0: any increase improves, as the "
-                                    "paper's rule reads)", "float", low=0.0),
-    "early_stopping_target": Key(_same(1.0), "ours (1.0, MAP@R's maximum: no later epoch "
-                                 "can beat it, so the patience would only wait)", "float",
-                                 low=0.0, high=1.0, low_inclusive=False, optional=True),
-    "blas_threads": Key(_same(1), "ours (measured: NumPy's and SciPy's OpenBLAS spin against "
-                        "each other with 2 threads each; docs/train.md)", "int", low=1,
-                        optional=True),
-    "eval_batch_size": Key(_same(1024), "ours", "int", low=1),
-    "progress": Key(_same(True), "ours", "bool"),
-    # -- optimiser and schedule
-    "lr": Key({"tokens": 1e-4, "digits-collage": 1e-3, "features": 1e-3},
-              "tokens: paper (GSP supp. 2.1, Adam 1e-4); digits-collage: paper (supp. 2.2, "
-              "Adam 1e-3); features: ours", "float", low=0.0, low_inclusive=False),
-    "weight_decay": Key(_same(0.0), "paper (default Adam)", "float", low=0.0),
-    "plateau_factor": Key({"digits-collage": 0.5, "features": 0.5},
-                          "paper (GSP supp. 2.2: reduce on plateau, factor 0.5)", "float",
-                          low=0.0, high=1.0, low_inclusive=False, high_inclusive=False,
-                          optional=True),
-    "plateau_patience": Key({"digits-collage": 5, "features": 5},
-                            "paper (GSP supp. 2.2: 5 epochs patience)", "int", low=0),
-    # -- batches
-    "n_classes_per_batch": Key({"tokens": 16, "digits-collage": 8, "features": 16},
-                               "tokens: paper (16 classes); digits-collage: ours (all 8 "
-                               "training classes; the paper's 16 exceed them); features: ours",
-                               "int", low=1),
-    "n_samples_per_class": Key({"tokens": 4, "digits-collage": 8, "features": 4},
-                               "tokens: paper (4 samples); digits-collage: ours (batch 64, "
-                               "issue 12's benchmark size); features: ours", "int", low=1),
-    # -- data
-    # >= 2: a positive pair to train on, a class mate for each retrieval query
-    "n_train_per_class": Key({"tokens": 64}, "ours (the paper gives no counts)", "int", low=2),
-    "n_val_per_class": Key({"tokens": 16}, "ours", "int", low=2),
-    "n_test_per_class": Key({"tokens": 16}, "ours", "int", low=2),
-    "n_classes": Key({"tokens": 16}, "paper (GSP supp. 2.1)", "int", low=2),
-    "tokens_per_class": Key({"tokens": 4}, "paper", "int", low=1),
-    "n_background_tokens": Key({"tokens": 4}, "paper", "int", low=1),
-    "tokens_per_sample": Key({"tokens": 50}, "paper", "int", low=1),
-    "mixing_mean": Key({"tokens": 0.5}, "paper", "float", low=0.0, high=1.0),
-    "mixing_std": Key({"tokens": 0.1}, "paper (read as a standard deviation)", "float",
-                      low=0.0),
-    "collages_per_image": Key({"digits-collage": 4}, "ours (measured: at 1, an epoch is 11 "
-                              "steps and 30 epochs barely move the test MAP@R)", "int", low=1),
-    "eval_collages_per_image": Key({"digits-collage": 1}, "ours (more would put copies of "
-                                   "one digit image, near-duplicates, in the evaluation "
-                                   "splits)", "int", low=1),
-    "features": Key({"features": None}, "required (--features PATH)", "path"),
-    "features_key": Key({"features": "features"}, "ours", "str"),
-    "labels_key": Key({"features": "labels"}, "ours", "str"),
-    "split_fractions": Key({"features": [0.5, 0.25, 0.25]}, "ours (train, val, test classes)",
-                           "fractions"),
-    # -- model
-    "dim": Key({"tokens": 16}, "ours (the paper gives no width)", "int", low=1),
-    "conv_channels": Key({"digits-collage": [16, 32, 32]}, "ours (measured, docs/train.md)",
-                         "ints"),
-    "conv_strides": Key({"digits-collage": None}, "ours: 1, 2, then 1 (resolved to "
-                        "conv_channels' length)", "ints"),
-    "local_dim": Key({"digits-collage": 64}, "ours", "int", low=1),
-    "embedding_dim": Key({"tokens": 16, "digits-collage": 64, "features": 128},
-                         "ours (features: GSP's 128-d embeddings)", "int", low=1),
-    "l2_normalize": Key(_same(True), "ours (GSP supp. 2.2 normalises; supp. 2.1 says the "
-                        "token study does not: set false to follow it)", "bool"),
-    "head": Key({"tokens": "gsp", "digits-collage": "gsp", "features": "gsp"}, "ours", "str",
-                choices=HEADS),
-    "n_prototypes": Key({"tokens": 16, "digits-collage": 128, "features": 64},
-                        "digits-collage: paper (supp. 2.2, m = 128); features: paper (GSP "
-                        "CUB/Cars, 64); tokens: ours", "int", low=1),
-    "mu": Key({"tokens": 0.3, "digits-collage": 0.2, "features": 0.3},
-              "digits-collage: paper (supp. 2.2); others: paper (GSP Sec. 1.5 default 0.3)",
-              "float", low=0.0, high=1.0, low_inclusive=False),
-    "inverse_temperature": Key(_same(None),
-                               "paper: GSP's 0.5 (proxy losses) / 5.0 (pair losses); "
-                               "digits-collage: supp. 2.2's 10", "float", low=0.0),
-    "gemean_p": Key({"digits-collage": 3.0, "features": 3.0}, "ours (GeM's usual 3)", "float",
-                    low=1.0, low_inclusive=False),
-    # -- objective
-    "objective": Key({"digits-collage": "loss", "features": "loss"},
-                     "ours: 'loss' (the loss below, with GSP's zero-shot regulariser when "
-                     "zero_shot) or 'asap' (ASAP Alg. 1-2 around a proxy loss)", "str",
-                     choices=("loss", "asap")),
-    "proxies_per_class": Key({"digits-collage": 8, "features": 8},
-                             "paper (ASAP App. A.2: 8 for CUB and Cars, 4 for SOP/In-shop)",
-                             "int", low=1),
-    "budget": Key({"digits-collage": 12, "features": 12},
-                  "paper (ASAP App. A.2: pool size b = 12 for CUB and Cars, 7 for "
-                  "SOP/In-shop)", "int", low=1),
-    "asap_lambda": Key({"digits-collage": 2e-4, "features": 2e-4},
-                       "paper (ASAP App. A.2: lambda = 2e-4 for all data sets)", "float",
-                       low=0.0),
-    "instance_every": Key({"digits-collage": 5, "features": 5},
-                          "ours, measured (ASAP Alg. 1 runs each instance 'until "
-                          "convergence', App. A.2 gives no length; one instance's loss "
-                          "flattens after 4-6 epochs; a sweep of 1, 2, 5, 10 differs by "
-                          "less than the epoch-to-epoch noise: docs/train.md)", "int", low=1),
-    "loss": Key({"tokens": "contrastive", "digits-collage": "contrastive",
-                 "features": "contrastive"}, "ours", "str", choices=_LOSSES),
-    "pos_margin": Key(_same(None), "the contrastive loss's own default (refdml.losses: 0)",
-                      "float", low=0.0, optional=True),
-    "neg_margin": Key(_same(None), "the contrastive loss's own default (refdml.losses: "
-                      "0.3841, GSP supp. 1.6.7)", "float", low=0.0, optional=True),
-    "zero_shot": Key(_same(None), "on with a GSP head (GSP Alg. 1), else off", "bool"),
-    "lambda_": Key({"tokens": 0.1, "digits-collage": 0.5, "features": 0.1},
-                   "paper: GSP Sec. 1.5 (0.1); digits-collage: supp. 2.2 (0.5)", "float",
-                   low=0.0, high=1.0),
-    "ridge": Key(_same(0.05), "paper (GSP's epsilon of (P3), 0.05)", "float", low=0.0,
-                 low_inclusive=False),
-    "zero_shot_scale": Key(_same(9.5), "the authors' code (Alg. 4 prints none)", "float",
-                           low=0.0, low_inclusive=False),
-}
-
-
-def default_config(study: str) -> dict[str, Any]:
-    """The study's keys with their defaults (``None`` where resolved from other keys)."""
-    _check_study(study)
-    return {k: copy.deepcopy(key.defaults[study]) for k, key in KEYS.items()
-            if study in key.defaults}
-
-
-def _check_study(study) -> str:
-    if not isinstance(study, str) or study not in STUDIES:
-        raise ValueError(f"study == {study!r}, must be one of {STUDIES}")
-    return study
-
-
-def _check_value(name: str, key: Key, value: Any) -> Any:
-    if value is None:
-        if key.optional:
-            return None
-        raise ValueError(f"{name} == None; it needs a value")
-    kind = key.kind
-    if kind == "bool":
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name} must be true or false, got {_describe(value)}")
-        return bool(value)
-    if kind in ("int", "float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise TypeError(f"{name} must be a number, got {_describe(value)}")
-        if kind == "int":
-            if isinstance(value, (float, np.floating)):
-                # an integral float (TOML 4.0) is read as the integer; nan, inf, 1.5 are not
-                if not np.isfinite(value):
-                    raise ValueError(f"{name} == {value}, must be a finite integer")
-                if not float(value).is_integer():
-                    raise TypeError(f"{name} must be an integer, got {value!r}")
-                if abs(value) >= 2.0**63:
-                    raise ValueError(f"{name} == {value!r}, must fit in int64 "
-                                     f"(|{name}| < 2**63)")
-                value = int(value)
-            value = check_scalar(value, name, integer=True)
-        else:
-            value = float(value)
-            if not np.isfinite(value):
-                raise ValueError(f"{name} == {value}, must be finite")
-        below = key.low is not None and (
-            value < key.low or (value == key.low and not key.low_inclusive))
-        if below:
-            relation = ">=" if key.low_inclusive else ">"
-            raise ValueError(f"{name} == {value}, must be {relation} {key.low}")
-        above = key.high is not None and (
-            value > key.high or (value == key.high and not key.high_inclusive))
-        if above:
-            relation = "<=" if key.high_inclusive else "<"
-            raise ValueError(f"{name} == {value}, must be {relation} {key.high}")
-        return value
-    if kind in ("str", "path"):
-        if isinstance(value, Path):
-            value = str(value)
-        if not isinstance(value, str) or not value:
-            raise TypeError(f"{name} must be a non-empty string, got {_describe(value)}")
-        if key.choices is not None and value not in key.choices:
-            raise ValueError(f"{name} == {value!r}, must be one of {key.choices}")
-        return value
-    if kind == "ints":
-        if not isinstance(value, (list, tuple)) or len(value) == 0:
-            raise TypeError(f"{name} must be a non-empty list of integers, got "
-                            f"{_describe(value)}")
-        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
-               for v in value):
-            raise ValueError(f"{name} == {list(value)}, each entry must be an integer >= 1")
-        return [int(v) for v in value]
-    length = 3 if kind == "fractions" else 2
-    if not isinstance(value, (list, tuple)) or len(value) != length:
-        raise TypeError(f"{name} must be a list of {length} numbers, got {_describe(value)}")
-    out = []
-    for v in value:
-        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
-                or not np.isfinite(v)):
-            raise ValueError(f"{name} == {list(value)}, each entry must be a positive number")
-        if kind == "pair" and float(v) != int(v):
-            raise ValueError(f"{name} == {list(value)}, each entry must be an integer")
-        out.append(int(v) if kind == "pair" else float(v))
-    return out
-
-
-def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``config`` over the study's defaults, checked, with the dependent defaults resolved.
-
-    Unknown keys (or keys of another study) are a ValueError naming them; bad values a
-    TypeError / ValueError naming the key. The result is what ``config.json`` records.
-    """
-    _check_study(study)
-    config = {} if config is None else config
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict, got {_describe(config)}")
-    allowed = default_config(study)
-    unknown = sorted(k for k in config if k not in allowed)
-    if unknown:
-        raise ValueError(f"unknown config key(s) {unknown} for study {study!r}; the keys are "
-                         f"{sorted(allowed)}")
-    given = set(k for k, v in config.items() if v is not None)
-    merged = {**allowed, **config}
-    head = _check_value("head", KEYS["head"], merged["head"])
-    asap = "objective" in merged and _check_value(
-        "objective", KEYS["objective"], merged["objective"]) == "asap"
-    if asap:
-        if "loss" not in given:
-            merged["loss"] = "proxy_nca"
-        if merged["zero_shot"]:
-            raise ValueError("objective == 'asap' has no zero-shot regulariser: leave "
-                             "zero_shot out or set it false")
-        merged["zero_shot"] = False
-    elif "objective" in merged:
-        # a value other than the default would be silently ignored: refuse it
-        extra = sorted(k for k in ASAP_KEYS if k in given and config[k] != allowed[k])
-        if extra:
-            raise ValueError(f"{extra} apply to objective == 'asap', not to objective == "
-                             f"{merged['objective']!r}")
-    loss = _check_value("loss", KEYS["loss"], merged["loss"])
-    if asap and loss not in PROXY_LOSSES:
-        raise ValueError(f"objective == 'asap' needs a proxy loss (loss one of "
-                         f"{sorted(set(PROXY_LOSSES) & set(_LOSSES))}), got loss == {loss!r}")
-    if merged["zero_shot"] is None:
-        merged["zero_shot"] = head == "gsp"
-    if "conv_strides" in merged and merged["conv_strides"] is None:
-        channels = _check_value("conv_channels", KEYS["conv_channels"], merged["conv_channels"])
-        merged["conv_strides"] = [2 if i == 1 else 1 for i in range(len(channels))]
-    if merged["inverse_temperature"] is None:
-        merged["inverse_temperature"] = (10.0 if study == "digits-collage"
-                                         else 0.5 if loss in PROXY_LOSSES else 5.0)
-    out = {}
-    for name, value in merged.items():
-        key = KEYS[name]
-        if name == "features" and value is None:
-            raise ValueError("features == None: the features study needs the path of a .npz "
-                             "(--features PATH or features = \"PATH\" in the TOML)")
-        out[name] = _check_value(name, key, value)
-    if out["zero_shot"] and head != "gsp":
-        raise ValueError(f"zero_shot == true needs head == 'gsp' (the regulariser reads the "
-                         f"GSP histogram z), got head == {head!r}")
-    if study == "tokens" and head not in ("gap", "gsp"):
-        raise ValueError(f"head == {head!r}: the tokens study compares 'gap' and 'gsp'")
-    if out["reference"] and (out["dtype"] != "float64" or out["device"] != "cpu"):
-        raise ValueError(
-            f"reference == true runs the float64 NumPy reference operators: it needs dtype == "
-            f"'float64' and device == 'cpu', got dtype == {out['dtype']!r}, device == "
-            f"{out['device']!r}")
-    if out["zero_shot"] and out["n_classes_per_batch"] < 2:
-        raise ValueError(f"n_classes_per_batch == {out['n_classes_per_batch']}: zero_shot "
-                         "(GSP's regulariser) splits each batch into two class-disjoint "
-                         "halves, which needs n_classes_per_batch >= 2")
-    if asap and out["budget"] < out["proxies_per_class"]:
-        raise ValueError(f"budget == {out['budget']} must be >= proxies_per_class == "
-                         f"{out['proxies_per_class']} (ASAP Alg. 2 picks that many per pool)")
-    if "conv_strides" in out and len(out["conv_strides"]) != len(out["conv_channels"]):
-        raise ValueError(f"conv_strides == {out['conv_strides']} needs one stride per entry of "
-                         f"conv_channels == {out['conv_channels']}")
-    for name in ("pos_margin", "neg_margin"):
-        if name in given and loss != "contrastive":
-            raise ValueError(f"{name} is a hyperparameter of the contrastive loss, not of "
-                             f"{loss!r}")
-    return out
 
 
 def check_device(device: str) -> None:
@@ -415,13 +95,14 @@ def check_device(device: str) -> None:
 
 @dataclass
 class Run:
-    """A ready run: ``trainer.fit()`` trains; ``config`` is the effective config."""
+    """A ready run: ``trainer.fit()`` trains; ``config`` is the effective config (typed:
+    ``config.as_dict()`` is what ``config.json`` records under ``"run"``, less the study)."""
 
     study: str
-    config: dict[str, Any]
+    config: RunConfig
     trainer: Trainer
     model: Sequential
-    objective: Any
+    objective: Objective
     collage: Any = None          # the DigitsCollage data (class-cell masks for attention maps)
 
 
@@ -430,57 +111,11 @@ def _reindex(labels: np.ndarray) -> tuple[np.ndarray, int]:
     return np.searchsorted(classes, labels).astype(np.int64), int(classes.shape[0])
 
 
-def _head(c: dict, d: int, rng, dtype, device) -> list:
-    """The pooling head's layers. GeMean takes non-negative features (a generalised mean of
-    ``x^p``), so a ReLU goes before it, as in the CNNs GeM pooling comes from; the local
-    features of every study (tokens, LocalLinear's output, a user's .npz) can be negative."""
-    head = c["head"]
-    if head == "gap":
-        return [GAP()]
-    if head == "gmp":
-        return [GMP()]
-    if head == "gemean":
-        return [ReLU(name="relu_gemean"), GeMean(p=c["gemean_p"])]
-    return [GSPHead(c["n_prototypes"], d, mu=c["mu"], inverse_temperature=c["inverse_temperature"],
-                   reference=c["reference"], rng=rng, dtype=dtype, device=device)]
-
-
-def _tail(c: dict, d: int, rng, dtype, device) -> list:
-    layers = [Linear(d, c["embedding_dim"], rng=rng, dtype=dtype, device=device)]
-    if c["l2_normalize"]:
-        layers.append(L2Normalize(reference=c["reference"]))
-    return layers
-
-
-def _objective(c: dict, n_classes: int, rng, dtype, device, model_parameters=()):
-    loss = c["loss"]
-    if c.get("objective") == "asap":
-        return ASAPObjective(loss, n_classes=n_classes, dim=c["embedding_dim"],
-                             proxies_per_class=c["proxies_per_class"], budget=c["budget"],
-                             lambda_=c["asap_lambda"], model_parameters=model_parameters,
-                             reference=c["reference"], rng=rng, dtype=dtype, device=device)
-    kwargs: dict[str, Any] = {}
-    if loss in PROXY_LOSSES:
-        kwargs["dim"] = c["embedding_dim"]
-    for name in ("pos_margin", "neg_margin"):
-        if c[name] is not None:
-            kwargs[name] = c[name]
-    if c["zero_shot"]:
-        return GSPObjective(loss, lambda_=c["lambda_"], ridge=c["ridge"],
-                            scale=c["zero_shot_scale"], n_classes=n_classes,
-                            attribute_dim=c["embedding_dim"], reference=c["reference"],
-                            rng=rng, base_kwargs=kwargs, dtype=dtype, device=device)
-    if loss in PROXY_LOSSES:
-        kwargs["n_classes"] = n_classes
-    return LossObjective(loss, reference=c["reference"], rng=rng, dtype=dtype, device=device,
-                         **kwargs)
-
-
-def _load_features(c: dict, dtype) -> Any:
+def _load_features(c: RunConfig, dtype) -> Any:
     """:func:`load_features` of the config's ``features``, its errors naming that key."""
-    path = c["features"]
+    path = c.features
     try:
-        return load_features(path, features_key=c["features_key"], labels_key=c["labels_key"],
+        return load_features(path, features_key=c.features_key, labels_key=c.labels_key,
                              dtype=dtype)
     except FileNotFoundError:
         raise FileNotFoundError(f"features == {path!r}: no such file") from None
@@ -491,84 +126,71 @@ def _load_features(c: dict, dtype) -> Any:
         raise kind(f"features: {error}") from None
 
 
-def build_run(study: str, config: dict[str, Any] | None = None, *, out_dir: Any) -> Run:
+def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
+              out_dir: Any) -> Run:
     """Assemble the data, model, objective, optimiser, schedule and trainer of a run.
 
+    ``config``: a dict of config keys (:func:`~refdml.train.config.effective_config` fills
+    and checks it) or a :class:`~refdml.train.config.RunConfig` of ``study``.
     Everything random is seeded from ``config["seed"]``: the data (``seed``), the model
     and objective initialisation (``seed + 1``) and the batch sampler (``seed + 2``).
     """
-    c = effective_config(study, config)
-    check_device(c["device"])
-    seed, dtype, device = c["seed"], np.dtype(c["dtype"]), c["device"]
-    init = np.random.default_rng(seed + 1)
-    after_step = None
+    c = resolve_config(study, config)
+    check_device(c.device)
+    seed, dtype = c.seed, np.dtype(c.dtype)
+    n_tokens = feature_dim = collage = None
     if study == "tokens":
         splits = make_token_splits(
-            rng=seed, n_train_per_class=c["n_train_per_class"],
-            n_val_per_class=c["n_val_per_class"], n_test_per_class=c["n_test_per_class"],
-            n_classes=c["n_classes"], tokens_per_class=c["tokens_per_class"],
-            n_background_tokens=c["n_background_tokens"],
-            tokens_per_sample=c["tokens_per_sample"], mixing_mean=c["mixing_mean"],
-            mixing_std=c["mixing_std"])
+            rng=seed, n_train_per_class=c.n_train_per_class, n_val_per_class=c.n_val_per_class,
+            n_test_per_class=c.n_test_per_class, n_classes=c.n_classes,
+            tokens_per_class=c.tokens_per_class, n_background_tokens=c.n_background_tokens,
+            tokens_per_sample=c.tokens_per_sample, mixing_mean=c.mixing_mean,
+            mixing_std=c.mixing_std)
         train, val, test = ((s.token_ids, s.labels) for s in (splits.train, splits.val,
                                                                splits.test))
-        embedding = Embedding(splits.train.n_tokens, c["dim"], rng=init, dtype=dtype,
-                              device=device, name="tokens")
-        embedding.table.value[...] = init_token_table(
-            splits.train.n_tokens, c["dim"], rng=init, dtype=dtype,
-            xp=np if device == "cpu" else __import__("cupy"))
-        layers = [embedding, *_head(c, c["dim"], init, dtype, device),
-                  *_tail(c, c["dim"], init, dtype, device)]
-
-        def clip_token_table_after_step() -> None:
-            clip_token_table(embedding.table.value)
-
-        after_step = clip_token_table_after_step
+        n_tokens = splits.train.n_tokens
     elif study == "digits-collage":
-        data = make_digits_collage(rng=seed, collages_per_image=c["collages_per_image"],
-                                   eval_collages_per_image=c["eval_collages_per_image"])
-        train, val, test = ((s.images, s.labels) for s in (data.train, data.val, data.test))
-        layers, c_in = [], 1
-        for i, (c_out, stride) in enumerate(zip(c["conv_channels"], c["conv_strides"]),
-                                            start=1):
-            layers += [Conv2d(c_in, c_out, stride=stride, rng=init, dtype=dtype,
-                              device=device, name=f"conv{i}"),
-                       ReLU() if i == 1 else ReLU(name=f"relu{i}")]
-            c_in = c_out
-        layers += [LocalLinear(c_in, c["local_dim"], rng=init, dtype=dtype, device=device),
-                  *_head(c, c["local_dim"], init, dtype, device),
-                  *_tail(c, c["local_dim"], init, dtype, device)]
+        collage = make_digits_collage(rng=seed, collages_per_image=c.collages_per_image,
+                                      eval_collages_per_image=c.eval_collages_per_image)
+        train, val, test = ((s.images, s.labels) for s in (collage.train, collage.val,
+                                                            collage.test))
     else:
         fs = _load_features(c, dtype)
-        split = class_disjoint_split(fs.labels, rng=seed, fractions=tuple(c["split_fractions"]))
+        split = class_disjoint_split(fs.labels, rng=seed, fractions=c.split_fractions)
         train, val, test = ((fs.features[i], fs.labels[i]) for i in (split.train, split.val,
                                                                       split.test))
-        d = fs.features.shape[2]
-        layers = [*_head(c, d, init, dtype, device), *_tail(c, d, init, dtype, device)]
+        feature_dim = fs.features.shape[2]
     train_labels, n_classes = _reindex(train[1])
     train = (train[0], train_labels)
-    model = Sequential(layers)
-    objective = _objective(c, n_classes, init, dtype, device, list(model.parameters()))
-    optimizer = Adam([*model.parameters(), *objective.parameters()], lr=c["lr"],
-                     weight_decay=c["weight_decay"])
+    built = build_run_model(c, n_classes=n_classes, rng=np.random.default_rng(seed + 1),
+                            n_tokens=n_tokens, feature_dim=feature_dim)
+    model, objective, after_step = built.model, built.objective, None
+    if built.token_table is not None:
+        table = built.token_table.table
+
+        def clip_token_table_after_step() -> None:
+            clip_token_table(table.value)
+
+        after_step = clip_token_table_after_step
+    optimizer = Adam([*model.parameters(), *objective.parameters()], lr=c.lr,
+                     weight_decay=c.weight_decay)
     schedule = None
-    if c.get("plateau_factor") is not None:
-        schedule = ReduceOnPlateau(optimizer, mode="max", factor=c["plateau_factor"],
-                                   patience=c["plateau_patience"])
-    if c["n_classes_per_batch"] > n_classes:
-        raise ValueError(f"n_classes_per_batch == {c['n_classes_per_batch']}, but the training "
+    if c.plateau_factor is not None:
+        schedule = ReduceOnPlateau(optimizer, mode="max", factor=c.plateau_factor,
+                                   patience=c.plateau_patience)
+    if c.n_classes_per_batch > n_classes:
+        raise ValueError(f"n_classes_per_batch == {c.n_classes_per_batch}, but the training "
                          f"split has only {n_classes} classes")
-    sampler = PKBatchSampler(train[1], n_classes_per_batch=c["n_classes_per_batch"],
-                             n_samples_per_class=c["n_samples_per_class"], rng=seed + 2)
+    sampler = PKBatchSampler(train[1], n_classes_per_batch=c.n_classes_per_batch,
+                             n_samples_per_class=c.n_samples_per_class, rng=seed + 2)
     trainer = Trainer(
         model, objective, optimizer, schedule=schedule, train_sampler=sampler,
-        train_data=train, val_data=val, test_data=test, out_dir=out_dir, epochs=c["epochs"],
-        early_stopping_patience=c["early_stopping_patience"],
-        early_stopping_min_delta=c["early_stopping_min_delta"],
-        early_stopping_target=c["early_stopping_target"], blas_threads=c["blas_threads"],
-        seed=seed, dtype=dtype,
-        device=device, progress=c["progress"], after_step=after_step,
-        eval_batch_size=c["eval_batch_size"], run_config={"study": study, **c},
-        instance_every=c["instance_every"] if c.get("objective") == "asap" else None)
+        train_data=train, val_data=val, test_data=test, out_dir=out_dir, epochs=c.epochs,
+        early_stopping_patience=c.early_stopping_patience,
+        early_stopping_min_delta=c.early_stopping_min_delta,
+        early_stopping_target=c.early_stopping_target, blas_threads=c.blas_threads,
+        seed=seed, dtype=dtype, device=c.device, progress=c.progress, after_step=after_step,
+        eval_batch_size=c.eval_batch_size, run_config={"study": study, **c.as_dict()},
+        instance_every=c.instance_every if c.asap else None)
     return Run(study=study, config=c, trainer=trainer, model=model, objective=objective,
-               collage=data if study == "digits-collage" else None)
+               collage=collage)

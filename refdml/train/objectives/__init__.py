@@ -1,4 +1,4 @@
-"""Objectives of :mod:`refdml.train` (issue 12): the losses a model is trained with.
+"""Objectives of :mod:`refdml.train`: the losses a model is trained with.
 
 Every objective has ``parameters()``, ``forward(outputs, labels) -> (value, ctx)`` and
 ``backward(ctx, d_value=1.0) -> d_outputs`` (same structure as ``outputs``; it adds the

@@ -19,7 +19,6 @@ context is the record (two forwards before one backward are fine).
 
 from __future__ import annotations
 
-import importlib
 import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,17 +52,6 @@ class ObjectiveContext:
     objective: OwnerToken
     output_shapes: tuple
     extra: tuple = ()
-
-
-def operators(family: str, reference: bool):
-    """``refdml.<family>`` (the float64 reference) or its mirror ``refdml.gpu.<family>``."""
-    return importlib.import_module(f"refdml.{family}" if reference else f"refdml.gpu.{family}")
-
-
-def check_reference(reference) -> bool:
-    if not isinstance(reference, bool):
-        raise TypeError(f"reference must be a bool, got {_describe(reference)}")
-    return reference
 
 
 def check_positive_int(value, name: str) -> int:

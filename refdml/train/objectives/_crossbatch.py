@@ -11,7 +11,7 @@ r"""The cross-batch objectives on a model's two outputs ``(y, z)``: GSP + ZSR, a
     (a :class:`~refdml.train.Parameter` ``"<name>.class_embeddings"``, (n_classes,
     attribute_dim), drawn N(0, 1/attribute_dim)). The convex mixing is the paper's: Sec.
     4.3, supp. 1.6.7 and Algorithm 1 all print ``(1 - lambda) L_DML + lambda L_ZS`` with
-    ``lambda = 0.1``; issue 12's shorthand ``L_DML + lambda L_ZSR`` is the same objective up
+    ``lambda = 0.1``; the shorthand ``L_DML + lambda L_ZSR`` is the same objective up
     to the factor ``1 - lambda`` on the learning rate of the DML term (see
     docs/corrections.md). Backward: ``d_y = (1 - lambda) dL_DML/dy``,
     ``d_z = lambda dL_ZSR/dz``; ``Upsilon`` receives ``lambda dL_ZSR/dUpsilon`` (as
@@ -42,13 +42,12 @@ import numpy as np
 from refdml._validation import _describe, check_choice, check_rng, check_scalar
 from refdml._xp import array_namespace
 from refdml.train._layer import init_array
+from refdml.train._operators import check_reference, operators
 from refdml.train.objectives._base import (
     Objective,
     check_d_value,
     check_positive_int,
-    check_reference,
     load_rng_state,
-    operators,
     rng_state,
 )
 from refdml.train.objectives._loss import (
@@ -140,7 +139,7 @@ class GSPObjective(Objective):
         if self.lambda_ < 1.0:
             dml_value, dml_ctx = self.base.loss_forward(y, labels)
         if self.lambda_ > 0.0:
-            zsr_value, zsr_ctx = operators("crossbatch", self.reference).zero_shot_loss_forward(
+            zsr_value, zsr_ctx = operators(self.reference).zero_shot_loss.forward(
                 z, labels, self.class_embeddings.value, ridge=self.ridge, scale=self.scale,
                 split=split, rng=self.rng)
         value = (1.0 - self.lambda_) * dml_value + self.lambda_ * zsr_value
@@ -159,8 +158,7 @@ class GSPObjective(Objective):
             d_y = self.base.loss_backward(dml_ctx, (1.0 - self.lambda_) * d_value)
         if zsr_ctx is None:
             return d_y, _zeros_like_shape(d_y, z_shape)
-        grads = operators("crossbatch", ctx.reference).zero_shot_loss_backward(
-            zsr_ctx, self.lambda_ * d_value)
+        grads = operators(ctx.reference).zero_shot_loss.backward(zsr_ctx, self.lambda_ * d_value)
         self.class_embeddings.accumulate(grads.class_embeddings)
         if d_y is None:
             d_y = _zeros_like_shape(grads.Z, y_shape)
@@ -205,7 +203,7 @@ class XMLObjective(Objective):
                 raise ValueError(f"base == {base!r}: XML's base loss must be a loss without "
                                  "proxies (the cross-batch predictions give no proxy gradient)")
             check_choice(base, "base", tuple(n for n in LOSSES if n not in PROXY_LOSSES))
-            self.base_loss: Callable = getattr(operators("losses", self.reference), base)
+            self.base_loss: Callable = operators(self.reference).one_call_loss(base)
             check_hyperparameters(self.base_loss, self.base_kwargs, base)
         elif callable(base) and not isinstance(base, type):
             self.base_loss = base
@@ -221,7 +219,7 @@ class XMLObjective(Objective):
     def forward(self, outputs, labels, *, split=None):
         """``(value, ctx)``; ``split`` (bool (B,), class-disjoint) fixes the halves."""
         y, z = split_outputs(outputs, self.name, pair=True)
-        value, inner = operators("crossbatch", self.reference).xml_loss_forward(
+        value, inner = operators(self.reference).xml_loss.forward(
             z, y, labels, ridge=self.ridge, base_loss=self.base_loss,
             base_loss_kwargs=self.base_kwargs, split=split, rng=self.rng, lambda_=self.lambda_)
         return value, self._context(inner, self.reference, (tuple(y.shape), tuple(z.shape)))
@@ -229,6 +227,6 @@ class XMLObjective(Objective):
     def backward(self, ctx, d_value=1.0):
         """``(d_y, d_z)`` of ``d_value * value``."""
         ctx = self._unwrap(ctx)
-        grads = operators("crossbatch", ctx.reference).xml_loss_backward(
+        grads = operators(ctx.reference).xml_loss.backward(
             ctx.inner, check_d_value(d_value))
         return grads.Y, grads.Z

@@ -23,13 +23,8 @@ import numpy as np
 from refdml._validation import _describe, check_choice, check_rng
 from refdml._xp import array_namespace, is_cupy_array
 from refdml.train._layer import init_array
-from refdml.train.objectives._base import (
-    Objective,
-    check_d_value,
-    check_positive_int,
-    check_reference,
-    operators,
-)
+from refdml.train._operators import check_reference, operators
+from refdml.train.objectives._base import Objective, check_d_value, check_positive_int
 
 __all__ = ["LOSSES", "PROXY_LOSSES", "LossObjective"]
 
@@ -47,9 +42,8 @@ def resolve_loss(loss, reference: bool, *, name: str = "loss") -> tuple[Callable
     named by the errors.
     """
     if isinstance(loss, str):
-        check_choice(loss, name, LOSSES)
-        module = operators("losses", reference)
-        return getattr(module, f"{loss}_forward"), getattr(module, f"{loss}_backward"), loss
+        pair = operators(reference).loss(check_choice(loss, name, LOSSES), parameter=name)
+        return pair.forward, pair.backward, loss
     if (isinstance(loss, tuple) and len(loss) == 2 and callable(loss[0]) and callable(loss[1])):
         forward, backward = loss
         return forward, backward, getattr(forward, "__name__", "loss").removesuffix("_forward")

@@ -15,12 +15,8 @@ from __future__ import annotations
 
 from refdml._validation import _describe, check_choice, check_scalar
 from refdml.ot._sinkhorn import VALUES, _check_solver_args
-from refdml.train.objectives._base import (
-    Objective,
-    check_d_value,
-    check_reference,
-    operators,
-)
+from refdml.train._operators import check_reference, operators
+from refdml.train.objectives._base import Objective, check_d_value
 
 __all__ = ["WassersteinObjective"]
 
@@ -68,15 +64,14 @@ class WassersteinObjective(Objective):
             raise ValueError(
                 f"{self.name}: outputs must be local features (B, n, d), got {shape}; the "
                 "model for a Wasserstein objective ends before pooling")
-        ops = operators("ot", self.reference)
-        forward = ops.wcontrastive_forward if self.kind == "contrastive" else ops.wtriplet_forward
+        ops = operators(self.reference)
+        forward = (ops.wcontrastive if self.kind == "contrastive" else ops.wtriplet).forward
         value, inner = forward(outputs, labels, **self.settings)
         return value, self._context(inner, self.reference, (tuple(outputs.shape),))
 
     def backward(self, ctx, d_value=1.0):
         """``d_features`` (B, n, d) of ``d_value * value``."""
         ctx = self._unwrap(ctx)
-        ops = operators("ot", ctx.reference)
-        backward = (ops.wcontrastive_backward if self.kind == "contrastive"
-                    else ops.wtriplet_backward)
+        ops = operators(ctx.reference)
+        backward = (ops.wcontrastive if self.kind == "contrastive" else ops.wtriplet).backward
         return backward(ctx.inner, check_d_value(d_value)).features
