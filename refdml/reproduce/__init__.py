@@ -1,9 +1,10 @@
-"""``refdml reproduce``: the papers' experiments at small scale, over seeds, on Dask (issue 13).
+"""``refdml reproduce``: the papers' experiments at small scale, over seeds, on Dask.
 
 - :mod:`._experiments`: the registry (:data:`EXPERIMENTS`: id, claim, runs, comparisons,
   settings per mode, settings chosen on validation);
 - :mod:`._tasks`: a task ``(study, method, seed, settings)`` and :func:`execute`, a pure
-  function of it; :mod:`._studies` the training studies; :mod:`._train` the in-memory loop;
+  function of it; :mod:`._studies` the training studies; :mod:`._train` training on
+  :mod:`refdml.train`'s loop, in memory;
 - :mod:`._cache`: finished tasks on disk, keyed by the task and the code version;
 - :mod:`._runner`: :func:`run_tasks` on a Dask LocalCluster or a given scheduler;
 - :mod:`._stats`: summaries, the paired bootstrap and the verdict;

@@ -17,9 +17,8 @@ OpenBLAS equivalents; Dask's ``distributed.nanny.pre-spawn-environ``) and this m
 ``N`` cores. The embedded cluster's nanny does not set Dask's default
 ``MALLOC_TRIM_THRESHOLD_=65536`` (:data:`_NOT_PRE_SPAWN`): it makes glibc hand freed memory
 back to the system at once, so a training step's arrays are page-faulted in again at every
-step; measured on one digits-collage task, 2.1 million page faults instead of 0.09 million
-and 1.6x its time (7.7 s against 4.7 s), and 42 % of the quick run's CPU time was system
-time. Workers of an external ``--scheduler`` are configured by whoever started them. The
+step, and a training run spends much of its time in system calls (docs/reproduce.md has
+the measurement). Workers of an external ``--scheduler`` are configured by whoever started them. The
 scheduler's HTTP server (Dask's dashboard, when bokeh is installed) listens on a free
 loopback port, so several runs (or a run and the tests) can share a machine.
 """

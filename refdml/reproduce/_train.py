@@ -1,13 +1,12 @@
-"""A light in-memory training loop for the experiments (no files per task).
+"""The experiments' training: :class:`refdml.train.Trainer`'s loop without files.
 
 :class:`refdml.train.Trainer` writes a log, a config and checkpoints per epoch, which a
-grid of hundreds of short runs does not need (and a remote worker could not return). This
-loop is built from the same pieces (layers, objectives, :class:`~refdml.train.optim.Adam`,
-:class:`~refdml.train.data.PKBatchSampler`) and the same step: forward, objective forward
-and backward, model backward, optimiser step, ``after_step``, zero the gradients. ASAP's
-problem instances follow :meth:`Trainer.new_problem_instance
-<refdml.train.Trainer.new_problem_instance>`: at epochs 1, 1 + k, ... embed the training
-set, call ``objective.new_problem_instance(embeddings, labels, rng)`` and reset the
+grid of hundreds of short runs does not need (and a remote worker could not return).
+:func:`fit` runs the same loop (:class:`~refdml.train.trainer.TrainingLoop`: the same step,
+divergence rule and problem-instance schedule) with
+:class:`~refdml.train.trainer.MemorySink`, which keeps the rows and the best parameters in
+memory. ASAP's problem instances: at epochs 1, 1 + k, ... the loop calls
+``objective.new_problem_instance(instance_embed(), labels, rng)`` and resets the
 optimiser state of the objective's parameters.
 
 Model selection (``select``): the papers' protocol, "we recover the parameters with the best
@@ -27,6 +26,7 @@ import numpy as np
 
 from refdml.train.data import PKBatchSampler
 from refdml.train.optim import Adam
+from refdml.train.trainer import MemorySink, TrainingLoop
 
 __all__ = ["at_epoch", "fit", "embed", "map_at_r", "map_at_r_from_distances", "covering_radius"]
 
@@ -106,43 +106,25 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
     keys, entry 0 the untrained model, ``train_loss`` NaN there) and the selected epoch:
     with ``select`` (a key of ``evaluate()``), the epoch in 1..``epochs`` of its highest
     value (the first of ties), whose parameters the model and objective hold on return
-    (module docstring); without, the last epoch."""
-    parameters = [*model.parameters(), *objective.parameters()]
-    optimizer = Adam(parameters, lr=lr)
-    best_value, best_epoch, snapshot = -math.inf, epochs, None
+    (module docstring); without, the last epoch.
+
+    Raises :class:`~refdml.train.TrainingDiverged` (also a ``FloatingPointError``) on a
+    NaN or inf loss or gradient."""
+    optimizer = Adam([*model.parameters(), *objective.parameters()], lr=lr)
     sampler = PKBatchSampler(train_y, n_classes_per_batch=n_classes_per_batch,
                              n_samples_per_class=n_samples_per_class, rng=seed + 2)
-    rng = np.random.default_rng(seed + 3)
-    curves: dict[str, list[float]] = {"train_loss": [math.nan]}
-    for k, v in evaluate().items():
-        curves[k] = [v]
-    for epoch in range(1, epochs + 1):
-        if instance_every is not None and (epoch - 1) % instance_every == 0:
-            objective.new_problem_instance(instance_embed(), train_y, rng)
-            optimizer.reset_state(list(objective.parameters()))
-        total, steps = 0.0, 0
-        for batch in sampler:
-            outputs, ctx = model.forward(_cast(train_x[batch], dtype))
-            value, octx = objective.forward(outputs, train_y[batch])
-            if not math.isfinite(float(value)):
-                raise FloatingPointError(f"the loss is {value} at epoch {epoch}, step {steps + 1}")
-            model.backward(ctx, objective.backward(octx, 1.0))
-            optimizer.step()
-            if after_step is not None:
-                after_step()
-            optimizer.zero_grad()
-            total += float(value)
-            steps += 1
-        curves["train_loss"].append(total / steps)
-        for k, v in evaluate().items():
-            curves[k].append(v)
-        if select is not None and (snapshot is None or curves[select][-1] > best_value):
-            best_value, best_epoch = curves[select][-1], epoch
-            snapshot = [p.value.copy() for p in parameters]
-    if snapshot is not None and best_epoch != epochs:
-        for p, value in zip(parameters, snapshot):
-            p.value[...] = value
-    return curves, best_epoch
+    sink = MemorySink(restore_best=True)
+    # blas_threads=None: a task runs under whatever BLAS setting its worker has.
+    loop = TrainingLoop(model, objective, optimizer, train_sampler=sampler,
+                        train_data=(train_x, train_y), epochs=epochs, blas_threads=None,
+                        seed=seed + 3, dtype=dtype, progress=False, after_step=after_step,
+                        instance_every=instance_every, instance_embed=instance_embed,
+                        evaluate=evaluate, select=select, select_from=1, sink=sink)
+    loop.fit()
+    curves = sink.curves(["train_loss", *loop.evaluation_keys])
+    curves["train_loss"][0] = math.nan    # the row's None: no training before epoch 1
+    best = loop.epoch if sink.best_epoch is None else sink.best_epoch
+    return curves, best
 
 
 def at_epoch(curves: dict[str, list[float]], epoch: int) -> dict[str, float]:

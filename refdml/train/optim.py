@@ -73,17 +73,19 @@ import numpy as np
 
 from refdml._validation import _describe, check_scalar
 from refdml._xp import array_namespace, to_numpy
+from refdml.exceptions import NonFiniteGradient
 from refdml.train._parameter import Parameter
 
 __all__ = ["NonFiniteStepError", "Optimizer", "SGD", "Adam", "AdamW"]
 
 
-class NonFiniteStepError(ValueError, FloatingPointError):
+class NonFiniteStepError(NonFiniteGradient):
     """An optimiser step refused: a gradient, or the value or buffer it would give, is NaN/inf.
 
     Raised by :meth:`Optimizer.step` before anything changes (parameter values, buffers
-    and ``n_steps`` are those of before the call). It is a ``ValueError`` (what a
-    non-finite gradient always raised) and a ``FloatingPointError``.
+    and ``n_steps`` are those of before the call). It is a
+    :class:`~refdml.exceptions.NonFiniteGradient`, so a ``ValueError`` (what a non-finite
+    gradient always raised) and a ``FloatingPointError``.
     """
 
 

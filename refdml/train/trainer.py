@@ -79,15 +79,20 @@ Randomness: :attr:`Trainer.rng` (``numpy.random.default_rng(seed)``) is for obje
 hooks that draw during training (e.g. re-initialising proxies); it is checkpointed. The
 sampler has its own seed (and state); the model is initialised by its own ``rng`` before
 the trainer sees it.
+
+The loop and the files are apart: :class:`Trainer` is :class:`~refdml.train._loop.TrainingLoop`
+(epochs, steps, the divergence rule, problem instances, evaluation, the best epoch, early
+stopping) reporting to :class:`DiskSink` (``config.json``, ``log.jsonl``, ``checkpoint.npz``,
+``best.npz``), plus :meth:`Trainer.resume`. The same loop with
+:class:`~refdml.train._loop.MemorySink` keeps the rows and the best parameters in memory
+(:mod:`refdml.reproduce`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 import os
-import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -97,27 +102,22 @@ import numpy as np
 
 from refdml._io import (append_line, read_lines, write_bytes_atomic, write_json_atomic,
                         write_text_atomic)
-from refdml._validation import (_describe, as_label_array, check_choice, check_float_dtype,
-                                check_scalar)
+from refdml._validation import _describe
 from refdml._xp import to_numpy
 from refdml.train._checkpoint import load_checkpoint, save_checkpoint
+from refdml.train._loop import (METRIC_KEYS, MemorySink, TrainingDiverged, TrainingLoop,
+                                TrainingSink)
 from refdml.train.data import PKBatchSampler
 from refdml.train.optim import Optimizer
 from refdml.train.schedules import Schedule
 
-__all__ = ["Trainer", "TrainingDiverged", "METRIC_KEYS"]
+__all__ = ["Trainer", "TrainingDiverged", "METRIC_KEYS", "DiskSink", "MemorySink",
+           "TrainingLoop", "TrainingSink"]
 
-#: Retrieval metrics logged per split (log key suffix -> key of ``retrieval_metrics``).
-METRIC_KEYS = {
-    "map_at_r": "mean_average_precision_at_r",
-    "precision_at_1": "precision_at_1",
-    "recall_at_1": "recall_at_1",
-}
-_INPUT_FIELDS = ("token_ids", "images", "features", "inputs")
-#: The entries of a checkpoint's ``meta`` that :meth:`Trainer.resume` reads.
 # What resume() sets besides the state dicts, the parameters and the Generator.
 _RESUMED_ATTRIBUTES = ("epoch", "best_epoch", "best_metric", "improved_metric",
                        "improved_epoch", "stopped_early", "started")
+#: The entries of a checkpoint's ``meta`` that :meth:`Trainer.resume` reads.
 _CHECKPOINT_META = frozenset({"epoch", "best_val_map_at_r", "best_epoch", "stopped_early",
                               "rng", "sampler", "schedule", "objective"})
 
@@ -127,10 +127,6 @@ def _without_run_epochs(value: Any, key: str) -> Any:
     if key != "run" or not isinstance(value, dict):
         return value
     return {k: v for k, v in value.items() if k not in ("epochs", "progress")}
-
-
-class TrainingDiverged(RuntimeError):
-    """A NaN or inf loss or gradient; the last good checkpoint is left in place."""
 
 
 def _check_out_dir(value: Any, name: str = "out_dir") -> Path:
@@ -153,44 +149,62 @@ def _check_out_dir(value: Any, name: str = "out_dir") -> Path:
     return path
 
 
-def _check_retrieval_labels(labels: np.ndarray, name: str) -> None:
-    """Same-set retrieval needs a class with two samples (a query with a true reference)."""
-    if labels.shape[0] == 0 or np.unique(labels, return_counts=True)[1].max() < 2:
-        raise ValueError(
-            f"{name} has no class with two or more samples ({labels.shape[0]} sample(s)): "
-            "same-set retrieval (MAP@R, P@1, R@1) needs a query with a class mate")
+class DiskSink(TrainingSink):
+    """The files of a run folder ``out_dir`` (module docstring), each written atomically.
+
+    ``start``: ``config.json`` (``loop.config()``) and an empty ``log.jsonl``; each epoch:
+    its row appended to ``log.jsonl`` in one write, then ``checkpoint.npz``; a new best:
+    ``best.npz`` (the same content as that epoch's checkpoint).
+    """
+
+    def __init__(self, out_dir: Any) -> None:
+        self.out_dir = _check_out_dir(out_dir)
+
+    def start(self, loop: TrainingLoop) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.out_dir / "config.json", loop.config(), indent=2,
+                          sort_keys=True)
+        write_text_atomic(self.out_dir / "log.jsonl", "")
+
+    def end_epoch(self, loop: TrainingLoop, row: dict[str, Any]) -> None:
+        # The row goes first: a kill before the checkpoint leaves a row of an epoch the
+        # checkpoint does not hold, which resume() drops (the epoch then runs again).
+        append_line(self.out_dir / "log.jsonl", json.dumps(row))
+        self.save(loop, self.out_dir / "checkpoint.npz")
+
+    def new_best(self, loop: TrainingLoop, row: dict[str, Any]) -> None:
+        self.save(loop, self.out_dir / "best.npz")
+
+    def diverged_note(self, loop: TrainingLoop) -> str:
+        return (f"; the last good checkpoint (epoch {loop.epoch}) is "
+                f"{self.out_dir / 'checkpoint.npz'}")
+
+    @staticmethod
+    def save(loop: TrainingLoop, path: Path) -> None:
+        """Write the loop's whole state (what :meth:`Trainer.resume` reads) to ``path``."""
+        objective_state = (loop.objective.state_dict() if callable(getattr(
+            loop.objective, "state_dict", None)) else None)
+        meta = {
+            "epoch": loop.epoch,
+            "best_val_map_at_r": loop.best_metric,
+            "best_epoch": loop.best_epoch,
+            "improved_val_map_at_r": loop.improved_metric,
+            "improved_epoch": loop.improved_epoch,
+            "stopped_early": loop.stopped_early,
+            "rng": loop.rng.bit_generator.state,
+            "sampler": loop.train_sampler.state_dict(),
+            "schedule": None if loop.schedule is None else loop.schedule.state_dict(),
+            "objective": objective_state,
+        }
+        save_checkpoint(path, parameters={name: np.array(to_numpy(p.value), copy=True)
+                                          for name, p in loop.parameters.items()},
+                        optimizer_state=loop.optimizer.state_dict(), meta=meta)
 
 
-def _as_dataset(data: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(inputs, labels)`` host arrays of a data set object or an ``(inputs, labels)`` pair."""
-    if isinstance(data, tuple) and len(data) == 2:
-        inputs, labels = data
-    else:
-        field = next((f for f in _INPUT_FIELDS if hasattr(data, f)), None)
-        if field is None or not hasattr(data, "labels"):
-            raise TypeError(
-                f"{name} must be an (inputs, labels) pair or a data set with .labels and one "
-                f"of {_INPUT_FIELDS} (TokenSamples, CollageSplit, FeatureSet), got "
-                f"{_describe(data)}"
-            )
-        inputs, labels = getattr(data, field), data.labels
-    inputs, labels = np.asarray(inputs), np.asarray(labels)
-    if inputs.dtype == bool or not (np.issubdtype(inputs.dtype, np.floating)
-                                    or np.issubdtype(inputs.dtype, np.integer)):
-        raise TypeError(f"{name} inputs must hold real numbers (floating inputs or integer "
-                        f"token ids), got dtype {inputs.dtype}")
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"{name} labels must be a 1-D integer array, got {_describe(labels)}")
-    if inputs.ndim < 1 or inputs.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"{name} has {inputs.shape[0] if inputs.ndim else 0} inputs and "
-            f"{labels.shape[0]} labels; they must match"
-        )
-    return inputs, labels
-
-
-class Trainer:
-    """Train ``model`` with ``objective`` and ``optimizer`` (see the module docstring).
+class Trainer(TrainingLoop):
+    """Train ``model`` with ``objective`` and ``optimizer`` (see the module docstring):
+    :class:`~refdml.train._loop.TrainingLoop` writing its run folder through
+    :class:`DiskSink`, selecting on the validation MAP@R from epoch 0.
 
     Parameters
     ----------
@@ -256,53 +270,17 @@ class Trainer:
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
         run_config: dict[str, Any] | None = None, instance_every: int | None = None,
     ) -> None:
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"optimizer must be an Optimizer, got {_describe(optimizer)}")
-        if schedule is not None and not isinstance(schedule, Schedule):
-            raise TypeError(f"schedule must be a Schedule or None, got {_describe(schedule)}")
-        if schedule is not None and schedule.optimizer is not optimizer:
-            raise ValueError("schedule drives another optimiser than optimizer")
-        for method in ("forward", "backward"):
-            if not callable(getattr(model, method, None)):
-                raise TypeError(f"model has no method {method}(), got {_describe(model)}; "
-                                "see refdml.train.layers")
-        if not isinstance(train_sampler, PKBatchSampler):
-            raise TypeError(
-                f"train_sampler must be a PKBatchSampler, got {_describe(train_sampler)}")
-        for method in ("parameters", "forward", "backward"):
-            if not callable(getattr(objective, method, None)):
-                raise TypeError(f"objective has no method {method}(); see refdml.train.objectives")
-        if after_step is not None and not callable(after_step):
-            raise TypeError(f"after_step must be callable or None, got {_describe(after_step)}")
-        self.model, self.objective, self.optimizer = model, objective, optimizer
-        self.schedule, self.train_sampler, self.after_step = schedule, train_sampler, after_step
-        self.train_x, self.train_y = _as_dataset(train_data, "train_data")
-        self.val_x, self.val_y = _as_dataset(val_data, "val_data")
-        self.test_x, self.test_y = (None, None) if test_data is None else _as_dataset(
-            test_data, "test_data")
-        _check_retrieval_labels(self.val_y, "val_data")
-        if test_data is not None:
-            _check_retrieval_labels(self.test_y, "test_data")
-        if train_sampler._labels.shape != self.train_y.shape or not np.array_equal(
-                train_sampler._labels, self.train_y):
-            raise ValueError("train_sampler was built over other labels than train_data's")
-        self.out_dir = _check_out_dir(out_dir)
-        self.epochs = check_scalar(epochs, "epochs", low=0, integer=True)
-        self.early_stopping_patience = None if early_stopping_patience is None else check_scalar(
-            early_stopping_patience, "early_stopping_patience", low=1, integer=True)
-        self.early_stopping_min_delta = float(check_scalar(
-            early_stopping_min_delta, "early_stopping_min_delta", low=0.0))
-        self.early_stopping_target = None if early_stopping_target is None else float(
-            check_scalar(early_stopping_target, "early_stopping_target", low=0.0, high=1.0,
-                         low_inclusive=False))
-        self.blas_threads = None if blas_threads is None else check_scalar(
-            blas_threads, "blas_threads", low=1, integer=True)
-        self.seed = check_scalar(seed, "seed", low=0, integer=True)
-        self.dtype = check_float_dtype(dtype)
-        self.device = check_choice(device, "device", ("cpu", "cuda"))
-        if not isinstance(progress, (bool, np.bool_)):
-            raise TypeError(f"progress must be True or False, got {_describe(progress)}")
-        self.progress = bool(progress)
+        super().__init__(
+            model, objective, optimizer, schedule=schedule, train_sampler=train_sampler,
+            train_data=train_data, val_data=val_data, test_data=test_data, epochs=epochs,
+            early_stopping_patience=early_stopping_patience,
+            early_stopping_min_delta=early_stopping_min_delta,
+            early_stopping_target=early_stopping_target, blas_threads=blas_threads,
+            seed=seed, dtype=dtype, device=device, progress=progress, after_step=after_step,
+            eval_batch_size=eval_batch_size, instance_every=instance_every,
+            select="val_map_at_r", select_from=0)
+        self.sink = DiskSink(out_dir)
+        self.out_dir = self.sink.out_dir
         if run_config is not None and not isinstance(run_config, dict):
             raise TypeError(f"run_config must be a dict or None, got {_describe(run_config)}")
         if run_config is not None:
@@ -311,283 +289,21 @@ class Trainer:
             except (TypeError, ValueError) as error:
                 raise TypeError(f"run_config must hold JSON types only: {error}") from None
         self.run_config = None if run_config is None else dict(run_config)
-        self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
-                                            integer=True)
-        self.instance_every = None if instance_every is None else check_scalar(
-            instance_every, "instance_every", low=1, integer=True)
-        if self.instance_every is not None and not callable(
-                getattr(objective, "new_problem_instance", None)):
-            raise TypeError("instance_every needs an objective with new_problem_instance(); "
-                            f"{type(objective).__name__} has none")
-        self.parameters = {p.name: p for p in optimizer.params}
-        for p in self.parameters.values():
-            if p.dtype != self.dtype:
-                raise TypeError(f"parameter {p.name} is {p.dtype.name}, dtype is {self.dtype.name}")
-        if self.device == "cuda":
-            import cupy
-
-            self._xp = cupy
-        else:
-            self._xp = np
-        self.rng = np.random.default_rng(self.seed)
-        self.epoch = 0            # the last finished epoch (0: the untrained model evaluated)
-        self.started = False      # epoch 0 evaluated (or resumed)
-        self.best_metric = -math.inf
-        self.best_epoch = 0
-        self.improved_metric = -math.inf   # best MAP@R of the epochs that improved by min_delta
-        self.improved_epoch = 0
-        self.stopped_early = False
 
     # -- configuration -------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
         """Every hyperparameter the trainer knows (written to ``config.json``)."""
-        objective_config = (self.objective.config() if callable(getattr(
-            self.objective, "config", None)) else repr(self.objective))
-        sampler = self.train_sampler
-        return {
-            "run": self.run_config,
-            "epochs": self.epochs,
-            "early_stopping_patience": self.early_stopping_patience,
-            "early_stopping_min_delta": self.early_stopping_min_delta,
-            "early_stopping_target": self.early_stopping_target,
-            "seed": self.seed,
-            "dtype": self.dtype.name,
-            "device": self.device,
-            "eval_batch_size": self.eval_batch_size,
-            "instance_every": self.instance_every,
-            "after_step": None if self.after_step is None else getattr(
-                self.after_step, "__name__", repr(self.after_step)),
-            "model": {"repr": repr(self.model), "parameters": {
-                name: list(p.shape) for name, p in self.parameters.items()}},
-            "objective": objective_config,
-            "optimizer": {"name": type(self.optimizer).__name__,
-                          **self.optimizer._hyperparameters(), "lr": self.optimizer.lr
-                          if self.schedule is None else self.schedule.base_lr},
-            "schedule": None if self.schedule is None else {
-                "name": type(self.schedule).__name__, **self.schedule._arguments()},
-            "sampler": {"n_classes_per_batch": sampler.n_classes_per_batch,
-                        "n_samples_per_class": sampler.n_samples_per_class,
-                        "short_classes": sampler.short_classes,
-                        "seed": sampler.state_dict()["seed"]},
-            "data": {split: None if y is None else {
-                "n_samples": int(y.shape[0]), "n_classes": int(np.unique(y).shape[0]),
-                "input_shape": list(x.shape[1:]), "input_dtype": x.dtype.name}
-                for split, x, y in (("train", self.train_x, self.train_y),
-                                    ("val", self.val_x, self.val_y),
-                                    ("test", self.test_x, self.test_y))},
-        }
-
-    # -- data to the device --------------------------------------------------------------
-    def _to_device(self, inputs: np.ndarray, labels: np.ndarray) -> tuple[Any, Any]:
-        if np.issubdtype(inputs.dtype, np.floating):
-            inputs = inputs.astype(self.dtype, copy=False)
-        return self._xp.asarray(inputs), self._xp.asarray(labels)
-
-    # -- evaluation ----------------------------------------------------------------------
-    @staticmethod
-    def _check_inputs(inputs: Any, name: str = "inputs") -> Any:
-        """Host (NumPy) or device samples ``(N, ...)``, N >= 1, of a real dtype."""
-        wanted = f"{name} must be an array of N >= 1 samples (N, ...)"
-        if inputs is None or isinstance(inputs, (str, bytes)):
-            raise TypeError(f"{wanted}, got {_describe(inputs)}")
-        if not (hasattr(inputs, "shape") and hasattr(inputs, "dtype")):
-            try:
-                inputs = np.asarray(inputs)
-            except ValueError:   # a ragged nested list
-                raise TypeError(f"{wanted}, got {_describe(inputs)}") from None
-        if inputs.ndim < 1 or inputs.shape[0] < 1:
-            raise ValueError(f"{wanted}, got shape {tuple(inputs.shape)}")
-        kind = np.dtype(inputs.dtype)
-        if kind == bool or not (np.issubdtype(kind, np.floating)
-                                or np.issubdtype(kind, np.integer)):
-            raise TypeError(f"{name} must hold real numbers (floating inputs or integer token "
-                            f"ids), got dtype {kind}")
-        return inputs
-
-    def embed(self, inputs: np.ndarray) -> Any:
-        """L2-normalised embeddings (the model's first output) of ``inputs``, on the device."""
-        from refdml.gpu.normalize import l2_normalize_forward
-
-        inputs = self._check_inputs(inputs)
-        xp = self._xp
-        parts = []
-        for start in range(0, inputs.shape[0], self.eval_batch_size):
-            x, _ = self._to_device(inputs[start:start + self.eval_batch_size], np.zeros(0))
-            outputs, _ = self.model.forward(x)
-            y = outputs[0] if isinstance(outputs, tuple) else outputs
-            parts.append(l2_normalize_forward(y)[0])
-        return xp.concatenate(parts, axis=0)
-
-    def evaluate(self, inputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-        """MAP@R, P@1 and R@1 of the L2-normalised embeddings, same-set retrieval."""
-        from refdml.gpu.metrics import retrieval_metrics
-
-        inputs = self._check_inputs(inputs)
-        labels = as_label_array(to_numpy(labels), "labels", length=inputs.shape[0])
-        _check_retrieval_labels(labels, "labels")
-        embeddings = self.embed(inputs)
-        result = retrieval_metrics(embeddings, self._xp.asarray(labels), k=(1,))
-        return {key: float(result[name]) for key, name in METRIC_KEYS.items()}
-
-    # -- problem instances ---------------------------------------------------------------
-    def instance_due(self, epoch: int) -> bool:
-        """Whether epoch ``epoch`` (1-based) starts a new problem instance."""
-        epoch = check_scalar(epoch, "epoch", low=0, integer=True)
-        return self.instance_every is not None and epoch >= 1 and (
-            (epoch - 1) % self.instance_every == 0)
-
-    def new_problem_instance(self, epoch: int) -> Any:
-        """Embed the training samples, call the objective's ``new_problem_instance`` with
-        :attr:`rng`, reset the optimiser state of the objective's parameters; returns what
-        the objective returned."""
-        if not callable(getattr(self.objective, "new_problem_instance", None)):
-            raise TypeError(f"objective has no method new_problem_instance(); "
-                            f"{type(self.objective).__name__} cannot start a problem instance")
-        embeddings = self.embed(self.train_x)
-        result = self.objective.new_problem_instance(embeddings, self.train_y, self.rng)
-        params = list(self.objective.parameters())
-        if params:
-            self.optimizer.reset_state(params)
-        return result
-
-    # -- one epoch -----------------------------------------------------------------------
-    def _train_epoch(self, epoch: int) -> float:
-        from tqdm import tqdm
-
-        self.optimizer.zero_grad()
-        for p in self.objective.parameters():
-            p.zero_grad()
-        total, n_steps = 0.0, 0
-        bar = tqdm(total=len(self.train_sampler), desc=f"epoch {epoch}", unit="batch",
-                   leave=False, disable=None if self.progress else True)
-        try:
-            for step, batch in enumerate(self.train_sampler, start=1):
-                x, labels = self._to_device(self.train_x[batch], self.train_y[batch])
-                outputs, ctx = self.model.forward(x)
-                value, objective_ctx = self.objective.forward(outputs, labels)
-                value = float(value)
-                if not math.isfinite(value):
-                    raise TrainingDiverged(self._diverged(epoch, step, f"the loss is {value}"))
-                d_outputs = self.objective.backward(objective_ctx, 1.0)
-                if not self._finite(d_outputs):
-                    raise TrainingDiverged(self._diverged(
-                        epoch, step, "the objective's gradient of the outputs is not finite"))
-                self.model.backward(ctx, d_outputs)
-                try:
-                    self.optimizer.step()
-                except ValueError as error:
-                    if "not finite" not in str(error):
-                        raise
-                    raise TrainingDiverged(self._diverged(epoch, step, str(error))) from error
-                if self.after_step is not None:
-                    self.after_step()
-                self.optimizer.zero_grad()
-                total += value
-                n_steps += 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{value:.4g}")
-        finally:
-            bar.close()
-        if n_steps == 0:
-            raise ValueError(f"train_sampler gave no batch in epoch {epoch}")
-        return total / n_steps
-
-    def _finite(self, d_outputs: Any) -> bool:
-        arrays = [a for a in (d_outputs if isinstance(d_outputs, tuple) else (d_outputs,))
-                  if a is not None]
-        xp = self._xp
-        # One device-to-host transfer for all outputs.
-        return bool(to_numpy(xp.stack([xp.isfinite(a).all() for a in arrays])).all())
-
-    def _diverged(self, epoch: int, step: int, what: str) -> str:
-        return (f"training diverged at epoch {epoch}, step {step} ({what}); stopped without "
-                f"updating the parameters; the last good checkpoint (epoch {self.epoch}) is "
-                f"{self.out_dir / 'checkpoint.npz'}")
+        return {"run": self.run_config, **super().config()}
 
     # -- the run -------------------------------------------------------------------------
-    def fit(self) -> list[dict[str, Any]]:
-        """Train to ``epochs`` (or the early stop); return the log rows written by this call."""
-        if self.device == "cpu" and self.blas_threads is not None:
-            from threadpoolctl import threadpool_limits
-
-            with threadpool_limits(limits=self.blas_threads, user_api="blas"):
-                return self._fit()
-        return self._fit()
-
     def _fit(self) -> list[dict[str, Any]]:
+        # also after a resume: the folder may have been removed since
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        rows = []
-        if not self.started:
-            write_json_atomic(self.out_dir / "config.json", self.config(), indent=2,
-                              sort_keys=True)
-            write_text_atomic(self.out_dir / "log.jsonl", "")
-            rows.append(self._end_epoch(0, None, time.perf_counter()))
-            self.started = True
-        while self.epoch < self.epochs and not self.stopped_early:
-            epoch = self.epoch + 1
-            start = time.perf_counter()
-            if self.instance_due(epoch):
-                self.new_problem_instance(epoch)
-            loss = self._train_epoch(epoch)
-            rows.append(self._end_epoch(epoch, loss, start))
-        return rows
-
-    def _end_epoch(self, epoch: int, train_loss: float | None, start: float) -> dict[str, Any]:
-        row: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss,
-                               "lr": self.optimizer.lr, "n_steps": self.optimizer.n_steps}
-        val = self.evaluate(self.val_x, self.val_y)
-        row.update({f"val_{k}": v for k, v in val.items()})
-        if self.test_x is not None:
-            row.update({f"test_{k}": v for k, v in self.evaluate(self.test_x, self.test_y).items()})
-        if callable(getattr(self.objective, "covering_radius", None)):
-            row["proxy_covering_radius"] = float(self.objective.covering_radius(
-                self.embed(self.train_x), self.train_y))
-        metric = val["map_at_r"]
-        improved = metric > self.best_metric
-        if improved:
-            self.best_metric, self.best_epoch = metric, epoch
-        if metric > self.improved_metric + self.early_stopping_min_delta or epoch == 0:
-            self.improved_metric, self.improved_epoch = metric, epoch
-        if epoch > 0 and self.schedule is not None:
-            if self.schedule.uses_metric:
-                self.schedule.step(metric)
-            else:
-                self.schedule.step()
-        self.epoch = epoch
-        patience = self.early_stopping_patience
-        target = self.early_stopping_target
-        waited = patience is not None and epoch - self.improved_epoch >= patience
-        reached = target is not None and epoch >= 1 and metric >= target
-        self.stopped_early = waited or reached
-        row["best_val_map_at_r"] = self.best_metric
-        row["seconds"] = time.perf_counter() - start
-        # The row goes first: a kill before the checkpoint leaves a row of an epoch the
-        # checkpoint does not hold, which resume() drops (the epoch then runs again).
-        append_line(self.out_dir / "log.jsonl", json.dumps(row))
-        self._save(self.out_dir / "checkpoint.npz")
-        if improved:
-            self._save(self.out_dir / "best.npz")
-        return row
+        return super()._fit()
 
     # -- checkpoints ---------------------------------------------------------------------
     def _save(self, path: Path) -> None:
-        objective_state = (self.objective.state_dict() if callable(getattr(
-            self.objective, "state_dict", None)) else None)
-        meta = {
-            "epoch": self.epoch,
-            "best_val_map_at_r": self.best_metric,
-            "best_epoch": self.best_epoch,
-            "improved_val_map_at_r": self.improved_metric,
-            "improved_epoch": self.improved_epoch,
-            "stopped_early": self.stopped_early,
-            "rng": self.rng.bit_generator.state,
-            "sampler": self.train_sampler.state_dict(),
-            "schedule": None if self.schedule is None else self.schedule.state_dict(),
-            "objective": objective_state,
-        }
-        save_checkpoint(path, parameters={name: np.array(to_numpy(p.value), copy=True)
-                                          for name, p in self.parameters.items()},
-                        optimizer_state=self.optimizer.state_dict(), meta=meta)
+        DiskSink.save(self, path)
 
     def resume(self, out_dir: Any = None) -> None:
         """Load ``<out_dir>/checkpoint.npz`` (default: this trainer's ``out_dir``) and the

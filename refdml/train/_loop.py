@@ -1,0 +1,560 @@
+r"""The one training loop of refdml: epochs, steps, the divergence rule, problem instances,
+evaluation and model selection. What becomes of the results is a sink's business.
+
+:class:`TrainingLoop` runs the epochs; a :class:`TrainingSink` is told, in this order:
+
+- ``start(loop)``: once, before the epoch-0 evaluation (not again after a resume);
+- ``end_epoch(loop, row)``: after every epoch (0 included), with its complete row and
+  the loop's state (epoch, best, schedule, early stopping) already updated;
+- ``new_best(loop, row)``: right after ``end_epoch`` when that epoch's ``select`` value
+  beat every earlier selectable epoch's;
+- ``end(loop)``: when :meth:`TrainingLoop.fit` returns (all epochs done or an early stop),
+  not when it raises;
+- ``diverged_note(loop) -> str``: appended to the :class:`TrainingDiverged` message (where
+  the last good state is).
+
+Two sinks exist: :class:`~refdml.train.trainer.DiskSink` (``config.json``, ``log.jsonl``,
+``checkpoint.npz``, ``best.npz``; :class:`~refdml.train.trainer.Trainer` is this loop with
+it, plus resume) and :class:`MemorySink` (the rows and the best parameters in memory;
+:func:`refdml.reproduce._train.fit` runs the loop with it, as a grid of short runs on remote
+workers wants no files).
+
+A row: ``epoch``, ``train_loss`` (None for epoch 0, the untrained model), ``lr`` (the rate
+the epoch trained with), ``n_steps`` (optimiser steps so far), the evaluation's entries,
+``best_<select>`` (with a ``select``) and ``seconds``. The evaluation is ``evaluate()``
+when given, else the built-in one: MAP@R, P@1 and R@1 of the validation (``val_``) and test
+(``test_``) data and, when the objective has ``covering_radius``, ``proxy_covering_radius``
+on the training embeddings.
+
+Divergence: a NaN or inf loss is refused before the backward; the objective's gradient
+of the outputs is checked after it (:class:`~refdml.exceptions.NonFiniteGradient`), and
+the optimiser refuses a non-finite gradient or update before touching any parameter
+(:class:`~refdml.train.optim.NonFiniteStepError`, a ``NonFiniteGradient``). The loop turns
+each into :class:`TrainingDiverged` naming the epoch and step; the parameters are those of
+the last good step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from refdml._validation import (_describe, as_label_array, check_choice, check_float_dtype,
+                                check_scalar)
+from refdml._xp import to_numpy
+from refdml.exceptions import NonFiniteGradient
+from refdml.train.data import PKBatchSampler
+from refdml.train.optim import Optimizer
+from refdml.train.schedules import Schedule
+
+__all__ = ["TrainingLoop", "TrainingSink", "MemorySink", "TrainingDiverged", "METRIC_KEYS"]
+
+#: Retrieval metrics of the built-in evaluation (key suffix -> key of ``retrieval_metrics``).
+METRIC_KEYS = {
+    "map_at_r": "mean_average_precision_at_r",
+    "precision_at_1": "precision_at_1",
+    "recall_at_1": "recall_at_1",
+}
+_INPUT_FIELDS = ("token_ids", "images", "features", "inputs")
+#: Row entries the loop writes itself (an evaluation may not use these names).
+_ROW_KEYS = ("epoch", "train_loss", "lr", "n_steps", "seconds")
+
+
+class TrainingDiverged(RuntimeError, FloatingPointError):
+    """A NaN or inf loss or gradient; the parameters are those of the last good step.
+
+    Also a ``FloatingPointError``, what the in-memory loop of :mod:`refdml.reproduce`
+    raised for a non-finite loss before it ran on :class:`TrainingLoop`.
+    """
+
+
+class TrainingSink:
+    """What a :class:`TrainingLoop` does with its results (module docstring); every method
+    does nothing here: a sink overrides the ones it needs."""
+
+    def start(self, loop: TrainingLoop) -> None:
+        """Before the epoch-0 evaluation of a run that was not resumed."""
+
+    def end_epoch(self, loop: TrainingLoop, row: dict[str, Any]) -> None:
+        """After every epoch, with its row; ``loop.epoch`` is that epoch."""
+
+    def new_best(self, loop: TrainingLoop, row: dict[str, Any]) -> None:
+        """After :meth:`end_epoch` of an epoch that is the new best (``loop.best_epoch``)."""
+
+    def end(self, loop: TrainingLoop) -> None:
+        """When :meth:`TrainingLoop.fit` returns."""
+
+    def diverged_note(self, loop: TrainingLoop) -> str:
+        """Text appended to the :class:`TrainingDiverged` message (e.g. ``"; the last good
+        checkpoint is ..."``)."""
+        return ""
+
+
+class MemorySink(TrainingSink):
+    """The rows and the best epoch's parameters, kept in memory.
+
+    Parameters
+    ----------
+    restore_best : bool, default False
+        At :meth:`end`, put the best epoch's parameter values back into the parameters
+        (when the last epoch is not the best), so whatever the caller measures afterwards
+        is the selected model's.
+
+    Attributes
+    ----------
+    rows : list of dict
+        Every row the loop reported, in order (what :class:`~refdml.train.trainer.DiskSink`
+        appends to ``log.jsonl``).
+    best_epoch : int or None
+        The last epoch reported to :meth:`new_best` (None before any).
+    best_parameters : dict of str to ndarray
+        Host copies of every optimised parameter's value at ``best_epoch`` (what
+        ``best.npz`` holds under ``param/``).
+    """
+
+    def __init__(self, *, restore_best: bool = False) -> None:
+        if not isinstance(restore_best, (bool, np.bool_)):
+            raise TypeError(f"restore_best must be True or False, got {_describe(restore_best)}")
+        self.restore_best = bool(restore_best)
+        self.rows: list[dict[str, Any]] = []
+        self.best_epoch: int | None = None
+        self.best_parameters: dict[str, np.ndarray] = {}
+
+    def end_epoch(self, loop: TrainingLoop, row: dict[str, Any]) -> None:
+        self.rows.append(dict(row))
+
+    def new_best(self, loop: TrainingLoop, row: dict[str, Any]) -> None:
+        self.best_epoch = loop.epoch
+        self.best_parameters = {name: np.array(to_numpy(p.value), copy=True)
+                                for name, p in loop.parameters.items()}
+
+    def end(self, loop: TrainingLoop) -> None:
+        if self.restore_best and self.best_epoch is not None and self.best_epoch != loop.epoch:
+            xp = loop._xp
+            for name, value in self.best_parameters.items():
+                loop.parameters[name].value[...] = xp.asarray(value)
+
+    def curves(self, keys: Any = None) -> dict[str, list[Any]]:
+        """``{key: [value of each row]}`` for ``keys`` (default: every key of the first row)."""
+        if not self.rows:
+            return {}
+        keys = list(self.rows[0]) if keys is None else list(keys)
+        return {key: [row.get(key) for row in self.rows] for key in keys}
+
+
+def _check_retrieval_labels(labels: np.ndarray, name: str) -> None:
+    """Same-set retrieval needs a class with two samples (a query with a true reference)."""
+    if labels.shape[0] == 0 or np.unique(labels, return_counts=True)[1].max() < 2:
+        raise ValueError(
+            f"{name} has no class with two or more samples ({labels.shape[0]} sample(s)): "
+            "same-set retrieval (MAP@R, P@1, R@1) needs a query with a class mate")
+
+
+def _as_dataset(data: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(inputs, labels)`` host arrays of a data set object or an ``(inputs, labels)`` pair."""
+    if isinstance(data, tuple) and len(data) == 2:
+        inputs, labels = data
+    else:
+        field = next((f for f in _INPUT_FIELDS if hasattr(data, f)), None)
+        if field is None or not hasattr(data, "labels"):
+            raise TypeError(
+                f"{name} must be an (inputs, labels) pair or a data set with .labels and one "
+                f"of {_INPUT_FIELDS} (TokenSamples, CollageSplit, FeatureSet), got "
+                f"{_describe(data)}"
+            )
+        inputs, labels = getattr(data, field), data.labels
+    inputs, labels = np.asarray(inputs), np.asarray(labels)
+    if inputs.dtype == bool or not (np.issubdtype(inputs.dtype, np.floating)
+                                    or np.issubdtype(inputs.dtype, np.integer)):
+        raise TypeError(f"{name} inputs must hold real numbers (floating inputs or integer "
+                        f"token ids), got dtype {inputs.dtype}")
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{name} labels must be a 1-D integer array, got {_describe(labels)}")
+    if inputs.ndim < 1 or inputs.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"{name} has {inputs.shape[0] if inputs.ndim else 0} inputs and "
+            f"{labels.shape[0]} labels; they must match"
+        )
+    return inputs, labels
+
+
+class TrainingLoop:
+    """Train ``model`` with ``objective`` and ``optimizer``, reporting to ``sink``.
+
+    The arguments shared with :class:`~refdml.train.trainer.Trainer` mean what they mean
+    there (see its docstring); ``val_data`` is required unless ``evaluate`` is given.
+
+    Parameters
+    ----------
+    evaluate : callable, optional
+        ``evaluate() -> dict`` of the row entries of an epoch (called after each epoch,
+        epoch 0 included); None: the built-in evaluation of ``val_data`` and ``test_data``
+        (module docstring).
+    select : str or None, default "val_map_at_r"
+        The evaluation entry that selects the best epoch (higher is better), drives early
+        stopping and a schedule whose ``uses_metric``; None: no selection.
+    select_from : int >= 0, default 0
+        The first epoch that may be selected: 0 lets the untrained model be the best (as
+        ``best.npz``), 1 selects among trained models only (the papers' protocol).
+    instance_embed : callable, optional
+        ``instance_embed() -> embeddings`` of all training samples, given to the objective's
+        ``new_problem_instance``; None: :meth:`embed` of the training inputs.
+    sink : TrainingSink, optional
+        Told of the start, each epoch, each new best and the end; None: a sink that keeps
+        nothing.
+    """
+
+    def __init__(
+        self, model: Any, objective: Any, optimizer: Optimizer, *,
+        schedule: Schedule | None = None, train_sampler: PKBatchSampler, train_data: Any,
+        val_data: Any = None, test_data: Any = None, epochs: int,
+        early_stopping_patience: int | None = None, early_stopping_min_delta: float = 0.0,
+        early_stopping_target: float | None = None, blas_threads: int | None = 1,
+        seed: int, dtype: Any, device: str = "cpu", progress: bool = True,
+        after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
+        instance_every: int | None = None, instance_embed: Callable[[], Any] | None = None,
+        evaluate: Callable[[], dict[str, Any]] | None = None,
+        select: str | None = "val_map_at_r", select_from: int = 0,
+        sink: TrainingSink | None = None,
+    ) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be an Optimizer, got {_describe(optimizer)}")
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise TypeError(f"schedule must be a Schedule or None, got {_describe(schedule)}")
+        if schedule is not None and schedule.optimizer is not optimizer:
+            raise ValueError("schedule drives another optimiser than optimizer")
+        for method in ("forward", "backward"):
+            if not callable(getattr(model, method, None)):
+                raise TypeError(f"model has no method {method}(), got {_describe(model)}; "
+                                "see refdml.train.layers")
+        if not isinstance(train_sampler, PKBatchSampler):
+            raise TypeError(
+                f"train_sampler must be a PKBatchSampler, got {_describe(train_sampler)}")
+        for method in ("parameters", "forward", "backward"):
+            if not callable(getattr(objective, method, None)):
+                raise TypeError(f"objective has no method {method}(); see refdml.train.objectives")
+        for name, hook in (("after_step", after_step), ("evaluate", evaluate),
+                           ("instance_embed", instance_embed)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable or None, got {_describe(hook)}")
+        self.model, self.objective, self.optimizer = model, objective, optimizer
+        self.schedule, self.train_sampler, self.after_step = schedule, train_sampler, after_step
+        self.train_x, self.train_y = _as_dataset(train_data, "train_data")
+        if val_data is None and evaluate is None:
+            raise TypeError("val_data is required unless evaluate is given (the built-in "
+                            "evaluation ranks the validation data)")
+        self.val_x, self.val_y = (None, None) if val_data is None else _as_dataset(
+            val_data, "val_data")
+        self.test_x, self.test_y = (None, None) if test_data is None else _as_dataset(
+            test_data, "test_data")
+        if val_data is not None:
+            _check_retrieval_labels(self.val_y, "val_data")
+        if test_data is not None:
+            _check_retrieval_labels(self.test_y, "test_data")
+        if train_sampler._labels.shape != self.train_y.shape or not np.array_equal(
+                train_sampler._labels, self.train_y):
+            raise ValueError("train_sampler was built over other labels than train_data's")
+        self.epochs = check_scalar(epochs, "epochs", low=0, integer=True)
+        self.early_stopping_patience = None if early_stopping_patience is None else check_scalar(
+            early_stopping_patience, "early_stopping_patience", low=1, integer=True)
+        self.early_stopping_min_delta = float(check_scalar(
+            early_stopping_min_delta, "early_stopping_min_delta", low=0.0))
+        self.early_stopping_target = None if early_stopping_target is None else float(
+            check_scalar(early_stopping_target, "early_stopping_target", low=0.0, high=1.0,
+                         low_inclusive=False))
+        self.blas_threads = None if blas_threads is None else check_scalar(
+            blas_threads, "blas_threads", low=1, integer=True)
+        self.seed = check_scalar(seed, "seed", low=0, integer=True)
+        self.dtype = check_float_dtype(dtype)
+        self.device = check_choice(device, "device", ("cpu", "cuda"))
+        if not isinstance(progress, (bool, np.bool_)):
+            raise TypeError(f"progress must be True or False, got {_describe(progress)}")
+        self.progress = bool(progress)
+        self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
+                                            integer=True)
+        self.instance_every = None if instance_every is None else check_scalar(
+            instance_every, "instance_every", low=1, integer=True)
+        if self.instance_every is not None and not callable(
+                getattr(objective, "new_problem_instance", None)):
+            raise TypeError("instance_every needs an objective with new_problem_instance(); "
+                            f"{type(objective).__name__} has none")
+        self._evaluate, self._instance_embed = evaluate, instance_embed
+        if select is not None and not isinstance(select, str):
+            raise TypeError(f"select must be a str or None, got {_describe(select)}")
+        if select is None and (early_stopping_patience is not None
+                               or early_stopping_target is not None
+                               or (schedule is not None and schedule.uses_metric)):
+            raise ValueError("select == None, but early stopping and a schedule that uses a "
+                             "metric need the metric that select names")
+        self.select = select
+        self.select_from = check_scalar(select_from, "select_from", low=0, integer=True)
+        if sink is not None and not isinstance(sink, TrainingSink):
+            raise TypeError(f"sink must be a TrainingSink or None, got {_describe(sink)}")
+        self.sink = TrainingSink() if sink is None else sink
+        self.parameters = {p.name: p for p in optimizer.params}
+        for p in self.parameters.values():
+            if p.dtype != self.dtype:
+                raise TypeError(f"parameter {p.name} is {p.dtype.name}, dtype is {self.dtype.name}")
+        if self.device == "cuda":
+            import cupy
+
+            self._xp = cupy
+        else:
+            self._xp = np
+        self.rng = np.random.default_rng(self.seed)
+        self.epoch = 0            # the last finished epoch (0: the untrained model evaluated)
+        self.started = False      # epoch 0 evaluated (or resumed)
+        self.best_metric = -math.inf
+        self.best_epoch = 0
+        self.improved_metric = -math.inf   # best metric of the epochs that improved by min_delta
+        self.improved_epoch = 0
+        self.stopped_early = False
+        self.evaluation_keys: tuple[str, ...] = ()   # the last evaluation's entries, in order
+
+    # -- configuration -------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Every hyperparameter the loop knows (plain JSON types)."""
+        objective_config = (self.objective.config() if callable(getattr(
+            self.objective, "config", None)) else repr(self.objective))
+        sampler = self.train_sampler
+        return {
+            "epochs": self.epochs,
+            "early_stopping_patience": self.early_stopping_patience,
+            "early_stopping_min_delta": self.early_stopping_min_delta,
+            "early_stopping_target": self.early_stopping_target,
+            "seed": self.seed,
+            "dtype": self.dtype.name,
+            "device": self.device,
+            "eval_batch_size": self.eval_batch_size,
+            "instance_every": self.instance_every,
+            "after_step": None if self.after_step is None else getattr(
+                self.after_step, "__name__", repr(self.after_step)),
+            "model": {"repr": repr(self.model), "parameters": {
+                name: list(p.shape) for name, p in self.parameters.items()}},
+            "objective": objective_config,
+            "optimizer": {"name": type(self.optimizer).__name__,
+                          **self.optimizer._hyperparameters(), "lr": self.optimizer.lr
+                          if self.schedule is None else self.schedule.base_lr},
+            "schedule": None if self.schedule is None else {
+                "name": type(self.schedule).__name__, **self.schedule._arguments()},
+            "sampler": {"n_classes_per_batch": sampler.n_classes_per_batch,
+                        "n_samples_per_class": sampler.n_samples_per_class,
+                        "short_classes": sampler.short_classes,
+                        "seed": sampler.state_dict()["seed"]},
+            "data": {split: None if y is None else {
+                "n_samples": int(y.shape[0]), "n_classes": int(np.unique(y).shape[0]),
+                "input_shape": list(x.shape[1:]), "input_dtype": x.dtype.name}
+                for split, x, y in (("train", self.train_x, self.train_y),
+                                    ("val", self.val_x, self.val_y),
+                                    ("test", self.test_x, self.test_y))},
+        }
+
+    # -- data to the device --------------------------------------------------------------
+    def _to_device(self, inputs: np.ndarray, labels: np.ndarray) -> tuple[Any, Any]:
+        if np.issubdtype(inputs.dtype, np.floating):
+            inputs = inputs.astype(self.dtype, copy=False)
+        return self._xp.asarray(inputs), self._xp.asarray(labels)
+
+    # -- evaluation ----------------------------------------------------------------------
+    @staticmethod
+    def _check_inputs(inputs: Any, name: str = "inputs") -> Any:
+        """Host (NumPy) or device samples ``(N, ...)``, N >= 1, of a real dtype."""
+        wanted = f"{name} must be an array of N >= 1 samples (N, ...)"
+        if inputs is None or isinstance(inputs, (str, bytes)):
+            raise TypeError(f"{wanted}, got {_describe(inputs)}")
+        if not (hasattr(inputs, "shape") and hasattr(inputs, "dtype")):
+            try:
+                inputs = np.asarray(inputs)
+            except ValueError:   # a ragged nested list
+                raise TypeError(f"{wanted}, got {_describe(inputs)}") from None
+        if inputs.ndim < 1 or inputs.shape[0] < 1:
+            raise ValueError(f"{wanted}, got shape {tuple(inputs.shape)}")
+        kind = np.dtype(inputs.dtype)
+        if kind == bool or not (np.issubdtype(kind, np.floating)
+                                or np.issubdtype(kind, np.integer)):
+            raise TypeError(f"{name} must hold real numbers (floating inputs or integer token "
+                            f"ids), got dtype {kind}")
+        return inputs
+
+    def embed(self, inputs: np.ndarray) -> Any:
+        """L2-normalised embeddings (the model's first output) of ``inputs``, on the device."""
+        from refdml.gpu.normalize import l2_normalize_forward
+
+        inputs = self._check_inputs(inputs)
+        xp = self._xp
+        parts = []
+        for start in range(0, inputs.shape[0], self.eval_batch_size):
+            x, _ = self._to_device(inputs[start:start + self.eval_batch_size], np.zeros(0))
+            outputs, _ = self.model.forward(x)
+            y = outputs[0] if isinstance(outputs, tuple) else outputs
+            parts.append(l2_normalize_forward(y)[0])
+        return xp.concatenate(parts, axis=0)
+
+    def evaluate(self, inputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        """MAP@R, P@1 and R@1 of the L2-normalised embeddings, same-set retrieval."""
+        from refdml.gpu.metrics import retrieval_metrics
+
+        inputs = self._check_inputs(inputs)
+        labels = as_label_array(to_numpy(labels), "labels", length=inputs.shape[0])
+        _check_retrieval_labels(labels, "labels")
+        embeddings = self.embed(inputs)
+        result = retrieval_metrics(embeddings, self._xp.asarray(labels), k=(1,))
+        return {key: float(result[name]) for key, name in METRIC_KEYS.items()}
+
+    def _evaluation(self) -> dict[str, Any]:
+        """The evaluation entries of a row: ``evaluate()``'s, or the built-in ones."""
+        if self._evaluate is not None:
+            entries = self._evaluate()
+            if not isinstance(entries, dict):
+                raise TypeError(f"evaluate() must return a dict, got {_describe(entries)}")
+            clash = [k for k in entries if k in _ROW_KEYS or k == f"best_{self.select}"]
+            if clash:
+                raise ValueError(f"evaluate() returned {clash}, names the loop's row uses")
+        else:
+            entries = {f"val_{k}": v for k, v in self.evaluate(self.val_x, self.val_y).items()}
+            if self.test_x is not None:
+                entries.update({f"test_{k}": v for k, v in self.evaluate(
+                    self.test_x, self.test_y).items()})
+            if callable(getattr(self.objective, "covering_radius", None)):
+                entries["proxy_covering_radius"] = float(self.objective.covering_radius(
+                    self.embed(self.train_x), self.train_y))
+        if self.select is not None and self.select not in entries:
+            raise ValueError(f"select == {self.select!r} is not an entry of the evaluation "
+                             f"({sorted(entries)})")
+        self.evaluation_keys = tuple(entries)
+        return entries
+
+    # -- problem instances ---------------------------------------------------------------
+    def instance_due(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` (1-based) starts a new problem instance."""
+        epoch = check_scalar(epoch, "epoch", low=0, integer=True)
+        return self.instance_every is not None and epoch >= 1 and (
+            (epoch - 1) % self.instance_every == 0)
+
+    def new_problem_instance(self, epoch: int) -> Any:
+        """Embed the training samples, call the objective's ``new_problem_instance`` with
+        :attr:`rng`, reset the optimiser state of the objective's parameters; returns what
+        the objective returned."""
+        if not callable(getattr(self.objective, "new_problem_instance", None)):
+            raise TypeError(f"objective has no method new_problem_instance(); "
+                            f"{type(self.objective).__name__} cannot start a problem instance")
+        embeddings = (self.embed(self.train_x) if self._instance_embed is None
+                      else self._instance_embed())
+        result = self.objective.new_problem_instance(embeddings, self.train_y, self.rng)
+        params = list(self.objective.parameters())
+        if params:
+            self.optimizer.reset_state(params)
+        return result
+
+    # -- one epoch -----------------------------------------------------------------------
+    def _train_epoch(self, epoch: int) -> float:
+        from tqdm import tqdm
+
+        self.optimizer.zero_grad()
+        for p in self.objective.parameters():
+            p.zero_grad()
+        total, n_steps = 0.0, 0
+        bar = tqdm(total=len(self.train_sampler), desc=f"epoch {epoch}", unit="batch",
+                   leave=False, disable=None if self.progress else True)
+        try:
+            for step, batch in enumerate(self.train_sampler, start=1):
+                x, labels = self._to_device(self.train_x[batch], self.train_y[batch])
+                outputs, ctx = self.model.forward(x)
+                value, objective_ctx = self.objective.forward(outputs, labels)
+                value = float(value)
+                if not math.isfinite(value):
+                    raise TrainingDiverged(self._diverged(epoch, step, f"the loss is {value}"))
+                try:
+                    d_outputs = self.objective.backward(objective_ctx, 1.0)
+                    self._check_finite_gradient(d_outputs)
+                    self.model.backward(ctx, d_outputs)
+                    self.optimizer.step()
+                except NonFiniteGradient as error:
+                    raise TrainingDiverged(self._diverged(epoch, step, str(error))) from error
+                if self.after_step is not None:
+                    self.after_step()
+                self.optimizer.zero_grad()
+                total += value
+                n_steps += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{value:.4g}")
+        finally:
+            bar.close()
+        if n_steps == 0:
+            raise ValueError(f"train_sampler gave no batch in epoch {epoch}")
+        return total / n_steps
+
+    def _check_finite_gradient(self, d_outputs: Any) -> None:
+        """:class:`NonFiniteGradient` unless the objective's gradient of the outputs is finite."""
+        arrays = [a for a in (d_outputs if isinstance(d_outputs, tuple) else (d_outputs,))
+                  if a is not None]
+        xp = self._xp
+        # One device-to-host transfer for all outputs.
+        if not bool(to_numpy(xp.stack([xp.isfinite(a).all() for a in arrays])).all()):
+            raise NonFiniteGradient("the objective's gradient of the outputs is not finite")
+
+    def _diverged(self, epoch: int, step: int, what: str) -> str:
+        return (f"training diverged at epoch {epoch}, step {step} ({what}); stopped without "
+                f"updating the parameters{self.sink.diverged_note(self)}")
+
+    # -- the run -------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, Any]]:
+        """Train to ``epochs`` (or the early stop); return the rows of this call's epochs."""
+        if self.device == "cpu" and self.blas_threads is not None:
+            from threadpoolctl import threadpool_limits
+
+            with threadpool_limits(limits=self.blas_threads, user_api="blas"):
+                return self._fit()
+        return self._fit()
+
+    def _fit(self) -> list[dict[str, Any]]:
+        rows = []
+        if not self.started:
+            self.sink.start(self)
+            rows.append(self._end_epoch(0, None, time.perf_counter()))
+            self.started = True
+        while self.epoch < self.epochs and not self.stopped_early:
+            epoch = self.epoch + 1
+            start = time.perf_counter()
+            if self.instance_due(epoch):
+                self.new_problem_instance(epoch)
+            loss = self._train_epoch(epoch)
+            rows.append(self._end_epoch(epoch, loss, start))
+        self.sink.end(self)
+        return rows
+
+    def _end_epoch(self, epoch: int, train_loss: float | None, start: float) -> dict[str, Any]:
+        row: dict[str, Any] = {"epoch": epoch, "train_loss": train_loss,
+                               "lr": self.optimizer.lr, "n_steps": self.optimizer.n_steps}
+        row.update(self._evaluation())
+        improved = False
+        if self.select is not None:
+            metric = row[self.select]
+            improved = epoch >= self.select_from and metric > self.best_metric
+            if improved:
+                self.best_metric, self.best_epoch = metric, epoch
+            if metric > self.improved_metric + self.early_stopping_min_delta or epoch == 0:
+                self.improved_metric, self.improved_epoch = metric, epoch
+            if epoch > 0 and self.schedule is not None:
+                if self.schedule.uses_metric:
+                    self.schedule.step(metric)
+                else:
+                    self.schedule.step()
+            patience = self.early_stopping_patience
+            target = self.early_stopping_target
+            waited = patience is not None and epoch - self.improved_epoch >= patience
+            reached = target is not None and epoch >= 1 and metric >= target
+            self.stopped_early = waited or reached
+            row[f"best_{self.select}"] = self.best_metric
+        elif epoch > 0 and self.schedule is not None:
+            self.schedule.step()
+        self.epoch = epoch
+        row["seconds"] = time.perf_counter() - start
+        self.sink.end_epoch(self, row)
+        if improved:
+            self.sink.new_best(self, row)
+        return row
