@@ -4,6 +4,9 @@
     python scripts/bench_train.py --only collage     # one model (repeatable: --only tokens)
     python scripts/bench_train.py --device cuda      # CuPy on a GPU (where one is lent)
     python scripts/bench_train.py --quick            # 3 repeats, a smoke run
+    python scripts/bench_train.py --json out.json    # the step times also as JSON
+    python scripts/bench_train.py --torch-only       # only the rows against PyTorch
+    python scripts/bench_train.py --torch-only --rounds 5   # more alternating processes
 
 A step is what :class:`refdml.train.Trainer` does per batch: ``zero_grad``, model forward,
 objective forward and backward, model backward, Adam step. Per model, three paths:
@@ -31,6 +34,23 @@ Models: exactly the training defaults, built by :func:`refdml.train.runs.build_r
 - ``tokens``: the GSP token study at its defaults (batch 64 = 16 classes x 4 samples of 50
   tokens), its objective and Adam; the token table's clip after the step is left out.
 
+Against PyTorch (CPU only, where ``torch`` is installed; the rows are skipped otherwise):
+the same model, objective, Adam, batch and initial parameters in PyTorch
+(scripts/_torch_twin.py: PyTorch's own convolutions, linear layers and Adam under
+autograd; the GSP head and the objective enter as custom autograd functions around the
+refdml objects, so they cost the same on both sides), float32. Each side runs ALONE in a
+process of its own, as a training run would: the two steps interleaved in one process
+change each other's heap history (whether glibc hands freed memory back to the system, to
+be faulted in again at the next step) and thread pools (OpenMP and OpenBLAS workers
+spinning on each other's cores). The processes alternate, refdml then PyTorch,
+``--rounds`` times, at 1 thread and at the machine's ``os.cpu_count()`` threads
+(``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` set before either starts); a round gives
+each side's median over ``--repeats`` steps, wall clock and CPU time (on a shared machine
+the CPU time of a one-thread step is the steadier), and the table gives the median over
+rounds of the times and of the per-round ratios. Before timing, one float64 step of both
+is compared (every parameter to 1e-12 of its largest entry), so a twin that drifted from
+the model fails instead of timing something else.
+
 BLAS threads: OpenBLAS's worker threads spin while they wait, and on a machine whose cores
 are busy with other work they make a matrix product many times slower, not faster; the
 script therefore pins BLAS (OpenBLAS, MKL, OpenMP) to ``REFDML_BENCH_BLAS_THREADS`` threads
@@ -46,7 +66,11 @@ for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, os.environ.get("REFDML_BENCH_BLAS_THREADS", "1"))
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
@@ -64,8 +88,6 @@ class Step:
     """One model + objective + Adam on a fixed batch; ``__call__`` runs one training step."""
 
     def __init__(self, which: str, path: str, dtype: str, device: str) -> None:
-        import tempfile
-
         config = dict(dtype=dtype, device=device, reference=path == "ref", epochs=0,
                       progress=False)
         self.run = build_run(STUDIES[which], config, out_dir=tempfile.mkdtemp())
@@ -76,6 +98,7 @@ class Step:
         self.optimizer = trainer.optimizer
         self.xp = trainer._xp
         self.device = device
+        self._model_ctx = self._objective_ctx = None
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -83,11 +106,18 @@ class Step:
 
     def __call__(self) -> None:
         self.optimizer.zero_grad()
-        outputs, ctx = self.model.forward(self.x)
-        _, octx = self.objective.forward(outputs, self.labels)
-        self.model.backward(ctx, self.objective.backward(octx, 1.0))
+        # Each context lives until the next step's forward has returned, as the Trainer's
+        # loop variables do. Dropped at the end of each step instead, they would free the
+        # whole step's memory at once; glibc then returns it to the system and the next
+        # step faults it back in (thousands of page faults per digits-collage step, which
+        # a training run does not pay).
+        outputs, self._model_ctx = self.model.forward(self.x)
+        _, self._objective_ctx = self.objective.forward(outputs, self.labels)
+        self.model.backward(self._model_ctx,
+                            self.objective.backward(self._objective_ctx, 1.0))
         self.optimizer.step()
         self.sync()
+
 
 
 def _wrap(obj, method: str, key: str, record: dict, sync) -> None:
@@ -125,7 +155,100 @@ def layer_shares(step: Step, repeats: int) -> dict:
     return {key: value / total for key, value in medians.items()}
 
 
-def bench(which: str, device: str, repeats: int) -> None:
+def _torch_twin_of(which: str, dtype: str):
+    """The PyTorch twin of a freshly built fast-path ``Step`` (see the module docstring)."""
+    from _torch_twin import torch_twin  # imports torch
+
+    step = Step(which, "fast", dtype, "cpu")
+    return step, torch_twin(step.model, step.objective, step.optimizer, step.x, step.labels)
+
+
+def check_torch_twin(which: str) -> float:
+    """One float64 step of refdml and of its PyTorch twin from the same start: the largest
+    difference of a parameter after the step, relative to its largest entry. Raises when
+    it exceeds 1e-12 (the two compute the same maths; only rounding differs)."""
+    ours = Step(which, "fast", "float64", "cpu")
+    _, twin = _torch_twin_of(which, "float64")
+    ours()
+    twin.step()
+    worst = 0.0
+    for param in ours.optimizer.params:
+        theirs = twin.named_parameters[param.name].detach().numpy()
+        worst = max(worst, float(np.abs(param.value - theirs).max() / np.abs(param.value).max()))
+    if not worst <= 1e-12:
+        raise AssertionError(f"{which}: the PyTorch twin differs from refdml by {worst:.3g} "
+                             "after one float64 step; it is not the same model")
+    return worst
+
+
+def _time_alone(side: str, which: str, repeats: int) -> dict:
+    """Median wall and CPU (process) milliseconds of ``repeats`` float32 steps of one side
+    (``refdml`` fast path or its ``torch`` twin), after two untimed steps."""
+    if side == "refdml":
+        step = Step(which, "fast", "float32", "cpu")
+    else:
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        step = _torch_twin_of(which, "float32")[1].step
+    for _ in range(2):
+        step()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        step()
+        wall.append(time.perf_counter() - start_wall)
+        cpu.append(time.process_time() - start_cpu)
+    return {"wall": 1e3 * statistics.median(wall), "cpu": 1e3 * statistics.median(cpu)}
+
+
+def _run_alone(side: str, which: str, threads: int, repeats: int) -> dict:
+    """:func:`_time_alone` in a child process with ``threads`` BLAS/OpenMP threads."""
+    env = dict(os.environ)
+    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        env[var] = str(threads)
+    command = [sys.executable, os.path.abspath(__file__), "--time-alone", side, which,
+               "--repeats", str(repeats)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"timing {side} {which} at {threads} threads failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_torch(which: str, repeats: int, rounds: int) -> dict | None:
+    """refdml ``fast f32`` against its PyTorch twin, each alone in its own process,
+    alternating, at 1 and at ``os.cpu_count()`` threads; None (and a note) without torch."""
+    try:
+        import torch
+    except ImportError:
+        print(f"\n(PyTorch is not installed: no PyTorch rows for {which})")
+        return None
+    agreement = check_torch_twin(which)
+    table = {}
+    for threads in sorted({1, os.cpu_count() or 1}):
+        runs = {"refdml": [], "torch": []}
+        for _ in range(rounds):
+            for side in runs:
+                runs[side].append(_run_alone(side, which, threads, repeats))
+        table[str(threads)] = {
+            clock: {"refdml_ms": statistics.median(r[clock] for r in runs["refdml"]),
+                    "torch_ms": statistics.median(r[clock] for r in runs["torch"]),
+                    "ratio": statistics.median(a[clock] / b[clock]
+                                               for a, b in zip(runs["refdml"], runs["torch"]))}
+            for clock in ("wall", "cpu")}
+    print(f"\n== {which}: refdml fast f32 vs PyTorch {torch.__version__} f32 (same model, "
+          f"batch, initial parameters; float64 twin check {agreement:.1e}); each alone in "
+          f"its own process, {rounds} alternating rounds of {repeats} steps ==")
+    print(f"{'threads':<9}{'clock':<6}{'refdml ms':>11}{'torch ms':>10}{'refdml/torch':>14}")
+    for threads, clocks in table.items():
+        for clock, row in clocks.items():
+            print(f"{threads:<9}{clock:<6}{row['refdml_ms']:>11.2f}{row['torch_ms']:>10.2f}"
+                  f"{row['ratio']:>13.2f}x")
+    return {"torch_version": torch.__version__, "float64_agreement": agreement,
+            "rounds": rounds, "threads": table}
+
+
+def bench(which: str, device: str, repeats: int) -> dict:
     steps = {f"{path} {dtype[-2:]}": Step(which, path, dtype, device) for path, dtype in PATHS}
     for step in steps.values():  # keep a row of the table from timing a broken step
         step()
@@ -142,6 +265,20 @@ def bench(which: str, device: str, repeats: int) -> None:
     print(f"{'component':<16}" + "".join(f"{name:>10}" for name in shares))
     for key in keys:
         print(f"{key:<16}" + "".join(f"{shares[name].get(key, 0.0):>10.1%}" for name in shares))
+    return {"ms_per_step": {name: 1e3 * seconds for name, seconds in medians.items()},
+            "shares": shares}
+
+
+def _write_json(path: str, payload: dict) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bench_train_", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def main(argv=None) -> None:
@@ -150,12 +287,33 @@ def main(argv=None) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="3 repeats: a smoke run")
+    parser.add_argument("--json", metavar="PATH", help="also write the results to PATH")
+    parser.add_argument("--torch-only", action="store_true",
+                        help="only the comparison with PyTorch (no paths table, no shares)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating refdml/PyTorch processes per thread count (3)")
+    parser.add_argument("--time-alone", nargs=2, metavar=("SIDE", "MODEL"),
+                        help=argparse.SUPPRESS)   # the child process of the PyTorch rows
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else args.repeats
+    if args.time_alone:
+        print(json.dumps(_time_alone(*args.time_alone, repeats)))
+        return
+    load = list(os.getloadavg())   # a busy machine slows every row (module docstring)
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "
-          f"(see the module docstring); numpy {np.__version__}")
+          f"(see the module docstring); numpy {np.__version__}; "
+          "load average " + " ".join(f"{x:.2f}" for x in load))
+    results = {"numpy": np.__version__, "cpu_count": os.cpu_count(), "load_average": load,
+               "repeats": repeats, "device": args.device, "models": {}}
     for which in args.only or ("collage", "tokens"):
-        bench(which, args.device, repeats)
+        entry = {} if args.torch_only else bench(which, args.device, repeats)
+        if args.device == "cpu":
+            entry["torch"] = bench_torch(which, repeats, args.rounds)
+        results["models"][which] = entry
+    results["load_average_after"] = list(os.getloadavg())
+    print("\nload average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    if args.json:
+        _write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,26 @@ def test_col2im_counts_the_patches_covering_each_pixel():
     np.testing.assert_allclose(counts, np.outer(per_axis, per_axis), rtol=0, atol=0)
 
 
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), stride=st.integers(1, 3), padding=st.integers(0, 2),
+       kernel_size=st.sampled_from([1, 2, 3]), channels=st.integers(1, 4))
+def test_im2col_offset_loop_gathers_what_the_window_copy_gathers(seed, stride, padding,
+                                                                  kernel_size, channels):
+    # CuPy arrays take the per-offset loop, NumPy arrays the window copy: the same gather.
+    # Both only copy numbers (no arithmetic), so they are equal exactly.
+    from refdml.train._conv import _gather_by_offsets, _im2col
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, channels, 5, 6))
+    cols = _im2col(x, kernel_size, stride, padding)
+    padded = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    h_out = (5 + 2 * padding - kernel_size) // stride + 1
+    w_out = (6 + 2 * padding - kernel_size) // stride + 1
+    looped = np.full((2, h_out, w_out, kernel_size, kernel_size, channels), np.nan)
+    _gather_by_offsets(padded.transpose(0, 2, 3, 1), looped, stride)
+    np.testing.assert_array_equal(cols, looped.reshape(cols.shape))
+
+
 def test_conv2d_names_bad_shapes():
     x = np.ones((1, 2, 4, 4))
     with pytest.raises(ValueError, match="channels"):

@@ -9,18 +9,34 @@ padding ``p`` and stride ``s`` the output is (B, C_out, H_o, W_o),
 
 with ``x~`` the zero-padded input. im2col gathers, for every output location
 ``(b, u, v)``, the patch ``x~[b, :, s u : s u + k, s v + k]`` into one row of
-``cols`` (B H_o W_o, C k k) (column order ``(c, i, j)``, that of ``weight.reshape(C_out,
--1)``), so the convolution is one matrix product ``cols W^T + b``. The loop runs over
-the ``k^2`` kernel offsets ``(i, j)``, never over the batch: for a fixed offset, the
-strided slice ``x~[:, :, i : i + s H_o : s, j : j + s W_o : s]`` is column ``(., i, j)``
-of every patch at once.
+``cols`` (B H_o W_o, C k k), so the convolution is one matrix product ``cols W^T + b``.
+The loop runs over the ``k^2`` kernel offsets ``(i, j)``, never over the batch: for a
+fixed offset, the strided slice ``x~[:, :, i : i + s H_o : s, j : j + s W_o : s]`` is
+column ``(., i, j)`` of every patch at once.
+
+Memory layout (the maths above does not depend on it). The public :func:`im2col` orders
+the columns ``(c, i, j)``, as ``weight.reshape(C_out, -1)``. Inside the layer the patches
+are gathered channels-last: the padded input is copied once to (B, H + 2p, W + 2p, C),
+the columns are ordered ``(i, j, c)`` and the weight is permuted to match
+(``weight.transpose(0, 2, 3, 1)``), so every copy and every scatter-add moves runs of
+``C`` or more contiguous numbers (on NumPy the gather is one copy from a window view,
+whose rows of ``k C`` numbers are contiguous). The output ``y`` is the NCHW view of the
+product's (B, H_o, W_o, C_out) rows (no transposed copy), and the layers after it
+(ReLU, the next convolution, :func:`local_linear_forward`) read it in that order at no
+cost. Only the order of the terms of each dot product differs from the ``(c, i, j)``
+order, so results agree to rounding.
 
 Backward. The map ``x -> cols`` is linear, so its adjoint col2im (``x = col2im(cols)``)
 scatter-ADDS every patch entry back where it came from (overlapping patches sum; the
 padding is cropped): ``<im2col(x), c> = <x, col2im(c)>`` for all ``x, c``. With
-``g = d_y`` laid out as (B H_o W_o, C_out): ``d_W = g^T cols``, ``d_b = sum of g``,
-``d_x = col2im(g W)``. The context keeps ``cols`` (the backward needs it for ``d_W``;
-recomputing it from ``x`` would cost a second im2col).
+``g = d_y`` laid out as (B H_o W_o, C_out): ``d_W = g^T cols``, ``d_b = g^T 1`` (the sum
+over locations), ``d_x = col2im(g W)``. The context keeps ``cols`` (the backward needs it
+for ``d_W``; recomputing it from ``x`` would cost a second im2col). col2im is the same
+loop over the kernel offsets with ``+=`` in place of the copy; within one offset no two
+patch entries land on the same pixel, so each ``+=`` is a plain strided add (no
+``np.add.at``). The backward never holds ``g W`` (B H_o W_o, k k C) whole: its column
+block ``(i, j)`` is ``g W[:, :, i, j]``, formed in one reused (B H_o W_o, C) buffer and
+added at offset ``(i, j)`` (:func:`_conv_input_grad`).
 
 The per-location linear map (a 1x1 convolution) turns a feature map into the local
 features of the pooling heads:
@@ -38,9 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, check_context, check_rng
+from refdml._validation import _describe, as_inputs, check_context, check_rng, check_upstream_like
 from refdml._xp import array_namespace
-from refdml.train._checks import as_inputs, check_upstream_like
 from refdml.train._dense import _bounded_int, _positive_int, dense_init
 from refdml.train._layer import Layer, init_array
 
@@ -89,32 +104,55 @@ def _output_size(size: int, kernel_size: int, stride: int, padding: int) -> int:
 
 
 def im2col(x, kernel_size: int, *, stride: int = 1, padding: int = 0):
-    """Patches of ``x`` (B, C, H, W) as rows: (B H_o W_o, C k k), rows ordered (b, u, v)."""
+    """Patches of ``x`` (B, C, H, W) as rows: (B H_o W_o, C k k), rows ordered (b, u, v),
+    columns ``(c, i, j)``."""
     kernel_size, stride, padding = _geometry(kernel_size, stride, padding)
     _, _, a = as_inputs({"x": (x, 4)})
-    return _im2col(a["x"], kernel_size, stride, padding)
+    k, channels = kernel_size, a["x"].shape[1]
+    cols = _im2col(a["x"], k, stride, padding)
+    return cols.reshape(-1, k, k, channels).transpose(0, 3, 1, 2).reshape(-1, channels * k * k)
 
 
 def _im2col(x, kernel_size: int, stride: int, padding: int):
+    """Patches of ``x`` (B, C, H, W) as (B H_o W_o, k k C): channels-last (module doc)."""
     xp = array_namespace(x).xp
     batch, channels, height, width = x.shape
     k, s, p = kernel_size, stride, padding
     h_out = _output_size(height, k, s, p)
     w_out = _output_size(width, k, s, p)
-    padded = xp.pad(x, ((0, 0), (0, 0), (p, p), (p, p))) if p else x
-    # Filled in its final (b, u, v, c, i, j) layout: one strided copy per kernel offset and no
-    # transposed copy of the whole (B H_o W_o, C k k) block afterwards (1.1-1.8x faster).
-    cols = xp.empty((batch, h_out, w_out, channels, k, k), dtype=x.dtype)
+    rows = x.transpose(0, 2, 3, 1)   # free when x is the NCHW view of a conv's output
+    if p:
+        padded = xp.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=x.dtype)
+        padded[:, p:p + height, p:p + width, :] = rows
+    else:
+        padded = rows
+    cols = xp.empty((batch, h_out, w_out, k, k, channels), dtype=x.dtype)
+    if isinstance(padded, np.ndarray):
+        # One copy from the window view: its (j, c) block of k C numbers is contiguous in
+        # the source, where the loop below copies runs of C numbers.
+        windows = np.lib.stride_tricks.sliding_window_view(padded, (k, k), axis=(1, 2))
+        np.copyto(cols, windows[:, ::s, ::s].transpose(0, 1, 2, 4, 5, 3))
+    else:   # CuPy
+        _gather_by_offsets(padded, cols, s)
+    return cols.reshape(batch * h_out * w_out, k * k * channels)
+
+
+def _gather_by_offsets(padded, cols, stride: int) -> None:
+    """``cols[b, u, v, i, j, :] = padded[b, s u + i, s v + j, :]``, one strided copy per
+    kernel offset ``(i, j)`` (any array module)."""
+    _, h_out, w_out, k, _, _ = cols.shape
+    s = stride
     for i in range(k):
         for j in range(k):
-            cols[:, :, :, :, i, j] = padded[:, :, i:i + s * (h_out - 1) + 1:s,
-                                            j:j + s * (w_out - 1) + 1:s].transpose(0, 2, 3, 1)
-    return cols.reshape(batch * h_out * w_out, channels * k * k)
+            cols[:, :, :, i, j, :] = padded[:, i:i + s * (h_out - 1) + 1:s,
+                                            j:j + s * (w_out - 1) + 1:s, :]
 
 
 def col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, *,
            stride: int = 1, padding: int = 0):
     """The adjoint of :func:`im2col`: scatter-add the rows of ``cols`` back into ``x_shape``.
+
+    ``cols`` has :func:`im2col`'s column order ``(c, i, j)``.
 
     ``x_shape`` is ``(B, C, H, W)`` (ints >= 1); ``cols`` must have the shape
     ``(B H_o W_o, C k k)`` that :func:`im2col` gives for it.
@@ -131,32 +169,66 @@ def col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, *,
     if tuple(a["cols"].shape) != expected:
         raise ValueError(f"cols has shape {tuple(a['cols'].shape)}, im2col gives {expected} for "
                          f"x_shape {x_shape} and this kernel, stride and padding")
-    return _col2im(a["cols"], x_shape, kernel_size, stride, padding)
+    k = kernel_size
+    channels_last = a["cols"].reshape(-1, channels, k, k).transpose(0, 2, 3, 1)
+    return _col2im(channels_last.reshape(-1, k * k * channels), x_shape, k, stride, padding)
 
 
 def _col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, stride: int,
             padding: int):
+    """The adjoint of :func:`_im2col` (columns ``(i, j, c)``); the NCHW view of a
+    channels-last array."""
     xp = array_namespace(cols).xp
     batch, channels, height, width = x_shape
     k, s, p = kernel_size, stride, padding
     h_out = _output_size(height, k, s, p)
     w_out = _output_size(width, k, s, p)
-    patches = cols.reshape(batch, h_out, w_out, channels, k, k)
-    padded = xp.zeros((batch, channels, height + 2 * p, width + 2 * p), dtype=cols.dtype)
+    patches = cols.reshape(batch, h_out, w_out, k, k, channels)
+    padded = xp.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=cols.dtype)
     for i in range(k):
         for j in range(k):
             # One offset touches each padded pixel at most once: no collision inside the +=.
-            padded[:, :, i:i + s * (h_out - 1) + 1:s, j:j + s * (w_out - 1) + 1:s] += (
-                patches[:, :, :, :, i, j].transpose(0, 3, 1, 2)
+            padded[:, i:i + s * (h_out - 1) + 1:s, j:j + s * (w_out - 1) + 1:s, :] += (
+                patches[:, :, :, i, j, :]
             )
-    return padded[:, :, p:p + height, p:p + width]
+    return padded[:, p:p + height, p:p + width, :].transpose(0, 3, 1, 2)
+
+
+def _conv_input_grad(g, weight, x_shape: tuple[int, int, int, int], stride: int, padding: int):
+    """``col2im(g W)`` of the convolution (channels-last columns), without forming ``g W``.
+
+    ``g`` (B H_o W_o, C_out), ``weight`` (C_out, C, k, k). Column block ``(i, j)`` of
+    ``g W`` is ``g W[:, :, i, j]`` (B H_o W_o, C): each is computed into one buffer and
+    added at its offset, so the (B H_o W_o, k k C) product is never held in memory.
+    """
+    xp = array_namespace(g).xp
+    batch, channels, height, width = x_shape
+    k, s, p = weight.shape[-1], stride, padding
+    h_out = _output_size(height, k, s, p)
+    w_out = _output_size(width, k, s, p)
+    per_offset = xp.ascontiguousarray(weight.transpose(2, 3, 0, 1))   # (k, k, C_out, C)
+    padded = xp.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=g.dtype)
+    block = xp.empty((g.shape[0], channels), dtype=g.dtype)
+    for i in range(k):
+        for j in range(k):
+            xp.matmul(g, per_offset[i, j], out=block)
+            # One offset touches each padded pixel at most once: no collision inside the +=.
+            padded[:, i:i + s * (h_out - 1) + 1:s, j:j + s * (w_out - 1) + 1:s, :] += (
+                block.reshape(batch, h_out, w_out, channels)
+            )
+    return padded[:, p:p + height, p:p + width, :].transpose(0, 3, 1, 2)
+
+
+def _channels_last_weight(weight):
+    """``weight`` (C_out, C, k, k) as the (C_out, k k C) matrix of :func:`_im2col`'s columns."""
+    return weight.transpose(0, 2, 3, 1).reshape(weight.shape[0], -1)
 
 
 # --------------------------------------------------------------------------- conv2d
 @dataclass(frozen=True)
 class Conv2dContext:
-    """``cols`` (im2col of the input), ``weight``, ``x_shape``, ``stride``, ``padding``,
-    ``y_shape``."""
+    """``cols`` (the input's patches, columns ``(i, j, c)``: see the module doc),
+    ``weight``, ``x_shape``, ``stride``, ``padding``, ``y_shape``."""
 
     cols: Any
     weight: Any
@@ -196,8 +268,9 @@ def conv2d_forward(x, weight, bias, *, stride: int = 1, padding: int = 1):
     h_out = _output_size(height, k, stride, padding)
     w_out = _output_size(width, k, stride, padding)
     cols = _im2col(x, k, stride, padding)
-    y = (cols @ weight.reshape(c_out, -1).T + bias).reshape(batch, h_out, w_out, c_out)
-    y = y.transpose(0, 3, 1, 2)
+    y = cols @ _channels_last_weight(weight).T
+    y += bias
+    y = y.reshape(batch, h_out, w_out, c_out).transpose(0, 3, 1, 2)
     return y, Conv2dContext(
         cols=cols, weight=weight, x_shape=tuple(x.shape), stride=stride, padding=padding,
         y_shape=tuple(y.shape),
@@ -210,12 +283,16 @@ def conv2d_backward(ctx: Conv2dContext, d_y) -> Conv2dGrads:
     d_y = check_upstream_like(d_y, "d_y", ctx.y_shape, ctx.weight)
     c_out = ctx.weight.shape[0]
     k = ctx.weight.shape[-1]
+    c_in = ctx.weight.shape[1]
+    xp = array_namespace(d_y).xp
+    # A free view when d_y is channels-last in memory, as the layers above give it.
     g = d_y.transpose(0, 2, 3, 1).reshape(-1, c_out)
-    d_cols = g @ ctx.weight.reshape(c_out, -1)
+    d_weight = (g.T @ ctx.cols).reshape(c_out, k, k, c_in).transpose(0, 3, 1, 2)
     return Conv2dGrads(
-        x=_col2im(d_cols, ctx.x_shape, k, ctx.stride, ctx.padding),
-        weight=(g.T @ ctx.cols).reshape(ctx.weight.shape),
-        bias=g.sum(axis=0),
+        x=_conv_input_grad(g, ctx.weight, ctx.x_shape, ctx.stride, ctx.padding),
+        weight=xp.ascontiguousarray(d_weight),
+        # 1^T g: a matrix-vector product, much faster than a reduction over g's long axis.
+        bias=xp.ones(g.shape[0], dtype=g.dtype) @ g,
     )
 
 
@@ -251,8 +328,11 @@ def local_linear_forward(x, weight, bias):
         )
     if bias.shape[0] != weight.shape[0]:
         raise ValueError(f"bias has shape {tuple(bias.shape)}, must be ({weight.shape[0]},)")
-    features = x.reshape(batch, channels, height * width).transpose(0, 2, 1)
-    y = features @ weight.T + bias
+    # Channels-last (B, n, C): a free view of a convolution's output (see the module doc).
+    features = x.transpose(0, 2, 3, 1).reshape(batch, height * width, channels)
+    # One (B n, C) x (C, d) product, not B small ones.
+    y = (features.reshape(-1, channels) @ weight.T).reshape(batch, height * width, -1)
+    y += bias
     return y, LocalLinearContext(
         features=features, weight=weight, x_shape=tuple(x.shape), y_shape=tuple(y.shape)
     )
@@ -263,10 +343,11 @@ def local_linear_backward(ctx: LocalLinearContext, d_y) -> LocalLinearGrads:
     check_context(ctx, "ctx", LocalLinearContext)
     d_y = check_upstream_like(d_y, "d_y", ctx.y_shape, ctx.weight)
     d, channels = ctx.weight.shape
+    batch, _, height, width = ctx.x_shape
     flat = d_y.reshape(-1, d)
-    d_features = d_y @ ctx.weight  # (B, n, C)
+    d_features = flat @ ctx.weight  # (B n, C), channels-last
     return LocalLinearGrads(
-        x=d_features.transpose(0, 2, 1).reshape(ctx.x_shape),
+        x=d_features.reshape(batch, height, width, channels).transpose(0, 3, 1, 2),
         weight=flat.T @ ctx.features.reshape(-1, channels),
         bias=flat.sum(axis=0),
     )

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, check_context, check_rng
+from refdml._validation import (
+    _describe, as_inputs, check_context, check_rng, check_scalar, check_upstream_like, data_checks,
+)
 from refdml._xp import array_namespace, is_cupy_array
-from refdml.gpu._fast_checks import data_checks
-from refdml.train._checks import as_inputs, check_upstream_like
 from refdml.train._layer import Layer, init_array
 
 __all__ = [
@@ -211,13 +211,7 @@ def dense_init(rng, d_in: int, d_out: int, init: str) -> np.ndarray:
 
 def _bounded_int(value, name: str, *, low: int) -> int:
     """An int (Python or NumPy, not bool) in ``[low, int64 max]`` (a size NumPy can hold)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {_describe(value)}")
-    if value < low:
-        raise ValueError(f"{name} == {value}, must be >= {low}")
-    if value > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} == {value}, must be at most {np.iinfo(np.int64).max} (int64)")
-    return int(value)
+    return check_scalar(value, name, low=low, integer=True, one_sided=True)
 
 
 def _positive_int(value, name: str) -> int:
