@@ -50,6 +50,10 @@ __all__ = ["ConvergenceWarning", "RefdmlWarning", "__version__", *_SUBMODULES]
 
 
 def __getattr__(name: str):
+    # Lazy access to refdml's own subpackages, by a name from the fixed tuple above: the one
+    # place where refdml loads a module named by a string (tests/test_architecture.py allows
+    # it here only). A static import would load every layer, POT and Numba included, on
+    # `import refdml`.
     if name in _SUBMODULES:
         return importlib.import_module(f"refdml.{name}")
     raise AttributeError(f"module 'refdml' has no attribute {name!r}")

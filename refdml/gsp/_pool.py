@@ -13,8 +13,8 @@ prototypes)`` plus the direct path from ``pooled`` to the raw features. Which ba
 of (P2) is used (Prop. 4.3's closed form or the unrolled fixed point) is chosen in the
 forward and kept in the context.
 
-Extreme magnitudes (issue 20; docs/gsp.md Sec. 5)
--------------------------------------------------
+Extreme magnitudes (docs/gsp.md Sec. 5)
+---------------------------------------
 * GeMean at any ``p >= 1``: the power mean is taken of ``y / max_j y_j`` (largest term
   exactly 1, so the mean lies in ``[1/n, 1]`` and never underflows), and the backward
   uses ``(y_j / pooled)^(p-1) = t_j^(p-1) M^(1/p - 1)`` with ``t = y / max y`` and the

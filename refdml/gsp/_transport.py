@@ -43,9 +43,8 @@ rounding at any ε, the column constraints only once converged, and at large ε 
 ~ε times a cost gap iterations (a ``ConvergenceWarning`` says so). Nothing forms
 ``exp(-ε c)``.
 
-Length: ~700 lines, over the house ~450 on purpose: the solvers, the result they fill
-and the two backward passes that read it are one derivation (docs/gsp.md Secs. 2-4)
-and are meant to be read side by side; half of the file is docstring.
+The solvers, the result they fill and the two backward passes that read it are one
+derivation (docs/gsp.md Secs. 2-4) and are meant to be read side by side in one module.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Manual-backprop training for metric learning (issue 12; under construction).
+"""Manual-backprop training for metric learning.
 
 Every layer is a forward/backward pair catalogued like the operators; parameters are
 plain objects with a value and an accumulated gradient; a model walks its layers in
@@ -33,7 +33,14 @@ from refdml.train.layers import (
 )
 from refdml.train.optim import SGD, Adam, AdamW, NonFiniteStepError, Optimizer
 from refdml.train.schedules import CosineAnnealing, ReduceOnPlateau, Schedule, StepDecay
-from refdml.train.trainer import Trainer, TrainingDiverged
+from refdml.train.trainer import (
+    DiskSink,
+    MemorySink,
+    Trainer,
+    TrainingDiverged,
+    TrainingLoop,
+    TrainingSink,
+)
 from refdml.train.runs import build_run
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "AdamW",
     "Conv2d",
     "CosineAnnealing",
+    "DiskSink",
     "Embedding",
     "GSPHead",
     "GeMean",
@@ -51,6 +59,7 @@ __all__ = [
     "Layer",
     "Linear",
     "LocalLinear",
+    "MemorySink",
     "NonFiniteStepError",
     "Optimizer",
     "Parameter",
@@ -61,6 +70,8 @@ __all__ = [
     "StepDecay",
     "Trainer",
     "TrainingDiverged",
+    "TrainingLoop",
+    "TrainingSink",
     "XMLHistogramHead",
     "build_run",
     "layers",

@@ -1,0 +1,286 @@
+"""The import contract: refdml's layers, and that dependencies run one way between them.
+
+An AST walk over every module of the three source folders (``refdml/``; ``gpu/``, installed as
+``refdml.gpu``; ``validation/``, installed as ``refdml.validation``) collects every import,
+module-level and function-local alike (an import inside a function is still a dependency: it
+only hides the cycle until the function runs). Each module belongs to exactly one layer of
+:data:`LAYERS`; an import may point at its own layer or a lower one, never a higher one; no
+modules import each other in a circle; and no module loads code by a string
+(``importlib.import_module``, ``__import__``) outside :data:`STRING_LOADERS`, each entry of
+which says why. ``docs/architecture.md`` draws the same layers: a test holds the page to
+:data:`LAYERS`.
+
+The checker is tested on small synthetic trees first, so that a rule that cannot fail shows.
+No refdml module is imported here: the walk reads source files.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+from collections.abc import Iterable, Mapping
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# The source folders and the package each installs as (pyproject's package-dir).
+SOURCES = {"refdml": REPO / "refdml", "refdml.gpu": REPO / "gpu",
+           "refdml.validation": REPO / "validation"}
+
+# Bottom to top. A module belongs to the layer of the longest prefix that names it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("refdml.exceptions", "refdml._validation", "refdml._numerics", "refdml._xp",
+              "refdml._io", "refdml._compiled", "refdml._cli_support")),
+    ("operators", ("refdml.normalize", "refdml.distances", "refdml.gsp", "refdml.histogram",
+                   "refdml.losses", "refdml.prototypes", "refdml.crossbatch", "refdml.ot",
+                   "refdml.kcenter", "refdml.metrics", "refdml.coresets")),
+    ("fast path", ("refdml.gpu",)),
+    ("harness", ("refdml.gradcheck",)),
+    ("training", ("refdml.train",)),
+    ("catalogue", ("refdml.catalog",)),
+    ("apps", ("refdml.validation", "refdml.reproduce", "refdml.cli")),
+)
+
+# The package's face: ``refdml/__init__.py`` imports nothing at load time and hands out its
+# subpackages on first attribute access, so it stands outside the layers.
+FACE = "refdml"
+
+# (module, why) of the only modules allowed to load a module named by a string.
+STRING_LOADERS: dict[str, str] = {
+    "refdml": "lazy access to refdml's own subpackages (`refdml.gsp` without an import), "
+              "from a fixed tuple of names; keeps `import refdml` cheap",
+}
+
+
+def module_name(path: pathlib.Path, sources: Mapping[str, pathlib.Path]) -> str | None:
+    """The dotted name ``path`` installs as, or None when no source folder holds it."""
+    for package, folder in sorted(sources.items(), key=lambda item: -len(item[0])):
+        try:
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+        except ValueError:
+            continue
+        if parts[-1] == "__init__":
+            parts.pop()
+        return ".".join([package, *parts])
+    return None
+
+
+def source_modules(sources: Mapping[str, pathlib.Path]) -> dict[str, pathlib.Path]:
+    """Every module of the source folders, by the name it installs as."""
+    found = {}
+    for folder in sources.values():
+        for path in folder.rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            name = module_name(path, sources)
+            # refdml/ might hold stray copies named like a nested source folder; the
+            # longest-prefix match above already gives such a file its installed name.
+            found.setdefault(name, path)
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool,
+             modules: Iterable[str]) -> list[str]:
+    """The refdml modules an import statement loads (``from a import b``: ``a.b`` when that is
+    a module, else ``a``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = importer if is_package else importer.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            base = base.rpartition(".")[0]
+        source = f"{base}.{node.module}" if node.module else base
+    else:
+        source = node.module or ""
+    known = set(modules)
+    return [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source
+            for a in node.names]
+
+
+def _is_string_loader(call: ast.Call) -> bool:
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name in ("import_module", "__import__")
+
+
+def scan(sources: Mapping[str, pathlib.Path]):
+    """(modules, edges, string loaders): ``edges[m]`` = {(target, line)} of refdml targets."""
+    modules = source_modules(sources)
+    edges: dict[str, set[tuple[str, int]]] = {}
+    loaders: dict[str, list[int]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        out = edges.setdefault(name, set())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _targets(node, name, path.name == "__init__.py", modules):
+                    if target == "refdml" or target.startswith("refdml."):
+                        out.add((target, node.lineno))
+            elif isinstance(node, ast.Call) and _is_string_loader(node):
+                loaders.setdefault(name, []).append(node.lineno)
+    return modules, edges, loaders
+
+
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """Index into ``layers`` of the longest prefix naming ``module``; None if none does."""
+    best, best_len = None, -1
+    for index, (_, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    return best
+
+
+def upward_imports(edges, layers=LAYERS, face=FACE) -> list[str]:
+    """One line per import from a lower layer to a higher one."""
+    found = []
+    for importer in sorted(edges):
+        low = layer_of(importer, layers)
+        for target, line in sorted(edges[importer]):
+            high = layer_of(target, layers)
+            if importer == face or target == face or low is None or high is None:
+                continue
+            if high > low:
+                found.append(f"{importer} (line {line}, {layers[low][0]}) imports {target} "
+                             f"({layers[high][0]})")
+    return found
+
+
+def circles(edges, modules: Iterable[str]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    known = set(modules)
+    graph = {m: sorted({t for t, _ in edges.get(m, ()) if t in known and t != m}) for m in known}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, child = work.pop()
+            if child == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            if child < len(graph[node]):
+                work.append((node, child + 1))
+                nxt = graph[node][child]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            for succ in graph[node]:
+                if succ in on_stack:
+                    low[node] = min(low[node], low[succ])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+# --------------------------------------------------------------------------- the checker itself
+
+
+def _tree(tmp_path, files: dict[str, str]) -> dict[str, pathlib.Path]:
+    for relative, text in files.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return {"refdml": tmp_path / "refdml", "refdml.gpu": tmp_path / "gpu"}
+
+
+def test_checker_sees_function_local_upward_imports_through_gpu_folder(tmp_path):
+    sources = _tree(tmp_path, {
+        "refdml/__init__.py": "",
+        "refdml/metrics.py": "def f():\n    from refdml.gpu._nb import g\n    return g\n",
+        "gpu/__init__.py": "",
+        "gpu/_nb.py": "from refdml import metrics\n",
+    })
+    modules, edges, _ = scan(sources)
+    assert set(modules) == {"refdml", "refdml.metrics", "refdml.gpu", "refdml.gpu._nb"}
+    assert upward_imports(edges) == [
+        "refdml.metrics (line 2, operators) imports refdml.gpu._nb (fast path)"]
+    assert circles(edges, modules) == [["refdml.gpu._nb", "refdml.metrics"]]
+
+
+def test_checker_resolves_relative_imports_and_string_loaders(tmp_path):
+    sources = _tree(tmp_path, {
+        "refdml/__init__.py": "",
+        "refdml/ot/__init__.py": "from ._a import x\n",
+        "refdml/ot/_a.py": "from .. import _xp\nimport importlib\nx = importlib.import_module('m')\n",
+        "refdml/_xp.py": "from .ot import _a\n",
+    })
+    modules, edges, loaders = scan(sources)
+    assert ("refdml._xp", 1) in edges["refdml.ot._a"]
+    assert ("refdml.ot._a", 1) in edges["refdml.ot"]
+    assert upward_imports(edges) == ["refdml._xp (line 1, base) imports refdml.ot._a (operators)"]
+    assert loaders == {"refdml.ot._a": [3]}
+
+
+def test_checker_finds_a_three_module_circle_and_passes_a_chain():
+    edges = {"a": {("b", 1)}, "b": {("c", 1)}, "c": {("a", 1)}, "d": {("a", 1)}}
+    assert circles(edges, "abcd") == [["a", "b", "c"]]
+    edges["c"] = set()
+    assert circles(edges, "abcd") == []
+
+
+# --------------------------------------------------------------------------- the contract
+
+MODULES, EDGES, LOADERS = scan(SOURCES)
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(m for m in MODULES if m != FACE and layer_of(m) is None)
+    assert not unplaced, f"modules in no layer (add them to LAYERS and docs/architecture.md): {unplaced}"
+
+
+def test_no_module_imports_a_higher_layer():
+    found = upward_imports(EDGES)
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def test_no_import_circles():
+    found = circles(EDGES, MODULES)
+    assert not found, "modules that import each other in a circle:\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_no_module_loads_code_by_a_string():
+    found = {m: lines for m, lines in LOADERS.items() if m not in STRING_LOADERS}
+    assert not found, f"importlib.import_module / __import__ outside STRING_LOADERS: {found}"
+    assert set(STRING_LOADERS) <= set(LOADERS), "STRING_LOADERS names a module that loads nothing"
+
+
+@pytest.mark.parametrize("name, why", sorted(STRING_LOADERS.items()))
+def test_string_loaders_say_why_in_their_source(name, why):
+    text = MODULES[name].read_text(encoding="utf-8")
+    assert "import_module" in text and "lazy" in text.lower(), (
+        f"{name} loads by a string; its source should say why ({why})")
+
+
+def test_architecture_page_draws_these_layers():
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- layers:start -->\n```\n(.*?)```\n<!-- layers:end -->", page, re.S)
+    assert block, "docs/architecture.md lacks its layers block"
+    drawn = []
+    for line in block.group(1).splitlines():
+        name, _, rest = line.partition(":")
+        if rest.strip():
+            drawn.append((name.strip(), tuple(rest.split())))
+    top_down = tuple(reversed(LAYERS))
+    assert tuple(drawn) == top_down, "docs/architecture.md's layers differ from LAYERS"
