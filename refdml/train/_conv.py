@@ -277,9 +277,16 @@ def conv2d_forward(x, weight, bias, *, stride: int = 1, padding: int = 1):
     )
 
 
-def conv2d_backward(ctx: Conv2dContext, d_y) -> Conv2dGrads:
-    """Gradients ``.x``, ``.weight``, ``.bias`` of :func:`conv2d_forward` (module doc)."""
+def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv2dGrads:
+    """Gradients ``.x``, ``.weight``, ``.bias`` of :func:`conv2d_forward` (module doc).
+
+    ``input_grad=False`` leaves ``.x`` as None: the first layer of a model, whose input is
+    data, needs no input gradient, and it is the costliest of the three (PyTorch skips it
+    for an input that does not require a gradient, likewise).
+    """
     check_context(ctx, "ctx", Conv2dContext)
+    if not isinstance(input_grad, bool):
+        raise TypeError(f"input_grad must be True or False, got {_describe(input_grad)}")
     d_y = check_upstream_like(d_y, "d_y", ctx.y_shape, ctx.weight)
     c_out = ctx.weight.shape[0]
     k = ctx.weight.shape[-1]
@@ -289,7 +296,8 @@ def conv2d_backward(ctx: Conv2dContext, d_y) -> Conv2dGrads:
     g = d_y.transpose(0, 2, 3, 1).reshape(-1, c_out)
     d_weight = (g.T @ ctx.cols).reshape(c_out, k, k, c_in).transpose(0, 3, 1, 2)
     return Conv2dGrads(
-        x=_conv_input_grad(g, ctx.weight, ctx.x_shape, ctx.stride, ctx.padding),
+        x=(_conv_input_grad(g, ctx.weight, ctx.x_shape, ctx.stride, ctx.padding)
+           if input_grad else None),
         weight=xp.ascontiguousarray(d_weight),
         # 1^T g: a matrix-vector product, much faster than a reduction over g's long axis.
         bias=xp.ones(g.shape[0], dtype=g.dtype) @ g,
@@ -358,12 +366,17 @@ class Conv2d(Layer):
     """Convolution by im2col (:func:`conv2d_forward`), NCHW, square ``kernel_size`` (3).
 
     He-normal weights (``std = sqrt(2 / (C k^2))``, for a following ReLU), zero bias.
+    ``input_grad=False``: :meth:`backward` returns None instead of the input's gradient
+    (a model's first layer, on data).
     """
 
     def __init__(self, c_in: int, c_out: int, *, kernel_size: int = 3, stride: int = 1,
                  padding: int = 1, rng=None, dtype=np.float64, device: str = "cpu",
-                 name: str = "conv") -> None:
+                 name: str = "conv", input_grad: bool = True) -> None:
         super().__init__(name)
+        if not isinstance(input_grad, bool):
+            raise TypeError(f"input_grad must be True or False, got {_describe(input_grad)}")
+        self.input_grad = input_grad
         c_in, c_out = _positive_int(c_in, "c_in"), _positive_int(c_out, "c_out")
         k = _positive_int(kernel_size, "kernel_size")
         self.stride = _positive_int(stride, "stride")
@@ -378,7 +391,7 @@ class Conv2d(Layer):
                               stride=self.stride, padding=self.padding)
 
     def backward(self, ctx, d_y):
-        grads = conv2d_backward(ctx, d_y)
+        grads = conv2d_backward(ctx, d_y, input_grad=self.input_grad)
         self.weight.accumulate(grads.weight)
         self.bias.accumulate(grads.bias)
         return grads.x

@@ -176,8 +176,9 @@ def conv_trunk(channels: Sequence[int], strides: Sequence[int], local_dim: int, 
     layers: list[Layer] = []
     c_in = 1
     for i, (c_out, stride) in enumerate(zip(channels, strides), start=1):
+        # The first convolution's input is the data: no gradient of it is needed.
         layers += [Conv2d(c_in, c_out, stride=stride, rng=rng, dtype=placement.dtype,
-                          device=placement.device, name=f"conv{i}"),
+                          device=placement.device, name=f"conv{i}", input_grad=i > 1),
                    ReLU() if i == 1 else ReLU(name=f"relu{i}")]
         c_in = c_out
     layers.append(LocalLinear(c_in, local_dim, rng=rng, dtype=placement.dtype,
