@@ -13,10 +13,13 @@ from refdml._validation import as_fast_array, check_fast_upstream, data_checks, 
 from refdml.gpu.distances import _scaled_sq
 from refdml.ot._divergence import (
     _check_gradient,
+    _check_output,
     _cost_unit,
+    _ground_cost,
     _normalised_sq,
     _points_factor,
 )
+from refdml.ot._divergence import _ground_cost_backward as _reference_ground_cost_backward
 from refdml.ot._entropic import centred
 from refdml.ot._sinkhorn import _OTBatch, _batch_shape
 
@@ -95,33 +98,16 @@ def _cloud_sq(xp, x, y, p: float, self_pairs: bool):
     return sq
 
 
-def _ground_cost(sq, p: float):
-    """``sq^(p/2)``; ``sq <= 1`` for ``p`` other than 1, 2 (divided by its largest), so a
-    power capped at the dtype's largest number (float32, ``p = 1e300``) is the same limit."""
-    return sq if p == 2.0 else sq ** min(0.5 * p, float(np.finfo(sq.dtype).max))
-
-
 def _ground_cost_backward(xp, x, y, sq, p, d_cost):
-    """Gradients of ``<d_cost, ||x_i - y_j||^p>`` w.r.t. x and y (0 at x_i = y_j), as the
-    reference's (``p`` last; overflows are named by the caller). A ``p`` beyond the dtype
-    (float32) is refused: at the largest distance the gradient is ``p`` times the cost."""
-    if p == 2.0:
-        w = 2.0 * d_cost
-    else:
-        if p > float(np.finfo(sq.dtype).max):
-            raise ValueError(
-                f"p == {p:g} is beyond {np.dtype(sq.dtype).name}'s range: the gradient "
-                "p ||x - y||^(p-1) cannot be formed in it; use float64"
-            )
-        positive = sq > 0
-        with np.errstate(over="ignore", invalid="ignore"):
-            w = xp.where(positive, (xp.where(positive, sq, 1.0) ** (0.5 * p - 1.0) * d_cost) * p,
-                         0.0)
-        w = w.astype(sq.dtype, copy=False)
-    with np.errstate(over="ignore", invalid="ignore"):
-        d_x = xp.sum(w, axis=2)[:, :, None] * x - w @ y
-        d_y = xp.sum(w, axis=1)[:, :, None] * y - xp.swapaxes(w, 1, 2) @ x
-    return d_x, d_y
+    """The reference's :func:`refdml.ot._divergence._ground_cost_backward` on ``xp``'s
+    arrays, after refusing a ``p`` beyond the dtype (float32): at the largest distance the
+    gradient is ``p`` times the cost."""
+    if p != 2.0 and p > float(np.finfo(sq.dtype).max):
+        raise ValueError(
+            f"p == {p:g} is beyond {np.dtype(sq.dtype).name}'s range: the gradient "
+            "p ||x - y||^(p-1) cannot be formed in it; use float64"
+        )
+    return _reference_ground_cost_backward(x, y, sq, p, d_cost, xp=xp)
 
 
 def _to_points(ns, gradient, unit: float, scale: float, sq_unit: float, name: str, p: float):
@@ -141,11 +127,6 @@ def _to_points(ns, gradient, unit: float, scale: float, sq_unit: float, name: st
     if data_checks(ns):
         _check_gradient(xp, out, name, p)
     return out
-
-
-def _check_output(xp, values, what: str) -> None:
-    if not bool(xp.all(xp.isfinite(values))):
-        raise ValueError(f"{what} overflows {np.dtype(values.dtype).name}; rescale the data (or eps)")
 
 
 def _scaled_points(xp, *arrays):

@@ -235,7 +235,7 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
                              **solve)
     term = _term(xp, value)
     divergence = term(xy) - 0.5 * (term(xx) + term(yy))
-    _check_output(xp, divergence, "the Sinkhorn divergence")
+    _check_output(divergence, "the Sinkhorn divergence", xp=xp)
     ctx = SinkhornDivergenceContext(
         x=xs, y=ys, scale=scale, unit=unit, a=a, b=b, a_mass=a_mass, b_mass=b_mass,
         weights_given=weights_given, p=p, value=value, sq_xy=sq_xy, sq_xx=sq_xx,

@@ -21,7 +21,7 @@ formed, and ``eps`` by ``s^p``: ``SD_eps(x, y) = s^p SD_{eps / s^p}(x / s, y / s
 finite clouds work as long as the costs ``||x - y||^p`` and ``eps`` relative to them are
 representable; otherwise a ``ValueError`` says which (never a NaN or a silent 0).
 
-Any ``p >= 1`` (issue 20). For ``p`` other than 1 and 2 the squared distances of the
+Any ``p >= 1``. For ``p`` other than 1 and 2 the squared distances of the
 scaled clouds are further divided by the largest of them, ``T`` (over every problem of the
 call), so the costs are ``(D / D_max)^p`` in ``[0, 1]`` with the largest exactly 1, in the
 unit ``D_max^p``: scaled distances reach 2, and ``2^p`` overflows float64 from ``p =
@@ -117,26 +117,32 @@ def _self_sq_dist(x: np.ndarray, p: float) -> np.ndarray:
     return 0.5 * (sq + np.swapaxes(sq, 1, 2))
 
 
-def _ground_cost(sq: np.ndarray, p: float) -> np.ndarray:
-    return sq if p == 2.0 else sq ** (0.5 * p)
+def _ground_cost(sq, p: float):
+    """``sq^(p/2)``, NumPy or CuPy. For ``p`` other than 1 and 2, ``sq <= 1`` (divided by its
+    largest), so capping the power at the dtype's largest number (float32, ``p = 1e300``)
+    gives the same limit; in float64 the cap never binds. Shared with refdml.gpu."""
+    return sq if p == 2.0 else sq ** min(0.5 * p, float(np.finfo(sq.dtype).max))
 
 
-def _ground_cost_backward(x, y, sq, p, d_cost):
+def _ground_cost_backward(x, y, sq, p, d_cost, *, xp=np):
     """Gradients of ``<d_cost, ||x_i - y_j||^p>`` w.r.t. x and y (subgradient 0 at x_i = y_j).
 
     ``sq`` as the context holds it (divided by ``sq_unit``; the caller divides the result
-    by it). ``p`` multiplies last, so that only a gradient beyond float64 overflows.
+    by it). ``p`` multiplies last, so that only a gradient beyond the dtype overflows
+    (checked by the caller). ``xp``: NumPy or CuPy, in the dtype of the inputs (refdml.gpu
+    calls this with its arrays).
     """
     if p == 2.0:
         w = 2.0 * d_cost
     else:
         positive = sq > 0.0
         with np.errstate(over="ignore", invalid="ignore"):  # checked by the caller
-            w = np.where(positive, (np.where(positive, sq, 1.0) ** (0.5 * p - 1.0) * d_cost) * p,
+            w = xp.where(positive, (xp.where(positive, sq, 1.0) ** (0.5 * p - 1.0) * d_cost) * p,
                          0.0)
+        w = w.astype(sq.dtype, copy=False)
     with np.errstate(over="ignore", invalid="ignore"):
-        d_x = w.sum(axis=2)[:, :, None] * x - w @ y
-        d_y = w.sum(axis=1)[:, :, None] * y - np.swapaxes(w, 1, 2) @ x
+        d_x = xp.sum(w, axis=2)[:, :, None] * x - w @ y
+        d_y = xp.sum(w, axis=1)[:, :, None] * y - xp.swapaxes(w, 1, 2) @ x
     return d_x, d_y
 
 
@@ -212,9 +218,12 @@ def _check_p(p) -> float:
     return check_scalar(p, "p", low=1.0)
 
 
-def _check_output(value: np.ndarray | float, what: str) -> None:
-    if not np.all(np.isfinite(value)):
-        raise ValueError(f"{what} overflows float64; rescale the data (or eps)")
+def _check_output(value, what: str, *, xp=np) -> None:
+    """``ValueError`` naming ``what`` and the dtype where ``value`` is not finite (NumPy or
+    CuPy; one host synchronisation on CuPy)."""
+    if not bool(xp.all(xp.isfinite(value))):
+        dtype = np.dtype(getattr(value, "dtype", np.float64)).name
+        raise ValueError(f"{what} overflows {dtype}; rescale the data (or eps)")
 
 
 # ----------------------------------------------------------------------------------------
@@ -534,8 +543,8 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     The compiled route. This is the one reference operator that does not run its readable
     form by default: with ``n <= 128`` points per cloud it solves the problems with the
     compiled CPU twin of the small-problem Sinkhorn kernel (:mod:`refdml._compiled.sinkhorn`,
-    float64, threads over problems), 4-9x faster on 64 clouds of 49 points (docs/gpu.md), so
-    that the all-pairs divergence is usable on a laptop without a GPU (issue 11). It is
+    float64, threads over problems; docs/gpu.md has its speed), so that the all-pairs
+    divergence is usable on a laptop without a GPU. It is
     the same solver, not an approximation of it: the same kernel-scaling iteration with
     log-domain absorption at ``e^+-30``, the same eps-scaling stages, stopping rule,
     residual, ``tol`` and ``n_iter`` (:func:`_compiled_solve_batch`), on the same refined
@@ -544,7 +553,7 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     from the readable form (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in
     rounding (sums in another order; kernel entries below float64's ``tiny`` flushed to 0),
     held to 1e-10 relative (divergences, gradients) and equal iteration counts by
-    ``tests/test_ot_pairwise_route.py`` on fixed seeds and hypothesis inputs (a count can
+    ``tests/operators/test_ot_pairwise_route.py`` on fixed seeds and hypothesis inputs (a count can
     differ only where a residual lies within that rounding of ``tol``: those inputs are
     certified away from it, see there). Rounding also follows the CPU: the compiled sums
     are vectorised for it, the readable form goes through BLAS and NumPy's SIMD exp and
