@@ -1,4 +1,4 @@
-r"""Every CUDA kernel of refdml.gpu compiled for real GPUs, without one (issue 21).
+r"""Every CUDA kernel of refdml.gpu compiled for real GPUs, without one.
 
 Numba's CUDA simulator, where CI runs the ``@cuda.jit`` kernels, executes their Python
 source: it never types a kernel for the CUDA target, so a kernel the simulator runs may
@@ -32,7 +32,7 @@ The registry of launches. Each kernel module ``gpu/_nb_*.py`` declares
 argument types of its launches for float32 and float64 inputs (:data:`ANY_DTYPE` where
 they do not depend on the input dtype). :func:`registry` gathers them, :func:`signatures_of`
 answers for one kernel, :func:`launches` pairs each signature with its ``@cuda.jit``
-dispatcher (built by the module's factory where there is one). tests/test_gpu_compile.py
+dispatcher (built by the module's factory where there is one). tests/gpu/test_gpu_compile.py
 checks that every ``@cuda.jit`` kernel in gpu/ is registered.
 
 Requirements: ``NUMBA_ENABLE_CUDASIM`` unset or ``0`` when numba.cuda is first imported

@@ -407,5 +407,5 @@ def batch_value(xp, batch: _OTBatch):
 def batch_transport_cost(xp, batch: _OTBatch):
     """``unit <pi, C>`` (P,)."""
     flat = batch.plan.shape[0], -1
-    # einsum: no (P, n, m) temporary (3x faster than multiply-then-sum at 2,016 x 49 x 49).
+    # einsum: no (P, n, m) temporary, as multiply-then-sum would make.
     return batch.unit * xp.einsum("pk,pk->p", batch.plan.reshape(flat), batch.cost.reshape(flat))

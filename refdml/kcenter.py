@@ -27,7 +27,7 @@
     proxies ``rho_c``. The algorithm as printed seeds the distances with ``rho_c`` and
     grows ``r_c`` until ``|r_c| = |rho_c|``, so ``budget >= |rho_c|`` is required.
 
-Two implementations of the traversal, held together by tests/test_gpu_kernels_kcenter.py
+Two implementations of the traversal, held together by tests/gpu/test_gpu_kernels_kcenter.py
 (fixed seeds and hypothesis inputs: the same picks up to a near-tie within rounding, radii
 within the Gram identity's rounding bound; tests/_kcenter_checks.py states it):
 ``_farthest_first`` (readable, NumPy: per pick exact products and row sums in NumPy's

@@ -41,7 +41,7 @@ bits (seen with OpenBLAS's SkylakeX kernels) and swap. Only the
 queries, so memory is ``O(chunk_size * n_references + n_queries * K)``, never
 ``n_queries * n_references``.
 
-Two implementations of the ranking, held together by tests/test_gpu_kernels_retrieval.py
+Two implementations of the ranking, held together by tests/gpu/test_gpu_kernels_retrieval.py
 (fixed seeds and hypothesis inputs: equal neighbours and equal metrics, by construction on
 every CPU). ``_nearest`` (readable: the ordered score block per chunk of queries,
 ``argpartition``, a lexicographic sort of the kept columns) is the statement, reachable as

@@ -10,8 +10,8 @@
 # Steps (each with its exit status; the script exits 1 if any fails):
 #   standin    the stand-in's own tests, the synchronisation counts of the operators, and
 #              the CuPy rows of the parity suite, the kernel tests' CUDA rows, the fast
-#              checks, the optimiser and `refdml gpu-check` (in-process: tests/test_cli.py)
-#   crosscheck the CPU vs "GPU" training trajectories (tests/test_train_crosscheck.py) on the
+#              checks, the optimiser and `refdml gpu-check` (in-process: tests/cli/test_cli.py)
+#   crosscheck the CPU vs "GPU" training trajectories (tests/train/test_train_crosscheck.py) on the
 #              stand-in, array path (REFDML_GPU_KERNELS=array: the simulated kernels would
 #              take minutes; the kernels' own rows run in "standin")
 #   train      `refdml train --study tokens --device cuda` for one epoch of a small config,
@@ -39,15 +39,15 @@ step() {   # step NAME COMMAND...
 }
 
 step standin "$pytest" -q -p no:cacheprovider \
-    tests/test_cupy_standin.py tests/test_gpu_sync_counts.py tests/test_gpu_fast_checks.py \
-    tests/test_gpu_parity.py tests/test_gpu_parity_api.py tests/test_gpu_kernels_gsp.py \
-    tests/test_gpu_kernels_kcenter.py tests/test_gpu_kernels_losses.py \
-    tests/test_gpu_kernels_ot.py tests/test_gpu_kernels_retrieval.py tests/test_train_optim.py \
-    tests/test_cli.py \
+    tests/gpu/test_cupy_standin.py tests/gpu/test_gpu_sync_counts.py tests/gpu/test_gpu_fast_checks.py \
+    tests/gpu/test_gpu_parity.py tests/gpu/test_gpu_parity_api.py tests/gpu/test_gpu_kernels_gsp.py \
+    tests/gpu/test_gpu_kernels_kcenter.py tests/gpu/test_gpu_kernels_losses.py \
+    tests/gpu/test_gpu_kernels_ot.py tests/gpu/test_gpu_kernels_retrieval.py tests/train/test_train_optim.py \
+    tests/cli/test_cli.py \
     -k "standin or sync or cupy or cuda or gpu_check or parity_api" "$@"
 
 step crosscheck env REFDML_GPU_KERNELS=array "$pytest" -q -p no:cacheprovider \
-    tests/test_train_crosscheck.py -k trajectories
+    tests/train/test_train_crosscheck.py -k trajectories
 
 train_dir=$(mktemp -d)
 trap 'rm -rf "$train_dir"' EXIT

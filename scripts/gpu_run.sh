@@ -78,7 +78,7 @@ DRY_TESTS=(test_gpu_parity_api.py test_gpu_fast_checks.py test_gpu_kernels_losse
 # as scripts/ci_cupy_standin.sh does): under the simulator the GSP, masked log-sum-exp and
 # Sinkhorn kernels take minutes a case, and they run in the tests step.
 DRY_KERNELS=(env REFDML_GPU_KERNELS=array)
-# Test files of tests/test_gpu*.py that the GPU run leaves to other steps or to CI: the
+# Test files of tests/gpu/test_gpu*.py that the GPU run leaves to other steps or to CI: the
 # compile check is the compile step; the ledger's test needs no GPU.
 NOT_GPU_TESTS=(test_gpu_compile.py test_gpu_ledger.py)
 
@@ -609,24 +609,24 @@ PYEOF
         local gpu_tests=() file ok=1 kernels=()
         if (( DRY_RUN )); then
             for file in "${DRY_TESTS[@]}"; do
-                need_file tests "$REPO/tests/$file" || ok=0
-                gpu_tests+=("$REPO/tests/$file")
+                need_file tests "$REPO/tests/gpu/$file" || ok=0
+                gpu_tests+=("$REPO/tests/gpu/$file")
             done
             kernels=("${DRY_KERNELS[@]}")
         else
-            for file in "$REPO"/tests/test_gpu*.py; do
+            for file in "$REPO"/tests/gpu/test_gpu*.py; do
                 [[ " ${NOT_GPU_TESTS[*]} " == *" ${file##*/} "* ]] || gpu_tests+=("$file")
             done
-            (( ${#gpu_tests[@]} )) || { fail_step tests "missing tests/test_gpu*.py"; ok=0; }
+            (( ${#gpu_tests[@]} )) || { fail_step tests "missing tests/gpu/test_gpu*.py"; ok=0; }
         fi
         if (( ok )); then
             run_step tests "${pytest[@]}" --junitxml "$RUN/junit_gpu_tests.xml" "${gpu_tests[@]}"
             # A test that skips for want of CUDA or CuPy did not test the GPU.
             check_junit tests "$RUN/junit_gpu_tests.xml" requires_cuda requires_cupy
         fi
-        if need_file crosscheck "$REPO/tests/test_train_crosscheck.py"; then
+        if need_file crosscheck "$REPO/tests/train/test_train_crosscheck.py"; then
             run_step crosscheck "${kernels[@]}" "${pytest[@]}" --junitxml "$RUN/junit_train_crosscheck.xml" \
-                "$REPO/tests/test_train_crosscheck.py" -k trajectories
+                "$REPO/tests/train/test_train_crosscheck.py" -k trajectories
             check_junit crosscheck "$RUN/junit_train_crosscheck.xml" '*'
         fi
         if need_file bench "$REPO/scripts/bench_gpu.py"; then

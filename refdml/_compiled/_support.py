@@ -24,7 +24,7 @@ variable ``REFDML_GPU_KERNELS`` or ``"auto"``.
 ...     kernel_mode()
 'array'
 
-Threading layer (issue 20; docs/gpu.md, "Threading layer: fork safety"). Every call of an
+Threading layer (docs/gpu.md, "Threading layer: fork safety"). Every call of an
 ``@njit(parallel=True)`` kernel runs inside :func:`parallel_launch`. Before the first
 parallel region of the process it asks Numba for its ``"forksafe"`` layer
 (:data:`THREADING_LAYER`: TBB where a compatible libtbb loads, else OpenMP off Linux, else
@@ -224,7 +224,7 @@ def cuda_launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
     arrays were exported on (CuPy's current stream): stream order alone keeps the launch
     after the work that produced its inputs and before the work that reads its outputs.
     numba-cuda's default instead synchronises that stream once per array argument (a GSP
-    launch has about 20), which costs more than the kernel at small sizes (issue 21);
+    launch has about 20), which costs more than the kernel at small sizes;
     ``REFDML_CUDA_LAUNCH_SYNC=1`` restores it, for comparison. Under the simulator the
     arguments become host arrays (:func:`_simulator_args`). Returns nothing: outputs are
     written into their arrays; nothing waits for the kernel.

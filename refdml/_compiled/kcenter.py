@@ -23,8 +23,8 @@ CPU twin (:func:`farthest_first_cpu`, ``@njit(parallel=True)``): per pick a ``pr
 ``BLOCK`` points); each chunk updates its points and keeps its own (max, arg-max), then the
 chunks' pairs are merged in chunk order with :func:`better`, so the lowest index wins a tie
 exactly as ``np.argmax`` does. No BLAS: a compiled loop reads the points once per pick and
-cannot oversubscribe the cores the way a threaded BLAS mat-vec does (issue 11: 9.4 s with two
-BLAS threads beside one busy process, 0.70 s with one).
+cannot oversubscribe the cores the way a threaded BLAS mat-vec does beside another busy
+process (docs/gpu.md has the measurement).
 
 dtype: ``points``, ``m`` and the radii stay in the input dtype; the dot product accumulates
 in float64 in the CPU twin and in the CUDA kernels (the CPU twin with ``fastmath={"reassoc",

@@ -47,7 +47,7 @@ The CPU twin uses ``fastmath`` reassociation/contraction (vectorised sums; no
 kernel's in the last bits only, and so do its sums on two CPU targets (vector width, FMA).
 So do the residuals, and an iteration count (a test ``residual <= tol``) can differ
 between two of them only where a residual lies within that rounding of its threshold:
-tests/test_gpu_kernels_ot.py compares counts where a margin certifies them.
+tests/gpu/test_gpu_kernels_ot.py compares counts where a margin certifies them.
 
 Also here: the driver of a batch (:func:`solve_small`: the arrays of the state, a launch,
 the results; the CUDA kernel plugs in its own launch) and the pair-cost assembly of the CPU

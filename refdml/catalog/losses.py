@@ -81,7 +81,7 @@ def _contrastive_cosine_inputs(rng):
 
 
 def _contrastive_no_positive_inputs(rng):
-    # All labels distinct: only negative terms (issue 9: they are summed, not dropped).
+    # All labels distinct: only negative terms (they are summed, not dropped).
     labels = np.arange(6)
     for _ in range(1000):
         x = 0.3 * rng.standard_normal((labels.size, 3))

@@ -1,7 +1,7 @@
 """Parity of a fast-path mirror with the float64 reference, for one operator description.
 
 :func:`check_parity` is the one comparison rule of the GPU parity suite
-(``tests/test_gpu_parity.py``) and of ``refdml gpu-check``. It knows no operator: it takes
+(``tests/gpu/test_gpu_parity.py``) and of ``refdml gpu-check``. It knows no operator: it takes
 any object with the attributes of :class:`MirroredOperator` (in practice an entry of
 :mod:`refdml.catalog`, the layer above, which hands it here), so the harness never
 imports the catalogue.

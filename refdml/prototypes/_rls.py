@@ -84,7 +84,7 @@ class RecursivePrototypes:
     ``R_{K+1}^{-1} alpha R_K`` (a contraction), so rounding errors do not accumulate;
     the Woodbury step subtracts a Gram matrix ``X^T X`` (``X = L^{-1} Z P'``, ``L`` the
     Cholesky factor of ``I_b + Z P' Z^T``), which keeps ``P_K`` exactly symmetric.
-    ``tests/test_prototypes.py`` reports the drift against the batch solution after
+    ``tests/operators/test_prototypes.py`` reports the drift against the batch solution after
     2000 updates (about 1e-15 relative, both branches). Two regimes leave this path:
 
     * The Woodbury step is skipped for a refactorisation of ``R_{K+1}`` where it cannot be

@@ -1,4 +1,4 @@
-r"""Complete training runs from a config: the three studies of issue 12.
+r"""Complete training runs from a config: the three studies.
 
 :func:`build_run(study, config, out_dir=...) <build_run>` returns a ready
 :class:`~refdml.train.Run` (the :class:`~refdml.train.Trainer` plus the effective config);

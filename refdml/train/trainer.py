@@ -39,9 +39,7 @@ BLAS threads: on the CPU, :meth:`fit` runs under ``threadpoolctl.threadpool_limi
 blas_threads, "blas")`` (default 1). NumPy and SciPy each ship their own OpenBLAS; with
 two threads each, one library's threads spin while the other's work, and the small
 matrix products of these models (at most (B n) x 144 by 144 x 32) gain nothing from a
-second thread: measured on 2 cores, a tokens epoch 0.11-0.20 s with one thread against
-0.25-3.8 s with two (2-11 s against 1.1-1.7 s for digits-collage), the spread from the
-load of other processes. ``blas_threads=None`` leaves the process's setting alone.
+second thread (docs/train.md has the measurement). ``blas_threads=None`` leaves the process's setting alone.
 
 Resuming (:meth:`Trainer.resume`): a trainer built exactly as the interrupted one (same
 model architecture, objective, optimiser, schedule, sampler and data; ``epochs`` may grow)

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 LINUX = sys.platform.startswith("linux")
 TIMEOUT = 240   # seconds for one fresh interpreter; a cold Numba cache compiles here
 

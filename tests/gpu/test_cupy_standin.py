@@ -336,7 +336,7 @@ def test_pickle_round_trip_is_a_transfer_and_an_upload():
 def test_installed_stand_in_is_what_refdml_picks(tmp_path):
     """In a fresh process: install() makes ``import cupy`` the stand-in, refdml's array
     namespace picks it for stand-in arrays, and a second install is a no-op."""
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "import cupy_standin; cupy_standin.install(); cupy_standin.install()\n"

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.cpu_exact
 def kernels(request):
     """Every parity test of this file runs twice: the array path and the compiled CPU twin
     (refdml._compiled.kcenter / retrieval). The CUDA kernels are held to the array path
-    on tiny inputs under the simulator in tests/test_gpu_kernels_{kcenter,retrieval}.py."""
+    on tiny inputs under the simulator in tests/gpu/test_gpu_kernels_{kcenter,retrieval}.py."""
     with use_kernels(request.param):
         yield request.param
 
@@ -193,7 +193,7 @@ def _metrics_case(seed, dtype, *, n=200, d=8, n_classes=30, metric="euclidean", 
         assert type(fast[key]) is type(value), key
     # Exact by construction, on NumPy only: the array path and the CPU twin return the
     # readable ranking (certified float64 re-rank), then the reference's NumPy sums. CuPy
-    # rows would need tolerances (tests/test_gpu_kernels_retrieval.py, METRIC_RTOL).
+    # rows would need tolerances (tests/gpu/test_gpu_kernels_retrieval.py, METRIC_RTOL).
     assert fast == ref
 
 

@@ -462,7 +462,7 @@ def test_warnings_as_errors_passes_the_low_occupancy_note_only(tmp_path):
         print("ok")
     """)
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                           os.environ.get("PYTHONPATH", "")])}
     # cwd outside the checkout: its refdml/ has no gpu/ and would shadow the install.
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,

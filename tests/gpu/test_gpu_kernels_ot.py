@@ -37,7 +37,7 @@ KERNELS = ("cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda))
 # the arrays differ by the array path's own error, ~100 u.
 RTOL = {np.float64: 1e-12, np.float32: 1e-5}
 # Stopping margin, in units of n eps of the dtype (n rows; the rule of
-# tests/test_ot_pairwise_route.py). The kernel's and the array path's L1 marginal errors at
+# tests/operators/test_ot_pairwise_route.py). The kernel's and the array path's L1 marginal errors at
 # one iteration differ by rounding, a few n eps (float32: the array path sums in float32,
 # the kernel in float64), so a test ``error <= threshold`` can go the other way only where an
 # error lies that close to its threshold. Counts are compared exactly where every count of

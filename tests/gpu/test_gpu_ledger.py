@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_ledger.py"
-FAKE = Path(__file__).resolve().parent / "data" / "gpu_ledger_fake.json"
+FAKE = Path(__file__).resolve().parents[1] / "data" / "gpu_ledger_fake.json"
 
 BEFORE = "# Title\n\nText before the section.\n\n<!-- gpu-ledger:start -->\n"
 AFTER = "<!-- gpu-ledger:end -->\n\nText after the section, | with a pipe.\n"

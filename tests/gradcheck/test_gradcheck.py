@@ -467,7 +467,7 @@ def test_strategies_accept_numpy_integers(points, spd, labels, simplex):
 
 
 def _readme_example() -> str:
-    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
     text = readme.read_text(encoding="utf-8")
     section = text.split("### Checking your own operator", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)

@@ -8,7 +8,7 @@ with the XML loss (Eqs. 2.10-2.11, a two-branch model: GAP embeddings and histog
 same local features); the Wasserstein contrastive loss on local features; ASAP (several
 proxies per class, the projection regulariser on the model's parameters, a new problem
 instance at steps 0 and 10). The conv layers (the same code on both paths) are covered by the
-digits-collage cross-check in tests/test_train_runs.py.
+digits-collage cross-check in tests/train/test_train_runs.py.
 
 CPU vs GPU: :func:`test_cpu_and_gpu_trajectories_agree` runs the same 20 steps on CuPy and
 compares them with NumPy (to :data:`TRAJECTORY_RTOL` of each dtype, and ASAP's proxy picks

@@ -33,6 +33,7 @@ from refdml.train import (
 )
 from refdml.train.layers import (
     col2im,
+    conv2d_backward,
     conv2d_forward,
     embedding_backward,
     embedding_forward,
@@ -398,8 +399,8 @@ def test_whole_model_check_catches_a_wrong_parameter_gradient():
     x = rng.standard_normal((4, 2, 5, 5))
     original = _conv.conv2d_backward
 
-    def skewed(ctx, d_y):
-        grads = original(ctx, d_y)
+    def skewed(ctx, d_y, **options):
+        grads = original(ctx, d_y, **options)
         weight = grads.weight.copy()
         weight[0, 0, 1, 1] *= 1.001
         return _conv.Conv2dGrads(x=grads.x, weight=weight, bias=grads.bias)
@@ -438,3 +439,25 @@ def test_gemean_at_large_p_against_a_log_domain_oracle(p):
         one_hot = f == f.max(axis=1, keepdims=True)
         np.testing.assert_allclose(y, f.max(axis=1), rtol=1e-14)
         np.testing.assert_allclose(got, d_y[:, None, :] * one_hot, atol=1e-12)
+
+
+def test_conv_without_input_gradient_gives_the_same_parameter_gradients():
+    """``input_grad=False`` (a model's first layer, on data) skips only the input's gradient:
+    the weight and bias gradients are the same computation as with it (same operands, same
+    order), so they agree exactly; the layer returns None for the input."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 6, 6))
+    with_grad = Conv2d(3, 4, stride=2, rng=5)
+    without = Conv2d(3, 4, stride=2, rng=5, input_grad=False)
+    y, ctx = with_grad.forward(x)
+    y2, ctx2 = without.forward(x)
+    d_y = rng.standard_normal(y.shape)
+    assert with_grad.backward(ctx, d_y).shape == x.shape
+    assert without.backward(ctx2, d_y) is None
+    np.testing.assert_array_equal(without.weight.grad, with_grad.weight.grad)
+    np.testing.assert_array_equal(without.bias.grad, with_grad.bias.grad)
+    with pytest.raises(TypeError, match="input_grad must be True or False, got"):
+        Conv2d(3, 4, rng=0, input_grad=1)
+    with pytest.raises(TypeError, match="input_grad must be True or False, got"):
+        conv2d_backward(ctx, d_y, input_grad="no")
+    assert conv2d_backward(ctx, d_y, input_grad=False).x is None

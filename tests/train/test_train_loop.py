@@ -1,6 +1,6 @@
 """refdml.train._loop: one loop, many sinks; divergence told apart by exception type.
 
-The same tiny token model as tests/test_train_trainer.py (Embedding -> GAP -> Linear ->
+The same tiny token model as tests/train/test_train_trainer.py (Embedding -> GAP -> Linear ->
 L2Normalize on 4 classes, 4 steps per epoch), trained once through :class:`Trainer` (the
 on-disk sink) and once through :class:`TrainingLoop` with :class:`MemorySink`.
 """

@@ -235,7 +235,7 @@ def test_scripts_take_the_same_flags(tmp_path):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "train_tokens.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "train_tokens.py"
     cfg = _toml(tmp_path / "run.toml", dict(SMALL_TOKENS, n_train_per_class=8))
     argv = sys.argv
     sys.argv = [str(script), "--config", str(cfg), "--out", str(tmp_path / "o"), "--epochs",
@@ -267,7 +267,7 @@ def test_docs_table_lists_every_key():
     """docs/train.md's key table has a row for every config key (and no stale one)."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "train.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "train.md").read_text()
     rows = {line.split("|")[1].strip().strip("`") for line in text.splitlines()
             if line.startswith("| `")}
     assert rows == set(KEYS)

@@ -19,7 +19,7 @@ from numpy.testing import assert_allclose
 
 from refdml.train.runs import build_run
 
-TWIN = Path(__file__).resolve().parents[1] / "scripts" / "_torch_twin.py"
+TWIN = Path(__file__).resolve().parents[2] / "scripts" / "_torch_twin.py"
 STUDIES = {"collage": "digits-collage", "tokens": "tokens"}
 # Both sides compute the same float64 maths in another order (PyTorch's convolution
 # algorithm and BLAS against im2col and OpenBLAS): the gradients differ by rounding,

@@ -3,7 +3,7 @@
 With ``reference=False`` (the default) the loss is the fast-path mirror
 :mod:`refdml.gpu.losses` (NumPy or CuPy, the embeddings' dtype); ``reference=True`` runs
 the float64 NumPy reference :mod:`refdml.losses`. Both give the same value and gradients
-(1e-10 relative in float64, ``tests/test_train_objectives.py``).
+(1e-10 relative in float64, ``tests/train/test_train_objectives.py``).
 
 Proxy losses (``proxy_anchor``, ``proxy_nca``, ``soft_triple``) own their proxies as a
 :class:`~refdml.train.Parameter` ``"<name>.proxies"`` of shape
