@@ -10,10 +10,11 @@ hence the verdict, change with it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,14 +195,47 @@ class Context:
         return find_counterexample(strategy, violates, max_examples=max_examples, shrink=not self.quick)
 
 
+@contextlib.contextmanager
+def _without_local_constants() -> Iterator[None]:
+    """Hypothesis (6.131 and later) also draws, now and then, literals it finds in the
+    source of every *local* module the process has loaded (anything outside site-packages
+    and the standard library). A search's draws then depended on which refdml modules
+    happened to be imported (``refdml verify`` found other counterexamples once its command
+    line imported the training layers) and on whether refdml is installed from a wheel or
+    as source. For the search, that pool is pinned empty; Hypothesis's own constants stay.
+    A Hypothesis without the pool (older) or with another layout runs unchanged: the
+    search is then as deterministic as that version makes it.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:
+        yield
+        return
+    original = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if original is None or cache is None or not hasattr(cache, "cache"):
+        yield
+        return
+    empty = Constants()
+    cache.cache.clear()
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.cache.clear()
+
+
 def find_counterexample(
     strategy, violates: Callable[[Any], bool], *, max_examples: int, shrink: bool = True
 ):
     """Deterministic hypothesis search for an example with ``violates(example)`` true.
 
     Returns the example (shrunk unless ``shrink=False``), or None when ``max_examples``
-    draws found none. The search is derandomised and keeps no database, so every run
-    sees the same draws.
+    draws found none. The search is derandomised, keeps no database and draws no
+    constants from the source of loaded modules (:func:`_without_local_constants`), so
+    every run sees the same draws, whatever else the process has imported.
     """
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample, Unsatisfiable
@@ -216,7 +250,8 @@ def find_counterexample(
         suppress_health_check=list(HealthCheck),
     )
     try:
-        return find(strategy, violates, settings=config)
+        with _without_local_constants():
+            return find(strategy, violates, settings=config)
     except (NoSuchExample, Unsatisfiable):
         return None
 

@@ -23,6 +23,7 @@ from refdml.validation import (
     Verdict,
     decide,
     exit_status,
+    find_counterexample,
     run_checks,
     run_cli,
 )
@@ -339,3 +340,26 @@ def test_pass_counter_counts_only_big_passes():
 
     a = np.ones((8, 5))
     assert _count_passes(fn, a.size, a, np.ones(5)) == 4
+
+
+def test_a_search_draws_nothing_from_the_source_of_loaded_modules(tmp_path, monkeypatch):
+    """Hypothesis draws, now and then, literals from the source of loaded *local* modules;
+    a search then depended on what the process had imported (``refdml verify`` found other
+    counterexamples once its command line imported the training layers). A local module
+    holding an odd constant is loaded; a search that only that constant can satisfy must
+    still find nothing, and the constant is shown to be in Hypothesis's pool (so without
+    the pin the search would see it)."""
+    providers = pytest.importorskip("hypothesis.internal.conjecture.providers")
+    if not hasattr(providers, "_get_local_constants"):
+        pytest.skip("this Hypothesis draws no constants from local modules")
+    odd = 8147.390625   # exact in binary; appears in no other source
+    (tmp_path / "refdml_odd_constant.py").write_text(f"VALUE = {odd!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = __import__("refdml_odd_constant")
+    try:
+        assert odd in providers._get_local_constants().floats
+        found = find_counterexample(st.floats(0.0, 1e4), lambda x: x == odd, max_examples=400)
+        assert found is None
+        assert odd in providers._get_local_constants().floats
+    finally:
+        sys.modules.pop(module.__name__, None)
