@@ -37,6 +37,7 @@ __all__ = [
     "check_context",
     "check_fast_upstream",
     "check_features_prototypes",
+    "check_flag",
     "check_float_dtype",
     "check_nonzero_rows",
     "check_rng",
@@ -238,6 +239,14 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
         raise ValueError(f"{name} == {value!r}, must be one of {choices}")
     return value
 
+
+
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` as a Python bool; ``TypeError`` unless it is ``True``/``False`` (NumPy's
+    ``bool_`` included): ``1`` or ``"no"`` for a switch is a mistake, not a truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {_describe(value)}")
+    return bool(value)
 
 def check_float_dtype(value: Any, name: str = "dtype") -> np.dtype:
     """``value`` (``np.float32``, ``"float64"``, ...) as the dtype float32 or float64.

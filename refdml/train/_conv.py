@@ -54,7 +54,14 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import _describe, as_inputs, check_context, check_rng, check_upstream_like
+from refdml._validation import (
+    _describe,
+    as_inputs,
+    check_context,
+    check_flag,
+    check_rng,
+    check_upstream_like,
+)
 from refdml._xp import array_namespace
 from refdml.train._dense import _bounded_int, _positive_int, dense_init
 from refdml.train._layer import Layer, init_array
@@ -285,8 +292,7 @@ def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv
     for an input that does not require a gradient, likewise).
     """
     check_context(ctx, "ctx", Conv2dContext)
-    if not isinstance(input_grad, bool):
-        raise TypeError(f"input_grad must be True or False, got {_describe(input_grad)}")
+    input_grad = check_flag(input_grad, "input_grad")
     d_y = check_upstream_like(d_y, "d_y", ctx.y_shape, ctx.weight)
     c_out = ctx.weight.shape[0]
     k = ctx.weight.shape[-1]
@@ -374,9 +380,7 @@ class Conv2d(Layer):
                  padding: int = 1, rng=None, dtype=np.float64, device: str = "cpu",
                  name: str = "conv", input_grad: bool = True) -> None:
         super().__init__(name)
-        if not isinstance(input_grad, bool):
-            raise TypeError(f"input_grad must be True or False, got {_describe(input_grad)}")
-        self.input_grad = input_grad
+        self.input_grad = check_flag(input_grad, "input_grad")
         c_in, c_out = _positive_int(c_in, "c_in"), _positive_int(c_out, "c_out")
         k = _positive_int(kernel_size, "kernel_size")
         self.stride = _positive_int(stride, "stride")

@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import (_describe, as_label_array, check_choice, check_float_dtype,
-                                check_scalar)
+from refdml._validation import (_describe, as_label_array, check_choice, check_flag,
+                                check_float_dtype, check_scalar)
 from refdml._xp import to_numpy
 from refdml.exceptions import NonFiniteGradient
 from refdml.train.data import PKBatchSampler
@@ -117,9 +117,7 @@ class MemorySink(TrainingSink):
     """
 
     def __init__(self, *, restore_best: bool = False) -> None:
-        if not isinstance(restore_best, (bool, np.bool_)):
-            raise TypeError(f"restore_best must be True or False, got {_describe(restore_best)}")
-        self.restore_best = bool(restore_best)
+        self.restore_best = check_flag(restore_best, "restore_best")
         self.rows: list[dict[str, Any]] = []
         self.best_epoch: int | None = None
         self.best_parameters: dict[str, np.ndarray] = {}
@@ -271,9 +269,7 @@ class TrainingLoop:
         self.seed = check_scalar(seed, "seed", low=0, integer=True)
         self.dtype = check_float_dtype(dtype)
         self.device = check_choice(device, "device", ("cpu", "cuda"))
-        if not isinstance(progress, (bool, np.bool_)):
-            raise TypeError(f"progress must be True or False, got {_describe(progress)}")
-        self.progress = bool(progress)
+        self.progress = check_flag(progress, "progress")
         self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
                                             integer=True)
         self.instance_every = None if instance_every is None else check_scalar(

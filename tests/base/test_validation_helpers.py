@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from refdml import _validation
-from refdml._validation import as_float_array, as_label_array, check_rng, check_scalar
+from refdml._validation import as_float_array, as_label_array, check_flag, check_rng, check_scalar
 from refdml._xp import ArrayNamespace
 
 
@@ -165,3 +165,15 @@ def test_finite_checks_switch_is_refdml_gpus_and_skips_only_off_numpy():
     assert _validation.data_checks(device)
     with pytest.raises(TypeError, match="enabled must be a bool, got 1"):
         refdml.gpu.set_finite_checks(1)
+
+
+@pytest.mark.parametrize("value", [True, False, np.bool_(True), np.bool_(False)])
+def test_check_flag_accepts_booleans_as_python_bools(value):
+    out = check_flag(value, "progress")
+    assert out is bool(value)
+
+
+@pytest.mark.parametrize("value", [1, 0, "no", None, 1.0, np.array(True)])
+def test_check_flag_refuses_what_is_not_true_or_false(value):
+    with pytest.raises(TypeError, match=r"^progress must be True or False, got "):
+        check_flag(value, "progress")
