@@ -32,9 +32,9 @@ from refdml.catalog import (
     prototypes,
     train,
 )
-from refdml.catalog._spec import OperatorSpec
+from refdml.catalog._spec import Case, ErrorCase, OperatorSpec
 
-__all__ = ["FAMILIES", "OperatorSpec", "all_operators", "get", "register"]
+__all__ = ["FAMILIES", "Case", "ErrorCase", "OperatorSpec", "all_operators", "get", "register"]
 
 _FAMILY_MODULES = (normalize, distances, gsp, histogram, losses, prototypes, crossbatch, ot, train)
 

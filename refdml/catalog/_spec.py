@@ -11,7 +11,41 @@ import numpy as np
 from refdml._validation import check_rng
 from refdml.gradcheck import check_gradients
 
-__all__ = ["OperatorSpec"]
+__all__ = ["Case", "ErrorCase", "OperatorSpec"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named hard input of one operator, as ``forward``'s keyword arguments.
+
+    ``inputs`` hold float64 arrays (a conformance check casts them to the dtype under
+    test), integer labels and Python hyperparameters; ``why`` says what makes the case hard
+    (a tie, a zero cost, an extreme temperature) and what a wrong implementation does
+    there. ``dtypes`` names the dtypes the case is meant for (default: all); a case at the
+    edge of float32's range, say, names ``("float32",)`` only when it means nothing in
+    float64.
+    """
+
+    name: str
+    inputs: Mapping[str, Any]
+    why: str
+    dtypes: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    """A bad input that a correct implementation must refuse.
+
+    The reference raises ``error`` (a ``TypeError`` or ``ValueError``) with a message that
+    matches the regular expression ``match`` (it names the parameter, e.g. ``"mu"``); CI
+    holds the reference to that. A conformance check only reports how another
+    implementation reacts, since frameworks differ in what they refuse.
+    """
+
+    name: str
+    inputs: Mapping[str, Any]
+    error: type[Exception]
+    match: str
 
 
 @dataclass(frozen=True)
@@ -62,6 +96,19 @@ class OperatorSpec:
         an entry with neither.
     tags : tuple of str
         Free-form labels (``"slow"``, ``"loss"``, ...).
+    reference_inputs : callable, optional
+        ``reference_inputs(rng) -> tuple of Case``: the hard inputs of this operator
+        (extreme temperatures and eps, ties and duplicate points, zero costs, no positive
+        pair, tiny and huge scales), on which other implementations are checked
+        (:mod:`refdml.conformance`); the reference runs finitely on every one (CI).
+    error_inputs : callable, optional
+        ``error_inputs(rng) -> tuple of ErrorCase``: bad inputs the reference refuses
+        with a named error (CI checks each one).
+    invariants : callable, optional
+        ``invariants(inputs, outputs) -> {name: residual}``: constraints the outputs
+        satisfy whatever computed them (GSP's marginals, say), each residual a
+        non-negative float relative to the scale of the quantity, 0 when exact. A
+        conformance check holds other implementations to them without the reference.
 
     Every entry is a pair: a loss is ``value, ctx = loss_forward(...)`` with
     ``grads = loss_backward(ctx, d_value)``, checked with a random scalar ``d_value``.
@@ -82,6 +129,9 @@ class OperatorSpec:
     mirror_kernels: tuple[str, ...] = ()
     no_mirror: str | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
+    reference_inputs: Callable[[np.random.Generator], tuple[Case, ...]] | None = None
+    error_inputs: Callable[[np.random.Generator], tuple[ErrorCase, ...]] | None = None
+    invariants: Callable[[Mapping[str, Any], tuple[Any, ...]], Mapping[str, float]] | None = None
 
     @property
     def family(self) -> str:
@@ -95,7 +145,8 @@ class OperatorSpec:
         if (self.mirror is None) != (self.mirror_backward is None):
             raise ValueError(f"{self.name}: mirror and mirror_backward go together "
                              "(give both or neither)")
-        for field_name in ("mirror", "mirror_backward"):
+        for field_name in ("mirror", "mirror_backward", "reference_inputs", "error_inputs",
+                           "invariants"):
             value = getattr(self, field_name)
             if value is not None and not callable(value):
                 raise TypeError(f"{self.name}: {field_name} must be callable, got "
