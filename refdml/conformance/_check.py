@@ -1,0 +1,470 @@
+"""Check another implementation of a catalogued operator against refdml's reference."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from refdml import catalog
+from refdml._validation import _describe, check_choice, check_flag, check_rng, check_scalar
+from refdml.conformance._frameworks import (
+    FRAMEWORKS,
+    Framework,
+    StructureError,
+    get_framework,
+    named_gradient,
+)
+from refdml.conformance._report import ConformanceReport, ErrorOutcome, Failure
+from refdml.conformance._tolerance import (
+    DTYPES,
+    UNRESOLVED,
+    Tolerance,
+    base_tolerance,
+    compare,
+    conditioning,
+    is_floating_array,
+    kind_scales,
+    overflowing,
+    round_to_dtype,
+    tolerance,
+)
+
+__all__ = ["check_implementation"]
+
+#: The loose solver tolerances the "not converged" hint re-runs an iterative reference at.
+LOOSE_TOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
+
+_NAN = float("nan")
+
+
+def check_implementation(
+    impl: Callable[..., Any],
+    op: str,
+    *,
+    framework: str,
+    dtype: str = "float64",
+    adapter: Callable[[Callable[..., Any], dict[str, Any]], Any] | None = None,
+    backward: Callable[..., Any] | None = None,
+    device: str | None = None,
+    seeds: int = 3,
+    reference_cases: bool = True,
+    error_cases: bool = True,
+    search: bool = True,
+    max_examples: int = 30,
+    rng: Any = 0,
+) -> ConformanceReport:
+    """Compare ``impl``, another implementation of the catalogue entry ``op``, with refdml.
+
+    ``impl`` is called with the entry's forward arguments (floating arrays as arrays of
+    ``framework`` in ``dtype``, integer arrays with their dtype, hyperparameters as Python
+    values), through ``adapter(impl, inputs)`` when given, and returns the forward's
+    outputs (``"numpy"``/``"cupy"``: ``(outputs, ctx)``, with ``backward(ctx,
+    *cotangents)`` giving the gradients; ``"torch"``/``"jax"``: the outputs, differentiated
+    by the framework's autodiff). Each output and each gradient is compared, on every input
+    case, with the float64 reference run at the same inputs rounded to ``dtype`` and with
+    the same random cotangents, within a tolerance from the dtype and the measured
+    conditioning (:mod:`refdml.conformance._tolerance`).
+
+    Input cases: ``spec.make_inputs`` with the generators ``default_rng(0)``, ...,
+    ``default_rng(seeds - 1)`` (``"seed k"``); the entry's ``reference_inputs`` (hard
+    cases) admitted at ``dtype``; its ``error_inputs``, whose outcome is reported and never
+    fails; and, with ``search``, a hypothesis search over make_inputs' seed and the number
+    of significant digits its floating inputs keep, that shrinks a disagreement to a
+    minimal case. ``rng`` draws the cotangents and the conditioning perturbations.
+
+    Returns a :class:`ConformanceReport`: ``report.passed``, ``print(report.summary())``.
+    """
+    if not callable(impl):
+        raise TypeError(f"impl must be callable, got {_describe(impl)}")
+    spec = _get_spec(op)
+    check_choice(framework, "framework", FRAMEWORKS)
+    dtype = _check_dtype(dtype)
+    if adapter is not None and not callable(adapter):
+        raise TypeError(f"adapter must be None or callable(impl, inputs), got "
+                        f"{_describe(adapter)}")
+    seeds = check_scalar(seeds, "seeds", low=1, integer=True, one_sided=True)
+    reference_cases = check_flag(reference_cases, "reference_cases")
+    error_cases = check_flag(error_cases, "error_cases")
+    search = check_flag(search, "search")
+    max_examples = check_scalar(max_examples, "max_examples", low=1, integer=True,
+                                one_sided=True)
+    generator = check_rng(rng)
+    fw = get_framework(framework, backward=backward, device=device)
+
+    def call(inputs: dict[str, Any]) -> Any:
+        return adapter(impl, inputs) if adapter is not None else impl(**inputs)
+
+    checker = _CaseChecker(spec, fw, call, dtype)
+    results: list[CaseResult] = []
+    for k in range(seeds):
+        inputs = dict(spec.make_inputs(np.random.default_rng(k)))
+        results.append(checker.check(f"seed {k}", inputs, _child(generator)))
+    if reference_cases and spec.reference_inputs is not None:
+        for case in spec.reference_inputs(np.random.default_rng(0)):
+            if case.dtypes is None or dtype in case.dtypes:
+                results.append(checker.check(case.name, dict(case.inputs), _child(generator)))
+    outcomes: tuple[ErrorOutcome, ...] = ()
+    if error_cases and spec.error_inputs is not None:
+        outcomes = tuple(checker.error_case(case) for case in
+                         spec.error_inputs(np.random.default_rng(0)))
+    search_outcome = None
+    if search:
+        from refdml.conformance._search import run_search
+
+        search_outcome, found = run_search(checker, spec.make_inputs, max_examples)
+        if found is not None:
+            results.append(found)
+    notes = tuple(dict.fromkeys(note for r in results for note in r.notes))
+    if reference_cases and spec.reference_inputs is None:
+        notes += (f"{spec.name} declares no reference inputs (hard cases) yet",)
+    if error_cases and spec.error_inputs is None:
+        notes += (f"{spec.name} declares no error inputs yet",)
+    compared = [r for r in results if r.skipped is None]
+    return ConformanceReport(
+        op=spec.name,
+        framework=fw.name,
+        dtype=dtype,
+        cases=tuple(r.case for r in compared),
+        failures=tuple(f for r in compared for f in r.failures),
+        error_outcomes=outcomes,
+        tolerances=tuple(t for r in compared for t in r.tolerances),
+        search=search_outcome,
+        skipped=tuple((r.case, r.skipped) for r in results if r.skipped is not None),
+        notes=notes,
+    )
+
+
+def _get_spec(op: Any):
+    names = [s.name for s in catalog.all_operators()]
+    if not isinstance(op, str):
+        raise TypeError(f"op must be the name of a catalogue entry (a string), got "
+                        f"{_describe(op)}")
+    if op not in names:
+        raise ValueError(f"op == {op!r} is not in the catalogue; known: {names}")
+    return catalog.get(op)
+
+
+def _check_dtype(dtype: Any) -> str:
+    if not isinstance(dtype, str):
+        try:
+            dtype = np.dtype(dtype).name
+        except TypeError:
+            raise TypeError(f"dtype must be one of {DTYPES}, got {_describe(dtype)}") from None
+    return check_choice(dtype, "dtype", DTYPES)
+
+
+def _child(generator: np.random.Generator) -> np.random.Generator:
+    return np.random.default_rng(int(generator.integers(2**63)))
+
+
+@dataclass
+class CaseResult:
+    """The comparison of one input case (``skipped`` says why the reference refused it)."""
+
+    case: str
+    inputs: Mapping[str, Any]
+    failures: list[Failure] = field(default_factory=list)
+    tolerances: list[Tolerance] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class _Reference:
+    outputs: tuple[np.ndarray, ...]
+    grads: dict[str, np.ndarray]
+
+
+class _CaseChecker:
+    """Runs the reference and the implementation on one case and compares them."""
+
+    def __init__(self, spec, fw: Framework, call, dtype: str) -> None:
+        self.spec = spec
+        self.fw = fw
+        self.call = call
+        self.dtype = dtype
+        self.base = base_tolerance(spec, dtype)
+
+    # -- the reference ----------------------------------------------------------------
+
+    def wrt(self, inputs: Mapping[str, Any]) -> tuple[str, ...]:
+        if self.spec.wrt is not None:
+            return tuple(self.spec.wrt)
+        return tuple(name for name, value in inputs.items() if is_floating_array(value))
+
+    def reference(self, inputs, wrt, cotangents) -> _Reference:
+        """The float64 reference's outputs and (given cotangents) gradients; warnings
+        (a solver's non-convergence at a perturbed input, say) do not interrupt it."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outputs, ctx = self.spec.forward(**inputs)
+            outputs = tuple(np.asarray(o, dtype=np.float64)
+                            for o in (outputs if isinstance(outputs, (tuple, list))
+                                      else (outputs,)))
+            if cotangents is None:
+                return _Reference(outputs, {})
+            grads = self.spec.backward(ctx, *cotangents)
+        found = {}
+        for name in wrt:
+            g = named_gradient(grads, name)
+            if g is not None:
+                found[name] = np.asarray(g, dtype=np.float64)
+        return _Reference(outputs, found)
+
+    def _reference_or_none(self, inputs, wrt, cotangents) -> dict[str, np.ndarray] | None:
+        try:
+            ref = self.reference(inputs, wrt, cotangents)
+        except Exception:  # noqa: BLE001 - a refused perturbation is not measured
+            return None
+        return _quantities(ref)
+
+    # -- the implementation -------------------------------------------------------------
+
+    def framework_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {name: self.fw.asarray(value, self.dtype) if isinstance(value, np.ndarray)
+                else value for name, value in inputs.items()}
+
+    def run_impl(self, inputs, wrt, cotangents, notes: list[str], case: str):
+        """``self.fw.run`` with the implementation's warnings recorded, not raised."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return self.fw.run(self.call, self.framework_inputs(inputs), wrt, cotangents)
+            finally:
+                for w in caught:
+                    notes.append(f"{case}: the implementation warned "
+                                 f"{w.category.__name__}: {w.message}")
+
+    # -- one case -----------------------------------------------------------------------
+
+    def check(self, case: str, inputs: dict[str, Any], rng: np.random.Generator) -> CaseResult:
+        result = CaseResult(case, inputs)
+        rounded = round_to_dtype(inputs, self.dtype)
+        wrt = self.wrt(inputs)
+        beyond = overflowing(inputs, rounded)
+        if beyond:
+            result.skipped = f"{', '.join(beyond)} overflow {self.dtype}"
+            return result
+        try:
+            forward_only = self.reference(rounded, wrt, None)
+        except Exception as error:  # noqa: BLE001 - reported as a skipped case
+            result.skipped = f"the reference raised {type(error).__name__}: {error}"
+            return result
+        cotangents = tuple(np.asarray(rng.standard_normal(o.shape)) for o in forward_only.outputs)
+        try:
+            ref = self.reference(rounded, wrt, cotangents)
+        except Exception as error:  # noqa: BLE001
+            result.skipped = f"the reference's backward raised {type(error).__name__}: {error}"
+            return result
+        quantities = _quantities(ref)
+        kappa = conditioning(lambda moved: self._reference_or_none(moved, wrt, cotangents),
+                             rounded, quantities, rng)
+        rtol = {}
+        for q in quantities:
+            rtol[q] = tolerance(self.base, kappa[q], self.dtype)
+            result.tolerances.append(Tolerance(case, q, self.base, float(kappa[q]), rtol[q]))
+        scales = kind_scales(quantities)
+
+        evaluation = self._evaluate(result, inputs, wrt, cotangents, ref.outputs)
+        if evaluation is None:
+            return result
+        if len(evaluation.outputs) != len(ref.outputs):
+            result.failures.append(Failure(
+                case, "outputs", "structure", None, _NAN, _NAN, _NAN, _NAN,
+                f"the implementation returned {len(evaluation.outputs)} output(s), the "
+                f"reference {len(ref.outputs)}"))
+            return result
+        for k, (actual, expected) in enumerate(zip(evaluation.outputs, ref.outputs)):
+            self._compare(result, f"output {k}", "value", actual, expected,
+                          rtol[f"output {k}"], scales["output"])
+        if evaluation.grads is not None:
+            for name, expected in ref.grads.items():
+                actual = evaluation.grads.get(name)
+                quantity = f"grad {name}"
+                if actual is None:
+                    if np.any(expected != 0):
+                        index = _worst(np.abs(expected))
+                        result.failures.append(Failure(
+                            case, quantity, "missing gradient", index, _NAN,
+                            float(expected[index]), _NAN, rtol[quantity],
+                            f"the implementation gives no gradient for {name!r} (None or "
+                            f"absent) where the reference's is non-zero"))
+                    continue
+                self._compare(result, quantity, "gradient", actual, expected,
+                              rtol[quantity], scales["grad"])
+        if not any(f.cause == "structure" for f in result.failures):
+            self._invariants(result, rounded, evaluation.outputs, ref.outputs,
+                             max(rtol[f"output {k}"] for k in range(len(ref.outputs))))
+        if any(f.cause in ("value", "gradient") for f in result.failures):
+            self._convergence_hint(result, rounded, wrt, cotangents, evaluation)
+        return result
+
+    def _evaluate(self, result: CaseResult, inputs, wrt, cotangents, ref_outputs):
+        case = result.case
+        try:
+            return self.run_impl(inputs, wrt, cotangents, result.notes, case)
+        except Exception as error:  # noqa: BLE001 - localised below
+            first = error
+        # Which half failed: with the forward alone, its values can still be compared.
+        try:
+            evaluation = self.run_impl(inputs, wrt, None, result.notes, case)
+        except StructureError as error:
+            result.failures.append(Failure(case, "outputs", "structure", None, _NAN, _NAN,
+                                           _NAN, _NAN, str(error)))
+            return None
+        except Exception as error:  # noqa: BLE001
+            result.failures.append(Failure(
+                case, "forward", "raised", None, _NAN, _NAN, _NAN, _NAN,
+                f"the implementation raised {type(error).__name__}: {error}"))
+            return None
+        if [np.shape(o) for o in evaluation.outputs] != [o.shape for o in ref_outputs]:
+            # Cotangents shaped for the reference's outputs cannot fit: the outputs' structure
+            # is the failure (reported by the caller), not the product.
+            return evaluation
+        cause = "structure" if isinstance(first, StructureError) else "raised"
+        result.failures.append(Failure(
+            case, "gradients", cause, None, _NAN, _NAN, _NAN, _NAN,
+            f"the forward ran but the vector-Jacobian product "
+            f"{'was malformed' if cause == 'structure' else 'raised'}: "
+            f"{type(first).__name__}: {first}"))
+        return evaluation
+
+    def _compare(self, result, quantity, cause, actual, expected, rtol, fallback) -> None:
+        case = result.case
+        actual = np.asarray(actual)
+        if actual.shape != expected.shape:
+            result.failures.append(Failure(
+                case, quantity, "structure", None, _NAN, _NAN, _NAN, rtol,
+                f"{quantity} has shape {actual.shape}, the reference's {expected.shape}"))
+            return
+        actual = actual.astype(np.float64)
+        bad = ~np.isfinite(actual) & np.isfinite(expected)
+        if np.any(bad):
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            result.failures.append(Failure(
+                case, quantity, "non-finite", index, float(actual[index]),
+                float(expected[index]), _NAN, rtol,
+                f"{quantity} is {actual[index]} at {index} where the reference is finite "
+                f"({int(bad.sum())} of {bad.size} elements)"))
+            return
+        if rtol > UNRESOLVED:  # a kink or a tie of the reference: finiteness only
+            return
+        found = compare(actual, expected, fallback)
+        if found.error > rtol:
+            result.failures.append(Failure(
+                case, quantity, cause, found.index, found.impl_value, found.ref_value,
+                found.error, rtol,
+                f"{quantity} differs from the reference by {found.error:.3g} (max |error| "
+                f"over max |reference|) > rtol {rtol:.3g}; the worst element is {found.index}"))
+
+    def _invariants(self, result, rounded, outputs, ref_outputs, rtol) -> None:
+        if self.spec.invariants is None:
+            return
+        as_float = tuple(np.asarray(o, dtype=np.float64) for o in outputs)
+        if not all(np.all(np.isfinite(o)) for o in as_float):
+            return  # already a "non-finite" failure; a residual of NaN would say it twice
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                own = dict(self.spec.invariants(rounded, as_float))
+                reference = dict(self.spec.invariants(rounded, ref_outputs))
+        except Exception as error:  # noqa: BLE001 - a constraint that cannot be evaluated
+            result.notes.append(f"{result.case}: the invariants could not be evaluated on "
+                                f"the implementation's outputs ({type(error).__name__}: "
+                                f"{error})")
+            return
+        for name, residual in own.items():
+            # The reference's own residual (a solver's stopping tolerance) is allowed too.
+            bound = max(rtol, 2.0 * float(reference.get(name, 0.0)))
+            residual = float(residual)
+            if not residual <= bound:
+                result.failures.append(Failure(
+                    result.case, name, "constraint", None, residual,
+                    float(reference.get(name, _NAN)), residual, bound,
+                    f"the constraint {name!r} has relative residual {residual:.3g} on the "
+                    f"implementation's outputs > {bound:.3g} (the reference's: "
+                    f"{float(reference.get(name, _NAN)):.3g})"))
+
+    def _convergence_hint(self, result, rounded, wrt, cotangents, evaluation) -> None:
+        """For a solver (inputs ``tol`` and ``max_iter``): does the implementation agree
+        far better with the reference stopped early? Then say so on its failures."""
+        if "tol" not in rounded or "max_iter" not in rounded:
+            return
+        failing = [f for f in result.failures if f.cause in ("value", "gradient")]
+        actual = _quantities(_Reference(
+            tuple(np.asarray(o, dtype=np.float64) for o in evaluation.outputs),
+            {name: np.asarray(g, dtype=np.float64)
+             for name, g in (evaluation.grads or {}).items() if g is not None}))
+        best: tuple[float, float] | None = None
+        for loose in LOOSE_TOLS:
+            moved = self._reference_or_none(dict(rounded, tol=loose), wrt, cotangents)
+            if moved is None:
+                continue
+            errors = []
+            for f in failing:
+                if f.quantity not in moved or moved[f.quantity].shape != actual[f.quantity].shape:
+                    break
+                scales = kind_scales(moved)
+                kind = "grad" if f.quantity.startswith("grad ") else "output"
+                errors.append(compare(actual[f.quantity], moved[f.quantity],
+                                      scales[kind]).error / f.error)
+            else:
+                ratio = max(errors)
+                if best is None or ratio < best[1]:
+                    best = (loose, ratio)
+        if best is None or best[1] > 0.1:
+            return
+        hint = (f"not converged: agrees with the reference stopped at tol={best[0]:g} "
+                f"({1 / max(best[1], 1e-300):.3g} times closer than to the converged one): "
+                f"a solver stopped early?")
+        hinted = {id(f) for f in failing}
+        result.failures[:] = [
+            Failure(**dict(vars(f), hint=hint)) if id(f) in hinted else f
+            for f in result.failures
+        ]
+
+    # -- error inputs -------------------------------------------------------------------
+
+    def error_case(self, case) -> ErrorOutcome:
+        expected = f"{case.error.__name__} matching {case.match!r}"
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            try:
+                # A value beyond the dtype's range becomes inf here: still a bad input.
+                inputs = self.framework_inputs(case.inputs)
+            except Exception as error:  # noqa: BLE001
+                return ErrorOutcome(case.name, "not representable",
+                                    f"{self.fw.name} cannot hold the input: "
+                                    f"{type(error).__name__}: {error}", expected)
+            try:
+                evaluation = self.fw.run(self.call, inputs, (), None)
+            except StructureError as error:
+                return ErrorOutcome(case.name, "returned malformed", str(error), expected)
+            except (TypeError, ValueError) as error:
+                return ErrorOutcome(case.name, "refused", _first_line(error), expected)
+            except Exception as error:  # noqa: BLE001
+                return ErrorOutcome(case.name, "raised another type", _first_line(error),
+                                    expected)
+        finite = all(np.all(np.isfinite(np.asarray(o, dtype=np.float64)))
+                     for o in evaluation.outputs)
+        return ErrorOutcome(case.name, "returned finite" if finite else "returned non-finite",
+                            "returned without an error", expected)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _quantities(ref: _Reference) -> dict[str, np.ndarray]:
+    quantities = {f"output {k}": out for k, out in enumerate(ref.outputs)}
+    quantities.update({f"grad {name}": g for name, g in ref.grads.items()})
+    return quantities
+
+
+def _worst(magnitude: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(magnitude)), magnitude.shape))

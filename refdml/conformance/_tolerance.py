@@ -1,0 +1,191 @@
+"""How close an implementation must come to the reference, and how far it is.
+
+For a quantity ``q`` (an output, or the gradient of one input) computed in ``dtype``, the
+relative tolerance is
+
+.. math::
+    \\mathrm{rtol}_q = \\max\\big(\\mathrm{base},\\; 16\\,\\varepsilon_{\\mathrm{dtype}}\\,\\kappa_q\\big)
+
+with ``base`` the catalogue entry's mirror tolerance for the dtype (how far refdml's own
+fast path may stray; 1e-2 for float16, which the catalogue does not state) and
+``kappa_q`` the measured conditioning of ``q``: its relative change when the floating
+inputs move by a random relative ``1e-7`` (two draws, the larger kept), over ``1e-7``,
+floored at 1. A well-conditioned quantity then gets a few units of roundoff, one near a
+kink or a tie (where a tiny move changes the answer) as much as its conditioning says.
+Where that tolerance would exceed :data:`UNRESOLVED` (a tenth), the reference itself jumps
+under a move of the inputs far below any rounding: the case sits on a kink, a tie or a
+discontinuity (a gradient at duplicate points, say), where implementations legitimately
+pick different subgradients. Such a quantity is compared for shape and finiteness only, and
+the report lists it as unresolved rather than stretching a tolerance until it means
+nothing. The error is norm-wise, ``max_i |a_i - e_i| / max_i |e_i|``: elementwise relative errors
+would fail every implementation on the near-zero entries of an array whose other entries
+are large.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PERTURBATION", "UNRESOLVED", "Tolerance", "base_tolerance", "compare", "conditioning",
+           "is_floating_array", "overflowing", "round_digits", "round_to_dtype", "tolerance"]
+
+#: Relative size of the input perturbation that measures conditioning: far above float64
+#: roundoff (so the measured change is not noise) and far below any feature of the inputs.
+PERTURBATION = 1e-7
+
+#: Above this relative tolerance a quantity is unresolved at its case (see the module
+#: docstring): checked for shape and finiteness, not values.
+UNRESOLVED = 0.1
+
+#: Units of roundoff per unit of conditioning that an independent implementation may use.
+ROUNDOFF_UNITS = 16.0
+
+DTYPES = ("float16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The tolerance of one quantity in one case: ``rtol = max(base, 16 eps kappa)``."""
+
+    case: str
+    quantity: str
+    base: float
+    kappa: float
+    rtol: float
+
+    @property
+    def resolved(self) -> bool:
+        """False where the reference is too ill-conditioned here to compare values."""
+        return self.rtol <= UNRESOLVED
+
+
+def is_floating_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
+
+
+def round_to_dtype(inputs: Mapping[str, Any], dtype: str) -> dict[str, Any]:
+    """``inputs`` with every floating array cast to ``dtype`` and back to float64, so the
+    reference sees exactly the numbers the implementation sees."""
+    with np.errstate(over="ignore"):  # an input beyond the dtype's range: the caller skips
+        return {name: value.astype(dtype).astype(np.float64) if is_floating_array(value)
+                else value for name, value in inputs.items()}
+
+
+def overflowing(inputs: Mapping[str, Any], rounded: Mapping[str, Any]) -> list[str]:
+    """The floating inputs that are finite but not after rounding to the dtype."""
+    return [name for name, value in inputs.items() if is_floating_array(value)
+            and np.any(np.isfinite(value) & ~np.isfinite(rounded[name]))]
+
+
+def round_digits(array: np.ndarray, digits: int) -> np.ndarray:
+    """``array`` rounded to ``digits`` significant decimal digits (0 stays 0)."""
+    array = np.asarray(array, dtype=np.float64)
+    magnitude = np.abs(array)
+    safe = np.where(magnitude > 0, magnitude, 1.0)
+    scale = 10.0 ** (digits - 1 - np.floor(np.log10(safe)))
+    return np.where(magnitude > 0, np.round(array * scale) / scale, 0.0)
+
+
+def base_tolerance(spec: Any, dtype: str) -> float:
+    """The floor of every quantity's tolerance: the entry's mirror tolerance for ``dtype``."""
+    if dtype == "float16":
+        return 1e-2
+    return float(spec.mirror_tolerance(dtype))
+
+
+def tolerance(base: float, kappa: float, dtype: str) -> float:
+    return max(base, ROUNDOFF_UNITS * float(np.finfo(dtype).eps) * kappa)
+
+
+def _scale(array: np.ndarray) -> float:
+    finite = array[np.isfinite(array)]
+    return float(np.max(np.abs(finite))) if finite.size else 0.0
+
+
+def conditioning(
+    evaluate: Callable[[Mapping[str, Any]], Mapping[str, np.ndarray] | None],
+    inputs: Mapping[str, Any],
+    quantities: Mapping[str, np.ndarray],
+    rng: np.random.Generator,
+    draws: int = 2,
+) -> dict[str, float]:
+    """``kappa`` of each quantity: ``evaluate(perturbed inputs) -> {quantity: array}``
+    (None where the reference refuses the perturbed inputs) at ``draws`` random relative
+    perturbations of size :data:`PERTURBATION` of the floating inputs.
+
+    A quantity that is all zero is measured against the largest scale of the quantities
+    of its kind (outputs, gradients), as :func:`compare` does. A quantity whose perturbed
+    values are not finite is ill-conditioned without bound (``inf``); one that could not
+    be measured at all keeps 1.
+    """
+    kappa = dict.fromkeys(quantities, 1.0)
+    scales = kind_scales(quantities)
+    for _ in range(draws):
+        perturbed = {
+            name: value * (1.0 + PERTURBATION * rng.uniform(-1.0, 1.0, size=value.shape))
+            if is_floating_array(value) else value
+            for name, value in inputs.items()
+        }
+        moved = evaluate(perturbed)
+        if moved is None:
+            continue
+        for name, value in quantities.items():
+            other = moved.get(name)
+            if other is None or np.shape(other) != np.shape(value):
+                continue
+            scale = _scale(value) or scales[_kind(name)]
+            if scale == 0.0:
+                continue
+            with np.errstate(invalid="ignore", over="ignore"):
+                change = np.abs(np.asarray(other, dtype=np.float64) - value)
+            if not np.all(np.isfinite(change[np.isfinite(value)])):
+                kappa[name] = np.inf
+                continue
+            relative = float(np.max(change, initial=0.0)) / scale / PERTURBATION
+            kappa[name] = max(kappa[name], relative)
+    return kappa
+
+
+def _kind(quantity: str) -> str:
+    return "grad" if quantity.startswith("grad ") else "output"
+
+
+def kind_scales(quantities: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """The largest scale among the outputs and among the gradients of one case."""
+    scales = {"output": 0.0, "grad": 0.0}
+    for name, value in quantities.items():
+        scales[_kind(name)] = max(scales[_kind(name)], _scale(np.asarray(value)))
+    return scales
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The worst element of an implementation's quantity against the reference's."""
+
+    error: float
+    index: tuple[int, ...]
+    impl_value: float
+    ref_value: float
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, fallback_scale: float) -> Comparison:
+    """Norm-wise relative error ``max |a - e| / max |e|`` over the elements where the
+    reference is finite, and the index of the worst element; an all-zero reference is
+    measured against ``fallback_scale`` (the largest of its kind in the case), or in
+    absolute terms when that is zero too."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    finite = np.isfinite(expected)
+    with np.errstate(invalid="ignore", over="ignore"):
+        difference = np.where(finite, np.abs(actual - expected), 0.0)
+    if difference.size == 0:
+        return Comparison(0.0, (), float("nan"), float("nan"))
+    flat = int(np.argmax(difference))
+    index = tuple(int(i) for i in np.unravel_index(flat, difference.shape))
+    scale = _scale(expected) or fallback_scale or 1.0
+    return Comparison(float(difference.flat[flat]) / scale, index,
+                      float(actual.flat[flat]), float(expected.flat[flat]))

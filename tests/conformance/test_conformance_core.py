@@ -1,0 +1,485 @@
+"""check_implementation with the NumPy framework (the pair protocol): correct implementations
+pass, planted defects fail with the right cause and location, arguments are validated."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from refdml import catalog
+from refdml.catalog import Case, ErrorCase
+from refdml.conformance import CAUSES, check_implementation
+from refdml.conformance._tolerance import compare, conditioning, round_digits
+
+# Small budgets: every check below runs in well under a second.
+FAST = dict(seeds=2, search=False)
+
+
+def _check_pair(forward, backward, op, **kwargs):
+    return check_implementation(forward, op, framework="numpy", backward=backward,
+                                **{**FAST, **kwargs})
+
+
+# -- an independent implementation: the contrastive loss as a loop over pairs -------------
+
+@dataclass(frozen=True)
+class _LoopContext:
+    x: np.ndarray
+    terms: tuple[tuple[int, int, float], ...]  # (i, j, sign of d(term)/d(distance))
+    n_pairs: int
+
+
+def loop_contrastive(*, defect: str | None = None):
+    """The Euclidean contrastive loss (mean over unordered pairs of ``[d - m+]_+`` for a
+    positive pair, ``[m- - d]_+`` for a negative one) written from its definition, with a
+    hand backward; ``defect`` plants one mistake."""
+
+    def forward(embeddings, labels, pos_margin, neg_margin):
+        x = np.asarray(embeddings, dtype=np.float64)
+        n = x.shape[0]
+        value, terms = 0.0, []
+        for i in range(n):
+            for j in range(i + 1, n):
+                d = float(np.sqrt(np.sum((x[i] - x[j]) ** 2)))
+                if labels[i] == labels[j]:
+                    if d > pos_margin:
+                        value += d - pos_margin
+                        terms.append((i, j, 1.0))
+                elif d < neg_margin and defect != "drop negatives":
+                    value += neg_margin - d
+                    terms.append((i, j, -1.0))
+        n_pairs = n * (n - 1) // 2
+        return value / n_pairs, _LoopContext(x, tuple(terms), n_pairs)
+
+    def backward(ctx, d_value):
+        grad = np.zeros_like(ctx.x)
+        scale = float(d_value) / ctx.n_pairs
+        for i, j, sign in ctx.terms:
+            diff = ctx.x[i] - ctx.x[j]
+            d = np.sqrt(np.sum(diff ** 2))
+            if defect == "nan at zero distance" or d > 0:
+                unit = diff / d
+            else:
+                unit = np.zeros_like(diff)  # the subgradient 0 at a coincident pair
+            grad[i] += scale * sign * unit
+            grad[j] -= scale * sign * unit
+        if defect == "scaled element":
+            grad[2, 1] *= 1.5
+        return {"embeddings": grad}
+
+    return forward, backward
+
+
+def _with_entry(monkeypatch, name, **changes):
+    """Replace a catalogue entry for one test (its own hard cases, errors, invariants)."""
+    spec = dataclasses.replace(catalog.get(name), **changes)
+    monkeypatch.setitem(catalog._CATALOGUE, name, spec)
+    return spec
+
+
+def _duplicate_points(rng):
+    inputs = dict(catalog.get("losses.contrastive").make_inputs(np.random.default_rng(0)))
+    x = inputs["embeddings"].copy()
+    # Rows 0 and 3 have different labels (make_inputs' labels start 0 0 0 1 1): a negative
+    # pair at distance 0, whose hinge is active.
+    assert inputs["labels"][0] != inputs["labels"][3]
+    x[3] = x[0]
+    inputs["embeddings"] = x
+    return (Case("duplicate points", inputs, "a negative pair at distance 0"),
+            Case("float32 only", inputs, "admitted at float32 only", dtypes=("float32",)))
+
+
+# -- correct implementations pass -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("spec", catalog.all_operators(), ids=lambda s: s.name)
+def test_reference_and_mirror_pairs_pass(spec, dtype):
+    """refdml's own pair and its fast-path mirror agree with the reference on make_inputs.
+
+    The mirrors are held to make_inputs only: some use the Gram identity and are known to
+    lose digits on the hard cases (nearby points), which is what a conformance check
+    reports for them, and what the reference cases are for.
+    """
+    report = _check_pair(spec.forward, spec.backward, spec.name, dtype=dtype, seeds=1,
+                         reference_cases=False, error_cases=False)
+    assert report.passed, report.summary()
+    assert report.cases == ("seed 0",)
+    if spec.mirror is not None:
+        forward, backward = spec.mirror_pair()
+        report = _check_pair(forward, backward, spec.name, dtype=dtype, seeds=1,
+                             reference_cases=False, error_cases=False)
+        assert report.passed, report.summary()
+
+
+@pytest.mark.parametrize("spec", [s for s in catalog.all_operators()
+                                  if s.reference_inputs is not None],
+                         ids=lambda s: s.name)
+def test_reference_pair_passes_its_reference_cases(spec):
+    report = _check_pair(spec.forward, spec.backward, spec.name, seeds=1)
+    assert report.passed, report.summary()
+    assert len(report.cases) >= 2
+    # The reference refuses none of its own error inputs.
+    assert all(o.outcome == "refused" for o in report.error_outcomes), report.summary()
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_independent_loop_implementation_passes(monkeypatch, dtype):
+    _with_entry(monkeypatch, "losses.contrastive", reference_inputs=_duplicate_points)
+    forward, backward = loop_contrastive()
+    report = _check_pair(forward, backward, "losses.contrastive", dtype=dtype, seeds=3,
+                         search=True, max_examples=5)
+    assert report.passed, report.summary()
+    expected = ["seed 0", "seed 1", "seed 2", "duplicate points"]
+    if dtype == "float32":
+        expected.append("float32 only")
+    assert list(report.cases) == expected
+    assert report.search is not None and report.search.examples > 0
+    assert report.summary().splitlines()[-1].startswith(f"PASS losses.contrastive (numpy, {dtype})")
+    # Every quantity of every case has its tolerance stated: max(base, 16 eps kappa).
+    eps = float(np.finfo(dtype).eps)
+    quantities = {(t.case, t.quantity) for t in report.tolerances}
+    assert quantities == {(case, q) for case in report.cases
+                          for q in ("output 0", "grad embeddings")}
+    for t in report.tolerances:
+        assert t.kappa >= 1.0
+        assert_allclose(t.rtol, max(t.base, 16 * eps * t.kappa), rtol=1e-12)
+
+
+def test_adapter_maps_the_signature():
+    forward, backward = loop_contrastive()
+
+    def my_loss(x, y, margins):
+        return forward(x, y, *margins)
+
+    report = check_implementation(
+        my_loss, "losses.contrastive", framework="numpy", backward=backward,
+        adapter=lambda impl, inputs: impl(inputs["embeddings"], inputs["labels"],
+                                          (inputs["pos_margin"], inputs["neg_margin"])),
+        reference_cases=False, **FAST)
+    assert report.passed, report.summary()
+
+
+# -- planted defects fail with the right cause and location -----------------------------------
+
+def test_gradient_wrong_on_one_element_is_located():
+    forward, backward = loop_contrastive(defect="scaled element")
+    report = _check_pair(forward, backward, "losses.contrastive", seeds=3,
+                         reference_cases=False, error_cases=False)
+    assert not report.passed
+    assert len(report.failures) == 3, report.summary()
+    for failure in report.failures:
+        assert (failure.cause, failure.quantity, failure.index) == (
+            "gradient", "grad embeddings", (2, 1))
+        # The planted factor, seen through the report's two values.
+        assert_allclose(failure.impl_value, 1.5 * failure.ref_value, rtol=1e-9)
+        assert failure.error > failure.tolerance
+    assert report.summary().splitlines()[-1] == (
+        "FAIL losses.contrastive (numpy, float64): 3 failures in 3 of 3 cases: gradient x3")
+
+
+def test_nan_at_zero_distance_is_non_finite(monkeypatch):
+    _with_entry(monkeypatch, "losses.contrastive", reference_inputs=_duplicate_points)
+    forward, backward = loop_contrastive(defect="nan at zero distance")
+    report = _check_pair(forward, backward, "losses.contrastive", error_cases=False)
+    assert [(f.case, f.cause, f.quantity) for f in report.failures] == [
+        ("duplicate points", "non-finite", "grad embeddings")]
+    failure = report.failures[0]
+    assert failure.index == (0, 0)  # row 0, the first row of the coincident pair
+    assert np.isnan(failure.impl_value) and np.isfinite(failure.ref_value)
+    assert list(report.failures_by_cause()) == ["non-finite"]
+
+
+def test_forward_that_drops_a_term_fails_on_the_value():
+    forward, backward = loop_contrastive(defect="drop negatives")
+    report = _check_pair(forward, backward, "losses.contrastive", reference_cases=False)
+    values = [f for f in report.failures if f.quantity == "output 0"]
+    assert [f.cause for f in values] == ["value", "value"]
+    for failure in values:
+        assert failure.index == ()  # a scalar loss
+        assert failure.impl_value < failure.ref_value  # the dropped terms are positive
+        assert failure.error > failure.tolerance
+
+
+def test_solver_stopped_early_gets_the_not_converged_hint():
+    spec = catalog.get("ot.entropic_ot")
+
+    def early(**inputs):
+        # Stands for an implementation whose own stopping rule is loose.
+        return spec.forward(**dict(inputs, tol=1e-4))
+
+    report = _check_pair(early, spec.backward, "ot.entropic_ot", reference_cases=False,
+                         error_cases=False)
+    assert not report.passed
+    values = [f for f in report.failures if f.quantity == "output 0"]
+    assert [f.cause for f in values] == ["value", "value"], report.summary()
+    for failure in values:
+        assert failure.hint is not None and "tol=0.0001" in failure.hint
+        assert "not converged" in failure.hint
+    assert "hint: not converged" in report.summary()
+
+
+def test_wrong_output_shape_and_count_are_structure():
+    forward, backward = loop_contrastive()
+
+    def as_vector(**inputs):
+        value, ctx = forward(**inputs)
+        return np.array([value]), ctx
+
+    report = _check_pair(as_vector, backward, "losses.contrastive", reference_cases=False,
+                         error_cases=False)
+    assert {(f.cause, f.quantity) for f in report.failures} == {("structure", "output 0")}
+    assert "shape (1,)" in report.failures[0].message
+    # No error to state: NaN in the report, a string in its JSON form.
+    assert np.isnan(report.failures[0].error)
+    data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert data["failures"][0]["error"] == "nan" and data["failures"][0]["index"] is None
+
+    spec = catalog.get("gsp.pool")
+
+    def pooled_only(**inputs):
+        (pooled, _), ctx = spec.forward(**inputs)
+        return pooled, ctx
+
+    report = _check_pair(pooled_only, spec.backward, "gsp.pool", reference_cases=False,
+                         error_cases=False)
+    assert {(f.cause, f.quantity) for f in report.failures} == {("structure", "outputs")}
+    assert "1 output(s), the reference 2" in report.failures[0].message
+
+
+def test_raising_forward_and_backward():
+    forward, backward = loop_contrastive()
+
+    def boom(**inputs):
+        raise RuntimeError("boom in forward")
+
+    report = _check_pair(boom, backward, "losses.contrastive", reference_cases=False,
+                         error_cases=False)
+    assert [(f.cause, f.quantity) for f in report.failures] == [("raised", "forward")] * 2
+    assert "RuntimeError: boom in forward" in report.failures[0].message
+
+    def bad_backward(ctx, d_value):
+        raise FloatingPointError("boom in backward")
+
+    report = _check_pair(forward, bad_backward, "losses.contrastive", reference_cases=False,
+                         error_cases=False)
+    # The forward's values are still compared (and agree): only the gradients are blamed.
+    assert [(f.cause, f.quantity) for f in report.failures] == [("raised", "gradients")] * 2
+    assert "FloatingPointError: boom in backward" in report.failures[0].message
+
+
+def test_missing_gradient():
+    forward, _ = loop_contrastive()
+    report = _check_pair(forward, lambda ctx, d_value: {}, "losses.contrastive",
+                         reference_cases=False, error_cases=False)
+    assert [(f.cause, f.quantity) for f in report.failures] == [
+        ("missing gradient", "grad embeddings")] * 2
+
+
+def test_constraint_residual(monkeypatch):
+    def unit_rows(inputs, outputs):
+        norms = np.linalg.norm(outputs[0], axis=-1)
+        return {"unit rows": float(np.max(np.abs(norms - 1.0)))}
+
+    spec = _with_entry(monkeypatch, "normalize.l2_normalize", invariants=unit_rows,
+                       reference_inputs=None, error_inputs=None)
+
+    def stretched(**inputs):
+        y, ctx = spec.forward(**inputs)
+        return y * (1 + 1e-3), ctx
+
+    report = _check_pair(stretched, spec.backward, "normalize.l2_normalize")
+    constraint = [f for f in report.failures if f.cause == "constraint"]
+    assert [f.quantity for f in constraint] == ["unit rows", "unit rows"]
+    assert_allclose([f.error for f in constraint], 1e-3, rtol=1e-6)
+    # The reference itself satisfies it.
+    assert _check_pair(spec.forward, spec.backward, "normalize.l2_normalize").passed
+
+
+def test_error_inputs_are_reported_never_failed(monkeypatch):
+    def errors(rng):
+        return (ErrorCase("nan embeddings", {"embeddings": np.full((4, 2), np.nan),
+                                             "labels": np.array([0, 0, 1, 1]),
+                                             "pos_margin": 0.2, "neg_margin": 0.9},
+                          ValueError, "embeddings"),
+                ErrorCase("negative margin", {"embeddings": np.eye(4, 2),
+                                              "labels": np.array([0, 0, 1, 1]),
+                                              "pos_margin": -0.2, "neg_margin": 0.9},
+                          ValueError, "pos_margin"))
+
+    _with_entry(monkeypatch, "losses.contrastive", error_inputs=errors, reference_inputs=None)
+    forward, backward = loop_contrastive()  # refuses nothing (its comparisons skip a NaN)
+    report = _check_pair(forward, backward, "losses.contrastive")
+    assert report.passed
+    assert [(o.case, o.outcome) for o in report.error_outcomes] == [
+        ("nan embeddings", "returned finite"), ("negative margin", "returned finite")]
+    assert "refused 0 of 2 error inputs" in report.verdict()
+
+    def total(embeddings, labels, pos_margin, neg_margin):
+        return np.sum(embeddings), None
+
+    report = _check_pair(total, backward, "losses.contrastive")
+    assert [o.outcome for o in report.error_outcomes] == [
+        "returned non-finite", "returned finite"]
+
+    spec = catalog.get("losses.contrastive")
+    report = _check_pair(spec.forward, spec.backward, "losses.contrastive")
+    assert [o.outcome for o in report.error_outcomes] == ["refused", "refused"]
+
+    def keyerror(**inputs):
+        raise KeyError("labels")
+
+    report = check_implementation(keyerror, "losses.contrastive", framework="numpy",
+                                  backward=backward, seeds=1, search=False)
+    assert [o.outcome for o in report.error_outcomes] == ["raised another type"] * 2
+
+
+def test_search_shrinks_to_a_minimal_case():
+    forward, backward = loop_contrastive(defect="scaled element")
+    report = _check_pair(forward, backward, "losses.contrastive", seeds=1,
+                         reference_cases=False, error_cases=False, search=True,
+                         max_examples=5)
+    search = report.search
+    # The defect shows on every draw, so hypothesis shrinks to its smallest one.
+    assert search.found and (search.seed, search.digits) == (0, 2)
+    assert report.cases[-1] == "search seed=0 digits=2"
+    assert {f.cause for f in search.failures} == {"gradient"}
+    data = report.to_dict()
+    json.dumps(data, allow_nan=False)
+    assert data["search"]["seed"] == 0 and data["search"]["digits"] == 2
+    # The minimal case's inputs are make_inputs(seed 0) rounded to 2 significant digits.
+    expected = catalog.get("losses.contrastive").make_inputs(np.random.default_rng(0))
+    assert_allclose(np.array(data["search"]["inputs"]["embeddings"]),
+                    round_digits(expected["embeddings"], 2), rtol=1e-15)
+
+
+def test_report_to_dict_and_summary():
+    forward, backward = loop_contrastive(defect="nan at zero distance")
+    report = _check_pair(forward, backward, "losses.contrastive", reference_cases=False)
+    data = report.to_dict()
+    assert json.loads(json.dumps(data, allow_nan=False)) == data
+    assert data["passed"] is True and data["op"] == "losses.contrastive"
+    forward, backward = loop_contrastive(defect="drop negatives")
+    report = _check_pair(forward, backward, "losses.contrastive", reference_cases=False,
+                         error_cases=False)
+    data = report.to_dict()
+    json.dumps(data, allow_nan=False)
+    assert data["passed"] is False and len(data["failures"]) == len(report.failures)
+    summary = report.summary()
+    assert summary.splitlines()[-1] == report.verdict()
+    assert re.search(r"^value \(2\):", summary, re.M)
+    assert set(report.failures_by_cause()) <= set(CAUSES)
+
+
+# -- tolerance machinery ----------------------------------------------------------------------
+
+def test_compare_is_normwise_relative():
+    found = compare(np.array([1.0, 2.0, 10.0]), np.array([1.0, 2.5, 10.0]), 0.0)
+    assert found.index == (1,)
+    assert_allclose(found.error, 0.5 / 10.0, rtol=1e-15)
+    # An all-zero reference is measured against the fallback scale.
+    found = compare(np.array([0.0, 1e-3]), np.zeros(2), 2.0)
+    assert_allclose(found.error, 1e-3 / 2.0, rtol=1e-15)
+
+
+def test_conditioning_measures_cancellation():
+    # f(x) = x - 1 at x = 1 + 1e-4: a relative move r of x moves f by r (1 + 1e-4) / 1e-4.
+    x = np.array([1.0 + 1e-4])
+    kappa = conditioning(lambda inputs: {"output 0": inputs["x"] - 1.0}, {"x": x},
+                         {"output 0": x - 1.0}, np.random.default_rng(0))
+    assert 10.0 < kappa["output 0"] <= (1 + 1e-4) / 1e-4 * 1.001
+    kappa = conditioning(lambda inputs: {"output 0": 2.0 * inputs["x"]}, {"x": x},
+                         {"output 0": 2.0 * x}, np.random.default_rng(0))
+    assert kappa["output 0"] == 1.0  # floored at 1
+
+
+def test_round_digits():
+    assert_allclose(round_digits(np.array([123456.0, -0.0012345, 0.0]), 2),
+                    [120000.0, -0.0012, 0.0], rtol=1e-15)
+
+
+# -- argument validation ----------------------------------------------------------------------
+
+def _call(**changes):
+    forward, backward = loop_contrastive()
+    kwargs = dict(framework="numpy", backward=backward, seeds=1, search=False)
+    kwargs.update(changes)
+    impl = kwargs.pop("impl", forward)
+    op = kwargs.pop("op", "losses.contrastive")
+    return check_implementation(impl, op, **kwargs)
+
+
+@pytest.mark.parametrize("changes, error, match", [
+    (dict(impl=3), TypeError, "impl must be callable"),
+    (dict(op="losses.nope"), ValueError, r"op == 'losses.nope'.*gsp\.pool"),
+    (dict(op=3), TypeError, "op must be"),
+    (dict(framework="tensorflow"), ValueError, "framework == 'tensorflow'"),
+    (dict(framework=None), TypeError, "framework must be one of"),
+    (dict(dtype="int32"), ValueError, "dtype == 'int32'"),
+    (dict(dtype=3), TypeError, "dtype must be one of"),
+    (dict(backward=None), TypeError, "needs backward="),
+    (dict(backward=3), TypeError, "backward must be callable"),
+    (dict(framework="torch"), ValueError, "backward is given for framework == 'torch'"),
+    (dict(framework="jax"), ValueError, "backward is given for framework == 'jax'"),
+    (dict(adapter=3), TypeError, "adapter must be None or callable"),
+    (dict(device="cuda"), ValueError, "device == 'cuda'"),
+    (dict(device=0), TypeError, "device must be None or a string"),
+    (dict(seeds=0), ValueError, "seeds == 0"),
+    (dict(seeds=1.5), TypeError, "seeds must be an integer"),
+    (dict(reference_cases="yes"), TypeError, "reference_cases must be True or False"),
+    (dict(error_cases=1), TypeError, "error_cases must be True or False"),
+    (dict(search=None), TypeError, "search must be True or False"),
+    (dict(max_examples=0), ValueError, "max_examples == 0"),
+    (dict(rng=-1), ValueError, "rng == -1"),
+])
+def test_arguments_are_validated(changes, error, match):
+    with pytest.raises(error, match=match):
+        _call(**changes)
+
+
+def test_dtype_accepts_numpy_dtypes():
+    assert _call(dtype=np.float32).dtype == "float32"
+
+
+def test_numpy_pair_must_return_a_pair():
+    forward, backward = loop_contrastive()
+    report = _call(impl=lambda **inputs: forward(**inputs)[0], reference_cases=False,
+                   error_cases=False)
+    assert [(f.cause, f.quantity) for f in report.failures] == [("structure", "outputs")]
+    assert "pair (outputs, ctx)" in report.failures[0].message
+
+
+def test_search_assumes_away_inputs_the_reference_refuses(monkeypatch):
+    spec = catalog.get("losses.contrastive")
+
+    def every_other_refused(rng):
+        inputs = dict(spec.make_inputs(rng))
+        if rng.integers(2):
+            inputs["embeddings"] = np.full_like(inputs["embeddings"], np.nan)
+        return inputs
+
+    _with_entry(monkeypatch, "losses.contrastive", make_inputs=every_other_refused,
+                reference_inputs=None, error_inputs=None)
+    forward, backward = loop_contrastive()
+    report = _check_pair(forward, backward, "losses.contrastive", seeds=4, search=True,
+                         max_examples=6)
+    assert report.passed, report.summary()
+    # Seeds whose inputs the reference refuses are skipped, with the reason, not compared.
+    assert report.skipped and all("raised ValueError" in why for _, why in report.skipped)
+    assert len(report.cases) + len(report.skipped) == 4
+    assert report.search.examples > 0 and not report.search.found
+
+    _with_entry(monkeypatch, "losses.contrastive",
+                make_inputs=lambda rng: dict(spec.make_inputs(rng), pos_margin=-1.0))
+    report = _check_pair(forward, backward, "losses.contrastive", search=True,
+                         max_examples=3)
+    assert report.search.examples == 0
+    assert report.search.note == "the reference refused every draw"
+    assert not report.passed
+    assert report.verdict() == (
+        "FAIL losses.contrastive (numpy, float64): no case compared (the reference refused all 2)")
