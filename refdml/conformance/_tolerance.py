@@ -12,8 +12,9 @@ fast path may stray; 1e-2 for float16, which the catalogue does not state) and
 inputs move by a random relative ``1e-7`` (two draws, the larger kept), over ``1e-7``,
 floored at 1. A well-conditioned quantity then gets a few units of roundoff, one near a
 kink or a tie (where a tiny move changes the answer) as much as its conditioning says.
-Where that tolerance would exceed :data:`UNRESOLVED` (a tenth), the reference itself jumps
-under a move of the inputs far below any rounding: the case sits on a kink, a tie or a
+Where the change does not shrink with the move (a hundredfold smaller move changes ``q``
+by a third as much: ``kappa = inf``), or the tolerance would exceed :data:`UNRESOLVED` (a
+tenth), the reference itself jumps under a move of the inputs far below any rounding: the case sits on a kink, a tie or a
 discontinuity (a gradient at duplicate points, say), where implementations legitimately
 pick different subgradients. Such a quantity is compared for shape and finiteness only, and
 the report lists it as unresolved rather than stretching a tolerance until it means
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PERTURBATION", "UNRESOLVED", "Tolerance", "base_tolerance", "compare", "conditioning",
+__all__ = ["JUMP_FLOOR", "JUMP_RATIO", "PERTURBATION", "UNRESOLVED", "Tolerance", "base_tolerance", "compare", "conditioning",
            "is_floating_array", "overflowing", "round_digits", "round_to_dtype", "tolerance"]
 
 #: Relative size of the input perturbation that measures conditioning: far above float64
@@ -117,37 +118,65 @@ def conditioning(
     (None where the reference refuses the perturbed inputs) at ``draws`` random relative
     perturbations of size :data:`PERTURBATION` of the floating inputs.
 
-    A quantity that is all zero is measured against the largest scale of the quantities
-    of its kind (outputs, gradients), as :func:`compare` does. A quantity whose perturbed
-    values are not finite is ill-conditioned without bound (``inf``); one that could not
-    be measured at all keeps 1.
+    Each draw is repeated at a hundredth of the size along the same direction. A smooth
+    quantity moves a hundred times less; one that moves by more than :data:`JUMP_RATIO`
+    of its first change (and visibly, above :data:`JUMP_FLOOR`) jumps there: the case
+    sits on a kink, a tie or a discontinuity of the reference, however small the step, and
+    its ``kappa`` is ``inf``. A quantity that is all zero is measured against the largest
+    scale of the quantities of its kind (outputs, gradients), as :func:`compare` does; one
+    whose perturbed values are not finite is ill-conditioned without bound (``inf``); one
+    that could not be measured at all keeps 1.
     """
     kappa = dict.fromkeys(quantities, 1.0)
     scales = kind_scales(quantities)
     for _ in range(draws):
-        perturbed = {
-            name: value * (1.0 + PERTURBATION * rng.uniform(-1.0, 1.0, size=value.shape))
-            if is_floating_array(value) else value
-            for name, value in inputs.items()
-        }
-        moved = evaluate(perturbed)
-        if moved is None:
-            continue
-        for name, value in quantities.items():
-            other = moved.get(name)
-            if other is None or np.shape(other) != np.shape(value):
-                continue
-            scale = _scale(value) or scales[_kind(name)]
-            if scale == 0.0:
-                continue
-            with np.errstate(invalid="ignore", over="ignore"):
-                change = np.abs(np.asarray(other, dtype=np.float64) - value)
-            if not np.all(np.isfinite(change[np.isfinite(value)])):
+        direction = {name: rng.uniform(-1.0, 1.0, size=value.shape)
+                     for name, value in inputs.items() if is_floating_array(value)}
+        changes = [_changes(evaluate, inputs, quantities, scales, direction, size)
+                   for size in (PERTURBATION, PERTURBATION / 100.0)]
+        for name, large in changes[0].items():
+            small = changes[1].get(name)
+            if not np.isfinite(large) or (small is not None and not np.isfinite(small)):
                 kappa[name] = np.inf
-                continue
-            relative = float(np.max(change, initial=0.0)) / scale / PERTURBATION
-            kappa[name] = max(kappa[name], relative)
+            elif (small is not None and large > JUMP_FLOOR
+                    and small / 100.0 > JUMP_RATIO * large):  # the changes themselves
+                kappa[name] = np.inf
+            else:
+                kappa[name] = max(kappa[name], large)
     return kappa
+
+
+#: A hundredfold smaller step that still moves a quantity by this fraction of the first
+#: change means a jump, not a slope (a smooth quantity keeps a hundredth of it).
+JUMP_RATIO = 0.3
+#: ... provided the first change is visible: a kappa below this is never called a jump
+#: (roundoff of an iterative solver stopped at tol 1e-12 stays far below it).
+JUMP_FLOOR = 1e3
+
+
+def _changes(evaluate, inputs, quantities, scales, direction, size) -> dict[str, float]:
+    """Relative change of each quantity divided by ``size`` (a kappa), when the floating
+    inputs move by ``size`` times ``direction``, elementwise relative."""
+    perturbed = {name: value * (1.0 + size * direction[name]) if name in direction else value
+                 for name, value in inputs.items()}
+    moved = evaluate(perturbed)
+    found: dict[str, float] = {}
+    if moved is None:
+        return found
+    for name, value in quantities.items():
+        other = moved.get(name)
+        if other is None or np.shape(other) != np.shape(value):
+            continue
+        scale = _scale(value) or scales[_kind(name)]
+        if scale == 0.0:
+            continue
+        with np.errstate(invalid="ignore", over="ignore"):
+            change = np.abs(np.asarray(other, dtype=np.float64) - value)
+        if not np.all(np.isfinite(change[np.isfinite(value)])):
+            found[name] = np.inf
+            continue
+        found[name] = float(np.max(change, initial=0.0)) / scale / size
+    return found
 
 
 def _kind(quantity: str) -> str:

@@ -398,6 +398,29 @@ def test_conditioning_measures_cancellation():
     assert kappa["output 0"] == 1.0  # floored at 1
 
 
+def test_conditioning_tells_a_jump_from_a_steep_slope():
+    # |x| at x = 0 (the subgradient 0 is the reference's choice): the derivative jumps to
+    # +-1 under any move, a hundredfold smaller one included -> unresolved (inf).
+    x = np.array([0.0, 1.0])
+    def abs_grad(inputs):
+        return {"grad x": np.sign(inputs["x"]) * (inputs["x"] != 0)}
+    kappa = conditioning(abs_grad, {"x": x + np.array([1e-300, 0.0])},
+                         {"grad x": np.array([0.0, 1.0])}, np.random.default_rng(0))
+    assert kappa["grad x"] == np.inf
+    # A steep but smooth quantity, sin(1e5 x) near a zero: kappa = |x f'(x) / f(x)|, large
+    # but finite: its change shrinks with the step.
+    x = np.array([(np.pi - 1e-3) / 1e5])   # near a zero of sin: kappa ~ 3e3, above JUMP_FLOOR
+    def steep(inputs):
+        return {"output 0": np.sin(1e5 * inputs["x"])}
+    kappa = conditioning(steep, {"x": x}, {"output 0": np.sin(1e5 * x)},
+                         np.random.default_rng(0))
+    expected = abs(1e5 * x[0] / np.tan(1e5 * x[0]))  # |x f'(x) / f(x)|, the relative slope
+    # The move of x is r * u with u uniform in (-1, 1): kappa is |u| times the slope, for
+    # the larger |u| of two draws (so at most the slope, and not orders below it).
+    assert np.isfinite(kappa["output 0"])
+    assert expected / 20 < kappa["output 0"] <= 1.01 * expected
+
+
 def test_round_digits():
     assert_allclose(round_digits(np.array([123456.0, -0.0012345, 0.0]), 2),
                     [120000.0, -0.0012, 0.0], rtol=1e-15)
