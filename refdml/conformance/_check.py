@@ -25,9 +25,9 @@ from refdml.conformance._tolerance import (
     Tolerance,
     base_tolerance,
     compare,
-    conditioning,
     is_floating_array,
     kind_scales,
+    measure,
     overflowing,
     round_to_dtype,
     tolerance,
@@ -183,6 +183,7 @@ class _CaseChecker:
     """Runs the reference and the implementation on one case and compares them."""
 
     def __init__(self, spec, fw: Framework, call, dtype: str) -> None:
+        self._jumps: dict[str, np.ndarray | None] = {}  # per case, set by check()
         self.spec = spec
         self.fw = fw
         self.call = call
@@ -261,12 +262,15 @@ class _CaseChecker:
             result.skipped = f"the reference's backward raised {type(error).__name__}: {error}"
             return result
         quantities = _quantities(ref)
-        kappa = conditioning(lambda moved: self._reference_or_none(moved, wrt, cotangents),
-                             rounded, quantities, rng)
-        rtol = {}
-        for q in quantities:
-            rtol[q] = tolerance(self.base, kappa[q], self.dtype)
-            result.tolerances.append(Tolerance(case, q, self.base, float(kappa[q]), rtol[q]))
+        measured = measure(lambda moved: self._reference_or_none(moved, wrt, cotangents),
+                           rounded, quantities, rng)
+        rtol, self._jumps = {}, {}
+        for q, m in measured.items():
+            rtol[q] = tolerance(self.base, m.kappa, self.dtype)
+            self._jumps[q] = m.jumps
+            jumping = 0 if m.jumps is None else int(m.jumps.sum())
+            result.tolerances.append(Tolerance(case, q, self.base, float(m.kappa), rtol[q],
+                                               jumping))
         scales = kind_scales(quantities)
 
         evaluation = self._evaluate(result, inputs, wrt, cotangents, ref.outputs)
@@ -353,7 +357,7 @@ class _CaseChecker:
             return
         if rtol > UNRESOLVED:  # a kink or a tie of the reference: finiteness only
             return
-        found = compare(actual, expected, fallback)
+        found = compare(actual, expected, fallback, self._jumps.get(quantity))
         if found.error > rtol:
             result.failures.append(Failure(
                 case, quantity, cause, found.index, found.impl_value, found.ref_value,

@@ -161,13 +161,14 @@ class ConformanceReport:
                 lines.append(f"  {quantity:<22} base {_num(base, 3):>9}  kappa "
                              f"{_num(kappa, 3):>9}  rtol {_num(rtol, 3):>9}"
                              + (f"  ({case})" if kappa > 1.0 else ""))
-        unresolved = [t for t in self.tolerances if not t.resolved]
+        unresolved = [t for t in self.tolerances if not t.resolved or t.jumping]
         if unresolved:
             lines.append("")
-            lines.append("unresolved (the reference is not differentiable or jumps there, "
-                         "kappa too large to compare values; checked for shape and "
-                         "finiteness only):")
-            lines.extend(f"  {t.case}: {t.quantity} (kappa {_num(t.kappa, 3)})"
+            lines.append("unresolved (the reference jumps there under any move of the "
+                         "inputs: a kink or a tie; checked for shape and finiteness only):")
+            lines.extend(f"  {t.case}: {t.quantity}, "
+                         + (f"{t.jumping} element{'s' if t.jumping != 1 else ''}"
+                            if t.resolved else f"all of it (kappa {_num(t.kappa, 3)})")
                          for t in unresolved)
         if self.skipped:
             lines.append("")

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["JUMP_FLOOR", "JUMP_RATIO", "PERTURBATION", "UNRESOLVED", "Tolerance", "base_tolerance", "compare", "conditioning",
+__all__ = ["JUMP_FLOOR", "JUMP_RATIO", "PERTURBATION", "UNRESOLVED", "Conditioning",
+           "Tolerance", "measure", "base_tolerance", "compare", "conditioning",
            "is_floating_array", "overflowing", "round_digits", "round_to_dtype", "tolerance"]
 
 #: Relative size of the input perturbation that measures conditioning: far above float64
@@ -57,10 +58,13 @@ class Tolerance:
     base: float
     kappa: float
     rtol: float
+    jumping: int = 0
 
     @property
     def resolved(self) -> bool:
-        """False where the reference is too ill-conditioned here to compare values."""
+        """False where the reference is too ill-conditioned here to compare values (the
+        quantity is then checked for shape and finiteness only). ``jumping`` counts the
+        elements left out of the comparison of a resolved quantity (see :func:`measure`)."""
         return self.rtol <= UNRESOLVED
 
 
@@ -114,53 +118,91 @@ def conditioning(
     rng: np.random.Generator,
     draws: int = 2,
 ) -> dict[str, float]:
-    """``kappa`` of each quantity: ``evaluate(perturbed inputs) -> {quantity: array}``
-    (None where the reference refuses the perturbed inputs) at ``draws`` random relative
-    perturbations of size :data:`PERTURBATION` of the floating inputs.
+    """``kappa`` of each quantity (see :func:`measure`), ``inf`` where every element jumps."""
+    return {name: m.kappa for name, m in measure(evaluate, inputs, quantities, rng,
+                                                 draws).items()}
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """The measured conditioning of one quantity: ``kappa`` over the elements that move
+    smoothly, and ``jumps``, a boolean mask of the elements that do not (None: none)."""
+
+    kappa: float
+    jumps: np.ndarray | None = None
+
+
+def measure(
+    evaluate: Callable[[Mapping[str, Any]], Mapping[str, np.ndarray] | None],
+    inputs: Mapping[str, Any],
+    quantities: Mapping[str, np.ndarray],
+    rng: np.random.Generator,
+    draws: int = 2,
+) -> dict[str, Conditioning]:
+    """The :class:`Conditioning` of each quantity: ``evaluate(perturbed inputs) ->
+    {quantity: array}`` (None where the reference refuses the perturbed inputs) at
+    ``draws`` random relative perturbations of size :data:`PERTURBATION` of the floating
+    inputs.
 
     Each draw is repeated at a hundredth of the size along the same direction. A smooth
-    quantity moves a hundred times less; one that moves by more than :data:`JUMP_RATIO`
-    of its first change (and visibly, above :data:`JUMP_FLOOR`) jumps there: the case
-    sits on a kink, a tie or a discontinuity of the reference, however small the step, and
-    its ``kappa`` is ``inf``. A quantity that is all zero is measured against the largest
-    scale of the quantities of its kind (outputs, gradients), as :func:`compare` does; one
-    whose perturbed values are not finite is ill-conditioned without bound (``inf``); one
-    that could not be measured at all keeps 1.
+    element moves a hundred times less; one that still moves by more than
+    :data:`JUMP_RATIO` of its first change (a visible one: a kappa above
+    :data:`JUMP_FLOOR`) jumps there: the case sits on a kink, a tie or a discontinuity of
+    the reference for that element (the gradient of a point that coincides with another,
+    say), however small the step. Such elements are left out of ``kappa`` and of the
+    comparison; where every element jumps, ``kappa`` is ``inf``. A quantity that is all
+    zero is measured against the largest scale of the quantities of its kind (outputs,
+    gradients), as :func:`compare` does; one whose perturbed values are not finite is
+    ill-conditioned without bound (``inf``); one that could not be measured keeps 1.
     """
     kappa = dict.fromkeys(quantities, 1.0)
+    jumps: dict[str, np.ndarray] = {}
     scales = kind_scales(quantities)
     for _ in range(draws):
         direction = {name: rng.uniform(-1.0, 1.0, size=value.shape)
                      for name, value in inputs.items() if is_floating_array(value)}
-        changes = [_changes(evaluate, inputs, quantities, scales, direction, size)
-                   for size in (PERTURBATION, PERTURBATION / 100.0)]
-        for name, large in changes[0].items():
-            small = changes[1].get(name)
-            if not np.isfinite(large) or (small is not None and not np.isfinite(small)):
+        large_moves = _changes(evaluate, inputs, quantities, scales, direction, PERTURBATION)
+        small_moves = _changes(evaluate, inputs, quantities, scales, direction,
+                               PERTURBATION / 100.0)
+        for name, large in large_moves.items():
+            small = small_moves.get(name)
+            if not np.all(np.isfinite(large)) or (small is not None
+                                                  and not np.all(np.isfinite(small))):
                 kappa[name] = np.inf
-            elif (small is not None and large > JUMP_FLOOR
-                    and small / 100.0 > JUMP_RATIO * large):  # the changes themselves
+                continue
+            if small is not None:
+                # Compare the changes themselves: small is per a hundredfold smaller size.
+                jumped = (large > JUMP_FLOOR) & (small / 100.0 > JUMP_RATIO * large)
+                jumps[name] = jumps.get(name, np.zeros(large.shape, bool)) | jumped
+        for name, large in large_moves.items():
+            if not np.isfinite(kappa[name]):
+                continue
+            smooth = large if name not in jumps else large[~jumps[name]]
+            if smooth.size == 0:
                 kappa[name] = np.inf
             else:
-                kappa[name] = max(kappa[name], large)
-    return kappa
+                kappa[name] = max(kappa[name], float(np.max(smooth)))
+    return {name: Conditioning(kappa[name], jumps[name] if name in jumps and
+                               jumps[name].any() else None)
+            for name in quantities}
 
 
-#: A hundredfold smaller step that still moves a quantity by this fraction of the first
-#: change means a jump, not a slope (a smooth quantity keeps a hundredth of it).
+#: A hundredfold smaller step that still moves an element by this fraction of the first
+#: change means a jump, not a slope (a smooth element keeps a hundredth of it).
 JUMP_RATIO = 0.3
 #: ... provided the first change is visible: a kappa below this is never called a jump
 #: (roundoff of an iterative solver stopped at tol 1e-12 stays far below it).
 JUMP_FLOOR = 1e3
 
 
-def _changes(evaluate, inputs, quantities, scales, direction, size) -> dict[str, float]:
-    """Relative change of each quantity divided by ``size`` (a kappa), when the floating
-    inputs move by ``size`` times ``direction``, elementwise relative."""
+def _changes(evaluate, inputs, quantities, scales, direction, size) -> dict[str, np.ndarray]:
+    """Per element of each quantity, its change relative to the quantity's scale and
+    divided by ``size`` (a kappa), when the floating inputs move by ``size`` times
+    ``direction``, elementwise relative."""
     perturbed = {name: value * (1.0 + size * direction[name]) if name in direction else value
                  for name, value in inputs.items()}
     moved = evaluate(perturbed)
-    found: dict[str, float] = {}
+    found: dict[str, np.ndarray] = {}
     if moved is None:
         return found
     for name, value in quantities.items():
@@ -172,10 +214,8 @@ def _changes(evaluate, inputs, quantities, scales, direction, size) -> dict[str,
             continue
         with np.errstate(invalid="ignore", over="ignore"):
             change = np.abs(np.asarray(other, dtype=np.float64) - value)
-        if not np.all(np.isfinite(change[np.isfinite(value)])):
-            found[name] = np.inf
-            continue
-        found[name] = float(np.max(change, initial=0.0)) / scale / size
+        change = np.where(np.isfinite(value), change, 0.0)  # judged by the non-finite check
+        found[name] = np.atleast_1d(change / scale / size).reshape(np.shape(value))
     return found
 
 
@@ -201,7 +241,8 @@ class Comparison:
     ref_value: float
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, fallback_scale: float) -> Comparison:
+def compare(actual: np.ndarray, expected: np.ndarray, fallback_scale: float,
+            skip: np.ndarray | None = None) -> Comparison:
     """Norm-wise relative error ``max |a - e| / max |e|`` over the elements where the
     reference is finite, and the index of the worst element; an all-zero reference is
     measured against ``fallback_scale`` (the largest of its kind in the case), or in
@@ -209,6 +250,8 @@ def compare(actual: np.ndarray, expected: np.ndarray, fallback_scale: float) -> 
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     finite = np.isfinite(expected)
+    if skip is not None:  # elements where the reference jumps (measure): not compared
+        finite = finite & ~skip
     with np.errstate(invalid="ignore", over="ignore"):
         difference = np.where(finite, np.abs(actual - expected), 0.0)
     if difference.size == 0:

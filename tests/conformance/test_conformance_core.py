@@ -15,7 +15,7 @@ from numpy.testing import assert_allclose
 from refdml import catalog
 from refdml.catalog import Case, ErrorCase
 from refdml.conformance import CAUSES, check_implementation
-from refdml.conformance._tolerance import compare, conditioning, round_digits
+from refdml.conformance._tolerance import compare, conditioning, measure, round_digits
 
 # Small budgets: every check below runs in well under a second.
 FAST = dict(seeds=2, search=False)
@@ -399,13 +399,25 @@ def test_conditioning_measures_cancellation():
 
 
 def test_conditioning_tells_a_jump_from_a_steep_slope():
-    # |x| at x = 0 (the subgradient 0 is the reference's choice): the derivative jumps to
-    # +-1 under any move, a hundredfold smaller one included -> unresolved (inf).
-    x = np.array([0.0, 1.0])
-    def abs_grad(inputs):
-        return {"grad x": np.sign(inputs["x"]) * (inputs["x"] != 0)}
-    kappa = conditioning(abs_grad, {"x": x + np.array([1e-300, 0.0])},
-                         {"grad x": np.array([0.0, 1.0])}, np.random.default_rng(0))
+    # The gradient of max(x0, x1) at the tie x0 == x1 (ties go to the first): under any
+    # move with u1 > u0, however small, it jumps from (1, 0) to (0, 1). x2's entry, 0.5 x2,
+    # is smooth: it stays in the comparison and sets kappa.
+    def grad_of_max(inputs):
+        x = inputs["x"]
+        grad = np.zeros(3)
+        grad[int(np.argmax(x[:2]))] = 1.0
+        grad[2] = 0.5 * x[2]
+        return {"grad x": grad}
+    x = np.array([1.0, 1.0, 2.0])
+    found = measure(grad_of_max, {"x": x}, grad_of_max({"x": x}), np.random.default_rng(0))
+    assert found["grad x"].jumps is not None
+    assert found["grad x"].jumps.tolist() == [True, True, False]
+    assert found["grad x"].kappa == 1.0   # 0.5 x2 moves like x2: slope 1, floored at 1
+    # Where every element jumps, the whole quantity is unresolved: kappa = inf.
+    def first_of_tie(inputs):
+        return {"grad x": grad_of_max(inputs)["grad x"][:2]}
+    kappa = conditioning(first_of_tie, {"x": x}, first_of_tie({"x": x}),
+                         np.random.default_rng(0))
     assert kappa["grad x"] == np.inf
     # A steep but smooth quantity, sin(1e5 x) near a zero: kappa = |x f'(x) / f(x)|, large
     # but finite: its change shrinks with the step.
@@ -506,3 +518,33 @@ def test_search_assumes_away_inputs_the_reference_refuses(monkeypatch):
     assert not report.passed
     assert report.verdict() == (
         "FAIL losses.contrastive (numpy, float64): no case compared (the reference refused all 2)")
+
+
+def test_elements_where_the_reference_jumps_are_left_out_and_no_others():
+    # losses.contrastive's "duplicate points" case: the rows of coincident points jump (the
+    # subgradient 0 of ||x_i - x_j|| at 0 is one choice of many), the others are compared.
+    # A backward wrong by 50% on one row that coincides with no other must still fail there.
+    spec = catalog.get("losses.contrastive")
+    (case,) = [c for c in spec.reference_inputs(np.random.default_rng(0))
+               if c.name == "duplicate points"]
+    x = case.inputs["embeddings"]
+    apart = np.linalg.norm(x[:, None] - x[None], axis=-1) + np.eye(len(x))
+    coincident = np.flatnonzero(np.any(apart == 0.0, axis=1))
+    clear = int(np.setdiff1d(np.arange(len(x)), coincident)[0])
+
+    def backward(ctx, d_value):
+        grads = spec.backward(ctx, d_value)
+        wrong = np.array(grads.embeddings, copy=True)
+        wrong[clear] *= 1.5
+        return {"embeddings": wrong}
+
+    report = check_implementation(spec.forward, "losses.contrastive", framework="numpy",
+                                  backward=backward, seeds=1, search=False,
+                                  error_cases=False)
+    duplicate = [f for f in report.failures if f.case == "duplicate points"]
+    assert [(f.quantity, f.cause, f.index[0]) for f in duplicate] == [
+        ("grad embeddings", "gradient", clear)]
+    jumping = [t for t in report.tolerances
+               if t.case == "duplicate points" and t.quantity == "grad embeddings"]
+    assert jumping[0].resolved and jumping[0].jumping > 0
+    assert jumping[0].jumping <= coincident.size * x.shape[1]

@@ -1,0 +1,234 @@
+"""``refdml conform``: check an implementation of a catalogued operator against refdml.
+
+The implementation (and, for NumPy and CuPy pairs, its backward and an optional adapter)
+is named ``PACKAGE.MODULE:CALLABLE`` on the command line, the convention of pytest,
+uvicorn and gunicorn. This is the only module of refdml that imports a module by a string
+(``importlib.import_module``): the user's module is imported lazily, when the command
+runs, because refdml cannot know its name before. The current folder is searched after
+the installed packages (the ``refdml`` script does not put it on ``sys.path``, and a
+folder named like an installed package must not shadow it), for the time of the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import inspect
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from refdml._cli_support import check_output_paths
+from refdml._io import write_json_atomic
+from refdml._validation import _describe
+from refdml.catalog import all_operators
+from refdml.conformance import check_implementation
+from refdml.conformance._frameworks import FRAMEWORKS, get_framework
+
+__all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "load_callable", "run"]
+
+HELP = "check your implementation of an operator (torch, JAX, NumPy, CuPy) against refdml"
+DESCRIPTION = (
+    "Check an implementation of a catalogued operator against refdml's reference: outputs "
+    "and vector-Jacobian products on the catalogue's inputs over several seeds, on its hard "
+    "reference inputs, and (unless --no-search) on a hypothesis search that shrinks a "
+    "disagreement; its error inputs are reported. Each failure names the input case, the "
+    "output or gradient, the worst element and the tolerance. Exit status 0 pass, "
+    "1 a failure, 2 bad arguments."
+)
+EPILOG = """\
+examples:
+  refdml conform mylib.layers:gsp_pool --op gsp.pool --framework torch --dtype float32
+  refdml conform mylosses:contrastive --op losses.contrastive --framework jax --json report.json
+  refdml conform mypairs:forward --backward mypairs:backward --op losses.triplet --framework numpy
+
+IMPLEMENTATION is PACKAGE.MODULE:CALLABLE, importable from the current folder or an
+installed package. It is called with the operator's forward keyword arguments (arrays as
+the framework's arrays, hyperparameters as Python values); --adapter names a callable
+adapter(impl, inputs) -> outputs that maps refdml's signature to yours. torch and jax take
+their products from autodiff; numpy and cupy pairs return (outputs, ctx) and need
+--backward, called as backward(ctx, *cotangents) -> gradients.
+"""
+
+# The defaults of check_implementation, shown in --help and stated only in its signature.
+_DEFAULTS = {name: parameter.default
+             for name, parameter in inspect.signature(check_implementation).parameters.items()}
+
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_SPEC = re.compile(rf"(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})")
+
+
+class UsageError(Exception):
+    """A bad argument of ``refdml conform``; the message names the flag and the value."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (>= 1)")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``refdml conform``."""
+    parser.add_argument("implementation", metavar="IMPLEMENTATION",
+                        help="your implementation, PACKAGE.MODULE:CALLABLE")
+    parser.add_argument("--op", required=True, metavar="NAME",
+                        help="the catalogued operator it implements, e.g. 'gsp.pool', "
+                             "'losses.contrastive' (`refdml gradcheck` lists them)")
+    parser.add_argument("--framework", required=True, choices=FRAMEWORKS,
+                        help="the framework it is written in")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                        help="the floating dtype of its inputs (default: "
+                             f"{_DEFAULTS['dtype']})")
+    parser.add_argument("--backward", metavar="PACKAGE.MODULE:CALLABLE",
+                        help="the backward of a numpy or cupy pair, backward(ctx, *cotangents)")
+    parser.add_argument("--adapter", metavar="PACKAGE.MODULE:CALLABLE",
+                        help="adapter(impl, inputs) -> outputs, from refdml's signature to yours")
+    parser.add_argument("--device", default=None,
+                        help="the framework's device, e.g. 'cuda' (default: its default)")
+    parser.add_argument("--seeds", type=_positive, metavar="N",
+                        help="seeds of the catalogue's input maker (default: "
+                             f"{_DEFAULTS['seeds']})")
+    parser.add_argument("--no-search", action="store_true",
+                        help="skip the hypothesis search for a minimal disagreement")
+    parser.add_argument("--max-examples", type=_positive, metavar="N",
+                        help="examples of the hypothesis search (default: "
+                             f"{_DEFAULTS['max_examples']})")
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the report as JSON to PATH (atomically)")
+
+
+def load_callable(spec: str, flag: str) -> Callable[..., Any]:
+    """The callable named ``spec`` (``PACKAGE.MODULE:CALLABLE``, the attribute part
+    possibly dotted: ``module:Class.method``); ``UsageError`` naming ``flag`` else.
+
+    The current folder is on ``sys.path`` while :func:`run` runs (see the module docstring).
+    """
+    match = _SPEC.fullmatch(spec)
+    if match is None:
+        raise UsageError(f"{flag} {spec!r} is not PACKAGE.MODULE:CALLABLE (a dotted module "
+                         "name, a colon, and the name of a callable in it, e.g. "
+                         "'mylib.losses:contrastive')")
+    module_name, attr_path = match.group("module"), match.group("attr")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or module_name
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise UsageError(f"{flag} {spec!r}: no module named {missing!r} (looked in the "
+                             f"current folder {os.getcwd()} and on sys.path)") from None
+        raise UsageError(f"{flag} {spec!r}: importing {module_name!r} failed: "
+                         f"{_last_line(error)}") from None
+    except Exception as error:  # noqa: BLE001 - the user's module failed to import; say how
+        raise UsageError(f"{flag} {spec!r}: importing {module_name!r} raised "
+                         f"{_last_line(error)}") from None
+    value: Any = module
+    walked = module_name
+    for part in attr_path.split("."):
+        if not hasattr(value, part):
+            raise UsageError(f"{flag} {spec!r}: {walked!r} has no attribute {part!r}"
+                             + _suggestion(part, dir(value)))
+        value = getattr(value, part)
+        walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
+    if not callable(value):
+        raise UsageError(f"{flag} {spec!r} is not callable: it is {_describe(value)} "
+                         f"({type(value).__name__})")
+    return value
+
+
+def _last_line(error: BaseException) -> str:
+    return traceback.format_exception_only(type(error), error)[-1].strip()
+
+
+def _suggestion(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, [c for c in choices if not c.startswith("__")], n=3)
+    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+
+
+def _check_operator(name: str) -> None:
+    names = [spec.name for spec in all_operators()]
+    if name in names:
+        return
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise UsageError(f"--op {name!r} is not a catalogued operator{hint}; the operators are:\n"
+                     + "\n".join(f"  {n}" for n in names))
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of check_implementation that the user gave (the others keep
+    its defaults, stated once, in its signature)."""
+    given = {"dtype": args.dtype, "device": args.device, "seeds": args.seeds,
+             "max_examples": args.max_examples}
+    options = {key: value for key, value in given.items() if value is not None}
+    if args.no_search:
+        options["search"] = False
+    return options
+
+
+def _prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything :func:`check_implementation` takes, or ``UsageError``."""
+    _check_operator(args.op)
+    if args.framework in ("numpy", "cupy") and args.backward is None:
+        raise UsageError(f"--framework {args.framework} needs --backward "
+                         "PACKAGE.MODULE:CALLABLE, the pair's backward(ctx, *cotangents)")
+    if args.framework in ("torch", "jax") and args.backward is not None:
+        raise UsageError(f"--backward {args.backward!r} is for --framework numpy or cupy; "
+                         f"{args.framework} takes its products from autodiff")
+    problem = check_output_paths(None, args.json)
+    if problem is not None:
+        raise UsageError(problem)
+    kwargs = {"impl": load_callable(args.implementation, "IMPLEMENTATION"),
+              "framework": args.framework, **_options(args)}
+    if args.backward is not None:
+        kwargs["backward"] = load_callable(args.backward, "--backward")
+    if args.adapter is not None:
+        kwargs["adapter"] = load_callable(args.adapter, "--adapter")
+    _check_framework(args.framework, kwargs.get("backward"), args.device)
+    return kwargs
+
+
+def _check_framework(name: str, backward: Any, device: str | None) -> None:
+    """Import the framework and check the device before any work (``UsageError``)."""
+    try:
+        get_framework(name, backward=backward, device=device)
+    except ImportError as error:
+        raise UsageError(f"--framework {name}: {error.name or name} cannot be imported "
+                         f"({_last_line(error)}); install it to check a {name} "
+                         "implementation") from None
+    except (TypeError, ValueError) as error:
+        flag = f"--device {device}" if device is not None else f"--framework {name}"
+        raise UsageError(f"{flag}: {error}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``refdml conform``; exit status 0 pass, 1 a failure, 2 bad arguments."""
+    here = os.getcwd()
+    added = here not in sys.path and "" not in sys.path
+    if added:
+        sys.path.append(here)
+    try:
+        try:
+            kwargs = _prepare(args)
+        except UsageError as error:
+            print(f"refdml conform: error: {error}", file=sys.stderr)
+            return 2
+        report = check_implementation(kwargs.pop("impl"), args.op, **kwargs)
+    finally:
+        if added:
+            sys.path.remove(here)
+    print(report.summary())
+    if args.json is not None:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(args.json, report.to_dict(), indent=2)
+        print(f"report written to {args.json}")
+    return 0 if report.passed else 1
