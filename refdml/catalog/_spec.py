@@ -163,10 +163,12 @@ class OperatorSpec:
         defaults = {"float64": 1e-10, "float32": 1e-4}
         return dict(defaults, **(self.mirror_rtol or {}))[dtype_name]
 
-    def check(self, rng: Any = None):
-        """Run the gradient check on freshly made inputs; return the GradcheckResult."""
+    def check(self, rng: Any = None, mode: str | None = None):
+        """Run the gradient check on freshly made inputs (in ``mode``, default the entry's);
+        return the GradcheckResult."""
         rng = check_rng(rng)
         inputs = dict(self.make_inputs(rng))
         return check_gradients(
-            self.forward, self.backward, inputs, wrt=self.wrt, mode=self.mode, rng=rng
+            self.forward, self.backward, inputs, wrt=self.wrt,
+            mode=self.mode if mode is None else mode, rng=rng,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,8 +55,31 @@ def _default_base_loss() -> Callable[..., Any]:
     return contrastive
 
 
+def _check_base_loss_kwargs(base_loss, kwargs: dict) -> None:
+    """``TypeError`` naming ``base_loss_kwargs`` when ``base_loss`` cannot take them (an
+    unknown keyword, say), rather than Python's error from inside the call."""
+    try:
+        signature = inspect.signature(base_loss)
+    except (TypeError, ValueError):   # no signature to read (a builtin): left to the call
+        return
+    try:
+        signature.bind(None, None, **kwargs)
+    except TypeError as error:
+        name = getattr(base_loss, "__name__", type(base_loss).__name__)
+        raise TypeError(
+            f"base_loss_kwargs {sorted(kwargs)} do not fit base_loss {name}: {error}"
+        ) from None
+
+
 def _apply_base_loss(base_loss, embeddings, labels, kwargs, where: str) -> tuple[float, np.ndarray]:
-    value, grads = base_loss(embeddings, labels, **kwargs)
+    returned = base_loss(embeddings, labels, **kwargs)
+    if not (isinstance(returned, tuple) and len(returned) == 2
+            and hasattr(returned[1], "embeddings")):
+        raise TypeError(
+            "base_loss must return (value, grads) with grads.embeddings, as the one-call "
+            f"losses of refdml.losses do; got {type(returned).__name__}"
+        )
+    value, grads = returned
     d_embeddings = np.asarray(grads.embeddings, dtype=np.float64)
     if d_embeddings.shape != embeddings.shape:
         raise ValueError(
@@ -139,6 +163,7 @@ def xml_loss_forward(
     if base_loss_kwargs is not None and not isinstance(base_loss_kwargs, Mapping):
         raise TypeError(f"base_loss_kwargs must be a mapping, got {type(base_loss_kwargs).__name__}")
     kwargs = dict(base_loss_kwargs or {})
+    _check_base_loss_kwargs(base_loss, kwargs)
     mask = check_split(split, labels, rng)
 
     value = 0.0

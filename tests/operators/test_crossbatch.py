@@ -235,6 +235,20 @@ def test_xml_loss_bad_input():
         crossbatch.xml_loss(Z, Y * np.inf, labels, ridge=0.1)
     with pytest.raises(TypeError, match="base_loss must be callable"):
         crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss="contrastive")
+    # A keyword the base loss does not take is named as base_loss_kwargs, not as
+    # Python's "unexpected keyword" from inside the call.
+    with pytest.raises(TypeError, match=r"base_loss_kwargs \['margin'\] do not fit base_loss "
+                                        r"contrastive"):
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss_kwargs={"margin": 0.5})
+    with pytest.raises(TypeError, match=r"base_loss_kwargs \['scale'\] do not fit base_loss "
+                                        r"smooth_pair_loss"):
+        crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss=smooth_pair_loss,
+                            base_loss_kwargs={"scale": 2.0})
+    # A base loss that returns no grads.embeddings: a TypeError saying what it must return.
+    for junk in (lambda y, l: (1.0, None), lambda y, l: 1.0):
+        with pytest.raises(TypeError, match=r"base_loss must return \(value, grads\) with "
+                                            r"grads.embeddings"):
+            crossbatch.xml_loss(Z, Y, labels, ridge=0.1, base_loss=junk)
 
 
 # --------------------------------------------------------------------------- zero-shot loss
