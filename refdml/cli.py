@@ -1,5 +1,5 @@
 """The ``refdml`` command line: ``--version``, ``gradcheck``, ``gpu-check``, ``verify``, ``train``,
-``reproduce``.
+``reproduce``, ``conform``.
 
 Each subcommand is one module with the same interface: ``HELP`` (its line in ``refdml
 --help``), ``DESCRIPTION`` and ``EPILOG`` (its ``--help``; an epilog is printed as written),
@@ -17,6 +17,7 @@ import sys
 
 import refdml
 from refdml.catalog import _gpu_check_cli, _gradcheck_cli
+from refdml.conformance import _cli as _conform_cli
 from refdml.reproduce import _cli as _reproduce_cli
 from refdml.train import _cli as _train_cli
 from refdml.validation import _cli as _verify_cli
@@ -30,6 +31,7 @@ COMMANDS = {
     "verify": _verify_cli,
     "train": _train_cli,
     "reproduce": _reproduce_cli,
+    "conform": _conform_cli,
 }
 
 

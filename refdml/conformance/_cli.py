@@ -29,6 +29,7 @@ from refdml._validation import _describe
 from refdml.catalog import all_operators
 from refdml.conformance import check_implementation
 from refdml.conformance._frameworks import FRAMEWORKS, get_framework
+from refdml.conformance._tolerance import DTYPES
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "load_callable", "run"]
 
@@ -86,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'losses.contrastive' (`refdml gradcheck` lists them)")
     parser.add_argument("--framework", required=True, choices=FRAMEWORKS,
                         help="the framework it is written in")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default=None,
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="the floating dtype of its inputs (default: "
                              f"{_DEFAULTS['dtype']})")
     parser.add_argument("--backward", metavar="PACKAGE.MODULE:CALLABLE",

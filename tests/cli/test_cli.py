@@ -68,6 +68,17 @@ def test_gradcheck_only_accepts_a_prefix(capsys):
     assert "distances." not in out
 
 
+def test_gradcheck_mode_flag_runs_the_chosen_mode(capsys):
+    assert main(["gradcheck", "--only", "distances.euclidean", "--mode", "fast"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("distances.euclidean")]
+    assert rows and all(row[2] == "fast" and row[-1] == "pass" for row in rows)
+    with pytest.raises(SystemExit) as exc:
+        main(["gradcheck", "--mode", "quick"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'quick'" in capsys.readouterr().err
+
+
 def test_gradcheck_unknown_operator_lists_the_names(capsys):
     assert main(["gradcheck", "--only", "no.such.op"]) == 2
     err = capsys.readouterr().err
