@@ -9,6 +9,12 @@
 >>> result = check_gradients(forward, backward, {"x": np.linspace(0, 1, 5)}, rng=0)
 >>> assert_gradients(result, rtol=1e-7)
 
+``mode="fast"`` compares one random direction per input (two forward calls, whatever its
+size) and localises a failure to one element; every result names its worst element, the
+values there and the tolerance; inputs are checked at their own dtype (float16, float32,
+float64) with :func:`default_tolerances`; a check point on a kink (ReLU at 0) is reported
+as such (:class:`NonDifferentiablePoint`); ``nondet_tol`` bounds a non-deterministic backward.
+
 The harness knows no operator: the catalogue above it, :mod:`refdml.catalog`, describes
 each differentiable operator of refdml (its forward/backward pair, input maker, paper
 equation, tolerance and fast-path mirror) and hands those callables to the functions here.
@@ -20,22 +26,30 @@ reference (``refdml gpu-check``).
 
 from refdml.gradcheck._core import (
     FULL_JACOBIAN_LIMIT,
+    MODES,
     VJP_LIMIT,
     GradcheckError,
     GradcheckResult,
     InputCheck,
+    Kink,
+    NonDifferentiablePoint,
     assert_gradients,
     check_gradients,
     check_loss,
+    default_tolerances,
 )
 
 __all__ = [
     "FULL_JACOBIAN_LIMIT",
+    "MODES",
     "VJP_LIMIT",
     "GradcheckError",
     "GradcheckResult",
     "InputCheck",
+    "Kink",
+    "NonDifferentiablePoint",
     "assert_gradients",
     "check_gradients",
     "check_loss",
+    "default_tolerances",
 ]
