@@ -109,6 +109,13 @@ class OperatorSpec:
         satisfy whatever computed them (GSP's marginals, say), each residual a
         non-negative float relative to the scale of the quantity, 0 when exact. A
         conformance check holds other implementations to them without the reference.
+    roundoff : callable, optional
+        ``roundoff(inputs) -> float``: how much the operator amplifies the roundoff of a
+        computation at these inputs, beyond what the inputs' conditioning shows (an
+        entropic OT solve: the largest cost over ``eps``, the condition of its fixed
+        point). ``mirror_rtol`` is stated at ``make_inputs``; a conformance check scales it
+        by the ratio of a case's ``roundoff`` to the largest of ``make_inputs`` (never
+        below 1).
 
     Every entry is a pair: a loss is ``value, ctx = loss_forward(...)`` with
     ``grads = loss_backward(ctx, d_value)``, checked with a random scalar ``d_value``.
@@ -132,6 +139,7 @@ class OperatorSpec:
     reference_inputs: Callable[[np.random.Generator], tuple[Case, ...]] | None = None
     error_inputs: Callable[[np.random.Generator], tuple[ErrorCase, ...]] | None = None
     invariants: Callable[[Mapping[str, Any], tuple[Any, ...]], Mapping[str, float]] | None = None
+    roundoff: Callable[[Mapping[str, Any]], float] | None = None
 
     @property
     def family(self) -> str:
@@ -146,7 +154,7 @@ class OperatorSpec:
             raise ValueError(f"{self.name}: mirror and mirror_backward go together "
                              "(give both or neither)")
         for field_name in ("mirror", "mirror_backward", "reference_inputs", "error_inputs",
-                           "invariants"):
+                           "invariants", "roundoff"):
             value = getattr(self, field_name)
             if value is not None and not callable(value):
                 raise TypeError(f"{self.name}: {field_name} must be callable, got "

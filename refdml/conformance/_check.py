@@ -30,6 +30,7 @@ from refdml.conformance._tolerance import (
     measure,
     overflowing,
     round_to_dtype,
+    rounding_floor,
     tolerance,
 )
 
@@ -183,12 +184,32 @@ class _CaseChecker:
     """Runs the reference and the implementation on one case and compares them."""
 
     def __init__(self, spec, fw: Framework, call, dtype: str) -> None:
-        self._jumps: dict[str, np.ndarray | None] = {}  # per case, set by check()
+        # Per case, set by check(): the elements where the reference jumps, and the
+        # absolute floor of each quantity from the reference's rounding noise.
+        self._jumps: dict[str, np.ndarray | None] = {}
+        self._atol: dict[str, float] = {}
         self.spec = spec
         self.fw = fw
         self.call = call
         self.dtype = dtype
         self.base = base_tolerance(spec, dtype)
+        # The base is stated at make_inputs: a case that amplifies roundoff more (an OT
+        # solve at a smaller eps) scales it by the ratio (OperatorSpec.roundoff).
+        self.calibration = None
+        if spec.roundoff is not None:
+            self.calibration = max(float(spec.roundoff(spec.make_inputs(
+                np.random.default_rng(k)))) for k in range(3))
+
+    def case_base(self, inputs: Mapping[str, Any]) -> float:
+        """The base tolerance at ``inputs``: the entry's, times how much more these
+        inputs amplify roundoff than make_inputs do (at least 1)."""
+        if self.calibration is None or not self.calibration > 0:
+            return self.base
+        try:
+            ratio = float(self.spec.roundoff(inputs)) / self.calibration
+        except Exception:  # noqa: BLE001 - inputs the hint cannot read keep the base
+            return self.base
+        return self.base * max(1.0, ratio) if np.isfinite(ratio) else self.base
 
     # -- the reference ----------------------------------------------------------------
 
@@ -264,13 +285,15 @@ class _CaseChecker:
         quantities = _quantities(ref)
         measured = measure(lambda moved: self._reference_or_none(moved, wrt, cotangents),
                            rounded, quantities, rng)
-        rtol, self._jumps = {}, {}
+        base = self.case_base(rounded)
+        rtol, self._jumps, self._atol = {}, {}, {}
         for q, m in measured.items():
-            rtol[q] = tolerance(self.base, m.kappa, self.dtype)
+            rtol[q] = tolerance(base, m.kappa, self.dtype)
             self._jumps[q] = m.jumps
+            self._atol[q] = rounding_floor(m.noise, self.dtype)
             jumping = 0 if m.jumps is None else int(m.jumps.sum())
-            result.tolerances.append(Tolerance(case, q, self.base, float(m.kappa), rtol[q],
-                                               jumping))
+            result.tolerances.append(Tolerance(case, q, base, float(m.kappa), rtol[q],
+                                               jumping, self._atol[q]))
         scales = kind_scales(quantities)
 
         evaluation = self._evaluate(result, inputs, wrt, cotangents, ref.outputs)
@@ -355,15 +378,27 @@ class _CaseChecker:
                 f"{quantity} is {actual[index]} at {index} where the reference is finite "
                 f"({int(bad.sum())} of {bad.size} elements)"))
             return
-        if rtol > UNRESOLVED:  # a kink or a tie of the reference: finiteness only
+        if not np.isfinite(rtol):  # every element jumps (a kink, a tie): finiteness only
             return
         found = compare(actual, expected, fallback, self._jumps.get(quantity))
-        if found.error > rtol:
+        atol = self._atol.get(quantity, 0.0)
+        # Within the reference's own rounding noise is agreement, whatever the relative
+        # error (a quantity that is zero by cancellation); where the relative tolerance
+        # would exceed UNRESOLVED it means nothing, and that noise is the only bound.
+        relative_fails = found.error > rtol or rtol > UNRESOLVED
+        if relative_fails and found.abs_error > atol:
+            if rtol > UNRESOLVED:
+                why = (f"|error| {found.abs_error:.3g} > atol {atol:.3g}, the reference's "
+                       f"rounding noise (the relative tolerance {rtol:.3g} means nothing "
+                       f"this ill-conditioned)")
+            else:
+                why = (f"{found.error:.3g} (max |error| over max |reference|) > rtol "
+                       f"{rtol:.3g}, and |error| {found.abs_error:.3g} > atol {atol:.3g}")
             result.failures.append(Failure(
                 case, quantity, cause, found.index, found.impl_value, found.ref_value,
-                found.error, rtol,
-                f"{quantity} differs from the reference by {found.error:.3g} (max |error| "
-                f"over max |reference|) > rtol {rtol:.3g}; the worst element is {found.index}"))
+                found.error, rtol if rtol <= UNRESOLVED else atol,
+                f"{quantity} differs from the reference by {why}; the worst element is "
+                f"{found.index}"))
 
     def _invariants(self, result, rounded, outputs, ref_outputs, rtol) -> None:
         if self.spec.invariants is None:

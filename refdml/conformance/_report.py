@@ -161,15 +161,22 @@ class ConformanceReport:
                 lines.append(f"  {quantity:<22} base {_num(base, 3):>9}  kappa "
                              f"{_num(kappa, 3):>9}  rtol {_num(rtol, 3):>9}"
                              + (f"  ({case})" if kappa > 1.0 else ""))
-        unresolved = [t for t in self.tolerances if not t.resolved or t.jumping]
-        if unresolved:
+        jumping = [t for t in self.tolerances if t.jumping or math.isinf(t.kappa)]
+        if jumping:
             lines.append("")
-            lines.append("unresolved (the reference jumps there under any move of the "
+            lines.append("not compared (the reference jumps there under any move of the "
                          "inputs: a kink or a tie; checked for shape and finiteness only):")
             lines.extend(f"  {t.case}: {t.quantity}, "
                          + (f"{t.jumping} element{'s' if t.jumping != 1 else ''}"
-                            if t.resolved else f"all of it (kappa {_num(t.kappa, 3)})")
-                         for t in unresolved)
+                            if not math.isinf(t.kappa) else "all of it")
+                         for t in jumping)
+        absolute = [t for t in self.tolerances if not t.resolved and not math.isinf(t.kappa)]
+        if absolute:
+            lines.append("")
+            lines.append("held to the reference's rounding noise only (too ill-conditioned "
+                         "for a relative error: a quantity that is zero by cancellation):")
+            lines.extend(f"  {t.case}: {t.quantity}, |error| <= atol {_num(t.atol, 3)} "
+                         f"(kappa {_num(t.kappa, 3)})" for t in absolute)
         if self.skipped:
             lines.append("")
             lines.append("skipped (the reference refuses them at this dtype):")

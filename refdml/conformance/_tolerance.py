@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["JUMP_FLOOR", "JUMP_RATIO", "PERTURBATION", "UNRESOLVED", "Conditioning",
-           "Tolerance", "measure", "base_tolerance", "compare", "conditioning",
+           "NOISE_UNITS", "ROUNDING_PERTURBATION", "Tolerance", "measure", "rounding_floor", "base_tolerance", "compare", "conditioning",
            "is_floating_array", "overflowing", "round_digits", "round_to_dtype", "tolerance"]
 
 #: Relative size of the input perturbation that measures conditioning: far above float64
@@ -59,12 +59,15 @@ class Tolerance:
     kappa: float
     rtol: float
     jumping: int = 0
+    atol: float = 0.0
 
     @property
     def resolved(self) -> bool:
         """False where the reference is too ill-conditioned here to compare values (the
         quantity is then checked for shape and finiteness only). ``jumping`` counts the
-        elements left out of the comparison of a resolved quantity (see :func:`measure`)."""
+        elements left out of the comparison of a resolved quantity (see :func:`measure`);
+        ``atol`` is the absolute floor from the reference's rounding noise
+        (:func:`rounding_floor`): an element within it of the reference agrees."""
         return self.rtol <= UNRESOLVED
 
 
@@ -126,10 +129,12 @@ def conditioning(
 @dataclass(frozen=True)
 class Conditioning:
     """The measured conditioning of one quantity: ``kappa`` over the elements that move
-    smoothly, and ``jumps``, a boolean mask of the elements that do not (None: none)."""
+    smoothly, ``jumps`` a boolean mask of the elements that do not (None: none), and
+    ``noise`` the reference's own rounding noise in it (absolute, float64)."""
 
     kappa: float
     jumps: np.ndarray | None = None
+    noise: float = 0.0
 
 
 def measure(
@@ -142,48 +147,62 @@ def measure(
     """The :class:`Conditioning` of each quantity: ``evaluate(perturbed inputs) ->
     {quantity: array}`` (None where the reference refuses the perturbed inputs) at
     ``draws`` random relative perturbations of size :data:`PERTURBATION` of the floating
-    inputs.
+    inputs, each repeated along the same direction at a hundredth of the size and at
+    :data:`ROUNDING_PERTURBATION`.
 
-    Each draw is repeated at a hundredth of the size along the same direction. A smooth
-    element moves a hundred times less; one that still moves by more than
-    :data:`JUMP_RATIO` of its first change (a visible one: a kappa above
-    :data:`JUMP_FLOOR`) jumps there: the case sits on a kink, a tie or a discontinuity of
-    the reference for that element (the gradient of a point that coincides with another,
-    say), however small the step. Such elements are left out of ``kappa`` and of the
-    comparison; where every element jumps, ``kappa`` is ``inf``. A quantity that is all
-    zero is measured against the largest scale of the quantities of its kind (outputs,
-    gradients), as :func:`compare` does; one whose perturbed values are not finite is
-    ill-conditioned without bound (``inf``); one that could not be measured keeps 1.
+    *Jumps.* A smooth element moves a hundred times less under the hundredfold smaller
+    move; one that still moves by more than :data:`JUMP_RATIO` of its first change (a
+    visible one: a kappa above :data:`JUMP_FLOOR`) jumps there: the case sits on a kink, a
+    tie or a discontinuity of the reference for that element (the gradient of a point
+    that coincides with another, say), however small the step. Such elements are left out
+    of ``kappa``, of ``noise`` and of the comparison; where every element jumps, ``kappa``
+    is ``inf``.
+
+    *Noise.* Under the move of a few units of roundoff, a smooth element changes by the
+    first move's change scaled down (linearity) plus the reference's own rounding error,
+    which is therefore the difference of the two: the floor below which no implementation
+    can be asked to agree. It is what measures a quantity that is exactly zero by
+    cancellation (a divergence of a cloud with itself), where a relative error means
+    nothing, and the amplification of roundoff inside a computation (a Sinkhorn plan at
+    small eps) that the input's conditioning does not show.
+
+    A quantity that is all zero is measured against the largest scale of the quantities
+    of its kind (outputs, gradients), as :func:`compare` does; one whose perturbed values
+    are not finite is ill-conditioned without bound (``inf``); one that could not be
+    measured keeps 1.
     """
     kappa = dict.fromkeys(quantities, 1.0)
+    noise = dict.fromkeys(quantities, 0.0)
     jumps: dict[str, np.ndarray] = {}
-    scales = kind_scales(quantities)
+    scales = {name: _scale(np.asarray(value)) or kind_scales(quantities)[_kind(name)]
+              for name, value in quantities.items()}
     for _ in range(draws):
         direction = {name: rng.uniform(-1.0, 1.0, size=value.shape)
                      for name, value in inputs.items() if is_floating_array(value)}
-        large_moves = _changes(evaluate, inputs, quantities, scales, direction, PERTURBATION)
-        small_moves = _changes(evaluate, inputs, quantities, scales, direction,
-                               PERTURBATION / 100.0)
+        large_moves, small_moves, tiny_moves = (
+            _moves(evaluate, inputs, quantities, direction, size)
+            for size in (PERTURBATION, PERTURBATION / 100.0, ROUNDING_PERTURBATION))
         for name, large in large_moves.items():
-            small = small_moves.get(name)
-            if not np.all(np.isfinite(large)) or (small is not None
-                                                  and not np.all(np.isfinite(small))):
+            small, tiny = small_moves.get(name), tiny_moves.get(name)
+            if any(m is not None and not np.all(np.isfinite(m)) for m in (large, small, tiny)):
                 kappa[name] = np.inf
                 continue
             if small is not None:
-                # Compare the changes themselves: small is per a hundredfold smaller size.
-                jumped = (large > JUMP_FLOOR) & (small / 100.0 > JUMP_RATIO * large)
+                jumped = ((np.abs(large) > JUMP_FLOOR * PERTURBATION * scales[name])
+                          & (np.abs(small) > JUMP_RATIO * np.abs(large)))
                 jumps[name] = jumps.get(name, np.zeros(large.shape, bool)) | jumped
-        for name, large in large_moves.items():
-            if not np.isfinite(kappa[name]):
-                continue
-            smooth = large if name not in jumps else large[~jumps[name]]
-            if smooth.size == 0:
+            smooth = ~jumps[name] if name in jumps else np.ones(large.shape, bool)
+            if not smooth.any():
                 kappa[name] = np.inf
-            else:
-                kappa[name] = max(kappa[name], float(np.max(smooth)))
+                continue
+            if scales[name] > 0:
+                slope = float(np.max(np.abs(large[smooth]))) / scales[name] / PERTURBATION
+                kappa[name] = max(kappa[name], slope)
+            if tiny is not None:
+                rounding = np.abs(tiny - large * (ROUNDING_PERTURBATION / PERTURBATION))
+                noise[name] = max(noise[name], float(np.max(rounding[smooth])))
     return {name: Conditioning(kappa[name], jumps[name] if name in jumps and
-                               jumps[name].any() else None)
+                               jumps[name].any() else None, noise[name])
             for name in quantities}
 
 
@@ -193,12 +212,15 @@ JUMP_RATIO = 0.3
 #: ... provided the first change is visible: a kappa below this is never called a jump
 #: (roundoff of an iterative solver stopped at tol 1e-12 stays far below it).
 JUMP_FLOOR = 1e3
+#: The relative move that measures the reference's rounding noise: a few units of float64
+#: roundoff, so that the linear part of the change is of the order of the noise itself.
+ROUNDING_PERTURBATION = 1e-15
 
 
-def _changes(evaluate, inputs, quantities, scales, direction, size) -> dict[str, np.ndarray]:
-    """Per element of each quantity, its change relative to the quantity's scale and
-    divided by ``size`` (a kappa), when the floating inputs move by ``size`` times
-    ``direction``, elementwise relative."""
+def _moves(evaluate, inputs, quantities, direction, size) -> dict[str, np.ndarray]:
+    """The signed change of each quantity, element by element, when every floating input
+    ``x`` moves to ``x (1 + size * direction)``; NaN/inf where the moved value is not
+    finite but the quantity is."""
     perturbed = {name: value * (1.0 + size * direction[name]) if name in direction else value
                  for name, value in inputs.items()}
     moved = evaluate(perturbed)
@@ -209,14 +231,27 @@ def _changes(evaluate, inputs, quantities, scales, direction, size) -> dict[str,
         other = moved.get(name)
         if other is None or np.shape(other) != np.shape(value):
             continue
-        scale = _scale(value) or scales[_kind(name)]
-        if scale == 0.0:
-            continue
+        value = np.asarray(value, dtype=np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
-            change = np.abs(np.asarray(other, dtype=np.float64) - value)
-        change = np.where(np.isfinite(value), change, 0.0)  # judged by the non-finite check
-        found[name] = np.atleast_1d(change / scale / size).reshape(np.shape(value))
+            change = np.asarray(other, dtype=np.float64) - value
+        # Elements the reference itself gives as non-finite are judged by the non-finite
+        # check, not measured here.
+        found[name] = np.where(np.isfinite(value), change, 0.0).reshape(value.shape)
     return found
+
+
+#: Units of the sampled rounding noise an implementation may use: the noise is the largest
+#: of a few samples of the reference's rounding error, not a bound on it (a sample's
+#: maximum falls short of the bound by a few times), hence four times ROUNDOFF_UNITS.
+NOISE_UNITS = 64.0
+
+
+def rounding_floor(noise: float, dtype: str) -> float:
+    """The absolute agreement that an implementation in ``dtype`` can be held to where the
+    reference's own rounding noise is ``noise`` (float64): the same computation's noise in
+    ``dtype``, times :data:`NOISE_UNITS`."""
+    ratio = float(np.finfo(dtype).eps) / float(np.finfo(np.float64).eps)
+    return NOISE_UNITS * noise * ratio
 
 
 def _kind(quantity: str) -> str:
@@ -239,6 +274,7 @@ class Comparison:
     index: tuple[int, ...]
     impl_value: float
     ref_value: float
+    abs_error: float = 0.0
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, fallback_scale: float,
@@ -260,4 +296,5 @@ def compare(actual: np.ndarray, expected: np.ndarray, fallback_scale: float,
     index = tuple(int(i) for i in np.unravel_index(flat, difference.shape))
     scale = _scale(expected) or fallback_scale or 1.0
     return Comparison(float(difference.flat[flat]) / scale, index,
-                      float(actual.flat[flat]), float(expected.flat[flat]))
+                      float(actual.flat[flat]), float(expected.flat[flat]),
+                      float(difference.flat[flat]))

@@ -50,12 +50,12 @@ def _convert(part: Any) -> np.ndarray:
     """
     if isinstance(part, torch.Tensor):
         if part.is_complex():
-            raise StructureError(f"a complex tensor ({part.dtype}); the reference's outputs "
+            raise StructureError(f"an output is a complex tensor ({part.dtype}); the reference's outputs "
                                  "are real")
         return _to_numpy(part)
     if isinstance(part, numbers.Real) and not isinstance(part, (bool, np.bool_)):
         return np.asarray(part)
-    raise StructureError(f"a {_describe_type(part)}; a torch implementation returns "
+    raise StructureError(f"an output is a {_describe_type(part)}; a torch implementation returns "
                          "torch.Tensor outputs (or real numbers), one or a tuple of them")
 
 
