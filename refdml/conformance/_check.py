@@ -197,8 +197,9 @@ class _CaseChecker:
         # solve at a smaller eps) scales it by the ratio (OperatorSpec.roundoff).
         self.calibration = None
         if spec.roundoff is not None:
-            self.calibration = max(float(spec.roundoff(spec.make_inputs(
-                np.random.default_rng(k)))) for k in range(3))
+            # At the inputs rounded to dtype, as every case is measured.
+            self.calibration = max(float(spec.roundoff(round_to_dtype(spec.make_inputs(
+                np.random.default_rng(k)), dtype))) for k in range(3))
 
     def case_base(self, inputs: Mapping[str, Any]) -> float:
         """The base tolerance at ``inputs``: the entry's, times how much more these

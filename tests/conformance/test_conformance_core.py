@@ -548,3 +548,59 @@ def test_elements_where_the_reference_jumps_are_left_out_and_no_others():
                if t.case == "duplicate points" and t.quantity == "grad embeddings"]
     assert jumping[0].resolved and jumping[0].jumping > 0
     assert jumping[0].jumping <= coincident.size * x.shape[1]
+
+
+def _reference_with_offset(spec, offset, case_name):
+    """The reference pair, its value moved by ``offset`` on the named hard case only."""
+    target = {c.name: c for c in spec.reference_inputs(np.random.default_rng(0))}[case_name]
+
+    def forward(**inputs):
+        value, ctx = spec.forward(**inputs)
+        same = all(np.array_equal(np.asarray(inputs[k]), np.asarray(target.inputs[k]))
+                   for k in ("x", "y"))
+        return (value + offset if same else value), ctx
+
+    return forward
+
+
+@pytest.mark.parametrize("offset, passes", [(1e-16, True), (1e-11, False)])
+def test_a_quantity_that_cancels_to_zero_is_held_to_the_reference_noise(offset, passes):
+    # ot.sinkhorn_divergence of a cloud with itself is 0 by cancellation: the reference
+    # returns rounding noise (~1e-16) there, so a relative error means nothing; the floor
+    # is the measured noise. 1e-16 is within it, 1e-11 is far outside any float64 noise.
+    spec = catalog.get("ot.sinkhorn_divergence")
+    forward = _reference_with_offset(spec, offset, "identical clouds (SD == 0)")
+    report = check_implementation(forward, "ot.sinkhorn_divergence", framework="numpy",
+                                  backward=spec.backward, seeds=1, search=False,
+                                  error_cases=False)
+    identical = [f for f in report.failures if f.case == "identical clouds (SD == 0)"]
+    assert (not identical) == passes, report.summary()
+    if not passes:
+        assert [(f.quantity, f.cause) for f in identical] == [("output 0", "value")]
+    floor = [t for t in report.tolerances
+             if t.case == "identical clouds (SD == 0)" and t.quantity == "output 0"][0]
+    assert 0.0 < floor.atol < 1e-12
+
+
+def test_ot_cases_scale_the_base_tolerance_by_their_cost_over_eps():
+    spec = catalog.get("ot.sinkhorn_divergence")
+    report = check_implementation(spec.forward, "ot.sinkhorn_divergence", framework="numpy",
+                                  backward=spec.backward, dtype="float32", seeds=1,
+                                  search=False, error_cases=False)
+
+    def cost_over_eps(inputs):  # independently of the catalogue's helper: all the points
+        points = np.concatenate([inputs["x"], inputs["y"]])
+        gaps = np.linalg.norm(points[:, None] - points[None], axis=-1)
+        return float(np.max(gaps) ** inputs["p"]) / inputs["eps"]
+
+    calibration = max(cost_over_eps(spec.make_inputs(np.random.default_rng(k)))
+                      for k in range(3))
+    cases = {c.name: c for c in spec.reference_inputs(np.random.default_rng(0))}
+    name = "small eps (1/100 of the largest cost)"
+    # The float32-rounded inputs the check used: the ratio is the same to float32's precision.
+    expected = spec.mirror_tolerance("float32") * cost_over_eps(cases[name].inputs) / calibration
+    base = {t.base for t in report.tolerances if t.case == name}
+    assert len(base) == 1 and abs(base.pop() / expected - 1.0) < 1e-5
+    # make_inputs itself keeps the catalogue's tolerance.
+    assert {t.base for t in report.tolerances if t.case == "seed 0"} == {
+        spec.mirror_tolerance("float32")}
