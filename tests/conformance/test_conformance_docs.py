@@ -1,0 +1,42 @@
+"""Every Python block of docs/conformance.md, and README's conformance example, runs as
+written (the PyTorch ones only where PyTorch is installed: CI has JAX, not PyTorch)."""
+
+import importlib.util
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "conformance.md"
+
+
+def _blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def _readme_blocks() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Checking your implementation against refdml", 1)[1]
+    return _blocks(section.split("\n## ", 1)[0].split("\n### ", 1)[0])
+
+
+BLOCKS = ([(f"docs/conformance.md block {k}", b)
+           for k, b in enumerate(_blocks(PAGE.read_text(encoding="utf-8")))]
+          + [(f"README block {k}", b) for k, b in enumerate(_readme_blocks())])
+
+
+def test_the_examples_are_there():
+    names = [name for name, _ in BLOCKS]
+    assert len(names) == 4, names
+    assert any("import torch" in b for _, b in BLOCKS)
+    assert any("import jax" in b for _, b in BLOCKS)
+
+
+@pytest.mark.parametrize("name, block", BLOCKS, ids=[name for name, _ in BLOCKS])
+def test_block_runs(name, block, capsys):
+    for framework in ("torch", "jax"):
+        if f"import {framework}" in block and importlib.util.find_spec(framework) is None:
+            pytest.skip(f"{framework} is not installed")
+    exec(compile(block, name, "exec"), {"__name__": "doc"})
+    assert capsys.readouterr().out.strip()
