@@ -35,21 +35,49 @@ Nothing here imports matplotlib or any other part of refdml.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "append_line",
     "atomic_path",
     "read_lines",
     "save_figure",
+    "to_jsonable",
     "write_bytes_atomic",
     "write_json_atomic",
     "write_text_atomic",
 ]
+
+def to_jsonable(value: Any) -> Any:
+    """NumPy scalars and arrays, tuples, mappings and enums as plain JSON types; inf and
+    NaN as strings (JSON has neither); anything else as its ``repr``."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, str):
+        return value
+    return repr(value)
+
 
 _TEMP_SUFFIX = ".tmp"
 _O_BINARY = getattr(os, "O_BINARY", 0)   # Windows: no newline translation by os.write

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from refdml._io import to_jsonable
+
 __all__ = [
     "CHECKS",
     "ClaimResult",
@@ -332,25 +334,3 @@ class ClaimResult:
             for f in self.figures
         ]
         return to_jsonable(out)
-
-
-def to_jsonable(value: Any) -> Any:
-    """Numpy scalars and arrays, tuples and enums to plain JSON types; inf/nan to strings."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return to_jsonable(value.tolist())
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
-        return value if math.isfinite(value) else str(value)
-    if value is None or isinstance(value, str):
-        return value
-    return repr(value)

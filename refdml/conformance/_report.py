@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from refdml._io import to_jsonable
 from refdml.conformance._tolerance import Tolerance
 
 __all__ = ["CAUSES", "ConformanceReport", "ErrorOutcome", "Failure", "SearchOutcome"]
@@ -215,7 +216,7 @@ class ConformanceReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-able data: numbers as floats, NaN and inf as strings."""
-        return _jsonable({
+        return to_jsonable({
             "op": self.op,
             "framework": self.framework,
             "dtype": self.dtype,
@@ -244,22 +245,3 @@ def _num(value: float | None, digits: int = 6) -> str:
     if value is None:
         return ""
     return f"{value:.{digits}g}"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
-        return value if math.isfinite(value) else str(value)
-    if value is None or isinstance(value, str):
-        return value
-    return repr(value)
