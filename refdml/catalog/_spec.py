@@ -23,13 +23,18 @@ class Case:
     (a tie, a zero cost, an extreme temperature) and what a wrong implementation does
     there. ``dtypes`` names the dtypes the case is meant for (default: all); a case at the
     edge of float32's range, say, names ``("float32",)`` only when it means nothing in
-    float64.
+    float64. ``scale_inputs``, for a case whose outputs and gradients are zero by
+    cancellation (a divergence of a cloud with itself), are the inputs of a nearby problem
+    where they are not: their magnitudes there are those of the terms that cancel, against
+    which an implementation's error is measured here (a relative error of a zero means
+    nothing).
     """
 
     name: str
     inputs: Mapping[str, Any]
     why: str
     dtypes: tuple[str, ...] | None = None
+    scale_inputs: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

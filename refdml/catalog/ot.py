@@ -267,7 +267,8 @@ def _pairs_reference_inputs(rng: np.random.Generator, *, make_inputs) -> tuple[C
         Case("identical clouds (SD == 0)", identical,
              "SD(mu, mu) = 0 exactly: without the debiasing terms OT_eps(mu, mu) > 0 is "
              "returned; every cost ||x_i - x_j||^p of the cross problem has zeros, where "
-             "(p < 2) the gradient p D^(p-2) (x - y) is 0 * inf in a naive backward"),
+             "(p < 2) the gradient p D^(p-2) (x - y) is 0 * inf in a naive backward",
+             scale_inputs=base),
         Case("duplicate and coincident points", coincident,
              "repeated points within a cloud and points shared across clouds: zero costs "
              "off the diagonal, the subgradient 0 of ||x - y||^p there (p < 2)"),

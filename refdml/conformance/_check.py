@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -107,7 +108,8 @@ def check_implementation(
     if reference_cases and spec.reference_inputs is not None:
         for case in spec.reference_inputs(np.random.default_rng(0)):
             if case.dtypes is None or dtype in case.dtypes:
-                results.append(checker.check(case.name, dict(case.inputs), _child(generator)))
+                results.append(checker.check(case.name, dict(case.inputs), _child(generator),
+                                             scale_inputs=case.scale_inputs))
     outcomes: tuple[ErrorOutcome, ...] = ()
     if error_cases and spec.error_inputs is not None:
         outcomes = tuple(checker.error_case(case) for case in
@@ -264,7 +266,8 @@ class _CaseChecker:
 
     # -- one case -----------------------------------------------------------------------
 
-    def check(self, case: str, inputs: dict[str, Any], rng: np.random.Generator) -> CaseResult:
+    def check(self, case: str, inputs: dict[str, Any], rng: np.random.Generator,
+              scale_inputs: Mapping[str, Any] | None = None) -> CaseResult:
         result = CaseResult(case, inputs)
         rounded = round_to_dtype(inputs, self.dtype)
         wrt = self.wrt(inputs)
@@ -295,6 +298,8 @@ class _CaseChecker:
             jumping = 0 if m.jumps is None else int(m.jumps.sum())
             result.tolerances.append(Tolerance(case, q, base, float(m.kappa), rtol[q],
                                                jumping, self._atol[q]))
+        if scale_inputs is not None:
+            self._cancelling_floor(result, scale_inputs, wrt, cotangents, base)
         scales = kind_scales(quantities)
 
         evaluation = self._evaluate(result, inputs, wrt, cotangents, ref.outputs)
@@ -330,6 +335,24 @@ class _CaseChecker:
         if any(f.cause in ("value", "gradient") for f in result.failures):
             self._convergence_hint(result, rounded, wrt, cotangents, evaluation)
         return result
+
+    def _cancelling_floor(self, result, scale_inputs, wrt, cotangents, base) -> None:
+        """Where the case's quantities are zero by cancellation (``Case.scale_inputs``),
+        an element within ``base`` times the magnitude of the cancelling terms agrees: the
+        largest of the reference's quantities of its kind (outputs, gradients) at
+        ``scale_inputs``, as the norm-wise error measures an all-zero quantity."""
+        try:
+            terms = kind_scales(_quantities(self.reference(
+                round_to_dtype(scale_inputs, self.dtype), wrt, cotangents)))
+        except Exception:  # noqa: BLE001 - no floor where the reference refuses them
+            return
+        for k, t in enumerate(result.tolerances):
+            if t.case != result.case:
+                continue
+            floor = base * terms["grad" if t.quantity.startswith("grad ") else "output"]
+            if floor > self._atol.get(t.quantity, 0.0):
+                self._atol[t.quantity] = floor
+                result.tolerances[k] = dataclasses.replace(t, atol=floor)
 
     def _evaluate(self, result: CaseResult, inputs, wrt, cotangents, ref_outputs):
         case = result.case
@@ -389,9 +412,8 @@ class _CaseChecker:
         relative_fails = found.error > rtol or rtol > UNRESOLVED
         if relative_fails and found.abs_error > atol:
             if rtol > UNRESOLVED:
-                why = (f"|error| {found.abs_error:.3g} > atol {atol:.3g}, the reference's "
-                       f"rounding noise (the relative tolerance {rtol:.3g} means nothing "
-                       f"this ill-conditioned)")
+                why = (f"|error| {found.abs_error:.3g} > atol {atol:.3g} (the relative "
+                       f"tolerance {rtol:.3g} means nothing this ill-conditioned)")
             else:
                 why = (f"{found.error:.3g} (max |error| over max |reference|) > rtol "
                        f"{rtol:.3g}, and |error| {found.abs_error:.3g} > atol {atol:.3g}")

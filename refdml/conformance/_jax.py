@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from refdml._validation import check_float_dtype
+from refdml.conformance._autodiff import check_output_shapes, describe_type, floating_dtype
 from refdml.conformance._protocol import Evaluation, StructureError, flatten_outputs
 
 __all__ = ["JaxFramework", "make_framework"]
@@ -38,11 +38,6 @@ def _to_numpy(array: Any) -> np.ndarray:
         return np.from_dlpack(array)
     except (BufferError, RuntimeError, TypeError):
         return np.asarray(array)
-
-
-def _describe_type(value: Any) -> str:
-    kind = type(value)
-    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _parts(outputs: Any) -> tuple[Any, ...]:
@@ -59,7 +54,7 @@ def _parts(outputs: Any) -> tuple[Any, ...]:
                                      "real arrays or numbers")
         elif isinstance(part, bool) or not isinstance(part, numbers.Real):
             raise StructureError(
-                f"output {k} is a {_describe_type(part)}; a JAX implementation returns "
+                f"output {k} is a {describe_type(part)}; a JAX implementation returns "
                 "jax.Array outputs (or real numbers), one or a tuple of them"
             )
     return parts
@@ -90,12 +85,13 @@ class JaxFramework:
         return f"JaxFramework(device={self.device!r})"
 
     def asarray(self, value: np.ndarray, dtype: str | None) -> jax.Array:
-        """``value`` as a JAX array on the device: floating arrays cast to ``dtype`` (float32
-        or float64, the latter made inside ``jax.enable_x64(True)``; None keeps theirs),
-        integer and boolean arrays unchanged."""
+        """``value`` as a JAX array on the device: floating arrays cast to ``dtype`` (float16,
+        float32 or float64, the last made inside ``jax.enable_x64(True)``; None keeps theirs),
+        integer and boolean arrays with their values (int64 as JAX's int32 unless x64 is
+        on: labels and indices fit)."""
         array = np.asarray(value)
         if array.dtype.kind == "f" and dtype is not None:
-            array = array.astype(check_float_dtype(dtype), copy=False)
+            array = array.astype(floating_dtype(dtype), copy=False)
         with _precision(array.dtype == np.float64):
             try:
                 out = jax.dlpack.from_dlpack(array)
@@ -126,7 +122,7 @@ class JaxFramework:
                 if not (isinstance(value, jax.Array)
                         and jnp.issubdtype(value.dtype, jnp.floating)):
                     raise TypeError(f"input {name!r} is differentiated, so it must be a "
-                                    f"floating-point jax.Array, got {_describe_type(value)}")
+                                    f"floating-point jax.Array, got {describe_type(value)}")
 
             def function(*differentiated):
                 arguments = dict(inputs)
@@ -135,7 +131,7 @@ class JaxFramework:
 
             outputs, vjp = jax.vjp(function, *(inputs[name] for name in wrt))
             as_numpy = _as_numpy(outputs)
-            _check_against_cotangents(as_numpy, cotangents)
+            check_output_shapes(as_numpy, cotangents)
             products = vjp(tuple(
                 jnp.asarray(np.asarray(cotangent), dtype=item.dtype)
                 if jnp.issubdtype(item.dtype, jnp.inexact) else _zero_cotangent(item)
@@ -148,18 +144,6 @@ class JaxFramework:
 def _precision(float64: bool):
     """``jax.enable_x64(True)`` for a float64 evaluation; otherwise the user's own mode."""
     return jax.enable_x64(True) if float64 else contextlib.nullcontext()
-
-
-def _check_against_cotangents(outputs: tuple[np.ndarray, ...],
-                              cotangents: tuple[np.ndarray, ...]) -> None:
-    """``StructureError`` where the outputs' count or shapes are not the reference's."""
-    if len(outputs) != len(cotangents):
-        raise StructureError(f"the implementation returned {len(outputs)} output(s), the "
-                             f"reference {len(cotangents)}")
-    for position, (output, cotangent) in enumerate(zip(outputs, cotangents)):
-        if output.shape != np.shape(cotangent):
-            raise StructureError(f"output {position} has shape {output.shape}, the "
-                                 f"reference's {np.shape(cotangent)}")
 
 
 def make_framework(*, device: str | None = None) -> JaxFramework:

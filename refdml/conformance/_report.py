@@ -174,8 +174,10 @@ class ConformanceReport:
         absolute = [t for t in self.tolerances if not t.resolved and not math.isinf(t.kappa)]
         if absolute:
             lines.append("")
-            lines.append("held to the reference's rounding noise only (too ill-conditioned "
-                         "for a relative error: a quantity that is zero by cancellation):")
+            lines.append("held to an absolute floor only (too ill-conditioned for a relative "
+                         "error, as a quantity that is zero by cancellation; the floor is the "
+                         "reference's rounding noise or the base tolerance times the terms "
+                         "that cancel):")
             lines.extend(f"  {t.case}: {t.quantity}, |error| <= atol {_num(t.atol, 3)} "
                          f"(kappa {_num(t.kappa, 3)})" for t in absolute)
         if self.skipped:

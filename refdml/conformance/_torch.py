@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from refdml._validation import check_float_dtype
+from refdml.conformance._autodiff import check_output_shapes, describe_type, floating_dtype
 from refdml.conformance._protocol import Evaluation, StructureError, flatten_outputs
 
 __all__ = ["TorchFramework", "make_framework"]
@@ -37,11 +37,6 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
         return tensor.numpy()
 
 
-def _describe_type(value: Any) -> str:
-    kind = type(value)
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
 def _convert(part: Any) -> np.ndarray:
     """One output as NumPy for :func:`flatten_outputs`: a tensor or a real number.
 
@@ -50,13 +45,13 @@ def _convert(part: Any) -> np.ndarray:
     """
     if isinstance(part, torch.Tensor):
         if part.is_complex():
-            raise StructureError(f"an output is a complex tensor ({part.dtype}); the reference's outputs "
-                                 "are real")
+            raise StructureError(f"an output is a complex tensor ({part.dtype}); the "
+                                 "reference's outputs are real")
         return _to_numpy(part)
     if isinstance(part, numbers.Real) and not isinstance(part, (bool, np.bool_)):
         return np.asarray(part)
-    raise StructureError(f"an output is a {_describe_type(part)}; a torch implementation returns "
-                         "torch.Tensor outputs (or real numbers), one or a tuple of them")
+    raise StructureError(f"an output is a {describe_type(part)}; a torch implementation "
+                         "returns torch.Tensor outputs (or real numbers), one or a tuple of them")
 
 
 class TorchFramework:
@@ -71,11 +66,11 @@ class TorchFramework:
         return f"TorchFramework(device={str(self.device)!r})"
 
     def asarray(self, value: np.ndarray, dtype: str | None) -> torch.Tensor:
-        """``value`` as a tensor on the device: floating arrays cast to ``dtype`` (float32
-        or float64; None keeps theirs), integer and boolean arrays unchanged."""
+        """``value`` as a tensor on the device: floating arrays cast to ``dtype`` (float16,
+        float32 or float64; None keeps theirs), integer and boolean arrays unchanged."""
         array = np.asarray(value)
         if array.dtype.kind == "f" and dtype is not None:
-            array = array.astype(check_float_dtype(dtype), copy=False)
+            array = array.astype(floating_dtype(dtype), copy=False)
         try:
             tensor = torch.from_dlpack(array)
         except (BufferError, RuntimeError, TypeError):
@@ -105,7 +100,7 @@ class TorchFramework:
                 value = arguments[name]
                 if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
                     raise TypeError(f"input {name!r} is differentiated, so it must be a "
-                                    f"floating-point tensor, got {_describe_type(value)}")
+                                    f"floating-point tensor, got {describe_type(value)}")
                 leaves[name] = value.detach().clone().requires_grad_(True)
             arguments.update(leaves)
         returned = call(arguments)
@@ -113,10 +108,10 @@ class TorchFramework:
         outputs = tuple(returned) if isinstance(returned, (tuple, list)) else (returned,)
         if cotangents is None:
             return Evaluation(outputs=as_numpy, grads=None)
-        _check_against_cotangents(as_numpy, cotangents)
+        check_output_shapes(as_numpy, cotangents)
         tracked = [(item, cotangent) for item, cotangent in zip(outputs, cotangents)
                    if isinstance(item, torch.Tensor) and item.requires_grad]
-        if not tracked:
+        if not tracked or not wrt:
             return Evaluation(outputs=as_numpy, grads={name: None for name in wrt})
         products = torch.autograd.grad(
             [item for item, _ in tracked],
@@ -130,18 +125,6 @@ class TorchFramework:
         grads = {name: None if product is None else _to_numpy(product)
                  for name, product in zip(wrt, products)}
         return Evaluation(outputs=as_numpy, grads=grads)
-
-
-def _check_against_cotangents(outputs: tuple[np.ndarray, ...],
-                              cotangents: tuple[np.ndarray, ...]) -> None:
-    """``StructureError`` where the outputs' count or shapes are not the reference's."""
-    if len(outputs) != len(cotangents):
-        raise StructureError(f"the implementation returned {len(outputs)} output(s), the "
-                             f"reference {len(cotangents)}")
-    for position, (output, cotangent) in enumerate(zip(outputs, cotangents)):
-        if output.shape != np.shape(cotangent):
-            raise StructureError(f"output {position} has shape {output.shape}, the "
-                                 f"reference's {np.shape(cotangent)}")
 
 
 def make_framework(*, device: str | None = None) -> TorchFramework:
