@@ -52,7 +52,7 @@ centre of the subdifferential); the symmetric terms move through both slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -474,12 +474,17 @@ def _compiled_solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmet
     float64's ``tiny`` is flushed to 0 and rebuilds trigger on masses below it (here:
     ``_TINY``), which changes nothing above underflow. The driver
     (:func:`refdml.ot._small.solve_small_batch`) is the one refdml.gpu's solver uses for its
-    small problems; the kernel is :func:`refdml._compiled.sinkhorn.solve_small_cpu`.
+    small problems; the kernel is :func:`refdml._compiled.sinkhorn.solve_small_cpu`. The
+    solve ends, as the readable one does, with :func:`refdml.ot._sinkhorn._finish_large_eps`
+    (the same NumPy code on the kernel's potentials and plan).
     """
-    return solve_small_batch(np, a, b, cost, schedule=_eps_schedule(cost, eps, eps_scaling),
-                             eps=eps, max_iter=max_iter, tol=tol, symmetric=symmetric,
-                             unit=unit, absorb=_sinkhorn._ABSORB, warn_stacklevel=6,
-                             solve_small=_twin.solve_small_cpu)
+    batch = solve_small_batch(np, a, b, cost, schedule=_eps_schedule(cost, eps, eps_scaling),
+                              eps=eps, max_iter=max_iter, tol=tol, symmetric=symmetric,
+                              unit=unit, absorb=_sinkhorn._ABSORB, warn_stacklevel=6,
+                              solve_small=_twin.solve_small_cpu)
+    f, g, plan = _sinkhorn._finish_large_eps(np.log(batch.a), batch.a, batch.b, batch.cost,
+                                             batch.eps, batch.f, batch.g, batch.plan)
+    return replace(batch, f=f, g=g, plan=plan)
 
 
 def _pair_divergences_backward(ctx: _PairsContext, d_unique: np.ndarray,

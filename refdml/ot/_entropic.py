@@ -29,7 +29,9 @@ Gradients (no autodiff; derivations in docs/ot.md, Secs. 3-4)
   (an ulp of ``|f|`` along ``(1, ..., 1)``, different in every implementation).
 
 The gradients are exact at the fixed point; with the L1 marginal error below ``tol`` they
-are accurate to about ``tol`` relative.
+are accurate to about ``tol`` relative. Where ``eps`` exceeds the largest cost the solve
+ends with exact log-domain half steps that bring them to the rounding of the cost
+(:func:`refdml.ot._sinkhorn._finish_large_eps`).
 """
 
 from __future__ import annotations

@@ -71,8 +71,13 @@ class SinkhornResult:
     value : regularised value of Eq. (3), ``<pi, C> + eps KL(pi | a (x) b) = <a,f> + <b,g>``.
     transport_cost : ``<pi, C>``.
     n_iter : Sinkhorn iterations (over all eps-scaling stages; each stage starts with one
-        extra log-domain half step that is not counted).
-    marginal_error : L1 violation of the row marginal (columns are exact on return).
+        extra log-domain half step, and where ``eps`` exceeds the largest cost the solve
+        ends with three exact log-domain half steps that keep the potentials' digits,
+        neither counted).
+    marginal_error : L1 violation of the row marginal at the last counted iteration (the
+        stopping rule's; where ``eps`` exceeds the largest cost the plan returned is three
+        uncounted half steps further, its error at most this up to rounding). Columns are
+        exact on return.
     converged : ``marginal_error <= tol``. The plan itself can be further off than ``tol``
         where it nearly decouples into blocks (eps small against the gaps between
         clusters): the flows between blocks barely move the marginals.
@@ -118,11 +123,14 @@ class _OTBatch:
 
     @property
     def value(self) -> np.ndarray:
-        # The dual objective; its last term vanishes when the plan has unit mass (exactly
-        # so after a column update, to O(tol) after a symmetric one).
-        mass = self.plan.sum(axis=(1, 2))
+        # The dual objective; its last term, eps (mass - 1), vanishes when the plan has unit
+        # mass (exactly so after a column update). mass - 1 is summed as
+        # sum a_i b_j expm1((f_i + g_j - C_ij) / eps), not as sum(plan) - 1: at eps >> C the
+        # plan is a b^T to ~C / eps and sum(plan) - 1 would cost eps * ulp (docs/ot.md).
+        exponent = (self.f[:, :, None] + self.g[:, None, :] - self.cost) / self.eps
+        excess = np.einsum("pi,pj,pij->p", self.a, self.b, np.expm1(exponent))
         scaled = (np.einsum("pi,pi->p", self.a, self.f) + np.einsum("pj,pj->p", self.b, self.g)
-                  - self.eps * (mass - 1.0))
+                  - self.eps * excess)
         return self.unit * scaled
 
     @property
@@ -166,6 +174,65 @@ def _log_symmetric_update(log_a, cost, f, eps):
     f_new = 0.5 * (f - eps * lse)
     exponent += log_a[:, :, None] + (f_new[:, :, None] + f_new[:, None, :] - f[:, None, :]) / eps
     return f_new, np.exp(exponent, out=exponent)
+
+
+def _log_weighted_sum_exp(log_w, w, h, axis):
+    """``log sum_k w_k exp(h_k)`` along ``axis``, ``w`` on the simplex (``log_w`` its log).
+
+    Two forms, each entry taking the more accurate. With ``M = max_k h_k`` and
+    ``y = sum_k w_k expm1(h_k - M)`` (terms of one sign, so ``y`` is exact to a few ulp of
+    itself), the value is ``M + log1p(y)``, accurate to a few ulp of ``|y|`` while
+    ``y >= -1/2``. At ``eps >> C`` every ``h_k - M`` is ``O(C / eps)`` and so is ``y``:
+    this keeps the potential ``-eps LSE`` to the cost's own rounding, where the usual
+    ``P + log(sum exp(log w + h - P))`` rounds a sum near 1 to an ulp, ``eps ulp`` in the
+    potential (``eps / C`` times more). Where ``y < -1/2`` (``h`` spread over units, a small
+    weight at its peak) ``log1p`` near -1 would magnify the rounding of ``y``: the usual form.
+    """
+    peak = h.max(axis=axis, keepdims=True)
+    y = np.sum(w * np.expm1(h - peak), axis=axis)
+    z = log_w + h
+    top = z.max(axis=axis, keepdims=True)
+    usual = np.squeeze(top, axis) + np.log(np.sum(np.exp(z - top), axis=axis))
+    return np.where(y >= -0.5, np.squeeze(peak, axis) + np.log1p(np.maximum(y, -0.5)), usual)
+
+
+def _finish_large_eps(log_a, a, b, cost, eps, f, g, plan):
+    """End the solve of every problem whose ``eps`` exceeds its largest cost with three
+    exact log-domain half steps from ``f``: ``g = G(f)``, ``f = F(g)``, ``g = G(f)``.
+
+    ``f``, ``g`` (P, n), (P, m) and ``plan`` (P, n, m) from :func:`_stage` are updated in
+    place on those problems (columns exact there too) and returned. Why: the kernel
+    iteration holds the potentials' information in the last digits of
+    ``K_ij = a_i b_j exp(O(C / eps))`` and stops on an L1 marginal error ``tol``, which
+    fixes them to ``eps ulp`` and ``eps tol`` (the averaged symmetric update approaches
+    the latter at rate 1/2 when ``eps >> C``): at ``eps = 1e6 C``, 1e-10 and 1e-6 of the
+    cost. Each half step contracts the non-constant part of an error by
+    ``kappa = tanh(max C / (4 eps)) < 1/4`` (Birkhoff-Hopf), so ``f`` comes out with
+    ``kappa^2`` of it and ``g`` with ``kappa^3``, and its log-sum-exp
+    (:func:`_log_weighted_sum_exp`) keeps the cost's own digits. Where ``eps <= max C``
+    both limits are already below ``tol`` times the cost, and the problem is left as it
+    is. The constant part of an error (the gauge ``(f + t, g - t)``) changes neither the
+    value nor the centred weight gradients; a symmetric problem gets ``g != f`` by it.
+    """
+    far = eps > np.abs(cost).max(axis=(1, 2))
+    if not far.any():
+        return f, g, plan
+    log_a, a, cost, b = log_a[far], a[far], cost[far], b[far]
+    with np.errstate(divide="ignore"):  # a weight below 2^-1074 after normalising: no mass
+        log_b = np.log(b)
+
+    def g_from(f):
+        return -eps * _log_weighted_sum_exp(log_a[:, :, None], a[:, :, None],
+                                            (f[:, :, None] - cost) / eps, axis=1)
+
+    g_far = g_from(f[far])
+    f_far = -eps * _log_weighted_sum_exp(log_b[:, None, :], b[:, None, :],
+                                         (g_far[:, None, :] - cost) / eps, axis=2)
+    g_far = g_from(f_far)
+    f[far], g[far] = f_far, g_far
+    plan[far] = np.exp(log_a[:, :, None] + log_b[:, None, :]
+                       + (f_far[:, :, None] + g_far[:, None, :] - cost) / eps)
+    return f, g, plan
 
 
 def _stage(log_a, a, b, cost, eps, f, g, *, tol, max_iter, want_plan, symmetric):
@@ -298,6 +365,7 @@ def _solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False
         symmetric=symmetric,
     )
     n_iter += it
+    f, g, plan = _finish_large_eps(log_a, a, b, cost, eps, f, g, plan)
     converged = err <= tol
     # tol = 0 asks for a fixed number of iterations: converged only where the residual is
     # exactly 0, and no warning (the count was asked for). Otherwise the solver stops

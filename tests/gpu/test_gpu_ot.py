@@ -214,15 +214,17 @@ def _clouds(rng, batch=4, n=3, dim=2):
 def test_tol_beyond_float32_is_every_iterate(dtype):
     # tol = 1e300 on float32: err <= tol cast tol to float32 (inf, a RuntimeWarning). Any
     # finite marginal error is below it: converged at the first check, as the reference.
+    # eps = 0.2 lies below every problem's largest cost here, where the reference returns
+    # that first iterate too (above it, it adds exact log-domain half steps: _finish_large_eps).
     rng = np.random.default_rng(60)
     a, b, cost = _problem(rng)
     clouds = _clouds(rng)
     calls = [
-        lambda m, c: m.sinkhorn(a.astype(c), b.astype(c), cost.astype(c), eps=0.5, tol=1e300).f,
-        lambda m, c: m.sinkhorn_divergence(clouds[0].astype(c), clouds[1].astype(c), eps=0.5,
+        lambda m, c: m.sinkhorn(a.astype(c), b.astype(c), cost.astype(c), eps=0.2, tol=1e300).f,
+        lambda m, c: m.sinkhorn_divergence(clouds[0].astype(c), clouds[1].astype(c), eps=0.2,
                                            tol=1e300)[0],
-        lambda m, c: m.pairwise_sinkhorn_divergence(clouds.astype(c), eps=0.5, tol=1e300),
-        lambda m, c: m.wcontrastive(clouds.astype(c), [0, 0, 1, 1], margin=1.0, eps=0.5,
+        lambda m, c: m.pairwise_sinkhorn_divergence(clouds.astype(c), eps=0.2, tol=1e300),
+        lambda m, c: m.wcontrastive(clouds.astype(c), [0, 0, 1, 1], margin=1.0, eps=0.2,
                                     tol=1e300)[0],
     ]
     for call in calls:
@@ -230,7 +232,7 @@ def test_tol_beyond_float32_is_every_iterate(dtype):
         got = _quiet_call(lambda: call(fast, dtype))
         assert_allclose(np.asarray(got, dtype=np.float64), expected, rtol=1e-5)
     result = _quiet_call(lambda: fast.sinkhorn(a.astype(dtype), b.astype(dtype),
-                                               cost.astype(dtype), eps=0.5, tol=1e300))
+                                               cost.astype(dtype), eps=0.2, tol=1e300))
     assert result.converged and result.n_iter == 0
 
 

@@ -4,6 +4,7 @@ finite differences."""
 import re
 import warnings
 
+import mpmath as mp
 import numpy as np
 import ot as pot
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from refdml import ConvergenceWarning
 from refdml import ot as rot
+from refdml.catalog import get as catalogue_entry
 from refdml.ot._divergence import _ground_cost, _self_sq_dist
 from refdml.ot._sinkhorn import _solve_batch
 from refdml.gradcheck import strategies as rst
@@ -794,3 +796,149 @@ def test_weight_gradient_is_zero_where_the_points_coincide():
         scale = ctx.unit * np.abs(ctx.xy.g).max() / ctx.b_mass
         np.testing.assert_allclose(grads.b, 0.0, atol=64 * np.finfo(float).eps * scale * 4)
         assert np.abs(grads.a).max() > 1e-3
+
+
+# ------------------------------------------------- large eps against a 50-digit Sinkhorn
+#
+# At eps >> C the plan is a b^T (1 + O(C / eps)): a kernel iteration keeps the potentials
+# only to eps ulp, and its stopping rule (L1 marginal error <= tol) only to eps tol, i.e.
+# 1e-10 and 1e-6 of the cost at eps = 1e6 C. The oracle below is independent of refdml:
+# alternating log-domain Sinkhorn in mpmath at 50 digits, run to a fixed point, its value
+# <a, f> + <b, g> (columns exact), gradients by central differences (step 1e-20: truncation
+# ~1e-40, cancellation ~1e-30). Tolerance 1e-12 relative (to the largest entry of each
+# gradient): the fixed solver is at the rounding of the cost (~1e-15 measured), the old one
+# was 4e-9 (value) and 7e-5 (weight gradients) off on the divergence, 1e-9 on entropic OT.
+
+_MP_DIGITS = 50
+_MP_STEP = "1e-20"
+_LARGE_EPS_RTOL = 1e-12
+
+
+def _mp_ot(cost, a, b, eps):
+    """Regularised value <pi, C> + eps KL(pi | a x b) of lists of mpf (weights normalised)."""
+    a = [v / mp.fsum(a) for v in a]
+    b = [v / mp.fsum(b) for v in b]
+    f, g = [mp.mpf(0)] * len(a), [mp.mpf(0)] * len(b)
+    stop = mp.mpf(10) ** (10 - _MP_DIGITS) * (1 + max(abs(c) for row in cost for c in row))
+    for _ in range(2000):
+        new_f = [-eps * mp.log(mp.fsum(b_j * mp.exp((g_j - c_ij) / eps)
+                                       for b_j, g_j, c_ij in zip(b, g, row)))
+                 for row in cost]
+        g = [-eps * mp.log(mp.fsum(a_i * mp.exp((f_i - row[j]) / eps)
+                                   for a_i, f_i, row in zip(a, new_f, cost)))
+             for j in range(len(b))]
+        change = max(abs(u - v) for u, v in zip(new_f, f))
+        f = new_f
+        if change < stop:
+            return mp.fsum(u * v for u, v in zip(a, f)) + mp.fsum(u * v for u, v in zip(b, g))
+    raise AssertionError("the mpmath Sinkhorn did not reach its fixed point")
+
+
+def _mp_sq_cost(x, y):
+    return [[mp.fsum((p - q) ** 2 for p, q in zip(xi, yj)) for yj in y] for xi in x]
+
+
+def _mp_divergence(x, y, a, b, eps):
+    """Eq. (4) with p = 2 on nested lists of mpf."""
+    return (_mp_ot(_mp_sq_cost(x, y), a, b, eps)
+            - (_mp_ot(_mp_sq_cost(x, x), a, a, eps) + _mp_ot(_mp_sq_cost(y, y), b, b, eps)) / 2)
+
+
+def _to_mp(array):
+    """Nested lists of mpf holding the float64 entries exactly."""
+    if np.ndim(array) > 1:
+        return [_to_mp(row) for row in array]
+    return [mp.mpf(float(v)) for v in array]
+
+
+def _mp_value_and_gradients(function, arrays, eps):
+    """``function(**arrays_as_mpf, eps)`` and its central differences w.r.t. every array."""
+    args = {name: _to_mp(np.asarray(value, dtype=float)) for name, value in arrays.items()}
+    eps, step = mp.mpf(float(eps)), mp.mpf(_MP_STEP)
+    value = function(**args, eps=eps)
+    gradients = {}
+    for name, base in arrays.items():
+        grad = np.empty(np.shape(base))
+        for index in np.ndindex(grad.shape):
+            sides = []
+            for sign in (1, -1):
+                moved = _to_mp(np.asarray(base, dtype=float))
+                entry = moved
+                for k in index[:-1]:
+                    entry = entry[k]
+                entry[index[-1]] += sign * step
+                sides.append(function(**{**args, name: moved}, eps=eps))
+            grad[index] = float((sides[0] - sides[1]) / (2 * step))
+        gradients[name] = grad
+    return float(value), gradients
+
+
+def _assert_matches_oracle(value, grads, expected_value, expected_grads, upstream):
+    np.testing.assert_allclose(value, expected_value, rtol=_LARGE_EPS_RTOL, atol=0)
+    for name, expected in expected_grads.items():
+        expected = upstream * expected
+        np.testing.assert_allclose(getattr(grads, name), expected, rtol=0,
+                                   atol=_LARGE_EPS_RTOL * np.abs(expected).max(), err_msg=name)
+
+
+def _catalogue_case(entry, name):
+    (case,) = [c for c in catalogue_entry(entry).reference_inputs(np.random.default_rng(0))
+               if c.name == name]
+    return dict(case.inputs)
+
+
+def test_large_eps_divergence_matches_a_50_digit_sinkhorn():
+    # The catalogue's case (eps = 1e6 times the largest cost; tol = 1e-12): its weight
+    # gradients were off by up to 1.7e-4 of an entry before the solve ended with exact
+    # log-domain half steps (refdml.ot._sinkhorn._finish_large_eps).
+    inputs = _catalogue_case("ot.sinkhorn_divergence", "large eps (1e6 of the largest cost)")
+    assert inputs["p"] == 2 and inputs["eps"] > 1e5
+    arrays = {name: inputs[name] for name in ("x", "y", "a", "b")}
+    with mp.workdps(_MP_DIGITS):
+        expected, expected_grads = _mp_value_and_gradients(_mp_divergence, arrays, inputs["eps"])
+    upstream = -0.7
+    sd, ctx = rot.sinkhorn_divergence_forward(**inputs)
+    _assert_matches_oracle(sd, rot.sinkhorn_divergence_backward(ctx, upstream), expected,
+                           expected_grads, upstream)
+
+
+def test_large_eps_entropic_ot_matches_a_50_digit_sinkhorn():
+    inputs = _catalogue_case("ot.entropic_ot", "large eps (1e6 of the largest cost)")
+    assert inputs["eps"] > 1e5 * np.abs(inputs["cost"]).max()
+    arrays = {name: inputs[name] for name in ("a", "b", "cost")}
+    with mp.workdps(_MP_DIGITS):
+        expected, expected_grads = _mp_value_and_gradients(_mp_ot, arrays, inputs["eps"])
+    upstream = 1.3
+    value, ctx = rot.entropic_ot_forward(**inputs)
+    _assert_matches_oracle(value, rot.entropic_ot_backward(ctx, upstream), expected,
+                           expected_grads, upstream)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), log10_ratio=st.floats(-0.5, 11.0),
+       symmetric=st.booleans())
+def test_entropic_ot_from_eps_near_the_cost_to_1e11_times_it_matches_mpmath(
+        seed, log10_ratio, symmetric):
+    # Both sides of the threshold eps = max C where the final half steps start, and up to
+    # 1e11 (of the 1e12 allowed). A symmetric problem (b = a, C = C^T) is the problem of the
+    # divergence's self terms (solved here by the alternating iteration, by the averaged
+    # one in the test above). Below the threshold the stopping rule bounds the potentials'
+    # error by eps tol <= max C tol: 1e-11 of the gradients measured, hence 1e-10 here.
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.0, 1.0, (3, 2))
+    y = x if symmetric else rng.uniform(-1.0, 1.0, (2, 2))
+    cost = np.sum((x[:, None] - y[None]) ** 2, axis=-1)
+    a = rng.uniform(0.5, 1.5, 3)
+    b = a.copy() if symmetric else rng.uniform(0.5, 1.5, 2)
+    eps = 10.0 ** log10_ratio * cost.max()
+    with mp.workdps(_MP_DIGITS):
+        expected, expected_grads = _mp_value_and_gradients(
+            _mp_ot, {"a": a, "b": b, "cost": cost}, eps)
+    upstream = rng.uniform(0.5, 2.0)
+    value, ctx = rot.entropic_ot_forward(a, b, cost, eps=eps, tol=1e-12, max_iter=5000)
+    grads = rot.entropic_ot_backward(ctx, upstream)
+    np.testing.assert_allclose(value, expected, rtol=1e-10, atol=0)
+    for name, want in expected_grads.items():
+        want = upstream * want
+        np.testing.assert_allclose(getattr(grads, name), want, rtol=0,
+                                   atol=1e-10 * np.abs(want).max(), err_msg=name)
