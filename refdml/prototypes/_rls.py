@@ -6,7 +6,8 @@ import math
 import sys
 
 import numpy as np
-from scipy.linalg import LinAlgError, cho_factor, cho_solve, cholesky, solve_triangular
+from scipy.linalg import (LinAlgError, cho_factor, cho_solve, cholesky, eigvalsh,
+                          solve_triangular)
 
 from refdml._validation import as_float_array, check_same_length, check_scalar
 from refdml.prototypes._ridge import _DEFINITE, numerically_definite
@@ -15,8 +16,8 @@ __all__ = ["RecursivePrototypes", "recursion_weights"]
 
 # The most entries of one float64 array (its bytes must fit in a signed 64-bit size).
 _MAX_ENTRIES = sys.maxsize // 8
-# A Woodbury step that shrinks P_K by more than this factor has cancelled that many
-# digits (about 4); P_{K+1} is then refactored from R_{K+1}.
+# A Woodbury step that shrinks P_K by more than this factor in some direction has
+# cancelled that many digits there (about 4); P_{K+1} is then refactored from R_{K+1}.
 _WOODBURY_LOSS = 1e4
 
 
@@ -55,8 +56,9 @@ class RecursivePrototypes:
 
     * ``alpha = 1`` or ``ridge = 0`` (rank-b): the inverse ``P_K = R_K^{-1}`` is kept and
       updated by the Woodbury identity, with ``P' = P_K / alpha``,
-      ``P_{K+1} = P' - P' Z^T (I_b + Z P' Z^T)^{-1} Z P'``: one ``b x b`` Cholesky and
-      ``O(b m^2 + b^2 m)`` flops per batch (the RLS filter the paper cites).
+      ``P_{K+1} = P' - P' Z^T (I_b + Z P' Z^T)^{-1} Z P'``: one ``b x b`` Cholesky, the
+      largest eigenvalue of that ``b x b`` matrix and ``O(b m^2 + b^2 m)`` flops per batch
+      (the RLS filter the paper cites), except where a step below refactors ``R_{K+1}``.
     * ``alpha < 1`` and ``ridge > 0`` (full rank): the information matrix ``R_{K+1}`` is
       factored afresh (Cholesky, ``O(m^3 / 3)`` per batch). Woodbury would need the
       inverse of ``alpha R_K + (1 - alpha) ridge I``, itself an ``O(m^3)`` problem.
@@ -85,19 +87,44 @@ class RecursivePrototypes:
     the Woodbury step subtracts a Gram matrix ``X^T X`` (``X = L^{-1} Z P'``, ``L`` the
     Cholesky factor of ``I_b + Z P' Z^T``), which keeps ``P_K`` exactly symmetric.
     ``tests/operators/test_prototypes.py`` reports the drift against the batch solution after
-    2000 updates (about 1e-15 relative, both branches). Two regimes leave this path:
+    2000 updates (about 1e-15 relative, both branches). Three cases leave this path:
 
     * The Woodbury step is skipped for a refactorisation of ``R_{K+1}`` where it cannot be
       trusted: ``P'`` not finite (``P_0 = I / ridge`` for a subnormal ridge),
       ``I_b + Z P' Z^T`` not finite or not definite in float64 (``b > m`` rows after a tiny
       ridge: the ``I_b`` is rounded away next to ``Z P' Z^T``), or more than 4 digits of
-      ``P_{K+1}`` cancelled. ``P_{K+1}`` itself is dropped where it exceeds float64; the
-      update then solves with the factor of ``R_{K+1}``.
+      ``P_{K+1}`` cancelled in some direction (below). ``P_{K+1}`` itself is dropped where
+      it exceeds float64; the update then solves with the factor of ``R_{K+1}``.
+
+      The digits that the subtraction ``P' - X^T X`` cancels: its rounding error is about
+      ``eps ||P'||`` in every entry, while in a direction ``u`` the result is only
+      ``u^T P_{K+1} u``. The loss is ``max_u (u^T P' u) / (u^T P_{K+1} u)``, the largest
+      eigenvalue of ``R_{K+1} P' = I_m + Z^T Z P'`` (``R_{K+1} = alpha R_K + Z^T Z`` on this
+      branch), which is that of the ``b x b`` matrix ``I_b + Z P' Z^T`` already formed.
+      It is not the shrinkage of ``P``'s largest entry: from ``P_0 = I / ridge`` a batch
+      that determines all prototypes cancels about ``log10(||R_1|| / ridge)`` digits in the
+      direction where ``P_1`` is smallest, and ``V_1 = P_1 Z^T Y`` inherits them. The
+      Woodbury step is used while that eigenvalue is at most ``1e4``; in steady state it
+      stays near ``1`` (``Z P_K Z^T`` is the leverage of a new batch next to ``K`` old ones),
+      so the rank-b branch refactors only on the first batches or on a change of scale.
     * The innovation step adds ``R_{K+1}^{-1}(...)`` to ``V_K`` with an error of about
       ``eps |V_K|``: where the prototypes shrink by more than 4 orders of magnitude in one
       step (a batch of a far larger scale than those before), or the step overflows,
       ``V_{K+1}`` is solved from ``R_{K+1} V = alpha R_K V_K + Z^T Y`` instead, whose
       error is that of a batch solve.
+    * Which of those two forms: the innovation form subtracts ``(Z^T Z + (1 - alpha) ridge
+      I) V_K``, the batch form adds ``alpha R_K V_K``; the rounding error of that product,
+      times ``R_{K+1}^{-1}``, is the error of ``V_{K+1}`` (about ``eps ||R_{K+1}^{-1}||
+      ||M|| |V_K|`` for the matrix ``M`` applied). The innovation form is taken while the
+      past outweighs the batch, ``trace(Z^T Z + (1 - alpha) ridge I) <= alpha trace R_K``,
+      which holds in steady state unless ``alpha`` is near or below ``1/2`` (the past
+      weighs about ``alpha / (1 - alpha)`` batches), and there the innovation form's
+      tolerance of errors in ``P_K`` matters; a batch that outweighs the past takes the
+      batch form, solved with the factor of ``R_{K+1}``. On the rank-b branch that costs
+      a Cholesky of ``R_{K+1}`` on such batches: the first ones, a change of scale, and
+      every batch where ``alpha < 1/2`` with ``ridge = 0``. With a batch of ``2^7`` to
+      ``2^13`` times the scale of those before, the innovation form lost 3 to 4 digits
+      more than a solve.
 
     Parameters
     ----------
@@ -218,11 +245,13 @@ class RecursivePrototypes:
                     inverse = _inverse(factor)
             V_next = None
             if definite and (inverse is not None or factor is not None):
-                V_next = _innovation_step(V, gram, cross, shrink, inverse, factor)
+                if _past_outweighs(previous, alpha, gram, shrink):
+                    V_next = _innovation_step(V, gram, cross, shrink, inverse, factor)
                 if V_next is None:
-                    # The step overflowed, or cancelled the digits of V_{K+1} (V shrinks by
-                    # orders of magnitude when a batch of another scale arrives): solve
-                    # R_{K+1} V = alpha R_K V_K + Z^T Y instead, as accurate as a batch solve.
+                    # The batch outweighs the past, or the step overflowed, or cancelled the
+                    # digits of V_{K+1} (V shrinks by orders of magnitude when a batch of
+                    # another scale arrives): solve R_{K+1} V = alpha R_K V_K + Z^T Y
+                    # instead, as accurate as a batch solve.
                     factor = factor if factor is not None else _factor(information)
                     if factor is not None:
                         moment_next = _checked(lambda: alpha * (previous @ V) + cross)
@@ -278,6 +307,15 @@ def _innovation_step(V, gram, cross, shrink, inverse, factor):
     return V_next
 
 
+def _past_outweighs(previous, alpha, gram, shrink) -> bool:
+    """Whether ``trace(Z^T Z + shrink I) <= trace(alpha R_K)``: the innovation form, whose
+    error is that of ``(Z^T Z + shrink I) V_K``, is then the more accurate of the two."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        new = float(np.trace(gram)) + gram.shape[0] * shrink
+        past = alpha * float(np.trace(previous))
+    return bool(new <= past)  # an overflow (inf or nan) takes the batch form
+
+
 def _checked_or_none(compute):
     """``compute()``, or None where it is not finite."""
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -308,7 +346,9 @@ def _woodbury(inverse: np.ndarray | None, Z: np.ndarray) -> np.ndarray | None:
     ``I_b + Z P' Z^T`` overflows or is not definite in float64 (``Z P' Z^T`` of rank
     ``m < b`` with entries so large that the ``I_b`` is rounded away, e.g. after a tiny
     ridge: ``P_0 = I / ridge``), and where the subtraction cancels more than
-    ``_WOODBURY_LOSS`` of the digits of ``P_{K+1}`` (``P'`` far larger than it).
+    ``_WOODBURY_LOSS`` of the digits of ``P_{K+1}`` in some direction: the largest
+    eigenvalue of ``I_b + Z P' Z^T`` (that of ``R_{K+1} P'``, the largest ratio
+    ``u^T P' u / u^T P_{K+1} u``) exceeds it.
     """
     if inverse is None:
         return None
@@ -318,14 +358,16 @@ def _woodbury(inverse: np.ndarray | None, Z: np.ndarray) -> np.ndarray | None:
         return None
     try:
         L = cholesky(inner, lower=True)
+        # Not the diagonal of P' over that of P_{K+1}: from P_0 = 1e6 I, V_1 lost 6 digits
+        # where the largest diagonal entry shrank only 5e3-fold.
+        cancelled = float(eigvalsh(inner, subset_by_index=[inner.shape[0] - 1] * 2)[0])
     except LinAlgError:
+        return None
+    if not cancelled <= _WOODBURY_LOSS:
         return None
     X = solve_triangular(L, ZP, lower=True)
     fresh = _checked_or_none(lambda: inverse - X.T @ X)
-    if fresh is None:
-        return None
-    largest_fresh = float(np.max(np.diag(fresh)))
-    if not largest_fresh > 0.0 or float(np.max(np.diag(inverse))) > _WOODBURY_LOSS * largest_fresh:
+    if fresh is None or not np.all(np.diag(fresh) > 0.0):
         return None
     return fresh
 

@@ -539,6 +539,31 @@ def test_rls_at_mixed_scales_hypothesis(alpha, ridge, exponents, seed):
                         rtol=1e-10)
 
 
+@pytest.mark.parametrize("seed", [200123, 39])
+def test_rls_first_woodbury_step_from_a_small_ridge_is_the_batch_solution(seed):
+    # Found by the hypothesis test above: P_0 = 1e6 I, and one batch of full column rank
+    # gives P_1 = R_1^{-1} with ||R_1|| ~ 2: the Woodbury subtraction cancels ~6 digits in
+    # the direction where P_1 is smallest, though P's largest entry shrinks only 5e3-fold
+    # (below the old 1e4 guard), so V_1 was 2.5e-10 off (seed 39: 1.1e-10). The guard now
+    # measures the largest eigenvalue of I_b + Z P_0 Z^T (2.3e6) and refactors R_1.
+    _check_mixed_scales(1.0, 1e-6, [1.0], seed, rtol=1e-12)
+
+
+@pytest.mark.parametrize("alpha, ridge, exponents, seed, rtol", [
+    (0.9, 0.0, [97, 110], 284199005, 1e-12),            # cond(R_K) <= 155
+    (1.0, 0.0, [131, -68, 82, 134], 1579000847, 1e-12),  # cond(R_K) <= 463
+    (1.0, 1e-300, [-106, -96, -82], 4254561195, 1e-10),  # cond(R_2) = 2.1e5
+])
+def test_rls_batch_that_outweighs_the_past_is_the_batch_solution(alpha, ridge, exponents, seed,
+                                                                 rtol):
+    # A batch 2^7 .. 2^13 times the scale of the last: the innovation form's error is that
+    # of (Z^T Z) V_K times R_{K+1}^{-1}, 2e-11 .. 4e-11 here (4e-8 for the third before the
+    # Woodbury guard measured the right direction); the batch form's is that of
+    # alpha R_K V_K, far lighter (now 1e-15 .. 2e-13). Each rtol is above eps cond(R_K),
+    # what a direct solve may lose. Powers of two: the scaled batches are exact.
+    _check_mixed_scales(alpha, ridge, [float(np.ldexp(1.0, e)) for e in exponents], seed, rtol)
+
+
 def test_rls_below_the_normal_range_is_named_and_leaves_the_state():
     estimator = prototypes.RecursivePrototypes(3, 2, alpha=0.9, ridge=1e-310)
     np.testing.assert_array_equal(estimator.prototypes, 0.0)       # V_0 = 0 exactly
