@@ -202,7 +202,9 @@ def scalar_value(value: Any, reduction: str) -> float:
 def self_euclidean(ns: ArrayNamespace, x: Any) -> tuple[Any, EuclideanContext, Any]:
     """``D_ij = ||x_i - x_j||`` (exact 0 diagonal); ``(D, ctx, ones((n, 1)))``.
 
-    ``ctx`` holds ``x / s`` and ``D / s`` (module docstring), like the reference's.
+    ``ctx`` holds ``x / s`` and ``D / s`` (module docstring), like the reference's. On
+    NumPy nearby pairs are recomputed from explicit differences (coincident rows: exactly
+    0); on CuPy only the diagonal is exact (:mod:`refdml.gpu.distances`).
     """
     xp = ns.xp
     scale = common_scale(xp, x)

@@ -79,14 +79,20 @@ def _divided(xp, array, power_of_two: float):
 
 
 def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel=5):
-    """Solve on the cost divided by one power of two (max |C| in [0.5, 1)); see the reference."""
-    peak = float(xp.max(xp.abs(cost)))                   # one synchronisation on CuPy
+    """Solve on the cost divided by one power of two (max |C| in [0.5, 1)); see the reference.
+
+    One transfer on CuPy reads max |C|, max C and the smallest of the problems' max C (the
+    solver's ``largest`` and ``smallest``, divided on the host by the power of two: exact).
+    """
+    peak, largest, smallest = xp.stack([
+        xp.max(xp.abs(cost)), xp.max(cost), xp.min(xp.max(cost, axis=(1, 2)))]).tolist()
     unit = float(common_scale(np.array(peak)))
     cost = _divided(xp, cost, unit)
     _solver.check_relative_eps(eps / unit, peak / unit, cost.dtype, user_eps=eps,
                                data_name="cost", unit=unit)
     return _solver.solve_batch(xp, a, b, cost, eps=eps / unit, max_iter=max_iter, tol=tol,
-                               eps_scaling=eps_scaling, unit=unit, warn_stacklevel=stacklevel)
+                               eps_scaling=eps_scaling, unit=unit, warn_stacklevel=stacklevel,
+                               largest=largest / unit, smallest=smallest / unit)
 
 
 # --------------------------------------------------------------------------- ground cost

@@ -114,7 +114,11 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
         sq_self = _cloud_sq(xp, scaled[selves], scaled[selves], p, True)
     unit, sq_unit, sq_cross, sq_self = _sq_and_unit(p, scale, name, sq_cross, sq_self)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
-    largest_cross, largest_self = xp.stack([xp.max(cost_cross), xp.max(cost_self)]).tolist()
+    # One transfer: the largest costs and the smallest of the problems' largest costs
+    # (the latter spare the solver's large-eps finish its work where no problem needs it).
+    largest_cross, largest_self, smallest_cross, smallest_self = xp.stack([
+        xp.max(cost_cross), xp.max(cost_self), xp.min(xp.max(cost_cross, axis=(1, 2))),
+        xp.min(xp.max(cost_self, axis=(1, 2)))]).tolist()
     _solver.check_relative_eps(eps / unit, max(largest_cross, largest_self), dtype, user_eps=eps,
                                cost_name=_COST_NAME, data_name=name, unit=unit, p=p)
     solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit,
@@ -122,9 +126,11 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     weights = xp.full((1, n), 1.0 / n, dtype=dtype)
     k, s = sq_cross.shape[0], sq_self.shape[0]
     cross = _solver.solve_batch(xp, xp.repeat(weights, k, 0), xp.repeat(weights, k, 0),
-                                cost_cross, largest=largest_cross, **solve)
+                                cost_cross, largest=largest_cross, smallest=smallest_cross,
+                                **solve)
     self_ = _solver.solve_batch(xp, xp.repeat(weights, s, 0), xp.repeat(weights, s, 0),
-                                cost_self, symmetric=True, largest=largest_self, **solve)
+                                cost_self, symmetric=True, largest=largest_self,
+                                smallest=smallest_self, **solve)
     term = _term(xp, value)
     self_value = xp.zeros(clouds.shape[0], dtype=dtype)
     self_value[selves] = term(self_)

@@ -16,7 +16,10 @@ down to ``eps = 1e-4`` of the largest cost (the check below refuses less). The r
 (L1 error of the row marginal of the plan with columns exact) is free: the row sums of
 ``a_i b_j exp(phi_i + psi_j - S_ij)`` are ``a_i exp(phi_i - phi'_i)`` with ``phi'`` the
 next half step. Symmetric problems (``OT(mu, mu)``) use the averaged update
-``phi <- (phi + T(phi)) / 2`` (Feydy et al.) as the reference does.
+``phi <- (phi + T(phi)) / 2`` (Feydy et al.) as the reference does. A problem whose
+``eps`` exceeds its largest cost ends, as the reference's, with three exact log-domain half
+steps (:func:`_finish_large_eps`; on CuPy without a synchronisation), and the value's
+mass term is summed through ``expm1`` (:func:`batch_value`).
 
 On NumPy the loop runs on kernel scalings instead (:func:`_stage_scaling`, one
 matrix-vector product per half step, :func:`_kernel_half_step`), with the log-domain half
@@ -35,6 +38,7 @@ float32: the marginal error cannot go below the rounding of the exponents,
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +46,12 @@ import numpy as np
 from refdml._compiled._support import select_kernel
 from refdml._compiled.sinkhorn import MAX_POINTS
 from refdml.gpu import _nb_sinkhorn
-from refdml.ot._sinkhorn import _check_schedule_length, _OTBatch, _relative_eps_message
+from refdml.ot._sinkhorn import (
+    _check_schedule_length,
+    _log_weighted_sum_exp,
+    _OTBatch,
+    _relative_eps_message,
+)
 from refdml.ot._small import finish_batch, solve_small_batch
 
 __all__ = ["CHECK_EVERY_GPU", "residual_floor", "solve_batch", "check_relative_eps"]
@@ -323,7 +332,7 @@ def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
 
 def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
                 unit=1.0, want_plan=True, warn_stacklevel=4, small_kernels=False,
-                largest=None, tol_floor=True) -> _OTBatch:
+                largest=None, tol_floor=True, smallest=None) -> _OTBatch:
     """P problems (a (P, n), b (P, m) on the simplex, cost (P, n, m) in units of ``unit``
     with its largest entry in [0.5, 1), ``eps`` in the same units) in one batch.
 
@@ -337,6 +346,12 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     CuPy; same iterations, stopping rule and residual as the loop below) through the
     reference's driver :func:`refdml.ot._small.solve_small_batch`; larger problems, and
     ``use_kernels("array")``, run the array path below.
+
+    Both paths end as the reference's solve does where ``eps`` exceeds a problem's largest
+    cost (:func:`_finish_large_eps`). ``largest`` (max C over the batch) and ``smallest``
+    (the smallest over the problems of their max C) are Python floats a caller may already
+    hold; ``largest`` is read here otherwise (one synchronisation on CuPy), ``smallest``
+    spares CuPy the finish's work where ``eps <= smallest``.
     """
     dtype = cost.dtype
     check_every = CHECK_EVERY_GPU if xp is not np else 1
@@ -360,16 +375,19 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
             schedule.append(level)
             level *= eps_scaling
         schedule.append(eps)
+    if smallest is None and n_problems == 1:
+        smallest = largest                  # max C of the one problem <= its max |C|
     kernel = "array"
     if small_kernels and n_problems and max(n, m) <= MAX_POINTS:
         kernel = select_kernel(cost)
     if kernel != "array":
-        return solve_small_batch(
+        batch = solve_small_batch(
             xp, a, b, cost, schedule=schedule, eps=eps, max_iter=max_iter, tol=tol,
             symmetric=symmetric, unit=unit, absorb=_ABSORB[np.dtype(dtype)],
             warn_stacklevel=warn_stacklevel + 1,
             solve_small=functools.partial(_nb_sinkhorn.solve_small, xp, kernel),
         )
+        return _finish_large_eps(xp, batch, smallest)
     previous = schedule[0]
     for k, level in enumerate(schedule):
         last = k == len(schedule) - 1
@@ -393,15 +411,88 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     if want_plan:
         plan = (log_a + phi)[:, :, None] + (log_b + psi)[:, None, :] - scaled
         xp.exp(plan, out=plan)
-    return finish_batch(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
-                        warn_stacklevel + 1)
+    batch = finish_batch(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
+                         warn_stacklevel + 1)
+    return _finish_large_eps(xp, batch, smallest)
+
+
+def _finish_large_eps(xp, batch: _OTBatch, smallest: float | None, *,
+                      gather: bool | None = None) -> _OTBatch:
+    """The reference's end of a solve (:func:`refdml.ot._sinkhorn._finish_large_eps`) on
+    ``xp``'s arrays: every problem whose ``eps`` exceeds its largest ``|C|`` gets three exact
+    log-domain half steps from ``f``, ``g = G(f)``, ``f = F(g)``, ``g = G(f)``, and its plan
+    from them; the other problems are returned as they are.
+
+    The log-sum-exp is the reference's own (:func:`refdml.ot._sinkhorn._log_weighted_sum_exp`,
+    written for either array module); the selection of problems is this function's.
+    Why (docs/ot.md, Sec. 2): at ``eps >> C`` the iteration holds the potentials only to
+    ``eps ulp`` and ``eps tol``, and each half step contracts that error by
+    ``tanh(max C / (4 eps)) < 1/4``. The potentials here are in units of ``unit`` as the
+    reference's (``batch.f``, ``batch.g``), so the exponents are the reference's
+    ``(f - C) / eps``. ``n_iter``, ``marginal_error`` and ``converged`` stay the stopping
+    rule's, as the reference's.
+
+    Which problems: NumPy gathers them (free). On CuPy that would read a mask back, so no
+    problem is gathered: where the host knows that none needs it (``eps <= smallest``, the
+    smallest over the problems of their largest cost: a caller's Python float, or
+    ``largest`` for one problem) nothing is computed; otherwise every problem's half steps
+    are computed and kept where ``eps > max |C|`` (``where``; three half steps more work,
+    no synchronisation). ``gather``: None picks by ``xp`` (the tests run both on NumPy).
+    """
+    eps, cost = batch.eps, batch.cost
+    if batch.cost.shape[0] == 0 or (smallest is not None and eps <= smallest):
+        return batch
+    far = eps > xp.max(xp.abs(cost), axis=(1, 2))
+    if gather is None:
+        gather = xp is np
+    if gather:
+        if not far.any():
+            return batch
+        rows = far
+    else:
+        rows = slice(None)
+    a, b, cost = batch.a[rows], batch.b[rows], cost[rows]
+    with np.errstate(divide="ignore"):  # a weight below the dtype's tiny: no mass (reference)
+        log_a, log_b = xp.log(a), xp.log(b)
+
+    def g_from(f):
+        return -eps * _log_weighted_sum_exp(log_a[:, :, None], a[:, :, None],
+                                            (f[:, :, None] - cost) / eps, axis=1)
+
+    g = g_from(batch.f[rows])
+    f = -eps * _log_weighted_sum_exp(log_b[:, None, :], b[:, None, :],
+                                     (g[:, None, :] - cost) / eps, axis=2)
+    g = g_from(f)
+    plan = batch.plan
+    if plan is not None:
+        plan = xp.exp(log_a[:, :, None] + log_b[:, None, :]
+                      + (f[:, :, None] + g[:, None, :] - cost) / eps)
+    if gather:
+        f_all, g_all = batch.f.copy(), batch.g.copy()
+        f_all[far], g_all[far] = f, g
+        if plan is not None:
+            plan_all = batch.plan.copy()
+            plan_all[far] = plan
+            plan = plan_all
+    else:
+        f_all = xp.where(far[:, None], f, batch.f)
+        g_all = xp.where(far[:, None], g, batch.g)
+        if plan is not None:
+            plan = xp.where(far[:, None, None], plan, batch.plan)
+    return replace(batch, f=f_all, g=g_all, plan=plan)
 
 
 def batch_value(xp, batch: _OTBatch):
-    """Regularised value ``unit (<a, f> + <b, g> - eps (mass - 1))`` (P,), like the reference."""
-    mass = xp.sum(batch.plan, axis=(1, 2))
+    """Regularised value ``unit (<a, f> + <b, g> - eps (mass - 1))`` (P,), like the reference.
+
+    ``mass - 1`` is summed as ``sum_ij a_i b_j expm1((f_i + g_j - C_ij) / eps)``, as the
+    reference's :attr:`refdml.ot._sinkhorn._OTBatch.value`: at ``eps >> C`` the plan is
+    ``a b^T`` to ``O(C / eps)`` and ``sum(plan) - 1`` would cost ``eps ulp``.
+    """
+    exponent = (batch.f[:, :, None] + batch.g[:, None, :] - batch.cost) / batch.eps
+    excess = xp.einsum("pi,pj,pij->p", batch.a, batch.b, xp.expm1(exponent))
     scaled = xp.sum(batch.a * batch.f, axis=1) + xp.sum(batch.b * batch.g, axis=1)
-    return batch.unit * (scaled - batch.eps * (mass - 1.0))
+    return batch.unit * (scaled - batch.eps * excess)
 
 
 def batch_transport_cost(xp, batch: _OTBatch):

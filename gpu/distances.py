@@ -9,12 +9,15 @@ from the reference's (below), and its helpers shared by the other mirrors
 come from the Gram identity ``|x|^2 + |y|^2 - 2 x y^T`` (one matrix product: the fast
 part) after both sets are divided by one power of two ``s`` held as a 0-d array of the
 input's module (exact, no synchronisation), so the squares stay in range in float32 too.
-Unlike the reference, nearby pairs are not recomputed from explicit differences (that
-needs data-dependent shapes): the absolute error of ``D_ij^2`` is ~ ``eps (|x_i|^2 +
-|y_j|^2)``, i.e. relative to the largest distance it is at the dtype's precision, which
-is what the parity suite measures; a pair closer than ~ ``sqrt(eps) |x|`` is not
-resolved (the reference resolves it). For the distances of a set with itself
-(``self_pairs=True`` in the private kernels, used by the losses) the diagonal is exactly 0.
+The absolute error of ``D_ij^2`` is then ~ ``eps (|x_i|^2 + |y_j|^2)``: relative to the
+largest distance it is at the dtype's precision, but a pair closer than ~ ``sqrt(eps)
+|x|`` is not resolved (coincident rows get ~``sqrt(eps) |x|``, and the gradient
+``(x_i - y_j) / D_ij`` there is O(1) wrong). On NumPy those pairs (``D_ij^2`` below
+``1e-3 (|x_i|^2 + |y_j|^2)``) are recomputed from explicit differences, as the reference
+does (``_refine_nearby``): coincident rows give exactly 0 and nearby ones their digits. On
+CuPy they are not (their count is data-dependent: a synchronisation per call); there
+only the diagonal of a set with itself (``self_pairs=True`` in the private kernels, used
+by the losses) is exactly 0.
 
 ``sq_euclidean`` raises ``ValueError`` where a squared distance exceeds the dtype's range
 (one synchronisation on CuPy, see :mod:`refdml._validation`); ``cosine`` refuses zero
@@ -83,8 +86,16 @@ def common_scale(xp: Any, *arrays: Any) -> Any:
     return xp.where(peak > 0, xp.ldexp(one, exponent), one)
 
 
+# NumPy: squared distances below this fraction of |x_i|^2 + |y_j|^2 are recomputed from
+# explicit differences (the reference's threshold, refdml._numerics._REFINE).
+_REFINE = 1e-3
+# NumPy: most explicit differences (entries) gathered at once while refining.
+_REFINE_CHUNK = 1 << 22
+
+
 def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
-    """Gram-identity squared distances of inputs of magnitude at most 1, clipped at 0."""
+    """Gram-identity squared distances of inputs of magnitude at most 1, clipped at 0;
+    on NumPy the nearby pairs refined (:func:`_refine_nearby`)."""
     x_sq = xp.sum(x * x, axis=-1)
     # ``x is y`` (a set with itself): one norm pass, and ``x @ x.T`` lets BLAS use syrk.
     y_sq = x_sq if y is x else xp.sum(y * y, axis=-1)
@@ -92,11 +103,51 @@ def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
     sq *= sq.dtype.type(-2)
     sq += x_sq[..., :, None]
     sq += y_sq[..., None, :]
+    if xp is np:
+        _refine_nearby(x, y, sq, x_sq, y_sq)
     sq = xp.maximum(sq, sq.dtype.type(0), out=sq)
     if self_pairs:
         diagonal = xp.arange(sq.shape[-1])
         sq[..., diagonal, diagonal] = 0
     return sq
+
+
+def _refine_nearby(x: Any, y: Any, sq: Any, x_sq: Any, y_sq: Any) -> None:
+    """Recompute in place, from explicit differences, the Gram-identity squared distances
+    ``sq`` (NumPy) below ``_REFINE (|x_i|^2 + |y_j|^2)``.
+
+    Why: the identity's absolute error is ~ ``u (|x_i|^2 + |y_j|^2)``, so a pair closer
+    than ~ ``sqrt(u) |x|`` has no correct digit (coincident rows get ~``sqrt(u) |x|``, not
+    0), and a distance's gradient ``(x_i - y_j) / D_ij`` is then wrong by O(1). The
+    reference refines the same pairs (:func:`refdml._numerics.pairwise_norm`); the pairs'
+    count is data-dependent, which costs nothing on NumPy and a synchronisation on CuPy,
+    where the identity is kept (module docstring).
+    """
+    if not sq.size:
+        return
+    lead = sq.shape[:-2]
+    x_sq = np.broadcast_to(x_sq, sq.shape[:-1])
+    y_sq = np.broadcast_to(y_sq, lead + sq.shape[-1:])
+    # Rows that may hold such a pair (a superset: |y_j|^2 <= max |y|^2), by one reduction
+    # pass and no (n, m) temporary; the exact test then on those rows only.
+    rows = np.nonzero(sq.min(axis=-1) <= _REFINE * (x_sq + y_sq.max(axis=-1)[..., None]))
+    if not rows[0].shape[0]:
+        return
+    candidates = sq[rows] <= _REFINE * (x_sq[rows][:, None] + y_sq[rows[:-1]])
+    k, column = np.nonzero(candidates)
+    index = tuple(r[k] for r in rows) + (column,)
+    count = column.shape[0]
+    if not count:
+        return
+    xb = np.broadcast_to(x, lead + x.shape[-2:])
+    yb = np.broadcast_to(y, lead + y.shape[-2:])
+    values = np.empty(count, dtype=sq.dtype)
+    step = max(1, _REFINE_CHUNK // max(1, x.shape[-1]))
+    for start in range(0, count, step):
+        part = tuple(i[start:start + step] for i in index)
+        diff = xb[part[:-2] + (part[-2],)] - yb[part[:-2] + (part[-1],)]
+        values[start:start + step] = np.einsum("kd,kd->k", diff, diff)
+    sq[index] = values
 
 
 def _pairwise_norm(xp: Any, x: Any, y: Any, self_pairs: bool = False) -> Any:

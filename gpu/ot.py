@@ -19,7 +19,14 @@ What differs from the reference (and why)
 * The implicit (``value="transport_cost"``) gradient's pseudo-inverse cuts eigenvalues
   below ``_PINV_RCOND[dtype]`` of the largest (1e-12 float64, 1e-6 float32).
 * Divergences between point clouds use the Gram identity for the squared distances
-  (:func:`refdml.gpu.distances._scaled_sq`, points scaled into the unit ball first).
+  (:func:`refdml.gpu.distances._scaled_sq`, points scaled into the unit ball first; on
+  NumPy its nearby pairs are recomputed from explicit differences as the reference's, on
+  CuPy they are not).
+* Where ``eps`` exceeds a problem's largest cost the solve ends, as the reference's, with
+  three exact log-domain half steps (:func:`refdml.gpu._ot_sinkhorn._finish_large_eps`),
+  and the value's mass term is summed through ``expm1``. On CuPy, where the host cannot
+  tell that no problem of a batch needs them, every problem's half steps are computed and
+  kept where they apply (no synchronisation).
 * float32 and ``p`` beyond its largest number: the forward is the reference's limit (the
   power capped there), the backward a ``ValueError`` (the gradient is ``p`` times a cost).
   A ``tol`` beyond the dtype is applied as its largest number; loss terms whose margin is
@@ -29,7 +36,9 @@ Synchronisation on CuPy (results that reach Python, and checks): the input check
 (finiteness, positive weights; :func:`refdml.gpu.set_finite_checks`) and,
 under the same switch, the finiteness of the gradients w.r.t. given weights and w.r.t.
 the points, the largest cost (for the exact power-of-two rescaling, the eps check and the
-eps-scaling schedule), the largest squared distance (``p`` other than 1 and 2), the
+eps-scaling schedule; read in one transfer with the smallest of the problems' largest
+costs, which tells the large-eps finish whether any problem needs it), the largest squared
+distance (``p`` other than 1 and 2), the
 solver's convergence test every
 :data:`refdml.gpu._ot_sinkhorn.CHECK_EVERY_GPU` iterations, the warning, the Python
 floats the reference returns (one problem's scalars, divergence, loss values, masses),

@@ -27,6 +27,7 @@ import numpy as np
 
 from refdml._numerics import common_scale
 from refdml._validation import as_float_array, check_scalar
+from refdml._xp import array_namespace
 from refdml.exceptions import ConvergenceWarning
 
 __all__ = ["SinkhornResult", "sinkhorn"]
@@ -187,13 +188,17 @@ def _log_weighted_sum_exp(log_w, w, h, axis):
     ``P + log(sum exp(log w + h - P))`` rounds a sum near 1 to an ulp, ``eps ulp`` in the
     potential (``eps / C`` times more). Where ``y < -1/2`` (``h`` spread over units, a small
     weight at its peak) ``log1p`` near -1 would magnify the rounding of ``y``: the usual form.
+    Written for NumPy or CuPy arrays (the fast path's solver ends its solves with it too),
+    in their dtype.
     """
-    peak = h.max(axis=axis, keepdims=True)
-    y = np.sum(w * np.expm1(h - peak), axis=axis)
+    xp = array_namespace(h).xp
+    peak = xp.max(h, axis=axis, keepdims=True)
+    y = xp.sum(w * xp.expm1(h - peak), axis=axis)
     z = log_w + h
-    top = z.max(axis=axis, keepdims=True)
-    usual = np.squeeze(top, axis) + np.log(np.sum(np.exp(z - top), axis=axis))
-    return np.where(y >= -0.5, np.squeeze(peak, axis) + np.log1p(np.maximum(y, -0.5)), usual)
+    top = xp.max(z, axis=axis, keepdims=True)
+    usual = xp.squeeze(top, axis) + xp.log(xp.sum(xp.exp(z - top), axis=axis))
+    near = xp.squeeze(peak, axis) + xp.log1p(xp.maximum(y, -0.5))
+    return xp.where(y >= -0.5, near, usual)
 
 
 def _finish_large_eps(log_a, a, b, cost, eps, f, g, plan):

@@ -107,3 +107,47 @@ def test_gradients_of_subnormal_rows_give_the_references_message():
     assert messages[0] == messages[1] and messages[2] == messages[3]
     assert messages[0].startswith("the gradient with respect to x overflows float64 at row 2")
     assert messages[2].startswith("the gradient with respect to x overflows float64 at row 2")
+
+
+@pytest.mark.parametrize("dtype, offset", [(np.float64, 1e-9), (np.float32, 1e-5)])
+def test_coincident_and_nearby_pairs_are_the_references_on_numpy(monkeypatch, dtype, offset):
+    # The Gram identity's absolute error ~ u (|x|^2 + |y|^2) leaves a pair closer than
+    # ~sqrt(u) |x| without a digit (coincident rows could get ~sqrt(u) |x|, not 0; the
+    # gradient (x_i - y_j) / D_ij was O(1) off). On NumPy those pairs are recomputed from
+    # explicit differences, as the reference does. Offsets: well below sqrt(u) relative,
+    # representable. The backward (the reference's formula, w.sum() x - w @ y) cancels
+    # at a nearby pair to ~u / offset relative (float32 here against the float64
+    # reference: measured 0.17 of that; 0.18 norm-wise without the refinement, either dtype).
+    from refdml.gpu import _loss_kernels
+    from refdml._xp import array_namespace
+
+    rng = np.random.default_rng(80)
+    x = (10.0 + 3.0 * rng.standard_normal((6, 4))).astype(dtype)
+    y = np.concatenate([x[:2], x[2:4] * (1 + offset * rng.choice([-1, 1], (2, 4))),
+                        rng.standard_normal((2, 4))]).astype(dtype)
+    want, want_ctx = ref_distances.euclidean_forward(x.astype(np.float64), y.astype(np.float64))
+    upstream = rng.standard_normal(want.shape)
+    want_grads = ref_distances.euclidean_backward(want_ctx, upstream)
+    u = float(np.finfo(dtype).eps)
+
+    def errors():
+        got, ctx = distances.euclidean_forward(x, y)
+        grads = distances.euclidean_backward(ctx, upstream.astype(dtype))
+        nearby = np.max(np.abs(got - want)[[2, 3], [2, 3]] / want[[2, 3], [2, 3]])
+        gradient = max(np.max(np.abs(g - w)) / np.max(np.abs(w))
+                       for g, w in ((grads.x, want_grads.x), (grads.y, want_grads.y)))
+        return got, nearby, gradient
+
+    got, nearby, gradient = errors()
+    # Identical rows: the refined value is a sum of squares of exact zero differences.
+    assert np.all(got[[0, 1], [0, 1]] == 0)
+    assert_allclose(got, want, rtol=64 * u)
+    assert nearby <= 64 * u and gradient <= u / offset, (nearby, gradient)
+    # The losses' distances of a set with itself: duplicate rows exactly 0 there too.
+    duplicated = np.concatenate([x, x[:2]])
+    distance, _, _ = _loss_kernels.self_euclidean(array_namespace(duplicated), duplicated)
+    assert np.all(distance[[0, 1], [6, 7]] == 0) and np.all(distance[[6, 7], [0, 1]] == 0)
+    # Without the refinement the nearby pairs and the gradient fail (the check can fail).
+    monkeypatch.setattr(distances, "_REFINE", -1.0)
+    _, nearby, gradient = errors()
+    assert nearby > 0.1 and gradient > u / offset, (nearby, gradient)

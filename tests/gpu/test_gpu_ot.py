@@ -372,3 +372,78 @@ def test_weight_gradient_where_points_coincide_is_the_references(value):
     difference = got_grads.b - want_grads.b
     assert_allclose(difference - difference.mean(), 0.0, atol=rounding)
     assert_allclose(got_grads.a, want_grads.a, rtol=0, atol=1e-9 * np.abs(want_grads.a).max())
+
+
+def _mixed_scale_problems(rng, scales=(1.0, 1e-4, 1e-10), n=5, m=4):
+    """A batch whose problems' largest costs are ``scales`` times that of the first: at
+    eps = 1e-2 of the largest cost the first is solved as usual, the others have eps
+    1e2 and 1e8 times their largest cost (the large-eps finish applies to them only)."""
+    x, y = rng.standard_normal((len(scales), n, 2)), rng.standard_normal((len(scales), m, 2))
+    cost = np.sum((x[:, :, None] - y[:, None]) ** 2, axis=-1)
+    cost *= (np.asarray(scales) / cost.max(axis=(1, 2)))[:, None, None]
+    a, b = rng.uniform(0.5, 1.0, (len(scales), n)), rng.uniform(0.5, 1.0, (len(scales), m))
+    return a, b, cost, 1e-2
+
+
+def test_large_eps_finish_is_the_references(monkeypatch):
+    # The reference ends a solve whose eps exceeds the problem's largest cost with three
+    # exact log-domain half steps and sums the value's mass term through expm1
+    # (refdml/ot/_sinkhorn.py, docs/ot.md Sec. 2); without them the fast path's weight
+    # gradients were ~1e-7 (here) to 7e-5 (ot.sinkhorn_divergence's "large eps" case) off,
+    # with them ~4e-15.
+    a, b, cost, eps = _mixed_scale_problems(np.random.default_rng(70))
+    args = dict(eps=eps, tol=1e-12, max_iter=20000)
+    upstream = np.random.default_rng(71).standard_normal(cost.shape[0])
+
+    def run(module):
+        value, ctx = module.entropic_ot_forward(a, b, cost, **args)
+        grads = module.entropic_ot_backward(ctx, upstream)
+        return value, grads.a, grads.b, grads.cost
+
+    def errors(got, want):
+        # Per problem, relative to the problem's largest entry: the problems' scales differ
+        # by 1e8.
+        return [float(np.max(np.abs(g[p] - w[p])) / np.max(np.abs(w[p])))
+                for g, w in zip(got, want) for p in range(cost.shape[0])]
+
+    want = run(reference)
+    assert max(errors(run(fast), want)) < 1e-10
+    # The same comparison fails without the finish (the check can fail).
+    monkeypatch.setattr(_ot_sinkhorn, "_finish_large_eps", lambda xp, batch, smallest: batch)
+    assert max(errors(run(fast), want)) > 1e-10
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_large_eps_finish_gathered_or_selected(monkeypatch, dtype):
+    # NumPy gathers the problems whose eps exceeds their largest cost; CuPy computes every
+    # problem's half steps and keeps them there (where), so as not to read a mask back.
+    # Both are held to the reference's finish on the same unfinished batch.
+    from refdml.ot import _sinkhorn as ref_sinkhorn
+
+    a, b, cost, eps = _mixed_scale_problems(np.random.default_rng(72))
+    a, b = a / a.sum(axis=1, keepdims=True), b / b.sum(axis=1, keepdims=True)
+    cost = cost / (1.25 * cost.max())            # the solver's units: largest in [0.5, 1)
+    finish = _ot_sinkhorn._finish_large_eps
+    monkeypatch.setattr(_ot_sinkhorn, "_finish_large_eps", lambda xp, batch, smallest: batch)
+    raw = _quiet_call(lambda: _ot_sinkhorn.solve_batch(
+        np, a.astype(dtype), b.astype(dtype), cost.astype(dtype), eps=eps * 0.8,
+        max_iter=20000, tol=1e-12, eps_scaling=None))
+    far = raw.eps > np.abs(raw.cost).max(axis=(1, 2))
+    assert far.tolist() == [False, True, True]
+    gathered = finish(np, raw, None, gather=True)
+    selected = finish(np, raw, None, gather=False)
+    f, g, plan = ref_sinkhorn._finish_large_eps(
+        np.log(raw.a.astype(np.float64)), raw.a.astype(np.float64), raw.b.astype(np.float64),
+        raw.cost.astype(np.float64), raw.eps, raw.f.astype(np.float64),
+        raw.g.astype(np.float64), raw.plan.astype(np.float64))
+    rtol = 1e-13 if dtype == np.float64 else 1e-5
+    for batch in (gathered, selected):
+        assert batch.f.dtype == dtype and batch.plan.dtype == dtype
+        for got, want in ((batch.f, f), (batch.g, g), (batch.plan, plan)):
+            assert_allclose(got[far], want[far], rtol=rtol, atol=rtol * np.abs(want[far]).max())
+        # The problem that needs no finish is returned as it was: copied (gather) or
+        # selected by where from the unchanged arrays, so bit for bit.
+        for got, before in ((batch.f, raw.f), (batch.g, raw.g), (batch.plan, raw.plan)):
+            assert np.array_equal(got[~far], before[~far])
+    # A caller that knows no problem needs it (eps <= smallest) gets the batch back.
+    assert finish(np, raw, 1.0) is raw

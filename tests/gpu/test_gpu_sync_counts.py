@@ -176,6 +176,43 @@ def test_the_sinkhorn_loop_synchronises_once_per_check():
 
 
 @standin
+@pytest.mark.parametrize("small_kernels", [False, True])
+def test_the_large_eps_finish_adds_no_synchronisation(small_kernels):
+    # gpu/_ot_sinkhorn._finish_large_eps: on CuPy the problems whose eps exceeds their
+    # largest cost are not gathered (a mask index reads its count back): every problem's
+    # half steps are computed and kept by where. A batch with and without such problems
+    # synchronises alike, and agrees with NumPy's solve, which gathers them.
+    from refdml.gpu import _ot_sinkhorn as solver
+
+    cupy = _cupy()
+    rng = np.random.default_rng(4)
+    n_problems, n, m, eps = 6, 5, 4, 0.05
+    a = np.full((n_problems, n), 1.0 / n)
+    b = np.full((n_problems, m), 1.0 / m)
+    args = dict(eps=eps, max_iter=2000, tol=1e-12, eps_scaling=None, small_kernels=small_kernels)
+    counts = []
+    # Problems' largest costs all above eps, then from 0.8 down to 8e-9 (eps exceeds 4 of them).
+    for scales in (np.ones(n_problems), np.logspace(0, -8, n_problems)):
+        cost = rng.random((n_problems, n, m)) * scales[:, None, None]
+        cost /= 1.25 * cost.max()
+        want = solver.solve_batch(np, a, b, cost, **args)
+        with use_kernels("cuda" if small_kernels else "array"):
+            got, counter = _counted(lambda: solver.solve_batch(
+                cupy, cupy.asarray(a), cupy.asarray(b), cupy.asarray(cost), **args))
+        counts.append((counter["float"], counter["shape"], counter.total - counter["int"]))
+        # The plan and the value: the potentials' gauge constant differs between the two
+        # loops (log domain here, kernel scalings on NumPy) by rounding. Per problem (scales
+        # 1 .. 1e-8); 1e-10: both loops stop at tol 1e-12, the finish is exact to ~1e-15.
+        got_value = solver.batch_value(cupy, got).get()
+        np.testing.assert_allclose(got_value, solver.batch_value(np, want), rtol=1e-10)
+        for p in range(n_problems):
+            np.testing.assert_allclose(got.plan[p].get(), want.plan[p], rtol=1e-10,
+                                       atol=1e-10 * want.plan[p].max())
+    # The largest cost (one float) and the loop's checks (ints), no mask read, either way.
+    assert counts == [(1, 0, 1), (1, 0, 1)], counts
+
+
+@standin
 def test_pair_losses_synchronise_for_their_pairs_only():
     # gpu/ot.py: "the sizes of the unique pairs (two unique) and the list of triplets (one
     # nonzero) of the losses"; the pairs i < j are built on the host, the gradient of the
