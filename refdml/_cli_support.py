@@ -15,7 +15,22 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["check_output_paths", "seed", "select", "text_table"]
+__all__ = ["at_least", "check_output_paths", "seed", "select", "text_table"]
+
+
+def at_least(name: str, low: int = 1):
+    """An argparse ``type`` for the flag ``name``: an integer ``>= low``, refused with the
+    flag and the value (``--seeds == 0, must be an integer >= 1``)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} == {text!r}, must be an integer >= {low}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{name} == {value}, must be an integer >= {low}")
+        return value
+    return parse
 
 
 def seed(text: str) -> int:

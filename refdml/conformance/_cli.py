@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from refdml._cli_support import check_output_paths
+from refdml._cli_support import at_least, check_output_paths
 from refdml._io import write_json_atomic
 from refdml._validation import _describe
 from refdml.catalog import all_operators
@@ -68,16 +68,6 @@ class UsageError(Exception):
     """A bad argument of ``refdml conform``; the message names the flag and the value."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (>= 1)")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``refdml conform``."""
     parser.add_argument("implementation", metavar="IMPLEMENTATION",
@@ -96,12 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adapter(impl, inputs) -> outputs, from refdml's signature to yours")
     parser.add_argument("--device", default=None,
                         help="the framework's device, e.g. 'cuda' (default: its default)")
-    parser.add_argument("--seeds", type=_positive, metavar="N",
+    parser.add_argument("--seeds", type=at_least("--seeds"), metavar="N",
                         help="seeds of the catalogue's input maker (default: "
                              f"{_DEFAULTS['seeds']})")
     parser.add_argument("--no-search", action="store_true",
                         help="skip the hypothesis search for a minimal disagreement")
-    parser.add_argument("--max-examples", type=_positive, metavar="N",
+    parser.add_argument("--max-examples", type=at_least("--max-examples"), metavar="N",
                         help="examples of the hypothesis search (default: "
                              f"{_DEFAULTS['max_examples']})")
     parser.add_argument("--json", metavar="PATH",

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from refdml._cli_support import at_least
 from refdml.reproduce._stats import VERDICT_MEANINGS
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "run"]
@@ -17,19 +18,6 @@ DESCRIPTION = ("Train the papers' experiments at small scale (refdml.train) over
                "(docs/reproduce.md).")
 
 DEFAULT_CACHE = ".refdml-cache/reproduce"
-
-
-def _positive_int(name: str, low: int = 1):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name} == {text!r}, must be an integer >= {low}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{name} == {value}, must be an integer >= {low}")
-        return value
-    return parse
 
 
 def _epilog() -> str:
@@ -56,12 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="print the experiments and exit")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--report", metavar="DIR", help="write a Markdown report with figures here")
-    parser.add_argument("--workers", type=_positive_int("--workers"), default=2,
+    parser.add_argument("--workers", type=at_least("--workers"), default=2,
                         help="worker processes of the embedded Dask LocalCluster (default 2)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="use this running Dask scheduler (tcp://host:port) instead of a "
                              "LocalCluster; its workers need refdml installed")
-    parser.add_argument("--seeds", type=_positive_int("--seeds", 2), default=None,
+    parser.add_argument("--seeds", type=at_least("--seeds", 2), default=None,
                         help="seeds per run (default: 5 with --quick, 10 without)")
     parser.add_argument("--cache", metavar="DIR", default=DEFAULT_CACHE,
                         help=f"finished tasks are kept here (default {DEFAULT_CACHE}); a re-run "

@@ -233,7 +233,7 @@ def test_a_module_that_fails_to_import_is_a_usage_error(tmp_path, monkeypatch, c
 @pytest.mark.parametrize("argv, fragment", [
     (["--framework", "tensorflow"], "argument --framework: invalid choice: 'tensorflow'"),
     (["--framework", "numpy", "--dtype", "bfloat16"], "argument --dtype: invalid choice"),
-    (["--framework", "numpy", "--seeds", "0"], "argument --seeds: 0 is not a positive"),
+    (["--framework", "numpy", "--seeds", "0"], "argument --seeds: --seeds == 0, must be an integer >= 1"),
 ])
 def test_argparse_refuses_unknown_choices_with_exit_2(pair_module, capsys, argv, fragment):
     with pytest.raises(SystemExit) as exited:
