@@ -135,6 +135,16 @@ def _to_points(ns, gradient, unit: float, scale: float, sq_unit: float, name: st
     return out
 
 
+def left_range_message(dtype_name: str) -> str:
+    """The ValueError of a transport-cost gradient whose implicit solve itself came out
+    non-finite: float32 at a small eps against the costs, where the system's eigenvalues
+    (~``exp(-C / eps)``) have no finite inverse; not an overflow of the gradient."""
+    return (f"the gradients of value='transport_cost' are not finite in {dtype_name} at these "
+            f"inputs: their implicit system has eigenvalues ~exp(-C / eps) without a finite "
+            f"inverse in {dtype_name} (eps small against the costs); use float64, or a larger "
+            f"eps")
+
+
 def _scaled_points(xp, *arrays):
     """``(scale, arrays / scale ...)``: the reference's power of two (``common_scale``) and the
     arrays divided by it (exact, :func:`_divided`)."""
@@ -191,9 +201,13 @@ def _transport_cost_vjp(xp, batch: _OTBatch):
     rhs = v - (xp.swapaxes(plan, 1, 2) @ (u / a)[:, :, None])[:, :, 0]
     eigval, eigvec = xp.linalg.eigh(schur)
     keep = eigval > _PINV_RCOND[np.dtype(plan.dtype)] * eigval[:, -1:]
-    inv = xp.where(keep, 1.0 / xp.where(keep, eigval, 1.0), 0.0).astype(plan.dtype)
-    coeff = (xp.swapaxes(eigvec, 1, 2) @ rhs[:, :, None])[:, :, 0]
-    z = (eigvec @ (inv * coeff)[:, :, None])[:, :, 0]
+    # Eigenvalues below the dtype's normal range (float32 at eps ~ C / 100: couplings of
+    # e^-94) have no finite inverse: the products come out inf/NaN, and the callers'
+    # finiteness checks name it (ValueError) rather than a warning here.
+    with np.errstate(over="ignore", invalid="ignore"):
+        inv = xp.where(keep, 1.0 / xp.where(keep, eigval, 1.0), 0.0).astype(plan.dtype)
+        coeff = (xp.swapaxes(eigvec, 1, 2) @ rhs[:, :, None])[:, :, 0]
+        z = (eigvec @ (inv * coeff)[:, :, None])[:, :, 0]
     w = (u - (plan @ z[:, :, None])[:, :, 0]) / a
     d_cost = plan * (1.0 + (w[:, :, None] + z[:, None, :] - cost) * (1.0 / eps))
     return d_cost, w, z

@@ -96,6 +96,7 @@ from refdml.gpu._ot_common import (
     _to_points,
     _unbatch,
     _weight_vector,
+    left_range_message,
 )
 from refdml.gpu._ot_pairs import (
     pairwise_sinkhorn_divergence,
@@ -267,6 +268,22 @@ def sinkhorn_divergence_backward(ctx: SinkhornDivergenceContext, d_value) -> Sin
     dx1, dx2 = _ground_cost_backward(xp, x, x, ctx.sq_xx, p, d_cost)
     d_cost, db1, db2 = _ot_vjp(xp, ctx.yy, ctx.value, half)
     dy1, dy2 = _ground_cost_backward(xp, y, y, ctx.sq_yy, p, d_cost)
+    try:
+        return _divergence_grads(ns, ctx, (da_xy, da1, da2), (db_xy, db1, db2),
+                                 (dx_xy, dx1, dx2), (dy_xy, dy1, dy2))
+    except ValueError:
+        # Named after its cause where the transport cost's implicit solve came out NaN
+        # (an overflow of the gradient gives inf; this check runs only on the error path).
+        if ctx.value == "transport_cost" and any(
+                bool(xp.any(xp.isnan(v))) for v in (da_xy, da1, da2, db_xy, db1, db2)):
+            raise ValueError(left_range_message(np.dtype(ctx.x.dtype).name)) from None
+        raise
+
+
+def _divergence_grads(ns, ctx, da, db, dx, dy) -> SinkhornDivergenceGrads:
+    xp, p = ns.xp, ctx.p
+    (da_xy, da1, da2), (db_xy, db1, db2) = da, db
+    (dx_xy, dx1, dx2), (dy_xy, dy1, dy2) = dx, dy
     grad_a = grad_b = None
     if ctx.weights_given:
         grad_a = _weight_gradient(ns, (da_xy + da1 + da2)[0], ctx.a_mass, "a")

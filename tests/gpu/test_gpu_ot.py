@@ -447,3 +447,22 @@ def test_large_eps_finish_gathered_or_selected(monkeypatch, dtype):
             assert np.array_equal(got[~far], before[~far])
     # A caller that knows no problem needs it (eps <= smallest) gets the batch back.
     assert finish(np, raw, 1.0) is raw
+
+
+@pytest.mark.parametrize("weights", [True, False], ids=["weights", "uniform"])
+def test_a_float32_transport_cost_gradient_out_of_range_is_named_not_called_an_overflow(weights):
+    # The catalogue's small-eps case (eps = max C / 100): the implicit system of the
+    # transport cost has eigenvalues ~1e-41, float32 subnormals without a finite inverse.
+    # The ValueError says so (not "overflows ... rescale a" / "use a smaller p"), and no
+    # RuntimeWarning escapes first.
+    from refdml.catalog import get
+
+    spec = get("ot.sinkhorn_divergence_transport_cost")
+    case = {c.name: c for c in spec.reference_inputs(np.random.default_rng(0))}[
+        "small eps (1/100 of the largest cost)"]
+    inputs = {k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype.kind == "f"
+              else v for k, v in case.inputs.items() if weights or k not in ("a", "b")}
+    _, ctx = fast.sinkhorn_divergence_forward(**inputs)
+    with pytest.raises(ValueError, match="gradients of value='transport_cost' are not finite "
+                                         "in float32 at these inputs"):
+        fast.sinkhorn_divergence_backward(ctx, np.float32(1.0))
