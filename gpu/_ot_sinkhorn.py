@@ -48,7 +48,8 @@ from refdml._compiled.sinkhorn import MAX_POINTS
 from refdml.gpu import _nb_sinkhorn
 from refdml.ot._sinkhorn import (
     _check_schedule_length,
-    _log_weighted_sum_exp,
+    _large_eps_half_steps,
+    _mass_excess,
     _OTBatch,
     _relative_eps_message,
 )
@@ -423,7 +424,7 @@ def _finish_large_eps(xp, batch: _OTBatch, smallest: float | None, *,
     log-domain half steps from ``f``, ``g = G(f)``, ``f = F(g)``, ``g = G(f)``, and its plan
     from them; the other problems are returned as they are.
 
-    The log-sum-exp is the reference's own (:func:`refdml.ot._sinkhorn._log_weighted_sum_exp`,
+    The half steps are the reference's own (:func:`refdml.ot._sinkhorn._large_eps_half_steps`,
     written for either array module); the selection of problems is this function's.
     Why (docs/ot.md, Sec. 2): at ``eps >> C`` the iteration holds the potentials only to
     ``eps ulp`` and ``eps tol``, and each half step contracts that error by
@@ -455,18 +456,8 @@ def _finish_large_eps(xp, batch: _OTBatch, smallest: float | None, *,
     with np.errstate(divide="ignore"):  # a weight below the dtype's tiny: no mass (reference)
         log_a, log_b = xp.log(a), xp.log(b)
 
-    def g_from(f):
-        return -eps * _log_weighted_sum_exp(log_a[:, :, None], a[:, :, None],
-                                            (f[:, :, None] - cost) / eps, axis=1)
-
-    g = g_from(batch.f[rows])
-    f = -eps * _log_weighted_sum_exp(log_b[:, None, :], b[:, None, :],
-                                     (g[:, None, :] - cost) / eps, axis=2)
-    g = g_from(f)
-    plan = batch.plan
-    if plan is not None:
-        plan = xp.exp(log_a[:, :, None] + log_b[:, None, :]
-                      + (f[:, :, None] + g[:, None, :] - cost) / eps)
+    f, g, plan = _large_eps_half_steps(log_a, a, log_b, b, cost, eps, batch.f[rows],
+                                       want_plan=batch.plan is not None)
     if gather:
         f_all, g_all = batch.f.copy(), batch.g.copy()
         f_all[far], g_all[far] = f, g
@@ -489,8 +480,7 @@ def batch_value(xp, batch: _OTBatch):
     reference's :attr:`refdml.ot._sinkhorn._OTBatch.value`: at ``eps >> C`` the plan is
     ``a b^T`` to ``O(C / eps)`` and ``sum(plan) - 1`` would cost ``eps ulp``.
     """
-    exponent = (batch.f[:, :, None] + batch.g[:, None, :] - batch.cost) / batch.eps
-    excess = xp.einsum("pi,pj,pij->p", batch.a, batch.b, xp.expm1(exponent))
+    excess = _mass_excess(batch.a, batch.b, batch.f, batch.g, batch.cost, batch.eps)
     scaled = xp.sum(batch.a * batch.f, axis=1) + xp.sum(batch.b * batch.g, axis=1)
     return batch.unit * (scaled - batch.eps * excess)
 

@@ -128,8 +128,7 @@ class _OTBatch:
         # mass (exactly so after a column update). mass - 1 is summed as
         # sum a_i b_j expm1((f_i + g_j - C_ij) / eps), not as sum(plan) - 1: at eps >> C the
         # plan is a b^T to ~C / eps and sum(plan) - 1 would cost eps * ulp (docs/ot.md).
-        exponent = (self.f[:, :, None] + self.g[:, None, :] - self.cost) / self.eps
-        excess = np.einsum("pi,pj,pij->p", self.a, self.b, np.expm1(exponent))
+        excess = _mass_excess(self.a, self.b, self.f, self.g, self.cost, self.eps)
         scaled = (np.einsum("pi,pi->p", self.a, self.f) + np.einsum("pj,pj->p", self.b, self.g)
                   - self.eps * excess)
         return self.unit * scaled
@@ -225,19 +224,40 @@ def _finish_large_eps(log_a, a, b, cost, eps, f, g, plan):
     log_a, a, cost, b = log_a[far], a[far], cost[far], b[far]
     with np.errstate(divide="ignore"):  # a weight below 2^-1074 after normalising: no mass
         log_b = np.log(b)
+    f[far], g[far], plan[far] = _large_eps_half_steps(log_a, a, log_b, b, cost, eps, f[far])
+    return f, g, plan
+
+
+def _large_eps_half_steps(log_a, a, log_b, b, cost, eps, f, *, want_plan=True):
+    """``(f, g, plan)`` after the half steps ``g = G(f)``, ``f = F(g)``, ``g = G(f)`` of
+    :func:`_finish_large_eps` (P problems, ``log_a``/``log_b`` the weights' logs; ``plan``
+    None without ``want_plan``), on NumPy or CuPy arrays: the fast path's solver ends
+    with them too."""
+    xp = array_namespace(f).xp
 
     def g_from(f):
         return -eps * _log_weighted_sum_exp(log_a[:, :, None], a[:, :, None],
                                             (f[:, :, None] - cost) / eps, axis=1)
 
-    g_far = g_from(f[far])
-    f_far = -eps * _log_weighted_sum_exp(log_b[:, None, :], b[:, None, :],
-                                         (g_far[:, None, :] - cost) / eps, axis=2)
-    g_far = g_from(f_far)
-    f[far], g[far] = f_far, g_far
-    plan[far] = np.exp(log_a[:, :, None] + log_b[:, None, :]
-                       + (f_far[:, :, None] + g_far[:, None, :] - cost) / eps)
+    g = g_from(f)
+    f = -eps * _log_weighted_sum_exp(log_b[:, None, :], b[:, None, :],
+                                     (g[:, None, :] - cost) / eps, axis=2)
+    g = g_from(f)
+    plan = None
+    if want_plan:
+        plan = xp.exp(log_a[:, :, None] + log_b[:, None, :]
+                      + (f[:, :, None] + g[:, None, :] - cost) / eps)
     return f, g, plan
+
+
+def _mass_excess(a, b, f, g, cost, eps):
+    """``mass - 1`` of the plan ``a_i b_j exp((f_i + g_j - C_ij) / eps)`` (P,), summed as
+    ``sum a_i b_j expm1(...)``: at ``eps >> C`` the plan is ``a b^T`` to ``O(C / eps)`` and
+    ``sum(plan) - 1`` would cost ``eps ulp``. NumPy or CuPy arrays (the fast path's value
+    uses it too)."""
+    xp = array_namespace(f).xp
+    exponent = (f[:, :, None] + g[:, None, :] - cost) / eps
+    return xp.einsum("pi,pj,pij->p", a, b, xp.expm1(exponent))
 
 
 def _stage(log_a, a, b, cost, eps, f, g, *, tol, max_iter, want_plan, symmetric):
