@@ -29,7 +29,7 @@ import cupy
 import numpy as np
 
 from refdml._validation import check_float_dtype
-from refdml.conformance._protocol import Evaluation, StructureError, flatten_outputs, named_gradient
+from refdml.conformance._protocol import Evaluation, run_pair
 
 __all__ = ["CupyFramework", "make_framework"]
 
@@ -76,30 +76,12 @@ class CupyFramework:
         """Run the pair's forward (``call(inputs)``) and, unless ``cotangents`` is None, its
         backward with the cotangents copied to the device, each in its output's dtype.
 
-        ``StructureError`` where the forward does not return a pair ``(outputs, ctx)`` or
-        an output is not a real array or number.
+        ``StructureError`` (:mod:`refdml.conformance._protocol`) where the forward does not
+        return a pair ``(outputs, ctx)`` or an output is not a real array or number.
         """
         with cupy.cuda.Device(self.device_id):
-            returned = call(dict(inputs))
-            if not (isinstance(returned, tuple) and len(returned) == 2):
-                raise StructureError(
-                    "a CuPy implementation returns a pair (outputs, ctx) in the pair "
-                    f"protocol, got {type(returned).__name__}"
-                    + (f" of length {len(returned)}" if isinstance(returned, tuple) else ""))
-            outputs, ctx = returned
-            arrays = flatten_outputs(outputs, _to_host)
-            if cotangents is None:
-                return Evaluation(arrays, None)
-            upstream = [
-                cupy.asarray(np.asarray(c, dtype=out.dtype if out.dtype.kind == "f"
-                                        else np.float64).reshape(np.shape(c)))
-                for c, out in zip(cotangents, arrays)
-            ]
-            grads = self.backward(ctx, *upstream)
-            return Evaluation(arrays, {
-                name: None if (g := named_gradient(grads, name)) is None else _to_host(g)
-                for name in wrt
-            })
+            return run_pair(call, inputs, wrt, cotangents, self.backward, label="CuPy",
+                            to_host=_to_host, to_device=cupy.asarray)
 
 
 def make_framework(*, backward: Callable[..., Any], device: str | None = None) -> CupyFramework:

@@ -30,6 +30,7 @@ from refdml.conformance._protocol import (
     StructureError,
     flatten_outputs,
     named_gradient,
+    run_pair,
 )
 
 __all__ = ["FRAMEWORKS", "Evaluation", "Framework", "NumpyFramework", "StructureError",
@@ -93,23 +94,5 @@ class NumpyFramework:
         return value.copy()
 
     def run(self, call, inputs, wrt, cotangents) -> Evaluation:
-        returned = call(dict(inputs))
-        if not (isinstance(returned, tuple) and len(returned) == 2):
-            raise StructureError(
-                f"a NumPy implementation returns a pair (outputs, ctx) in the pair "
-                f"protocol, got {type(returned).__name__}"
-                + (f" of length {len(returned)}" if isinstance(returned, tuple) else ""))
-        outputs, ctx = returned
-        arrays = flatten_outputs(outputs, np.asarray)
-        if cotangents is None:
-            return Evaluation(arrays, None)
-        upstream = [
-            np.asarray(c, dtype=out.dtype if np.issubdtype(out.dtype, np.floating)
-                       else np.float64).reshape(np.shape(c))
-            for c, out in zip(cotangents, arrays)
-        ]
-        grads = self.backward(ctx, *upstream)
-        return Evaluation(arrays, {
-            name: None if (g := named_gradient(grads, name)) is None else np.asarray(g)
-            for name in wrt
-        })
+        return run_pair(call, inputs, wrt, cotangents, self.backward, label="NumPy",
+                        to_host=np.asarray, to_device=lambda array: array)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 __all__ = ["FRAMEWORKS", "Evaluation", "Framework", "StructureError", "flatten_outputs",
-           "named_gradient"]
+           "named_gradient", "run_pair"]
 
 #: The frameworks :func:`refdml.conformance.check_implementation` accepts.
 FRAMEWORKS = ("torch", "jax", "numpy", "cupy")
@@ -97,3 +97,33 @@ def named_gradient(grads: Any, name: str) -> Any:
     if isinstance(grads, Mapping):
         return grads.get(name)
     return getattr(grads, name, None)
+
+
+def run_pair(call, inputs, wrt, cotangents, backward, *, label: str,
+             to_host: Callable[[Any], np.ndarray],
+             to_device: Callable[[np.ndarray], Any]) -> Evaluation:
+    """One run of an implementation in refdml's pair protocol (the NumPy and CuPy
+    frameworks): ``call(inputs) -> (outputs, ctx)`` and, unless ``cotangents`` is None,
+    ``backward(ctx, *upstream)`` with each cotangent in its output's dtype, moved by
+    ``to_device``; outputs and gradients come back through ``to_host``. ``StructureError``
+    where the forward does not return a pair (``label`` names the framework)."""
+    returned = call(dict(inputs))
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        raise StructureError(
+            f"a {label} implementation returns a pair (outputs, ctx) in the pair "
+            f"protocol, got {type(returned).__name__}"
+            + (f" of length {len(returned)}" if isinstance(returned, tuple) else ""))
+    outputs, ctx = returned
+    arrays = flatten_outputs(outputs, to_host)
+    if cotangents is None:
+        return Evaluation(arrays, None)
+    upstream = [
+        to_device(np.asarray(c, dtype=out.dtype if np.issubdtype(out.dtype, np.floating)
+                             else np.float64).reshape(np.shape(c)))
+        for c, out in zip(cotangents, arrays)
+    ]
+    grads = backward(ctx, *upstream)
+    return Evaluation(arrays, {
+        name: None if (g := named_gradient(grads, name)) is None else to_host(g)
+        for name in wrt
+    })
