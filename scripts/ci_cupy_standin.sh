@@ -14,6 +14,7 @@
 #   crosscheck the CPU vs "GPU" training trajectories (tests/train/test_train_crosscheck.py) on the
 #              stand-in, array path (REFDML_GPU_KERNELS=array: the simulated kernels would
 #              take minutes; the kernels' own rows run in "standin")
+#   reproduce  a `refdml reproduce` glyph task with device "cuda" against the CPU's metrics
 #   train      `refdml train --study tokens --device cuda` for one epoch of a small config,
 #              in-process (the stand-in must be installed in the process that runs it)
 #
@@ -48,6 +49,10 @@ step standin "$pytest" -q -p no:cacheprovider \
 
 step crosscheck env REFDML_GPU_KERNELS=array "$pytest" -q -p no:cacheprovider \
     tests/train/test_train_crosscheck.py -k trajectories
+
+# `refdml reproduce --device cuda`: a glyph task (GSP head) on the device against the CPU's.
+step reproduce env REFDML_GPU_KERNELS=array "$pytest" -q -p no:cacheprovider \
+    tests/reproduce/test_reproduce_studies.py -k device
 
 train_dir=$(mktemp -d)
 trap 'rm -rf "$train_dir"' EXIT

@@ -21,6 +21,7 @@ from refdml.reproduce._stats import (
     REPRODUCED,
     compare,
     paired_bootstrap,
+    seeds_needed,
     summarise,
     verdict,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "execute",
     "paired_bootstrap",
     "run_tasks",
+    "seeds_needed",
     "summarise",
     "task_key",
     "verdict",

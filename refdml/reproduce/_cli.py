@@ -7,6 +7,7 @@ import sys
 import time
 
 from refdml._cli_support import at_least
+from refdml.reproduce._experiments import SCALES
 from refdml.reproduce._stats import VERDICT_MEANINGS
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "run"]
@@ -60,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "goes on); missing seeds are left out of the comparisons")
     parser.add_argument("--in-process", action="store_true",
                         help="run the tasks one by one in this process, without Dask")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="train on the CPU (NumPy, the default) or on a GPU (CuPy; "
+                             "install the cupy wheel of your CUDA, e.g. cupy-cuda12x)")
+    parser.add_argument("--scale", choices=SCALES, default="small",
+                        help="small (default): settings sized for a 2-core CPU; large: more "
+                             "glyph instances, larger glyphs, models and epochs, and the "
+                             "glyph-collage experiment (meant for --device cuda)")
 
 
 def _list() -> int:
@@ -67,8 +75,27 @@ def _list() -> int:
 
     width = max(map(len, EXPERIMENTS)) + 2
     for e in EXPERIMENTS.values():
-        print(f"{e.id:<{width}}{e.paper}: {e.claim}")
+        only = "" if e.scales == SCALES else f" [--scale {' / '.join(e.scales)} only]"
+        print(f"{e.id:<{width}}{e.paper}{only}: {e.claim}")
     return 0
+
+
+def _check_device(device: str) -> str | None:
+    """Why ``device`` cannot be used here, or None."""
+    if device == "cpu":
+        return None
+    try:
+        import cupy
+    except ImportError:
+        return ("--device cuda needs CuPy: install the wheel of your CUDA version "
+                "(e.g. pip install cupy-cuda12x)")
+    if getattr(cupy, "__refdml_standin__", False):
+        return None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device: CuPy's own error says which
+        return f"--device cuda: CuPy finds no GPU ({exc})"
+    return None if count > 0 else "--device cuda: CuPy finds no GPU"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,21 +120,34 @@ def run(args: argparse.Namespace) -> int:
         print("refdml reproduce: error: --scheduler '' is empty; give tcp://host:port",
               file=sys.stderr)
         return 2
+    problem = _check_device(args.device)
+    if problem is not None:
+        print(f"refdml reproduce: error: {problem}", file=sys.stderr)
+        return 2
     mode = "quick" if args.quick else "full"
-    experiments = [EXPERIMENTS[i] for i in ids]
-    tasks = [t for e in experiments for ts in e.tasks(mode, args.seeds).values() for t in ts]
+    skipped = [i for i in ids if args.scale not in EXPERIMENTS[i].scales]
+    if args.only and skipped:
+        print(f"refdml reproduce: error: --only {' '.join(skipped)}: not run at --scale "
+              f"{args.scale} (see refdml reproduce --list)", file=sys.stderr)
+        return 2
+    experiments = [EXPERIMENTS[i] for i in ids if i not in skipped]
+    grid = dict(scale=args.scale, device=args.device)
+    tasks = [t for e in experiments for ts in e.tasks(mode, args.seeds, **grid).values()
+             for t in ts]
     where = ("the cache only" if args.cached_only else f"scheduler {args.scheduler}"
              if args.scheduler else "in this process" if args.in_process
              else f"LocalCluster of {args.workers} worker process(es)")
     unique = len(set(tasks))
-    print(f"refdml reproduce ({mode} mode): {len(experiments)} experiment(s), {unique} task(s), "
-          f"{where}, code version {code_version()}", flush=True)
+    print(f"refdml reproduce ({mode} mode, {args.scale} scale, {args.device}): "
+          f"{len(experiments)} experiment(s), {unique} task(s), {where}, code version "
+          f"{code_version()}", flush=True)
     start = time.perf_counter()
     outcome = run_tasks(tasks, workers=args.workers, scheduler=args.scheduler,
                         cache_dir=None if args.no_cache else args.cache,
                         in_process=args.in_process, compute=not args.cached_only)
     wall = time.perf_counter() - start
-    results = [evaluate_experiment(e, mode, outcome, seeds=args.seeds) for e in experiments]
+    results = [evaluate_experiment(e, mode, outcome, seeds=args.seeds, **grid)
+               for e in experiments]
     print(f"{'experiment':<18}{'verdict':<16}\n{'':<2}{'verdict':<16}comparison: effect [95% CI]")
     print("-" * 100)
     for r in results:
@@ -118,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
           f"{len(outcome.cached)} from the cache, {len(outcome.failures)} failed"
           + (f", {len(outcome.missing)} not in the cache (--cached-only)" if outcome.missing
              else "") + f"; CPU time of the computed tasks {cpu:.0f} s")
-    payload = {"mode": mode, "wall_seconds": wall, "task_cpu_seconds": cpu, "workers": where,
+    payload = {"mode": mode, "scale": args.scale, "device": args.device, "wall_seconds": wall, "task_cpu_seconds": cpu, "workers": where,
                "code_version": code_version(), "experiments": results,
                "tasks": {"computed": len(outcome.computed), "cached": len(outcome.cached),
                          "failed": len(outcome.failures), "missing": len(outcome.missing)}}

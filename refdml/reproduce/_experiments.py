@@ -24,8 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from refdml.reproduce._spec import Task
+from refdml.reproduce._stats import RESOLUTION
 
-__all__ = ["Comparison", "Experiment", "EXPERIMENTS", "MODES", "Selection", "settings_for"]
+__all__ = ["Comparison", "Experiment", "EXPERIMENTS", "MODES", "SCALES", "Selection",
+           "settings_for"]
 
 MODES = ("quick", "full")
 SEEDS = {"quick": 5, "full": 10}
@@ -53,23 +55,87 @@ SETTINGS = {
                    "tokens_per_sample": 12, "dim": 16, "n_classes_per_batch": 8, "eps": 0.05,
                    "sinkhorn_iter": 30, "lr": 1e-3},
         "quick": {"epochs": 10}, "full": {"epochs": 25}},
+    # Single glyphs (refdml.train.data.make_glyphs): every class of the selection, split
+    # 0.55 / 0.15 / 0.30 (about 330 / 90 / 180 classes), one instance per font. docs say why
+    # single glyphs rather than glyph collages on the CPU (``--scale large`` has them).
+    "glyph": {
+        "common": {"glyph_size": 16, "max_classes": None, "instances_per_font": 1,
+                   "eval_instances_per_font": 1, "conv_channels": [16, 32, 32],
+                   "conv_strides": [1, 2, 2], "local_dim": 64, "embedding_dim": 64,
+                   "n_prototypes": 128, "mu": 0.2, "inverse_temperature": 10.0,
+                   "gemean_p": 3.0, "zsr_lambda": 0.5, "ridge": 0.05, "xml_lambda": 0.5,
+                   "xml_inverse_temperature": 5.0, "proxies_per_class": 8, "budget": 12,
+                   "asap_lambda": 2e-4, "transfer_repeats": 20, "lr": 3e-3,
+                   "n_classes_per_batch": 16, "n_samples_per_class": 4},
+        # quick: 360 of the ~600 classes (about 100 test classes), half the epochs
+        "quick": {"epochs": 4, "instance_every": 2, "max_classes": 360},
+        "full": {"epochs": 8, "instance_every": 4}},
+    "glyph_wdml": {
+        "common": {"glyph_size": 16, "max_classes": None, "instances_per_font": 1,
+                   "eval_instances_per_font": 1, "conv_channels": [16, 32, 32],
+                   "conv_strides": [1, 2, 2], "local_dim": 32, "eval_per_class": 2,
+                   "eps": 0.05, "sinkhorn_iter": 30, "lr": 3e-3, "n_classes_per_batch": 8,
+                   "n_samples_per_class": 4},
+        "quick": {"epochs": 3, "max_classes": 360}, "full": {"epochs": 6}},
+    # Glyph collages: ``--scale large`` only (docs/reproduce.md, "Glyphs").
+    "glyph_collage": {
+        "common": {"glyph_size": 28, "max_classes": None, "instances_per_font": 2,
+                   "eval_instances_per_font": 1, "collages_per_image": 2,
+                   "n_background": [8, 4, 8], "conv_channels": [32, 64, 64, 64],
+                   "conv_strides": [2, 2, 2, 1], "local_dim": 128, "embedding_dim": 128,
+                   "n_prototypes": 128, "mu": 0.2, "inverse_temperature": 10.0,
+                   "gemean_p": 3.0, "zsr_lambda": 0.5, "ridge": 0.05, "xml_lambda": 0.5,
+                   "xml_inverse_temperature": 5.0, "proxies_per_class": 8, "budget": 12,
+                   "asap_lambda": 2e-4, "transfer_repeats": 20, "lr": 1e-3,
+                   "n_classes_per_batch": 16, "n_samples_per_class": 4},
+        "quick": {"epochs": 20, "instance_every": 5},
+        "full": {"epochs": 60, "instance_every": 10}},
     "toy": {"common": {}, "quick": {}, "full": {}},
 }
 
 
-def settings_for(study: str, mode: str, **overrides) -> dict:
+#: ``refdml reproduce --scale``: ``small`` (the default: this file's settings, sized for a
+#: 2-core CPU) or ``large`` (for a GPU, ``--device cuda``): more instances per class, larger
+#: glyphs and models, more epochs, and the glyph-collage experiment, which does not learn
+#: within the CPU budget (docs/reproduce.md, "Glyphs"). Other studies are the same at both.
+SCALES = ("small", "large")
+SCALE_SETTINGS = {
+    "large": {
+        "glyph": {"common": {"glyph_size": 28, "instances_per_font": 3,
+                             "conv_channels": [32, 64, 64], "conv_strides": [1, 2, 2],
+                             "local_dim": 128, "embedding_dim": 128},
+                  "quick": {"epochs": 10, "max_classes": None},
+                  "full": {"epochs": 30, "instance_every": 5}},
+        "glyph_collage": {"common": {}, "quick": {}, "full": {}},
+        "glyph_wdml": {"common": {"glyph_size": 28, "instances_per_font": 3,
+                                  "conv_channels": [32, 64, 64], "conv_strides": [2, 2, 2],
+                                  "local_dim": 64, "eval_per_class": 4},
+                       "quick": {"epochs": 10, "max_classes": None}, "full": {"epochs": 30}},
+    },
+}
+
+
+def settings_for(study: str, mode: str, scale: str = "small", **overrides) -> dict:
+    """The settings of ``study`` in ``mode`` at ``scale``, then ``overrides``."""
+    if scale not in SCALES:
+        raise ValueError(f"scale == {scale!r}, must be one of {SCALES}")
     s = SETTINGS[study]
-    return {**s["common"], **s[mode], **overrides}
+    larger = SCALE_SETTINGS.get(scale, {}).get(study, {})
+    return {**s["common"], **s[mode], **larger.get("common", {}), **larger.get(mode, {}),
+            **overrides}
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """``run``'s ``metric`` vs ``baseline``'s, claimed higher (+1) or lower (-1)."""
+    """``run``'s ``metric`` vs ``baseline``'s, claimed higher (+1) or lower (-1);
+    ``resolution``: the effect the experiment is sized to decide (for the seeds an
+    inconclusive verdict would need, :func:`refdml.reproduce.seeds_needed`)."""
 
     run: str
     baseline: str
     metric: str
     direction: int = 1
+    resolution: float = RESOLUTION
 
     @property
     def name(self) -> str:
@@ -104,18 +170,24 @@ class Experiment:
     notes: str = ""
     seeds: dict = field(default_factory=lambda: dict(SEEDS))
     select: dict = field(default_factory=dict)  # run label -> Selection
+    scales: tuple = SCALES                      # the scales it runs at
 
-    def run_settings(self, label: str, mode: str) -> dict:
+    def run_settings(self, label: str, mode: str, scale: str = "small",
+                     device: str = "cpu") -> dict:
+        """A run's settings; ``device="cuda"`` adds ``device`` (so the CPU's cache keys
+        are the same as before there was a GPU path)."""
         method, overrides = self.runs[label]
-        return settings_for(self.study, mode, **overrides)
+        settings = settings_for(self.study, mode, scale, **overrides)
+        return settings if device == "cpu" else {**settings, "device": device}
 
-    def tasks(self, mode: str, seeds: int | None = None) -> dict[str, list[Task]]:
+    def tasks(self, mode: str, seeds: int | None = None, *, scale: str = "small",
+              device: str = "cpu") -> dict[str, list[Task]]:
         """``grid label -> [Task per seed]`` for ``mode``: a run's label, or for a run with
         a :class:`Selection` one :meth:`Selection.label` per candidate value."""
         n = self.seeds[mode] if seeds is None else seeds
         grid = {}
         for label, (method, _) in self.runs.items():
-            settings = self.run_settings(label, mode)
+            settings = self.run_settings(label, mode, scale, device)
             selection = self.select.get(label)
             variants = ({label: settings} if selection is None else
                         {selection.label(label, v): {**settings, selection.key: v}
@@ -138,6 +210,21 @@ WDML_MARGINS = {
     "triplet": Selection("triplet_margin", (0.1, 0.2, 0.4, 0.8, 2.0)),
     "wcontrastive": Selection("wcontrastive_margin", (0.1, 0.3, 1.0)),
     "wtriplet": Selection("wtriplet_margin", (0.05, 0.2, 0.5)),
+}
+
+
+#: Seeds of the glyph experiments: fewer than the small studies' (a glyph run costs
+#: 10-60 s), enough for their paired differences (docs/reproduce.md, "Glyphs").
+GLYPH_SEEDS = {"quick": 3, "full": 4}
+
+#: Margin candidates of the glyph wdml losses, two each: the token study's choices and one
+#: other (contrastive and triplet on L2-normalised means; the Wasserstein losses in squared
+#: costs between unit local features).
+GLYPH_WDML_MARGINS = {
+    "contrastive": Selection("contrastive_neg_margin", (0.5, 1.0)),
+    "triplet": Selection("triplet_margin", (0.4, 2.0)),
+    "wcontrastive": Selection("wcontrastive_margin", (0.1, 0.3)),
+    "wtriplet": Selection("wtriplet_margin", (0.05, 0.2)),
 }
 
 
@@ -210,4 +297,75 @@ EXPERIMENTS: dict[str, Experiment] = {e.id: e for e in [
         notes="Each loss's margin is chosen on the validation split (mean validation MAP@R "
               "over the seeds) from 3-5 candidates (the paper gives none); every candidate's "
               "means are listed below the table."),
+    # ---- the glyph benchmark (refdml.train.data.make_glyphs): ~330 training, ~90
+    # validation and ~180 test classes, every test class unseen in training
+    Experiment(
+        "gsp.glyphs", "GSP Sec. 5.2, Tables 1-2 (unseen classes), on glyphs",
+        "On the glyph benchmark (about 180 unseen test classes), GSP and GSP + zero-shot "
+        "loss beat GAP (test MAP@R), with the contrastive and the ProxyNCA++ loss.",
+        "glyph", _collage_runs(),
+        tuple(Comparison(f"{m}/{loss}", f"gap/{loss}", "test_map_at_r", +1)
+              for loss in ("contrastive", "proxy_nca") for m in ("gsp", "gsp_zsr")),
+        metrics=("test_map_at_r", "test_recall_at_1"), figures=("bars", "curves", "glyphs"),
+        seeds=dict(GLYPH_SEEDS),
+        notes="Single glyphs: every local feature is part of the glyph or of the blank around "
+              "it. GAP, GMP and GeMean are listed for reference (the claim compares GSP with "
+              "GAP)."),
+    Experiment(
+        "gsp.glyph_zsr_transfer", "GSP Sec. 5.1, Fig. 5, on glyphs",
+        "With the zero-shot loss, a ridge map from class histograms to class embeddings "
+        "fitted on half of the ~270 unseen glyph classes predicts the other half's embeddings "
+        "better (higher MAP@R) than without it.",
+        "glyph", {"gsp": ("gsp", {"loss": "contrastive"}),
+                  "gsp_zsr": ("gsp_zsr", {"loss": "contrastive"})},
+        (Comparison("gsp_zsr", "gsp", "zsr_transfer_map", +1),),
+        metrics=("zsr_transfer_map", "test_map_at_r"), figures=("bars",),
+        seeds=dict(GLYPH_SEEDS)),
+    Experiment(
+        "xml.glyphs", "XML Sec. 2 (Eqs. 2.10-2.11), on glyphs",
+        "The contrastive loss with the XML cross-batch regulariser retrieves unseen glyph "
+        "classes better (test MAP@R) than the contrastive loss alone.",
+        "glyph", {"gap": ("gap", {"loss": "contrastive"}),
+                  "xml": ("xml", {"loss": "contrastive"})},
+        (Comparison("xml", "gap", "test_map_at_r", +1),),
+        metrics=("test_map_at_r", "test_recall_at_1"), figures=("bars", "curves"),
+        seeds=dict(GLYPH_SEEDS)),
+    Experiment(
+        "asap.glyph_proxies", "ASAP Sec. 5, Fig. 1 and 4a, on glyphs",
+        "On the glyph benchmark, ASAP's alternating proxy sets reduce the covering radius and "
+        "improve test MAP@R over one proxy per class, for ProxyNCA++ and Proxy-Anchor.",
+        "glyph", {f"{m}/{loss}": (m, {"loss": loss}) for loss in ("proxy_nca", "proxy_anchor")
+                  for m in ("gap", "asap")},
+        tuple(c for loss in ("proxy_nca", "proxy_anchor") for c in (
+            Comparison(f"asap/{loss}", f"gap/{loss}", "covering_radius", -1),
+            Comparison(f"asap/{loss}", f"gap/{loss}", "test_map_at_r", +1))),
+        metrics=("test_map_at_r", "covering_radius"), figures=("bars", "curves"),
+        seeds=dict(GLYPH_SEEDS),
+        notes="`gap/<loss>` is one proxy per class (a GAP model with the plain proxy loss)."),
+    Experiment(
+        "wdml.glyph_losses", "WDML Eqs. 1-2, on glyphs",
+        "The Wasserstein contrastive and triplet losses on the sets of local features of a "
+        "glyph retrieve unseen classes better (test MAP@R) than the contrastive and triplet "
+        "losses on the pooled features.",
+        "glyph_wdml", {m: (m, {}) for m in ("contrastive", "wcontrastive", "triplet",
+                                            "wtriplet")},
+        (Comparison("wcontrastive", "contrastive", "test_map_at_r", +1),
+         Comparison("wtriplet", "triplet", "test_map_at_r", +1)),
+        figures=("bars", "curves"), select=dict(GLYPH_WDML_MARGINS), seeds=dict(GLYPH_SEEDS),
+        notes="Retrieval on 2 samples per class (the Sinkhorn retrieval costs a divergence "
+              "per pair), the same samples for every method. Each margin is chosen on the "
+              "validation split from 2 candidates."),
+    Experiment(
+        "gsp.glyph_collage", "GSP supp. 2.2, Fig. 3b, Table 6, on glyph collages",
+        "On 2 x 2 glyph collages (the label glyph in one cell, distractor glyphs of other "
+        "classes in the others), GSP and GSP + zero-shot loss beat GAP on unseen classes.",
+        "glyph_collage", _collage_runs(),
+        tuple(Comparison(f"{m}/{loss}", f"gap/{loss}", "test_map_at_r", +1)
+              for loss in ("contrastive", "proxy_nca") for m in ("gsp", "gsp_zsr")),
+        metrics=("test_map_at_r", "test_recall_at_1", "class_cell_weight",
+                 "class_cell_ratio"),
+        figures=("bars", "curves", "attention", "cell_weights", "glyphs"),
+        seeds=dict(GLYPH_SEEDS), scales=("large",),
+        notes="Large scale only (a GPU): on a 2-core CPU no head learns the collages within "
+              "the budget (docs/reproduce.md, Glyphs)."),
 ]}

@@ -22,6 +22,7 @@ from refdml.reproduce._stats import (
     NOT_REPRODUCED,
     REPRODUCED,
     VERDICT_MEANINGS,
+    bound_text,
     compare,
     summarise,
 )
@@ -86,8 +87,9 @@ def _select(selection, candidates: list) -> dict:
 
 
 def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: int | None = None,
-                        bootstrap_seed: int = 0) -> dict:
-    grid = experiment.tasks(mode, seeds)
+                        bootstrap_seed: int = 0, scale: str = "small",
+                        device: str = "cpu") -> dict:
+    grid = experiment.tasks(mode, seeds, scale=scale, device=device)
     failures: list = []
     entries = {name: _run(run_tasks, outcome, failures, name) for name, run_tasks in grid.items()}
     runs = {}
@@ -102,7 +104,8 @@ def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: in
     for c in experiment.comparisons:
         a = runs[c.run]["values"].get(c.metric, {})
         b = runs[c.baseline]["values"].get(c.metric, {})
-        effect = compare(a, b, direction=c.direction, seed=bootstrap_seed)
+        effect = compare(a, b, direction=c.direction, seed=bootstrap_seed,
+                         resolution=c.resolution)
         comparisons.append({"name": c.name, "run": c.run, "baseline": c.baseline,
                             "metric": c.metric, "direction": c.direction, **effect.__dict__})
     return {"id": experiment.id, "paper": experiment.paper, "claim": experiment.claim,
@@ -114,6 +117,21 @@ def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: in
 
 def _fmt(x: float) -> str:
     return "nan" if not math.isfinite(x) else f"{x:+.4f}"
+
+
+def _rules_out(c: dict) -> str:
+    """``|d| > bound`` for an inconclusive comparison, else a dash (the interval says it)."""
+    bound = c.get("bound")
+    if c["verdict"] != INCONCLUSIVE or bound is None or not math.isfinite(bound):
+        return "-"
+    return f"\\|effect\\| > {bound:.4f}"
+
+
+def _seeds_to_decide(c: dict) -> str:
+    need = c.get("seeds_needed")
+    if c["verdict"] != INCONCLUSIVE or need is None or not math.isfinite(need):
+        return "-"
+    return f"~{need:.0f} (for {c.get('resolution', 0.02):g})"
 
 
 def summary_lines(result: dict) -> list[str]:
@@ -130,6 +148,8 @@ def summary_lines(result: dict) -> list[str]:
     for c in result["comparisons"]:
         lines.append(f"{'':<2}{c['verdict']:<16}{c['name']}: {_fmt(c['effect'])} "
                      f"[{_fmt(c['low'])}, {_fmt(c['high'])}] over {c['n']} seeds")
+        if c["verdict"] == INCONCLUSIVE and c["n"] >= 2:
+            lines.append(f"{'':<18}{bound_text(c)}")
     chosen = [f"{label} {run['selection']['key']}={run['selection']['chosen']}"
               for label, run in result["runs"].items() if run.get("selection")]
     if chosen:
@@ -300,12 +320,17 @@ def write_report(directory, payload: dict) -> Path:
              "cache).", "",
              "Verdicts (computed, never written by hand):", ""]
     lines += [f"- `{k}`: {v}" for k, v in VERDICT_MEANINGS.items()]
-    lines += ["", "| experiment | verdict | comparison | effect | 95% CI | seeds |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "An inconclusive comparison is bounded: with 95% confidence the effect is smaller "
+              "in size than the larger end of its interval (\"rules out\"), and the last "
+              "column estimates the seeds that would decide an effect of the comparison's "
+              "resolution (docs/reproduce.md, Statistics).", "",
+              "| experiment | verdict | comparison | effect | 95% CI | seeds | rules out "
+              "| seeds to decide |", "|---|---|---|---|---|---|---|---|"]
     for r in payload["experiments"]:
         for c in r["comparisons"]:
             lines.append(f"| `{r['id']}` | {c['verdict']} | {c['name']} | {_fmt(c['effect'])} "
-                         f"| [{_fmt(c['low'])}, {_fmt(c['high'])}] | {c['n']} |")
+                         f"| [{_fmt(c['low'])}, {_fmt(c['high'])}] | {c['n']} | "
+                         f"{_rules_out(c)} | {_seeds_to_decide(c)} |")
     for r in payload["experiments"]:
         lines += ["", f"## `{r['id']}`: {r['verdict']}", "", f"*{r['paper']}.* {r['claim']}"]
         if r["notes"]:

@@ -22,6 +22,21 @@ claims lower (e.g. a covering radius):
   (``direction * lo > 0`` for the near end);
 - ``not-reproduced``: the interval lies entirely on the other side;
 - ``inconclusive``: the interval contains 0 (or touches it), or fewer than 2 paired seeds.
+
+An inconclusive comparison is still *bounded*: with 95 % confidence the effect lies in the
+interval, so ``|effect| < bound = max(|low|, |high|)`` (:attr:`Effect.bound`): the run rules
+out every effect larger than that. And it says what would decide it: with ``s`` the sample
+standard deviation of the paired differences, a true effect ``delta`` is decided (the 95 %
+interval excludes 0) with probability 80 % by
+
+.. math::
+
+    n(\delta) = \left\lceil \left(\frac{(z_{0.975} + z_{0.80})\, s}{\delta}\right)^2
+    \right\rceil\ \text{seeds}
+
+(the normal approximation of the paired test; :func:`seeds_needed`). :attr:`Effect.seeds_needed`
+is ``n`` at the comparison's *resolution* (0.02 by default: the MAP@R difference the glyph
+studies are sized to decide), :attr:`Effect.seeds_for_observed` at the observed mean.
 """
 
 from __future__ import annotations
@@ -32,7 +47,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "VERDICTS", "VERDICT_MEANINGS",
-           "Summary", "Effect", "summarise", "paired_bootstrap", "verdict", "compare"]
+           "RESOLUTION", "Summary", "Effect", "summarise", "paired_bootstrap", "verdict",
+           "compare", "seeds_needed", "bound_text"]
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not-reproduced"
@@ -46,6 +62,12 @@ VERDICT_MEANINGS = {
     INCONCLUSIVE: "the interval contains 0 (the seeds cannot tell the effect from noise), "
                   "or too few seeds finished",
 }
+
+
+#: The effect a comparison is sized to decide unless it says otherwise (a MAP@R difference).
+RESOLUTION = 0.02
+#: z_{0.975} + z_{0.80}: a two-sided 95 % interval, 80 % power.
+_POWER_Z = 1.959963984540054 + 0.8416212335729143
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,43 @@ class Effect:
     differences: tuple[float, ...]
     verdict: str
     confidence: float
+    sd: float = math.nan                 # sample std of the differences (ddof 1)
+    bound: float = math.nan              # max(|low|, |high|): |effect| < bound at confidence
+    resolution: float = RESOLUTION
+    seeds_needed: float = math.nan       # seeds that decide an effect of ``resolution``
+    seeds_for_observed: float = math.nan  # ... of the observed mean
+
+
+def seeds_needed(sd: float, effect: float, *, minimum: int = 2) -> float:
+    """Seeds whose paired 95 % interval excludes 0 with probability 80 % when the true mean
+    difference is ``effect`` and the differences' standard deviation ``sd`` (module
+    docstring); ``inf`` for ``effect == 0`` with ``sd > 0``, ``minimum`` for ``sd == 0``,
+    nan when either is nan."""
+    if not (math.isfinite(sd) and math.isfinite(effect)):
+        return math.nan
+    if sd < 0:
+        raise ValueError(f"sd == {sd}, must be >= 0")
+    if sd == 0:
+        return float(minimum)
+    if effect == 0:
+        return math.inf
+    return float(max(minimum, math.ceil((_POWER_Z * sd / abs(effect)) ** 2)))
+
+
+def bound_text(effect: "Effect | dict", metric: str = "effect") -> str:
+    """What a comparison decides or bounds, in words: the interval when decided; for an
+    inconclusive one ``|effect| < bound`` and the seeds that would decide its resolution."""
+    get = effect.get if isinstance(effect, dict) else lambda k: getattr(effect, k)
+    if get("n") < 2 or not math.isfinite(get("bound")):
+        return "too few seeds to bound the effect"
+    confidence = f"{100 * get('confidence'):.0f}%"
+    if get("verdict") != INCONCLUSIVE:
+        return (f"{metric} in [{get('low'):+.4f}, {get('high'):+.4f}] ({confidence} "
+                "confidence)")
+    need = get("seeds_needed")
+    seeds = ("" if not math.isfinite(need) else
+             f"; ~{need:.0f} seeds would decide a {get('resolution'):g} effect")
+    return f"|{metric}| < {get('bound'):.4f} ({confidence} confidence){seeds}"
 
 
 def summarise(values) -> Summary:
@@ -121,13 +180,23 @@ def verdict(low: float, high: float, direction: int, n: int = 2) -> str:
 
 
 def compare(a: dict[int, float], b: dict[int, float], *, direction: int,
-            n_resamples: int = 10_000, confidence: float = 0.95, seed: int = 0) -> Effect:
-    """Paired comparison of ``a`` and ``b`` (seed -> metric), over the seeds both have."""
+            n_resamples: int = 10_000, confidence: float = 0.95, seed: int = 0,
+            resolution: float = RESOLUTION) -> Effect:
+    """Paired comparison of ``a`` and ``b`` (seed -> metric), over the seeds both have;
+    ``resolution`` the effect whose seeds :attr:`Effect.seeds_needed` counts."""
+    if not (isinstance(resolution, (int, float)) and math.isfinite(resolution)
+            and resolution > 0):
+        raise ValueError(f"resolution == {resolution!r}, must be a finite number > 0")
     seeds = tuple(sorted(set(a) & set(b)))
     d = np.array([a[s] - b[s] for s in seeds], dtype=np.float64)
     if d.size == 0:
-        return Effect(math.nan, math.nan, math.nan, 0, (), (), INCONCLUSIVE, confidence)
+        return Effect(math.nan, math.nan, math.nan, 0, (), (), INCONCLUSIVE, confidence,
+                      resolution=float(resolution))
     mean, low, high = paired_bootstrap(d, n_resamples=n_resamples, confidence=confidence,
                                        seed=seed)
+    sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
     return Effect(mean, low, high, int(d.size), seeds, tuple(float(x) for x in d),
-                  verdict(low, high, direction, int(d.size)), confidence)
+                  verdict(low, high, direction, int(d.size)), confidence, sd=sd,
+                  bound=max(abs(low), abs(high)), resolution=float(resolution),
+                  seeds_needed=seeds_needed(sd, resolution),
+                  seeds_for_observed=seeds_needed(sd, mean))

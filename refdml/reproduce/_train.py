@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from refdml._xp import to_numpy
 from refdml.train.data import PKBatchSampler
 from refdml.train.optim import Adam
 from refdml.train.trainer import MemorySink, TrainingLoop
@@ -35,16 +36,23 @@ def _cast(x: np.ndarray, dtype) -> np.ndarray:
     return x.astype(dtype, copy=False) if np.issubdtype(x.dtype, np.floating) else x
 
 
-def embed(model, x: np.ndarray, dtype, *, batch: int = 512, pool_local: bool = False):
-    """The model's first output on ``x`` (batched), L2-normalised, float64 on the host.
+def embed(model, x: np.ndarray, dtype, *, batch: int = 512, pool_local: bool = False,
+          device: str = "cpu"):
+    """The model's first output on host ``x`` (batched), L2-normalised, float64 on the host;
+    ``device="cuda"``: the batches go to the GPU (CuPy) and the outputs come back.
 
     ``pool_local``: the output is local features (B, n, d); their mean is embedded.
     """
     parts = []
     for start in range(0, x.shape[0], batch):
-        out, _ = model.forward(_cast(x[start:start + batch], dtype))
+        inputs = _cast(x[start:start + batch], dtype)
+        if device == "cuda":
+            import cupy
+
+            inputs = cupy.asarray(inputs)
+        out, _ = model.forward(inputs)
         y = out[0] if isinstance(out, tuple) else out
-        y = np.asarray(y, dtype=np.float64)
+        y = np.asarray(to_numpy(y), dtype=np.float64)
         if pool_local:
             y = y.mean(axis=1)
         parts.append(y)
@@ -101,13 +109,14 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
         n_classes_per_batch: int, n_samples_per_class: int, seed: int, dtype,
         evaluate: Callable[[], dict[str, float]], after_step: Callable[[], None] | None = None,
         instance_every: int | None = None, instance_embed: Callable[[], Any] | None = None,
-        select: str | None = None) -> tuple[dict[str, list[float]], int]:
+        select: str | None = None, device: str = "cpu") -> tuple[dict[str, list[float]], int]:
     """Train for ``epochs`` epochs; return the curves (``train_loss`` and ``evaluate()``'s
     keys, entry 0 the untrained model, ``train_loss`` NaN there) and the selected epoch:
     with ``select`` (a key of ``evaluate()``), the epoch in 1..``epochs`` of its highest
     value (the first of ties), whose parameters the model and objective hold on return
     (module docstring); without, the last epoch.
 
+    ``device``: where the loop runs (``"cuda"``: CuPy; the model must live there).
     Raises :class:`~refdml.train.TrainingDiverged` (also a ``FloatingPointError``) on a
     NaN or inf loss or gradient."""
     optimizer = Adam([*model.parameters(), *objective.parameters()], lr=lr)
@@ -117,7 +126,8 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
     # blas_threads=None: a task runs under whatever BLAS setting its worker has.
     loop = TrainingLoop(model, objective, optimizer, train_sampler=sampler,
                         train_data=(train_x, train_y), epochs=epochs, blas_threads=None,
-                        seed=seed + 3, dtype=dtype, progress=False, after_step=after_step,
+                        seed=seed + 3, dtype=dtype, device=device, progress=False,
+                        after_step=after_step,
                         instance_every=instance_every, instance_embed=instance_embed,
                         evaluate=evaluate, select=select, select_from=1, sink=sink)
     loop.fit()

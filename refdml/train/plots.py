@@ -52,6 +52,7 @@ from refdml._xp import to_numpy
 from refdml.train._conv import LocalLinearContext
 from refdml.train._heads import GSPHead, HeadContext
 from refdml.train._layer import Layer, Sequential
+from refdml.train.data import GLYPH_FONTS, GlyphClasses, GlyphDistortion, render_glyphs
 
 __all__ = [
     "feature_grid",
@@ -60,6 +61,7 @@ __all__ = [
     "plot_attention",
     "plot_curves",
     "plot_embeddings_2d",
+    "plot_glyphs",
     "upsample_weights",
 ]
 
@@ -544,6 +546,72 @@ def plot_embeddings_2d(embeddings, labels, out_path, *, class_names=None,
     if few:
         ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
                   title="class")
+    _save(fig, out_path)
+    return fig
+
+
+def _rectangle(x: float, y: float, width: float, height: float):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x, y), width, height, fill=False, edgecolor="tab:red", linewidth=1.2)
+
+
+def plot_glyphs(classes, out_path, *, n_classes: int = 16, collages=None,
+                n_collages: int = 8, rng=0,
+                title: str = "glyph classes (rows) in the fonts that draw them"):
+    """The glyph benchmark at a glance: ``n_classes`` classes (rows, spread over the
+    selection) in every font of :data:`~refdml.train.data.GLYPH_FONTS` (columns; blank
+    where a font does not draw the character), clean renderings above, and, with
+    ``collages`` (a :class:`~refdml.train.data.CollageSplit`), ``n_collages`` collages below,
+    the class cell outlined in red. ``classes``: a :class:`~refdml.train.data.GlyphClasses`.
+    Returns the Figure."""
+    Figure = _figure_class()
+    out_path = _check_out_path(out_path)
+    _check_title(title, optional=False)
+    if not isinstance(classes, GlyphClasses):
+        raise TypeError(f"classes must be a GlyphClasses (refdml.train.data.glyph_classes()), "
+                        f"got {_describe(classes)}")
+    n_classes = check_scalar(n_classes, "n_classes", low=1, high=len(classes), integer=True)
+    n_collages = check_scalar(n_collages, "n_collages", low=1, integer=True)
+    ids = np.unique(np.linspace(0, len(classes) - 1, n_classes).astype(np.int64))
+    clean = render_glyphs(classes, ids, size=32, distortion=GlyphDistortion.none())
+    noisy = render_glyphs(classes, ids, rng=rng, size=32)
+    n_fonts = len(GLYPH_FONTS)
+    rows = 2 * ids.size
+    extra = 0 if collages is None else 1
+    fig = Figure(figsize=(0.42 * (n_fonts + 2), 0.46 * rows + 0.8 + 1.6 * extra),
+                 layout="constrained")
+    outer = fig.add_gridspec(1 + extra, 1, height_ratios=[0.46 * rows] + [1.6] * extra)
+    grid = outer[0].subgridspec(rows, n_fonts + 2)
+    for r, k in enumerate(ids):
+        for variant, split in enumerate((clean, noisy)):
+            row = 2 * r + variant
+            label = fig.add_subplot(grid[row, :2])
+            label.set_axis_off()
+            label.text(0.0, 0.5, classes.name(int(k)) if variant == 0 else "distorted",
+                       fontsize=7, va="center", family="DejaVu Sans")
+            for image, font in zip(split.images[split.labels == k, 0],
+                                   split.fonts[split.labels == k]):
+                ax = fig.add_subplot(grid[row, 2 + int(font)])
+                ax.imshow(image, cmap="gray_r", vmin=0.0, vmax=1.0)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if r == 0 and variant == 0:
+                    ax.set_title(GLYPH_FONTS[int(font)][0], fontsize=5, rotation=60,
+                                 loc="left")
+    if collages is not None:
+        pick = np.unique(np.linspace(0, len(collages) - 1, n_collages).astype(np.int64))
+        sub = outer[1].subgridspec(1, pick.size)
+        for j, i in enumerate(pick):
+            ax = fig.add_subplot(sub[0, j])
+            ax.imshow(collages.images[i, 0], cmap="gray_r", vmin=0.0, vmax=1.0)
+            rows_, cols_ = np.nonzero(collages.foreground[i])
+            ax.add_patch(_rectangle(cols_.min() - 0.5, rows_.min() - 0.5,
+                                    cols_.max() - cols_.min() + 1,
+                                    rows_.max() - rows_.min() + 1))
+            ax.set_axis_off()
+            ax.set_title(classes.name(int(collages.labels[i])), fontsize=6)
+    fig.suptitle(title, fontsize=9)
     _save(fig, out_path)
     return fig
 

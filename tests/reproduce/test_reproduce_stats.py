@@ -90,3 +90,50 @@ def test_summarise():
 def test_paired_bootstrap_rejects_bad_input(bad, match):
     with pytest.raises(ValueError, match=match):
         paired_bootstrap(bad)
+
+
+# --------------------------------------------------------------------------- bounds and power
+def test_seeds_needed_gives_the_stated_power_by_simulation():
+    """n(delta) seeds: a paired 95% interval of differences N(delta, sd^2) excludes 0 with
+    probability at least 80% (simulated with the normal-theory interval, known sd: the
+    formula's model), and n - 1 seeds fall short of it."""
+    from refdml.reproduce import seeds_needed
+
+    rng = np.random.default_rng(0)
+    for sd, delta in ((0.01, 0.02), (0.03, 0.02), (0.05, 0.01)):
+        n = int(seeds_needed(sd, delta))
+
+        def power(k):
+            means = rng.normal(delta, sd, size=(40_000, k)).mean(axis=1)
+            return float(np.mean(means - 1.959963984540054 * sd / np.sqrt(k) > 0))
+
+        assert 0.795 <= power(n) <= 0.80 + 0.25 / n + 0.01, (sd, delta, n)
+        if n > 2:
+            assert power(n - 1) < 0.80 + 0.006
+    assert seeds_needed(0.0, 0.02) == 2 and seeds_needed(0.01, 0.0) == math.inf
+    assert math.isnan(seeds_needed(math.nan, 0.02))
+    with pytest.raises(ValueError, match="sd == -1"):
+        seeds_needed(-1.0, 0.02)
+
+
+def test_an_inconclusive_comparison_is_bounded_by_its_interval():
+    from refdml.reproduce import compare, paired_bootstrap
+    from refdml.reproduce._stats import bound_text
+
+    a = {s: 0.5 + 0.01 * v for s, v in enumerate([1.0, -2.0, 0.5, 1.5, -0.5])}
+    b = {s: 0.5 for s in range(5)}
+    effect = compare(a, b, direction=+1, resolution=0.02)
+    mean, low, high = paired_bootstrap([a[s] - b[s] for s in range(5)])
+    assert effect.verdict == "inconclusive" and low < 0 < high
+    assert effect.bound == max(-low, high)
+    d = np.array([a[s] - b[s] for s in range(5)])
+    assert effect.sd == pytest.approx(d.std(ddof=1), rel=1e-12)
+    need = math.ceil((2.8015852181 * effect.sd / 0.02) ** 2)
+    assert effect.seeds_needed == max(2, need)
+    text = bound_text(effect)
+    assert f"< {effect.bound:.4f}" in text and f"~{need} seeds" in text
+    decided = compare({0: 1.0, 1: 1.1, 2: 1.2}, {0: 0.0, 1: 0.0, 2: 0.0}, direction=+1)
+    assert decided.verdict == "reproduced" and "in [" in bound_text(decided)
+    assert bound_text(compare({0: 1.0}, {0: 0.0}, direction=+1)).startswith("too few")
+    with pytest.raises(ValueError, match="resolution"):
+        compare(a, b, direction=+1, resolution=0.0)

@@ -17,6 +17,19 @@ _SMALL = {
     "tokens": {"epochs": 1, "n_train_per_class": 4, "n_val_per_class": 2, "n_test_per_class": 2},
     "wdml": {"epochs": 1, "n_train_per_class": 4, "n_val_per_class": 2, "n_test_per_class": 2,
              "tokens_per_sample": 4, "sinkhorn_iter": 5},
+    "glyph": {"epochs": 1, "glyph_size": 8, "max_classes": 30, "conv_channels": [2, 2],
+              "conv_strides": [1, 2], "local_dim": 4, "embedding_dim": 4, "n_prototypes": 4,
+              "proxies_per_class": 2, "budget": 3, "transfer_repeats": 2, "instance_every": 1,
+              "n_classes_per_batch": 4},
+    "glyph_wdml": {"epochs": 1, "glyph_size": 8, "max_classes": 30, "conv_channels": [2],
+                   "conv_strides": [2], "local_dim": 4, "sinkhorn_iter": 5,
+                   "n_classes_per_batch": 4},
+    "glyph_collage": {"epochs": 1, "glyph_size": 8, "max_classes": 34, "n_background": [2, 1, 1],
+                      "instances_per_font": 1, "collages_per_image": 1,
+                      "conv_channels": [2, 2], "conv_strides": [2, 1], "local_dim": 4,
+                      "embedding_dim": 4, "n_prototypes": 4, "proxies_per_class": 2,
+                      "budget": 3, "transfer_repeats": 2, "instance_every": 1,
+                      "n_classes_per_batch": 4},
 }
 
 
@@ -107,3 +120,36 @@ def test_fit_keeps_the_parameters_of_the_best_validation_epoch(script, expected)
     assert row["val"] == script[expected] and row["other"] == expected + 1.0
     assert row["selected_epoch"] == expected
     assert row["final_train_loss"] == curves["train_loss"][expected]
+
+
+def test_glyph_collage_cell_weights_compare_the_class_cell_with_the_distractors():
+    """The class cell's share of GSP's weight and its ratio to a distractor cell's mean
+    weight, from the same per-collage weight maps (share s, ratio s / ((1 - s) / 3))."""
+    import numpy as np
+
+    from refdml.reproduce import Task
+
+    settings = settings_for("glyph_collage", "quick", loss="contrastive",
+                            **_SMALL["glyph_collage"])
+    result = execute(Task.make("glyph_collage", "gsp", 0, settings))
+    share = result["metrics"]["class_cell_weight"]
+    assert 0.0 <= share <= 1.0 and result["metrics"]["class_cell_ratio"] >= 0.0
+    att = result["artefacts"]["attention"]
+    w, fg = np.asarray(att["weights"]), np.asarray(att["foreground"])
+    assert w.shape == fg.shape == (6, 16, 16)
+    s = (w * fg).sum(axis=(1, 2)) / w.sum(axis=(1, 2))
+    assert np.all((0.0 <= s) & (s <= 1.0))
+
+
+@pytest.mark.requires_cupy
+def test_a_glyph_task_on_the_device_matches_the_cpu():
+    """``device == "cuda"`` (CuPy; the stand-in in CI) trains the same model: the metrics
+    agree with the CPU's to float32 rounding over one epoch."""
+    from refdml.reproduce import Task
+
+    settings = settings_for("glyph", "quick", loss="contrastive", **_SMALL["glyph"])
+    cpu = execute(Task.make("glyph", "gsp", 0, settings))["metrics"]
+    gpu = execute(Task.make("glyph", "gsp", 0, {**settings, "device": "cuda"}))["metrics"]
+    assert set(cpu) == set(gpu)
+    for key in cpu:
+        assert gpu[key] == pytest.approx(cpu[key], abs=0.02), key

@@ -1,8 +1,11 @@
-"""Data for :mod:`refdml.train`: the three datasets, class-disjoint splits, the P x K sampler.
+"""Data for :mod:`refdml.train`: the datasets, class-disjoint splits, the P x K sampler.
 
 - ``tokens``: the GSP synthetic token study (supp. Sec. 2.1), :func:`make_tokens`.
 - ``digits-collage``: GSP's Cifar Collage rebuilt from scikit-learn's bundled 8x8 digits
   (supp. Sec. 2.2, Fig. 11), :func:`make_digits_collage`.
+- ``glyphs``: about 600 character classes drawn by matplotlib's bundled fonts and distorted,
+  split class-disjointly (about 180 unseen test classes), :func:`make_glyphs`, and their
+  collages, :func:`make_glyph_collages`.
 - ``features``: a user's ``.npz`` of local features ``(N, n, d)`` with labels, :func:`load_features`.
 - :func:`class_disjoint_split` and :class:`PKBatchSampler` (seeded, resumable).
 
@@ -13,6 +16,18 @@ decisions where the paper is silent: docs/train_data.md.
 
 from refdml.train.data._collage import CollageSplit, DigitsCollage, make_digits_collage
 from refdml.train.data._features import FeatureSet, load_features
+from refdml.train.data._glyphs import (
+    GLYPH_FONTS,
+    GlyphClasses,
+    GlyphCollages,
+    GlyphDistortion,
+    Glyphs,
+    GlyphSplit,
+    glyph_classes,
+    make_glyph_collages,
+    make_glyphs,
+    render_glyphs,
+)
 from refdml.train.data._sampler import PKBatchSampler
 from refdml.train.data._splits import ClassSplit, class_disjoint_split
 from refdml.train.data._tokens import (
@@ -38,6 +53,16 @@ __all__ = [
     "CollageSplit",
     "DigitsCollage",
     "make_digits_collage",
+    "GLYPH_FONTS",
+    "GlyphClasses",
+    "GlyphCollages",
+    "GlyphDistortion",
+    "GlyphSplit",
+    "Glyphs",
+    "glyph_classes",
+    "make_glyphs",
+    "make_glyph_collages",
+    "render_glyphs",
     "FeatureSet",
     "load_features",
     "ClassSplit",
