@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - start
     results = [evaluate_experiment(e, mode, outcome, seeds=args.seeds, **grid)
                for e in experiments]
-    print(f"{'experiment':<18}{'verdict':<16}\n{'':<2}{'verdict':<16}comparison: effect [95% CI]")
+    print(f"{'experiment':<24}{'verdict':<16}\n{'':<2}{'verdict':<16}comparison: effect [95% CI]")
     print("-" * 100)
     for r in results:
         print("\n".join(summary_lines(r)))

@@ -67,16 +67,16 @@ SETTINGS = {
                    "xml_inverse_temperature": 5.0, "proxies_per_class": 8, "budget": 12,
                    "asap_lambda": 2e-4, "transfer_repeats": 20, "lr": 3e-3,
                    "n_classes_per_batch": 16, "n_samples_per_class": 4},
-        # quick: 360 of the ~600 classes (about 100 test classes), half the epochs
-        "quick": {"epochs": 4, "instance_every": 2, "max_classes": 360},
-        "full": {"epochs": 8, "instance_every": 4}},
+        # quick: 200 of the ~600 classes (about 60 test classes), half the epochs
+        "quick": {"epochs": 3, "instance_every": 2, "max_classes": 200},
+        "full": {"epochs": 6, "instance_every": 3}},
     "glyph_wdml": {
         "common": {"glyph_size": 16, "max_classes": None, "instances_per_font": 1,
                    "eval_instances_per_font": 1, "conv_channels": [16, 32, 32],
                    "conv_strides": [1, 2, 2], "local_dim": 32, "eval_per_class": 2,
                    "eps": 0.05, "sinkhorn_iter": 30, "lr": 3e-3, "n_classes_per_batch": 8,
                    "n_samples_per_class": 4},
-        "quick": {"epochs": 3, "max_classes": 360}, "full": {"epochs": 6}},
+        "quick": {"epochs": 2, "max_classes": 200}, "full": {"epochs": 4}},
     # Glyph collages: ``--scale large`` only (docs/reproduce.md, "Glyphs").
     "glyph_collage": {
         "common": {"glyph_size": 28, "max_classes": None, "instances_per_font": 2,

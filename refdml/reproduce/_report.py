@@ -143,17 +143,17 @@ def summary_lines(result: dict) -> list[str]:
     comparison would read as that comparison's verdict, so it gets a line of its own.
     """
     n = len(result["comparisons"])
-    lines = [f"{result['id']:<18}{result['verdict']:<16}"
+    lines = [f"{result['id']:<24}{result['verdict']:<16}"
              f"({n} comparison{'s' if n != 1 else ''}, {result['seeds']} seeds each)"]
     for c in result["comparisons"]:
         lines.append(f"{'':<2}{c['verdict']:<16}{c['name']}: {_fmt(c['effect'])} "
                      f"[{_fmt(c['low'])}, {_fmt(c['high'])}] over {c['n']} seeds")
         if c["verdict"] == INCONCLUSIVE and c["n"] >= 2:
-            lines.append(f"{'':<18}{bound_text(c)}")
+            lines.append(f"{'':<24}{bound_text(c)}")
     chosen = [f"{label} {run['selection']['key']}={run['selection']['chosen']}"
               for label, run in result["runs"].items() if run.get("selection")]
     if chosen:
-        lines.append(f"{'':<18}chosen on validation: " + ", ".join(chosen))
+        lines.append(f"{'':<24}chosen on validation: " + ", ".join(chosen))
     if result["failures"]:
         lines.append(f"{'':<2}{len(result['failures'])} task(s) failed (see above / JSON)")
     return lines
@@ -209,8 +209,13 @@ def _bars(result: dict, path: Path) -> None:
 
 def _curves(result: dict, path: Path) -> bool:
     Figure = _figure()
-    keys = [k for k in ("test_map_at_r", "covering_radius", "train_loss")
-            if any(k in c for r in result["runs"].values() for c in r["curves"].values())]
+
+    def present(key):
+        return any(key in c for r in result["runs"].values() for c in r["curves"].values())
+
+    # a study that scores its test split once (the glyph wdml losses) has validation curves
+    first = "test_map_at_r" if present("test_map_at_r") else "val_map_at_r"
+    keys = [k for k in (first, "covering_radius", "train_loss") if present(k)]
     if not keys:   # a figure 0 inches wide: matplotlib divides by its width
         return False
     fig = Figure(figsize=(4.2 * len(keys), 3.4))
@@ -286,6 +291,52 @@ def _embedding_2d(result: dict, path: Path) -> bool:
     return True
 
 
+def _cell_weights(result: dict, path: Path) -> bool:
+    """GSP's pooling weight on the class cell against a distractor cell, per run and seed."""
+    runs = [(label, run) for label, run in result["runs"].items()
+            if "class_cell_ratio" in run["summary"]]
+    if not runs:
+        return False
+    Figure = _figure()
+    fig = Figure(figsize=(4.0 + 0.5 * len(runs), 3.4))
+    for i, (metric, uniform, title) in enumerate((
+            ("class_cell_weight", 0.25, "class cell's share of the weight (uniform 1/4)"),
+            ("class_cell_ratio", 1.0, "class cell / distractor cell (uniform 1)"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        means = [run["summary"][metric]["mean"] for _, run in runs]
+        ax.bar(range(len(runs)), means, color="#dd8452")
+        for j, (_, run) in enumerate(runs):
+            values = list(run["values"][metric].values())
+            ax.plot([j] * len(values), values, "k.", ms=3)
+        ax.axhline(uniform, color="k", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(runs)), [label for label, _ in runs], rotation=45, ha="right",
+                      fontsize=8)
+        ax.set_title(title, fontsize=8)
+    fig.suptitle(f"{result['id']}: where GSP puts its pooling weight (test collages)",
+                 fontsize=9)
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
+    return True
+
+
+def _glyphs(result: dict, path: Path) -> bool:
+    """The benchmark's classes in their fonts (and, for collages, a few test collages) of
+    the run's data settings at seed 0."""
+    from refdml.train.data import glyph_classes, make_glyph_collages
+    from refdml.train.plots import plot_glyphs
+
+    settings = next(iter(result["runs"].values()))["settings"]
+    classes = glyph_classes()
+    collages = None
+    if "n_background" in settings:
+        collages = make_glyph_collages(
+            rng=0, classes=classes, size=settings["glyph_size"], max_classes=60,
+            n_background=tuple(settings["n_background"])).test
+    plot_glyphs(classes, path, n_classes=10, collages=collages,
+                title=f"{result['id']}: {len(classes)} glyph classes (10 shown) in the fonts "
+                      "that draw them, clean and distorted")
+    return True
+
+
 def _selection_lines(result: dict) -> list[str]:
     """A line per run whose setting was chosen on validation: every candidate's means."""
     lines = []
@@ -313,7 +364,8 @@ def write_report(directory, payload: dict) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     lines = ["# refdml reproduce", "",
-             f"Mode `{payload['mode']}`, {payload['wall_seconds']:.0f} s wall, "
+             f"Mode `{payload['mode']}`, scale `{payload.get('scale', 'small')}`, device "
+             f"`{payload.get('device', 'cpu')}`, {payload['wall_seconds']:.0f} s wall, "
              f"{payload['workers']}, code version `{payload['code_version']}`; CPU time of the "
              f"tasks computed in this run: {payload.get('task_cpu_seconds', 0.0):.0f} s "
              f"({payload['tasks']['computed']} computed, {payload['tasks']['cached']} from the "
@@ -346,9 +398,13 @@ def write_report(directory, payload: dict) -> Path:
                              f"{s['mean']:.4f} ± {s['std']:.4f} (n={s['n']})")
             lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {run['seconds']:.0f} |")
         lines += _selection_lines(r)
-        for kind, draw in (("bars", _bars), ("curves", _curves), ("attention", _attention),
+        for kind, draw in (("glyphs", _glyphs), ("bars", _bars), ("curves", _curves),
+                           ("attention", _attention), ("cell_weights", _cell_weights),
                            ("embedding_2d", _embedding_2d)):
-            if kind not in r["figures"]:
+            # the cell-weight figure wherever GSP ran on collages (the digits too)
+            automatic = kind == "cell_weights" and any(
+                "class_cell_ratio" in run["summary"] for run in r["runs"].values())
+            if kind not in r["figures"] and not automatic:
                 continue
             name = f"{r['id'].replace('.', '_')}_{kind}.png"
             try:

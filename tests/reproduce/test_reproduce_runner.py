@@ -169,7 +169,9 @@ def test_every_experiment_names_known_runs_and_studies():
         for c in e.comparisons:
             assert c.run in e.runs and c.baseline in e.runs and c.direction in (1, -1)
         assert set(e.select) <= set(e.runs)
-        assert e.seeds["quick"] >= 5 and e.seeds["full"] > e.seeds["quick"]
+        # the glyph experiments' runs cost 15-85 s of CPU: 3 / 4 seeds (docs/reproduce.md)
+        assert e.seeds["quick"] >= 3 and e.seeds["full"] > e.seeds["quick"]
+        assert set(e.scales) <= {"small", "large"} and e.scales
 
 
 def _cli(tmp_path, *args):
@@ -191,6 +193,36 @@ def test_cli_rejects_bad_flags_with_named_errors(tmp_path):
     assert "wdml.losses" in r.stderr
     r = _cli(tmp_path, "--workers", "0")
     assert r.returncode == 2 and "--workers == 0, must be an integer >= 1" in r.stderr
+
+
+def test_cli_scale_and_device_flags(tmp_path):
+    """An experiment of another scale is refused by name (exit 2); --scale large runs it
+    (here from an empty cache: nothing computed); a bad --scale is argparse's exit 2;
+    --device cuda without CuPy says so and exits 2 before any work."""
+    r = _cli(tmp_path, "--only", "gsp.glyph_collage")
+    assert r.returncode == 2 and "--only gsp.glyph_collage: not run at --scale small" in r.stderr
+    r = _cli(tmp_path, "--quick", "--scale", "large", "--only", "gsp.glyph_collage",
+             "--cached-only", "--cache", "cache")
+    assert r.returncode == 0, r.stderr
+    assert "(quick mode, large scale, cpu): 1 experiment(s), 30 task(s)" in r.stdout
+    r = _cli(tmp_path, "--scale", "huge")
+    assert r.returncode == 2 and "--scale" in r.stderr
+    if importlib.util.find_spec("cupy") is None:
+        r = _cli(tmp_path, "--device", "cuda", "--only", "gsp.synthetic")
+        assert r.returncode == 2 and "--device cuda needs CuPy" in r.stderr
+    # the large scale changes the glyph settings and nothing else
+    from refdml.reproduce._experiments import settings_for
+
+    for study in ("tokens", "collage", "wdml"):
+        assert settings_for(study, "full", "large") == settings_for(study, "full")
+    assert settings_for("glyph", "quick", "large")["max_classes"] is None
+    assert settings_for("glyph", "full", "large")["glyph_size"] == 28
+    with pytest.raises(ValueError, match="scale == 'huge'"):
+        settings_for("glyph", "full", "huge")
+    grid = EXPERIMENTS["gsp.glyphs"].tasks("quick", 2, device="cuda")
+    assert all(t.config["device"] == "cuda" for ts in grid.values() for t in ts)
+    assert all("device" not in t.config
+               for ts in EXPERIMENTS["gsp.glyphs"].tasks("quick", 2).values() for t in ts)
 
 
 def test_cli_list(tmp_path):
@@ -217,13 +249,14 @@ def test_cli_json_and_report_from_the_cache(tmp_path):
     r = _cli(tmp_path, "--quick", "--only", "gsp.synthetic", "--seeds", "2", "--cache", "cache",
              "--json", "out/r.json", "--report", "out/report")
     assert r.returncode == 0, r.stderr
-    assert "gsp.synthetic     reproduced" in r.stdout and "0 task(s) computed, 4 from the cache" in r.stdout
+    assert "gsp.synthetic           reproduced" in r.stdout and "0 task(s) computed, 4 from the cache" in r.stdout
     payload = json.loads((tmp_path / "out/r.json").read_text())
     (result,) = payload["experiments"]
     assert result["verdict"] == "reproduced"
     assert_allclose(result["comparisons"][0]["effect"], 0.1, rtol=1e-12)
     text = (tmp_path / "out/report/README.md").read_text()
     assert "| `gsp.synthetic` | reproduced |" in text
+    assert "| rules out | seeds to decide |" in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "out/report/gsp_synthetic_bars.png").stat().st_size > 0
     else:  # the test extra has no matplotlib: the report says how to get the figures
