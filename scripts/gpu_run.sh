@@ -621,6 +621,11 @@ PYEOF
             if [[ -f "$REPO/tests/conformance/test_conformance_cupy.py" ]]; then
                 gpu_tests+=("$REPO/tests/conformance/test_conformance_cupy.py")
             fi
+            # `refdml reproduce --device cuda`: a glyph task on the real CuPy against the CPU
+            # (CI runs it on the stand-in, scripts/ci_cupy_standin.sh).
+            if [[ -f "$REPO/tests/reproduce/test_reproduce_studies.py" ]]; then
+                gpu_tests+=("$REPO/tests/reproduce/test_reproduce_studies.py::test_a_glyph_task_on_the_device_matches_the_cpu")
+            fi
             (( ${#gpu_tests[@]} )) || { fail_step tests "missing tests/gpu/test_gpu*.py"; ok=0; }
         fi
         if (( ok )); then

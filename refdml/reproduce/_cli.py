@@ -38,8 +38,8 @@ EPILOG = _epilog()
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="5 seeds and short runs (under 15 minutes on 2 cores); default: "
-                             "10 seeds and longer runs")
+                        help="5 seeds (the glyph experiments 3) and short runs (under 15 "
+                             "minutes on 2 cores); default: 10 seeds (glyphs 4) and longer runs")
     parser.add_argument("--only", nargs="+", metavar="ID",
                         help="run only these experiments (ids or prefixes, e.g. 'gsp' 'asap.proxies')")
     parser.add_argument("--list", action="store_true", help="print the experiments and exit")
@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use this running Dask scheduler (tcp://host:port) instead of a "
                              "LocalCluster; its workers need refdml installed")
     parser.add_argument("--seeds", type=at_least("--seeds", 2), default=None,
-                        help="seeds per run (default: 5 with --quick, 10 without)")
+                        help="seeds per run, every experiment (default: 5 with --quick, 10 "
+                             "without; the glyph experiments 3 and 4)")
     parser.add_argument("--cache", metavar="DIR", default=DEFAULT_CACHE,
                         help=f"finished tasks are kept here (default {DEFAULT_CACHE}); a re-run "
                              "reuses them")

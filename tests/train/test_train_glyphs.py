@@ -2,8 +2,8 @@
 
 The class selection is checked against matplotlib's fonts read here directly (FT2Font's
 character maps), the sampling of the distortion against scipy.ndimage.affine_transform, the
-splits and collages by their definitions. The default selection is computed once per test
-session (about ten seconds) into a temporary cache folder.
+splits and collages by their definitions. The default selection is made (or read from the
+user's cache) once per test session, as the reproduce studies' tests use it too.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from refdml.train.data import _glyphs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def classes(tmp_path_factory):
-    return glyph_classes(cache_dir=tmp_path_factory.mktemp("glyph-cache"))
+def classes():
+    # the default cache, as the studies use it: one selection per test session
+    return glyph_classes()
 
 
 def _charmaps():
