@@ -178,7 +178,7 @@ def _raster(stem: str, char: str, em: float) -> np.ndarray:
 
 
 def _master(stem: str, char: str) -> tuple[np.ndarray, float]:
-    """The 64 x 64 master of ``char`` in font ``stem`` and its extent (in em)."""
+    """The 32 x 32 master of ``char`` in font ``stem`` and its extent (in em)."""
     ink = _raster(stem, char, EM)
     extent = max(ink.shape) / EM if ink.size else 0.0
     if max(ink.shape, default=0) > MAX_EXTENT:
