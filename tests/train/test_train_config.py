@@ -98,7 +98,10 @@ def test_reproduce_and_build_run_build_the_same_collage_model(tmp_path):
 
     settings = settings_for("collage", "quick", loss="contrastive")
     head, _ = _collage_configs("gsp", settings)
-    reproduce = _collage_model(head, settings, np.random.default_rng(5 + 1))
+    from refdml.train.models import Placement
+
+    reproduce = _collage_model(head, settings, np.random.default_rng(5 + 1),
+                               Placement(dtype=np.dtype(np.float32)))
     run = build_run("digits-collage", {"seed": 5, "progress": False, "zero_shot": False},
                     out_dir=tmp_path)
     a, b = _initial(reproduce.parameters()), _initial(run.model.parameters())
