@@ -47,8 +47,10 @@ SETTINGS = {
                    "gemean_p": 3.0, "zsr_lambda": 0.5, "ridge": 0.05, "xml_lambda": 0.5,
                    "xml_inverse_temperature": 5.0, "proxies_per_class": 8, "budget": 12,
                    "asap_lambda": 2e-4, "transfer_repeats": 20, "lr": 1e-3},
+        # patience: stop a run 4 epochs after its best validation MAP@R (ours, for the
+        # 60-minute budget: most runs peak by epoch 6; docs/reproduce.md, "Early stop")
         "quick": {"epochs": 4, "instance_every": 2},
-        "full": {"epochs": 15, "instance_every": 5}},
+        "full": {"epochs": 15, "instance_every": 5, "patience": 4}},
     "wdml": {
         # margins: chosen per method on the validation split (WDML_MARGINS, below)
         "common": {"n_train_per_class": 32, "n_val_per_class": 8, "n_test_per_class": 8,

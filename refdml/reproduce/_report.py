@@ -207,6 +207,19 @@ def _bars(result: dict, path: Path) -> None:
     save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
+def _mean_over_seeds(series: list[list[float]]) -> np.ndarray:
+    """Per epoch, the mean of the finite values of the seeds' curves that reach it: a run
+    stopped early (``patience``) has a shorter curve, and ``train_loss`` is NaN at epoch 0;
+    NaN where no seed has a finite value."""
+    n = max(len(s) for s in series)
+    arr = np.full((len(series), n), np.nan)
+    for row, s in zip(arr, series):
+        row[:len(s)] = np.asarray(s, dtype=np.float64)
+    counts = np.isfinite(arr).sum(axis=0)
+    total = np.where(np.isfinite(arr), arr, 0.0).sum(axis=0)
+    return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
+
+
 def _curves(result: dict, path: Path) -> bool:
     Figure = _figure()
 
@@ -225,14 +238,10 @@ def _curves(result: dict, path: Path) -> bool:
             series = [c[key] for c in run["curves"].values() if key in c]
             if not series:
                 continue
-            n = min(len(s) for s in series)
-            arr = np.array([s[:n] for s in series], dtype=np.float64)
-            counts = np.isfinite(arr).sum(axis=0)
-            mean = np.where(counts > 0, np.where(np.isfinite(arr), arr, 0.0).sum(axis=0)
-                            / np.maximum(counts, 1), np.nan)
-            ax.plot(range(n), mean, label=label)
+            mean = _mean_over_seeds(series)
+            ax.plot(range(mean.shape[0]), mean, label=label)
         ax.set_xlabel("epoch")
-        ax.set_title(f"{key} (mean over seeds)", fontsize=9)
+        ax.set_title(f"{key} (mean over the seeds that trained the epoch)", fontsize=9)
         if i == 0:
             ax.legend(fontsize=6)
     fig.suptitle(result["id"], fontsize=10)

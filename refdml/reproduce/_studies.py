@@ -8,7 +8,9 @@ float32 on the fast path, and returns metrics on the **test** split (classes nev
 training for the collages), curves per epoch and, for seed 0, small artefacts for figures.
 Every metric is of the model of the epoch with the best validation MAP@R
 (``val_map_at_r``, on a validation split of its own: ``selected_epoch``), as the papers
-recover the parameters with the best validation performance; the curves show every epoch.
+recover the parameters with the best validation performance; the curves show every epoch
+trained. A ``patience`` setting (the collage studies' default run) stops a run after that
+many epochs without a new best validation MAP@R; without it every run trains all ``epochs``.
 The models and objectives come from :mod:`refdml.train.models`, the builders of
 :func:`refdml.train.runs.build_run`; :data:`STUDIES` maps each study's name to its function.
 
@@ -314,7 +316,7 @@ def _collage_study(task: Task, data, *, recall: bool = False) -> dict:
                        instance_every=c["instance_every"] if method == "asap" else None,
                        # on the GPU the loop's own embeddings (on the device)
                        instance_embed=train_embeddings if on.device == "cpu" else None,
-                       select="val_map_at_r", device=on.device)
+                       select="val_map_at_r", patience=c.get("patience"), device=on.device)
     metrics = at_epoch(curves, best)           # the model holds the selected epoch's weights
     artefacts = {}
     if method in ("gsp", "gsp_zsr"):

@@ -14,7 +14,10 @@ validation performance" (GSP supp., fair evaluation; ASAP Sec. 5 monitors valida
 too): after every epoch the parameters of the model and the objective are kept when the
 ``select`` curve (a validation metric) beats every earlier epoch's (epochs 1..E: a trained
 model), and they are restored at the end, so whatever the caller measures afterwards is the
-selected model's. Training runs all ``epochs`` (an early stop with unlimited patience).
+selected model's. Training runs all ``epochs``, or with ``patience`` stops after that many
+epochs in a row without a new best (:class:`~refdml.train.trainer.TrainingLoop`'s early stop,
+counted from the untrained epoch 0); the selection is then over the epochs that ran, and the
+curves end at the stop.
 """
 
 from __future__ import annotations
@@ -109,12 +112,15 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
         n_classes_per_batch: int, n_samples_per_class: int, seed: int, dtype,
         evaluate: Callable[[], dict[str, float]], after_step: Callable[[], None] | None = None,
         instance_every: int | None = None, instance_embed: Callable[[], Any] | None = None,
-        select: str | None = None, device: str = "cpu") -> tuple[dict[str, list[float]], int]:
+        select: str | None = None, patience: int | None = None,
+        device: str = "cpu") -> tuple[dict[str, list[float]], int]:
     """Train for ``epochs`` epochs; return the curves (``train_loss`` and ``evaluate()``'s
     keys, entry 0 the untrained model, ``train_loss`` NaN there) and the selected epoch:
     with ``select`` (a key of ``evaluate()``), the epoch in 1..``epochs`` of its highest
     value (the first of ties), whose parameters the model and objective hold on return
-    (module docstring); without, the last epoch.
+    (module docstring); without, the last epoch. ``patience`` (needs ``select``): stop after
+    that many epochs without a strict improvement of the ``select`` curve; None trains all
+    ``epochs``.
 
     ``device``: where the loop runs (``"cuda"``: CuPy; the model must live there).
     Raises :class:`~refdml.train.TrainingDiverged` (also a ``FloatingPointError``) on a
@@ -129,7 +135,8 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
                         seed=seed + 3, dtype=dtype, device=device, progress=False,
                         after_step=after_step,
                         instance_every=instance_every, instance_embed=instance_embed,
-                        evaluate=evaluate, select=select, select_from=1, sink=sink)
+                        evaluate=evaluate, select=select, select_from=1, sink=sink,
+                        early_stopping_patience=patience)
     loop.fit()
     curves = sink.curves(["train_loss", *loop.evaluation_keys])
     curves["train_loss"][0] = math.nan    # the row's None: no training before epoch 1

@@ -269,3 +269,14 @@ def test_cached_only_computes_nothing(tmp_path):
     run_tasks(tasks[:1], in_process=True, progress=False, cache_dir=tmp_path)
     out = run_tasks(tasks, progress=False, cache_dir=tmp_path, compute=False)
     assert out.cached == {tasks[0]} and out.missing == set(tasks[1:]) and not out.computed
+
+
+def test_curve_means_run_over_the_seeds_that_trained_each_epoch():
+    """A run stopped early (``patience``) has a shorter curve; ``train_loss`` is NaN at 0."""
+    import numpy as np
+
+    from refdml.reproduce._report import _mean_over_seeds
+
+    mean = _mean_over_seeds([[np.nan, 4.0, 2.0, 1.0], [np.nan, 2.0], [np.nan, 3.0, 3.0]])
+    np.testing.assert_array_equal(mean[1:], [3.0, 2.5, 1.0])
+    assert np.isnan(mean[0])

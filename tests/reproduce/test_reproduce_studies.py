@@ -122,6 +122,62 @@ def test_fit_keeps_the_parameters_of_the_best_validation_epoch(script, expected)
     assert row["final_train_loss"] == curves["train_loss"][expected]
 
 
+# (validation script for epochs 0..5, patience, the epoch it stops at, the selected epoch),
+# worked by hand: an epoch improves when it beats every earlier value, epoch 0 included;
+# the run stops when `patience` epochs in a row did not; the selection is over 1..stop.
+@pytest.mark.parametrize("script, patience, stop, expected", [
+    ([0.1, 0.5, 0.4, 0.3, 0.6, 0.7], 2, 3, 1),   # 2, 3 do not beat 0.5: stop at 3
+    ([0.1, 0.5, 0.4, 0.6, 0.3, 0.2], 2, 5, 3),   # 3 improves: the count restarts
+    ([0.9, 0.2, 0.3, 0.1, 0.2, 0.3], 2, 2, 2),   # the untrained 0.9 counts; selection from 1
+    ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 1, 5, 5),   # always improving: all 5 epochs
+])
+def test_fit_with_patience_stops_after_epochs_without_a_new_best(script, patience, stop,
+                                                                 expected):
+    """``fit(patience=...)``: the curves end at the stop, and the selection is the best epoch
+    among those trained, whose parameters the model holds."""
+    import numpy as np
+
+    from refdml.reproduce._train import fit
+    from refdml.train import L2Normalize, Linear, Sequential
+    from refdml.train.objectives import LossObjective
+
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((32, 6)), np.repeat(np.arange(4), 8)
+    model = Sequential([Linear(6, 3, rng=rng), L2Normalize()])
+    seen = []
+
+    def evaluate():
+        seen.append([p.value.copy() for p in model.parameters()])
+        return {"val": script[len(seen) - 1]}
+
+    curves, best = fit(model, LossObjective("contrastive"), x, y, epochs=5, lr=0.1,
+                       n_classes_per_batch=4, n_samples_per_class=4, seed=0,
+                       dtype=np.float64, evaluate=evaluate, select="val", patience=patience)
+    assert len(seen) == stop + 1 and curves["val"] == script[:stop + 1]
+    assert len(curves["train_loss"]) == stop + 1 and best == expected
+    for held, kept in zip(model.parameters(), seen[expected]):
+        np.testing.assert_array_equal(held.value, kept)
+
+
+def test_fit_refuses_patience_without_a_selection():
+    import numpy as np
+
+    from refdml.reproduce._train import fit
+    from refdml.train import L2Normalize, Linear, Sequential
+    from refdml.train.objectives import LossObjective
+
+    rng = np.random.default_rng(1)
+    model = Sequential([Linear(6, 3, rng=rng), L2Normalize()])
+    for bad, match in ((0, "early_stopping_patience"), (2, "select")):
+        with pytest.raises(ValueError, match=match):
+            fit(model, LossObjective("contrastive"), rng.standard_normal((32, 6)),
+                np.repeat(np.arange(4), 8), epochs=2, lr=0.1, n_classes_per_batch=4,
+                n_samples_per_class=4, seed=0, dtype=np.float64,
+                evaluate=lambda: {"val": 0.0}, select=None if bad else "val",
+                patience=bad)
+
+
+
 def test_glyph_collage_cell_weights_compare_the_class_cell_with_the_distractors():
     """The class cell's share of GSP's weight and its ratio to a distractor cell's mean
     weight, from the same per-collage weight maps (share s, ratio s / ((1 - s) / 3))."""
