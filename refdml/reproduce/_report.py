@@ -209,15 +209,17 @@ def _bars(result: dict, path: Path) -> None:
 
 def _mean_over_seeds(series: list[list[float]]) -> np.ndarray:
     """Per epoch, the mean of the finite values of the seeds' curves that reach it: a run
-    stopped early (``patience``) has a shorter curve, and ``train_loss`` is NaN at epoch 0;
-    NaN where no seed has a finite value."""
+    stopped early (``patience``) has a shorter curve, and ``train_loss`` is NaN at epoch 0.
+    NaN where fewer than half of the seeds have a finite value: the few runs that train
+    longest are not the typical run, and one seed's curve is noise."""
     n = max(len(s) for s in series)
     arr = np.full((len(series), n), np.nan)
     for row, s in zip(arr, series):
         row[:len(s)] = np.asarray(s, dtype=np.float64)
     counts = np.isfinite(arr).sum(axis=0)
     total = np.where(np.isfinite(arr), arr, 0.0).sum(axis=0)
-    return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
+    enough = (counts > 0) & (2 * counts >= len(series))
+    return np.where(enough, total / np.maximum(counts, 1), np.nan)
 
 
 def _curves(result: dict, path: Path) -> bool:
@@ -241,10 +243,15 @@ def _curves(result: dict, path: Path) -> bool:
             mean = _mean_over_seeds(series)
             ax.plot(range(mean.shape[0]), mean, label=label)
         ax.set_xlabel("epoch")
-        ax.set_title(f"{key} (mean over the seeds that trained the epoch)", fontsize=9)
+        ax.set_title(f"{key} (mean over seeds)", fontsize=9)
         if i == 0:
             ax.legend(fontsize=6)
-    fig.suptitle(result["id"], fontsize=10)
+    lengths = {len(c[keys[0]]) for r in result["runs"].values() for c in r["curves"].values()
+               if keys[0] in c}
+    stopped = len(lengths) > 1
+    fig.suptitle(result["id"] + (" (runs stop early: each epoch averages the seeds that "
+                                 "trained it, shown while at least half did)"
+                                 if stopped else ""), fontsize=10)
     save_figure(fig, path, dpi=110, bbox_inches="tight")
     return True
 
@@ -339,7 +346,8 @@ def _glyphs(result: dict, path: Path) -> bool:
     if "n_background" in settings:
         collages = make_glyph_collages(
             rng=0, classes=classes, size=settings["glyph_size"], max_classes=60,
-            n_background=tuple(settings["n_background"])).test
+            n_background=tuple(settings["n_background"]),
+            families=tuple(settings.get("families", ()))).test
     plot_glyphs(classes, path, n_classes=10, collages=collages,
                 title=f"{result['id']}: {len(classes)} glyph classes (10 shown) in the fonts "
                       "that draw them, clean and distorted")

@@ -268,7 +268,8 @@ def glyph_collage_task(task: Task) -> dict:
     """``collage`` on glyph collages (:func:`refdml.train.data.make_glyph_collages`)."""
     c = task.config
     data = make_glyph_collages(rng=task.seed, collages_per_image=c["collages_per_image"],
-                               n_background=tuple(c["n_background"]), **_glyph_options(c))
+                               n_background=tuple(c["n_background"]),
+                               families=tuple(c.get("families", ())), **_glyph_options(c))
     return _collage_study(task, data, recall=True)
 
 

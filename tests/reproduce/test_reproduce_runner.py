@@ -272,11 +272,13 @@ def test_cached_only_computes_nothing(tmp_path):
 
 
 def test_curve_means_run_over_the_seeds_that_trained_each_epoch():
-    """A run stopped early (``patience``) has a shorter curve; ``train_loss`` is NaN at 0."""
+    """A run stopped early (``patience``) has a shorter curve; ``train_loss`` is NaN at 0;
+    an epoch fewer than half the seeds trained is left out."""
     import numpy as np
 
     from refdml.reproduce._report import _mean_over_seeds
 
     mean = _mean_over_seeds([[np.nan, 4.0, 2.0, 1.0], [np.nan, 2.0], [np.nan, 3.0, 3.0]])
-    np.testing.assert_array_equal(mean[1:], [3.0, 2.5, 1.0])
-    assert np.isnan(mean[0])
+    # epoch 1: all three seeds; 2: two of three; 3: one of three, under half: not shown
+    np.testing.assert_array_equal(mean[1:3], [3.0, 2.5])
+    assert np.isnan(mean[0]) and np.isnan(mean[3])

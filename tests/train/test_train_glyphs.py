@@ -18,6 +18,7 @@ import pytest
 matplotlib = pytest.importorskip("matplotlib")
 
 from refdml.train.data import (  # noqa: E402
+    GLYPH_FAMILIES,
     GLYPH_FONTS,
     GlyphDistortion,
     glyph_classes,
@@ -180,6 +181,49 @@ def test_clean_renderings_are_centred_and_distortions_change_them(classes):
     assert np.abs(noisy.images - clean.images).mean() > 0.01
 
 
+# The families, stated here from Unicode's own tables: what each family must hold.
+_FAMILY_MEMBERS = {
+    "digits": lambda c: unicodedata.decimal(c, None) is not None,
+    "arrows": lambda c: 0x2190 <= ord(c) < 0x2200,
+    "operators": lambda c: 0x2200 <= ord(c) < 0x2300,
+    "currency": lambda c: unicodedata.category(c) == "Sc",
+}
+
+
+def test_distractor_families_are_shared_by_the_splits_and_their_characters_are_not(classes):
+    """``families``: every member of each family is a distractor of exactly one split, every
+    split has members of every family, and no member is a label (Cifar Collage's shared
+    super-classes with sub-classes split across train / validation / test)."""
+    assert set(GLYPH_FAMILIES) == set(_FAMILY_MEMBERS)
+    g = make_glyphs(rng=3, classes=classes, size=12, instances_per_font=1,
+                    families=tuple(GLYPH_FAMILIES))
+    labels = set(g.train.classes) | set(g.val.classes) | set(g.test.classes)
+    backgrounds = [set(b) for b in g.background]
+    assert not any(a & b for i, a in enumerate(backgrounds) for b in backgrounds[i + 1:])
+    assert not labels & set().union(*backgrounds)
+    assert len(labels) + sum(map(len, backgrounds)) == len(classes)
+    for name, member in _FAMILY_MEMBERS.items():
+        ids = {i for i, c in enumerate(classes.characters) if member(c)}
+        assert len(ids) >= 3, name
+        assert ids <= set().union(*backgrounds), name
+        for split in backgrounds:
+            assert split & ids, name       # the kind is shared by every split
+    # every distractor belongs to a family; the draw is the seed's
+    assert set().union(*backgrounds) == {
+        i for i, c in enumerate(classes.characters)
+        if any(f[1](c) for f in GLYPH_FAMILIES.values())}
+    again = make_glyphs(rng=3, classes=classes, size=12, instances_per_font=1,
+                        families=tuple(GLYPH_FAMILIES))
+    assert again.background == g.background
+    np.testing.assert_array_equal(again.test.images, g.test.images)
+    col = make_glyph_collages(rng=3, classes=classes, size=12, max_classes=40,
+                              n_background=(0, 0, 0), families=("digits", "arrows"))
+    for split, bg in zip((col.train, col.val, col.test), col.glyphs.background):
+        assert set(split.shared_classes) == set(bg)
+        assert {classes.characters[i] for i in bg} <= set(string.digits) | {
+            chr(o) for o in range(0x2190, 0x2200)}
+
+
 def test_collages_put_the_label_glyph_in_one_cell_and_distractors_elsewhere(classes):
     col = make_glyph_collages(rng=1, classes=classes, size=12, max_classes=60,
                               n_background=(3, 2, 2), collages_per_image=2)
@@ -231,6 +275,12 @@ def test_collages_put_the_label_glyph_in_one_cell_and_distractors_elsewhere(clas
     (lambda c: make_glyph_collages(rng=0, classes=c, grid=1), ValueError, "grid == 1"),
     (lambda c: make_glyph_collages(rng=0, classes=c, n_background=(1, 0, 1)), ValueError,
      "at least one distractor"),
+    (lambda c: make_glyphs(rng=0, classes=c, families="digits"), TypeError, "families must"),
+    (lambda c: make_glyphs(rng=0, classes=c, families=("letters",)), ValueError, "'letters'"),
+    (lambda c: make_glyphs(rng=0, classes=c, families=("digits", "digits")), ValueError,
+     "twice"),
+    (lambda c: make_glyphs(rng=0, classes=c, families=("digits",), fractions=(1, 5, 5)),
+     ValueError, "none of them for training"),
     (lambda c: glyph_classes(min_fonts=0), ValueError, "min_fonts == 0"),
     (lambda c: glyph_classes(cache_dir=3), TypeError, "cache_dir"),
 ])

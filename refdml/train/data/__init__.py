@@ -17,6 +17,7 @@ decisions where the paper is silent: docs/train_data.md.
 from refdml.train.data._collage import CollageSplit, DigitsCollage, make_digits_collage
 from refdml.train.data._features import FeatureSet, load_features
 from refdml.train.data._glyphs import (
+    GLYPH_FAMILIES,
     GLYPH_FONTS,
     GlyphClasses,
     GlyphCollages,
@@ -53,6 +54,7 @@ __all__ = [
     "CollageSplit",
     "DigitsCollage",
     "make_digits_collage",
+    "GLYPH_FAMILIES",
     "GLYPH_FONTS",
     "GlyphClasses",
     "GlyphCollages",

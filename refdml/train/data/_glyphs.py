@@ -58,15 +58,21 @@ vectorised over instances.
 
 **Splits** (:func:`make_glyphs`): the classes are shuffled by ``rng`` and cut into
 train / validation / test (``fractions``, default 0.55 / 0.15 / 0.30), so the test classes
-are never seen in training; optionally ``n_background`` classes per split are set aside as
-the distractors of :func:`make_glyph_collages` (never a label anywhere).
+are never seen in training; optionally ``n_background`` classes per split, or the members
+of distractor ``families`` (:data:`GLYPH_FAMILIES`), are set aside as the distractors of
+:func:`make_glyph_collages` (never a label anywhere).
 
 **Collages** (:func:`make_glyph_collages`, GSP supp. Sec. 2.2's Cifar Collage): a ``grid``
 x ``grid`` image whose label is one cell's glyph class and whose other cells hold glyphs of
 the split's background classes, the class cell drawn uniformly per image. The distractor
-classes of a split are few and shared by all its collages, as Cifar Collage's shared
-super-classes are, so pooling can learn to ignore them; like the labels, they differ
-between the splits.
+classes of a split are few and shared by all its collages; like the labels, they differ
+between the splits. Cifar Collage draws them from 4 super-classes shared by every split
+(each super-class's sub-classes split 2 / 1 / 2), so what a model learns to ignore in
+training is the *kind* of thing it meets as background at test time. ``n_background``
+classes drawn at random share nothing across the splits: nothing learnt about the training
+distractors tells a model which test glyphs are the distractors. ``families`` restores the
+shared kind: digits, arrows, operators and currency symbols are distractors in every
+split, and their members are split like the sub-classes.
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ import string
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -87,7 +93,7 @@ from refdml._io import atomic_path
 from refdml._validation import _describe, check_rng, check_scalar
 from refdml.train.data._collage import CollageSplit
 
-__all__ = ["GLYPH_FONTS", "GlyphClasses", "GlyphDistortion", "GlyphSplit", "Glyphs",
+__all__ = ["GLYPH_FAMILIES", "GLYPH_FONTS", "GlyphClasses", "GlyphDistortion", "GlyphSplit", "Glyphs",
            "GlyphCollages", "glyph_classes", "make_glyphs", "make_glyph_collages",
            "render_glyphs"]
 
@@ -116,6 +122,21 @@ GLYPH_FONTS: tuple[tuple[str, str, str], ...] = (
     ("cmss10", "Computer Modern Sans", "regular"),
     ("cmtt10", "Computer Modern Typewriter", "regular"),
 )
+
+#: Kinds of character that collages can take their distractors from (``families`` of
+#: :func:`make_glyphs`): name -> (what it holds, the test on one character). Each family's
+#: members are split across train / validation / test like Cifar Collage's shared
+#: super-classes, whose sub-classes are (GSP supp. Sec. 2.2): the kind is shared, the
+#: characters are not.
+GLYPH_FAMILIES: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "digits": ("decimal digits (Unicode category Nd)",
+               lambda c: unicodedata.category(c) == "Nd"),
+    "arrows": ("the Arrows block, U+2190-U+21FF", lambda c: 0x2190 <= ord(c) <= 0x21FF),
+    "operators": ("the Mathematical Operators block, U+2200-U+22FF",
+                  lambda c: 0x2200 <= ord(c) <= 0x22FF),
+    "currency": ("currency symbols (Unicode category Sc)",
+                 lambda c: unicodedata.category(c) == "Sc"),
+}
 
 #: The only characters taken from the Computer Modern (BaKoMa, TeX-encoded) fonts.
 _TEX_ENCODED_SAFE = frozenset(string.ascii_letters + string.digits)
@@ -587,7 +608,8 @@ class Glyphs:
     """Class-disjoint glyph splits and the class table.
 
     ``background``: per split (train, val, test), the class ids set aside as collage
-    distractors (empty unless ``n_background`` was given); they are in no split's labels.
+    distractors (empty unless ``n_background`` or ``families`` was given); they are in no
+    split's labels.
     """
 
     train: GlyphSplit
@@ -611,10 +633,23 @@ def _check_counts(value, name: str, kind: type) -> tuple:
                  for i, v in enumerate(value))
 
 
+def _split_sizes(n: int, f: np.ndarray) -> tuple[int, int, int]:
+    """``(train, val, test)`` sizes of ``n`` items cut by the fractions ``f`` (summing to 1):
+    validation and test rounded, at least one each; training the rest (may be < 1)."""
+    n_val = max(1, int(np.rint(f[1] * n)))
+    n_test = max(1, int(np.rint(f[2] * n)))
+    return n - n_val - n_test, n_val, n_test
+
+
+def _cut(items: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n_train, n_val, _ = _split_sizes(items.size, f)
+    return items[:n_train], items[n_train:n_train + n_val], items[n_train + n_val:]
+
+
 def make_glyphs(*, rng: Any, size: int = 28, instances_per_font: int = 2,
                 fractions: tuple[float, float, float] = (0.55, 0.15, 0.30),
                 max_classes: int | None = None, n_background: tuple[int, int, int] = (0, 0, 0),
-                eval_instances_per_font: int | None = None,
+                families: tuple[str, ...] = (), eval_instances_per_font: int | None = None,
                 distortion: GlyphDistortion | None = None,
                 classes: GlyphClasses | None = None) -> Glyphs:
     """Class-disjoint train / validation / test glyphs (module docstring).
@@ -622,7 +657,10 @@ def make_glyphs(*, rng: Any, size: int = 28, instances_per_font: int = 2,
     ``rng`` draws the class split (``max_classes`` classes at most, drawn first) and the
     distortions: same seed, same pixels. ``fractions`` are of the label classes, after
     ``n_background`` classes per split are set aside as collage distractors; each split
-    gets at least one class. ``instances_per_font`` copies per (class, font) in training,
+    gets at least one class. ``families`` (names of :data:`GLYPH_FAMILIES`): every member
+    of each family is a distractor too, never a label; each family's members are shuffled
+    and cut by ``fractions`` (at least one per split), so the splits share the families and
+    none of their characters. They are set aside before ``max_classes`` draws. ``instances_per_font`` copies per (class, font) in training,
     ``eval_instances_per_font`` (default the same) in validation and test. ``classes``:
     a :func:`glyph_classes` selection (default: its defaults).
     """
@@ -635,16 +673,39 @@ def make_glyphs(*, rng: Any, size: int = 28, instances_per_font: int = 2,
     eval_copies = (instances_per_font if eval_instances_per_font is None else
                    check_scalar(eval_instances_per_font, "eval_instances_per_font", low=1,
                                 high=1000, integer=True))
+    if isinstance(families, str) or not isinstance(families, (tuple, list)):
+        raise TypeError(f"families must be a tuple of names of GLYPH_FAMILIES, got "
+                        f"{families!r}")
+    for name in families:
+        if name not in GLYPH_FAMILIES:
+            raise ValueError(f"families: {name!r} is not one of {tuple(GLYPH_FAMILIES)}")
+    if len(set(families)) != len(families):
+        raise ValueError(f"families == {tuple(families)} names a family twice")
     gen = check_rng(rng)
-    order = gen.permutation(len(classes))
+    f = np.asarray(fractions) / sum(fractions)
+    members = [[i for i, c in enumerate(classes.characters) if GLYPH_FAMILIES[name][1](c)]
+               for name in families]
+    family_background: list[list[int]] = [[], [], []]
+    for name, ids in zip(families, members):
+        if len(ids) < 3:
+            raise ValueError(f"families: {name!r} has {len(ids)} member(s) in this selection, "
+                             "fewer than the 3 splits")
+        part = _cut(gen.permutation(np.asarray(ids)), f)
+        if part[0].size < 1:
+            raise ValueError(f"families: {name!r} has {len(ids)} members, and fractions == "
+                             f"{fractions} leave none of them for training")
+        for split, chosen in zip(family_background, part):
+            split.extend(int(c) for c in chosen)
+    in_family = np.zeros(len(classes), dtype=bool)
+    for ids in members:
+        in_family[ids] = True
+    order = np.flatnonzero(~in_family)[gen.permutation(int((~in_family).sum()))] \
+        if families else gen.permutation(len(classes))
     if max_classes is not None:
         max_classes = check_scalar(max_classes, "max_classes", low=3, integer=True)
         order = order[:max_classes]
     n_labels = order.size - sum(n_background)
-    f = np.asarray(fractions) / sum(fractions)
-    n_val = max(1, int(np.rint(f[1] * n_labels)))
-    n_test = max(1, int(np.rint(f[2] * n_labels)))
-    n_train = n_labels - n_val - n_test
+    n_train, n_val, n_test = _split_sizes(n_labels, f)
     if n_train < 1:
         raise ValueError(f"{order.size} classes with n_background == {n_background} and "
                          f"fractions == {fractions} leave {n_labels} label classes, "
@@ -652,8 +713,8 @@ def make_glyphs(*, rng: Any, size: int = 28, instances_per_font: int = 2,
                          "for training")
     background = []
     start = 0
-    for count in n_background:
-        background.append(tuple(sorted(int(c) for c in order[start:start + count])))
+    for count, extra in zip(n_background, family_background):
+        background.append(tuple(sorted([int(c) for c in order[start:start + count]] + extra)))
         start += count
     labels = order[start:]
     parts = (labels[:n_train], labels[n_train:n_train + n_val], labels[n_train + n_val:])
@@ -708,9 +769,11 @@ def _collage_split(split: GlyphSplit, distractors: GlyphSplit, grid: int, copies
 def make_glyph_collages(*, rng: Any, grid: int = 2, collages_per_image: int = 1,
                         eval_collages_per_image: int = 1,
                         n_background: tuple[int, int, int] = (8, 4, 8),
+                        families: tuple[str, ...] = (),
                         **glyph_options: Any) -> GlyphCollages:
     """Glyph collages (module docstring): :func:`make_glyphs` with ``n_background``
-    distractor classes per split (``glyph_options`` are passed on), then per glyph
+    distractor classes per split and the members of ``families`` (each family's characters
+    split across the splits; ``glyph_options`` are passed on), then per glyph
     ``collages_per_image`` (training) / ``eval_collages_per_image`` (validation and test)
     collages of ``grid`` x ``grid`` cells, the label's glyph in a uniformly drawn cell and
     distractor instances of the same split in the others. Deterministic given ``rng``."""
@@ -720,11 +783,12 @@ def make_glyph_collages(*, rng: Any, grid: int = 2, collages_per_image: int = 1,
     eval_copies = check_scalar(eval_collages_per_image, "eval_collages_per_image", low=1,
                                high=1000, integer=True)
     n_background = _check_counts(n_background, "n_background", int)
-    if min(n_background) < 1:
-        raise ValueError(f"n_background == {n_background}, must give every split at least "
-                         "one distractor class")
+    if min(n_background) < 1 and not families:
+        raise ValueError(f"n_background == {n_background} and no families: every split needs "
+                         "at least one distractor class")
     gen = check_rng(rng)
-    glyphs = make_glyphs(rng=gen, n_background=n_background, **glyph_options)
+    glyphs = make_glyphs(rng=gen, n_background=n_background, families=families,
+                         **glyph_options)
     distractors = [render_glyphs(glyphs.classes, ids, rng=gen, size=glyphs.size,
                                  distortion=glyph_options.get("distortion"))
                    for ids in glyphs.background]
