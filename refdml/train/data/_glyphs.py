@@ -93,8 +93,8 @@ from refdml._io import atomic_path
 from refdml._validation import _describe, check_rng, check_scalar
 from refdml.train.data._collage import CollageSplit
 
-__all__ = ["GLYPH_FAMILIES", "GLYPH_FONTS", "GlyphClasses", "GlyphDistortion", "GlyphSplit", "Glyphs",
-           "GlyphCollages", "glyph_classes", "make_glyphs", "make_glyph_collages",
+__all__ = ["GLYPH_FAMILIES", "GLYPH_FONTS", "GlyphClasses", "GlyphDistortion", "GlyphSplit",
+           "Glyphs", "GlyphCollages", "glyph_classes", "make_glyphs", "make_glyph_collages",
            "render_glyphs"]
 
 #: The text fonts matplotlib ships: ``(file stem, family, style)``.
@@ -646,6 +646,39 @@ def _cut(items: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return items[:n_train], items[n_train:n_train + n_val], items[n_train + n_val:]
 
 
+def _check_families(families) -> None:
+    if isinstance(families, str) or not isinstance(families, (tuple, list)):
+        raise TypeError(f"families must be a tuple of names of GLYPH_FAMILIES, got "
+                        f"{families!r}")
+    for name in families:
+        if name not in GLYPH_FAMILIES:
+            raise ValueError(f"families: {name!r} is not one of {tuple(GLYPH_FAMILIES)}")
+    if len(set(families)) != len(families):
+        raise ValueError(f"families == {tuple(families)} names a family twice")
+
+
+def _family_background(classes: GlyphClasses, families, f: np.ndarray, fractions,
+                       gen: np.random.Generator) -> tuple[list[list[int]], np.ndarray]:
+    """Per split, the family members that are its distractors (each family shuffled by
+    ``gen`` and cut by ``f``), and the (n_classes,) mask of every family member."""
+    in_family = np.zeros(len(classes), dtype=bool)
+    background: list[list[int]] = [[], [], []]
+    for name in families:
+        member = GLYPH_FAMILIES[name][1]
+        ids = np.array([i for i, c in enumerate(classes.characters) if member(c)], np.int64)
+        if ids.size < 3:
+            raise ValueError(f"families: {name!r} has {ids.size} member(s) in this "
+                             "selection, fewer than the 3 splits")
+        part = _cut(gen.permutation(ids), f)
+        if part[0].size < 1:
+            raise ValueError(f"families: {name!r} has {ids.size} members, and fractions == "
+                             f"{fractions} leave none of them for training")
+        for split, chosen in zip(background, part):
+            split.extend(int(c) for c in chosen)
+        in_family[ids] = True
+    return background, in_family
+
+
 def make_glyphs(*, rng: Any, size: int = 28, instances_per_font: int = 2,
                 fractions: tuple[float, float, float] = (0.55, 0.15, 0.30),
                 max_classes: int | None = None, n_background: tuple[int, int, int] = (0, 0, 0),
@@ -660,7 +693,8 @@ def make_glyphs(*, rng: Any, size: int = 28, instances_per_font: int = 2,
     gets at least one class. ``families`` (names of :data:`GLYPH_FAMILIES`): every member
     of each family is a distractor too, never a label; each family's members are shuffled
     and cut by ``fractions`` (at least one per split), so the splits share the families and
-    none of their characters. They are set aside before ``max_classes`` draws. ``instances_per_font`` copies per (class, font) in training,
+    none of their characters. They are set aside before ``max_classes`` draws.
+    ``instances_per_font`` copies per (class, font) in training,
     ``eval_instances_per_font`` (default the same) in validation and test. ``classes``:
     a :func:`glyph_classes` selection (default: its defaults).
     """
@@ -673,34 +707,12 @@ def make_glyphs(*, rng: Any, size: int = 28, instances_per_font: int = 2,
     eval_copies = (instances_per_font if eval_instances_per_font is None else
                    check_scalar(eval_instances_per_font, "eval_instances_per_font", low=1,
                                 high=1000, integer=True))
-    if isinstance(families, str) or not isinstance(families, (tuple, list)):
-        raise TypeError(f"families must be a tuple of names of GLYPH_FAMILIES, got "
-                        f"{families!r}")
-    for name in families:
-        if name not in GLYPH_FAMILIES:
-            raise ValueError(f"families: {name!r} is not one of {tuple(GLYPH_FAMILIES)}")
-    if len(set(families)) != len(families):
-        raise ValueError(f"families == {tuple(families)} names a family twice")
+    _check_families(families)
     gen = check_rng(rng)
     f = np.asarray(fractions) / sum(fractions)
-    members = [[i for i, c in enumerate(classes.characters) if GLYPH_FAMILIES[name][1](c)]
-               for name in families]
-    family_background: list[list[int]] = [[], [], []]
-    for name, ids in zip(families, members):
-        if len(ids) < 3:
-            raise ValueError(f"families: {name!r} has {len(ids)} member(s) in this selection, "
-                             "fewer than the 3 splits")
-        part = _cut(gen.permutation(np.asarray(ids)), f)
-        if part[0].size < 1:
-            raise ValueError(f"families: {name!r} has {len(ids)} members, and fractions == "
-                             f"{fractions} leave none of them for training")
-        for split, chosen in zip(family_background, part):
-            split.extend(int(c) for c in chosen)
-    in_family = np.zeros(len(classes), dtype=bool)
-    for ids in members:
-        in_family[ids] = True
-    order = np.flatnonzero(~in_family)[gen.permutation(int((~in_family).sum()))] \
-        if families else gen.permutation(len(classes))
+    family_background, in_family = _family_background(classes, families, f, fractions, gen)
+    others = np.flatnonzero(~in_family)     # all classes without families: the same draw
+    order = others[gen.permutation(others.size)]
     if max_classes is not None:
         max_classes = check_scalar(max_classes, "max_classes", low=3, integer=True)
         order = order[:max_classes]
@@ -716,8 +728,7 @@ def make_glyphs(*, rng: Any, size: int = 28, instances_per_font: int = 2,
     for count, extra in zip(n_background, family_background):
         background.append(tuple(sorted([int(c) for c in order[start:start + count]] + extra)))
         start += count
-    labels = order[start:]
-    parts = (labels[:n_train], labels[n_train:n_train + n_val], labels[n_train + n_val:])
+    parts = _cut(order[start:], f)
     splits = [render_glyphs(classes, np.sort(part), rng=gen, size=size,
                             instances_per_font=instances_per_font if i == 0 else eval_copies,
                             distortion=distortion)
