@@ -49,8 +49,8 @@ Newton in float64. The stopping rules use the input dtype's ulp (the array path'
 float32 stops where the array path stops; the parity held is 1e-10 (float64) and 1e-4
 (float32) relative to the reference.
 
-Length (~880 lines, over the house ~450 on purpose): each CPU twin and its CUDA kernel are
-the same computation laid out for two machines, and are meant to be read side by side.
+Each CPU twin and its CUDA kernel are the same computation laid out for two machines, and
+are kept in one module to be read side by side.
 
 Where results must reach Python: nothing here synchronises; the caller reads
 ``n_iter`` / ``converged`` from the per-image outputs and checks the backward's ``d_cost``

@@ -23,8 +23,8 @@ mass term is summed through ``expm1`` (:func:`batch_value`).
 
 On NumPy the loop runs on kernel scalings instead (:func:`_stage_scaling`, one
 matrix-vector product per half step, :func:`_kernel_half_step`), with the log-domain half
-step as its absorption and fallback: 3x (float32) to 4x (float64) faster on the all-pairs
-benchmark, since a mat-vec costs a fraction of an exponential per entry.
+step as its absorption and fallback: faster than the log-domain loop, since a mat-vec
+costs a fraction of an exponential per entry.
 
 Convergence check (the one synchronisation of the loop on CuPy): every iteration on
 NumPy (free), every :data:`CHECK_EVERY_GPU` iterations on CuPy. Converged problems are

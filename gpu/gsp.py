@@ -124,9 +124,9 @@ def _one_blas_thread(fn):
     """Run ``fn`` with host BLAS limited to one thread (no effect on cuBLAS).
 
     Why: the GEMMs here are small ((B n, d) x (d, m)); with the user's default BLAS threads on
-    a busy 2-core machine, OpenBLAS's spinning workers made the pooling layer's forward +
-    backward (B = 256) ~1.0 s instead of ~0.14 s (both paths; docs/gpu.md). On an idle
-    machine one thread costs at most the GEMMs' share of parallel speed-up.
+    a busy machine, OpenBLAS's spinning worker threads slow the pooling layer's forward +
+    backward down badly (both paths; docs/gpu.md). On an idle machine one thread costs at
+    most the GEMMs' share of parallel speed-up.
     """
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

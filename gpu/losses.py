@@ -19,9 +19,8 @@ Differences of implementation, not of result:
 * The context keeps ``d value / d matrix`` for an upstream of 1 (as the reference); the
   backward is matrix products only, no recomputation.
 
-One file of ~500 lines (over the house ~450) on purpose: it is the seven public pairs and
-their one-call wrappers, each a few lines over the shared pieces of ``_loss_kernels``;
-split it like ``refdml/losses/`` (``_pair``, ``_proxy``) when a kernel path is added.
+The seven public pairs and their one-call wrappers are each a few lines over the shared
+pieces of ``_loss_kernels``.
 """
 
 from __future__ import annotations
@@ -262,8 +261,8 @@ def _upper(xp: Any, n: int) -> Any:
 
 def _exclusion(xp: Any, keep: Any, dtype: Any) -> Any:
     """``0`` where ``keep``, ``+inf`` elsewhere (``1 / keep - 1``): added to finite data it
-    masks a max / min like ``where(keep, data, -+inf)``, without ``where`` (several times
-    slower than arithmetic on NumPy)."""
+    masks a max / min like ``where(keep, data, -+inf)``, without ``where`` (slower than
+    arithmetic on NumPy)."""
     with _quiet(xp):
         return 1 / keep.astype(dtype) - 1
 

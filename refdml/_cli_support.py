@@ -75,7 +75,7 @@ def select(names: Iterable[str], patterns: Iterable[str]) -> tuple[list[str], li
 def check_output_paths(report: str | None, json_path: str | None) -> str | None:
     """Make the report folder and check both outputs can be written; the problem, or None.
 
-    Run before any check, so a bad path costs nothing instead of a minute of work.
+    Run before any check, so a bad path is reported before any work is done.
     """
     if report is not None:
         directory = Path(report)

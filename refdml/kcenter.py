@@ -34,7 +34,7 @@ within the Gram identity's rounding bound; tests/_kcenter_checks.py states it):
 fixed order, an update and an arg-max; the same bits on every CPU) is the statement of the
 algorithm, reachable as ``_greedy_k_center_readable``;
 :func:`greedy_k_center` runs the compiled twin ``refdml._compiled.kcenter.farthest_first_cpu``
-(Numba, one fused pass over the points per pick, no BLAS: on 100,000 x 128 it reads the
+(Numba, one fused pass over the points per pick, no BLAS: it reads the
 points once per pick and cannot oversubscribe the cores as a threaded BLAS mat-vec does, at
 any thread setting; its sums are vectorised, so their last bits follow the CPU's vector
 width and FMA). Both use the same Gram-identity arithmetic; only the order in which the

@@ -191,8 +191,8 @@ class Context:
     def search(self, strategy, violates: Callable[[Any], bool], *, max_examples: int):
         """Smallest example of ``strategy`` for which ``violates`` is true, or None.
 
-        In quick mode the example is not shrunk (shrinking costs a few seconds per
-        search); it is still a counterexample, just not the smallest one.
+        In quick mode the example is not shrunk (shrinking re-runs ``violates`` on many
+        smaller examples); it is still a counterexample, just not the smallest one.
         """
         return find_counterexample(strategy, violates, max_examples=max_examples, shrink=not self.quick)
 

@@ -354,9 +354,9 @@ def compiled_pair_sq(clouds, first, second, refine=-1.0):
     negative for none. Clouds scaled to ``|x| < 1``.
 
     Threads: BLAS is held at one thread for the call; the pairs are spread over Numba's
-    threads. A multi-threaded BLAS call here (one syrk of all points, as before) was 1.5x
-    faster by itself but left OpenBLAS's threads spinning while the solver's ``prange``
-    ran, which made the solve 2x slower on 2 cores (docs/gpu.md)."""
+    threads. A multi-threaded BLAS call here (one syrk of all points) is faster by itself
+    but leaves OpenBLAS's threads spinning while the solver's ``prange`` runs, which slows
+    the solve down badly on a machine with few cores (docs/gpu.md)."""
     from threadpoolctl import threadpool_limits
 
     points = np.ascontiguousarray(clouds)

@@ -4,7 +4,7 @@ The pairs are written once against the input's array module and dtype, so each e
 mirror is the pair itself: the parity suite runs it on float32 (and on CuPy where there
 is a GPU) against its own float64 NumPy run. The heads that wrap an operator (GSP, XML
 histogram, L2 normalisation) are checked through that operator's own entry.
-Inputs are small (each check well under a second) and drawn away from the kinks
+Inputs are small (each check is quick) and drawn away from the kinks
 (ReLU at 0, ties of the max); so are the hard cases (``reference_inputs``: zero inputs,
 extreme magnitudes, degenerate shapes), and ``error_inputs`` lists the bad inputs each
 pair refuses.

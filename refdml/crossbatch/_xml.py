@@ -146,6 +146,8 @@ def xml_loss_forward(
     lambda_ : float in [0, 1]
         The ``lambda`` of Eq. (2.11).
 
+    Notes
+    -----
     Extreme input: the cross fit is exact at any finite scale of ``Z`` and ``Y``
     (:func:`refdml.prototypes.ridge_fit`); a base loss that cannot represent its value
     or gradient there gives a ``ValueError`` saying so, never a NaN.

@@ -135,9 +135,13 @@ def zero_shot_loss_forward(
     split, rng
         As in :func:`xml_loss`.
 
-    Returns ``(value, ctx)``; :func:`zero_shot_loss_backward` gives ``.Z`` (b, m) and
-    ``.class_embeddings`` (c, d); the class embeddings receive gradient both as
-    regression targets and as softmax weights.
+    Returns
+    -------
+    value : float
+    ctx : ZeroShotContext
+        For :func:`zero_shot_loss_backward`, which gives ``.Z`` (b, m) and
+        ``.class_embeddings`` (c, d); the class embeddings receive gradient both as
+        regression targets and as softmax weights.
     """
     Z, labels, class_embeddings, ridge = _check_inputs(Z, labels, class_embeddings, ridge)
     scale = check_scalar(scale, "scale", low=0.0, low_inclusive=False)

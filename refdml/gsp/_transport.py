@@ -650,6 +650,8 @@ def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> Wei
         Upstream gradients, exactly of the shapes of ``rho`` and ``pi``; ``None`` means
         zero (an output that the loss does not use).
 
+    Notes
+    -----
     Paper vs this implementation: the printed (4.2) reads
     ``n pi Diag(q - eta / (1 - mu - n rho^T rho)) rho``, which would make the bracket a
     vector times ``rho``. Deriving it from App. A.3 (block inverse of ``H``), or from

@@ -298,7 +298,11 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     value : ``"regularized"`` (Eq. (3)'s value, the paper's) or ``"transport_cost"``.
     max_iter, tol, eps_scaling : as in :func:`refdml.ot.sinkhorn`.
 
-    Returns ``sd`` (float) and the context of :func:`sinkhorn_divergence_backward`.
+    Returns
+    -------
+    sd : float
+    ctx : SinkhornDivergenceContext
+        The context of :func:`sinkhorn_divergence_backward`.
     """
     check_choice(value, "value", VALUES)
     eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
@@ -568,7 +572,7 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     form; so do clouds of more than 128 points. Why not keep the reference pure NumPy: the
     compiled solver is the reference's own algorithm, checked against it on every run of
     the tests, and the readable form stays one call away; a user computing divergences
-    between images should not need to know about a second module to get them in seconds.
+    between images should not need to know about a second module to get them fast.
     """
     return _pairwise_forward(clouds, eps=eps, p=p, value=value, max_iter=max_iter, tol=tol,
                              eps_scaling=eps_scaling, compiled=None)

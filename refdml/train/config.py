@@ -68,7 +68,7 @@ KEYS: dict[str, Key] = {
     "epochs": Key({"tokens": 400, "digits-collage": 30, "features": 30},
                   "ours (tokens: a cap above the early stop, measured at epochs 164-261 on "
                   "seeds 0-2; "
-                  "digits-collage: issue 12's 30)", "int", low=0),
+                  "digits-collage: the training goal's 30)", "int", low=0),
     "dtype": Key(_same("float32"), "ours (the fast path)", "str",
                  choices=("float32", "float64")),
     "device": Key(_same("cpu"), "ours", "str", choices=("cpu", "cuda")),
@@ -105,7 +105,7 @@ KEYS: dict[str, Key] = {
                                "int", low=1),
     "n_samples_per_class": Key({"tokens": 4, "digits-collage": 8, "features": 4},
                                "tokens: paper (4 samples); digits-collage: ours (batch 64, "
-                               "issue 12's benchmark size); features: ours", "int", low=1),
+                               "the training benchmark's size); features: ours", "int", low=1),
     # -- data
     # >= 2: a positive pair to train on, a class mate for each retrieval query
     "n_train_per_class": Key({"tokens": 64}, "ours (the paper gives no counts)", "int", low=2),

@@ -59,8 +59,8 @@ each gradient, each new value and each new buffer finite?) before it commits; no
 else syncs. The price of all-or-nothing is one temporary per value and buffer and one
 copy of each new value into place.
 
-(Slightly over the ~450-line guide, mostly docstrings: the shared checkpoint checks and the
-three rules are kept side by side so they can be read against each other.)
+The shared checkpoint checks and the three rules are kept side by side in this module so
+they can be read against each other.
 """
 
 from __future__ import annotations

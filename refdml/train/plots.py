@@ -398,8 +398,11 @@ def plot_attention(images, weights, out_path, *, grid: tuple[int, int] | None = 
     max_images : int >= 1
         Rows drawn (the first ``max_images`` images).
 
-    Images and weights must be real and finite; ``mu`` in (0, 1]; ``labels`` integers, one
-    per image; a class missing from a ``class_names`` mapping is a ValueError.
+    Raises
+    ------
+    ValueError
+        Images and weights must be real and finite; ``mu`` in (0, 1]; ``labels`` integers,
+        one per image; a class missing from a ``class_names`` mapping is a ValueError.
     """
     Figure = _figure_class()
     out_path = _check_out_path(out_path)

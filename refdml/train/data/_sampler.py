@@ -51,6 +51,8 @@ class PKBatchSampler:
     rng : None, a seed or a numpy Generator; one draw from it fixes the sampler's seed.
     short_classes : "replace" (default) or "skip", for classes with fewer than K samples.
 
+    Notes
+    -----
     Iterating stops early (``break``) and iterating again continues the same epoch where it
     stopped; an epoch that was handed out completely is followed by the next one.
     """

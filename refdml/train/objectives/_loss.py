@@ -121,6 +121,8 @@ class LossObjective(Objective):
     **hyperparameters
         Keywords of the loss (``margin``, ``temperature``, ``reduction``, ...).
 
+    Notes
+    -----
     ``outputs`` may be ``y`` or ``(y, z)`` (a GSP model whose ``z`` this loss ignores: its
     gradient is ``None``, meaning zero, which :class:`~refdml.train.Sequential` accepts).
     """
