@@ -1,22 +1,24 @@
 """The GPU ledger of ``scripts/gpu_run.sh``: assemble it, check a step's JUnit XML, and write
-README's GPU-ledger section from it (issue 21; docs/gpu.md, "Running on a GPU machine").
+the site's GPU-ledger section from it (docs/results/gpu.md; docs/gpu.md, "Running on a GPU
+machine").
 
     python3 scripts/gpu_ledger.py --assemble RUN_DIR --steps RUN_DIR/steps.tsv --out gpu_ledger.json [--dry-run]
     python3 scripts/gpu_ledger.py --junit FILE.xml [--forbid-skip PREFIX ...]
-    python3 scripts/gpu_ledger.py --readme README.md [--ledger gpu_ledger.json] [--check]
+    python3 scripts/gpu_ledger.py --readme docs/results/gpu.md [--ledger gpu_ledger.json] [--check]
     python3 scripts/gpu_ledger.py --build-info WHEEL --repo . --out build_info.json
     python3 scripts/gpu_ledger.py --source-digest .
 
 Standard library only: gpu_run.sh calls it before refdml is installed (``--build-info``,
 ``--source-digest``) and whatever state the run is in (``--assemble``).
 
-``--readme`` rewrites what lies between the lines ``<!-- gpu-ledger:start -->`` and
+``--readme PAGE`` (any Markdown page; the site's is docs/results/gpu.md) rewrites what
+lies between the lines ``<!-- gpu-ledger:start -->`` and
 ``<!-- gpu-ledger:end -->`` (atomically; the rest of the file is left byte for byte). Only
 a ledger of a real GPU run is rendered as results: with no ledger, or one marked
 ``"dry_run": true`` (simulator and CuPy stand-in), or one whose smoke test saw the
 simulator or the stand-in, the section says the code has never run on a GPU. ``--check``
 writes nothing and exits 1 when the section differs from what the ledger renders (the
-section carries the ledger's SHA-256, so README cannot silently disagree with it).
+section carries the ledger's SHA-256, so the page cannot silently disagree with it).
 
 Exit statuses: 0 done, 1 a check failed (``--junit``, ``--check``), 2 bad arguments or
 unreadable input.

@@ -1,5 +1,4 @@
-"""Every Python block of docs/conformance.md, and README's conformance example, runs as
-written (the PyTorch ones only where PyTorch is installed: CI has JAX, not PyTorch)."""
+"""Every Python block of docs/conformance.md runs as written (the PyTorch ones only where PyTorch is installed: CI has JAX, not PyTorch)."""
 
 import importlib.util
 import pathlib
@@ -15,20 +14,13 @@ def _blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-def _readme_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Checking your implementation against refdml", 1)[1]
-    return _blocks(section.split("\n## ", 1)[0].split("\n### ", 1)[0])
-
-
-BLOCKS = ([(f"docs/conformance.md block {k}", b)
-           for k, b in enumerate(_blocks(PAGE.read_text(encoding="utf-8")))]
-          + [(f"README block {k}", b) for k, b in enumerate(_readme_blocks())])
+BLOCKS = [(f"docs/conformance.md block {k}", b)
+          for k, b in enumerate(_blocks(PAGE.read_text(encoding="utf-8")))]
 
 
 def test_the_examples_are_there():
     names = [name for name, _ in BLOCKS]
-    assert len(names) == 4, names
+    assert len(names) == 3, names
     assert any("import torch" in b for _, b in BLOCKS)
     assert any("import jax" in b for _, b in BLOCKS)
 

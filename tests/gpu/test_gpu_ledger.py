@@ -289,15 +289,17 @@ def test_fixture_is_marked_fake():
     assert tool.is_gpu_ledger(copy.deepcopy(ledger))
 
 
-def test_readme_ledger_section_is_generated_from_the_recorded_ledger():
-    # README's GPU ledger must be what scripts/gpu_ledger.py renders from the ledger a GPU
-    # run recorded (docs/gpu_ledger.json), or "never run on a GPU" where none was recorded:
-    # a hand edit, or a new ledger without the README regenerated, fails here.
+def test_docs_ledger_section_is_generated_from_the_recorded_ledger():
+    # The site's GPU ledger (docs/results/gpu.md) must be what scripts/gpu_ledger.py renders
+    # from the ledger a GPU run recorded (docs/gpu_ledger.json), or "never run on a GPU"
+    # where none was recorded: a hand edit, or a new ledger without the page regenerated,
+    # fails here.
     recorded = ROOT / "docs" / "gpu_ledger.json"
-    args = ["--readme", ROOT / "README.md", "--check"]
+    page = ROOT / "docs" / "results" / "gpu.md"
+    args = ["--readme", page, "--check"]
     if recorded.exists():
         args += ["--ledger", recorded]
     result = run(*args)
     assert result.returncode == 0, result.stdout + result.stderr
     if not recorded.exists():
-        assert "never run on a GPU" in (ROOT / "README.md").read_text(encoding="utf-8")
+        assert "never run on a GPU" in page.read_text(encoding="utf-8")

@@ -463,21 +463,21 @@ def test_strategies_accept_numpy_integers(points, spd, labels, simplex):
     assert set(np.unique(labels)) == {0, 1}
 
 
-# --- the README example runs as written ----------------------------------------------------
+# --- the guide's own-operator example runs as written ---------------------------------------
 
 
-def _readme_example() -> str:
-    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    section = text.split("### Checking your own operator", 1)[1].split("\n## ", 1)[0]
+def _guide_example() -> str:
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "gradcheck.md"
+    text = page.read_text(encoding="utf-8")
+    section = text.split("## Writing and checking your own operator", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 1, "the README section should hold exactly one python block"
+    assert len(blocks) == 1, "the guide's section should hold exactly one python block"
     return blocks[0]
 
 
-def test_readme_example_runs_and_its_backward_validates(capsys):
-    namespace: dict = {"__name__": "readme_example"}
-    exec(compile(_readme_example(), "README.md", "exec"), namespace)
+def test_guide_example_runs_and_its_backward_validates(capsys):
+    namespace: dict = {"__name__": "guide_example"}
+    exec(compile(_guide_example(), "docs/gradcheck.md", "exec"), namespace)
     assert "max rel err" in capsys.readouterr().out
     forward, backward = namespace["dense_tanh_forward"], namespace["dense_tanh_backward"]
     out, ctx = forward(np.ones((2, 3)), np.ones((3, 4)))
