@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib
 import inspect
 import json
@@ -176,7 +177,59 @@ def api_index(modules: list[tuple[str, list[str], str]]) -> str:
     rows = [[f"[`{name}`]({name}.md)", len(exported), summary]
             for name, exported, summary in modules]
     lines += table(["module", "names", "summary"], rows)
+    lines += ["", "## The catalogued operators", "",
+              "Every differentiable operator of the reference, from the catalogue "
+              "(`refdml.catalog`): its forward (the backward sits beside it), the paper "
+              "equation it implements, and its fast-path mirror or why it has none. "
+              "`refdml gradcheck`, `refdml gpu-check`, `refdml conform` and the tests loop "
+              "over this list.", ""]
+    lines += table(["operator", "forward", "paper", "fast-path mirror"], catalogue_rows(modules))
     return "\n".join(lines) + "\n"
+
+
+def _public_name(function: Any, modules: list[tuple[str, list[str], str]], *,
+                 fast_path: bool = False) -> str | None:
+    """The dotted name under which a public module of the reference (or, with
+    ``fast_path``, of ``refdml.gpu``) exports ``function``."""
+    for name, exported, _ in modules:
+        if name.startswith("refdml.gpu") != fast_path or function.__name__ not in exported:
+            continue
+        if getattr(importlib.import_module(name), function.__name__, None) is function:
+            return f"{name}.{function.__name__}"
+    return None
+
+
+def _unwrap(function: Any) -> tuple[Any, str]:
+    """A ``functools.partial``'s function, and its fixed keywords as text."""
+    if isinstance(function, functools.partial):
+        fixed = ", ".join(f"{k}={v!r}" for k, v in function.keywords.items())
+        return function.func, f" ({fixed})" if fixed else ""
+    return function, ""
+
+
+def _entry_link(dotted: str | None, function: Any, fixed: str = "") -> str:
+    if dotted is None:
+        return f"`{function.__module__}.{function.__name__}`{fixed}"
+    module = dotted.rsplit(".", 1)[0]
+    return f"[`{dotted}`]({module}.md#{dotted}){fixed}"
+
+
+def catalogue_rows(modules: list[tuple[str, list[str], str]]) -> list[list[str]]:
+    catalog = importlib.import_module("refdml.catalog")
+    rows = []
+    for spec in catalog.all_operators():
+        forward, fixed = _unwrap(spec.forward)
+        if spec.mirror is None:
+            mirrored = f"none: {spec.no_mirror}"
+        elif _unwrap(spec.mirror)[0] is forward:
+            mirrored = "the pair itself (NumPy or CuPy arrays)"
+        else:
+            mirror, mirror_fixed = _unwrap(spec.mirror)
+            mirrored = _entry_link(_public_name(mirror, modules, fast_path=True), mirror,
+                                   mirror_fixed)
+        rows.append([f"`{spec.name}`", _entry_link(_public_name(forward, modules), forward, fixed),
+                     spec.paper, mirrored])
+    return rows
 
 
 def api_nav(modules: list[tuple[str, list[str], str]]) -> str:

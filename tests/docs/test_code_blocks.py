@@ -77,3 +77,13 @@ def test_page_examples_run(page, tmp_path, monkeypatch, capsys):
         exec(compile(block, f"{_name(page)} block {k}", "exec"), namespace)
     # Every example shows the reader something: a block that prints nothing is not one.
     assert capsys.readouterr().out.strip()
+
+
+def test_readme_links_point_at_files_that_exist():
+    # README is not part of the site, so the strict build does not check its links.
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert local, "README links to the documentation"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, missing
