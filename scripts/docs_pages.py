@@ -310,7 +310,7 @@ def verify_page(run: dict) -> str:
     claims = run["claims"]
     lines = ["# Verdicts of `refdml verify`", "", GENERATED.replace("; do", " from "
              "docs/results/verify.json; do"), "",
-             f"`{run['command']}` on {run['date']}, refdml {run.get('refdml') or '?'} (commit "
+             f"`{run['command']}` on {run['date']}, {run.get('refdml') or 'refdml ?'} (commit "
              f"`{run.get('git_commit') or '?'}`), {_machine_text(run['machine'])}: "
              f"{len(claims)} claims ({_verify_counts(claims)}) in {run['wall_seconds']:.0f} s "
              "wall, install excluded.", "",
@@ -351,12 +351,12 @@ def _effect_cell(c: dict | None) -> tuple[str, str]:
     if verdict == "inconclusive":
         resolution = c.get("resolution", 0.02)
         if c["bound"] < resolution:
-            verdict = (f"inconclusive: \\|effect\\| < {c['bound']:.3f}, an effect of "
+            verdict = (f"inconclusive: |effect| < {c['bound']:.3f}, an effect of "
                        f"{resolution:g} ruled out")
         else:
             need = c.get("seeds_needed")
             seeds = "" if need is None else f", ~{need:.0f} seeds would decide {resolution:g}"
-            verdict = f"inconclusive: \\|effect\\| < {c['bound']:.3f}{seeds}"
+            verdict = f"inconclusive: |effect| < {c['bound']:.3f}{seeds}"
     return text, verdict
 
 
