@@ -5,13 +5,16 @@ reference, and on a GPU (CuPy) against the array path, the CPU and POT (not a te
     python scripts/bench_gpu.py --only gsp       # one section (repeatable)
     python scripts/bench_gpu.py --repeats 15     # more interleaved repeats
     python scripts/bench_gpu.py --quick          # 3 repeats, a smoke run
+    python scripts/bench_gpu.py --json out.json  # the CPU tables also as JSON
     python scripts/bench_gpu.py --device cuda --json bench_gpu.json   # the GPU sections
     python scripts/bench_gpu.py --device cuda --dry-run               # the same, no GPU
 
 ``--device cpu`` (default): one section per family, each an independent function
-``bench_<family>(repeats)`` that prints its own rows. Every timing is the median of
-``repeats`` runs, the reference and the fast path interleaved in one process, so their
-ratio is comparable on a busy machine (the absolute times are not).
+``bench_<family>(repeats)`` that prints its own rows and returns them as tables
+(scripts/_bench.py's ``Table``). Every timing is the median of ``repeats`` runs, the
+reference and the fast path interleaved in one process, so their ratio is comparable on a
+busy machine (the absolute times are not). ``--json PATH`` writes the tables as a document
+of schema ``refdml-bench/1`` (scripts/_bench.py).
 
 ``--device cuda`` (issue 21; docs/gpu.md, "GPU benchmarks"): the sections of
 ``CUDA_SECTIONS`` on CuPy arrays, each an independent function ``cuda_<name>(run)`` adding
@@ -20,7 +23,10 @@ synchronisations; the first call of each path (compilation, caches) is timed apa
 paths of a group run interleaved, ``--repeats`` rounds or fewer once the group has taken
 ``--max-seconds``; every path's result is checked against a twin before it is timed.
 ``--json PATH`` writes every row and a header (GPU, driver, CUDA, CuPy, numba-cuda,
-date) atomically, after every section. ``--dry-run`` runs the same code at tiny sizes on
+date) atomically, after every section: a document of schema ``refdml-bench/1``
+(scripts/_bench.py; one table per section) with the keys ``complete``, ``header``,
+``rows`` and ``rows_schema`` (``refdml.bench_gpu/1``, the layout of those three, which
+scripts/gpu_ledger.py embeds) beside the schema's. ``--dry-run`` runs the same code at tiny sizes on
 refdml's CuPy stand-in (tests/cupy_standin) under Numba's CUDA simulator, so CI can keep
 the script from rotting; its rows say so and measure nothing. Without ``--dry-run`` and
 without CuPy and a GPU, ``--device cuda`` exits with status 2 and the reason. Exit status
@@ -50,14 +56,16 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 # scripts/ is on sys.path when run as a script
-from _bench import clocked, interleaved, timed_rounds  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench import Table, clocked, interleaved, timed_rounds, write_json  # noqa: E402
+from _bench import document as bench_document  # noqa: E402
 
 
 def _load() -> str:
     return "load average %.1f %.1f %.1f (shared machine)" % os.getloadavg()
 
 
-def bench_gsp(repeats: int) -> None:
+def bench_gsp(repeats: int) -> list[Table]:
     """GSP pooling forward + backward, B=256, m=64, n=49, d=128, mu=0.3, inverse_temperature=5.
 
     The reference (float64), the array path (``use_kernels("array")``) and the Numba CPU
@@ -99,10 +107,17 @@ def bench_gsp(repeats: int) -> None:
         "cpu twin float32": layer(fast, np.float32, "cpu", *inputs),
     }
     outputs = {name: run() for name, run in runs.items()}  # also compiles the twins
-    print(f"GSP pooling forward + backward, B={batch} m={m} n={n} d={d} mu={mu} "
-          f"inverse_temperature={inverse_temperature} (median of {repeats}, interleaved; "
-          f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}, numba threads "
-          f"{_numba_threads()}; {_load()})")
+    setting = (f"B={batch} m={m} n={n} d={d} mu={mu} "
+               f"inverse_temperature={inverse_temperature} (median of {repeats}, interleaved; "
+               f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}, numba threads "
+               f"{_numba_threads()}")
+    print(f"GSP pooling forward + backward, {setting}; {_load()})")
+    table = Table(
+        f"GSP pooling forward + backward, {setting}): the float64 reference, the fast path's "
+        "array path and its Numba CPU twin; ratios: the reference's time / the path's, and "
+        "the array path's / the twin's", ["path", "ms", "x the reference", "x the array path",
+                                          "converged", "max residual", "tol", "n_iter",
+                                          "gradients rel err"], notes=[_load()])
     medians = interleaved(runs, repeats)
     reference = medians["reference float64"]
     ref_grads = outputs["reference float64"][0]
@@ -117,6 +132,11 @@ def bench_gsp(repeats: int) -> None:
             for k in ("features", "prototypes")
         )
         result = ctx.transport
+        table.add(name, f"{seconds * 1e3:.2f}", f"{reference / seconds:.1f}",
+                  f"{medians['array ' + dtype] / seconds:.2f}" if "twin" in name else "",
+                  str(result.converged),
+                  f"{float(np.max(result.residual)):.1e}", f"{result.tol:.1e}",
+                  str(result.n_iter), f"{error:.1e}")
         print(f"  {name:18s} {seconds * 1e3:8.2f} ms  {reference / seconds:5.1f}x the reference "
               f"{versus:26s} converged={result.converged} max residual "
               f"{float(np.max(result.residual)):.1e} (tol {result.tol:.1e}), n_iter "
@@ -126,8 +146,14 @@ def bench_gsp(repeats: int) -> None:
     runs = {f"{k} float32": layer(fast, np.float32, k, *inputs) for k in ("array", "cpu")}
     medians = interleaved(runs, max(3, repeats // 3))
     print(f"  B={big} float32 throughput (median of {max(3, repeats // 3)}; {_load()}):")
+    throughput = Table(
+        f"GSP pooling forward + backward throughput, B={big} m={m} n={n} d={d} float32: the "
+        f"array path vs the Numba CPU twin (median of {max(3, repeats // 3)}, interleaved)",
+        ["path", "ms", "images/s"], notes=[_load()])
     for name, seconds in medians.items():
-        print(f"  {name:18s} {seconds * 1e3:8.1f} ms  {big / seconds:9.0f} images/s")
+        c = throughput.add(name, f"{seconds * 1e3:.1f}", f"{big / seconds:.0f}")
+        print(f"  {c[0]:18s} {c[1]:>8} ms  {c[2]:>9} images/s")
+    return [table, throughput]
 
 
 def _numba_threads() -> str:
@@ -160,7 +186,7 @@ print(f"{imported - start:.2f} {gsp_done - imported:.2f} {time.perf_counter() - 
 """
 
 
-def bench_compile(repeats: int) -> None:
+def bench_compile(repeats: int) -> list[Table]:
     """First-call compile time of the Numba CPU twins (GSP; masked log-sum-exp), cold and warm.
 
     Each run is a fresh interpreter; ``NUMBA_CACHE_DIR`` points at an empty temporary folder
@@ -177,14 +203,21 @@ def bench_compile(repeats: int) -> None:
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as cwd:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         print(f"Numba CPU twins: import + first calls (float64 and float32), seconds ({_load()})")
+        table = Table(
+            "Numba CPU twins: import + first calls (float64 and float32) in a fresh "
+            "interpreter, with an empty NUMBA_CACHE_DIR (cold) and the same one filled (warm)",
+            ["cache", "import s", "GSP pool fwd+bwd + transport fwd+bwd s",
+             "masked log-sum-exp s"], notes=[_load()])
         for label in ("cold cache", "warm cache"):
             out = subprocess.run([sys.executable, "-c", _COMPILE_PROBE], env=env, cwd=cwd,
                                  capture_output=True, text=True, check=True).stdout.split()
+            table.add(label, *out[:3])
             print(f"  {label}: import {out[0]} s, GSP pool fwd+bwd + transport fwd+bwd {out[1]} s, "
                   f"masked log-sum-exp {out[2]} s")
+    return [table]
 
 
-def bench_lse(repeats: int) -> None:
+def bench_lse(repeats: int) -> list[Table]:
     """masked_logsumexp (the softmax-type losses' reduction): array path vs the CPU twin."""
     from refdml.gpu import use_kernels
     from refdml.gpu._loss_kernels import masked_logsumexp
@@ -192,6 +225,11 @@ def bench_lse(repeats: int) -> None:
     rng = np.random.default_rng(0)
     print(f"masked log-sum-exp with extra_zero, half the entries masked (median of {repeats}, "
           f"interleaved; numba threads {_numba_threads()}; {_load()})")
+    table = Table(
+        "masked_logsumexp (the softmax-type losses' reduction) with extra_zero, half the "
+        f"entries masked: the array path vs the Numba CPU twin (median of {repeats}, "
+        f"interleaved; numba threads {_numba_threads()}); ratio array / twin",
+        ["shape", "dtype", "array path ms", "CPU twin ms", "array / twin"], notes=[_load()])
     for shape in ((256, 256), (1024, 1024)):
         for dtype in (np.float32, np.float64):
             z = (rng.standard_normal(shape) * 5).astype(dtype)
@@ -203,12 +241,13 @@ def bench_lse(repeats: int) -> None:
                         masked_logsumexp(np, z, mask, extra_zero=True)
                 return go
             medians = interleaved({"array": run("array"), "cpu": run("cpu")}, repeats)
-            print(f"  {shape} {np.dtype(dtype).name}: array path {medians['array'] * 1e3:7.3f} ms, "
-                  f"CPU twin {medians['cpu'] * 1e3:7.3f} ms "
-                  f"({medians['array'] / medians['cpu']:.2f}x)")
+            c = table.add(str(shape), np.dtype(dtype).name, f"{medians['array'] * 1e3:.3f}",
+                          f"{medians['cpu'] * 1e3:.3f}", f"{medians['array'] / medians['cpu']:.2f}x")
+            print(f"  {c[0]} {c[1]}: array path {c[2]:>7} ms, CPU twin {c[3]:>7} ms ({c[4]})")
+    return [table]
 
 
-def bench_losses(repeats: int) -> None:
+def bench_losses(repeats: int) -> list[Table]:
     """The DML losses, forward + backward, at batch 256 x 128 (issue 10 goal: >= 2x)."""
     from refdml import losses as ref
     from refdml.gpu import losses as fast
@@ -234,6 +273,12 @@ def bench_losses(repeats: int) -> None:
     }
     print(f"\nlosses: forward + backward, n={n}, d={d}, {n_classes} classes; medians of "
           f"{repeats} interleaved repeats")
+    table = Table(
+        f"DML losses, forward + backward, n={n}, d={d}, {n_classes} classes (4 per class): the "
+        f"float64 reference vs the fast path in float64 and float32, medians of {repeats} "
+        "interleaved repeats; ratios: the reference's time / the fast path's",
+        ["loss", "ref f64 ms", "fast f64 ms", "fast f32 ms", "ratio f64", "ratio f32"],
+        notes=[_load()])
     print(f"{'loss':32s} {'ref f64 ms':>10s} {'fast f64':>9s} {'fast f32':>9s} "
           f"{'ratio f64':>9s} {'ratio f32':>9s}")
     for label, (name, hyper, arrays) in cases.items():
@@ -250,8 +295,11 @@ def bench_losses(repeats: int) -> None:
             "f64": run(fast, np.float64),
             "f32": run(fast, np.float32),
         }, repeats)
-        print(f"{label:32s} {1e3 * t['ref']:10.2f} {1e3 * t['f64']:9.2f} {1e3 * t['f32']:9.2f} "
-              f"{t['ref'] / t['f64']:8.1f}x {t['ref'] / t['f32']:8.1f}x")
+        c = table.add(label, f"{1e3 * t['ref']:.2f}", f"{1e3 * t['f64']:.2f}",
+                      f"{1e3 * t['f32']:.2f}", f"{t['ref'] / t['f64']:.1f}x",
+                      f"{t['ref'] / t['f32']:.1f}x")
+        print(f"{c[0]:32s} {c[1]:>10} {c[2]:>9} {c[3]:>9} {c[4]:>9} {c[5]:>9}")
+    return [table]
 
 
 def _ot_clouds(rng, n_clouds, n_points, dim, n_classes=16):
@@ -262,7 +310,7 @@ def _ot_clouds(rng, n_clouds, n_points, dim, n_classes=16):
     return points / np.linalg.norm(points, axis=-1, keepdims=True)
 
 
-def bench_ot(repeats: int) -> None:
+def bench_ot(repeats: int) -> list[Table]:
     """All-pairs Sinkhorn divergence (forward) of 64 clouds of 49 points in R^128, tol 1e-6
     (issue 10 goal: >= 2x in float32). float32 runs to the dtype's residual floor where it
     is above tol (refdml.gpu._ot_sinkhorn.residual_floor; printed)."""
@@ -277,6 +325,14 @@ def bench_ot(repeats: int) -> None:
     print(f"\nOT: pairwise_sinkhorn_divergence_forward, {n_clouds} clouds of {n_points} points "
           f"in R^{dim} (unit norm), p=2, tol={tol:g}; medians of {repeats} interleaved repeats "
           f"(BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
+    table = Table(
+        f"pairwise_sinkhorn_divergence_forward, {n_clouds} clouds of {n_points} points in "
+        f"R^{dim} (unit norm), p=2, tol={tol:g}: the float64 reference vs the fast path in "
+        f"float64 and float32, medians of {repeats} interleaved repeats (BLAS threads "
+        f"{os.environ['OPENBLAS_NUM_THREADS']}); ratios: the reference's time / the fast "
+        "path's; max|d|: max abs difference of the divergences vs the reference",
+        ["eps", "ref f64 ms", "fast f64 ms", "fast f32 ms", "ratio f64", "ratio f32",
+         "f32 tol", "max|d| f64", "max|d| f32"], notes=[_load()])
     print(f"{'eps':>6s} {'ref f64 ms':>10s} {'fast f64':>9s} {'fast f32':>9s} {'ratio f64':>9s} "
           f"{'ratio f32':>9s} {'f32 tol':>8s} {'max|d| f64':>10s} {'max|d| f32':>10s}")
     for eps in (0.1, 0.05):
@@ -293,14 +349,19 @@ def bench_ot(repeats: int) -> None:
                 for k in ("f64", "f32")}
         sq = np.sum((clouds[:, :, None] - clouds[:, None]) ** 2, axis=-1)
         tol32 = max(tol, _ot_sinkhorn.residual_floor(np.float32, float(sq.max()) / eps))
-        print(f"{eps:6g} {1e3 * t['ref']:10.1f} {1e3 * t['f64']:9.1f} {1e3 * t['f32']:9.1f} "
-              f"{t['ref'] / t['f64']:8.2f}x {t['ref'] / t['f32']:8.2f}x {tol32:8.1e} "
-              f"{diff['f64']:10.1e} {diff['f32']:10.1e}")
+        c = table.add(f"{eps:g}", f"{1e3 * t['ref']:.1f}", f"{1e3 * t['f64']:.1f}",
+                      f"{1e3 * t['f32']:.1f}", f"{t['ref'] / t['f64']:.2f}x",
+                      f"{t['ref'] / t['f32']:.2f}x", f"{tol32:.1e}", f"{diff['f64']:.1e}",
+                      f"{diff['f32']:.1e}")
+        print(f"{c[0]:>6} {c[1]:>10} {c[2]:>9} {c[3]:>9} {c[4]:>9} {c[5]:>9} {c[6]:>8} "
+              f"{c[7]:>10} {c[8]:>10}")
+    table.note(f"max|SD| = {float(np.max(np.abs(outs['ref']))):.3g}")
     print(f"(max|SD| = {float(np.max(np.abs(outs['ref']))):.3g}; max|d| = max abs difference "
           "of the divergences vs the reference)")
+    return [table]
 
 
-def bench_kcenter(repeats: int) -> None:
+def bench_kcenter(repeats: int) -> list[Table]:
     """Greedy k-center, 20,000 x 128 points, k = 200 (first centre drawn with seed 0)."""
     from refdml import kcenter as ref
     from refdml.gpu import kcenter as fast
@@ -315,23 +376,31 @@ def bench_kcenter(repeats: int) -> None:
     }
     results = {name: fn() for name, fn in runs.items()}
     medians = interleaved(runs, repeats)
-    print(f"\ngreedy k-center, n={n} d={d} k={k} (median of {repeats}, interleaved; "
-          f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
+    setting = (f"n={n} d={d} k={k} (median of {repeats}, interleaved; "
+               f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
+    print(f"\ngreedy k-center, {setting}")
+    table = Table(f"Greedy k-center, {setting}: the float64 reference vs the fast path; ratio: "
+                  "the reference's time / the path's", ["path", "ms", "x the reference"],
+                  notes=[_load()])
     reference = medians["reference float64"]
     for name, seconds in medians.items():
-        print(f"  {name:20s} {seconds * 1e3:8.2f} ms   {reference / seconds:5.1f}x the reference")
+        c = table.add(name, f"{seconds * 1e3:.2f}", f"{reference / seconds:.1f}")
+        print(f"  {c[0]:20s} {c[1]:>8} ms   {c[2]:>5}x the reference")
     r64, f64, f32 = (results[name] for name in runs)
     on_rounded = ref.greedy_k_center(p32.astype(np.float64), k, rng=0)
     same = int(np.argmax(f32.indices != on_rounded.indices)) if np.any(
         f32.indices != on_rounded.indices) else k
-    print(f"  float64: picks equal to the reference: {bool(np.all(f64.indices == r64.indices))}, "
-          f"radii max rel err {float(np.max(np.abs(f64.radii - r64.radii) / r64.radii)):.1e}")
-    print(f"  float32 vs the reference on the float32-rounded points: first {same} of {k} picks "
+    print("  " + table.note(
+          f"float64: picks equal to the reference: {bool(np.all(f64.indices == r64.indices))}, "
+          f"radii max rel err {float(np.max(np.abs(f64.radii - r64.radii) / r64.radii)):.1e}"))
+    print("  " + table.note(
+          f"float32 vs the reference on the float32-rounded points: first {same} of {k} picks "
           f"equal, radii max rel err over them "
-          f"{float(np.max(np.abs(f32.radii[:same] - on_rounded.radii[:same]) / on_rounded.radii[:same])):.1e}")
+          f"{float(np.max(np.abs(f32.radii[:same] - on_rounded.radii[:same]) / on_rounded.radii[:same])):.1e}"))
+    return [table]
 
 
-def bench_metrics(repeats: int) -> None:
+def bench_metrics(repeats: int) -> list[Table]:
     """Retrieval metrics, same-set, 10,000 x 128 embeddings in 1,000 classes (Euclidean)."""
     from refdml import metrics as ref
     from refdml.gpu import metrics as fast
@@ -349,18 +418,25 @@ def bench_metrics(repeats: int) -> None:
     }
     results = {name: fn() for name, fn in runs.items()}
     medians = interleaved(runs, repeats)
-    print(f"\nretrieval metrics, same-set, n={n} d={d}, {n_classes} classes (median of {repeats}, "
-          f"interleaved; BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
+    setting = (f"same-set, n={n} d={d}, {n_classes} classes (median of {repeats}, "
+               f"interleaved; BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
+    print(f"\nretrieval metrics, {setting}")
+    table = Table(f"Retrieval metrics (Euclidean), {setting}: the float64 reference vs the fast "
+                  "path; ratio: the reference's time / the path's",
+                  ["path", "ms", "x the reference"], notes=[_load()])
     reference = medians["reference float64"]
     for name, seconds in medians.items():
-        print(f"  {name:20s} {seconds * 1e3:8.2f} ms   {reference / seconds:5.1f}x the reference")
+        c = table.add(name, f"{seconds * 1e3:.2f}", f"{reference / seconds:.1f}")
+        print(f"  {c[0]:20s} {c[1]:>8} ms   {c[2]:>5}x the reference")
     on_rounded = ref.retrieval_metrics(x32.astype(np.float64), labels)
     r64, f64, f32 = (results[name] for name in runs)
-    print(f"  float64 metrics equal to the reference: {f64 == r64}")
+    print("  " + table.note(f"float64 metrics equal to the reference: {f64 == r64}"))
     diff = {key: f32[key] - on_rounded[key] for key in on_rounded if f32[key] != on_rounded[key]}
-    print(f"  float32 vs the reference on the float32-rounded inputs: "
+    print("  " + table.note(
+          f"float32 vs the reference on the float32-rounded inputs: "
           f"{'equal' if not diff else ', '.join(f'{k} {v:+.1e}' for k, v in diff.items())} "
-          f"(MAP@R {r64['mean_average_precision_at_r']:.4f}, P@1 {r64['precision_at_1']:.4f})")
+          f"(MAP@R {r64['mean_average_precision_at_r']:.4f}, P@1 {r64['precision_at_1']:.4f})"))
+    return [table]
 
 
 SECTIONS = {"gsp": bench_gsp, "compile": bench_compile, "lse": bench_lse,
@@ -377,8 +453,28 @@ SECTIONS = {"gsp": bench_gsp, "compile": bench_compile, "lse": bench_lse,
 _SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 _REPOSITORY = os.path.dirname(_SCRIPTS)
 _DRY_NOTE = "dry run: not a measurement"
-#: Version of the ``--json`` document's layout (the GPU ledger embeds the document).
+#: Version of the layout of the ``--json`` document's ``complete``, ``header`` and ``rows``
+#: (its ``rows_schema``; the GPU ledger embeds the document). The document itself is of
+#: schema ``refdml-bench/1`` (scripts/_bench.py), one table per section.
 JSON_SCHEMA = "refdml.bench_gpu/1"
+#: What each CUDA section's table measures (its title, before the sizes).
+_SECTION_TITLES = {
+    "imports": "Imports of the fast path",
+    "gsp": "GSP pooling forward + backward on the GPU: the CUDA kernels, the CuPy array path "
+           "and the CPU fast path (goal < 0.5 ms in float32 at B=256)",
+    "launch_sync": "The GSP layer's CUDA kernels with and without numba-cuda's "
+                   "synchronisation of every array argument",
+    "train": "One refdml train step of digits-collage on the GPU (goal < 5 ms in float32) "
+             "beside the CPU fast path",
+    "kcenter": "Greedy k-center on the GPU: the CUDA kernels and the CuPy array path against "
+               "the memory-bandwidth bound (a device-to-device copy)",
+    "retrieval": "Retrieval metrics on the GPU: the CUDA kernel and the CuPy array path "
+                 "against the float32 matrix-product bound",
+    "sinkhorn": "All-pairs Sinkhorn divergences on the GPU: refdml's fast path vs POT's "
+                "batched solver (goal 20x POT's problems/s)",
+}
+_ROW_COLUMNS = ["path", "dtype", "device", "size", "median", "repeats", "first call", "rate",
+                "ratios", "goal", "parity", "note"]
 #: What every time in the CUDA tables is (also in the JSON header).
 TIMING = ("wall time of one call between two device synchronisations "
           "(cudaDeviceSynchronize: every stream, CuPy's and torch's), so it includes the host "
@@ -460,6 +556,7 @@ class _Run:
     max_seconds: float
     sync: Any                     # waits for the device
     json_path: str | None = None
+    argv: list | None = None      # the script's arguments, for the document's command
     header: dict = dataclasses.field(default_factory=dict)
     rows: list = dataclasses.field(default_factory=list)
 
@@ -499,9 +596,26 @@ class _Run:
             return
         from refdml._io import write_json_atomic
 
-        document = {"schema": JSON_SCHEMA, "complete": complete, "header": self.header,
-                    "rows": [dataclasses.asdict(row) for row in self.rows]}
+        name = self.header.get("device", {}).get("name")
+        device = self.device if self.dry_run or not name else name
+        notes = [f"every time: {TIMING}"] + ([_DRY_NOTE] if self.dry_run else [])
+        document = bench_document(script=__file__, argv=self.argv, tables=self.tables(),
+                                  notes=notes, device=device)
+        document.update(complete=complete, header=self.header, rows_schema=JSON_SCHEMA,
+                        rows=[dataclasses.asdict(row) for row in self.rows])
         write_json_atomic(self.json_path, _finite(document), indent=1)
+
+    def tables(self) -> list[Table]:
+        """One table per section, its rows as :func:`_format_row` prints them, cell by cell."""
+        tables: dict[str, Table] = {}
+        for row in self.rows:
+            if row.section not in tables:
+                title = _SECTION_TITLES.get(row.section, row.section)
+                tables[row.section] = Table(
+                    f"{title}; ratios: the named path's time / this row's (against a bound: the "
+                    "fraction of it reached)", _ROW_COLUMNS)
+            tables[row.section].add(*_row_cells(row))
+        return list(tables.values())
 
 
 def _finite(value):
@@ -519,6 +633,26 @@ def _ms(seconds: float | None) -> str:
     if seconds is None:
         return ""
     return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.3f} s"
+
+
+def _row_cells(row: Row) -> list[str]:
+    """The cells of ``row`` in :data:`_ROW_COLUMNS`, as :func:`_format_row` prints them."""
+    repeats = rate = goal = parity = ""
+    if row.median_s is not None:
+        repeats = "(computed)" if row.repeats is None else f"x{row.repeats}"
+    if row.rate is not None:
+        rate = f"{row.rate:,.4g} {row.rate_unit}"
+    if row.goal is not None:
+        goal = f"{row.goal}: " + {True: "met", False: "NOT met", None: "not judged"}[row.goal_met]
+    if row.parity_error is not None:
+        parity = (f"{row.parity_error:.2e} (tol {row.parity_tolerance:.0e} vs "
+                  f"{row.parity_against})")
+    return [
+        row.name, row.dtype or "", row.device, row.size, _ms(row.median_s), repeats,
+        _ms(row.first_call_s), rate,
+        "; ".join(f"{value:.3g}x {other}" for other, value in row.ratios.items()), goal, parity,
+        "; ".join(text for text in (row.note, row.error and f"ERROR {row.error}") if text),
+    ]
 
 
 def _format_row(row: Row) -> str:
@@ -1159,7 +1293,7 @@ def _free_device_memory(xp) -> None:
 
 
 def run_cuda(sections: list[str], *, dry_run: bool, repeats: int, max_seconds: float,
-             json_path: str | None) -> int:
+             json_path: str | None, argv: list | None = None) -> int:
     """The CUDA sections in order, each failure a row (the others still run); the JSON
     document is rewritten after every section. Exit status: 0, 1 if a row has an error,
     2 if ``--device cuda`` cannot run here."""
@@ -1177,7 +1311,7 @@ def run_cuda(sections: list[str], *, dry_run: bool, repeats: int, max_seconds: f
     warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
     device = cupy.cuda.Device()
     run = _Run(xp=cupy, dry_run=dry_run, repeats=repeats, max_seconds=max_seconds,
-               sync=device.synchronize, json_path=json_path)
+               sync=device.synchronize, json_path=json_path, argv=argv)
     eager = _eager_imports()
     run.header = _header(run, eager)
     print(f"bench_gpu.py --device cuda{' --dry-run' if dry_run else ''}: "
@@ -1222,7 +1356,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--device cuda at tiny sizes on the CuPy stand-in under Numba's "
                              "CUDA simulator (no GPU; CI): checks the script, measures nothing")
     parser.add_argument("--json", metavar="PATH",
-                        help="--device cuda: write every row and a header to PATH (atomically)")
+                        help="write the tables to PATH atomically (schema refdml-bench/1; "
+                             "--device cuda: also every row and a header)")
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats == {args.repeats}, must be at least 1")
@@ -1234,16 +1369,23 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--only {name!r} is not a section of --device {args.device}; "
                          f"choose from {', '.join(sections)}")
     if args.device == "cpu":
-        if args.dry_run or args.json:
-            parser.error("--dry-run and --json go with --device cuda (the CPU sections print "
-                         "their tables)")
+        if args.dry_run:
+            parser.error("--dry-run goes with --device cuda")
         repeats = args.repeats or (3 if args.quick else 9)
+        tables = []
         for name in args.only or sorted(SECTIONS):
-            SECTIONS[name](repeats)
+            tables += SECTIONS[name](repeats)
+        if args.json:
+            write_json(args.json, script=__file__, argv=argv, tables=tables, notes=[
+                "every timing is the median of interleaved runs in one process: the ratios "
+                "are comparable on a busy machine, the absolute times are not",
+                f"BLAS threads (OPENBLAS_NUM_THREADS) {os.environ['OPENBLAS_NUM_THREADS']}",
+                "load average at the end: %.2f %.2f %.2f" % os.getloadavg()])
         return 0
     repeats = args.repeats or (1 if args.dry_run else 3 if args.quick else 9)
     return run_cuda(list(dict.fromkeys(args.only or CUDA_SECTIONS)), dry_run=args.dry_run,
-                    repeats=repeats, max_seconds=args.max_seconds, json_path=args.json)
+                    repeats=repeats, max_seconds=args.max_seconds, json_path=args.json,
+                    argv=argv)
 
 
 if __name__ == "__main__":

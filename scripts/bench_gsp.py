@@ -2,6 +2,7 @@
 
     python scripts/bench_gsp.py            # B=256, m=64, n=49, d=128, mu=0.3 (issue 2, sec. 5)
     python scripts/bench_gsp.py --quick    # B=32, fewer repeats, for a smoke run
+    python scripts/bench_gsp.py --json out.json   # the tables also as JSON (scripts/_bench.py)
 
 Table 1, per inverse_temperature in {0.5, 5, 20}: the marginal residual reached and the time of
 ``method="exact"`` and of ``method="fixed_point"`` with k = 25, 50, 100 iterations
@@ -24,13 +25,18 @@ trained layer.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 import warnings
 
 import numpy as np
 
-from refdml import ConvergenceWarning, gsp
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench import Table, write_json  # noqa: E402
+
+from refdml import ConvergenceWarning, gsp  # noqa: E402
 
 
 def _median_time(fn, repeats: int) -> tuple[float, object]:
@@ -59,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="B=32 and 2 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="runs per timing (median)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the tables to PATH (schema refdml-bench/1)")
     args = parser.parse_args(argv)
 
     batch = 32 if args.quick else 256
@@ -69,8 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     cost = gsp.cost_map(features, prototypes)
     warnings.simplefilter("ignore", ConvergenceWarning)  # fixed k is intended here (tol=0 also warns no more)
 
-    print(f"B={batch} m={m} n={n} d={d} mu={mu}, median of {repeats} runs\n")
+    sizes = f"B={batch} m={m} n={n} d={d} mu={mu}, median of {repeats} runs"
+    print(sizes + "\n")
     print("Table 1: residual and time, exact vs fixed point (solver alone / whole pooling forward)")
+    table1 = Table(
+        "Weight transport: marginal residual and time of method=exact vs fixed_point with k "
+        f"iterations (tol=0), the solver alone and the whole pooling forward; ratios against "
+        f"exact ({sizes})",
+        ["ε", "method", "residual", "rate r", "solver ms", "solver /exact", "pool fwd ms",
+         "pool fwd /exact"])
     header = (
         f"{'ε':>5} {'method':<18}{'residual':>11}{'rate r':>9}{'solver ms':>11}{'/exact':>8}"
         f"{'pool fwd ms':>13}{'/exact':>8}"
@@ -98,21 +113,29 @@ def main(argv: list[str] | None = None) -> int:
             )
             rows.append((f"fixed_point k={k}", result, solver, pool))
         for name, result, solver, pool in rows:
-            print(
-                f"{inverse_temperature:>5g} {name:<18}{result.residual.max():>11.1e}{rate:>9.3f}"
-                f"{1e3 * solver:>11.2f}{solver / exact_solver:>8.2f}"
-                f"{1e3 * pool:>13.1f}{pool / exact_pool:>8.2f}"
-            )
+            c = table1.add(
+                f"{inverse_temperature:g}", name, f"{result.residual.max():.1e}", f"{rate:.3f}",
+                f"{1e3 * solver:.2f}", f"{solver / exact_solver:.2f}",
+                f"{1e3 * pool:.1f}", f"{pool / exact_pool:.2f}")
+            print(f"{c[0]:>5} {c[1]:<18}{c[2]:>11}{c[3]:>9}{c[4]:>11}{c[5]:>8}{c[6]:>13}{c[7]:>8}")
         goal_met &= bool(exact.residual.max() <= 1e-12 and exact_solver <= rows[-1][2])
-        print(f"{'':>5} (exact: {exact.n_iter} evaluations of g at most: pivot search and "
-              "Newton)")
-    print(
+        note = table1.note(f"ε={inverse_temperature:g} (exact: {exact.n_iter} evaluations of g "
+                           "at most: pivot search and Newton)")
+        print(f"{'':>5} {note.split(' ', 1)[1]}")
+    goal = table1.note(
         "goal (exact reaches residual <= 1e-12 at every inverse_temperature in no more time than k=100): "
         + ("met" if goal_met else "NOT met")
     )
+    print(goal)
 
     inverse_temperature = 5.0
     print(f"\nTable 2: pooling layer forward + backward at inverse_temperature={inverse_temperature:g}, closed form vs unrolled")
+    table2 = Table(
+        f"Pooling layer forward + backward at inverse_temperature={inverse_temperature:g}, the "
+        "forward with k fixed-point iterations, the backward by the closed form (Prop. 4.3) "
+        f"or by unrolling; ratios unrolled / closed form ({sizes})",
+        ["k", "fwd+bwd closed ms", "fwd+bwd unrolled ms", "fwd+bwd ratio", "bwd closed ms",
+         "bwd unrolled ms", "bwd ratio"])
     header = (
         f"{'k':>5}{'fwd+bwd closed ms':>19}{'fwd+bwd unrolled ms':>21}{'ratio':>7}"
         f"{'bwd closed ms':>15}{'bwd unrolled ms':>17}{'ratio':>7}"
@@ -136,11 +159,18 @@ def main(argv: list[str] | None = None) -> int:
         unrolled, _ = _median_time(
             lambda: gsp.gsp_pool_backward(unrolled_ctx, d_pooled, d_z), repeats
         )
-        print(
-            f"{k:>5}{1e3 * closed_total:>19.1f}{1e3 * unrolled_total:>21.1f}"
-            f"{unrolled_total / closed_total:>7.2f}"
-            f"{1e3 * closed:>15.1f}{1e3 * unrolled:>17.1f}{unrolled / closed:>7.2f}"
-        )
+        c = table2.add(
+            k, f"{1e3 * closed_total:.1f}", f"{1e3 * unrolled_total:.1f}",
+            f"{unrolled_total / closed_total:.2f}",
+            f"{1e3 * closed:.1f}", f"{1e3 * unrolled:.1f}", f"{unrolled / closed:.2f}")
+        print(f"{c[0]:>5}{c[1]:>19}{c[2]:>21}{c[3]:>7}{c[4]:>15}{c[5]:>17}{c[6]:>7}")
+    if args.json:
+        write_json(args.json, script=__file__, argv=sys.argv[1:] if argv is None else argv,
+                   tables=[table1, table2],
+                   notes=["every timing is the median of the runs, all measured in one "
+                          "process: the ratios are comparable on a busy machine, the absolute "
+                          "times are not",
+                          "load average at the end: %.2f %.2f %.2f" % os.getloadavg()])
     return 0
 
 

@@ -22,7 +22,9 @@ Sections (each in one run, the machine load printed beside every number):
 
 Run WITHOUT OPENBLAS_NUM_THREADS set (the default a user has).
 
-    python scripts/bench_kcenter.py [--only bound threads compile] [--quick]
+    python scripts/bench_kcenter.py [--only bound threads compile] [--quick] [--json PATH]
+
+``--json PATH`` also writes the tables (schema refdml-bench/1, scripts/_bench.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _bench import interleaved  # noqa: E402
+from _bench import Table, interleaved, write_json  # noqa: E402
 
 from refdml import kcenter  # noqa: E402
 
@@ -46,7 +48,7 @@ def load() -> str:
     return "load %.1f %.1f %.1f" % os.getloadavg()
 
 
-def bench_bound(n: int, d: int, k: int) -> None:
+def bench_bound(n: int, d: int, k: int) -> Table:
     points = np.random.default_rng(0).standard_normal((n, d))
     kcenter.greedy_k_center(points[:1000], 5, rng=0)            # compile or load the cache
     dst = np.empty_like(points)
@@ -65,16 +67,27 @@ def bench_bound(n: int, d: int, k: int) -> None:
     bandwidth = points.nbytes / float(np.median(copies))
     per_pick = 8 * n * (d + 2)
     bound = k * per_pick / bandwidth
+    table = Table(
+        f"Greedy k-center {n} x {d} float64, k={k} (compiled path) against the memory-bandwidth "
+        "bound (bytes read per pick x k / copy bandwidth; the stricter bound assumes reads at "
+        "2x the copy rate)",
+        ["copy GB/s", "MiB read per pick", "bound s", "stricter bound s", "time s",
+         "time / bound", "time / stricter bound", "final radius"],
+        notes=[load(), f"copy bandwidth: np.copyto of {points.nbytes / 2**20:.0f} MiB, median "
+               "of 10, bytes copied per second"])
+    c = table.add(f"{bandwidth / 1e9:.2f}", f"{per_pick / 2**20:.1f}", f"{bound:.2f}",
+                  f"{bound / 2:.2f}", f"{seconds:.2f}", f"{seconds / bound:.2f}",
+                  f"{2 * seconds / bound:.2f}", f"{result.radii[-1]:.4f}")
     print(f"\ngreedy k-center {n} x {d} float64, k={k} (compiled path), {load()}")
     print(f"  copy bandwidth (np.copyto of {points.nbytes / 2**20:.0f} MiB, median of 10): "
-          f"{bandwidth / 1e9:.2f} GB/s of bytes copied")
-    print(f"  bytes read per pick {per_pick / 2**20:.1f} MiB -> bound {bound:.2f} s "
-          f"(if reads ran at 2x the copy rate: {bound / 2:.2f} s)")
-    print(f"  time {seconds:.2f} s = {seconds / bound:.2f}x the bound "
-          f"({2 * seconds / bound:.2f}x the stricter one); final radius {result.radii[-1]:.4f}")
+          f"{c[0]} GB/s of bytes copied")
+    print(f"  bytes read per pick {c[1]} MiB -> bound {c[2]} s "
+          f"(if reads ran at 2x the copy rate: {c[3]} s)")
+    print(f"  time {c[4]} s = {c[5]}x the bound ({c[6]}x the stricter one); final radius {c[7]}")
+    return table
 
 
-def bench_threads(n: int, d: int, k: int, repeats: int) -> None:
+def bench_threads(n: int, d: int, k: int, repeats: int) -> Table:
     from threadpoolctl import threadpool_info, threadpool_limits
 
     points = np.random.default_rng(1).standard_normal((n, d))
@@ -96,13 +109,20 @@ def bench_threads(n: int, d: int, k: int, repeats: int) -> None:
     assert np.array_equal(a.indices, b.indices)
     np.testing.assert_allclose(a.radii, b.radii, rtol=1e-13)
     medians = interleaved(runs, repeats)
-    print(f"\ngreedy k-center {n} x {d}, k={k}, default threads (BLAS {blas}, "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}), "
+    threads = (f"default threads (BLAS {blas}, "
+               f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
+    print(f"\ngreedy k-center {n} x {d}, k={k}, {threads}, "
           f"median of {repeats} interleaved, {load()}")
+    table = Table(
+        f"Greedy k-center {n} x {d} float64, k={k}: the compiled path vs the readable "
+        f"reference, {threads}, median of {repeats} interleaved runs; ratios against the "
+        "compiled path", ["path", "time s", "x the compiled path"], notes=[load()])
     base = medians["compiled (refdml.kcenter.greedy_k_center)"]
     for name, seconds in medians.items():
-        print(f"  {name:44s} {seconds:7.3f} s  {seconds / base:6.2f}x the compiled path")
-    print("  picks equal, radii to 1e-13: True (asserted)")
+        c = table.add(name, f"{seconds:.3f}", f"{seconds / base:.2f}")
+        print(f"  {c[0]:44s} {c[1]:>7s} s  {c[2]:>6s}x the compiled path")
+    print("  " + table.note("picks equal, radii to 1e-13: True (asserted)"))
+    return table
 
 
 _FIRST_CALL = """
@@ -123,10 +143,15 @@ print(f"{t1 - t0:.2f} {t2 - t1:.2f} {t3 - t2:.2f}")
 """
 
 
-def bench_compile() -> None:
+def bench_compile() -> Table:
     cache = os.path.join(os.path.dirname(__file__), "..", "refdml", "_compiled", "__pycache__")
     print(f"\nfirst-call times in a fresh interpreter ({load()}): import | greedy_k_center | "
           "retrieval_metrics (same-set euclidean + separate cosine)")
+    table = Table(
+        "First-call times in a fresh interpreter, cold Numba cache (the k-center and retrieval "
+        "cache files deleted) and warm: import, then the first greedy_k_center and "
+        "retrieval_metrics (same-set euclidean + separate cosine) calls on tiny inputs",
+        ["cache", "import s", "k-center s", "retrieval s"], notes=[load()])
     for label in ("cold cache", "warm cache"):
         if label == "cold cache":
             for pattern in ("kcenter*.nb[ic]", "retrieval*.nb[ic]"):
@@ -134,7 +159,9 @@ def bench_compile() -> None:
                     os.remove(path)
         out = subprocess.run([sys.executable, "-c", _FIRST_CALL], capture_output=True,
                              text=True, check=True).stdout.split()
+        table.add(label, *out[:3])
         print(f"  {label:10s}  import {out[0]} s | k-center {out[1]} s | retrieval {out[2]} s")
+    return table
 
 
 def main(argv=None) -> int:
@@ -142,16 +169,22 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", default=["bound", "threads", "compile"])
     parser.add_argument("--quick", action="store_true", help="20,000 points, k = 100 / 20")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the tables to PATH (schema refdml-bench/1)")
     args = parser.parse_args(argv)
-    print(f"{os.cpu_count()} cores, machine shared with other jobs; "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+    first = (f"{os.cpu_count()} cores, machine shared with other jobs; "
+             f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+    print(first)
     n = 20_000 if args.quick else 100_000
+    tables = []
     if "bound" in args.only:
-        bench_bound(n, 128, 100 if args.quick else 1_000)
+        tables.append(bench_bound(n, 128, 100 if args.quick else 1_000))
     if "threads" in args.only:
-        bench_threads(n, 128, 20 if args.quick else 100, args.repeats)
+        tables.append(bench_threads(n, 128, 20 if args.quick else 100, args.repeats))
     if "compile" in args.only:
-        bench_compile()
+        tables.append(bench_compile())
+    if args.json:
+        write_json(args.json, script=__file__, argv=argv, tables=tables, notes=[first])
     return 0
 
 

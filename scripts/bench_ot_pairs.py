@@ -27,7 +27,8 @@ The time of that many ``exp`` and FMAs is measured with bare ``numba`` loops (``
 over the same tile shapes, L1-resident) in the same run; the ratio kernel / bound says
 how far the kernel is from it.
 
-Usage: python scripts/bench_ot_pairs.py [--quick] [--readable] [--no-pot]
+Usage: python scripts/bench_ot_pairs.py [--quick] [--readable] [--no-pot] [--json PATH]
+(``--json``: the tables also as JSON, schema refdml-bench/1, scripts/_bench.py.)
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import numpy as np
 from numba import njit, prange
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _bench import interleaved  # noqa: E402
+from _bench import Table, interleaved, write_json  # noqa: E402
 
 
 def _clouds(rng, n_clouds, n_points, dim):
@@ -134,6 +135,8 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="16 clouds, 3 repeats")
     parser.add_argument("--readable", action="store_true", help="also time the readable form")
     parser.add_argument("--no-pot", action="store_true", help="skip POT's batched solver")
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the tables to PATH (schema refdml-bench/1)")
     args = parser.parse_args(argv)
 
     from refdml.gpu import use_kernels
@@ -144,16 +147,31 @@ def main(argv=None) -> None:
     n_clouds, n_points, dim, tol, max_iter = (16 if args.quick else 64), 49, 128, 1e-6, 1000
     repeats = 3 if args.quick else 7
     clouds = _clouds(np.random.default_rng(0), n_clouds, n_points, dim)
-    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()} (shared with "
-          "other processes); default thread settings")
+    notes = [f"machine: {os.cpu_count()} cores, load average {os.getloadavg()} (shared with "
+             "other processes); default thread settings"]
+    print(notes[-1])
     start = time.perf_counter()
     with use_kernels("cpu"):
         fast(clouds[:2], eps=0.1, tol=tol)
-    print(f"first call of the CPU twin in this process (compile or cache load): "
-          f"{time.perf_counter() - start:.2f} s")
+    notes.append(f"first call of the CPU twin in this process (compile or cache load): "
+                 f"{time.perf_counter() - start:.2f} s")
+    print(notes[-1])
     t_exp, t_fma = _per_op_times(n_points)
-    print(f"bare numba loops: {1e9 * t_exp:.2f} ns per exp, {1e9 * t_fma:.3f} ns per FMA "
-          "(2 threads, prange)")
+    notes.append(f"bare numba loops: {1e9 * t_exp:.2f} ns per exp, {1e9 * t_fma:.3f} ns per "
+                 "FMA (2 threads, prange)")
+    print(notes[-1])
+    tables = []
+    solver_table = Table(
+        f"Sinkhorn solver alone (cross + self batches on the route's costs), {n_clouds} clouds "
+        f"x {n_points} points in R^{dim}, tol {tol:g}, median of {repeats} interleaved: the "
+        "CPU twin vs the array path, and the CPU twin against the bound (the exp and FMA "
+        "count of the reported iterations x the bare numba loops' time per op)",
+        ["eps", "cpu s", "array s", "array / cpu", "exp", "FMA", "bound s",
+         "cpu solver / bound"])
+    pot_table = Table(
+        f"POT's batched solver ot.batch.solve_batch (log_sinkhorn, NumPy backend, tol 1e-9, "
+        f"once) vs refdml's CPU twin, {n_clouds} clouds x {n_points} points in R^{dim}",
+        ["eps", "POT s", "POT / cpu", "max |diff|"])
     for eps in (0.1, 0.05):
         kw = dict(eps=eps, p=2, value="transport_cost", tol=tol, max_iter=max_iter)
         runs = {}
@@ -182,31 +200,45 @@ def main(argv=None) -> None:
         sizes = (ctx.cross.plan.shape[0], ctx.self_.plan.shape[0])
         solve_times = interleaved({"cpu": _solver_only(ctx, "cpu", tol, max_iter),
                                    "array": _solver_only(ctx, "array", tol, max_iter)}, repeats)
-        print(f"\n{n_clouds} clouds x {n_points} points in R^{dim}, eps {eps}, tol {tol:g}, "
-              f"{sizes[0]} cross + {sizes[1]} self problems, mean iterations "
-              f"{ctx.cross.n_iter.mean():.1f} (cross), {ctx.self_.n_iter.mean():.1f} (self); "
-              f"load {os.getloadavg()[0]:.1f}")
+        setting = (f"{n_clouds} clouds x {n_points} points in R^{dim}, eps {eps}, tol {tol:g}, "
+                   f"{sizes[0]} cross + {sizes[1]} self problems, mean iterations "
+                   f"{ctx.cross.n_iter.mean():.1f} (cross), {ctx.self_.n_iter.mean():.1f} (self)")
+        load = f"load {os.getloadavg()[0]:.1f}"
+        print(f"\n{setting}; {load}")
+        routes = Table(
+            f"All-pairs Sinkhorn divergences (value=transport_cost, float64), {setting}: each "
+            f"route's time, median of {repeats} interleaved runs; ratios array path / route",
+            ["route", "time s", "array / route"], notes=[load])
+        tables.append(routes)
         for name, seconds in times.items():
-            ratio = times["array"] / seconds
-            print(f"  {name:9s} {seconds:8.3f} s   array / {name} = {ratio:5.2f}x")
-        print(f"  solver alone (cross + self batches): cpu {solve_times['cpu']:.3f} s, array "
-              f"{solve_times['array']:.3f} s, array / cpu = "
-              f"{solve_times['array'] / solve_times['cpu']:.2f}x")
-        print(f"  bound: >= {exps:.3g} exp + {fmas:.3g} FMA = {bound:.3f} s; "
-              f"cpu solver / bound = {solve_times['cpu'] / bound:.1f}x")
+            c = routes.add(name, f"{seconds:.3f}", f"{times['array'] / seconds:.2f}x")
+            print(f"  {name:9s} {c[1]:>8} s   array / {name} = {c[2]:>6}")
+        c = solver_table.add(f"{eps:g}", f"{solve_times['cpu']:.3f}", f"{solve_times['array']:.3f}",
+                             f"{solve_times['array'] / solve_times['cpu']:.2f}x", f"{exps:.3g}",
+                             f"{fmas:.3g}", f"{bound:.3f}", f"{solve_times['cpu'] / bound:.1f}x")
+        print(f"  solver alone (cross + self batches): cpu {c[1]} s, array {c[2]} s, "
+              f"array / cpu = {c[3]}")
+        print(f"  bound: >= {c[4]} exp + {c[5]} FMA = {c[6]} s; cpu solver / bound = {c[7]}")
         if not args.no_pot and eps == 0.1:
             try:
                 import ot.batch  # noqa: F401
             except ImportError:
-                print("  POT's batched solver: not installed")
+                print("  " + pot_table.note("POT's batched solver: not installed"))
                 continue
             start = time.perf_counter()
             pot = _pot_batched(clouds, eps, 10 * max_iter)
             t_pot = time.perf_counter() - start
             np.testing.assert_allclose(pot, reference, rtol=0, atol=1e-6)
-            print(f"  POT ot.batch.solve_batch (log_sinkhorn, NumPy, once) {t_pot:8.3f} s   "
-                  f"POT / cpu = {t_pot / times['cpu']:5.1f}x   (max |diff| "
-                  f"{np.abs(pot - reference).max():.1e})")
+            c = pot_table.add(f"{eps:g}", f"{t_pot:.3f}", f"{t_pot / times['cpu']:.1f}x",
+                              f"{np.abs(pot - reference).max():.1e}")
+            print(f"  POT ot.batch.solve_batch (log_sinkhorn, NumPy, once) {c[1]:>8} s   "
+                  f"POT / cpu = {c[2]:>6}   (max |diff| {c[3]})")
+    if args.json:
+        tables.append(solver_table)
+        if pot_table.rows or pot_table.notes:
+            tables.append(pot_table)
+        notes.append("every route's divergences equal the array path's to 1e-6 (asserted)")
+        write_json(args.json, script=__file__, argv=argv, tables=tables, notes=notes)
 
 
 if __name__ == "__main__":

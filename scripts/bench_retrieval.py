@@ -24,7 +24,9 @@ OPENBLAS_NUM_THREADS (the script says what it sees). The machine load (``os.getl
 is printed with every number.
 
     python scripts/bench_retrieval.py [--quick] [--repeats 2] [--no-readable]
-                                      [--readable-queries 2000]
+                                      [--readable-queries 2000] [--json PATH]
+
+``--json PATH`` also writes the tables (schema refdml-bench/1, scripts/_bench.py).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import tracemalloc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _bench import interleaved  # noqa: E402
+from _bench import Table, interleaved, write_json  # noqa: E402
 
 from refdml import metrics  # noqa: E402
 
@@ -97,18 +99,23 @@ def main(argv=None) -> int:
     parser.add_argument("--readable-queries", type=int, default=2_000,
                         help="queries checked against the readable ranking (all: --quick)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the tables to PATH (schema refdml-bench/1)")
     args = parser.parse_args(argv)
     n, n_classes, d = (6_000, 1_131, 128) if args.quick else (60_000, 11_316, 128)
     x, labels, sizes = make_data(n, n_classes, d, args.seed)
     x64 = x.astype(np.float64)
-    print(f"retrieval, same-set, {n} x {d} float32 embeddings, {n_classes} classes "
-          f"(sizes {sizes.min()}-{sizes.max()}, mean {sizes.mean():.2f}); "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
-          f"{os.cpu_count()} cores; machine shared with other jobs; {load()}")
+    setting = (f"same-set, {n} x {d} float32 embeddings, {n_classes} classes "
+               f"(sizes {sizes.min()}-{sizes.max()}, mean {sizes.mean():.2f})")
+    notes = [f"retrieval, {setting}; "
+             f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
+             f"{os.cpu_count()} cores; machine shared with other jobs; {load()}"]
+    print(notes[-1])
 
     t0 = time.perf_counter()
     metrics.retrieval_metrics(x[:500], labels[:500] % 50)     # compile or load the cache
-    print(f"first call (compile or cache load): {time.perf_counter() - t0:.2f} s")
+    notes.append(f"first call (compile or cache load): {time.perf_counter() - t0:.2f} s")
+    print(notes[-1])
 
     def bare_matmul(a):
         for start in range(0, a.shape[0], 4096):
@@ -133,25 +140,41 @@ def main(argv=None) -> int:
 
         runs["faiss-cpu IndexFlatL2"] = faiss_flat
         level = faiss.SIMDConfig.get_level_name() if hasattr(faiss, "SIMDConfig") else "?"
-        print(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} OpenMP threads, "
-              f"SIMD level {level} (its dynamic dispatch; AVX512* = the AVX-512 build)")
+        notes.append(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} OpenMP "
+                     f"threads, SIMD level {level} (its dynamic dispatch; AVX512* = the "
+                     "AVX-512 build)")
     except ImportError:
-        print("faiss-cpu not installed: no faiss row")
+        notes.append("faiss-cpu not installed: no faiss row")
+    print(notes[-1])
 
+    memory = Table(
+        f"Peak memory above the input ({x.nbytes / 2**20:.0f} MiB float32), {setting}: "
+        "resident set size sampled every 2 ms, and tracemalloc's peak (NumPy buffers only)",
+        ["path", "RSS peak MiB", "tracemalloc peak MiB"])
     result, rss, traced = peak_memory(runs["refdml.metrics.retrieval_metrics"])
+    c = memory.add("refdml.metrics.retrieval_metrics", f"{rss:.0f}", f"{traced:.0f}")
     print(f"peak memory above the input ({x.nbytes / 2**20:.0f} MiB float32): "
-          f"RSS sampled {rss:.0f} MiB, tracemalloc {traced:.0f} MiB; {load()}")
+          f"RSS sampled {c[1]} MiB, tracemalloc {c[2]} MiB; {memory.note(load())}")
     if "faiss-cpu IndexFlatL2" in runs:
-        found, rss_f, _ = peak_memory(runs["faiss-cpu IndexFlatL2"])
+        found, rss_f, traced_f = peak_memory(runs["faiss-cpu IndexFlatL2"])
         own = found == np.arange(n)[:, None]
         same_order = int(np.sum(np.all(found[:, :1] == np.arange(n)[:, None], axis=1)))
-        print(f"faiss: RSS sampled {rss_f:.0f} MiB above the input; self ranked first for "
-              f"{same_order} of {n} queries ({int(own.any(axis=1).sum())} found themselves)")
+        c = memory.add("faiss-cpu IndexFlatL2", f"{rss_f:.0f}", f"{traced_f:.0f}")
+        print(f"faiss: RSS sampled {c[1]} MiB above the input; " + memory.note(
+              f"faiss: self ranked first for {same_order} of {n} queries "
+              f"({int(own.any(axis=1).sum())} found themselves)").split(": ", 1)[1])
     medians = interleaved(runs, args.repeats, warmups=0)
     print(f"\nmedian of {args.repeats} interleaved runs ({load()}):")
+    times = Table(
+        f"retrieval_metrics (compiled CPU twin), {setting}, Euclidean, against its bound (the "
+        "bare chunked n x n x d matrix product at the default BLAS threads) and faiss-cpu's "
+        f"flat index where installed; median of {args.repeats} interleaved runs; ratios "
+        "against the float32 matmul", ["path", "time s", "x the float32 matmul"],
+        notes=[load()])
     base = medians["bare matmul float32"]
     for name, seconds in medians.items():
-        print(f"  {name:36s} {seconds:8.2f} s   {seconds / base:5.2f}x the float32 matmul")
+        c = times.add(name, f"{seconds:.2f}", f"{seconds / base:.2f}")
+        print(f"  {c[0]:36s} {c[1]:>8} s   {c[2]:>5}x the float32 matmul")
 
     if not args.no_readable:
         from refdml._numerics import common_scale
@@ -171,8 +194,16 @@ def main(argv=None) -> int:
         np.testing.assert_array_equal(compiled, readable)
         print(f"neighbours of those {n_check} queries equal to the readable ranking's: "
               "True (asserted)")
-    print("metrics: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
-                                  for k, v in result.items()))
+        times.note(f"readable ranking (refdml.metrics._nearest) of {n_check} queries, once: "
+                   f"{seconds:.1f} s; their neighbours equal the compiled path's (asserted)")
+    values = Table(f"retrieval_metrics of the synthetic embeddings ({setting})",
+                   ["metric", "value"])
+    for k, v in result.items():
+        values.add(k, f"{v:.6g}" if isinstance(v, float) else v)
+    print("metrics: " + ", ".join(f"{k} {v}" for k, v in values.rows))
+    if args.json:
+        write_json(args.json, script=__file__, argv=argv, tables=[times, memory, values],
+                   notes=notes)
     return 0
 
 

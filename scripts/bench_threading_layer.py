@@ -27,6 +27,9 @@ Then ``--first-calls`` fresh interpreters per layer (interleaved; warm Numba cac
 loads the cached kernels and starts the layer's threads).
 
     python scripts/bench_threading_layer.py [--repeats 5] [--scale 1.0] [--first-calls 3]
+                                            [--json PATH]
+
+``--json PATH`` also writes the tables (schema refdml-bench/1, scripts/_bench.py).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench import Table, write_json  # noqa: E402
 
 LAYERS = ("omp", "workqueue", "tbb")
 _PREFIX = "RESULT "
@@ -134,7 +140,7 @@ print(f"{t1 - t0} {t2 - t1} {t3 - t2} {t4 - t3}")
 """
 
 
-def first_calls(layers, runs: int) -> None:
+def first_calls(layers, runs: int) -> Table:
     names = ("import", "k-center", "retrieval", "ot_pairs")
     times = {layer: [] for layer in layers}
     for _ in range(runs):
@@ -143,11 +149,19 @@ def first_calls(layers, runs: int) -> None:
             out = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, check=True,
                                  capture_output=True, text=True).stdout.split()
             times[layer].append([float(v) for v in out])
+    load = f"load {os.getloadavg()[0]:.1f}"
     print(f"\nfirst calls in a fresh interpreter, warm cache (median of {runs}, interleaved; "
-          f"load {os.getloadavg()[0]:.1f}): " + " | ".join(names))
+          f"{load}): " + " | ".join(names))
+    table = Table(
+        "First calls in a fresh interpreter per Numba threading layer, warm cache: import of "
+        "the three modules, then the first call of each path on tiny inputs (loads the cached "
+        f"kernels, starts the layer's threads); median of {runs}, interleaved",
+        ["layer", *(f"{name} s" for name in names)], notes=[load])
     for layer in layers:
         medians = [statistics.median(t[i] for t in times[layer]) for i in range(len(names))]
-        print(f"  {layer:10s} " + " | ".join(f"{v:6.3f} s" for v in medians))
+        c = table.add(layer, *(f"{v:.3f}" for v in medians))
+        print(f"  {layer:10s} " + " | ".join(f"{v:>6} s" for v in c[1:]))
+    return table
 
 
 def main(argv=None) -> int:
@@ -156,11 +170,13 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--first-calls", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the tables to PATH (schema refdml-bench/1)")
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.scale)
 
-    procs, outputs = {}, {}
+    procs, outputs, notes = {}, {}, []
     for layer in LAYERS:
         env = dict(os.environ, NUMBA_THREADING_LAYER=layer)
         proc = subprocess.Popen([sys.executable, __file__, "--worker", "--scale",
@@ -168,7 +184,8 @@ def main(argv=None) -> int:
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         ready = _read(proc)
         if ready is None:
-            print(f"{layer}: not available here (the worker could not load it)")
+            notes.append(f"{layer}: not available here (the worker could not load it)")
+            print(notes[-1])
             proc.wait()
             continue
         assert ready["layer"] == layer, ready["layer"]
@@ -192,10 +209,17 @@ def main(argv=None) -> int:
         proc.stdin.close()
         proc.wait()
 
-    print(f"{os.cpu_count()} cores, NUMBA_NUM_THREADS="
-          f"{os.environ.get('NUMBA_NUM_THREADS', 'unset')}, medians of {args.repeats} "
-          f"interleaved calls, load {os.getloadavg()[0]:.1f}; results equal across layers "
-          "(asserted)")
+    setting = (f"{os.cpu_count()} cores, NUMBA_NUM_THREADS="
+               f"{os.environ.get('NUMBA_NUM_THREADS', 'unset')}, medians of {args.repeats} "
+               f"interleaved calls")
+    load = f"load {os.getloadavg()[0]:.1f}"
+    print(f"{setting}, {load}; results equal across layers (asserted)")
+    table = Table(
+        "refdml's compiled parallel paths under each Numba threading layer (one worker process "
+        f"per layer; --scale {args.scale:g}): time per call and ratio against omp (GNU "
+        f"OpenMP, Numba's default on Linux); {setting}",
+        ["path", *(column for layer in procs for column in (f"{layer} ms", f"{layer} / omp"))],
+        notes=[load, "results equal across layers (asserted)"])
     paths = list(next(iter(times.values()))[0])
     print("  path            " + "".join(f"{layer:>22s}" for layer in procs))
     for path in paths:
@@ -203,10 +227,15 @@ def main(argv=None) -> int:
         cells = []
         for layer in procs:
             value = statistics.median(t[path] for t in times[layer])
-            cells.append(f"{value * 1e3:9.1f} ms ({value / base:4.2f}x)")
-        print(f"  {path:15s} " + "".join(f"{c:>22s}" for c in cells))
+            cells += [f"{value * 1e3:.1f}", f"{value / base:.2f}x"]
+        c = table.add(path, *cells)
+        print(f"  {path:15s} " + "".join(f"{f'{ms:>9} ms ({ratio:>5})':>22s}"
+                                          for ms, ratio in zip(c[1::2], c[2::2])))
+    tables = [table]
     if args.first_calls:
-        first_calls(list(procs), args.first_calls)
+        tables.append(first_calls(list(procs), args.first_calls))
+    if args.json:
+        write_json(args.json, script=__file__, argv=argv, tables=tables, notes=notes)
     return 0
 
 

@@ -4,7 +4,7 @@
     python scripts/bench_train.py --only collage     # one model (repeatable: --only tokens)
     python scripts/bench_train.py --device cuda      # CuPy on a GPU (where one is lent)
     python scripts/bench_train.py --quick            # 3 repeats, a smoke run
-    python scripts/bench_train.py --json out.json    # the step times also as JSON
+    python scripts/bench_train.py --json out.json    # the tables also as JSON (see below)
     python scripts/bench_train.py --torch-only       # only the rows against PyTorch
     python scripts/bench_train.py --torch-only --rounds 5   # more alternating processes
 
@@ -56,6 +56,12 @@ are busy with other work they make a matrix product many times slower, not faste
 script therefore pins BLAS (OpenBLAS, MKL, OpenMP) to ``REFDML_BENCH_BLAS_THREADS`` threads
 (default 1, as scripts/bench_gpu.py does) unless those variables are already set. Single-
 thread numbers are also the fair basis of the issue's "2 CPU cores" goals.
+
+``--json PATH`` writes the printed tables as a document of schema ``refdml-bench/1``
+(scripts/_bench.py: ``schema``, ``script``, ``command``, ``date``, ``machine``,
+``git_commit``, ``tables``, ``notes``) and, beside them, the unrounded results under the
+keys this option wrote before (``numpy``, ``cpu_count``, ``load_average``, ``repeats``,
+``device``, ``models``, ``load_average_after``).
 """
 
 from __future__ import annotations
@@ -76,7 +82,8 @@ from collections import defaultdict  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from _bench import interleaved  # noqa: E402  (scripts/ is on sys.path when run as a script)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench import Table, interleaved, write_json  # noqa: E402
 
 from refdml.train.runs import build_run  # noqa: E402
 
@@ -215,7 +222,7 @@ def _run_alone(side: str, which: str, threads: int, repeats: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench_torch(which: str, repeats: int, rounds: int) -> dict | None:
+def bench_torch(which: str, repeats: int, rounds: int, tables: list) -> dict | None:
     """refdml ``fast f32`` against its PyTorch twin, each alone in its own process,
     alternating, at 1 and at ``os.cpu_count()`` threads; None (and a note) without torch."""
     try:
@@ -236,49 +243,67 @@ def bench_torch(which: str, repeats: int, rounds: int) -> dict | None:
                     "ratio": statistics.median(a[clock] / b[clock]
                                                for a, b in zip(runs["refdml"], runs["torch"]))}
             for clock in ("wall", "cpu")}
-    print(f"\n== {which}: refdml fast f32 vs PyTorch {torch.__version__} f32 (same model, "
-          f"batch, initial parameters; float64 twin check {agreement:.1e}); each alone in "
-          f"its own process, {rounds} alternating rounds of {repeats} steps ==")
+    title = (f"{which}: refdml fast f32 vs PyTorch {torch.__version__} f32 (same model, "
+             f"batch, initial parameters; float64 twin check {agreement:.1e}); each alone in "
+             f"its own process, {rounds} alternating rounds of {repeats} steps")
+    print(f"\n== {title} ==")
+    printed = Table(f"Time per training step, {title}; medians over the rounds, ratio "
+                    "refdml / PyTorch", ["threads", "clock", "refdml ms", "torch ms",
+                                         "refdml/torch"])
+    tables.append(printed)
     print(f"{'threads':<9}{'clock':<6}{'refdml ms':>11}{'torch ms':>10}{'refdml/torch':>14}")
     for threads, clocks in table.items():
         for clock, row in clocks.items():
-            print(f"{threads:<9}{clock:<6}{row['refdml_ms']:>11.2f}{row['torch_ms']:>10.2f}"
-                  f"{row['ratio']:>13.2f}x")
+            c = printed.add(int(threads), clock, f"{row['refdml_ms']:.2f}",
+                            f"{row['torch_ms']:.2f}", f"{row['ratio']:.2f}x")
+            print(f"{c[0]:<9}{c[1]:<6}{c[2]:>11}{c[3]:>10}{c[4]:>14}")
     return {"torch_version": torch.__version__, "float64_agreement": agreement,
             "rounds": rounds, "threads": table}
 
 
-def bench(which: str, device: str, repeats: int) -> dict:
+def bench(which: str, device: str, repeats: int, tables: list) -> dict:
     steps = {f"{path} {dtype[-2:]}": Step(which, path, dtype, device) for path, dtype in PATHS}
     for step in steps.values():  # keep a row of the table from timing a broken step
         step()
     medians = interleaved(steps, repeats, warmups=2)
+    setting = (f"{which} model, batch {steps['fast 64'].labels.shape[0]}, device {device}, "
+               f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}")
     print(f"\n== {which} model, batch {steps['fast 64'].labels.shape[0]}, device {device}, "
           f"median of {repeats} interleaved steps ==")
+    table = Table(f"Time per training step (zero_grad, forward, objective, backward, Adam), "
+                  f"{setting}, median of {repeats} interleaved steps; vs ref f64 = the float64 "
+                  "reference's time / the path's", ["path", "ms/step", "vs ref f64"])
+    tables.append(table)
     ref = medians["ref 64"]
     print(f"{'path':<10}{'ms/step':>10}{'vs ref f64':>12}")
     for name, seconds in medians.items():
-        print(f"{name:<10}{1e3 * seconds:>10.2f}{ref / seconds:>11.2f}x")
+        c = table.add(name, f"{1e3 * seconds:.2f}", f"{ref / seconds:.2f}x")
+        print(f"{c[0]:<10}{c[1]:>10}{c[2]:>12}")
     shares = {name: layer_shares(step, repeats) for name, step in steps.items()}
     keys = list(next(iter(shares.values())))
     print(f"\nshare of step time per component ({', '.join(shares)})")
+    table = Table(f"Share of step time per component, {setting} (a separate pass with every "
+                  "component timed; a share is the component's median over the sum of the "
+                  f"medians, {repeats} steps)", ["component", *shares])
+    tables.append(table)
     print(f"{'component':<16}" + "".join(f"{name:>10}" for name in shares))
     for key in keys:
-        print(f"{key:<16}" + "".join(f"{shares[name].get(key, 0.0):>10.1%}" for name in shares))
+        c = table.add(key, *(f"{shares[name].get(key, 0.0):.1%}" for name in shares))
+        print(f"{c[0]:<16}" + "".join(f"{cell:>10}" for cell in c[1:]))
     return {"ms_per_step": {name: 1e3 * seconds for name, seconds in medians.items()},
             "shares": shares}
 
 
-def _write_json(path: str, payload: dict) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".bench_train_", suffix=".json")
+def _device_name(device: str) -> str:
+    if device != "cuda":
+        return device
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:                       # the name is a label: never stop the run for it
+        return "cuda"
 
 
 def main(argv=None) -> None:
@@ -287,7 +312,9 @@ def main(argv=None) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="3 repeats: a smoke run")
-    parser.add_argument("--json", metavar="PATH", help="also write the results to PATH")
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the tables (schema refdml-bench/1) and the results "
+                             "to PATH")
     parser.add_argument("--torch-only", action="store_true",
                         help="only the comparison with PyTorch (no paths table, no shares)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -300,20 +327,26 @@ def main(argv=None) -> None:
         print(json.dumps(_time_alone(*args.time_alone, repeats)))
         return
     load = list(os.getloadavg())   # a busy machine slows every row (module docstring)
-    print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "
-          f"(see the module docstring); numpy {np.__version__}; "
-          "load average " + " ".join(f"{x:.2f}" for x in load))
+    notes = [f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "
+             f"(see the module docstring); numpy {np.__version__}; "
+             "load average " + " ".join(f"{x:.2f}" for x in load)]
+    print(notes[-1])
     results = {"numpy": np.__version__, "cpu_count": os.cpu_count(), "load_average": load,
                "repeats": repeats, "device": args.device, "models": {}}
+    tables: list = []
     for which in args.only or ("collage", "tokens"):
-        entry = {} if args.torch_only else bench(which, args.device, repeats)
+        entry = {} if args.torch_only else bench(which, args.device, repeats, tables)
         if args.device == "cpu":
-            entry["torch"] = bench_torch(which, repeats, args.rounds)
+            entry["torch"] = bench_torch(which, repeats, args.rounds, tables)
+            if entry["torch"] is None:
+                notes.append(f"PyTorch is not installed: no PyTorch rows for {which}")
         results["models"][which] = entry
     results["load_average_after"] = list(os.getloadavg())
-    print("\nload average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    notes.append("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print("\n" + notes[-1])
     if args.json:
-        _write_json(args.json, results)
+        write_json(args.json, script=__file__, argv=argv, tables=tables, notes=notes,
+                   device=_device_name(args.device), extra=results)
 
 
 if __name__ == "__main__":
