@@ -36,7 +36,6 @@ import inspect
 import json
 import os
 import pkgutil
-import platform
 import re
 import subprocess
 import sys
@@ -44,6 +43,12 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from refdml._io import write_text_atomic
+
+# scripts/ is no package: the benchmarks' helpers are imported from beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import git_commit, machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -64,15 +69,9 @@ class PagesError(Exception):
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """``text`` to ``path`` atomically (refdml's writer), its folder created if needed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
 
 
 def shown(path: Path) -> str:
@@ -266,26 +265,6 @@ def verify_run(quick: bool) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "machine": machine(), "refdml": version, "git_commit": git_commit(),
             "wall_seconds": round(wall, 1), "claims": claims}
-
-
-def machine() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import numpy
-    return {"cpu": cpu or "unknown", "cores": os.cpu_count(), "python": platform.python_version(),
-            "numpy": numpy.__version__}
-
-
-def git_commit() -> str | None:
-    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True)
-    return result.stdout.strip() or None
 
 
 def _machine_text(m: dict) -> str:
