@@ -44,7 +44,7 @@ def numba_cuda_available() -> bool:
     if importlib.util.find_spec("numba") is None:
         return False
     try:
-        from numba import cuda
+        from refdml._compiled._cuda import cuda
 
         return bool(cuda.is_available())
     except Exception:

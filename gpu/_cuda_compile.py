@@ -176,7 +176,7 @@ def require_toolchain() -> None:
     nvJitLink are all here."""
     if importlib.util.find_spec("numba_cuda") is None:
         raise ToolchainError(f"numba-cuda is not installed: {_INSTALL}")
-    from numba import cuda
+    from refdml._compiled._cuda import cuda
 
     if getattr(cuda, "implementation", None) != "NVIDIA":
         raise ToolchainError(f"numba.cuda is not numba-cuda's: {_INSTALL}")
@@ -351,7 +351,7 @@ def _compile_stage(dispatcher: Any, numba_signature: str, arch: str, kernel: str
                    signature: str, shared_limit: int) -> CompileRow | _Compiled:
     """Lower and NVVM-compile (holds the GIL and numba's compiler lock); a failed row where
     that fails or the kernel takes a path this check does not follow."""
-    from numba import cuda
+    from refdml._compiled._cuda import cuda
 
     name = kernel or getattr(getattr(dispatcher, "py_func", None), "__name__", repr(dispatcher))
     row = dict(kernel=name, signature=signature, numba_signature=numba_signature, arch=arch)

@@ -63,8 +63,9 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float64, njit, prange
+from numba import float64, njit, prange
 
+from refdml._compiled._cuda import cuda
 from refdml._compiled._scalar import lse_merge, lse_push, lse_value
 from refdml._compiled._support import BLOCK
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
 
+from refdml._compiled._cuda import cuda
 from refdml._compiled._support import BLOCK, cuda_launch
 from refdml._compiled.retrieval import offer
 from refdml._numerics import ordered_unit_rows

@@ -28,9 +28,10 @@ import math
 
 import numba
 import numpy as np
-from numba import cuda, njit, prange
+from numba import njit, prange
 
 from refdml._compiled import sinkhorn as _twin
+from refdml._compiled._cuda import cuda
 from refdml._compiled._scalar import lse_push, lse_value
 from refdml._compiled._support import BLOCK, cuda_launch, cuda_simulator, parallel_launch
 from refdml._compiled.sinkhorn import (

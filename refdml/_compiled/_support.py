@@ -120,7 +120,7 @@ def cuda_unavailable_reason() -> str | None:
     if devices < 1:
         return "CuPy sees no CUDA device"
     try:
-        from numba import cuda
+        from refdml._compiled._cuda import cuda
 
         if cuda.is_available():
             return None
@@ -239,7 +239,7 @@ def cuda_launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
     if not indices or _launch_sync():
         kernel[grid, block](*args)
         return
-    from numba import cuda
+    from refdml._compiled._cuda import cuda
 
     stream = _launch_stream(cuda, args[indices[0]].__cuda_array_interface__)
     args = list(args)
