@@ -219,9 +219,38 @@ def call_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict, where:
         kwargs["out"] = unwrap(out[0], where, seen)
     # CuPy's kernels never warn about overflow or invalid values; NumPy's would (and pytest
     # turns RuntimeWarning into an error), so the stand-in computes as quietly as a GPU.
+    if method != "at":                    # at() updates its first operand in place
+        args = [flush_float32_subnormals(a) for a in args]
     with np.errstate(all="ignore"):
         result = (ufunc if method == "__call__" else getattr(ufunc, method))(*args, **kwargs)
+    if isinstance(result, tuple):
+        result = tuple(flush_float32_subnormals(r, in_place=True) for r in result)
+    else:
+        result = flush_float32_subnormals(result, in_place=True)
     return wrap(result, seen)
+
+
+_FLOAT32_TINY = np.finfo(np.float32).tiny
+
+
+def flush_float32_subnormals(value: Any, *, in_place: bool = False) -> Any:
+    """``value`` with its float32 subnormals replaced by zeros of their sign, as CuPy's
+    kernels see and store them: CuPy compiles every elementwise and reduction kernel with
+    ``-ftz=true`` (``cupy/cuda/compiler.py``, appended to every NVRTC option list), so a
+    float32 instruction on the GPU reads a subnormal operand as 0 and flushes a subnormal
+    result to 0 (float64 is never flushed). ``in_place``: a result array is flushed where it
+    is (it may be a ufunc's ``out``); an operand is copied first. Anything else is returned
+    as it is."""
+    if isinstance(value, (np.ndarray, np.float32)) and value.dtype == np.float32:
+        magnitude = np.abs(value)
+        subnormal = (magnitude < _FLOAT32_TINY) & (magnitude > 0)
+        if np.any(subnormal):
+            if isinstance(value, np.float32):
+                return np.float32(np.copysign(0.0, value))
+            if not in_place or not value.flags.writeable:
+                value = value.copy()
+            value[subnormal] = np.copysign(np.float32(0.0), value[subnormal])
+    return value
 
 
 def call_function(function: Any, args: tuple, kwargs: dict, where: str, *,

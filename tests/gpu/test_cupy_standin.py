@@ -184,6 +184,31 @@ def test_floating_point_warnings_are_silent_as_on_a_gpu():
     assert got[0] == -np.inf and np.isnan(got[1])
 
 
+def test_float32_subnormals_are_flushed_as_cupys_ftz_kernels_do():
+    # CuPy compiles every kernel with -ftz=true: a float32 subnormal result is stored as 0
+    # (of its sign) and a subnormal operand is read as 0; float64 keeps its subnormals.
+    # 2^-130 is a float32 subnormal (the smallest normal is 2^-126), 2^-1030 a float64 one.
+    big = cp.asarray(np.array([2.0**127, -2.0**127, 2.0**120], np.float32))
+    quotient = 1.0 / big                               # 2^-127, -2^-127: subnormal
+    assert quotient.dtype == np.float32
+    assert_array_equal(cp.asnumpy(quotient), np.array([0.0, -0.0, 2.0**-120], np.float32))
+    assert np.signbit(cp.asnumpy(quotient)[1])
+    assert_array_equal(cp.asnumpy(big / big), np.ones(3, np.float32))  # no subnormal step
+    operand = cp.asarray(np.array([2.0**-130, 1.0], np.float32))
+    assert_array_equal(cp.asnumpy(operand * np.float32(2.0**10)),
+                       np.array([0.0, 2.0**10], np.float32))  # 2^-120 were it not flushed
+    assert_array_equal(cp.asnumpy(cp.sum(operand)), np.float32(1.0))
+    wide = cp.asarray(np.array([2.0**1000], np.float64))
+    assert_array_equal(cp.asnumpy(1.0 / wide / 2.0**30), np.array([2.0**-1030]))
+    # in place (out=) the array itself is flushed; at() still updates its operand
+    out = cp.asarray(np.array([4.0, 4.0], np.float32))
+    cp.multiply(out, np.float32(2.0**-128), out=out)
+    assert_array_equal(cp.asnumpy(out), np.zeros(2, np.float32))
+    target = cp.asarray(np.zeros(3, np.float32))
+    cp.add.at(target, np.array([0, 0, 2]), np.float32(1.5))
+    assert_array_equal(cp.asnumpy(target), np.array([3.0, 0.0, 1.5], np.float32))
+
+
 def test_cholesky_of_an_indefinite_matrix_raises_nothing_as_cupy():
     # cuSOLVER's devInfo is read only under cupyx.errstate(linalg="raise"); the stand-in
     # returns NaN where NumPy raises LinAlgError.

@@ -227,6 +227,58 @@ def test_kernels_match_array_path_and_reference_at_huge_inverse_temperature(
                   inverse_temperature=inverse_temperature)
 
 
+# The column maths the pool backward's CPU twin calls (compiled functions): their Python
+# source runs instead where the twin runs on Contracting floats.
+_POOL_BACKWARD_HELPERS = ("pool_backward_column", "_marginal_centre", "cost_gradient",
+                          "_distance_weight", "_clip_coefficient")
+
+
+def _contracting_pool_backward(monkeypatch):
+    """Make ``use_kernels("cpu")``'s pool backward run the twin's Python source on
+    :class:`Contracting` floats (every product fused into the sum or difference that uses
+    it, as ptxas does on a GPU), its outputs rounded into the arrays the caller reads."""
+    from _contraction import contracting, rounded
+
+    from refdml.gpu import _nb_gsp
+
+    for name in _POOL_BACKWARD_HELPERS:
+        monkeypatch.setattr(_nb_gsp, name, getattr(_nb_gsp, name).py_func)
+    source = _nb_gsp.pool_backward_cpu.py_func
+
+    def twin(*args):
+        *inputs, distance_weights, d_features = args
+        inputs = [contracting(a) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
+                  for a in inputs]
+        out_w = np.empty(distance_weights.shape, dtype=object)
+        out_f = np.empty(d_features.shape, dtype=object)
+        source(*inputs, out_w, out_f)
+        distance_weights[...] = rounded(out_w)
+        d_features[...] = rounded(out_f)
+
+    monkeypatch.setattr(_nb_gsp, "pool_backward_cpu", twin)
+
+
+@pytest.mark.parametrize("inverse_temperature", HUGE)
+def test_pool_backward_does_not_depend_on_fma_contraction(inverse_temperature, monkeypatch):
+    # The CUDA kernel's d features were 4e-18 ε off on an H200 (docs/gpu.md, "The six
+    # hardware-only failures"): d_z_i / mu - d_z_top / mu, contracted into one FMA, is the
+    # product's rounding error at i = top instead of 0, and d_cost = -ε A (...) scales it.
+    # The kernel and its CPU twin share this source; run on floats that contract as ptxas
+    # does, the twin must give what it gives compiled (no contraction) and the array path.
+    features, prototypes = _inputs(np.random.default_rng(22), batch=1)
+    args = dict(mu=0.3, inverse_temperature=inverse_temperature)
+    rng = np.random.default_rng(7)
+    d_pooled, d_z = rng.standard_normal((1, 4)), rng.standard_normal((1, 3))
+    _, _, _, compiled = _run("cpu", features, prototypes, d_pooled, d_z, **args)
+    _, _, _, array = _run("array", features, prototypes, d_pooled, d_z, **args)
+    _contracting_pool_backward(monkeypatch)
+    _, _, _, fused = _run("cpu", features, prototypes, d_pooled, d_z, **args)
+    floor = max(float(np.max(np.abs(g))) for g in vars(array).values())
+    for name in ("features", "prototypes"):
+        _close(getattr(fused, name), getattr(compiled, name), 1e-12, f"d {name}", floor)
+        _close(getattr(fused, name), getattr(array, name), 1e-10, f"d {name}", floor)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_gradient_overflow_is_named_as_on_the_array_path(kind, cuda_device_array):
     # An exact tie of the cost at ε = 1e38 on float32: d pi / d c ~ ε / 4 overflows float32.
@@ -379,8 +431,6 @@ def test_float32_features_near_its_largest_number(kind, p, cuda_device_array,
     # products w_j f_j gave inf (pooled inf); the backward's d_weights ~ |f| |d_pooled| and
     # W = d_cost / c' left float32 (warnings, or a false "d_cost overflows" error) where
     # the gradients do not. Kernel and array path agree, and both with the reference.
-    if kind == "cuda" and SIMULATED and p > 1.0:
-        pytest.skip("simulator time: GeMean float32 on CUDA runs in the parity suite")
     rng = np.random.default_rng(30)
     # Norms 1.5e38; feature 0 points near prototype 0 (cost ~0.1, off the kink at 0): at
     # mu = 0.05 and ε = 10 it takes most of the weight: w_0 f_0 is beyond float32 (asserted),
