@@ -256,11 +256,20 @@ def column_plan(y, eps, pivot_min, pivot_lam, inv_n, column_min, lam, assignment
 @njit(cache=True, inline="always")
 def pool_backward_column(features, d_pooled, d_weights_in, assignment, d_z, rho, transported,
                          p_one, inv_n, inv_mu, b, j):
-    """Pool backward, column ``j`` (``d_pi_ji = d_z_i / mu``): ``(r_j, offset_j, b_j, w_j)``.
+    """Pool backward, column ``j`` (``d_pi_ji = d_z_i / mu``): ``(mu r_j, offset_j, b_j, w_j)``.
 
-    ``r_j = d_pi`` at the dominant row, ``offset_j = sum_i A_ji (r_j - d_pi_ji)``,
-    ``b_j = a_j - d_rho_j`` with ``a_j = sum_i A_ji d_pi_ji``, ``w_j = rho_j sigma_j``
-    (docs/gsp.md Sec. 3).
+    ``r_j = d_pi`` at the dominant row, returned unscaled as ``mu r_j = d_z_top``;
+    ``offset_j = sum_i A_ji (r_j - d_pi_ji)``, ``b_j = a_j - d_rho_j`` with
+    ``a_j = sum_i A_ji d_pi_ji``, ``w_j = rho_j sigma_j`` (docs/gsp.md Sec. 3).
+
+    Every difference against the dominant row is taken between the upstream values
+    ``d_z`` themselves and scaled by ``1 / mu`` after: ``(d_z_top - d_z_i) / mu``, never
+    ``d_z_top / mu - d_z_i / mu``. The latter is exactly 0 at ``i = top`` only where both
+    products are rounded; ptxas fuses a product and the subtraction after it into one FMA
+    (PTX ``mul``/``sub`` without a rounding suffix may be contracted), which leaves the
+    product's rounding error, ~1e-16, where 0 belongs; ``d_cost = -ε A (...)`` multiplied
+    it by ε (the GPU's d features off by ~4e-18 ε: docs/gpu.md, "The six hardware-only
+    failures"). A difference of two equal values is 0 under any contraction.
     """
     n, d = features.shape[1], features.shape[2]
     m = assignment.shape[2]
@@ -276,14 +285,13 @@ def pool_backward_column(features, d_pooled, d_weights_in, assignment, d_z, rho,
     for i in range(1, m):
         if assignment[b, j, i] > best:
             top, best = i, assignment[b, j, i]
-    reference = d_z[b, top] * inv_mu
+    reference = d_z[b, top]
     offset, column = 0.0, 0.0
     for i in range(m):
         a = assignment[b, j, i]
-        d_pi = d_z[b, i] * inv_mu
-        offset += a * (reference - d_pi)
-        column += a * d_pi
-    return reference, offset, column - d_rho, rho[b, j] * transported[b, j]
+        offset += a * (reference - d_z[b, i])
+        column += a * d_z[b, i]
+    return reference, offset * inv_mu, column * inv_mu - d_rho, rho[b, j] * transported[b, j]
 
 
 @njit(cache=True, inline="always")
@@ -305,10 +313,12 @@ def transport_backward_column(assignment, d_pi, rho, d_rho, transported, b, j):
 
 
 @njit(cache=True, inline="always")
-def cost_gradient(factor, a, p, d_pi, reference, offset, marginal):
-    """``factor A_ji (P_j ((d_pi_ji - r_j) + offset_j) + w_j (b_j - bbar))``; ``d_cost`` for
-    ``factor = -ε`` (compiled, so an overflow to ``inf`` is silent in the simulator too)."""
-    return factor * (a * (p * ((d_pi - reference) + offset) + marginal))
+def cost_gradient(factor, a, p, difference, offset, marginal):
+    """``factor A_ji (P_j ((d_pi_ji - r_j) + offset_j) + w_j (b_j - bbar))`` from
+    ``difference = d_pi_ji - r_j`` (formed by the caller as a difference of stored values:
+    :func:`pool_backward_column`); ``d_cost`` for ``factor = -ε`` (compiled, so an overflow
+    to ``inf`` is silent in the simulator too)."""
+    return factor * (a * (p * (difference + offset) + marginal))
 
 
 # --------------------------------------------------------------------------- CPU twins
@@ -528,8 +538,9 @@ def pool_backward_cpu(features, features_bar, features_norm, ws, scale, assignme
             row = 0.0
             acc[:] = 0.0
             for i in range(m):
-                gradient = cost_gradient(factor, assignment[b, j, i], p, d_z[b, i] * inv_mu,
-                                         reference[j], offset[j], marginal)
+                gradient = cost_gradient(factor, assignment[b, j, i], p,
+                                         (d_z[b, i] - reference[j]) * inv_mu, offset[j],
+                                         marginal)
                 distance_weights[b, j, i] = _distance_weight(gradient, cost_t[b, j, i])
                 w = distance_weights[b, j, i]  # as stored
                 row += w
@@ -570,8 +581,9 @@ def transport_backward_cpu(assignment, rho, transported, d_rho, d_pi, eps, d_cos
             marginal = rho[b, j] * transported[b, j] * ((b_values[j] - b_top) + mean_offset)
             p = transported[b, j] / n
             for i in range(m):
-                d_cost[b, j, i] = cost_gradient(-eps, assignment[b, j, i], p, d_pi[b, j, i],
-                                                reference[j], offset[j], marginal)
+                d_cost[b, j, i] = cost_gradient(-eps, assignment[b, j, i], p,
+                                                d_pi[b, j, i] - reference[j], offset[j],
+                                                marginal)
 
 
 # --------------------------------------------------------------------------- CUDA kernels
@@ -866,8 +878,9 @@ def cuda_kernels():
                                  cost_t, rho, transported, weights, d_pooled, d_z, d_weights_in,
                                  direct_in, p_one, eps, mu, distance_weights, d_features,
                                  scratch):
-        """``scratch`` (B, 3n) float64: ``r_j``, ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)``
-        (docs/gsp.md Sec. 3); the first n slots then hold the clip coefficient."""
+        """``scratch`` (B, 3n) float64: ``mu r_j`` (:func:`pool_backward_column`),
+        ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)`` (docs/gsp.md Sec. 3); the first n
+        slots then hold the clip coefficient."""
         b = cuda.blockIdx.x
         if b >= features.shape[0]:
             return
@@ -890,7 +903,7 @@ def cuda_kernels():
         while pair < n * m:
             j, i = pair // m, pair % m
             gradient = cost_gradient(factor, assignment[b, j, i], transported[b, j] * inv_n,
-                                     d_z[b, i] * inv_mu, scratch[b, j], scratch[b, n + j],
+                                     (d_z[b, i] - scratch[b, j]) * inv_mu, scratch[b, n + j],
                                      scratch[b, 2 * n + j])
             distance_weights[b, j, i] = _distance_weight(gradient, cost_t[b, j, i])
             pair += BLOCK
@@ -951,7 +964,7 @@ def cuda_kernels():
         while pair < n * m:
             j, i = pair // m, pair % m
             d_cost[b, j, i] = cost_gradient(
-                -eps, assignment[b, j, i], transported[b, j] / n, d_pi[b, j, i], scratch[b, j],
+                -eps, assignment[b, j, i], transported[b, j] / n, d_pi[b, j, i] - scratch[b, j],
                 scratch[b, n + j], scratch[b, 2 * n + j])
             pair += BLOCK
 
