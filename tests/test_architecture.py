@@ -127,6 +127,51 @@ def scan(sources: Mapping[str, pathlib.Path]):
     return modules, edges, loaders
 
 
+#: The one module that imports ``numba.cuda`` (refdml._compiled._cuda's docstring: a
+#: change of CUDA compiler, or a workaround for one, is a change there alone).
+CUDA_IMPORT_POINT = "refdml._compiled._cuda"
+
+
+def _numba_cuda_names(node: ast.Import | ast.ImportFrom) -> list[tuple[str, bool]]:
+    """``(module, binds_cuda)`` for each ``numba.cuda`` module an import statement loads:
+    ``binds_cuda`` where it binds the package itself (``from numba import cuda``,
+    ``import numba.cuda``), not where it takes names from it or from a submodule
+    (``from numba.cuda.cudadrv import nvvm``)."""
+    if isinstance(node, ast.Import):
+        return [(a.name, True) for a in node.names if a.name.split(".")[:2] == ["numba", "cuda"]]
+    if node.level:
+        return []
+    module = node.module or ""
+    if module == "numba":
+        return [("numba.cuda", True) for a in node.names if a.name == "cuda"]
+    return [(module, False)] if module.split(".")[:2] == ["numba", "cuda"] else []
+
+
+def cuda_import_violations(sources: Mapping[str, pathlib.Path],
+                           import_point: str = CUDA_IMPORT_POINT) -> list[str]:
+    """Imports of ``numba.cuda`` outside the import point: the package bound anywhere else,
+    or names taken from it or its submodules (``numba.cuda.dispatcher``) in a module that
+    does not also import the import point (whose compatibility step must run first)."""
+    found = []
+    for name, path in sorted(source_modules(sources).items()):
+        if name == import_point:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        uses_point = any(
+            (n.module if isinstance(n, ast.ImportFrom) else None) == import_point
+            or any(a.name == import_point for a in n.names) for n in nodes)
+        for node in nodes:
+            for target, binds_cuda in _numba_cuda_names(node):
+                if binds_cuda:
+                    found.append(f"{name} (line {node.lineno}) imports numba.cuda: take "
+                                 f"`cuda` from {import_point}")
+                elif not uses_point:
+                    found.append(f"{name} (line {node.lineno}) imports from {target} without "
+                                 f"importing {import_point}")
+    return found
+
+
 def layer_of(module: str, layers=LAYERS) -> int | None:
     """Index into ``layers`` of the longest prefix naming ``module``; None if none does."""
     best, best_len = None, -1
@@ -243,6 +288,23 @@ def test_checker_finds_a_three_module_circle_and_passes_a_chain():
     assert circles(edges, "abcd") == []
 
 
+def test_checker_keeps_numba_cuda_to_its_import_point(tmp_path):
+    sources = _tree(tmp_path, {
+        "refdml/__init__.py": "",
+        "refdml/_compiled/__init__.py": "",
+        "refdml/_compiled/_cuda.py": "from numba import cuda\n",
+        "gpu/__init__.py": "def f():\n    import numba.cuda\n",
+        "gpu/_nb.py": "from refdml._compiled._cuda import cuda\nfrom numba.cuda import dispatcher\n",
+        "gpu/_bad.py": "from numba.cuda.cudadrv import nvvm\nfrom numba import cuda, njit\n",
+    })
+    assert cuda_import_violations(sources) == [
+        "refdml.gpu (line 2) imports numba.cuda: take `cuda` from refdml._compiled._cuda",
+        "refdml.gpu._bad (line 1) imports from numba.cuda.cudadrv without importing "
+        "refdml._compiled._cuda",
+        "refdml.gpu._bad (line 2) imports numba.cuda: take `cuda` from refdml._compiled._cuda",
+    ]
+
+
 # --------------------------------------------------------------------------- the contract
 
 MODULES, EDGES, LOADERS = scan(SOURCES)
@@ -262,6 +324,12 @@ def test_no_import_circles():
     found = circles(EDGES, MODULES)
     assert not found, "modules that import each other in a circle:\n" + "\n".join(
         " <-> ".join(c) for c in found)
+
+
+def test_numba_cuda_is_imported_at_its_one_import_point():
+    found = cuda_import_violations(SOURCES)
+    assert not found, "numba.cuda imported past refdml._compiled._cuda:\n" + "\n".join(found)
+    assert CUDA_IMPORT_POINT in MODULES
 
 
 def test_no_module_loads_code_by_a_string():

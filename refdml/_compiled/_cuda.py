@@ -41,12 +41,21 @@ def _removed_row_stack(*args, **kwargs):
     raise AttributeError("numpy.row_stack was removed in NumPy 2.5: use numpy.vstack")
 
 
+def _simulated() -> bool:
+    """Whether numba.cuda is Numba's CUDA simulator (numba reads ``NUMBA_ENABLE_CUDASIM``
+    when numba.cuda is first imported)."""
+    try:
+        from numba.cuda.core import config      # numba-cuda
+    except ImportError:
+        from numba.core import config           # the numba.cuda of numba itself
+    return bool(getattr(config, "ENABLE_CUDASIM", False))
+
+
 def _load():
     from numba import cuda
 
     steps = []
-    simulated = getattr(cuda, "implementation", None) != "NVIDIA"
-    if not simulated and not hasattr(np, "row_stack"):
+    if not _simulated() and not hasattr(np, "row_stack"):
         np.row_stack = _removed_row_stack
         try:
             import numba.cuda.np.arrayobj  # noqa: F401  (registers the CUDA overloads)
