@@ -11,6 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from refdml._cli_support import check_output_paths, seed, text_table
+from refdml._compiled import _cuda
 from refdml._io import write_json_atomic
 from refdml.catalog._gradcheck_cli import select_operators
 from refdml.gpu import _cuda_compile
@@ -47,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --compile-only: the architectures (default sm_80 sm_90)")
     parser.add_argument("--json", metavar="PATH",
                         help="also write the rows as JSON (a list of dicts; keys in docs/gpu.md)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no line on stderr as each check ends (the table comes at the end; "
+                             "a first CUDA call compiles its kernels, seconds each)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,27 +99,32 @@ def run(args: argparse.Namespace) -> int:
               "so no CuPy rows ran")
     rows, records, failures = [], [], 0
     simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-    for spec in mirrored:
-        runs = [(backend, "array") for backend in backends]
-        for kernels in spec.mirror_kernels:
-            # The CPU twin takes NumPy arrays; the CUDA kernel CuPy ones (NumPy ones under
-            # Numba's simulator). A CUDA kernel with neither a GPU nor the simulator is skipped.
-            if kernels == "cpu":
-                runs.append(("numpy", "cpu"))
-            elif "cupy" in backends:
-                runs.append(("cupy", "cuda"))
-            elif simulated:
-                runs.append(("numpy", "cuda"))
+    plan = [(spec, _runs(spec, backends, simulated)) for spec in mirrored]
+    total, done = sum(len(runs) for _, runs in plan) * len(dtypes), 0
+
+    def progress(spec_name: str, device: str, dtype: str, verdict: str, seconds: float) -> None:
+        # One line per check as it ends, on stderr (the table is stdout's): a GPU's first
+        # call of a kernel compiles it, and the whole run printed nothing for minutes.
+        nonlocal done
+        done += 1
+        if not args.no_progress:
+            print(f"gpu-check [{done}/{total}] {spec_name} {device} {dtype}: {verdict} "
+                  f"({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    for spec, runs in plan:
         for backend, kernels in runs:
             device = backend if kernels == "array" else f"{backend}/{kernels}"
             if kernels == "cuda" and backend == "numpy":
                 device = "cuda-simulator"
             record = dict(operator=spec.name, backend=backend, path=kernels, device=device)
             for dtype in dtypes:
+                start = time.perf_counter()
                 try:
                     r = parity.check_parity(spec, backend=backend, dtype=dtype, seed=seed,
                                             kernels=kernels)
                 except Exception as exc:  # a crash is a failure of our own code; report it
+                    progress(spec.name, device, dtype, f"CRASH {type(exc).__name__}",
+                             time.perf_counter() - start)
                     failures += 1
                     rows.append((spec.name, device, dtype, "-", "-",
                                  f"{spec.mirror_tolerance(dtype):.0e}", "-", f"CRASH {exc!r}"))
@@ -126,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 failures += not r.passed
                 verdict = "pass" if r.passed else "FAIL " + "; ".join(r.problems)
+                progress(spec.name, device, dtype, "pass" if r.passed else "FAIL",
+                         time.perf_counter() - start)
                 rows.append((spec.name, device, dtype, f"{r.output_error:.2e}",
                              f"{r.gradient_error:.2e}", f"{r.tolerance:.0e}",
                              f"{1e3 * r.seconds:.2f}", verdict))
@@ -150,6 +161,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {s.name:<{width}}  {s.no_mirror or '(no reason recorded)'}")
     _write_json(args.json, records)
     return 1 if failures else 0
+
+
+def _runs(spec, backends: list[str], simulated: bool) -> list[tuple[str, str]]:
+    """``(backend, kernels)`` pairs a mirrored entry is checked on: the array path on each
+    backend, then each of its compiled kernels where it can run here."""
+    runs = [(backend, "array") for backend in backends]
+    for kernels in spec.mirror_kernels:
+        # The CPU twin takes NumPy arrays; the CUDA kernel CuPy ones (NumPy ones under
+        # Numba's simulator). A CUDA kernel with neither a GPU nor the simulator is skipped.
+        if kernels == "cpu":
+            runs.append(("numpy", "cpu"))
+        elif "cupy" in backends:
+            runs.append(("cupy", "cuda"))
+        elif simulated:
+            runs.append(("numpy", "cuda"))
+    return runs
 
 
 def _finite(value: float) -> float | None:
@@ -199,6 +226,8 @@ def _compile_only(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     print(f"CUDA kernels compiled for {', '.join(archs)} with numba-cuda "
           f"{version('numba-cuda')} (NVVM to LTO-IR, nvJitLink to SASS; no GPU used)")
+    print(f"NumPy {version('numpy')}, numba {version('numba')}; compatibility steps taken at "
+          f"refdml's import of numba.cuda: {'; '.join(_cuda.COMPAT_STEPS) or 'none needed'}")
     table = [(r.kernel, r.signature, r.arch, _cell(r.registers),
               "-" if r.spill_store_bytes is None else f"{r.spill_store_bytes}/{r.spill_load_bytes}",
               _cell(r.local_bytes), _cell(r.shared_bytes),

@@ -218,6 +218,20 @@ def test_gpu_check_prints_a_table_and_passes(capsys):
     assert any("0 failure(s)" in line for line in lines)
 
 
+def test_gpu_check_reports_each_check_on_stderr_as_it_ends(capsys):
+    # A GPU's first call of each kernel compiles it: the run must show it is moving.
+    assert main(["gpu-check", "--only", "normalize", "--dtype", "float64"]) == 0
+    captured = capsys.readouterr()
+    table = [line for line in captured.out.splitlines() if line.startswith("normalize.")]
+    lines = [line for line in captured.err.splitlines() if line.startswith("gpu-check [")]
+    assert len(lines) == len(table) >= 2
+    assert [line.split("]")[0] for line in lines] == [
+        f"gpu-check [{k}/{len(table)}" for k in range(1, len(table) + 1)]
+    assert all(line.endswith(" s)") and ": pass (" in line for line in lines)
+    assert main(["gpu-check", "--only", "normalize", "--dtype", "float64", "--no-progress"]) == 0
+    assert "gpu-check [" not in capsys.readouterr().err
+
+
 def test_gpu_check_one_dtype_and_the_unmirrored_list(capsys):
     assert main(["gpu-check", "--only", "normalize.l2", "gsp.pool_unrolled",
                  "--dtype", "float32", "--seed", "3"]) == 0
