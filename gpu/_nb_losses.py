@@ -68,9 +68,11 @@ def cuda_masked_lse():
     """The ``@cuda.jit`` kernel ``refdml_loss_masked_lse``, built on first use.
 
     Launch with ``cuda_launch(kernel, rows, BLOCK, z, mask, has_mask, extra_zero, lse, weights)``.
+    Cached on disk by numba-cuda (its closure pickles the same in every process, so the
+    cache key is stable: tests/gpu/test_gpu_compile.py).
     """
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def refdml_loss_masked_lse(z, mask, has_mask, extra_zero, lse, weights):
         r = cuda.blockIdx.x
         if r >= z.shape[0]:

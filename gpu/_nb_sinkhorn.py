@@ -198,12 +198,14 @@ def cuda_kernel(dtype):
 
     Signature as :func:`refdml._compiled.sinkhorn.refdml_ot_sinkhorn_small_cpu`, with ``plan``
     flat (P, n * m) and a launch of one block per problem: ``kernel[P, threads](...)`` (see
-    the module doc).
+    the module doc). Cached on disk by numba-cuda, one entry per dtype (the closure's
+    values are part of the cache key, and pickle the same in every process:
+    tests/gpu/test_gpu_compile.py).
     """
     tile_type = numba.from_dtype(np.dtype(dtype))
     tile_size = TILE_BYTES // np.dtype(dtype).itemsize
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def refdml_ot_sinkhorn_small(cost, a, b, phi_out, psi_out, schedule, stage_tol, max_iter,
                                  symmetric, tiny, high, low, plan, n_iter, err):
         p = cuda.blockIdx.x
@@ -292,7 +294,7 @@ def refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out):
         out[p, i] = -lse_value(mx, s)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def refdml_ot_lse_half_step(scaled_cost, weighted_potential, out):
     """The half step on the GPU: one thread per row ``(p, i)``, a 1-D grid of BLOCK threads."""
     r = cuda.grid(1)

@@ -232,6 +232,45 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
             assert row["shared_bytes"] == declared[row["kernel"]], row
 
 
+# For every registered kernel: whether numba-cuda caches it on disk, and its cache index
+# key (numba_cuda's CUDACache._index_key: the signature, the code's bytes and the closure's
+# values pickled) hashed, with a stand-in for the codegen's part of the key.
+_CACHE_KEYS = """
+import hashlib, json
+from numba.cuda.dispatcher import CUDACache
+from refdml.gpu import _cuda_compile
+
+class Codegen:
+    def magic_tuple(self):
+        return ("sm_90",)
+
+keys = {}
+for launch in _cuda_compile.launches():
+    kernel = launch.dispatcher
+    key = CUDACache(kernel.py_func)._index_key(launch.numba_signature, Codegen())
+    keys[f"{launch.kernel} {launch.signature}"] = [
+        type(kernel._cache).__name__, hashlib.sha256(repr(key).encode()).hexdigest()]
+print(json.dumps(keys))
+"""
+
+
+@needs_numba_cuda
+def test_every_kernel_is_cached_on_disk_under_a_key_that_holds_across_processes(tmp_path):
+    # numba-cuda finds a cached kernel by a key that includes its closure, pickled: the GSP
+    # kernels, once built in a factory, pickled differently in every process (their
+    # closures reached Numba CPU dispatchers, each pickled with a fresh uuid), so every
+    # process compiled them again. Two processes must compute the same key for every kernel.
+    runs = []
+    for _ in range(2):
+        run = _child(["-c", _CACHE_KEYS], tmp_path)
+        assert run.returncode == 0, run.stderr
+        runs.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    assert set(runs[0]) == {f"{k} {d}" for k, by in _cuda_compile.registry().items() for d in by}
+    for name, (cache, key) in runs[0].items():
+        assert cache == "CUDACache", f"{name} is not cached on disk (@cuda.jit(cache=True))"
+        assert runs[1][name][1] == key, f"{name}: its cache key differs between processes"
+
+
 @needs_numba_cuda
 def test_failures_are_rows_and_exit_status_1(tmp_path):
     """Throwaway kernels through the same functions: a CUDA type error (``np.zeros`` in a
