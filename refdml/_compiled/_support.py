@@ -37,10 +37,22 @@ the process when two threads launch parallel regions at once, so while it runs (
 any layer runs) :func:`parallel_launch` also holds one process-wide lock: refdml's kernels
 launched from several threads take turns. A process that ran a parallel region before its
 first refdml launch keeps the layer it has (a running layer cannot change).
+
+Launch profile (docs/gpu.md, "Profiling a GPU run"). With ``REFDML_CUDA_PROFILE=1``,
+:func:`launch_profile` opens a :class:`LaunchProfile` into which :func:`cuda_launch`
+records every launch while the block runs: the count per kernel name (``refdml_gsp_...``)
+and, on a GPU, its device time by a pair of CUDA events on the launch stream, read after
+the block with one synchronisation. Under the simulator it records counts only.
+
+>>> with launch_profile() as record:
+...     pass
+>>> record.total_launches
+0
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import os
@@ -54,11 +66,13 @@ from refdml._xp import is_cupy_array
 __all__ = [
     "BLOCK",
     "KERNEL_MODES",
+    "LaunchProfile",
     "THREADING_LAYER",
     "cuda_launch",
     "cuda_simulator",
     "cuda_unavailable_reason",
     "kernel_mode",
+    "launch_profile",
     "parallel_launch",
     "running_threading_layer",
     "select_kernel",
@@ -227,25 +241,155 @@ def cuda_launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
     launch has about 20), which costs more than the kernel at small sizes;
     ``REFDML_CUDA_LAUNCH_SYNC=1`` restores it, for comparison. Under the simulator the
     arguments become host arrays (:func:`_simulator_args`). Returns nothing: outputs are
-    written into their arrays; nothing waits for the kernel.
+    written into their arrays; nothing waits for the kernel. Inside a
+    :func:`launch_profile` block the launch is also recorded (and, on a GPU, bracketed by
+    two CUDA events on its stream).
     """
+    records = tuple(_RECORDS) if _RECORDS else ()     # open launch_profile records
     if cuda_simulator():
         args = _simulator_args(args)
         for observe in SIMULATED_LAUNCH_OBSERVERS:
             observe(kernel, args)
         kernel[grid, block](*args)
+        for record in records:
+            record._count(_kernel_name(kernel))
         return
     indices = _device_arrays(args)
     if not indices or _launch_sync():
-        kernel[grid, block](*args)
-        return
-    from refdml._compiled._cuda import cuda
+        if not records:
+            kernel[grid, block](*args)
+            return
+        from refdml._compiled._cuda import cuda
 
-    stream = _launch_stream(cuda, args[indices[0]].__cuda_array_interface__)
-    args = list(args)
-    for i in indices:
-        args[i] = cuda.as_cuda_array(args[i], sync=False)
-    kernel[grid, block, stream](*args)
+        stream = cuda.default_stream()    # where numba-cuda launches without a stream
+        launch = kernel[grid, block]
+    else:
+        from refdml._compiled._cuda import cuda
+
+        stream = _launch_stream(cuda, args[indices[0]].__cuda_array_interface__)
+        args = list(args)
+        for i in indices:
+            args[i] = cuda.as_cuda_array(args[i], sync=False)
+        launch = kernel[grid, block, stream]
+    if not records:
+        launch(*args)
+        return
+    timed = any(record.timed for record in records)
+    start = _recorded_event(cuda, stream) if timed else None
+    launch(*args)
+    end = _recorded_event(cuda, stream) if timed else None
+    for record in records:
+        record._count(_kernel_name(kernel), start, end)
+
+
+# ------------------------------------------------------------------------ launch profile
+#: Open :class:`LaunchProfile` records (process-wide: a launch on any thread counts, as in
+#: the CuPy stand-in's transfer counters). Empty, :func:`cuda_launch` pays one truth test.
+_RECORDS: list[LaunchProfile] = []
+_RECORDS_LOCK = threading.Lock()
+
+
+def _profile_switch() -> bool:
+    """``$REFDML_CUDA_PROFILE == "1"``: :func:`launch_profile` records launches."""
+    return os.environ.get("REFDML_CUDA_PROFILE", "0") == "1"
+
+
+def _kernel_name(kernel: Any) -> str:
+    """The Python name of a ``@cuda.jit`` kernel (``py_func`` on a GPU, ``fn`` under the
+    simulator): ``refdml_gsp_pool_forward``, the name a profiler's demangled symbol holds."""
+    for attribute in ("py_func", "fn"):
+        function = getattr(kernel, attribute, None)
+        if function is not None:
+            return getattr(function, "__name__", repr(function))
+    return getattr(kernel, "__name__", type(kernel).__name__)
+
+
+def _recorded_event(cuda: Any, stream: Any) -> Any:
+    event = cuda.event(timing=True)
+    event.record(stream)
+    return event
+
+
+class LaunchProfile:
+    """What :func:`cuda_launch` recorded while a :func:`launch_profile` block ran.
+
+    ``launches``: launches per kernel name. ``device_seconds``: device time per kernel name,
+    summed over its launches (each launch between two CUDA events on its stream), or None
+    where not timed (the simulator, ``timing=False``, the switch off). Numba queues a
+    launch from Python, so where the stream was idle the span also holds the host's launch
+    time: an upper bound on the kernel's time, to read beside a CUPTI trace, not instead.
+    ``enabled``: False when ``REFDML_CUDA_PROFILE`` was not ``"1"`` (nothing recorded).
+    """
+
+    def __init__(self, *, enabled: bool, timed: bool) -> None:
+        self.enabled = enabled
+        self.timed = timed
+        self.launches: collections.Counter[str] = collections.Counter()
+        self.device_seconds: dict[str, float] | None = None
+        self._events: list[tuple[str, Any, Any]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def total_launches(self) -> int:
+        return sum(self.launches.values())
+
+    def _count(self, name: str, start: Any = None, end: Any = None) -> None:
+        with self._lock:
+            self.launches[name] += 1
+            if self.timed and start is not None:
+                self._events.append((name, start, end))
+
+    def read(self) -> None:
+        """Fill :attr:`device_seconds` from the recorded events: one device synchronisation
+        (``cuda.synchronize()``), then the events' elapsed times. Done on leaving the block."""
+        if not self.timed:
+            return
+        seconds: dict[str, float] = dict.fromkeys(self.launches, 0.0)
+        if self._events:
+            from refdml._compiled._cuda import cuda
+
+            cuda.synchronize()
+            for name, start, end in self._events:
+                seconds[name] += cuda.event_elapsed_time(start, end) * 1e-3
+        self._events.clear()
+        self.device_seconds = seconds
+
+    def as_dict(self) -> dict:
+        """Plain types, for a JSON document."""
+        return {"enabled": self.enabled, "timed": self.timed,
+                "launches": dict(sorted(self.launches.items())),
+                "device_seconds": (None if self.device_seconds is None
+                                   else dict(sorted(self.device_seconds.items())))}
+
+    def __repr__(self) -> str:
+        state = "" if self.enabled else ", disabled (REFDML_CUDA_PROFILE is not 1)"
+        return f"LaunchProfile({dict(self.launches)}{state})"
+
+
+@contextlib.contextmanager
+def launch_profile(*, timing: bool | None = None) -> Iterator[LaunchProfile]:
+    """Record the launches of :func:`cuda_launch` inside the block (module docstring).
+
+    ``timing``: device time by CUDA events (default True; never under the simulator,
+    which has no device clock). The switch ``REFDML_CUDA_PROFILE`` is read here, once per
+    block, so that a launch with no record open costs one truth test; with the switch off
+    the record is disabled and stays empty. Records nest and overlap: each sees every
+    launch of its block.
+    """
+    enabled = _profile_switch()
+    timed = enabled and (timing is None or bool(timing)) and not cuda_simulator()
+    record = LaunchProfile(enabled=enabled, timed=timed)
+    if not enabled:
+        yield record
+        return
+    with _RECORDS_LOCK:
+        _RECORDS.append(record)
+    try:
+        yield record
+    finally:
+        with _RECORDS_LOCK:
+            _RECORDS.remove(record)
+    record.read()
 
 
 # ------------------------------------------------------------------------ threading layer
