@@ -11,6 +11,10 @@ objective (the base loss and the zero-shot regulariser). They therefore cost the
 on both sides, and the comparison measures everything else: the convolutions, the dense
 layers, the optimiser and the per-layer overhead.
 
+``gsp_head`` and ``objective_loss`` replace those two custom functions by torch code
+(scripts/_torch_anchors.py's ``collage_twin``: the whole step in PyTorch, on any
+``device``); the defaults run on the CPU only (they hand NumPy arrays to refdml).
+
 Needs ``torch`` (not a dependency of refdml; the benchmark skips its rows without it).
 """
 
@@ -86,28 +90,42 @@ class TorchTwin:
     """The PyTorch model, objective and Adam of :func:`torch_twin`; ``step()`` trains once.
 
     ``named_parameters`` maps refdml's parameter names to the PyTorch tensors.
+    ``gsp_head(layer, x, prototypes) -> (pooled, z)`` and ``objective_loss(outputs,
+    parameters) -> loss`` (``parameters``: the objective's tensors by refdml name) replace
+    the custom functions around refdml's GSP head and objective; ``device`` and ``dtype``
+    (a floating torch dtype; default: as refdml's arrays) place the parameters and ``x``.
     """
 
-    def __init__(self, model, objective, optimizer, x, labels) -> None:
+    def __init__(self, model, objective, optimizer, x, labels, *, device="cpu", dtype=None,
+                 gsp_head=None, objective_loss=None) -> None:
+        def parameter(value):
+            return torch.nn.Parameter(torch.tensor(np.array(value), device=device, dtype=dtype))
+
+        self._gsp_head = gsp_head if gsp_head is not None else _GSPHeadFunction.apply
+        self._objective_loss = objective_loss
         self._layers = []
         self.named_parameters: dict[str, torch.nn.Parameter] = {}
         for layer in model.layers:
             params = {}
             for name, param in layer.named_parameters():
-                tensor = torch.nn.Parameter(torch.tensor(np.array(param.value)))
+                tensor = parameter(param.value)
                 params[name.rsplit(".", 1)[1]] = tensor
                 self.named_parameters[name] = tensor
             self._layers.append((layer, params))
         self._objective = objective
         self._objective_params = []
+        self._objective_names = []
         for name, param in objective.named_parameters():
-            tensor = torch.nn.Parameter(torch.tensor(np.array(param.value)))
+            tensor = parameter(param.value)
             self._objective_params.append(tensor)
+            self._objective_names.append(name)
             self.named_parameters[name] = tensor
         self.optimizer = torch.optim.Adam(
             list(self.named_parameters.values()), lr=optimizer.lr, betas=optimizer.betas,
             eps=optimizer.eps, weight_decay=optimizer.weight_decay)
-        self.x = torch.from_numpy(np.array(x))
+        x = np.array(x)
+        self.x = torch.as_tensor(x, device=device,
+                                 dtype=dtype if np.issubdtype(x.dtype, np.floating) else None)
         self.labels = np.array(labels)
 
     def forward(self, x):
@@ -127,7 +145,7 @@ class TorchTwin:
             elif isinstance(layer, L2Normalize):
                 x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
             elif isinstance(layer, GSPHead):
-                x, z = _GSPHeadFunction.apply(layer, x, p["prototypes"])
+                x, z = self._gsp_head(layer, x, p["prototypes"])
                 sides.append(z)
             else:
                 raise TypeError(f"no PyTorch twin for layer {layer!r}")
@@ -135,6 +153,9 @@ class TorchTwin:
 
     def loss(self):
         outputs = self.forward(self.x)
+        if self._objective_loss is not None:
+            return self._objective_loss(outputs, dict(zip(self._objective_names,
+                                                          self._objective_params)))
         return _ObjectiveFunction.apply(self._objective, self.labels, len(outputs), *outputs,
                                         *self._objective_params)
 
@@ -145,10 +166,12 @@ class TorchTwin:
         self.optimizer.step()
 
 
-def torch_twin(model, objective, optimizer, x, labels) -> TorchTwin:
+def torch_twin(model, objective, optimizer, x, labels, **options) -> TorchTwin:
     """The PyTorch twin of a refdml ``Sequential`` ``model``, ``objective`` and Adam
     ``optimizer`` on the batch ``(x, labels)`` (NumPy), with copies of their parameter
     values. ``model`` and ``objective`` must be objects of their own: the twin runs the GSP
     head and the objective through them, and sets their parameters to its own tensors.
+    ``options``: :class:`TorchTwin`'s keywords (``device``, ``dtype``, ``gsp_head``,
+    ``objective_loss``).
     """
-    return TorchTwin(model, objective, optimizer, x, labels)
+    return TorchTwin(model, objective, optimizer, x, labels, **options)

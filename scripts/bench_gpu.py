@@ -32,6 +32,14 @@ the script from rotting; its rows say so and measure nothing. Without ``--dry-ru
 without CuPy and a GPU, ``--device cuda`` exits with status 2 and the reason. Exit status
 1: some row has an error (a failed section, a parity check outside its tolerance).
 
+Anchor rows: beside refdml's rows, the ``gsp``, ``retrieval`` and ``train`` sections time
+what a user would pick instead, in PyTorch on the same GPU in the same run
+(scripts/_torch_anchors.py: a GSP layer written as its authors describe it, retrieval by
+``torch.matmul`` + ``torch.topk``, the digits-collage step under autograd), each checked
+against refdml before it is timed, with ratios against refdml's rows and back. Where torch
+cannot be imported or sees no CUDA device, each such row says why it was skipped; under
+``--dry-run`` they run on torch's CPU at the dry run's sizes, where torch is importable.
+
 BLAS threads: OpenBLAS's worker threads spin while they wait, and on a machine whose
 cores are busy with other work they make a matrix product many times slower, not
 faster. The script therefore pins BLAS to ``REFDML_BENCH_BLAS_THREADS`` threads
@@ -735,6 +743,75 @@ def _environment(name: str, value: str | None):
             os.environ[name] = before
 
 
+# --------------------------------------------------------------------------- PyTorch anchors
+@dataclasses.dataclass(frozen=True)
+class _Torch:
+    """Where the PyTorch anchor rows run: ``anchors`` (scripts/_torch_anchors.py), the
+    ``torch`` module and its ``device``; or, all three None, ``note`` says why they are
+    skipped. ``row_device``: the rows' device column (None: the run's)."""
+
+    anchors: Any
+    torch: Any
+    device: Any
+    row_device: str | None
+    note: str
+
+
+def _torch_setup(run: _Run) -> _Torch:
+    """The PyTorch anchors on the run's GPU (torch on the CPU under --dry-run), or why not.
+
+    On a GPU the tensors share CuPy's device (CuPy's current one), so the run's clock, a
+    device-wide synchronisation, waits for torch's streams too. Float32 runs as full IEEE
+    float32 there (``_torch_anchors.use_full_float32``: no TF32 in cuDNN), as refdml's does.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        return _Torch(None, None, None, None, f"skipped: torch cannot be imported ({exc})")
+
+    if run.dry_run:
+        device, row_device = torch.device("cpu"), "cpu"
+    elif not torch.cuda.is_available():
+        return _Torch(None, None, None, None, "skipped: torch sees no CUDA device")
+    else:
+        device, row_device = torch.device("cuda", run.xp.cuda.Device().id), None
+    import _torch_anchors as anchors
+
+    anchors.use_full_float32()
+    return _Torch(anchors, torch, device, row_device,
+                  f"torch {torch.__version__} on {device}, float32 without TF32")
+
+
+def _to_torch(torch_, value, device):
+    """``value`` (CuPy, the stand-in's or NumPy) as a tensor on ``device``: shared through
+    DLPack on the GPU, a host copy otherwise."""
+    if device.type == "cuda":
+        return torch_.from_dlpack(value)
+    return torch_.from_numpy(np.ascontiguousarray(_host(value)))
+
+
+def _anchor_failed(run: _Run, section: str, name: str, anchor: _Torch, exc: Exception,
+                   **fields) -> None:
+    """An anchor that raised (out of memory, a torch error): its own error row, so that
+    refdml's rows of the section still run."""
+    import traceback
+
+    traceback.print_exc()
+    run.add(section, name, dtype="float32", device=anchor.row_device,
+            error=f"{type(exc).__name__}: {exc}", note=anchor.note, **fields)
+
+
+def _merge_anchor(keep: dict, first: dict, parity: dict, against_of: dict, gated, against):
+    """Add the anchor paths of a second :func:`_gated` call (against ``against``, a path
+    that is checked but not timed) to the first call's dicts."""
+    keep_2, first_2, _, parity_2 = gated
+    for name in keep_2:
+        if name != against:
+            keep[name], first[name] = keep_2[name], first_2[name]
+    for name, error in parity_2.items():
+        parity[name], against_of[name] = error, against
+
+
 # --------------------------------------------------------------------------- GSP
 def _gsp_inputs(batch: int, m: int, n: int, d: int):
     from bench_gsp import _data
@@ -761,17 +838,56 @@ def _gsp_layer(xp, host, dtype: str, kernels: str):
     return call
 
 
+def _gsp_reference(host):
+    """refdml's float64 reference GSP layer (exact (P2), Prop. 4.3) on the host arrays:
+    the call returns (pooled, d_features, d_prototypes)."""
+    from refdml import gsp
+
+    features, prototypes, d_pooled, d_z = host
+
+    def call():
+        (pooled, _), ctx = gsp.gsp_pool_forward(features, prototypes, **_GSP_ARGS)
+        grads = gsp.gsp_pool_backward(ctx, d_pooled, d_z)
+        return pooled, grads.features, grads.prototypes
+    return call
+
+
+def _gsp_torch(anchor: _Torch, host):
+    """The PyTorch GSP layer written as its authors describe it (scripts/_torch_anchors.py:
+    (P2) by 100 fixed-point iterations of Prop. 4.2, the closed-form backward of Prop. 4.3
+    as a custom autograd function) in float32 on the anchor's device, forward + backward
+    (``torch.autograd.grad``); the call returns (pooled, d_features, d_prototypes)."""
+    torch_ = anchor.torch
+    features, prototypes, d_pooled, d_z = (
+        torch_.as_tensor(a.astype(np.float32), device=anchor.device) for a in host)
+    features.requires_grad_(True)
+    prototypes.requires_grad_(True)
+
+    def call():
+        pooled, z = anchor.anchors.gsp_pool(features, prototypes, **_GSP_ARGS)
+        d_features, d_prototypes = torch_.autograd.grad((pooled, z), (features, prototypes),
+                                                        (d_pooled, d_z))
+        return pooled.detach(), d_features, d_prototypes
+    return call
+
+
 def cuda_gsp(run: _Run) -> None:
     """GSP pooling forward + backward (issue 21: < 0.5 ms in float32 at B = 256).
 
     At B = 256 in both dtypes: the CUDA kernels (``use_kernels("cuda")``), the CuPy array
     path (``use_kernels("array")``) and the CPU fast path on NumPy (``"auto"``), all
     interleaved; then images per second at B = 4096 in float32, the same three paths.
+    Beside them in float32, where torch sees the GPU: the anchor a user would
+    pick instead, a PyTorch GSP layer written as its authors describe it (:func:`_gsp_torch`),
+    timed interleaved with refdml's paths and checked against refdml's float64 reference
+    (:func:`_gsp_reference`, untimed).
     """
     section = "gsp"
     batch, big, m, n, d = run.sizes((256, 4096, 64, 49, 128), (3, 5, 4, 5, 8))
     paths = {"cuda kernel": (run.xp, "cuda"), "cupy array path": (run.xp, "array"),
              "cpu fast path": (np, "auto")}
+    anchor = _torch_setup(run)
+    reference = "refdml float64 reference (cpu)"
     for size_b, dtypes in ((batch, ("float32", "float64")), (big, ("float32",))):
         size = (f"B={size_b} m={m} n={n} d={d} mu={_GSP_ARGS['mu']} "
                 f"inverse_temperature={_GSP_ARGS['inverse_temperature']}")
@@ -784,6 +900,24 @@ def cuda_gsp(run: _Run) -> None:
         against = label["cpu fast path", dtypes[-1]]
         keep, first, _, parity = _gated(run, section, size, functions, against=against,
                                         tolerance=lambda name: _GSP_PARITY[dtype_of[name]])
+        against_of = dict.fromkeys(parity, against)
+        torch_name = "torch GSP layer float32" + (f" B={size_b}" if size_b != batch else "")
+        dtype_of[torch_name] = "float32"
+        torch_note = anchor.note + ("; (P2) by 100 fixed-point iterations (Prop. 4.2), "
+                                    "closed-form backward (Prop. 4.3) in a custom "
+                                    "torch.autograd.Function; parity vs refdml's float64 "
+                                    "reference (exact (P2))")
+        if anchor.anchors is None:
+            run.add(section, torch_name, dtype="float32", size=size, note=anchor.note)
+        else:
+            try:
+                gated = _gated(run, section, size, {reference: _gsp_reference(host),
+                                                    torch_name: _gsp_torch(anchor, host)},
+                               against=reference, tolerance=lambda name: _GSP_PARITY["float32"])
+            except Exception as exc:
+                _anchor_failed(run, section, torch_name, anchor, exc, size=size)
+            else:
+                _merge_anchor(keep, first, parity, against_of, gated, reference)
         times = run.time(keep)
         medians = {name: statistics.median(t) for name, t in times.items()}
         for name in keep:
@@ -792,13 +926,18 @@ def cuda_gsp(run: _Run) -> None:
             if name == "cuda kernel float32":
                 goal = dict(goal=f"< {_GSP_GOAL_S * 1e3:g} ms per call",
                             goal_met=medians[name] < _GSP_GOAL_S)
-            run.add(section, name, dtype=dtype, size=size, times=times[name],
-                    device="cpu" if name.startswith("cpu") else None,
+            device = "cpu" if name.startswith("cpu") else None
+            if name == torch_name:
+                device = anchor.row_device
+            run.add(section, name, dtype=dtype, size=size, times=times[name], device=device,
                     first_call_s=first[name], rate=size_b / medians[name], rate_unit="images/s",
-                    ratios=_ratios(medians, name, [label[p, dtype] for p in paths]),
+                    ratios=_ratios(medians, name,
+                                   [label[p, dtype] for p in paths]
+                                   + ([torch_name] if dtype == "float32" else [])),
                     parity_error=parity.get(name),
                     parity_tolerance=_GSP_PARITY[dtype] if name in parity else None,
-                    parity_against=against if name in parity else None, **goal)
+                    parity_against=against_of.get(name),
+                    note=torch_note if name == torch_name else "", **goal)
 
 
 def cuda_launch_sync(run: _Run) -> None:
@@ -879,9 +1018,51 @@ class _TrainStep:
         return loss
 
 
+#: The digits-collage anchor's gradients (float32, on the GPU) against refdml's float64
+#: ones (CPU fast path, held to the reference at 1e-10) at the same parameters, batch and
+#: ZSR split, relative to each parameter's largest gradient entry (and the loss value's
+#: relative difference): float32 rounding through a dozen layers (measured 1.7e-6 on the
+#: CPU with torch 2.13) and 100 fixed-point iterations against the exact (P2) solve of
+#: refdml's head (8.6e-15 apart in float64 at the study's mu 0.2, inverse temperature 10).
+_TRAIN_PARITY = 1e-4
+
+
+def _train_torch(anchor: _Torch, step: _TrainStep):
+    """The digits-collage step as a PyTorch model trained by autograd on the anchor's
+    device (scripts/_torch_anchors.py's ``collage_twin``), float32, from the parameters
+    and batch of ``step`` (a float64 refdml step on the CPU); and its parity with ``step``:
+    ``(twin.step, parity error)``."""
+    from refdml.crossbatch import class_disjoint_split
+
+    torch_ = anchor.torch
+    x, labels = step.x, step.labels
+    twin = anchor.anchors.collage_twin(step.model, step.objective, step.optimizer, x, labels,
+                                       device=anchor.device, dtype=torch_.float32)
+    split = class_disjoint_split(labels, rng=0)
+    step.optimizer.zero_grad()
+    outputs, ctx = step.model.forward(x)
+    value, objective_ctx = step.objective.forward(outputs, labels, split=split)
+    step.model.backward(ctx, step.objective.backward(objective_ctx, 1.0))
+    twin.split = split
+    twin.optimizer.zero_grad()
+    loss = twin.loss()
+    loss.backward()
+    twin.split = None
+    error = abs(float(loss.detach()) - float(value)) / abs(float(value))
+    for param in step.optimizer.params:
+        got = _host(twin.named_parameters[param.name].grad).astype(np.float64)
+        want = _host(param.grad)
+        error = max(error, float(np.max(np.abs(got - want))) / float(np.max(np.abs(want))))
+    twin.optimizer.zero_grad()
+    return twin.step, error
+
+
 def cuda_train(run: _Run) -> None:
     """One ``refdml train`` step of digits-collage at batch 64 on ``--device cuda`` (goal
-    < 5 ms in float32), beside float64 and the CPU fast path (float32) of the same run."""
+    < 5 ms in float32), beside float64 and the CPU fast path (float32) of the same run.
+    Beside them, where torch sees the GPU: the same model as a user would write
+    it in PyTorch, trained by autograd on the GPU (:func:`_train_torch`), from the same
+    parameters and batch, checked against refdml's float64 gradients before it is timed."""
     import tempfile
 
     section = "train"
@@ -897,8 +1078,32 @@ def cuda_train(run: _Run) -> None:
                                                  os.path.join(out_dir, f"{device}-{dtype}"),
                                                  kernels)
                  for device, dtype in paths}
+        torch_name = "digits-collage step, torch float32 (autograd)"
+        anchor = _torch_setup(run)
+        functions, parity = dict(steps), {}
+        if anchor.anchors is None:
+            run.add(section, torch_name, dtype="float32", note=anchor.note)
+        else:
+            try:
+                parity_step = _TrainStep("cpu", "float64", overrides,
+                                         os.path.join(out_dir, "parity"), "auto")
+                twin_step, parity[torch_name] = _train_torch(anchor, parity_step)
+                torch_first, _ = clocked(twin_step, run.sync)
+            except Exception as exc:
+                _anchor_failed(run, section, torch_name, anchor, exc)
+            else:
+                if parity[torch_name] <= _TRAIN_PARITY:
+                    functions[torch_name] = twin_step
+                else:                                            # NaN fails too
+                    run.add(section, torch_name, dtype="float32", device=anchor.row_device,
+                            size=f"batch {parity_step.batch_size}",
+                            parity_error=parity[torch_name], parity_tolerance=_TRAIN_PARITY,
+                            parity_against="refdml float64 (cpu)",
+                            error="parity outside its tolerance; not timed")
         first, _ = run.warm(steps)
-        times = run.time(steps)
+        if torch_name in functions:
+            first[torch_name] = torch_first
+        times = run.time(functions)
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name, step in steps.items():
         device, dtype = name.split()
@@ -910,8 +1115,22 @@ def cuda_train(run: _Run) -> None:
                 device=run.device if device == "cuda" else "cpu",
                 size=f"batch {step.batch_size}", times=times[name], first_call_s=first[name],
                 rate=1.0 / medians[name], rate_unit="steps/s",
-                ratios=_ratios(medians, name, ["cpu float32"]), **goal,
+                ratios=_ratios(medians, name, ["cpu float32", torch_name]), **goal,
                 note="" if kernels == "auto" else f'use_kernels("{kernels}")')
+    if torch_name in functions:
+        run.add(section, torch_name, dtype="float32", device=anchor.row_device,
+                size=f"batch {parity_step.batch_size}", times=times[torch_name],
+                first_call_s=first[torch_name], rate=1.0 / medians[torch_name],
+                rate_unit="steps/s", ratios=_ratios(medians, torch_name,
+                                                    ["cuda float32", "cpu float32"]),
+                parity_error=parity[torch_name], parity_tolerance=_TRAIN_PARITY,
+                parity_against="refdml float64 (cpu)", note=(
+                    f"{anchor.note}; the same model, initial parameters and batch as "
+                    "refdml's: torch's conv2d, linear layers and torch.optim.Adam under "
+                    "autograd (scripts/_torch_twin.py), the GSP head by the PyTorch GSP layer "
+                    "of the gsp section ((P2) by 100 fixed-point iterations where refdml "
+                    "solves it exactly), contrastive + ZSR loss in torch; the ZSR split drawn "
+                    "on the host each step, as refdml's"))
 
 
 # --------------------------------------------------------------------------- OT
@@ -1035,7 +1254,35 @@ def cuda_sinkhorn(run: _Run) -> None:
 
 # --------------------------------------------------------------------------- scans
 def _metrics_error(got: dict, want: dict) -> float:
-    return max(abs(float(got[key]) - float(want[key])) for key in want)
+    """Largest |difference| over the metrics both report (the PyTorch anchor reports P@1,
+    R-precision, MAP@R and the number of queries, refdml also Recall@k)."""
+    return max(abs(float(got[key]) - float(want[key])) for key in want if key in got)
+
+
+def _retrieval_torch(anchor: _Torch, query, query_labels, reference, ref_labels):
+    """PyTorch retrieval (scripts/_torch_anchors.py): blocked ``torch.matmul`` of the
+    queries against ``_RETRIEVAL_BLOCK`` references at a time, ``torch.topk``, then P@1,
+    R-precision and MAP@R in torch, on the same arrays as refdml's paths."""
+    tensors = [_to_torch(anchor.torch, a, anchor.device)
+               for a in (query, query_labels, reference, ref_labels)]
+
+    def call():
+        return anchor.anchors.retrieval_metrics(*tensors, block=_RETRIEVAL_BLOCK)
+    return call
+
+
+def _p_at_1_check(got: dict, want: dict) -> tuple[str, str | None]:
+    """P@1 of the anchor against refdml's, exactly up to the anchor's near-ties (queries
+    whose first two neighbours have different labels and distances within rounding):
+    ``(note, error or None)``."""
+    differ = round(abs(got["precision_at_1"] - want["precision_at_1"]) * want["n_queries"])
+    ties = got["near_ties_at_1"]
+    if differ > ties:
+        return "", (f"P@1 differs from the array path's in {differ} queries, more than the "
+                    f"{ties} near-ties that rounding may order either way")
+    if differ == 0:
+        return f"P@1 equal to the array path's ({ties} near-ties)", None
+    return f"P@1 differs in {differ} queries, all among the {ties} near-ties", None
 
 
 def cuda_retrieval(run: _Run) -> None:
@@ -1043,7 +1290,10 @@ def cuda_retrieval(run: _Run) -> None:
     Euclidean, 10,000 classes of 100): queries per second of the CUDA kernel and of the
     CuPy array path, and their ratio to the float32 matrix-product bound of the same run
     (``cupy.matmul`` of the query block by every reference block: the product the array
-    path makes, without the top-K)."""
+    path makes, without the top-K). Beside them, where torch sees the GPU, the
+    anchor a user would pick instead: the same retrieval in PyTorch
+    (:func:`_retrieval_torch`), its metrics checked against the array path's (P@1 exactly
+    up to near-ties, :func:`_p_at_1_check`)."""
     from refdml.gpu import metrics as fast
     from refdml.gpu import use_kernels
 
@@ -1072,25 +1322,55 @@ def cuda_retrieval(run: _Run) -> None:
             xp.matmul(query, reference[start:start + _RETRIEVAL_BLOCK].T)
 
     kernel, array, bound = "cuda kernel", "cupy array path", "float32 matmul bound"
-    keep, first, _, parity = _gated(run, section, size, {array: metrics("array"),
-                                                         kernel: metrics("cuda")},
-                                    against=array, tolerance=lambda name: _RETRIEVAL_PARITY,
-                                    error=_metrics_error)
+    torch_name = "torch matmul + topk"
+    keep, first, outputs, parity = _gated(run, section, size, {array: metrics("array"),
+                                                                kernel: metrics("cuda")},
+                                          against=array, tolerance=lambda name: _RETRIEVAL_PARITY,
+                                          error=_metrics_error)
+    anchor = _torch_setup(run)
+    notes = {bound: ""}
+    if anchor.anchors is None:
+        run.add(section, torch_name, dtype="float32", size=size, note=anchor.note)
+    else:
+        # Its own gate against the array path (called once more, untimed), so that a torch
+        # failure costs only this row.
+        try:
+            gated = _gated(run, section, size, {array: metrics("array"), torch_name:
+                                                _retrieval_torch(anchor, query, query_labels,
+                                                                 reference, ref_labels)},
+                           against=array, tolerance=lambda name: _RETRIEVAL_PARITY,
+                           error=_metrics_error)
+        except Exception as exc:
+            _anchor_failed(run, section, torch_name, anchor, exc, size=size)
+        else:
+            _merge_anchor(keep, first, parity, {}, gated, array)
+            outputs[torch_name] = gated[2].get(torch_name)
+    if torch_name in keep:
+        ties_note, failure = _p_at_1_check(outputs[torch_name], outputs[array])
+        if failure:
+            run.add(section, torch_name, dtype="float32", size=size,
+                    first_call_s=first[torch_name], parity_error=parity[torch_name],
+                    parity_tolerance=_RETRIEVAL_PARITY, parity_against=array,
+                    device=anchor.row_device, error=failure + "; not timed")
+            del keep[torch_name]
+        notes[torch_name] = "; ".join((anchor.note, ties_note, (
+            f"blocks of {_RETRIEVAL_BLOCK} references; averages in float64")))
     bound_first, _ = clocked(matmul_bound, run.sync)
     keep[bound] = matmul_bound
     first[bound] = bound_first
     times = run.time(keep)
     medians = {name: statistics.median(t) for name, t in times.items()}
     flops = 2.0 * n_query * n_ref * dim
+    notes[bound] = f"{flops / medians[bound] / 1e12:.3g} TFLOP/s, blocks of {_RETRIEVAL_BLOCK} references"
     for name in keep:
         run.add(section, name, dtype="float32", size=size, times=times[name],
                 first_call_s=first[name], rate=n_query / medians[name], rate_unit="queries/s",
-                ratios=_ratios(medians, name, [bound, array]),
+                ratios=_ratios(medians, name, [bound, array, kernel, torch_name]),
                 parity_error=parity.get(name),
                 parity_tolerance=_RETRIEVAL_PARITY if name in parity else None,
                 parity_against=array if name in parity else None,
-                note=(f"{flops / medians[name] / 1e12:.3g} TFLOP/s, blocks of "
-                      f"{_RETRIEVAL_BLOCK} references" if name == bound else ""))
+                device=anchor.row_device if name == torch_name else None,
+                note=notes.get(name, ""))
 
 
 def _kcenter_error(got, want) -> float:
