@@ -336,6 +336,7 @@ def assemble(run_dir: Path, steps_path: Path, *, dry_run: bool) -> dict:
     compile_data = load("gpu_check_compile.json")
     parity_data = load("gpu_check.json")
     bench_data = load("bench_gpu.json")
+    profile_data = load("gpu_profile.json")
 
     tests = {}
     for key, name in (("gpu_tests", "junit_gpu_tests.xml"), ("train_crosscheck", "junit_train_crosscheck.xml")):
@@ -371,11 +372,13 @@ def assemble(run_dir: Path, steps_path: Path, *, dry_run: bool) -> dict:
         "refdml": {**build, "file": smoke.get("refdml_file"),
                    "version": (smoke.get("versions") or {}).get("refdml")},
         "steps": steps,
-        "smoke": {k: smoke.get(k) for k in ("checks", "lazy_imports", "problems") if k in smoke},
+        "smoke": {k: smoke.get(k) for k in ("checks", "lazy_imports", "problems", "compat_steps")
+                  if k in smoke},
         "compile": {"rows": _rows(compile_data)},
         "parity": {"rows": [parity_row(r) for r in _rows(parity_data)]},
         "tests": tests,
         "bench": _bench(bench_data),
+        "profile": _bench(profile_data),
         "train": train,
         "missing": missing,
     }
@@ -464,6 +467,26 @@ def _bench_table(rows: list[dict]) -> list[str]:
           goal(r), parity(r), note(r)] for r in rows])
 
 
+def _profile_table(rows: list[dict]) -> list[str]:
+    """``scripts/gpu_profile.py``'s rows (``workload``, ``wall_s``, launches, syncs, device
+    time), one line each; rows of another shape as they are."""
+    if not all("workload" in r and "wall_s" in r for r in rows):
+        return _generic_table(rows)
+
+    def ms(value):
+        return None if _number(value) is None else 1e3 * _number(value)
+
+    return _table(
+        ["workload", "kernels", "size", "wall ms", "first call ms", "kernel launches",
+         "refdml launches", "host syncs", "device kernel ms", "note"],
+        [[r.get("workload"), r.get("kernels"), r.get("size"), ms(r.get("wall_s")),
+          ms(r.get("first_call_s")), r.get("kernel_launches"), r.get("refdml_launches"),
+          r.get("host_syncs"), ms(r.get("device_kernel_s")),
+          "; ".join(str(n) for n in (r.get("notes") or []) + ([f"ERROR: {r['error']}"]
+                                                             if r.get("error") else []))
+          or None] for r in rows])
+
+
 def render_section(ledger: Any, digest: str | None = None) -> str:
     """The lines between the markers for ``ledger`` (None: no ledger), ending in a
     newline; ``digest`` is the SHA-256 of the ledger file, quoted in the section."""
@@ -510,7 +533,11 @@ def render_section(ledger: Any, digest: str | None = None) -> str:
         lines.append("(no GPU parity rows in this ledger)")
     for key, title, table in (
             ("compile", "Kernels compiled (`refdml gpu-check --compile-only`):", _generic_table),
-            ("bench", "Benchmarks (`scripts/bench_gpu.py --device cuda`):", _bench_table)):
+            ("bench", "Benchmarks (`scripts/bench_gpu.py --device cuda`):", _bench_table),
+            ("profile", "Where the time goes (`scripts/gpu_profile.py`: one call of each "
+                        "workload):", _profile_table)):
+        if key not in ledger and key == "profile":
+            continue                 # a ledger from before gpu_run.sh had a profile step
         rows = (ledger.get(key) or {}).get("rows") or []
         lines += ["", title, ""] + (table(rows) if rows else ["(none in this ledger)"])
     # A blank line last: a table must not run into the end marker.

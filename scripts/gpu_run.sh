@@ -11,8 +11,11 @@
 # repository root the source refdml/ (which has no gpu/) would shadow the wheel. Steps, in
 # order, each with its own time limit and exit status, none stopping the others: install,
 # smoke, compile (refdml gpu-check --compile-only), parity (refdml gpu-check), tests (the
-# GPU test files), crosscheck (the CPU-vs-GPU training trajectory test), bench
-# (scripts/bench_gpu.py --device cuda), train (refdml train --study tokens --device cuda).
+# GPU test files, in parallel with pytest-xdist where it is installed), crosscheck (the
+# CPU-vs-GPU training trajectory test), bench (scripts/bench_gpu.py --device cuda, with
+# its PyTorch anchor rows where torch sees the GPU), profile (scripts/gpu_profile.py:
+# device time per kernel, launches and host synchronisations per call of five workloads),
+# train (refdml train --study tokens --device cuda).
 # The steps share a budget of 525 s, so that the whole call ends within 9 minutes
 # (--dry-run: 285 s, under 5 minutes; REFDML_GPU_RUN_BUDGET_S overrides).
 #
@@ -57,11 +60,16 @@ OUTDIR=$(cd -- "$OUTDIR" && pwd -P)
 # Step names in order; per-step limits in seconds (GPU run, dry run); the whole run's
 # budget. A step gets its own limit or what is left after keeping MIN_STEP_S for each later
 # step, whichever is smaller, so that a slow step cannot starve the rest to nothing.
-STEPS=(install smoke compile parity tests crosscheck bench train)
-declare -A LIMIT_GPU=([install]=90 [smoke]=90 [compile]=120 [parity]=120 [tests]=240
-                      [crosscheck]=90 [bench]=180 [train]=120)
+STEPS=(install smoke compile parity tests crosscheck bench profile train)
+# The parity step compiles every kernel into numba-cuda's on-disk cache (.gpu_cache/numba),
+# so the test step's workers and the later steps load them instead of compiling again.
+declare -A LIMIT_GPU=([install]=60 [smoke]=60 [compile]=60 [parity]=100 [tests]=150
+                      [crosscheck]=60 [bench]=170 [profile]=90 [train]=60)
 declare -A LIMIT_DRY=([install]=120 [smoke]=60 [compile]=120 [parity]=90 [tests]=180
-                      [crosscheck]=90 [bench]=170 [train]=90)
+                      [crosscheck]=90 [bench]=170 [profile]=60 [train]=90)
+# pytest-xdist workers of the test step on a GPU machine (where xdist is installed): the
+# GPU test files took 74 s with 8 workers on the H200 and did not finish in 240 s without.
+GPU_TEST_WORKERS=8
 MIN_STEP_S=20
 # 9 minutes less what the ledger, the archive and the summary need after the steps.
 BUDGET_S=${REFDML_GPU_RUN_BUDGET_S:-$(( DRY_RUN ? 285 : 525 ))}
@@ -301,6 +309,7 @@ import traceback
 report_path, environment_path, mode = sys.argv[1:4]
 simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 report = {"mode": mode, "simulator": simulated, "cupy_standin": None, "refdml_file": None,
+          "compat_steps": None,
           "versions": {"python": platform.python_version()}, "device": {}, "checks": {},
           "lazy_imports": {}, "problems": []}
 
@@ -324,6 +333,11 @@ try:
 
     all_operators()
     refdml.cli.build_parser()
+    from refdml._compiled import _cuda
+
+    # refdml's one import of numba.cuda, with what it had to do for this NumPy/numba-cuda
+    report["compat_steps"] = list(_cuda.COMPAT_STEPS)
+    print(f"numba.cuda compatibility steps: {report['compat_steps'] or 'none needed'}")
     report["refdml_file"] = refdml.__file__
     report["versions"]["refdml"] = refdml.__version__
     print(f"refdml {refdml.__version__} from {refdml.__file__}")
@@ -628,8 +642,12 @@ PYEOF
             fi
             (( ${#gpu_tests[@]} )) || { fail_step tests "missing tests/gpu/test_gpu*.py"; ok=0; }
         fi
+        local parallel=()
+        if (( ! DRY_RUN )) && "$PY" -c 'import xdist' 2>/dev/null; then
+            parallel=(-n "$GPU_TEST_WORKERS")
+        fi
         if (( ok )); then
-            run_step tests "${pytest[@]}" --junitxml "$RUN/junit_gpu_tests.xml" "${gpu_tests[@]}"
+            run_step tests "${pytest[@]}" "${parallel[@]}" --junitxml "$RUN/junit_gpu_tests.xml" "${gpu_tests[@]}"
             # A test that skips for want of CUDA or CuPy did not test the GPU.
             check_junit tests "$RUN/junit_gpu_tests.xml" requires_cuda requires_cupy
         fi
@@ -643,6 +661,13 @@ PYEOF
                 run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --dry-run --json "$RUN/bench_gpu.json"
             else
                 run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --json "$RUN/bench_gpu.json"
+            fi
+        fi
+        if need_file profile "$REPO/scripts/gpu_profile.py"; then
+            if (( DRY_RUN )); then
+                run_step profile "$PY" "$REPO/scripts/gpu_profile.py" --dry-run --json "$RUN/gpu_profile.json"
+            else
+                run_step profile "$PY" "$REPO/scripts/gpu_profile.py" --json "$RUN/gpu_profile.json"
             fi
         fi
         local train_config=()
@@ -664,7 +689,7 @@ TOMLEOF
             --epochs "$TRAIN_EPOCHS" --seed 0 --out "$RUN/train_tokens" --no-progress
     else
         local s
-        for s in compile parity tests crosscheck bench train; do
+        for s in compile parity tests crosscheck bench profile train; do
             skip_step "$s" "refdml is not installed (step install)"
         done
     fi

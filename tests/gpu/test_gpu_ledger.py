@@ -71,6 +71,7 @@ def test_fake_gpu_ledger_renders_and_round_trips(tmp_path):
     assert "| fake_kernel_a | float32 | sm_90 | 11 | 0 |" in section
     assert ("| fake_section | fake path | float32 | B=1 | 250 | 1500 | 4 fakes/s | 2x fake other "
             "path | < 1 s: met | 1.00e-07 (tol 1.00e-04 vs fake twin) | - |") in section
+    assert "| fake_workload | auto | B=1 | 4 | 2000 | 7 | 2 | 3 | 1 | fake note |" in section
     assert section.endswith("|\n\n")                 # a blank line before the end marker
 
     # Rendering again changes nothing, and --check agrees.
