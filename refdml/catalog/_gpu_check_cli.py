@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check only these operators (full names or prefixes, e.g. 'losses' 'gsp.pool')")
     parser.add_argument("--dtype", nargs="+", choices=("float32", "float64"),
                         help="dtypes of the fast path (default both)")
+    parser.add_argument("--backend", nargs="+", choices=("numpy", "cupy"),
+                        help="array modules to check on (default every one here): 'cupy' alone "
+                             "is the GPU's rows (CuPy array path, CUDA kernels), without the "
+                             "NumPy paths and CPU twins that CI checks")
     parser.add_argument("--seed", type=seed,
                         help="seed of the inputs and upstream gradients (>= 0; default 0)")
     parser.add_argument("--compile-only", action="store_true",
@@ -85,10 +89,17 @@ def run(args: argparse.Namespace) -> int:
     if not _json_path_ok(args.json):
         return 2
     backends = parity.available_backends()
+    if args.backend is not None:
+        missing = [b for b in args.backend if b not in backends]
+        if missing:
+            print(f"refdml gpu-check: error: --backend {missing[0]}: CuPy is not installed or "
+                  "sees no CUDA device here", file=sys.stderr)
+            return 2
+        backends = tuple(dict.fromkeys(args.backend))
     dtypes = list(dict.fromkeys(args.dtype or ("float32", "float64")))
     seed = 0 if args.seed is None else args.seed
     mirrored = [s for s in specs if s.mirror is not None]
-    if "cupy" in backends:
+    if "cupy" in parity.available_backends():
         import cupy
 
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
@@ -171,10 +182,11 @@ def _runs(spec, backends: list[str], simulated: bool) -> list[tuple[str, str]]:
         # The CPU twin takes NumPy arrays; the CUDA kernel CuPy ones (NumPy ones under
         # Numba's simulator). A CUDA kernel with neither a GPU nor the simulator is skipped.
         if kernels == "cpu":
-            runs.append(("numpy", "cpu"))
+            if "numpy" in backends:
+                runs.append(("numpy", "cpu"))
         elif "cupy" in backends:
             runs.append(("cupy", "cuda"))
-        elif simulated:
+        elif simulated and "numpy" in backends:
             runs.append(("numpy", "cuda"))
     return runs
 
@@ -209,7 +221,8 @@ def _compile_only(args: argparse.Namespace) -> int:
     NVVM or nvJitLink missing). ``--json PATH``: the rows as
     :func:`refdml.gpu._cuda_compile.rows_to_json` documents them.
     """
-    for flag, value in (("--only", args.only), ("--dtype", args.dtype), ("--seed", args.seed)):
+    for flag, value in (("--only", args.only), ("--dtype", args.dtype), ("--seed", args.seed),
+                        ("--backend", args.backend)):
         if value is not None:
             print(f"refdml gpu-check: error: {flag} belongs to the parity check, not to "
                   "--compile-only (which compiles every kernel for both dtypes)", file=sys.stderr)

@@ -264,6 +264,22 @@ def test_gpu_check_failure_and_crash_exit_1(capsys, monkeypatch):
     assert "FAIL output 0: made up" in fail
 
 
+def test_gpu_check_backend_selects_the_array_modules(capsys):
+    from refdml.gpu import cupy_available
+
+    assert main(["gpu-check", "--only", "normalize", "--dtype", "float64",
+                 "--backend", "numpy"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("normalize.")]
+    assert rows and {row[1] for row in rows} == {"numpy"}
+    if not cupy_available():
+        assert main(["gpu-check", "--only", "normalize", "--backend", "cupy"]) == 2
+        assert "--backend cupy" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["gpu-check", "--backend", "torch"])
+    assert exc.value.code == 2
+
+
 def test_gpu_check_bad_arguments(capsys):
     assert main(["gpu-check", "--only", "no.such.op"]) == 2
     with pytest.raises(SystemExit) as exc:
