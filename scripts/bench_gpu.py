@@ -1503,25 +1503,14 @@ def _cuda_version(number: int) -> str:
     return f"{number // 1000}.{number % 1000 // 10}"
 
 
-def _header(run: _Run, eager: list[str]) -> dict:
-    import datetime
-    import importlib.metadata
-    import platform
-
-    import refdml
-
-    def version(distribution):
-        try:
-            return importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    device: dict = {}
+def _device_header(xp) -> dict:
+    """The current device of array module ``xp`` (CuPy or the stand-in) as the JSON
+    headers record it; ``error`` where it cannot be read (a header never stops a run)."""
     try:
-        runtime = run.xp.cuda.runtime
-        properties = runtime.getDeviceProperties(run.xp.cuda.Device().id)
+        runtime = xp.cuda.runtime
+        properties = runtime.getDeviceProperties(xp.cuda.Device().id)
         name = properties["name"]
-        device = {
+        return {
             "name": name.decode() if isinstance(name, bytes) else str(name),
             "compute_capability": f"{properties['major']}.{properties['minor']}",
             "memory_bytes": int(properties["totalGlobalMem"]),
@@ -1529,21 +1518,43 @@ def _header(run: _Run, eager: list[str]) -> dict:
             "driver_cuda_version": _cuda_version(runtime.driverGetVersion()),
             "runtime_cuda_version": _cuda_version(runtime.runtimeGetVersion()),
         }
-    except Exception as exc:                      # a header never stops the run
-        device["error"] = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _versions_header(xp) -> dict:
+    """Python's and the installed packages' versions, as the JSON headers record them."""
+    import importlib.metadata
+    import platform
+
     import numba
+
+    def version(distribution):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "refdml": version("refdml"),
+            "numpy": np.__version__, "cupy": getattr(xp, "__version__", None),
+            "numba": numba.__version__, "numba-cuda": version("numba-cuda"),
+            "POT": version("POT"), "torch": version("torch")}
+
+
+def _header(run: _Run, eager: list[str]) -> dict:
+    import datetime
+    import platform
+
+    import numba
+
+    import refdml
 
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "dry_run": run.dry_run,
         "note": _DRY_NOTE if run.dry_run else "",
-        "device": device,
-        "versions": {
-            "python": platform.python_version(), "refdml": version("refdml"),
-            "numpy": np.__version__, "cupy": getattr(run.xp, "__version__", None),
-            "numba": numba.__version__, "numba-cuda": version("numba-cuda"),
-            "POT": version("POT"), "torch": version("torch"),
-        },
+        "device": _device_header(run.xp),
+        "versions": _versions_header(run.xp),
         "refdml_path": os.path.dirname(refdml.__file__),
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(),
                  "numba_threads": numba.get_num_threads()},

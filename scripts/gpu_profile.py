@@ -613,35 +613,11 @@ def _print_table(table: Table) -> None:
 
 def _header(xp, dry_run: bool, recorders: dict) -> dict:
     import datetime
-    import importlib.metadata
-    import platform
 
-    import numba
-
-    def version(distribution):
-        try:
-            return importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    device: dict = {}
-    try:
-        runtime = xp.cuda.runtime
-        properties = runtime.getDeviceProperties(xp.cuda.Device().id)
-        name = properties["name"]
-        device = {"name": name.decode() if isinstance(name, bytes) else str(name),
-                  "compute_capability": f"{properties['major']}.{properties['minor']}",
-                  "driver_cuda_version": bench_gpu._cuda_version(runtime.driverGetVersion()),
-                  "runtime_cuda_version": bench_gpu._cuda_version(runtime.runtimeGetVersion())}
-    except Exception as exc:                      # a header never stops the run
-        device["error"] = f"{type(exc).__name__}: {exc}"
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "dry_run": dry_run, "note": _DRY_NOTE if dry_run else "", "device": device,
-        "versions": {"python": platform.python_version(), "refdml": version("refdml"),
-                     "numpy": np.__version__, "cupy": getattr(xp, "__version__", None),
-                     "numba": numba.__version__, "numba-cuda": version("numba-cuda"),
-                     "torch": version("torch")},
+        "dry_run": dry_run, "note": _DRY_NOTE if dry_run else "",
+        "device": bench_gpu._device_header(xp), "versions": bench_gpu._versions_header(xp),
         "environment": {name: os.environ.get(name) for name in (
             "NUMBA_ENABLE_CUDASIM", "REFDML_CUPY_STANDIN", "REFDML_CUDA_PROFILE",
             "REFDML_CUDA_LAUNCH_SYNC", "REFDML_GPU_KERNELS", "OPENBLAS_NUM_THREADS")},
