@@ -200,13 +200,30 @@ def test_glyph_collage_cell_weights_compare_the_class_cell_with_the_distractors(
 
 @pytest.mark.requires_cupy
 def test_a_glyph_task_on_the_device_matches_the_cpu():
-    """``device == "cuda"`` (CuPy; the stand-in in CI) trains the same model: the metrics
-    agree with the CPU's to float32 rounding over one epoch."""
+    """``device == "cuda"`` (CuPy; the stand-in in CI) trains the same model.
+
+    Before training, the two evaluate the same model: every metric agrees to within one
+    rank flip of a near tie (float32 embeddings computed in another order; one hit of about
+    120 queries is 0.008). After one epoch they agree as two float32 runs of Adam can: Adam steps each
+    weight by about its learning rate whatever the size of its gradient, so a gradient
+    component near 0 whose sign two summation orders round apart takes a full step either
+    way, and the runs drift apart from there. The loss and the MAP@R metrics stay within the
+    bounds below (a wrong device path leaves them); recall@1, a rank-1 hit count of about 120
+    test queries here, moves by several hits on such a drift (0.115 on the CPU and 0.164 on
+    the stand-in with matplotlib 3.11's glyphs; within 0.02 with 3.10's), so it is held to
+    a bound of its own.
+    """
     from refdml.reproduce import Task
 
     settings = settings_for("glyph", "quick", loss="contrastive", **_SMALL["glyph"])
-    cpu = execute(Task.make("glyph", "gsp", 0, settings))["metrics"]
-    gpu = execute(Task.make("glyph", "gsp", 0, {**settings, "device": "cuda"}))["metrics"]
-    assert set(cpu) == set(gpu)
-    for key in cpu:
-        assert gpu[key] == pytest.approx(cpu[key], abs=0.02), key
+    cpu = execute(Task.make("glyph", "gsp", 0, settings))
+    gpu = execute(Task.make("glyph", "gsp", 0, {**settings, "device": "cuda"}))
+    assert set(cpu["metrics"]) == set(gpu["metrics"])
+    assert set(cpu["curves"]) == set(gpu["curves"])
+    for key, values in cpu["curves"].items():       # epoch 0: the untrained model
+        if not math.isnan(values[0]):
+            assert gpu["curves"][key][0] == pytest.approx(values[0], abs=0.01), key
+    bounds = {"final_train_loss": dict(rel=0.05), "test_recall_at_1": dict(abs=0.1),
+              "selected_epoch": dict(abs=0)}
+    for key, value in cpu["metrics"].items():
+        assert gpu["metrics"][key] == pytest.approx(value, **bounds.get(key, dict(abs=0.02))), key
