@@ -52,12 +52,17 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _child(how: str, simulator: str = "0") -> dict:
+def _run_json(script: str, *args: str, simulator: str = "0"):
+    """The JSON value ``script`` prints last, run in a child Python with the simulator set."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM=simulator)
-    done = subprocess.run([sys.executable, "-c", _CHILD, how], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
                           text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _child(how: str) -> dict:
+    return _run_json(_CHILD, how)
 
 
 @needs_numba_cuda
@@ -86,10 +91,7 @@ def test_under_the_simulator_no_step_is_taken():
               "from refdml._compiled import _cuda\n"
               "print(json.dumps([list(COMPAT_STEPS), _cuda._simulated(), "
               "hasattr(np, 'row_stack')]))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"), timeout=300)
-    assert done.returncode == 0, done.stderr
-    steps, simulator, row_stack = json.loads(done.stdout.strip().splitlines()[-1])
+    steps, simulator, row_stack = _run_json(script, simulator="1")
     assert steps == [] and row_stack is False
     assert simulator                              # numba.cuda is the simulator's here
 
@@ -99,7 +101,4 @@ def test_a_numpy_with_row_stack_needs_no_step():
               "np.row_stack = np.vstack\n"
               "from refdml._compiled._cuda import COMPAT_STEPS\n"
               "print(json.dumps([list(COMPAT_STEPS), np.row_stack is np.vstack]))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=dict(os.environ, NUMBA_ENABLE_CUDASIM="0"), timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[], True]
+    assert _run_json(script) == [[], True]
