@@ -18,17 +18,19 @@ from pathlib import Path
 __all__ = ["at_least", "check_output_paths", "seed", "select", "text_table"]
 
 
-def at_least(name: str, low: int = 1):
-    """An argparse ``type`` for the flag ``name``: an integer ``>= low``, refused with the
-    flag and the value (``--seeds == 0, must be an integer >= 1``)."""
+def at_least(name: str, low: int = 1, high: int | None = None):
+    """An argparse ``type`` for the flag ``name``: an integer ``>= low`` (and ``<= high``
+    when given), refused with the flag and the value (``--seeds == 0, must be an integer
+    >= 1``)."""
+    wanted = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name} == {text!r}, must be an integer >= {low}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{name} == {value}, must be an integer >= {low}")
+            raise argparse.ArgumentTypeError(f"{name} == {text!r}, must be {wanted}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{name} == {value}, must be {wanted}")
         return value
     return parse
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from refdml.conformance._formats import FORMATS
 from refdml.conformance._protocol import StructureError
 
-__all__ = ["check_output_shapes", "describe_type", "floating_dtype"]
+__all__ = ["check_output_shapes", "describe_type", "floating_dtype", "host_values"]
 
 
 def floating_dtype(dtype: Any) -> np.dtype:
@@ -21,6 +22,21 @@ def floating_dtype(dtype: Any) -> np.dtype:
     if parsed is None or parsed.kind != "f":
         raise TypeError(f"dtype must be a floating dtype such as 'float32', got {dtype!r}")
     return parsed
+
+
+def host_values(array: np.ndarray, dtype: str | None) -> tuple[np.ndarray, bool]:
+    """A floating ``array`` ready to become a framework's array in ``dtype``: cast to it
+    with NumPy, or, for ``"bfloat16"`` (which NumPy lacks), rounded to bfloat16 and held
+    as float32, which carries every bfloat16 value exactly. The flag says that the
+    framework still has to cast the result to its bfloat16 (exactly: no second
+    rounding). Integer and boolean arrays, and ``dtype=None``, pass unchanged."""
+    array = np.asarray(array)
+    if array.dtype.kind != "f" or dtype is None:
+        return array, False
+    if dtype == "bfloat16":
+        with np.errstate(over="ignore"):
+            return FORMATS["bfloat16"].round(array).astype(np.float32), True
+    return array.astype(floating_dtype(dtype), copy=False), False
 
 
 def describe_type(value: Any) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,10 +21,9 @@ from refdml.conformance._frameworks import (
     get_framework,
     named_gradient,
 )
+from refdml.conformance._formats import DTYPES, FORMATS, unsupported
 from refdml.conformance._report import ConformanceReport, ErrorOutcome, Failure
 from refdml.conformance._tolerance import (
-    DTYPES,
-    UNRESOLVED,
     Tolerance,
     base_tolerance,
     compare,
@@ -30,17 +31,26 @@ from refdml.conformance._tolerance import (
     kind_scales,
     measure,
     overflowing,
+    resolution_limit,
     round_to_dtype,
     rounding_floor,
     tolerance,
 )
 
-__all__ = ["check_implementation"]
+__all__ = ["MAX_EXAMPLES", "MAX_SEEDS", "Conformance", "PlannedCase", "check_implementation",
+           "unrepresentable"]
 
 #: The loose solver tolerances the "not converged" hint re-runs an iterative reference at.
 LOOSE_TOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
 
 _NAN = float("nan")
+
+
+#: Upper bounds of the counts (``seeds``, ``max_examples``): far beyond any useful check
+#: (each case runs the reference a dozen times), low enough that a slip (``seeds=10**9``)
+#: is refused instead of starting days of work.
+MAX_SEEDS = 1000
+MAX_EXAMPLES = 10_000
 
 
 def check_implementation(
@@ -68,77 +78,189 @@ def check_implementation(
     *cotangents)`` giving the gradients; ``"torch"``/``"jax"``: the outputs, differentiated
     by the framework's autodiff). Each output and each gradient is compared, on every input
     case, with the float64 reference run at the same inputs rounded to ``dtype`` and with
-    the same random cotangents, within a tolerance from the dtype and the measured
-    conditioning (:mod:`refdml.conformance._tolerance`).
+    the same random cotangents (rounded likewise), within a tolerance from the dtype and the
+    measured conditioning (:mod:`refdml.conformance._tolerance`).
+
+    ``dtype`` is one of ``"float64"``, ``"float32"``, ``"float16"`` and ``"bfloat16"`` (a
+    NumPy dtype such as ``np.float32`` is read as its name); bfloat16 only with
+    ``framework="torch"`` or ``"jax"``: NumPy and CuPy have none.
 
     Input cases: ``spec.make_inputs`` with the generators ``default_rng(0)``, ...,
     ``default_rng(seeds - 1)`` (``"seed k"``); the entry's ``reference_inputs`` (hard
-    cases) admitted at ``dtype``; its ``error_inputs``, whose outcome is reported and never
-    fails; and, with ``search``, a hypothesis search over make_inputs' seed and the number
-    of significant digits its floating inputs keep, that shrinks a disagreement to a
-    minimal case. ``rng`` draws the cotangents and the conditioning perturbations.
+    cases) admitted at ``dtype`` (a case stated for some formats is admitted in those and in
+    the formats of the same range: bfloat16 takes float32's cases); its ``error_inputs``,
+    whose outcome is reported and never fails; and, with ``search``, a hypothesis search over
+    make_inputs' seed and the number of significant digits its floating inputs keep, that
+    shrinks a disagreement to a minimal case. A case whose inputs ``dtype`` cannot hold
+    (beyond its range, or all below its smallest number), or that the entry states for
+    another range, is not compared and listed in ``report.skipped`` with the reason.
+    ``rng`` draws the cotangents and the conditioning perturbations.
+
+    Every argument is checked before any work (``TypeError``/``ValueError`` naming it);
+    ``seeds`` is at most 1000 and ``max_examples`` at most 10000.
 
     Returns a :class:`ConformanceReport`: ``report.passed``, ``print(report.summary())``.
     """
-    if not callable(impl):
-        raise TypeError(f"impl must be callable, got {_describe(impl)}")
-    spec = _get_spec(op)
-    check_choice(framework, "framework", FRAMEWORKS)
-    dtype = _check_dtype(dtype)
-    if adapter is not None and not callable(adapter):
-        raise TypeError(f"adapter must be None or callable(impl, inputs), got "
-                        f"{_describe(adapter)}")
-    seeds = check_scalar(seeds, "seeds", low=1, integer=True, one_sided=True)
-    reference_cases = check_flag(reference_cases, "reference_cases")
-    error_cases = check_flag(error_cases, "error_cases")
-    search = check_flag(search, "search")
-    max_examples = check_scalar(max_examples, "max_examples", low=1, integer=True,
-                                one_sided=True)
-    generator = check_rng(rng)
-    fw = get_framework(framework, backward=backward, device=device)
-
-    def call(inputs: dict[str, Any]) -> Any:
-        return adapter(impl, inputs) if adapter is not None else impl(**inputs)
-
-    checker = _CaseChecker(spec, fw, call, dtype)
-    results: list[CaseResult] = []
-    for k in range(seeds):
-        inputs = dict(spec.make_inputs(np.random.default_rng(k)))
-        results.append(checker.check(f"seed {k}", inputs, _child(generator)))
-    if reference_cases and spec.reference_inputs is not None:
-        for case in spec.reference_inputs(np.random.default_rng(0)):
-            if case.dtypes is None or dtype in case.dtypes:
-                results.append(checker.check(case.name, dict(case.inputs), _child(generator),
-                                             scale_inputs=case.scale_inputs))
-    outcomes: tuple[ErrorOutcome, ...] = ()
-    if error_cases and spec.error_inputs is not None:
-        outcomes = tuple(checker.error_case(case) for case in
-                         spec.error_inputs(np.random.default_rng(0)))
+    conformance = Conformance(
+        impl, op, framework=framework, dtype=dtype, adapter=adapter, backward=backward,
+        device=device, seeds=seeds, reference_cases=reference_cases,
+        error_cases=error_cases, search=search, max_examples=max_examples, rng=rng)
+    results = [conformance.check_case(case) for case in conformance.cases()]
+    outcomes = conformance.error_outcomes() if conformance.error_cases else ()
     search_outcome = None
-    if search:
-        from refdml.conformance._search import run_search
-
-        search_outcome, found = run_search(checker, spec.make_inputs, max_examples)
+    if conformance.search:
+        search_outcome, found = conformance.run_search()
         if found is not None:
             results.append(found)
-    notes = tuple(dict.fromkeys(note for r in results for note in r.notes))
-    if reference_cases and spec.reference_inputs is None:
-        notes += (f"{spec.name} declares no reference inputs (hard cases) yet",)
-    if error_cases and spec.error_inputs is None:
-        notes += (f"{spec.name} declares no error inputs yet",)
-    compared = [r for r in results if r.skipped is None]
-    return ConformanceReport(
-        op=spec.name,
-        framework=fw.name,
-        dtype=dtype,
-        cases=tuple(r.case for r in compared),
-        failures=tuple(f for r in compared for f in r.failures),
-        error_outcomes=outcomes,
-        tolerances=tuple(t for r in compared for t in r.tolerances),
-        search=search_outcome,
-        skipped=tuple((r.case, r.skipped) for r in results if r.skipped is not None),
-        notes=notes,
-    )
+    return conformance.report(results, outcomes, search_outcome)
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    """One input case of a check: its inputs, the seed of the generator that draws its
+    cotangents and perturbations, and (``skip``) why it is not compared in this dtype,
+    where that is known before running anything."""
+
+    name: str
+    inputs: Mapping[str, Any]
+    seed: int
+    scale_inputs: Mapping[str, Any] | None = None
+    skip: str | None = None
+
+
+class Conformance:
+    """A conformance check with its arguments validated (those of
+    :func:`check_implementation`), run one input case at a time: what
+    :func:`check_implementation` runs in full and the pytest plugin
+    (:mod:`refdml.conformance.pytest_plugin`) runs as one test item per case. Both see
+    the same cases with the same cotangents."""
+
+    def __init__(self, impl, op, *, framework, dtype="float64", adapter=None, backward=None,
+                 device=None, seeds=3, reference_cases=True, error_cases=True, search=True,
+                 max_examples=30, rng=0) -> None:
+        if not callable(impl):
+            raise TypeError(f"impl must be callable, got {_describe(impl)}")
+        self.spec = _get_spec(op)
+        check_choice(framework, "framework", FRAMEWORKS)
+        self.dtype = _check_dtype(dtype)
+        refused = unsupported(framework, self.dtype)
+        if refused is not None:
+            raise ValueError(refused)
+        if adapter is not None and not callable(adapter):
+            raise TypeError(f"adapter must be None or callable(impl, inputs), got "
+                            f"{_describe(adapter)}")
+        self.seeds = check_scalar(seeds, "seeds", low=1, high=MAX_SEEDS, integer=True,
+                                  one_sided=True)
+        self.reference_cases = check_flag(reference_cases, "reference_cases")
+        self.error_cases = check_flag(error_cases, "error_cases")
+        self.search = check_flag(search, "search")
+        self.max_examples = check_scalar(max_examples, "max_examples", low=1,
+                                         high=MAX_EXAMPLES, integer=True, one_sided=True)
+        self.generator = check_rng(rng)
+        self.fw = get_framework(framework, backward=backward, device=device)
+
+        def call(inputs: dict[str, Any]) -> Any:
+            return adapter(impl, inputs) if adapter is not None else impl(**inputs)
+
+        self.checker = _CaseChecker(self.spec, self.fw, call, self.dtype)
+        self._cases: list[PlannedCase] | None = None
+
+    def cases(self) -> list[PlannedCase]:
+        """The seeds' cases, then the entry's reference cases (if asked for), in order."""
+        if self._cases is not None:
+            return self._cases
+        named: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None, str | None]] = [
+            (f"seed {k}", dict(self.spec.make_inputs(np.random.default_rng(k))), None, None)
+            for k in range(self.seeds)]
+        if self.reference_cases and self.spec.reference_inputs is not None:
+            named += [(case.name, dict(case.inputs), case.scale_inputs,
+                       _not_admitted(case.dtypes, self.dtype))
+                      for case in self.spec.reference_inputs(np.random.default_rng(0))]
+        # One seed per case, drawn for every case in order (admitted or not), so that a
+        # case gets the same cotangents however many of the others run.
+        self._cases = [
+            PlannedCase(name, inputs, int(self.generator.integers(2**63)), scale,
+                        skip or unrepresentable(inputs, self.dtype))
+            for name, inputs, scale, skip in named]
+        return self._cases
+
+    def check_case(self, case: PlannedCase) -> CaseResult:
+        if case.skip is not None:
+            return CaseResult(case.name, case.inputs, skipped=case.skip)
+        return self.checker.check(case.name, dict(case.inputs),
+                                  np.random.default_rng(case.seed),
+                                  scale_inputs=case.scale_inputs)
+
+    def error_outcomes(self) -> tuple[ErrorOutcome, ...]:
+        if self.spec.error_inputs is None:
+            return ()
+        return tuple(self.checker.error_case(case)
+                     for case in self.spec.error_inputs(np.random.default_rng(0)))
+
+    def run_search(self):
+        """The hypothesis search: its :class:`SearchOutcome` and the minimal disagreeing
+        case's result (None if none)."""
+        from refdml.conformance._search import run_search
+
+        return run_search(self.checker, self.spec.make_inputs, self.max_examples)
+
+    def report(self, results, outcomes=(), search_outcome=None) -> ConformanceReport:
+        spec = self.spec
+        notes = tuple(dict.fromkeys(note for r in results for note in r.notes))
+        if self.reference_cases and spec.reference_inputs is None:
+            notes += (f"{spec.name} declares no reference inputs (hard cases) yet",)
+        if self.error_cases and spec.error_inputs is None:
+            notes += (f"{spec.name} declares no error inputs yet",)
+        compared = [r for r in results if r.skipped is None]
+        return ConformanceReport(
+            op=spec.name,
+            framework=self.fw.name,
+            dtype=self.dtype,
+            cases=tuple(r.case for r in compared),
+            failures=tuple(f for r in compared for f in r.failures),
+            error_outcomes=tuple(outcomes),
+            tolerances=tuple(t for r in compared for t in r.tolerances),
+            search=search_outcome,
+            skipped=tuple((r.case, r.skipped) for r in results if r.skipped is not None),
+            notes=notes,
+        )
+
+
+def _not_admitted(case_dtypes: tuple[str, ...] | None, dtype: str) -> str | None:
+    """Why a reference case stated for ``case_dtypes`` is not run in ``dtype`` (None: it
+    is): a case is stated for the formats whose range its extremes probe, so it is also
+    admitted in a format of the same exponent range (bfloat16 shares float32's)."""
+    if case_dtypes is None or dtype in case_dtypes:
+        return None
+    own = FORMATS[dtype]
+    if any((FORMATS[d].min_exponent, FORMATS[d].max_exponent)
+           == (own.min_exponent, own.max_exponent) for d in case_dtypes if d in FORMATS):
+        return None
+    return (f"the entry states it for {' and '.join(case_dtypes)} only: its extremes probe "
+            f"that range, not {dtype}'s")
+
+
+def unrepresentable(inputs: Mapping[str, Any], dtype: str) -> str | None:
+    """Why ``dtype`` cannot hold ``inputs`` (None if it can): a finite input beyond its
+    range (it would become inf), or one whose every non-zero element is below its
+    smallest number (it would become 0: another case)."""
+    rounded = round_to_dtype(inputs, dtype)
+    beyond = overflowing(inputs, rounded)
+    # A real hyperparameter beyond the range (eps = 1e6 in float16) cannot be held by an
+    # implementation that computes in dtype either. One below it is not refused: a
+    # stopping tolerance of 1e-12 is compared with, not computed in, the dtype.
+    beyond += [f"{name} == {value!r}" for name, value in inputs.items()
+               if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+               and math.isfinite(value) and abs(value) > FORMATS[dtype].max]
+    if beyond:
+        return (f"{', '.join(beyond)} beyond {dtype}'s range (largest finite "
+                f"{FORMATS[dtype].max:.4g})")
+    vanished = [name for name, value in inputs.items() if is_floating_array(value)
+                and np.any(value != 0) and not np.any(rounded[name] != 0)]
+    if vanished:
+        return (f"every non-zero element of {', '.join(vanished)} underflows to 0 in "
+                f"{dtype} (smallest {FORMATS[dtype].smallest_subnormal:.4g})")
+    return None
 
 
 def _get_spec(op: Any):
@@ -152,16 +274,21 @@ def _get_spec(op: Any):
 
 
 def _check_dtype(dtype: Any) -> str:
+    """``dtype`` as one of :data:`DTYPES`: the name, or a NumPy dtype (or scalar type, or
+    JAX's ``jnp.bfloat16``) with that name. None is refused: NumPy would read it as
+    float64, a default silently put in place of a missing value."""
     if not isinstance(dtype, str):
-        try:
-            dtype = np.dtype(dtype).name
-        except TypeError:
-            raise TypeError(f"dtype must be one of {DTYPES}, got {_describe(dtype)}") from None
+        name = None
+        if dtype is not None:
+            try:
+                name = np.dtype(dtype).name
+            except (TypeError, ValueError):
+                name = None
+        if name is None:
+            raise TypeError(f"dtype must be one of {DTYPES} (a string or a NumPy dtype), got "
+                            f"{_describe(dtype)}")
+        dtype = name
     return check_choice(dtype, "dtype", DTYPES)
-
-
-def _child(generator: np.random.Generator) -> np.random.Generator:
-    return np.random.default_rng(int(generator.integers(2**63)))
 
 
 @dataclass
@@ -195,6 +322,7 @@ class _CaseChecker:
         self.call = call
         self.dtype = dtype
         self.base = base_tolerance(spec, dtype)
+        self.limit = resolution_limit(dtype)
         # The base is stated at make_inputs: a case that amplifies roundoff more (an OT
         # solve at a smaller eps) scales it by the ratio (OperatorSpec.roundoff).
         self.calibration = None
@@ -271,16 +399,18 @@ class _CaseChecker:
         result = CaseResult(case, inputs)
         rounded = round_to_dtype(inputs, self.dtype)
         wrt = self.wrt(inputs)
-        beyond = overflowing(inputs, rounded)
-        if beyond:
-            result.skipped = f"{', '.join(beyond)} overflow {self.dtype}"
+        result.skipped = unrepresentable(inputs, self.dtype)
+        if result.skipped is not None:
             return result
         try:
             forward_only = self.reference(rounded, wrt, None)
         except Exception as error:  # noqa: BLE001 - reported as a skipped case
             result.skipped = f"the reference raised {type(error).__name__}: {error}"
             return result
-        cotangents = tuple(np.asarray(rng.standard_normal(o.shape)) for o in forward_only.outputs)
+        # Rounded to the dtype, as the inputs are: the implementation's cotangents are
+        # exactly the reference's.
+        cotangents = tuple(FORMATS[self.dtype].round(rng.standard_normal(o.shape))
+                           for o in forward_only.outputs)
         try:
             ref = self.reference(rounded, wrt, cotangents)
         except Exception as error:  # noqa: BLE001
@@ -292,12 +422,16 @@ class _CaseChecker:
         base = self.case_base(rounded)
         rtol, self._jumps, self._atol = {}, {}, {}
         for q, m in measured.items():
-            rtol[q] = tolerance(base, m.kappa, self.dtype)
+            # A base above 1: the computation amplifies this dtype's roundoff beyond the
+            # size of its results (bfloat16 at a small eps): no digit can be asked of it,
+            # and the noise floor, measured in float64 and scaled linearly, does not hold
+            # either. Shape and finiteness only (rtol inf), reported as beyond the dtype.
+            rtol[q] = tolerance(base, m.kappa, self.dtype) if base <= 1 else np.inf
             self._jumps[q] = m.jumps
             self._atol[q] = rounding_floor(m.noise, self.dtype)
             jumping = 0 if m.jumps is None else int(m.jumps.sum())
             result.tolerances.append(Tolerance(case, q, base, float(m.kappa), rtol[q],
-                                               jumping, self._atol[q]))
+                                               jumping, self._atol[q], self.limit))
         if scale_inputs is not None:
             self._cancelling_floor(result, scale_inputs, wrt, cotangents, base)
         scales = kind_scales(quantities)
@@ -408,10 +542,12 @@ class _CaseChecker:
         atol = self._atol.get(quantity, 0.0)
         # Within the reference's own rounding noise is agreement, whatever the relative
         # error (a quantity that is zero by cancellation); where the relative tolerance
-        # would exceed UNRESOLVED it means nothing, and that noise is the only bound.
-        relative_fails = found.error > rtol or rtol > UNRESOLVED
+        # would exceed the dtype's resolution limit it means nothing, and that noise is the
+        # only bound.
+        unresolved = rtol > self.limit
+        relative_fails = found.error > rtol or unresolved
         if relative_fails and found.abs_error > atol:
-            if rtol > UNRESOLVED:
+            if unresolved:
                 why = (f"|error| {found.abs_error:.3g} > atol {atol:.3g} (the relative "
                        f"tolerance {rtol:.3g} means nothing this ill-conditioned)")
             else:
@@ -419,7 +555,7 @@ class _CaseChecker:
                        f"{rtol:.3g}, and |error| {found.abs_error:.3g} > atol {atol:.3g}")
             result.failures.append(Failure(
                 case, quantity, cause, found.index, found.impl_value, found.ref_value,
-                found.error, rtol if rtol <= UNRESOLVED else atol,
+                found.error, atol if unresolved else rtol,
                 f"{quantity} differs from the reference by {why}; the worst element is "
                 f"{found.index}"))
 

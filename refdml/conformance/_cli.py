@@ -28,8 +28,9 @@ from refdml._io import write_json_atomic
 from refdml._validation import _describe
 from refdml.catalog import all_operators
 from refdml.conformance import check_implementation
+from refdml.conformance._check import MAX_EXAMPLES, MAX_SEEDS
+from refdml.conformance._formats import DTYPES, unsupported
 from refdml.conformance._frameworks import FRAMEWORKS, get_framework
-from refdml.conformance._tolerance import DTYPES
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "load_callable", "run"]
 
@@ -78,20 +79,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--framework", required=True, choices=FRAMEWORKS,
                         help="the framework it is written in")
     parser.add_argument("--dtype", choices=DTYPES, default=None,
-                        help="the floating dtype of its inputs (default: "
-                             f"{_DEFAULTS['dtype']})")
+                        help="the floating dtype of its inputs; bfloat16 with torch and jax "
+                             f"only (default: {_DEFAULTS['dtype']})")
     parser.add_argument("--backward", metavar="PACKAGE.MODULE:CALLABLE",
                         help="the backward of a numpy or cupy pair, backward(ctx, *cotangents)")
     parser.add_argument("--adapter", metavar="PACKAGE.MODULE:CALLABLE",
                         help="adapter(impl, inputs) -> outputs, from refdml's signature to yours")
     parser.add_argument("--device", default=None,
                         help="the framework's device, e.g. 'cuda' (default: its default)")
-    parser.add_argument("--seeds", type=at_least("--seeds"), metavar="N",
+    parser.add_argument("--seeds", type=at_least("--seeds", high=MAX_SEEDS), metavar="N",
                         help="seeds of the catalogue's input maker (default: "
                              f"{_DEFAULTS['seeds']})")
     parser.add_argument("--no-search", action="store_true",
                         help="skip the hypothesis search for a minimal disagreement")
-    parser.add_argument("--max-examples", type=at_least("--max-examples"), metavar="N",
+    parser.add_argument("--max-examples", type=at_least("--max-examples", high=MAX_EXAMPLES),
+                        metavar="N",
                         help="examples of the hypothesis search (default: "
                              f"{_DEFAULTS['max_examples']})")
     parser.add_argument("--json", metavar="PATH",
@@ -169,6 +171,9 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything :func:`check_implementation` takes, or ``UsageError``."""
     _check_operator(args.op)
+    refused = unsupported(args.framework, args.dtype or _DEFAULTS["dtype"])
+    if refused is not None:
+        raise UsageError(f"--dtype {args.dtype}: {refused}")
     if args.framework in ("numpy", "cupy") and args.backward is None:
         raise UsageError(f"--framework {args.framework} needs --backward "
                          "PACKAGE.MODULE:CALLABLE, the pair's backward(ctx, *cotangents)")

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from refdml.conformance._autodiff import check_output_shapes, describe_type, floating_dtype
+from refdml.conformance._autodiff import check_output_shapes, describe_type, host_values
 from refdml.conformance._protocol import Evaluation, StructureError, flatten_outputs
 
 __all__ = ["JaxFramework", "make_framework"]
@@ -85,18 +85,18 @@ class JaxFramework:
         return f"JaxFramework(device={self.device!r})"
 
     def asarray(self, value: np.ndarray, dtype: str | None) -> jax.Array:
-        """``value`` as a JAX array on the device: floating arrays cast to ``dtype`` (float16,
-        float32 or float64, the last made inside ``jax.enable_x64(True)``; None keeps theirs),
-        integer and boolean arrays with their values (int64 as JAX's int32 unless x64 is
-        on: labels and indices fit)."""
-        array = np.asarray(value)
-        if array.dtype.kind == "f" and dtype is not None:
-            array = array.astype(floating_dtype(dtype), copy=False)
+        """``value`` as a JAX array on the device: floating arrays rounded to ``dtype``
+        (float16, float32, float64, the last made inside ``jax.enable_x64(True)``, or
+        bfloat16; None keeps theirs), integer and boolean arrays with their values (int64
+        as JAX's int32 unless x64 is on: labels and indices fit)."""
+        array, bfloat16 = host_values(value, dtype)
         with _precision(array.dtype == np.float64):
             try:
                 out = jax.dlpack.from_dlpack(array)
             except (BufferError, RuntimeError, TypeError, ValueError):
                 out = jnp.array(array)
+            if bfloat16:  # exact: the values are bfloat16 numbers held as float32
+                out = out.astype(jnp.bfloat16)
             return jax.device_put(out, self.device)
 
     def run(

@@ -82,8 +82,9 @@ class ConformanceReport:
     """The result of :func:`refdml.conformance.check_implementation`.
 
     ``cases`` names every input case compared (``"seed 0"``, the entry's reference
-    inputs by name, the search's minimal case), ``skipped`` the cases the reference itself
-    refused at ``dtype`` (with why), ``tolerances`` the base, conditioning and tolerance of
+    inputs by name, the search's minimal case), ``skipped`` the cases not compared, with
+    why: inputs ``dtype`` cannot hold (beyond its range, or underflowing to 0 entirely), a
+    hard case the entry states for another range, or inputs the reference itself refuses, ``tolerances`` the base, conditioning and tolerance of
     each quantity in each case, ``notes`` warnings the implementation raised.
     """
 
@@ -162,6 +163,15 @@ class ConformanceReport:
                 lines.append(f"  {quantity:<22} base {_num(base, 3):>9}  kappa "
                              f"{_num(kappa, 3):>9}  rtol {_num(rtol, 3):>9}"
                              + (f"  ({case})" if kappa > 1.0 else ""))
+        beyond = [t for t in self.tolerances if t.beyond_dtype]
+        if beyond:
+            lines.append("")
+            lines.append(f"beyond {self.dtype} (the computation amplifies its roundoff past "
+                         "the size of the result: the entry's roundoff hint times 16 eps "
+                         "exceeds 1; checked for shape and finiteness only):")
+            for case in dict.fromkeys(t.case for t in beyond):
+                lines.append(f"  {case}: " + ", ".join(t.quantity for t in beyond
+                                                       if t.case == case))
         jumping = [t for t in self.tolerances if t.jumping or math.isinf(t.kappa)]
         if jumping:
             lines.append("")
@@ -171,7 +181,8 @@ class ConformanceReport:
                          + (f"{t.jumping} element{'s' if t.jumping != 1 else ''}"
                             if not math.isinf(t.kappa) else "all of it")
                          for t in jumping)
-        absolute = [t for t in self.tolerances if not t.resolved and not math.isinf(t.kappa)]
+        absolute = [t for t in self.tolerances if not t.resolved and not math.isinf(t.kappa)
+                    and not t.beyond_dtype]
         if absolute:
             lines.append("")
             lines.append("held to an absolute floor only (too ill-conditioned for a relative "
@@ -182,7 +193,8 @@ class ConformanceReport:
                          f"(kappa {_num(t.kappa, 3)})" for t in absolute)
         if self.skipped:
             lines.append("")
-            lines.append("skipped (the reference refuses them at this dtype):")
+            lines.append(f"skipped (not representable in {self.dtype}, stated for another "
+                         "range, or refused by the reference):")
             lines.extend(f"  {name}: {why}" for name, why in self.skipped)
         if self.error_outcomes:
             lines.append("")
@@ -227,7 +239,8 @@ class ConformanceReport:
             "cases": list(self.cases),
             "failures": [vars(f) for f in self.failures],
             "error_outcomes": [vars(o) for o in self.error_outcomes],
-            "tolerances": [dict(vars(t), resolved=t.resolved) for t in self.tolerances],
+            "tolerances": [dict(vars(t), resolved=t.resolved, beyond_dtype=t.beyond_dtype)
+                           for t in self.tolerances],
             "search": None if self.search is None else {
                 "examples": self.search.examples, "found": self.search.found,
                 "seed": self.search.seed, "digits": self.search.digits,

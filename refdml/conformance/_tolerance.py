@@ -6,32 +6,41 @@ relative tolerance is
 .. math::
     \\mathrm{rtol}_q = \\max\\big(\\mathrm{base},\\; 16\\,\\varepsilon_{\\mathrm{dtype}}\\,\\kappa_q\\big)
 
-with ``base`` the catalogue entry's mirror tolerance for the dtype (how far refdml's own
-fast path may stray; 1e-2 for float16, which the catalogue does not state) and
-``kappa_q`` the measured conditioning of ``q``: its relative change when the floating
+with ``eps_dtype`` the spacing of the format's numbers at 1 (float64 ``2**-52``, float32
+``2**-23``, float16 ``2**-10``, bfloat16 ``2**-7``: its 8-bit significand), ``base`` the
+catalogue entry's mirror tolerance for float32 and float64 (how far refdml's own fast path
+may stray) and, in float16 and bfloat16, where no mirror runs and the catalogue states
+none, the rule itself at ``kappa = 1`` (``16 eps``: 1/64 and 1/8), and ``kappa_q`` the
+measured conditioning of ``q``: its relative change when the floating
 inputs move by a random relative ``1e-7`` (two draws, the larger kept), over ``1e-7``,
 floored at 1. A well-conditioned quantity then gets a few units of roundoff, one near a
 kink or a tie (where a tiny move changes the answer) as much as its conditioning says.
 Where the change does not shrink with the move (a hundredfold smaller move changes ``q``
-by a third as much: ``kappa = inf``), or the tolerance would exceed :data:`UNRESOLVED` (a
-tenth), the reference itself jumps under a move of the inputs far below any rounding: the case sits on a kink, a tie or a
-discontinuity (a gradient at duplicate points, say), where implementations legitimately
-pick different subgradients. Such a quantity is compared for shape and finiteness only, and
-the report lists it as unresolved rather than stretching a tolerance until it means
-nothing. The error is norm-wise, ``max_i |a_i - e_i| / max_i |e_i|``: elementwise relative errors
-would fail every implementation on the near-zero entries of an array whose other entries
-are large.
+by a third as much: ``kappa = inf``), or the tolerance would exceed the dtype's
+:func:`resolution_limit` (a tenth; a half in bfloat16, see there), the reference itself
+jumps under a move of the inputs far below any rounding, or the format cannot resolve the
+quantity: the case sits on a kink, a tie or a discontinuity (a gradient at duplicate
+points, say), where implementations legitimately pick different subgradients. Such a
+quantity is compared for shape and finiteness only, and against the reference's rounding
+noise, and the report lists it as unresolved rather than stretching a tolerance until it
+means nothing. The error is norm-wise, ``max_i |a_i - e_i| / max_i |e_i|``: elementwise
+relative errors would fail every implementation on the near-zero entries of an array whose
+other entries are large.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["JUMP_FLOOR", "JUMP_RATIO", "PERTURBATION", "UNRESOLVED", "Conditioning",
+from refdml.conformance._formats import DTYPES, FORMATS
+
+__all__ = ["JUMP_FLOOR", "JUMP_RATIO", "PERTURBATION", "RESOLVED_KAPPA", "UNRESOLVED",
+           "Conditioning", "resolution_limit",
            "NOISE_UNITS", "ROUNDING_PERTURBATION", "Tolerance", "measure", "rounding_floor", "base_tolerance", "compare", "conditioning",
            "is_floating_array", "overflowing", "round_digits", "round_to_dtype", "tolerance"]
 
@@ -46,7 +55,21 @@ UNRESOLVED = 0.1
 #: Units of roundoff per unit of conditioning that an independent implementation may use.
 ROUNDOFF_UNITS = 16.0
 
-DTYPES = ("float16", "float32", "float64")
+#: In every format, a quantity at most this ill-conditioned is compared by value (see
+#: :func:`resolution_limit`): on the catalogue's random inputs the losses, layers and
+#: divergences and their gradients measure kappa from 1 to about 3.5.
+RESOLVED_KAPPA = 4.0
+
+
+def resolution_limit(dtype: str) -> float:
+    """The largest relative tolerance that still compares values in ``dtype``:
+    :data:`UNRESOLVED` (a tenth), or the tolerance of a quantity of conditioning
+    :data:`RESOLVED_KAPPA` where that is larger. The second binds in bfloat16 only, whose
+    8-bit significand gives even a perfectly conditioned quantity ``16 eps = 1/8``: with a
+    tenth as the limit nothing would be compared there. A relative error up to a half still
+    tells a wrong sign, a dropped factor or a missing term of comparable size from roundoff.
+    """
+    return max(UNRESOLVED, ROUNDOFF_UNITS * FORMATS[dtype].eps * RESOLVED_KAPPA)
 
 
 @dataclass(frozen=True)
@@ -60,15 +83,25 @@ class Tolerance:
     rtol: float
     jumping: int = 0
     atol: float = 0.0
+    limit: float = UNRESOLVED
 
     @property
     def resolved(self) -> bool:
-        """False where the reference is too ill-conditioned here to compare values (the
-        quantity is then checked for shape and finiteness only). ``jumping`` counts the
-        elements left out of the comparison of a resolved quantity (see :func:`measure`);
-        ``atol`` is the absolute floor from the reference's rounding noise
-        (:func:`rounding_floor`): an element within it of the reference agrees."""
-        return self.rtol <= UNRESOLVED
+        """False where the reference is too ill-conditioned here to compare values in this
+        dtype (``rtol`` above ``limit``, the dtype's :func:`resolution_limit`; the quantity
+        is then checked for shape, finiteness and the absolute floor only). ``jumping``
+        counts the elements left out of the comparison of a resolved quantity (see
+        :func:`measure`); ``atol`` is the absolute floor from the reference's rounding
+        noise (:func:`rounding_floor`): an element within it of the reference agrees."""
+        return self.rtol <= self.limit
+
+    @property
+    def beyond_dtype(self) -> bool:
+        """True where the case's base tolerance exceeds 1: the computation amplifies the
+        dtype's roundoff (the entry's ``roundoff`` hint times ``16 eps``) beyond the size
+        of the quantity, as a Sinkhorn solve at a small eps does in bfloat16. Then no
+        value is compared (``rtol`` is inf): shape and finiteness only."""
+        return math.isinf(self.rtol) and not math.isinf(self.kappa)
 
 
 def is_floating_array(value: Any) -> bool:
@@ -76,11 +109,11 @@ def is_floating_array(value: Any) -> bool:
 
 
 def round_to_dtype(inputs: Mapping[str, Any], dtype: str) -> dict[str, Any]:
-    """``inputs`` with every floating array cast to ``dtype`` and back to float64, so the
+    """``inputs`` with every floating array rounded to ``dtype`` (held as float64), so the
     reference sees exactly the numbers the implementation sees."""
-    with np.errstate(over="ignore"):  # an input beyond the dtype's range: the caller skips
-        return {name: value.astype(dtype).astype(np.float64) if is_floating_array(value)
-                else value for name, value in inputs.items()}
+    # An input beyond the dtype's range becomes inf: the caller skips the case.
+    return {name: FORMATS[dtype].round(value) if is_floating_array(value) else value
+            for name, value in inputs.items()}
 
 
 def overflowing(inputs: Mapping[str, Any], rounded: Mapping[str, Any]) -> list[str]:
@@ -99,14 +132,16 @@ def round_digits(array: np.ndarray, digits: int) -> np.ndarray:
 
 
 def base_tolerance(spec: Any, dtype: str) -> float:
-    """The floor of every quantity's tolerance: the entry's mirror tolerance for ``dtype``."""
-    if dtype == "float16":
-        return 1e-2
+    """The floor of every quantity's tolerance: the entry's mirror tolerance for ``dtype``
+    (float32, float64), or, in a format no mirror runs in (float16, bfloat16), the
+    roundoff rule at ``kappa = 1``: ``16 eps`` (see the module docstring)."""
+    if dtype in ("float16", "bfloat16"):
+        return ROUNDOFF_UNITS * FORMATS[dtype].eps
     return float(spec.mirror_tolerance(dtype))
 
 
 def tolerance(base: float, kappa: float, dtype: str) -> float:
-    return max(base, ROUNDOFF_UNITS * float(np.finfo(dtype).eps) * kappa)
+    return max(base, ROUNDOFF_UNITS * FORMATS[dtype].eps * kappa)
 
 
 def _scale(array: np.ndarray) -> float:
@@ -250,7 +285,7 @@ def rounding_floor(noise: float, dtype: str) -> float:
     """The absolute agreement that an implementation in ``dtype`` can be held to where the
     reference's own rounding noise is ``noise`` (float64): the same computation's noise in
     ``dtype``, times :data:`NOISE_UNITS`."""
-    ratio = float(np.finfo(dtype).eps) / float(np.finfo(np.float64).eps)
+    ratio = FORMATS[dtype].eps / FORMATS["float64"].eps
     return NOISE_UNITS * noise * ratio
 
 

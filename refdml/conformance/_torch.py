@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from refdml.conformance._autodiff import check_output_shapes, describe_type, floating_dtype
+from refdml.conformance._autodiff import check_output_shapes, describe_type, host_values
 from refdml.conformance._protocol import Evaluation, StructureError, flatten_outputs
 
 __all__ = ["TorchFramework", "make_framework"]
@@ -66,16 +66,17 @@ class TorchFramework:
         return f"TorchFramework(device={str(self.device)!r})"
 
     def asarray(self, value: np.ndarray, dtype: str | None) -> torch.Tensor:
-        """``value`` as a tensor on the device: floating arrays cast to ``dtype`` (float16,
-        float32 or float64; None keeps theirs), integer and boolean arrays unchanged."""
-        array = np.asarray(value)
-        if array.dtype.kind == "f" and dtype is not None:
-            array = array.astype(floating_dtype(dtype), copy=False)
+        """``value`` as a tensor on the device: floating arrays rounded to ``dtype``
+        (float16, float32, float64 or bfloat16; None keeps theirs), integer and boolean
+        arrays unchanged."""
+        array, bfloat16 = host_values(value, dtype)
         try:
             tensor = torch.from_dlpack(array)
         except (BufferError, RuntimeError, TypeError):
             # Read-only, non-contiguous in a way DLPack refuses, or a dtype it cannot carry.
             tensor = torch.tensor(array)
+        if bfloat16:  # exact: the values are bfloat16 numbers held as float32
+            tensor = tensor.to(torch.bfloat16)
         return tensor.to(self.device)
 
     def run(

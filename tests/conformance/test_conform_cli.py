@@ -232,8 +232,13 @@ def test_a_module_that_fails_to_import_is_a_usage_error(tmp_path, monkeypatch, c
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--framework", "tensorflow"], "argument --framework: invalid choice: 'tensorflow'"),
-    (["--framework", "numpy", "--dtype", "bfloat16"], "argument --dtype: invalid choice"),
-    (["--framework", "numpy", "--seeds", "0"], "argument --seeds: --seeds == 0, must be an integer >= 1"),
+    (["--framework", "numpy", "--dtype", "bfloat32"], "argument --dtype: invalid choice"),
+    (["--framework", "numpy", "--seeds", "0"],
+     "argument --seeds: --seeds == 0, must be an integer in [1, 1000]"),
+    (["--framework", "numpy", "--seeds", "1000000"],
+     "argument --seeds: --seeds == 1000000, must be an integer in [1, 1000]"),
+    (["--framework", "numpy", "--max-examples", "10001"],
+     "argument --max-examples: --max-examples == 10001, must be an integer in [1, 10000]"),
 ])
 def test_argparse_refuses_unknown_choices_with_exit_2(pair_module, capsys, argv, fragment):
     with pytest.raises(SystemExit) as exited:
@@ -241,6 +246,26 @@ def test_argparse_refuses_unknown_choices_with_exit_2(pair_module, capsys, argv,
               "--op", "normalize.l2_normalize", *argv])
     assert exited.value.code == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_bfloat16_for_a_numpy_pair_is_one_line_and_exit_2(pair_module, capsys):
+    code = main(["conform", f"{pair_module}:forward", "--backward", f"{pair_module}:backward",
+                 "--op", "normalize.l2_normalize", "--framework", "numpy", "--dtype",
+                 "bfloat16"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1, err
+    assert "--dtype bfloat16: dtype == 'bfloat16' needs framework 'torch' or 'jax': NumPy " \
+           "has no bfloat16" in err
+
+
+def test_help_lists_bfloat16_among_the_dtypes(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["conform", "--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "{float64,float32,float16,bfloat16}" in out
+    assert "bfloat16 with torch and jax only" in out
 
 
 def test_autodiff_frameworks_refuse_a_backward(pair_module, capsys):
