@@ -14,6 +14,9 @@ distance, terms silently dropped, a softmax that underflows):
                                duplicate points (d/du sqrt(u) is infinite at u = 0)
 ``contrastive_skips_batch``    returns 0 for a batch without a positive pair, dropping its
                                negative terms
+``contrastive_in_float16``     computes in float16 whatever its inputs' dtype (mixed
+                               precision with the wrong half type): right to bfloat16's
+                               precision, but float16's range ends at 65504
 ``triplet``                    triplet loss, all triplets or batch-hard (Schroff et al. 2015)
 ``triplet_mean_of_active``     averages over the active triplets only (drops the zero terms
                                from the count)
@@ -37,6 +40,7 @@ import numpy as np
 __all__ = [
     "contrastive",
     "contrastive_nan_at_ties",
+    "contrastive_in_float16",
     "contrastive_skips_batch",
     "proxy_nca",
     "proxy_nca_naive_softmax",
@@ -150,6 +154,17 @@ def contrastive_skips_batch(embeddings, labels, *, pos_margin=None, neg_margin=N
         return jnp.zeros((), dtype=embeddings.dtype)
     return contrastive(embeddings, labels, pos_margin=pos_margin, neg_margin=neg_margin,
                        form=form, reduction=reduction)
+
+
+def contrastive_in_float16(embeddings, labels, *, pos_margin=None, neg_margin=None,
+                           form="euclidean", reduction="mean"):
+    """DEFECT: the loss computed in float16 and cast back to the inputs' dtype, as mixed
+    precision set to the wrong half type (float16 for a bfloat16 model) does. float16
+    has three more significand bits than bfloat16, so every ordinary batch agrees; its
+    range ends at 65504, bfloat16's (float32's) at 3.4e38, so large embeddings become inf."""
+    value = contrastive(embeddings.astype(jnp.float16), labels, pos_margin=pos_margin,
+                        neg_margin=neg_margin, form=form, reduction=reduction)
+    return value.astype(embeddings.dtype)
 
 
 # ---------------------------------------------------------------------------- triplet

@@ -156,3 +156,34 @@ def test_torch_contrastive_dropping_zero_terms_fails_its_value():
     assert value.cause == "value"
     # Fewer terms in the count, the same sum: the value can only grow.
     assert value.impl_value > value.ref_value
+
+
+# ---------------------------------------------------------------------------- bfloat16
+
+
+def contrastive_in_float16(embeddings, labels, **options):
+    """Broken: computed in float16 whatever the inputs' dtype (autocast to the wrong half
+    type), cast back: bfloat16's precision, but float16's range (65504)."""
+    return contrastive(embeddings.half(), labels, **options).to(embeddings.dtype)
+
+
+def test_asarray_in_bfloat16_holds_the_rounded_values(fw):
+    from refdml.conformance._formats import FORMATS
+
+    x = np.array([1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, np.pi, -1e-40, 3e38])
+    tensor = fw.asarray(x, "bfloat16")
+    assert tensor.dtype == torch.bfloat16
+    evaluation = fw.run(lambda inputs: inputs["x"], {"x": tensor}, ("x",), None)
+    assert_array_equal(evaluation.outputs[0], FORMATS["bfloat16"].round(x))
+    assert_array_equal(evaluation.outputs[0][:2], [1.0, 1.0 + 2.0 ** -6])  # ties to even
+
+
+def test_torch_contrastive_passes_in_bfloat16_on_float32s_cases():
+    report = check(contrastive, "losses.contrastive", "bfloat16", seeds=2)
+    assert report.passed, report.summary()
+    assert {"duplicate points", "float32 range edge"} <= set(report.cases), report.cases
+
+
+def test_torch_contrastive_in_float16_fails_in_bfloat16_at_the_float32_range_edge():
+    report = check(contrastive_in_float16, "losses.contrastive", "bfloat16", seeds=2)
+    assert {f.case for f in report.failures} == {"float32 range edge"}, report.summary()
