@@ -103,6 +103,10 @@ def cuda_skip_reason() -> str | None:
 _REQUIREMENTS = {"requires_cuda": cuda_skip_reason, "requires_cupy": cupy_skip_reason}
 
 
+# pytester: the conformance plugin is tested on a small user package of its own.
+pytest_plugins = ["pytester"]
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires_cuda: runs the Numba CUDA kernels (the "
                             "simulator, or a GPU with CuPy); skipped with the reason elsewhere")

@@ -38,7 +38,7 @@ from refdml.conformance._tolerance import (
 )
 
 __all__ = ["MAX_EXAMPLES", "MAX_SEEDS", "Conformance", "PlannedCase", "check_implementation",
-           "unrepresentable"]
+           "check_dtype", "get_spec", "plan_cases", "unrepresentable"]
 
 #: The loose solver tolerances the "not converged" hint re-runs an iterative reference at.
 LOOSE_TOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
@@ -140,9 +140,9 @@ class Conformance:
                  max_examples=30, rng=0) -> None:
         if not callable(impl):
             raise TypeError(f"impl must be callable, got {_describe(impl)}")
-        self.spec = _get_spec(op)
+        self.spec = get_spec(op)
         check_choice(framework, "framework", FRAMEWORKS)
-        self.dtype = _check_dtype(dtype)
+        self.dtype = check_dtype(dtype)
         refused = unsupported(framework, self.dtype)
         if refused is not None:
             raise ValueError(refused)
@@ -167,21 +167,9 @@ class Conformance:
 
     def cases(self) -> list[PlannedCase]:
         """The seeds' cases, then the entry's reference cases (if asked for), in order."""
-        if self._cases is not None:
-            return self._cases
-        named: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None, str | None]] = [
-            (f"seed {k}", dict(self.spec.make_inputs(np.random.default_rng(k))), None, None)
-            for k in range(self.seeds)]
-        if self.reference_cases and self.spec.reference_inputs is not None:
-            named += [(case.name, dict(case.inputs), case.scale_inputs,
-                       _not_admitted(case.dtypes, self.dtype))
-                      for case in self.spec.reference_inputs(np.random.default_rng(0))]
-        # One seed per case, drawn for every case in order (admitted or not), so that a
-        # case gets the same cotangents however many of the others run.
-        self._cases = [
-            PlannedCase(name, inputs, int(self.generator.integers(2**63)), scale,
-                        skip or unrepresentable(inputs, self.dtype))
-            for name, inputs, scale, skip in named]
+        if self._cases is None:
+            self._cases = plan_cases(self.spec, self.dtype, self.seeds,
+                                     self.reference_cases, self.generator)
         return self._cases
 
     def check_case(self, case: PlannedCase) -> CaseResult:
@@ -226,6 +214,26 @@ class Conformance:
         )
 
 
+def plan_cases(spec, dtype: str, seeds: int, reference_cases: bool,
+               generator: np.random.Generator) -> list[PlannedCase]:
+    """The input cases of a check of ``spec`` in ``dtype``: ``seeds`` draws of make_inputs,
+    then (``reference_cases``) the entry's hard cases, each with a seed drawn from
+    ``generator`` and the reason it is not compared, where that is known beforehand (a case
+    stated for another range, inputs the dtype cannot hold). One seed is drawn for every
+    case in order, admitted or not, so that a case gets the same cotangents however many
+    of the others run (one pytest item per case runs exactly what the full check runs)."""
+    named: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None, str | None]] = [
+        (f"seed {k}", dict(spec.make_inputs(np.random.default_rng(k))), None, None)
+        for k in range(seeds)]
+    if reference_cases and spec.reference_inputs is not None:
+        named += [(case.name, dict(case.inputs), case.scale_inputs,
+                   _not_admitted(case.dtypes, dtype))
+                  for case in spec.reference_inputs(np.random.default_rng(0))]
+    return [PlannedCase(name, inputs, int(generator.integers(2**63)), scale,
+                        skip or unrepresentable(inputs, dtype))
+            for name, inputs, scale, skip in named]
+
+
 def _not_admitted(case_dtypes: tuple[str, ...] | None, dtype: str) -> str | None:
     """Why a reference case stated for ``case_dtypes`` is not run in ``dtype`` (None: it
     is): a case is stated for the formats whose range its extremes probe, so it is also
@@ -263,7 +271,7 @@ def unrepresentable(inputs: Mapping[str, Any], dtype: str) -> str | None:
     return None
 
 
-def _get_spec(op: Any):
+def get_spec(op: Any):
     names = [s.name for s in catalog.all_operators()]
     if not isinstance(op, str):
         raise TypeError(f"op must be the name of a catalogue entry (a string), got "
@@ -273,7 +281,7 @@ def _get_spec(op: Any):
     return catalog.get(op)
 
 
-def _check_dtype(dtype: Any) -> str:
+def check_dtype(dtype: Any) -> str:
     """``dtype`` as one of :data:`DTYPES`: the name, or a NumPy dtype (or scalar type, or
     JAX's ``jnp.bfloat16``) with that name. None is refused: NumPy would read it as
     float64, a default silently put in place of a missing value."""

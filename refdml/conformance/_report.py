@@ -46,6 +46,17 @@ class Failure:
     message: str
     hint: str | None = None
 
+    def line(self) -> str:
+        """The failure located on one line: case, quantity, cause, worst element and both
+        values there, then the message (and the hint)."""
+        where = "" if self.index is None else f" at {tuple(self.index)}"
+        values = ("" if math.isnan(self.impl_value) and math.isnan(self.ref_value) else
+                  f" (implementation {_num(self.impl_value)}, reference "
+                  f"{_num(self.ref_value)})")
+        hint = f"; hint: {self.hint}" if self.hint else ""
+        return (f"{self.case}: {self.quantity}: {self.cause}{where}{values}: "
+                f"{self.message}{hint}")
+
 
 @dataclass(frozen=True)
 class ErrorOutcome:
