@@ -457,6 +457,11 @@ def _call(**changes):
     (dict(framework=None), TypeError, "framework must be one of"),
     (dict(dtype="int32"), ValueError, "dtype == 'int32'"),
     (dict(dtype=3), TypeError, "dtype must be one of"),
+    # None would be NumPy's float64: a default silently put in place of a missing value.
+    (dict(dtype=None), TypeError, r"dtype must be one of .*got None"),
+    (dict(dtype=np.int32), ValueError, "dtype == 'int32'"),
+    (dict(dtype="bfloat16"), ValueError,
+     "dtype == 'bfloat16' needs framework 'torch' or 'jax': NumPy has no bfloat16"),
     (dict(backward=None), TypeError, "needs backward="),
     (dict(backward=3), TypeError, "backward must be callable"),
     (dict(framework="torch"), ValueError, "backward is given for framework == 'torch'"),
@@ -466,15 +471,32 @@ def _call(**changes):
     (dict(device=0), TypeError, "device must be None or a string"),
     (dict(seeds=0), ValueError, "seeds == 0"),
     (dict(seeds=1.5), TypeError, "seeds must be an integer"),
+    (dict(seeds=True), TypeError, "seeds must be an integer"),
+    (dict(seeds=10**9), ValueError, "seeds == 1000000000, must be <= 1000"),
     (dict(reference_cases="yes"), TypeError, "reference_cases must be True or False"),
     (dict(error_cases=1), TypeError, "error_cases must be True or False"),
     (dict(search=None), TypeError, "search must be True or False"),
     (dict(max_examples=0), ValueError, "max_examples == 0"),
+    (dict(max_examples=10**7), ValueError, "max_examples == 10000000, must be <= 10000"),
     (dict(rng=-1), ValueError, "rng == -1"),
+    (dict(rng=1.5), TypeError, "rng must be None, an int or a numpy Generator"),
 ])
 def test_arguments_are_validated(changes, error, match):
     with pytest.raises(error, match=match):
         _call(**changes)
+
+
+def test_a_refused_argument_starts_no_work():
+    calls = []
+
+    def impl(**inputs):
+        calls.append(inputs)
+        raise AssertionError("called")
+
+    with pytest.raises(ValueError, match="seeds == 1000000000"):
+        check_implementation(impl, "losses.contrastive", framework="numpy",
+                             backward=lambda ctx, *d: {}, seeds=10**9)
+    assert calls == []
 
 
 def test_dtype_accepts_numpy_dtypes():
