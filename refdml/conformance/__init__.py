@@ -4,8 +4,10 @@ A reference implementation earns its keep when people check their own code again
 :func:`check_implementation` calls an implementation (PyTorch, JAX, CuPy or NumPy) of a
 catalogue entry (:mod:`refdml.catalog`) on the entry's inputs over several seeds, its
 hard reference inputs and a hypothesis search, compares every output and every gradient
-with the float64 reference at a tolerance derived from the dtype and the measured
-conditioning, and says where and why they disagree:
+with the float64 reference at a tolerance derived from the dtype (float64, float32,
+float16, or bfloat16 for PyTorch and JAX) and the measured conditioning, and says where
+and why they disagree. In a pytest suite, the ``refdml_conform`` marker and fixture
+(:mod:`refdml.conformance.pytest_plugin`) run it as one test item per case:
 
 >>> import numpy as np
 >>> from refdml.catalog import get
