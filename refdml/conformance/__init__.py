@@ -7,7 +7,7 @@ hard reference inputs and a hypothesis search, compares every output and every g
 with the float64 reference at a tolerance derived from the dtype (float64, float32,
 float16, or bfloat16 for PyTorch and JAX) and the measured conditioning, and says where
 and why they disagree. In a pytest suite, the ``refdml_conform`` marker and fixture
-(:mod:`refdml.conformance.pytest_plugin`) run it as one test item per case:
+(:mod:`refdml.pytest_plugin`) run it as one test item per case:
 
 >>> import numpy as np
 >>> from refdml.catalog import get

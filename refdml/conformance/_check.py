@@ -132,7 +132,7 @@ class Conformance:
     """A conformance check with its arguments validated (those of
     :func:`check_implementation`), run one input case at a time: what
     :func:`check_implementation` runs in full and the pytest plugin
-    (:mod:`refdml.conformance.pytest_plugin`) runs as one test item per case. Both see
+    (:mod:`refdml.pytest_plugin`) runs as one test item per case. Both see
     the same cases with the same cotangents."""
 
     def __init__(self, impl, op, *, framework, dtype="float64", adapter=None, backward=None,

@@ -1,4 +1,4 @@
-"""The pytest plugin (:mod:`refdml.conformance.pytest_plugin`), run by pytest's own
+"""The pytest plugin (:mod:`refdml.pytest_plugin`), run by pytest's own
 ``pytester`` on a small user package with a correct and a broken implementation.
 
 The user's test files import nothing from refdml: the plugin comes from the ``pytest11``
@@ -116,7 +116,22 @@ def _id(test: str, dtype: str, case: str) -> str:
 
 def test_the_plugin_is_registered_as_a_pytest11_entry_point():
     plugins = {e.name: e.value for e in entry_points(group="pytest11")}
-    assert plugins.get("refdml") == "refdml.conformance.pytest_plugin"
+    assert plugins.get("refdml") == "refdml.pytest_plugin"
+
+
+def test_loading_the_plugin_imports_nothing_heavy():
+    """pytest loads the plugin in every session before the session's conftest files: had
+    it imported the catalogue (and so numba.cuda), a conftest could no longer switch on
+    Numba's CUDA simulator, which broke every simulated kernel test of refdml's own suite."""
+    import subprocess
+    import sys
+
+    code = ("import sys, refdml.pytest_plugin; "
+            "print(sorted(m for m in ('refdml.catalog', 'refdml.conformance', 'numba', "
+            "'scipy', 'jax') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 def test_one_item_per_dtype_and_case_with_the_located_failures(pytester):

@@ -29,7 +29,13 @@ per dtype and input case, ``test_contrastive[bfloat16-duplicate_points]``, plus 
 Each item runs exactly what ``check_implementation`` runs for that case (the same inputs,
 the same cotangents). The error inputs, which a check reports and never fails, are left to
 ``refdml conform``. The marker's arguments are checked at collection, with the messages of
-``check_implementation``. refdml itself is imported only by a test that uses the marker.
+``check_implementation``.
+
+pytest loads this module in every session where refdml is installed, before the session's
+own conftest files. It therefore sits beside refdml's cheap ``__init__`` rather than in
+:mod:`refdml.conformance` (whose import loads the catalogue, Numba and the fast path, and
+would do so before a conftest could configure them), and imports the rest of refdml only
+inside the hooks of a test that uses the marker.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(op, *, framework, dtypes=('float64',), seeds=3, reference_cases=True, "
         "search=True, max_examples=30, device=None, rng=0): check the implementation passed "
         "to the refdml_conform fixture against refdml's reference, one test item per dtype "
-        "and input case (refdml.conformance.pytest_plugin)")
+        "and input case (refdml.pytest_plugin)")
 
 
 @dataclass(frozen=True)
@@ -200,5 +206,5 @@ class CaseCheck:
 def refdml_conform(request: pytest.FixtureRequest) -> CaseCheck:
     """Check an implementation on this item's case: ``refdml_conform(impl, backward=None,
     adapter=None)``; the test needs ``@pytest.mark.refdml_conform(op, framework=...,
-    dtypes=[...])`` (see :mod:`refdml.conformance.pytest_plugin`)."""
+    dtypes=[...])`` (see :mod:`refdml.pytest_plugin`)."""
     return CaseCheck(request.param)
