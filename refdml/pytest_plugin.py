@@ -78,9 +78,8 @@ class _Item:
 
 def _settings(marker: pytest.Mark) -> tuple[str, dict[str, Any]]:
     """The marker's operator and settings, checked as check_implementation checks them."""
-    from refdml._validation import _describe, check_choice, check_flag, check_rng, check_scalar
-    from refdml.conformance._check import MAX_EXAMPLES, MAX_SEEDS, check_dtype, get_spec
-    from refdml.conformance._formats import unsupported
+    from refdml._validation import _describe, check_rng
+    from refdml.conformance._check import check_settings
     from refdml.conformance._frameworks import FRAMEWORKS
 
     if len(marker.args) > 1:
@@ -100,25 +99,18 @@ def _settings(marker: pytest.Mark) -> tuple[str, dict[str, Any]]:
         raise TypeError(f"@pytest.mark.{MARKER}: unknown argument(s) {unknown}; it takes op "
                         f"and {sorted(_SETTINGS)}")
     settings = dict(_SETTINGS, **kwargs)
-    get_spec(op)
     if settings["framework"] is None:
         raise TypeError(f"@pytest.mark.{MARKER} needs framework=, one of {FRAMEWORKS}")
-    check_choice(settings["framework"], "framework", FRAMEWORKS)
     dtypes = settings["dtypes"]
     if isinstance(dtypes, str) or not isinstance(dtypes, (list, tuple)) or not dtypes:
         raise TypeError(f"dtypes must be a non-empty list of dtype names, got "
                         f"{_describe(dtypes)}")
-    settings["dtypes"] = tuple(dict.fromkeys(check_dtype(d) for d in dtypes))
-    for dtype in settings["dtypes"]:
-        refused = unsupported(settings["framework"], dtype)
-        if refused is not None:
-            raise ValueError(refused)
-    check_scalar(settings["seeds"], "seeds", low=1, high=MAX_SEEDS, integer=True,
-                 one_sided=True)
-    check_scalar(settings["max_examples"], "max_examples", low=1, high=MAX_EXAMPLES,
-                 integer=True, one_sided=True)
-    for flag in ("reference_cases", "search"):
-        check_flag(settings[flag], flag)
+    checked = [check_settings(op, framework=settings["framework"], dtype=dtype,
+                              seeds=settings["seeds"],
+                              reference_cases=settings["reference_cases"], error_cases=True,
+                              search=settings["search"],
+                              max_examples=settings["max_examples"]) for dtype in dtypes]
+    settings["dtypes"] = tuple(dict.fromkeys(c.dtype for c in checked))
     check_rng(settings["rng"])
     if not isinstance(settings["rng"], (int, type(None))):
         raise TypeError("rng must be None or an int seed here (each item draws the same "

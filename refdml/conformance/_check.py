@@ -38,7 +38,8 @@ from refdml.conformance._tolerance import (
 )
 
 __all__ = ["MAX_EXAMPLES", "MAX_SEEDS", "Conformance", "PlannedCase", "check_implementation",
-           "check_dtype", "get_spec", "plan_cases", "unrepresentable"]
+           "Settings", "check_dtype", "check_settings", "get_spec", "plan_cases",
+           "unrepresentable"]
 
 #: The loose solver tolerances the "not converged" hint re-runs an iterative reference at.
 LOOSE_TOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
@@ -116,6 +117,40 @@ def check_implementation(
 
 
 @dataclass(frozen=True)
+class Settings:
+    """What a check runs, its arguments checked (:func:`check_settings`)."""
+
+    spec: Any
+    dtype: str
+    seeds: int
+    reference_cases: bool
+    error_cases: bool
+    search: bool
+    max_examples: int
+
+
+def check_settings(op, *, framework, dtype, seeds, reference_cases, error_cases, search,
+                   max_examples) -> Settings:
+    """The settings of a check that need neither the implementation nor its framework,
+    checked (``TypeError``/``ValueError`` naming the argument): what
+    :class:`Conformance` checks first, and the pytest plugin checks at collection."""
+    spec = get_spec(op)
+    check_choice(framework, "framework", FRAMEWORKS)
+    dtype = check_dtype(dtype)
+    refused = unsupported(framework, dtype)
+    if refused is not None:
+        raise ValueError(refused)
+    return Settings(
+        spec, dtype,
+        check_scalar(seeds, "seeds", low=1, high=MAX_SEEDS, integer=True, one_sided=True),
+        check_flag(reference_cases, "reference_cases"),
+        check_flag(error_cases, "error_cases"),
+        check_flag(search, "search"),
+        check_scalar(max_examples, "max_examples", low=1, high=MAX_EXAMPLES, integer=True,
+                     one_sided=True))
+
+
+@dataclass(frozen=True)
 class PlannedCase:
     """One input case of a check: its inputs, the seed of the generator that draws its
     cotangents and perturbations, and (``skip``) why it is not compared in this dtype,
@@ -140,22 +175,15 @@ class Conformance:
                  max_examples=30, rng=0) -> None:
         if not callable(impl):
             raise TypeError(f"impl must be callable, got {_describe(impl)}")
-        self.spec = get_spec(op)
-        check_choice(framework, "framework", FRAMEWORKS)
-        self.dtype = check_dtype(dtype)
-        refused = unsupported(framework, self.dtype)
-        if refused is not None:
-            raise ValueError(refused)
+        settings = check_settings(op, framework=framework, dtype=dtype, seeds=seeds,
+                                  reference_cases=reference_cases, error_cases=error_cases,
+                                  search=search, max_examples=max_examples)
+        self.spec, self.dtype, self.seeds = settings.spec, settings.dtype, settings.seeds
+        self.reference_cases, self.error_cases = settings.reference_cases, settings.error_cases
+        self.search, self.max_examples = settings.search, settings.max_examples
         if adapter is not None and not callable(adapter):
             raise TypeError(f"adapter must be None or callable(impl, inputs), got "
                             f"{_describe(adapter)}")
-        self.seeds = check_scalar(seeds, "seeds", low=1, high=MAX_SEEDS, integer=True,
-                                  one_sided=True)
-        self.reference_cases = check_flag(reference_cases, "reference_cases")
-        self.error_cases = check_flag(error_cases, "error_cases")
-        self.search = check_flag(search, "search")
-        self.max_examples = check_scalar(max_examples, "max_examples", low=1,
-                                         high=MAX_EXAMPLES, integer=True, one_sided=True)
         self.generator = check_rng(rng)
         self.fw = get_framework(framework, backward=backward, device=device)
 

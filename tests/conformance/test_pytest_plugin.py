@@ -15,22 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_conform_cli import PAIR
+
 from refdml.catalog import get
 from refdml.conformance._formats import FORMATS
 
 OP = "normalize.l2_normalize"
 
-PAIRS = textwrap.dedent("""\
-    import numpy as np
-
-
-    def forward(x):
-        # Divide by the largest entry first: the squares neither overflow nor vanish.
-        peak = np.max(np.abs(x), axis=-1, keepdims=True)
-        scaled = x / peak
-        norm = np.sqrt(np.sum(scaled * scaled, axis=-1, keepdims=True))
-        y = scaled / norm
-        return y, (y, peak * norm)
+# The user's NumPy pairs: the correct pair of the CLI tests, and a naive forward.
+PAIRS = PAIR + textwrap.dedent("""\
 
 
     def naive_forward(x):
@@ -39,12 +32,6 @@ PAIRS = textwrap.dedent("""\
             norm = np.sqrt(np.sum(x * x, axis=-1, keepdims=True))
             y = x / norm
         return y, (y, norm)
-
-
-    def backward(ctx, d_y):
-        y, norm = ctx
-        with np.errstate(all="ignore"):
-            return {"x": (d_y - y * np.sum(y * d_y, axis=-1, keepdims=True)) / norm}
 """)
 
 USER_TESTS = textwrap.dedent("""\
