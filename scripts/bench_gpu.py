@@ -201,8 +201,8 @@ def bench_compile(repeats: int) -> list[Table]:
     for the cold run and at the same folder, now filled, for the warm one (the package's
     own ``__pycache__`` is left alone). Times: import, then the first calls of each dtype.
     The child runs in an empty temporary folder: ``python -c`` puts its working directory
-    first on ``sys.path``, and from the repository root the source ``refdml/`` (which has no
-    ``gpu/``) would shadow an installed wheel (issue 21).
+    first on ``sys.path``, and from the repository root the source ``refdml/`` would shadow
+    an installed wheel, which is what is timed (issue 21).
     """
     import subprocess
     import tempfile
@@ -1454,8 +1454,7 @@ def _prepare_cuda(dry_run: bool) -> str | None:
 
     Dry run: Numba's CUDA simulator and refdml's CuPy stand-in (tests/cupy_standin), set up
     before Numba or CuPy is imported. Otherwise: real CuPy seeing a device, numba-cuda
-    seeing it too, the simulator off, and an importable refdml.gpu (from the repository
-    root the source ``refdml/`` shadows an installed wheel and has no ``gpu/``).
+    seeing it too, the simulator off, and an importable refdml.gpu.
     """
     if dry_run:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
@@ -1478,8 +1477,7 @@ def _prepare_cuda(dry_run: bool) -> str | None:
     try:
         import refdml.gpu  # noqa: F401
     except ImportError as exc:
-        return (f"refdml.gpu cannot be imported ({exc}); install refdml and run from outside "
-                "the repository root, whose source refdml/ has no gpu/")
+        return f"refdml.gpu cannot be imported ({exc}); install refdml (README)"
     if not dry_run:
         from refdml._compiled._support import cuda_unavailable_reason
 

@@ -59,8 +59,8 @@ trap 'rm -rf "$train_dir"' EXIT
 printf '%s\n' 'n_classes = 4' 'n_classes_per_batch = 4' 'n_train_per_class = 8' \
     'n_val_per_class = 4' 'n_test_per_class = 4' 'head = "gsp"' 'n_prototypes = 3' \
     'dim = 4' 'embedding_dim = 4' > "$train_dir/run.toml"
-# From the temporary folder, not the repository root: there the source refdml/ (which has no
-# gpu/ or validation/) would shadow the installed package.
+# From the temporary folder, not the repository root: there the source refdml/ would shadow
+# the installed package under test.
 step train env -C "$train_dir" REFDML_GPU_KERNELS=array "$python" - "$train_dir" "$PWD/tests" <<'EOF'
 import sys
 sys.path.insert(0, sys.argv[2])

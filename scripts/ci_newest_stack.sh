@@ -65,7 +65,7 @@ print(\"Python\", sys.version.split()[0], \"NumPy\", numpy.__version__, \"numba\
     if [ "${statuses[-1]}" -ne 0 ]; then
         continue
     fi
-    # From a folder outside the checkout: its refdml/ has no gpu/ and would shadow the install.
+    # From a folder outside the checkout: its refdml/ would shadow the install under test.
     step "compile $v" bash -c "cd \"\$(mktemp -d)\" && NUMBA_ENABLE_CUDASIM=0 \
         '$PWD/$venv/bin/refdml' gpu-check --compile-only --arch sm_80 sm_90"
     step "tests $v" env NUMBA_ENABLE_CUDASIM=1 "$venv/bin/pytest" -q -p no:cacheprovider \

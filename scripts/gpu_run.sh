@@ -8,7 +8,7 @@
 #
 # Installs refdml from its wheel (and the carried wheels: POT) into a folder of its own,
 # never from the network, and runs every step from an empty temporary folder: from the
-# repository root the source refdml/ (which has no gpu/) would shadow the wheel. Steps, in
+# repository root the source refdml/ would shadow the wheel (the checkout would be tested). Steps, in
 # order, each with its own time limit and exit status, none stopping the others: install,
 # smoke, compile (refdml gpu-check --compile-only), parity (refdml gpu-check), tests (the
 # GPU test files, in parallel with pytest-xdist where it is installed), crosscheck (the

@@ -189,7 +189,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     cuda_simulator_tuning.tune()
 
     # Every simulated launch must match a signature of the registry that
-    # `refdml gpu-check --compile-only` compiles for real GPUs (gpu/_cuda_compile.py): on a
+    # `refdml gpu-check --compile-only` compiles for real GPUs (refdml/gpu/_cuda_compile.py): on a
     # GPU, numba-cuda compiles one specialisation per argument types, so a launch the
     # registry lacks (a strided view, an int32 index array) would be a kernel that nobody
     # compiled in CI. Arrays are compared by dtype, ndim and layout (not numba's readonly
@@ -224,7 +224,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         if launched not in registered:
             raise AssertionError(
                 f"CUDA kernel {name} launched with argument types {launched}, which the "
-                f"registry of gpu/_cuda_compile.py (compiled by `refdml gpu-check "
+                f"registry of refdml/gpu/_cuda_compile.py (compiled by `refdml gpu-check "
                 f"--compile-only`) does not list: {sorted(registered)}")
 
     _support.SIMULATED_LAUNCH_OBSERVERS.append(_check_registered_launch)

@@ -1,7 +1,7 @@
 """The import contract: refdml's layers, and that dependencies run one way between them.
 
-An AST walk over every module of the three source folders (``refdml/``; ``gpu/``, installed as
-``refdml.gpu``; ``validation/``, installed as ``refdml.validation``) collects every import,
+An AST walk over every module of the source folder ``refdml/`` (the fast path ``refdml/gpu/`` and
+``refdml verify``'s ``refdml/validation/`` included) collects every import,
 module-level and function-local alike (an import inside a function is still a dependency: it
 only hides the cycle until the function runs). Each module belongs to exactly one layer of
 :data:`LAYERS`; an import may point at its own layer or a lower one, never a higher one; no
@@ -26,8 +26,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # The source folders and the package each installs as (pyproject's package-dir).
-SOURCES = {"refdml": REPO / "refdml", "refdml.gpu": REPO / "gpu",
-           "refdml.validation": REPO / "validation"}
+SOURCES = {"refdml": REPO / "refdml"}
 
 # Bottom to top. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -358,3 +357,29 @@ def test_architecture_page_draws_these_layers():
             drawn.append((name.strip(), tuple(rest.split())))
     top_down = tuple(reversed(LAYERS))
     assert tuple(drawn) == top_down, "docs/architecture.md's layers differ from LAYERS"
+
+
+# --------------------------------------------------------------------------- the clone's root
+def test_fast_path_and_verify_import_from_the_clone_root():
+    """``python -c "import refdml.gpu, refdml.train, refdml.validation"`` run in the clone's
+    root, where ``python -c`` puts the source folder ``refdml/`` first on ``sys.path``: every
+    subpackage must live inside it (issue 35; they used to be top-level folders installed
+    under another name, and from the root ``import refdml.gpu`` failed)."""
+    import subprocess
+    import sys
+
+    code = ("import refdml.gpu, refdml.train, refdml.validation, pathlib; "
+            "print(pathlib.Path(refdml.gpu.__file__).resolve())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(REPO / "refdml" / "gpu" / "__init__.py")
+
+
+def test_every_source_folder_lies_inside_the_package():
+    """No Python package at the clone's top level besides ``refdml/`` (``tests/`` and
+    ``scripts/`` are not installed): a second one would install under a name it does not
+    have in the clone, which is what broke imports from the root."""
+    tops = sorted(p.name for p in REPO.iterdir()
+                  if p.is_dir() and (p / "__init__.py").exists())
+    assert tops == ["refdml"], tops

@@ -5,7 +5,7 @@ checked against it by the tests): :func:`refdml.metrics.retrieval_metrics`
 (:mod:`refdml._compiled.retrieval`), :func:`refdml.kcenter.greedy_k_center`
 (:mod:`refdml._compiled.kcenter`) and :func:`refdml.ot.pairwise_sinkhorn_divergence_forward`
 (:mod:`refdml._compiled.sinkhorn`). Their ``@cuda.jit`` counterparts stay in refdml.gpu
-(``gpu/_nb_*.py``, beside their CUDA drivers and launch registries) and call the same
+(``refdml/gpu/_nb_*.py``, beside their CUDA drivers and launch registries) and call the same
 scalar ``@njit`` functions from here, so a CUDA kernel and its CPU twin state the maths
 once (:mod:`refdml._compiled._scalar`). :mod:`refdml._compiled._support` holds the kernel
 modes (``refdml.gpu.use_kernels``), the CUDA launch and the threading-layer guard.

@@ -1,7 +1,7 @@
 r"""Small-problem Sinkhorn, compiled CPU twin: one OT problem of at most 128 x 128 points.
 
 The compiled CPU twin (:func:`refdml_ot_sinkhorn_small_cpu`, ``prange`` over problems) of
-refdml.gpu's ``@cuda.jit`` kernel ``refdml_ot_sinkhorn_small`` (``gpu/_nb_sinkhorn.py``, one
+refdml.gpu's ``@cuda.jit`` kernel ``refdml_ot_sinkhorn_small`` (``refdml/gpu/_nb_sinkhorn.py``, one
 block per problem) runs the solver of :func:`refdml.ot._sinkhorn._stage` (the reference's
 kernel-scaling iteration, also refdml.gpu's array path ``_stage_scaling``) for every problem
 of a batch, every eps-scaling stage and every iteration without leaving the kernel. Both

@@ -253,7 +253,7 @@ def test_explicit_numba_config_is_respected(tmp_path_factory):
 
 
 # --------------------------------------------------------------------------- static checks
-SOURCES = sorted((ROOT / "gpu").glob("*.py")) + sorted((ROOT / "refdml").rglob("*.py"))
+SOURCES = sorted((ROOT / "refdml").rglob("*.py"))
 
 
 def _is_parallel_njit(decorator) -> bool:

@@ -42,8 +42,7 @@ def test_generated_pages_are_up_to_date():
 def _public_modules_from_the_files() -> dict[str, list[str]]:
     """Public modules with an ``__all__``, found by reading the source files (not by
     importing them, as the generator does): module name -> the names of its ``__all__``."""
-    roots = {"refdml": ROOT / "refdml", "refdml.gpu": ROOT / "gpu",
-             "refdml.validation": ROOT / "validation"}
+    roots = {"refdml": ROOT / "refdml"}
     found = {}
     for prefix, folder in roots.items():
         for path in folder.rglob("*.py"):

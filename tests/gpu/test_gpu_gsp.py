@@ -424,5 +424,5 @@ def test_import_without_cupy(tmp_path):
         " mu=0.5, inverse_temperature=1.0)\n"
         "assert p.dtype == np.float32\n"
     )
-    # cwd outside the checkout: its refdml/ has no gpu/ and would shadow the install.
+    # cwd outside the checkout: the process imports refdml as installed.
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)

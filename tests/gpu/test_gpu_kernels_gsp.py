@@ -516,7 +516,7 @@ def test_warnings_as_errors_passes_the_low_occupancy_note_only(tmp_path):
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                           os.environ.get("PYTHONPATH", "")])}
-    # cwd outside the checkout: its refdml/ has no gpu/ and would shadow the install.
+    # cwd outside the checkout: the process imports refdml as installed.
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                          capture_output=True, text=True)
     if "No module named 'numba.cuda" in out.stderr:

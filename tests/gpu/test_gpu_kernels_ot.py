@@ -1,5 +1,5 @@
 """The small-problem Sinkhorn kernels (refdml/_compiled/sinkhorn.py: the CPU twin;
-gpu/_nb_sinkhorn.py: the CUDA kernel) against their array-path twin.
+refdml/gpu/_nb_sinkhorn.py: the CUDA kernel) against their array-path twin.
 
 The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator on NumPy
 arrays where there is no GPU, on CuPy arrays on a GPU: the ``cuda_device_array`` fixture)

@@ -269,7 +269,7 @@ def test_a_malformed_steps_table_is_refused(tmp_path):
 
 def test_source_digest_follows_the_wheels_sources_only(tmp_path):
     repo = tmp_path / "repo"
-    for part in ("refdml", "gpu", "validation"):
+    for part in ("refdml", "refdml/gpu", "refdml/validation"):
         (repo / part).mkdir(parents=True)
         write(repo / part / "__init__.py", f"# {part}\n")
     write(repo / "pyproject.toml", "[project]\n")
@@ -278,7 +278,7 @@ def test_source_digest_follows_the_wheels_sources_only(tmp_path):
     write(repo / "refdml" / "__pycache__" / "x.cpython-311.pyc", "bytecode")
     write(repo / "notes.md", "not part of the wheel")
     assert tool.source_digest(repo) == first
-    write(repo / "gpu" / "__init__.py", "# gpu, edited\n")
+    write(repo / "refdml" / "gpu" / "__init__.py", "# gpu, edited\n")
     assert tool.source_digest(repo) != first
 
 

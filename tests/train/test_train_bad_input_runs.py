@@ -522,8 +522,7 @@ for call in (lambda: make_token_splits(rng=0, n_classes=4, n_train_per_class=2**
     except ValueError as error:
         print("ValueError:", error)
 """
-    # cwd: not the repository root, whose source refdml/ (without gpu/, which installs as
-    # refdml.gpu) would shadow the installed package for `python -c`.
+    # cwd: a folder of its own, so that the installed package is what `python -c` runs.
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

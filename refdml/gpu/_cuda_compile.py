@@ -27,7 +27,7 @@ A device function is compiled once per argument types (numba-cuda caches it by t
 by capability) and its LLVM IR goes into each kernel; NVVM then compiles the whole kernel
 for the requested architecture.
 
-The registry of launches. Each kernel module ``gpu/_nb_*.py`` declares
+The registry of launches. Each kernel module ``refdml/gpu/_nb_*.py`` declares
 ``CUDA_SIGNATURES``: kernel name (its Python function's) -> {dtype: Numba signature}, the
 argument types of its launches for float32 and float64 inputs (:data:`ANY_DTYPE` where
 they do not depend on the input dtype). :func:`registry` gathers them, :func:`signatures_of`

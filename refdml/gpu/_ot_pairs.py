@@ -301,7 +301,7 @@ def wcontrastive_forward(features, labels, *, margin, eps, p=1, value="regulariz
     d_w, inverse, divergences = _losses_divergences(ns, features, pairs, eps, p, value,
                                                     max_iter, tol, eps_scaling)
     same = labels[pairs[:, 0]] == labels[pairs[:, 1]]
-    # The (K,) terms in float64 where the margin is no float32 (gpu/losses.py's rule); the
+    # The (K,) terms in float64 where the margin is no float32 (refdml/gpu/losses.py's rule); the
     # loss is summed in float64 as the reference's (K float32 terms near 1e38 overflowed).
     d_w = d_w.astype(terms_dtype(dtype, margin), copy=False)
     hinge = margin - d_w
