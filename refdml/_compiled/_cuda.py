@@ -23,13 +23,26 @@ today's stack") records the options measured and why this one was chosen.
 
 :data:`COMPAT_STEPS` names the steps taken in this process (empty where none was needed),
 for ``refdml gpu-check`` and ``scripts/gpu_run.sh``'s ledger.
+
+The registry. Every ``@cuda.jit`` kernel of refdml is declared with :func:`cuda_kernel`
+(or, where one kernel is built per dtype, :func:`register`) where it is defined, with the
+argument types of its launches; :data:`KERNELS` then lists them all once their modules
+are imported (:mod:`refdml._compiled.cuda_families` imports every family). The compile
+check (``refdml gpu-check --compile-only``), the simulator's launch check
+(tests/conftest.py) and the profile read it; nothing else keeps a list of kernels.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-__all__ = ["COMPAT_STEPS", "cuda"]
+__all__ = ["COMPAT_STEPS", "CudaKernel", "DTYPE_KEYS", "KERNELS", "cuda", "cuda_kernel",
+           "register"]
 
 #: Names of the compatibility steps this process took at import (module docstring).
 COMPAT_STEPS: tuple[str, ...] = ()
@@ -70,3 +83,62 @@ def _load():
 
 
 cuda, COMPAT_STEPS = _load()
+
+
+# --------------------------------------------------------------------------- the registry
+#: The keys of a kernel's signatures: the input dtype a launch is made for, or ``"any"``
+#: where the argument types do not depend on it.
+DTYPE_KEYS = ("float32", "float64", "any")
+
+
+@dataclass(frozen=True)
+class CudaKernel:
+    """One ``@cuda.jit`` kernel of refdml, as declared where it is defined.
+
+    ``name``: its Python function's name (``refdml_<family>_<what>``, what a profiler
+    shows); ``module``: where it is defined; ``signatures``: dtype key (:data:`DTYPE_KEYS`)
+    -> the Numba signature of its launches for inputs of that dtype (arrays C-contiguous,
+    Python ints int64, floats float64); ``parameters``: its parameter names, in order;
+    ``build``: dtype key -> the dispatcher launched for that dtype (the same one for every
+    dtype, except where a factory builds one kernel per dtype).
+    """
+
+    name: str
+    module: str
+    signatures: Mapping[str, str]
+    parameters: tuple[str, ...]
+    build: Callable[[str], Any]
+
+    def __post_init__(self) -> None:
+        unknown = set(self.signatures) - set(DTYPE_KEYS)
+        if not self.signatures or unknown:
+            raise ValueError(f"signatures of {self.name} == {dict(self.signatures)!r}: keys "
+                             f"must be among {DTYPE_KEYS}")
+
+
+#: Every declared kernel by name (names are global: a profiler knows a kernel by name).
+KERNELS: dict[str, CudaKernel] = {}
+
+
+def register(kernel: CudaKernel) -> CudaKernel:
+    """Add ``kernel`` to :data:`KERNELS`; a second kernel of the same name from another
+    module is a ``RuntimeError`` (a module imported again replaces its own entry)."""
+    known = KERNELS.get(kernel.name)
+    if known is not None and known.module != kernel.module:
+        raise RuntimeError(f"CUDA kernel {kernel.name!r} is declared twice: in "
+                           f"{known.module} and in {kernel.module}")
+    KERNELS[kernel.name] = kernel
+    return kernel
+
+
+def cuda_kernel(*, signatures: Mapping[str, str], **options: Any) -> Callable[[Callable], Any]:
+    """``@cuda_kernel(signatures={...}, cache=True)``: ``numba.cuda.jit(**options)`` on the
+    function, registered in :data:`KERNELS` with the argument types of its launches."""
+    def declare(function: Callable) -> Any:
+        dispatcher = cuda.jit(**options)(function)
+        register(CudaKernel(
+            name=function.__name__, module=function.__module__, signatures=dict(signatures),
+            parameters=tuple(inspect.signature(function).parameters),
+            build=lambda dtype: dispatcher))
+        return dispatcher
+    return declare

@@ -41,7 +41,7 @@ CPU.
 
 The CUDA kernels of the same traversal (one launch per pick for the update and the
 block arg-max, one for the pick; they call :func:`sq_to_center` and :func:`better`) are
-refdml.gpu's (``refdml/gpu/_nb_kcenter.py``).
+refdml.gpu's (:mod:`refdml._compiled.kcenter_cuda`).
 """
 
 from __future__ import annotations

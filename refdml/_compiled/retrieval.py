@@ -69,7 +69,7 @@ are themselves computed in float64; their relative error, ~``d 2^-53``, is cover
 factors of 2.)
 
 The CUDA kernel of the same ranking (``refdml_retrieval_topk``, an ordered float64 scan per
-query keeping its ``K`` best with :func:`offer`) is refdml.gpu's (``refdml/gpu/_nb_retrieval.py``).
+query keeping its ``K`` best with :func:`offer`) is refdml.gpu's (:mod:`refdml._compiled.retrieval_cuda`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 r"""Small-problem Sinkhorn, compiled CPU twin: one OT problem of at most 128 x 128 points.
 
 The compiled CPU twin (:func:`refdml_ot_sinkhorn_small_cpu`, ``prange`` over problems) of
-refdml.gpu's ``@cuda.jit`` kernel ``refdml_ot_sinkhorn_small`` (``refdml/gpu/_nb_sinkhorn.py``, one
+refdml.gpu's ``@cuda.jit`` kernel ``refdml_ot_sinkhorn_small`` (:mod:`refdml._compiled.sinkhorn_cuda`, one
 block per problem) runs the solver of :func:`refdml.ot._sinkhorn._stage` (the reference's
 kernel-scaling iteration, also refdml.gpu's array path ``_stage_scaling``) for every problem
 of a batch, every eps-scaling stage and every iteration without leaving the kernel. Both
@@ -64,8 +64,9 @@ from numba import njit, prange
 from refdml._compiled._scalar import lse_push, lse_value
 from refdml._compiled._support import BLOCK, parallel_launch
 
-__all__ = ["MAX_POINTS", "compiled_pair_sq", "launch_cpu", "refdml_ot_pair_sq_cpu",
-           "refdml_ot_sinkhorn_small_cpu", "solve_small", "solve_small_cpu"]
+__all__ = ["MAX_POINTS", "compiled_pair_sq", "launch_cpu", "refdml_ot_lse_half_step_cpu",
+           "refdml_ot_pair_sq_cpu", "refdml_ot_sinkhorn_small_cpu", "solve_small",
+           "solve_small_cpu"]
 
 #: Largest problem (points per side) of the small-problem kernel: one CUDA thread per point.
 MAX_POINTS = BLOCK
@@ -367,3 +368,16 @@ def compiled_pair_sq(clouds, first, second, refine=-1.0):
         refdml_ot_pair_sq_cpu(points, norms, np.asarray(first, dtype=np.int64),
                               np.asarray(second, dtype=np.int64), float(refine), out)
     return out
+
+
+# --------------------------------------------------------------------------- LSE half step
+@njit(parallel=True, cache=True)
+def refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out):
+    """CPU twin of the half step: ``out[p, i] = -LSE_j(w[p, j] - S[p, i, j])``, rows in a prange."""
+    n_problems, n, m = scaled_cost.shape
+    for r in prange(n_problems * n):
+        p, i = r // n, r % n
+        mx, s = -math.inf, 0.0
+        for j in range(m):
+            mx, s = lse_push(mx, s, weighted_potential[p, j] - scaled_cost[p, i, j])
+        out[p, i] = -lse_value(mx, s)

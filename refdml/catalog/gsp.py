@@ -33,7 +33,7 @@ from refdml.gsp import (
 )
 
 VALIDATION_ONLY = "validation only"
-# The Numba kernels of refdml.gpu._nb_gsp (CPU twin; CUDA, under the simulator in CI). The
+# The Numba kernels of refdml._compiled.gsp / gsp_cuda (CPU twin; CUDA, under the simulator in CI). The
 # inputs below (B = 2 images, n = 4, m = 3, d = 3) are small enough for the simulator.
 KERNELS = ("cpu", "cuda")
 

@@ -559,7 +559,7 @@ _ERROR_INPUTS = {
 
 
 # The losses whose mirror runs refdml.gpu._loss_kernels.masked_logsumexp on these inputs
-# (so its Numba kernels, refdml.gpu._nb_losses, under use_kernels("cpu") / ("cuda")).
+# (so its Numba kernels, refdml._compiled.losses / losses_cuda, under use_kernels("cpu") / ("cuda")).
 # Proxy-Anchor and ProxyNCA++ reach it only past their exp bound, not on these inputs.
 MASKED_LSE_KERNELS = ("cpu", "cuda")
 _THROUGH_MASKED_LSE = {"multi_similarity", "soft_triple"}

@@ -27,13 +27,14 @@ A device function is compiled once per argument types (numba-cuda caches it by t
 by capability) and its LLVM IR goes into each kernel; NVVM then compiles the whole kernel
 for the requested architecture.
 
-The registry of launches. Each kernel module ``refdml/gpu/_nb_*.py`` declares
-``CUDA_SIGNATURES``: kernel name (its Python function's) -> {dtype: Numba signature}, the
-argument types of its launches for float32 and float64 inputs (:data:`ANY_DTYPE` where
-they do not depend on the input dtype). :func:`registry` gathers them, :func:`signatures_of`
+The registry of launches. Every kernel is declared where it is defined, in
+``refdml/_compiled/<family>_cuda.py``, with the argument types of its launches for float32
+and float64 inputs (:data:`ANY_DTYPE` where they do not depend on the input dtype):
+:func:`refdml._compiled._cuda.cuda_kernel`. :func:`registry` reads them
+(:mod:`refdml._compiled.cuda_families` imports every family), :func:`signatures_of`
 answers for one kernel, :func:`launches` pairs each signature with its ``@cuda.jit``
-dispatcher (built by the module's factory where there is one). tests/gpu/test_gpu_compile.py
-checks that every ``@cuda.jit`` kernel in gpu/ is registered.
+dispatcher (built per dtype where a family builds one kernel per dtype).
+tests/gpu/test_gpu_compile.py checks that every ``@cuda.jit`` kernel is declared.
 
 Requirements: ``NUMBA_ENABLE_CUDASIM`` unset or ``0`` when numba.cuda is first imported
 (numba reads it then), and the ``gpu`` extra (numba-cuda[cu12]: NVVM and nvJitLink come as
@@ -54,9 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from refdml.gpu import _nb_gsp, _nb_kcenter, _nb_losses, _nb_retrieval, _nb_sinkhorn
+from refdml._compiled import cuda_families
 
 __all__ = [
     "ANY_DTYPE",
@@ -87,7 +86,6 @@ STATIC_SHARED_LIMIT = 48 * 1024
 #: The dtype key of a launch whose types do not depend on the input dtype.
 ANY_DTYPE = "any"
 
-_MODULES = (_nb_gsp, _nb_kcenter, _nb_losses, _nb_retrieval, _nb_sinkhorn)
 _INSTALL = "install refdml[gpu] (numba-cuda[cu12])"
 
 
@@ -98,19 +96,9 @@ class ToolchainError(RuntimeError):
 
 # --------------------------------------------------------------------------- registry
 def registry() -> dict[str, dict[str, str]]:
-    """Every registered launch: kernel name -> {dtype: Numba signature}, module by module.
-
-    A kernel name declared by two modules is a ``RuntimeError`` (names are global here:
-    a profiler and :func:`signatures_of` know a kernel by its name alone).
-    """
-    merged: dict[str, dict[str, str]] = {}
-    for module in _MODULES:
-        for name, by_dtype in module.CUDA_SIGNATURES.items():
-            if name in merged:
-                raise RuntimeError(f"CUDA kernel {name!r} is registered twice "
-                                   f"(again in {module.__name__})")
-            merged[name] = dict(by_dtype)
-    return merged
+    """Every declared launch: kernel name -> {dtype: Numba signature}, family by family
+    (:data:`refdml._compiled._cuda.KERNELS`; a name declared twice is refused there)."""
+    return {name: dict(kernel.signatures) for name, kernel in cuda_families.kernels().items()}
 
 
 def signatures_of(name: str) -> list[str]:
@@ -127,7 +115,7 @@ def signatures_of(name: str) -> list[str]:
 class Launch:
     """One registered launch: ``kernel`` (name), ``signature`` (its dtype key: ``"float32"``,
     ``"float64"`` or :data:`ANY_DTYPE`), ``numba_signature`` and the ``@cuda.jit``
-    ``dispatcher`` (None where gpu/ defines no kernel of that name: a stale registry)."""
+    ``dispatcher`` (None only where a caller builds a Launch by hand)."""
 
     kernel: str
     signature: str
@@ -136,15 +124,8 @@ class Launch:
 
 
 def _dispatchers(dtype: str) -> dict[str, Any]:
-    """The ``@cuda.jit`` kernels of refdml.gpu by name, as built for inputs of ``dtype``:
-    the module-level ones and the factories' (the small-problem Sinkhorn's per dtype)."""
-    from numba.cuda.dispatcher import CUDADispatcher
-
-    built = [*_nb_gsp.cuda_kernels(), _nb_losses.cuda_masked_lse(),
-             _nb_sinkhorn.cuda_kernel(np.dtype("float64" if dtype == ANY_DTYPE else dtype))]
-    for module in _MODULES:
-        built += [v for v in vars(module).values() if isinstance(v, CUDADispatcher)]
-    return {k.py_func.__name__: k for k in built if not k.targetoptions.get("device")}
+    """The ``@cuda.jit`` kernels by name, as built for inputs of ``dtype``."""
+    return {name: kernel.build(dtype) for name, kernel in cuda_families.kernels().items()}
 
 
 def launches() -> list[Launch]:

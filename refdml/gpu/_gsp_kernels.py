@@ -2,7 +2,7 @@ r"""The kernel path of :mod:`refdml.gpu.gsp`: allocate, launch the Numba kernels
 
 Private module. :mod:`refdml.gpu.gsp` calls these where
 :func:`refdml._compiled._support.select_kernel` picks ``"cpu"`` (the ``@njit(parallel=True)``
-twins of :mod:`refdml.gpu._nb_gsp`) or ``"cuda"`` (the ``@cuda.jit`` kernels, one block of
+twins of :mod:`refdml._compiled.gsp`) or ``"cuda"`` (the ``@cuda.jit`` kernels, one block of
 ``BLOCK`` threads per image); the results are the reference's dataclasses, exactly as the
 array path (:mod:`refdml.gpu._gsp_transport`) builds them: same tolerance rule
 (:func:`residual_floor`), same ``ConvergenceWarning``, same ``ValueError`` where a
@@ -25,7 +25,8 @@ import numpy as np
 
 from refdml._xp import to_numpy
 from refdml.gpu import _gsp_transport as _wt
-from refdml.gpu import _nb_gsp
+from refdml._compiled import gsp as _gsp_cpu
+from refdml._compiled import gsp_cuda as _gsp_cuda
 from refdml._compiled._support import BLOCK, cuda_launch, parallel_launch
 from refdml.gsp._transport import WeightTransportResult
 
@@ -49,8 +50,8 @@ def _outputs(xp, batch, n, m, dtype):
         transported=xp.empty((batch, n), dtype=dtype),
         pi=xp.empty((batch, n, m), dtype=dtype),
         order=xp.empty((batch, n), dtype=np.int64),
-        image_real=xp.empty((batch, _nb_gsp.N_REAL), dtype=np.float64),
-        image_int=xp.empty((batch, _nb_gsp.N_INT), dtype=np.int64),
+        image_real=xp.empty((batch, _gsp_cpu.N_REAL), dtype=np.float64),
+        image_int=xp.empty((batch, _gsp_cpu.N_INT), dtype=np.int64),
     )
 
 
@@ -76,8 +77,15 @@ def _result(xp, cost_t, out, mu, inverse_temperature, max_iter, tol):
     )
 
 
-# the order of _nb_gsp.cuda_kernels()
-_KERNELS = ("transport", "pool_forward", "pool_backward", "transport_backward")
+# Each kernel by name: its CPU twin and its CUDA kernel (the same arguments; the CUDA
+# backward kernels take a scratch array last).
+_KERNELS = {
+    "transport": (_gsp_cpu.transport_cpu, _gsp_cuda.refdml_gsp_transport),
+    "pool_forward": (_gsp_cpu.pool_forward_cpu, _gsp_cuda.refdml_gsp_pool_forward),
+    "pool_backward": (_gsp_cpu.pool_backward_cpu, _gsp_cuda.refdml_gsp_pool_backward),
+    "transport_backward": (_gsp_cpu.transport_backward_cpu,
+                           _gsp_cuda.refdml_gsp_transport_backward),
+}
 
 
 def _launch(xp, kind, name, args, batch, scratch_columns=0):
@@ -86,13 +94,13 @@ def _launch(xp, kind, name, args, batch, scratch_columns=0):
     (B, ``scratch_columns``) float64 scratch after ``args``) or the CPU twin ``<name>_cpu``."""
     if kind == "cuda":
         if batch:
-            kernel = _nb_gsp.cuda_kernels()[_KERNELS.index(name)]
+            kernel = _KERNELS[name][1]
             if scratch_columns:
                 args = (*args, xp.empty((batch, scratch_columns), dtype=np.float64))
             cuda_launch(kernel, batch, BLOCK, *args)
     else:
         with np.errstate(all="ignore"), parallel_launch():
-            getattr(_nb_gsp, f"{name}_cpu")(*args)
+            _KERNELS[name][0](*args)
 
 
 def transport(xp, kind, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTransportResult:

@@ -37,7 +37,8 @@ import numpy as np
 from refdml._xp import ArrayNamespace
 from refdml.distances import CosineContext, EuclideanContext
 from refdml.normalize import L2NormalizeContext
-from refdml.gpu import _nb_losses
+from refdml._compiled import losses as _losses_cpu
+from refdml._compiled import losses_cuda as _losses_cuda
 from refdml._validation import data_checks
 from refdml._compiled._support import (BLOCK, cuda_launch, kernel_mode, parallel_launch,
                                        select_kernel)
@@ -132,10 +133,10 @@ def _masked_logsumexp_kernel(xp: Any, kind: str, z: Any, mask: Any, axis: int,
     weights = xp.empty(z2.shape, dtype=z.dtype)
     args = (z2, mask2, mask is not None, bool(extra_zero), lse, weights)
     if kind == "cuda":
-        cuda_launch(_nb_losses.cuda_masked_lse(), rows, BLOCK, *args)
+        cuda_launch(_losses_cuda.refdml_loss_masked_lse, rows, BLOCK, *args)
     else:
         with parallel_launch():
-            _nb_losses.masked_lse_cpu(*args)
+            _losses_cpu.masked_lse_cpu(*args)
     return lse.reshape(shape[:-1]), xp.moveaxis(weights.reshape(shape), -1, axis)
 
 

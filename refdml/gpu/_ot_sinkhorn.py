@@ -45,7 +45,7 @@ import numpy as np
 
 from refdml._compiled._support import select_kernel
 from refdml._compiled.sinkhorn import MAX_POINTS
-from refdml.gpu import _nb_sinkhorn
+from refdml._compiled import sinkhorn_cuda as _nb_sinkhorn
 from refdml.ot._sinkhorn import (
     _check_schedule_length,
     _large_eps_half_steps,
@@ -115,7 +115,7 @@ def _lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=No
 
     Kernels: where :func:`refdml._compiled._support.select_kernel` picks one (CuPy ->
     the ``@cuda.jit`` kernel, NumPy -> its CPU twin, in mode "auto"), the half step is
-    :func:`refdml.gpu._nb_sinkhorn.lse_half_step` (one pass, online log-sum-exp, no
+    :func:`refdml._compiled.sinkhorn_cuda.lse_half_step` (one pass, online log-sum-exp, no
     temporary); the code below is the array path it is checked against.
     """
     kernel = select_kernel(scaled_cost)

@@ -39,7 +39,7 @@ What differs from the reference (and why)
   so that it never leaves the device.
 
 Kernels: where :func:`refdml.gpu.use_kernels` / ``select_kernel`` pick them, the pooling
-layer and (P2) run the Numba kernels of :mod:`refdml.gpu._nb_gsp` (CUDA on CuPy input under
+layer and (P2) run the Numba kernels of :mod:`refdml._compiled.gsp` (CUDA on CuPy input under
 "auto"; the CPU twins only under ``use_kernels("cpu")``, see ``CPU_TWIN_PAYS``), through
 :mod:`refdml.gpu._gsp_kernels`; the array code here stays their fallback and parity twin.
 The dispatch sits beside the array path and the small-mu and extreme-magnitude handling
@@ -106,7 +106,7 @@ __all__ = [
 ]
 
 residual_floor = _wt.residual_floor
-# Whether "auto" runs the Numba CPU twins (refdml.gpu._nb_gsp) on NumPy input. Measured
+# Whether "auto" runs the Numba CPU twins (refdml._compiled.gsp) on NumPy input. Measured
 # (scripts/bench_gpu.py --only gsp, docs/gpu.md): at B=256, m=64, n=49, d=128 the twin is
 # 0.98-1.14x the array path, its backward slower, so "auto" keeps the array path on NumPy;
 # use_kernels("cpu") runs the twin. On CuPy, "auto" runs the CUDA kernels.

@@ -25,7 +25,7 @@ array used to gather ``x_q`` and to mark ``m(q) = -1``: no synchronisation insid
 loop. The loop over the ``k`` picks is sequential by nature (each pick depends on the
 previous one). Kernels: with ``use_kernels("auto")`` a NumPy input runs the compiled CPU
 twin (:mod:`refdml._compiled.kcenter`) and a CuPy input the CUDA kernels of
-:mod:`refdml.gpu._nb_kcenter` (the update and the
+:mod:`refdml._compiled.kcenter_cuda` (the update and the
 arg-max fused in one pass per pick); ``"array"`` runs the array code described here.
 
 Synchronisations on CuPy (results that must reach Python, or checks of the data):
@@ -46,7 +46,7 @@ from refdml._compiled._support import select_kernel
 from refdml._compiled.kcenter import farthest_first_cpu
 from refdml._validation import as_fast_array, check_rng, check_scalar, result_dtype
 from refdml._xp import array_namespace, is_cupy_array
-from refdml.gpu._nb_kcenter import farthest_first_cuda
+from refdml._compiled.kcenter_cuda import farthest_first_cuda
 from refdml.gpu.distances import common_scale
 from refdml.kcenter import KCenterResult, _row_dots, _sq_norms, _sq_to_set
 
@@ -57,7 +57,7 @@ def _farthest_first(xp: Any, points: Any, k: int, min_sq: Any, first: Any) -> tu
     """``k`` picks from ``min_sq`` (modified in place); ``first`` a (1,) index array or None.
 
     Dispatch (:func:`refdml.gpu.use_kernels`): the compiled CPU twin or the CUDA kernels of
-    :mod:`refdml.gpu._nb_kcenter` (one fused update + arg-max pass per pick), else the
+    :mod:`refdml._compiled.kcenter_cuda` (one fused update + arg-max pass per pick), else the
     array path below.
     """
     kernel = select_kernel(points)

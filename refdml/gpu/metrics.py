@@ -60,7 +60,7 @@ from refdml._validation import (
     as_fast_array, check_choice, check_nonzero_rows, check_scalar, fast_labels, result_dtype,
 )
 from refdml._xp import array_namespace
-from refdml.gpu._nb_retrieval import nearest_cuda
+from refdml._compiled.retrieval_cuda import nearest_cuda
 from refdml.gpu.distances import common_scale
 from refdml.metrics import _check_k
 

@@ -94,7 +94,7 @@ def test_simulated_launches_are_checked_against_the_compile_registry():
     # tests/conftest.py's observer: a launch with argument types that
     # `refdml gpu-check --compile-only` does not compile (here a strided view where the
     # kernel is registered for C-contiguous rows) fails the test that made it.
-    from refdml.gpu import _nb_kcenter
+    from refdml._compiled import kcenter_cuda as _nb_kcenter
 
     assert _support.SIMULATED_LAUNCH_OBSERVERS, "tests/conftest.py registers the check"
     points = np.ones((4, 6))

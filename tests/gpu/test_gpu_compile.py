@@ -24,10 +24,11 @@ import pytest
 
 import refdml.gpu
 from refdml.cli import main
-from refdml.gpu import _cuda_compile, _nb_losses, _nb_sinkhorn
+from refdml._compiled import cuda_families, sinkhorn_cuda
+from refdml.gpu import _cuda_compile
 from refdml._compiled._support import BLOCK
 
-GPU_SOURCES = Path(refdml.gpu.__file__).parent
+COMPILED_SOURCES = Path(cuda_families.__file__).parent
 _NO_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is None
 needs_numba_cuda = pytest.mark.skipif(
     _NO_NUMBA_CUDA and os.environ.get("CI") != "true",
@@ -44,7 +45,10 @@ def _child(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 # --------------------------------------------------------------------------- the registry
 def _is_cuda_jit(node: ast.AST) -> bool:
-    """``cuda.jit`` (or ``numba.cuda.jit``) as an expression."""
+    """``cuda.jit`` (or ``numba.cuda.jit``), or refdml's declaring decorator
+    ``cuda_kernel``, as an expression."""
+    if isinstance(node, ast.Name):
+        return node.id == "cuda_kernel"
     return (isinstance(node, ast.Attribute) and node.attr == "jit"
             and ((isinstance(node.value, ast.Name) and node.value.id == "cuda")
                  or (isinstance(node.value, ast.Attribute) and node.value.attr == "cuda")))
@@ -105,16 +109,34 @@ def test_the_ast_scan_sees_each_way_of_making_a_kernel(tmp_path):
         "made = cuda.jit('void(float64[::1])')(plain)\n"
         "also_made = cuda.jit(helper.py_func)\n"
         "device_made = cuda.jit(device=True)(plain)\n"
+        "@cuda_kernel(signatures={}, cache=True)\ndef declared(x): pass\n"
     )
-    assert _kernels_in(source) == {"bare", "with_options", "nested", "plain", "helper"}
+    assert _kernels_in(source) == {"bare", "with_options", "nested", "plain", "helper",
+                                   "declared"}
 
 
-def test_the_registry_names_every_cuda_kernel_of_gpu():
-    defined = {name for path in sorted(GPU_SOURCES.glob("*.py")) for name in _kernels_in(path)}
+def _package_sources():
+    # refdml/_compiled/_cuda.py, the import point, defines the declaring decorator itself
+    root = Path(refdml.gpu.__file__).parents[1]
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts
+                  and p != COMPILED_SOURCES / "_cuda.py")
+
+
+def test_every_cuda_kernel_is_declared_in_a_cuda_family_module():
+    """Every ``@cuda.jit`` kernel of refdml (an AST scan of the whole package) is defined
+    in a ``refdml/_compiled/<family>_cuda.py`` module that :mod:`refdml._compiled.cuda_families`
+    imports, and declared there with its launch types (:func:`cuda_kernel`)."""
+    found = {path: _kernels_in(path) for path in _package_sources()}
+    outside = {str(p): sorted(k) for p, k in found.items()
+               if k and not (p.parent == COMPILED_SOURCES and p.stem.endswith("_cuda"))}
+    assert outside == {}, "CUDA kernels outside refdml/_compiled/<family>_cuda.py"
+    cuda_files = sorted(p.stem for p in COMPILED_SOURCES.glob("[!_]*_cuda.py"))
+    assert cuda_files == sorted(m.__name__.rpartition(".")[2] for m in cuda_families.FAMILIES)
+    defined = set().union(*found.values())
     registered = set(_cuda_compile.registry())
-    assert defined, "the scan found no @cuda.jit kernel in gpu/"
-    assert defined - registered == set(), "kernels without registered launch signatures"
-    assert registered - defined == set(), "registered names that gpu/ does not define"
+    assert defined, "the scan found no @cuda.jit kernel"
+    assert defined - registered == set(), "kernels without declared launch signatures"
+    assert registered - defined == set(), "declared names that no module defines"
 
 
 def test_every_registered_signature_parses_with_a_dtype_key():
@@ -133,8 +155,9 @@ def test_every_registered_signature_parses_with_a_dtype_key():
 
 
 def test_signatures_of_answers_by_the_python_function_name():
-    assert _cuda_compile.signatures_of("refdml_loss_masked_lse") == list(
-        _nb_losses.CUDA_SIGNATURES["refdml_loss_masked_lse"].values())
+    assert _cuda_compile.signatures_of("refdml_loss_masked_lse") == [
+        f"void({dt}[:, ::1], boolean[:, ::1], boolean, boolean, {dt}[::1], {dt}[:, ::1])"
+        for dt in ("float32", "float64")]
     assert len(_cuda_compile.signatures_of("refdml_kcenter_pick")) == 1
     with pytest.raises(KeyError, match="'no_such_kernel' is not a registered CUDA kernel"):
         _cuda_compile.signatures_of("no_such_kernel")
@@ -225,7 +248,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
     # the Sinkhorn tile of TILE_BYTES plus nine float64 BLOCK vectors and three int32 flags).
     declared = {"refdml_gsp_transport": 6 * BLOCK * 8, "refdml_kcenter_update": 2 * BLOCK * 8,
                 "refdml_loss_masked_lse": 2 * BLOCK * 8,
-                "refdml_ot_sinkhorn_small": _nb_sinkhorn.TILE_BYTES + 9 * BLOCK * 8 + 3 * 4,
+                "refdml_ot_sinkhorn_small": sinkhorn_cuda.TILE_BYTES + 9 * BLOCK * 8 + 3 * 4,
                 "refdml_ot_lse_half_step": 0}
     for row in rows:
         if row["kernel"] in declared:

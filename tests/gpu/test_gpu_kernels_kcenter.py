@@ -1,4 +1,4 @@
-"""The greedy k-center kernels (refdml._compiled.kcenter, refdml.gpu._nb_kcenter) against the
+"""The greedy k-center kernels (refdml._compiled.kcenter, refdml._compiled.kcenter_cuda) against the
 readable traversal.
 
 The implementations differ only in the order the dot products are summed (the readable

@@ -1,4 +1,4 @@
-"""The masked log-sum-exp Numba kernels (refdml.gpu._nb_losses) against the array path.
+"""The masked log-sum-exp Numba kernels (refdml._compiled.losses, losses_cuda) against the array path.
 
 ``masked_logsumexp`` under ``use_kernels("cpu")`` (CPU twin) and ``use_kernels("cuda")``
 (CUDA under the simulator on NumPy arrays, or on a GPU on CuPy arrays: the
@@ -137,7 +137,7 @@ def test_cpu_twin_hypothesis(seed, rows, k, scale, extra_zero, dtype):
 
 
 def test_auto_keeps_the_array_path_on_numpy(monkeypatch):
-    from refdml.gpu import _nb_losses
+    from refdml._compiled import losses as _nb_losses
 
     def fail(*args):
         raise AssertionError("the CPU twin ran under 'auto'")

@@ -1,5 +1,5 @@
 """The small-problem Sinkhorn kernels (refdml/_compiled/sinkhorn.py: the CPU twin;
-refdml/gpu/_nb_sinkhorn.py: the CUDA kernel) against their array-path twin.
+refdml/_compiled/sinkhorn_cuda.py: the CUDA kernel) against their array-path twin.
 
 The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator on NumPy
 arrays where there is no GPU, on CuPy arrays on a GPU: the ``cuda_device_array`` fixture)
@@ -22,7 +22,8 @@ from numpy.testing import assert_allclose, assert_array_equal
 from refdml._compiled.sinkhorn import MAX_POINTS, compiled_pair_sq
 from refdml._xp import array_namespace, to_numpy
 from refdml.exceptions import ConvergenceWarning
-from refdml.gpu import _nb_sinkhorn, use_kernels
+from refdml._compiled import sinkhorn_cuda as _nb_sinkhorn
+from refdml.gpu import use_kernels
 from refdml.gpu import _ot_sinkhorn as solver
 from refdml.gpu.ot import pairwise_sinkhorn_divergence_forward, wtriplet_forward
 
@@ -167,12 +168,12 @@ def test_cuda_kernel_global_tile(monkeypatch, cuda_device_array):
     # A kernel too large for the shared tile runs from the plan in global memory.
     a, b, cost = _problems(np.random.default_rng(4), 2, 5, 6)
     monkeypatch.setattr(_nb_sinkhorn, "TILE_BYTES", 64)
-    _nb_sinkhorn.cuda_kernel.cache_clear()
+    _nb_sinkhorn.small_problem_kernel.cache_clear()
     try:
         kw = dict(eps=0.1, max_iter=30, tol=1e-8, eps_scaling=None)
         _assert_kernel_matches("cuda", a, b, cost, move=cuda_device_array, **kw)
     finally:
-        _nb_sinkhorn.cuda_kernel.cache_clear()
+        _nb_sinkhorn.small_problem_kernel.cache_clear()
 
 
 @pytest.mark.parametrize("n, m", [(1, 1), (1, 4), (6, 1)])

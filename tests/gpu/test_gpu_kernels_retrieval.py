@@ -1,4 +1,4 @@
-"""The retrieval top-K kernels (refdml._compiled.retrieval, refdml.gpu._nb_retrieval) against
+"""The retrieval top-K kernels (refdml._compiled.retrieval, refdml._compiled.retrieval_cuda) against
 the readable ranking.
 
 The compiled CPU twin must return the readable path's neighbours (same indices, same order)
@@ -27,7 +27,7 @@ from refdml._numerics import common_scale, ordered_sq_distances, ordered_unit_ro
 from refdml._xp import array_namespace, to_numpy
 from refdml.gpu import metrics as fast
 from refdml.gpu import use_kernels
-from refdml.gpu._nb_retrieval import nearest_cuda
+from refdml._compiled.retrieval_cuda import nearest_cuda
 
 pytestmark = pytest.mark.cpu_exact
 

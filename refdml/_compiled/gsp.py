@@ -1,9 +1,9 @@
-r"""Numba kernels of the GSP layer: (P2) per image, the pooling layer, its closed-form backward.
+r"""The GSP layer compiled: (P2) per image, the pooling layer, its closed-form backward.
 
-Private module of :mod:`refdml.gpu.gsp`, which dispatches to it with
-:func:`refdml._compiled._support.select_kernel` (the array path of
-:mod:`refdml.gpu._gsp_transport` stays the fallback and the twin these kernels are tested
-against). The maths is the reference's (docs/gsp.md Secs. 2-3, :mod:`refdml.gsp._transport`);
+The scalar and per-column maths and the CPU twins; the CUDA kernels, which call the same
+maths, are their twins in :mod:`refdml._compiled.gsp_cuda`. refdml.gpu's GSP mirror runs
+either, or its array path (``refdml/gpu/_gsp_transport.py``), which stays the fallback and
+the twin these kernels are tested against. The maths is the reference's (docs/gsp.md Secs. 2-3, :mod:`refdml.gsp._transport`);
 every kernel does, per image ``b``:
 
 * cost map (pool forward only): ``c_ji = s ||fs_j - ws_i||`` from the clipped points divided
@@ -49,8 +49,8 @@ Newton in float64. The stopping rules use the input dtype's ulp (the array path'
 float32 stops where the array path stops; the parity held is 1e-10 (float64) and 1e-4
 (float32) relative to the reference.
 
-Each CPU twin and its CUDA kernel are the same computation laid out for two machines, and
-are kept in one module to be read side by side.
+Each CPU twin and its CUDA kernel are the same computation laid out for two machines: read
+this module beside :mod:`refdml._compiled.gsp_cuda`.
 
 Where results must reach Python: nothing here synchronises; the caller reads
 ``n_iter`` / ``converged`` from the per-image outputs and checks the backward's ``d_cost``
@@ -62,21 +62,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import float64, njit, prange
+from numba import njit, prange
 
-from refdml._compiled._cuda import cuda
-from refdml._compiled._scalar import lse_merge, lse_push, lse_value
-from refdml._compiled._support import BLOCK
+from refdml._compiled._scalar import lse_push, lse_value
 
 __all__ = [
     "SATURATION",
     "bracket",
+    "clip_coefficient",
     "column_plan",
     "column_rank",
     "column_softmax",
     "column_terms",
     "cost_gradient",
-    "cuda_kernels",
+    "distance_weight",
     "eps_gap",
     "given_log_s",
     "log_expit",
@@ -476,7 +475,7 @@ def pool_forward_cpu(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp
 
 
 @njit(cache=True, inline="always")
-def _distance_weight(gradient, c):
+def distance_weight(gradient, c):
     """``W = d_cost s / c`` from ``gradient = d_cost s``; 0 where ``c = 0`` (the subgradient)."""
     if c > 0.0:
         return gradient / c
@@ -484,7 +483,7 @@ def _distance_weight(gradient, c):
 
 
 @njit(cache=True, inline="always")
-def _clip_coefficient(row, norm, radial):
+def clip_coefficient(row, norm, radial):
     """``(1 / max(|f|, 1), coefficient of fbar)`` of the features' clip backward."""
     inverse = 1.0 / max(norm, 1.0)
     if norm > 1.0:
@@ -540,7 +539,7 @@ def pool_backward_cpu(features, features_bar, features_norm, ws, scale, assignme
                 gradient = cost_gradient(factor, assignment[b, j, i], p,
                                          (d_z[b, i] - reference[j]) * inv_mu, offset[j],
                                          marginal)
-                distance_weights[b, j, i] = _distance_weight(gradient, cost_t[b, j, i])
+                distance_weights[b, j, i] = distance_weight(gradient, cost_t[b, j, i])
                 w = distance_weights[b, j, i]  # as stored
                 row += w
                 for k in range(d):
@@ -551,7 +550,7 @@ def pool_backward_cpu(features, features_bar, features_norm, ws, scale, assignme
             radial = row * bar * bar
             for k in range(d):
                 radial += features_bar[b, j, k] * acc[k]
-            inverse, coefficient = _clip_coefficient(row, norm, radial)
+            inverse, coefficient = clip_coefficient(row, norm, radial)
             w_dir = weights[b, j] * inv_n
             for k in range(d):
                 if p_one:
@@ -583,437 +582,3 @@ def transport_backward_cpu(assignment, rho, transported, d_rho, d_pi, eps, d_cos
                 d_cost[b, j, i] = cost_gradient(-eps, assignment[b, j, i], p,
                                                 d_pi[b, j, i] - reference[j], offset[j],
                                                 marginal)
-
-
-# --------------------------------------------------------------------------- CUDA kernels
-# The per-column maths, compiled for the device from the CPU twins' source; then the block
-# reductions and the kernels. All at module level, so that numba-cuda's on-disk cache
-# (``cache=True``, NUMBA_CACHE_DIR) keys each kernel by its code alone: a kernel built in a
-# factory is keyed by its closure too, and these closures pickle differently in every
-# process (they reach Numba CPU dispatchers, each pickled with a fresh uuid), so the cache
-# never hit and every process compiled the four kernels again (docs/gpu.md).
-softmax_dev = cuda.jit(device=True)(column_softmax.py_func)
-rank_dev = cuda.jit(device=True)(column_rank.py_func)
-plan_dev = cuda.jit(device=True)(column_plan.py_func)
-pool_backward_dev = cuda.jit(device=True)(pool_backward_column.py_func)
-transport_backward_dev = cuda.jit(device=True)(transport_backward_column.py_func)
-
-
-@cuda.jit(device=True)
-def tree_width(n):
-    """Slots a block reduction over ``n`` columns reads: the power of two >= min(n, BLOCK)."""
-    width = 1
-    while width < min(n, BLOCK):
-        width *= 2
-    return width
-
-
-@cuda.jit(device=True)
-def block_lse3(sm, m1, s1, m2, s2, m3, s3, tid, width):
-    """Three online log-sum-exp states merged over the block (a tree in shared memory)."""
-    sm[0, tid], sm[1, tid], sm[2, tid] = m1, s1, m2
-    sm[3, tid], sm[4, tid], sm[5, tid] = s2, m3, s3
-    cuda.syncthreads()
-    stride = width // 2
-    while stride > 0:
-        if tid < stride:
-            o = tid + stride
-            sm[0, tid], sm[1, tid] = lse_merge(sm[0, tid], sm[1, tid], sm[0, o], sm[1, o])
-            sm[2, tid], sm[3, tid] = lse_merge(sm[2, tid], sm[3, tid], sm[2, o], sm[3, o])
-            sm[4, tid], sm[5, tid] = lse_merge(sm[4, tid], sm[5, tid], sm[4, o], sm[5, o])
-        cuda.syncthreads()
-        stride //= 2
-    r0, r1, r2, r3, r4, r5 = sm[0, 0], sm[1, 0], sm[2, 0], sm[3, 0], sm[4, 0], sm[5, 0]
-    cuda.syncthreads()  # every thread has read the root before the next reduction
-    return r0, r1, r2, r3, r4, r5
-
-
-@cuda.jit(device=True)
-def block_reduce4(sm, a, b, c, e, tid, width):
-    """Block-wide ``(max a, min b, sum c, sum e)``; unused slots take neutral values."""
-    sm[0, tid], sm[1, tid], sm[2, tid], sm[3, tid] = a, b, c, e
-    cuda.syncthreads()
-    stride = width // 2
-    while stride > 0:
-        if tid < stride:
-            o = tid + stride
-            sm[0, tid] = max(sm[0, tid], sm[0, o])
-            sm[1, tid] = min(sm[1, tid], sm[1, o])
-            sm[2, tid] = sm[2, tid] + sm[2, o]
-            sm[3, tid] = sm[3, tid] + sm[3, o]
-        cuda.syncthreads()
-        stride //= 2
-    r0, r1, r2, r3 = sm[0, 0], sm[1, 0], sm[2, 0], sm[3, 0]
-    cuda.syncthreads()
-    return r0, r1, r2, r3
-
-
-@cuda.jit(device=True)
-def block_argmax_sum(sm, w, value, index, total, tid, width):
-    """Block-wide ``value`` at the largest ``w`` (least ``index`` on a tie), ``sum total``."""
-    sm[0, tid], sm[1, tid], sm[2, tid], sm[3, tid] = w, value, index, total
-    cuda.syncthreads()
-    stride = width // 2
-    while stride > 0:
-        if tid < stride:
-            o = tid + stride
-            if sm[0, o] > sm[0, tid] or (sm[0, o] == sm[0, tid] and sm[2, o] < sm[2, tid]):
-                sm[0, tid], sm[1, tid], sm[2, tid] = sm[0, o], sm[1, o], sm[2, o]
-            sm[3, tid] = sm[3, tid] + sm[3, o]
-        cuda.syncthreads()
-        stride //= 2
-    r1, r3 = sm[1, 0], sm[3, 0]
-    cuda.syncthreads()
-    return r1, r3
-
-
-@cuda.jit(device=True)
-def marginal_block(sm, b, tid, rho, transported, scratch):
-    """Backward (Prop. 4.3): ``scratch[b, 2n + j]`` from ``b_j`` to ``w_j (b_j - bbar)``
-    (``w = rho sigma``; the difference against the block's largest ``w``)."""
-    n = rho.shape[1]
-    width = tree_width(n)
-    best, b_best, index, kappa = -1.0, 0.0, 0.0, 0.0
-    j = tid
-    while j < n:
-        w = rho[b, j] * transported[b, j]
-        kappa += w
-        if w > best:  # threads visit their columns in increasing j: the first max
-            best, b_best, index = w, scratch[b, 2 * n + j], float(j)
-        j += BLOCK
-    b_top, kappa = block_argmax_sum(sm, best, b_best, index if best >= 0.0 else 1e300,
-                                    kappa, tid, width)
-    total = 0.0
-    j = tid
-    while j < n:
-        total += rho[b, j] * transported[b, j] * (b_top - scratch[b, 2 * n + j])
-        j += BLOCK
-    _, _, total, _ = block_reduce4(sm, 0.0, 0.0, total, 0.0, tid, width)
-    mean_offset = total / kappa if kappa > 0.0 else 0.0
-    j = tid
-    while j < n:
-        scratch[b, 2 * n + j] = rho[b, j] * transported[b, j] * (
-            (scratch[b, 2 * n + j] - b_top) + mean_offset)
-        j += BLOCK
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True)
-def phi_block(sm, b, tid, y, eps, column_min, lam, pivot, logit_mu):
-    """``phi(y)`` in the coordinates of column ``pivot``, and max/min of ``l - l_p``."""
-    n = column_min.shape[1]
-    width = tree_width(n)
-    pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
-    m1, s1, m2, s2 = -math.inf, 0.0, -math.inf, 0.0
-    top, bottom = -math.inf, math.inf
-    j = tid
-    while j < n:
-        relative = relative_log_s(eps, column_min[b, j], lam[b, j], pivot_min, pivot_lam)
-        top, bottom = max(top, relative), min(bottom, relative)
-        log_sig, log_one_minus, _ = column_terms(y + relative)
-        m1, s1 = lse_push(m1, s1, log_sig)
-        m2, s2 = lse_push(m2, s2, log_one_minus)
-        j += BLOCK
-    m1, s1, m2, s2, _, _ = block_lse3(sm, m1, s1, m2, s2, -math.inf, 0.0, tid, width)
-    top, bottom, _, _ = block_reduce4(sm, top, bottom, 0.0, 0.0, tid, width)
-    return lse_value(m1, s1) - lse_value(m2, s2) - logit_mu, top, bottom
-
-
-@cuda.jit(device=True)
-def newton_block(sm, b, tid, eps, column_min, lam, pivot, lo, hi, logit_mu, log_n,
-                 max_iter, ulp, cap, phi_floor):
-    n = column_min.shape[1]
-    width = tree_width(n)
-    pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
-    y, active = newton_start(lo, hi, 0.0, ulp)
-    count = 0
-    while active and count < max_iter:
-        count += 1
-        m1, s1, m2, s2, m3, s3 = -math.inf, 0.0, -math.inf, 0.0, -math.inf, 0.0
-        j = tid
-        while j < n:
-            a, c, e = column_terms(y + relative_log_s(eps, column_min[b, j], lam[b, j],
-                                                      pivot_min, pivot_lam))
-            m1, s1 = lse_push(m1, s1, a)
-            m2, s2 = lse_push(m2, s2, c)
-            m3, s3 = lse_push(m3, s3, e)
-            j += BLOCK
-        m1, s1, m2, s2, m3, s3 = block_lse3(sm, m1, s1, m2, s2, m3, s3, tid, width)
-        phi, log_slope = newton_phi(m1, s1, m2, s2, m3, s3, logit_mu, log_n)
-        y, lo, hi, done = newton_step(y, lo, hi, phi, log_slope, ulp, phi_floor, cap)
-        active = not done
-    return y, count, active
-
-
-@cuda.jit(device=True)
-def transport_block(sm, b, tid, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                    assignment, lam, log_s, rho, transported, pi, order, image_real,
-                    image_int):
-    """The CPU twin's ``_transport_image``, one column per thread (strided); every thread
-    takes the same scalar decisions from the block's reductions (lock-step)."""
-    n = cost_t.shape[1]
-    width = tree_width(n)
-    log_n = math.log(n)
-    j = tid
-    while j < n:
-        softmax_dev(cost_t, eps, assignment, log_s, lam, b, j)
-        j += BLOCK
-    cuda.syncthreads()
-    j = tid
-    while j < n:
-        order[b, rank_dev(log_s, b, j)] = j
-        j += BLOCK
-    cuda.syncthreads()
-    below, above, evaluations = -1, n, 0
-    while above - below > 1:
-        middle = (below + above) // 2
-        phi, _, _ = phi_block(sm, b, tid, 0.0, eps, log_s, lam, order[b, middle], logit_mu)
-        evaluations += 1
-        if phi >= 0.0:
-            above = middle
-        else:
-            below = middle
-    minus, plus = order[b, min(above, n - 1)], order[b, max(below, 0)]
-    gap = relative_log_s(eps, log_s[b, plus], lam[b, plus], log_s[b, minus], lam[b, minus])
-    interior, half = window(below, above, n, gap)
-    use_plus = below >= 0 and above == n
-    if interior:
-        evaluations += 1
-        phi, _, _ = phi_block(sm, b, tid, -half, eps, log_s, lam, minus, logit_mu)
-        use_plus = phi >= 0.0
-    lo, hi = bracket(use_plus, interior, gap, half)
-    pivot = plus if use_plus else minus
-    if use_plus and interior and hi > SATURATION:
-        evaluations += 1
-        phi, _, _ = phi_block(sm, b, tid, SATURATION, eps, log_s, lam, plus, logit_mu)
-        hi = SATURATION
-        if phi < 0.0:
-            lo = SATURATION
-    _, top, bottom = phi_block(sm, b, tid, 0.0, eps, log_s, lam, pivot, logit_mu)
-    lo = max(lo, logit_mu - top)
-    hi = max(min(hi, logit_mu - bottom), lo)
-    y, steps, exhausted = newton_block(sm, b, tid, eps, log_s, lam, pivot, lo, hi, logit_mu,
-                                       log_n, max_iter, ulp, cap, phi_floor)
-    pivot_min, pivot_lam = log_s[b, pivot], lam[b, pivot]
-    cuda.syncthreads()  # every thread holds the pivot's values before the plan rewrites log_s
-    inv_n = 1.0 / n
-    column_residual, mass = 0.0, 0.0
-    j = tid
-    while j < n:
-        residual, column_mass = plan_dev(y, eps, pivot_min, pivot_lam, inv_n, log_s, lam,
-                                         assignment, transported, rho, pi, b, j)
-        column_residual = max(column_residual, residual)
-        mass += column_mass
-        j += BLOCK
-    column_residual, _, mass, _ = block_reduce4(sm, column_residual, 0.0, mass, 0.0, tid,
-                                                width)
-    if tid == 0:
-        image_real[b, 0] = y
-        image_real[b, 1] = given_log_s(eps, pivot_min, pivot_lam)
-        image_real[b, 2] = max(column_residual, abs(mass - mu))
-        image_int[b, 0] = evaluations
-        image_int[b, 1] = steps
-        image_int[b, 2] = 1 if exhausted else 0
-
-
-@cuda.jit(cache=True)
-def refdml_gsp_transport(cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                         assignment, lam, log_s, rho, transported, pi, order, image_real,
-                         image_int):
-    b = cuda.blockIdx.x
-    if b >= cost_t.shape[0]:
-        return
-    sm = cuda.shared.array((6, BLOCK), float64)
-    transport_block(sm, b, cuda.threadIdx.x, cost_t, eps, mu, logit_mu, max_iter, ulp, cap,
-                    phi_floor, assignment, lam, log_s, rho, transported, pi, order,
-                    image_real, image_int)
-
-
-@cuda.jit(cache=True)
-def refdml_gsp_pool_forward(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp,
-                            cap, phi_floor, p_one, cost_t, assignment, lam, log_s, rho,
-                            transported, pi, order, weights, pooled, z, image_real,
-                            image_int):
-    b = cuda.blockIdx.x
-    if b >= fs.shape[0]:
-        return
-    tid = cuda.threadIdx.x
-    n, d = fs.shape[1], fs.shape[2]
-    m = ws_t.shape[1]
-    s = scale[0]
-    sm = cuda.shared.array((6, BLOCK), float64)
-    pair = tid
-    while pair < n * m:
-        j, i = pair // m, pair % m
-        diff = fs[b, j, 0] - ws_t[0, i]
-        acc = diff * diff  # accumulated in the input's dtype
-        for k in range(1, d):
-            diff = fs[b, j, k] - ws_t[k, i]
-            acc += diff * diff
-        cost_t[b, j, i] = math.sqrt(acc) * s
-        pair += BLOCK
-    cuda.syncthreads()
-    transport_block(sm, b, tid, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                    assignment, lam, log_s, rho, transported, pi, order, image_real,
-                    image_int)
-    inv_mu = 1.0 / mu
-    j = tid
-    while j < n:
-        weights[b, j] = transported[b, j] * inv_mu
-        j += BLOCK
-    cuda.syncthreads()
-    if p_one:
-        inv_n = 1.0 / n
-        k = tid
-        while k < d:
-            total = 0.0
-            for j in range(n):  # float64, as the CPU twin: (w_j / n) f_j, never beyond max f
-                total += (weights[b, j] * inv_n) * features[b, j, k]
-            pooled[b, k] = total
-            k += BLOCK
-    i = tid
-    while i < m:
-        column = 0.0
-        for j in range(n):
-            column += pi[b, j, i]
-        z[b, i] = column * inv_mu
-        i += BLOCK
-
-
-@cuda.jit(cache=True)
-def refdml_gsp_pool_backward(features, features_bar, features_norm, ws, scale, assignment,
-                             cost_t, rho, transported, weights, d_pooled, d_z, d_weights_in,
-                             direct_in, p_one, eps, mu, distance_weights, d_features,
-                             scratch):
-    """``scratch`` (B, 3n) float64: ``mu r_j`` (:func:`pool_backward_column`),
-    ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)`` (docs/gsp.md Sec. 3); the first n
-    slots then hold the clip coefficient."""
-    b = cuda.blockIdx.x
-    if b >= features.shape[0]:
-        return
-    tid = cuda.threadIdx.x
-    n, d = features.shape[1], features.shape[2]
-    m = ws.shape[0]
-    s = scale[0]
-    factor = -eps * s
-    inv_n, inv_mu = 1.0 / n, 1.0 / mu
-    sm = cuda.shared.array((6, BLOCK), float64)
-    j = tid
-    while j < n:
-        scratch[b, j], scratch[b, n + j], scratch[b, 2 * n + j], _ = pool_backward_dev(
-            features, d_pooled, d_weights_in, assignment, d_z, rho, transported, p_one,
-            inv_n, inv_mu, b, j)
-        j += BLOCK
-    cuda.syncthreads()
-    marginal_block(sm, b, tid, rho, transported, scratch)
-    pair = tid
-    while pair < n * m:
-        j, i = pair // m, pair % m
-        gradient = cost_gradient(factor, assignment[b, j, i], transported[b, j] * inv_n,
-                                 (d_z[b, i] - scratch[b, j]) * inv_mu, scratch[b, n + j],
-                                 scratch[b, 2 * n + j])
-        distance_weights[b, j, i] = _distance_weight(gradient, cost_t[b, j, i])
-        pair += BLOCK
-    cuda.syncthreads()
-    pair = tid
-    while pair < n * d:
-        j, k = pair // d, pair % d
-        acc = 0.0
-        for i in range(m):
-            acc -= distance_weights[b, j, i] * ws[i, k]
-        d_features[b, j, k] = acc
-        pair += BLOCK
-    cuda.syncthreads()
-    j = tid
-    while j < n:
-        row = 0.0
-        for i in range(m):
-            row += distance_weights[b, j, i]
-        row /= s
-        norm = features_norm[b, j]
-        bar = min(norm, 1.0)
-        radial = row * bar * bar
-        for k in range(d):
-            radial += features_bar[b, j, k] * d_features[b, j, k]
-        _, scratch[b, j] = _clip_coefficient(row, norm, radial)
-        j += BLOCK
-    cuda.syncthreads()
-    pair = tid
-    while pair < n * d:
-        j, k = pair // d, pair % d
-        inverse = 1.0 / max(features_norm[b, j], 1.0)
-        if p_one:
-            direct = weights[b, j] * inv_n * d_pooled[b, k]
-        else:
-            direct = direct_in[b, j, k]
-        d_features[b, j, k] = (d_features[b, j, k] * inverse
-                               + features_bar[b, j, k] * scratch[b, j] + direct)
-        pair += BLOCK
-
-
-@cuda.jit(cache=True)
-def refdml_gsp_transport_backward(assignment, rho, transported, d_rho, d_pi, eps, d_cost,
-                                  scratch):
-    """``scratch`` (B, 3n) float64: ``r_j``, ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)``."""
-    b = cuda.blockIdx.x
-    if b >= assignment.shape[0]:
-        return
-    tid = cuda.threadIdx.x
-    n, m = assignment.shape[1], assignment.shape[2]
-    sm = cuda.shared.array((6, BLOCK), float64)
-    j = tid
-    while j < n:
-        scratch[b, j], scratch[b, n + j], scratch[b, 2 * n + j], _ = transport_backward_dev(
-            assignment, d_pi, rho, d_rho, transported, b, j)
-        j += BLOCK
-    cuda.syncthreads()
-    marginal_block(sm, b, tid, rho, transported, scratch)
-    pair = tid
-    while pair < n * m:
-        j, i = pair // m, pair % m
-        d_cost[b, j, i] = cost_gradient(
-            -eps, assignment[b, j, i], transported[b, j] / n, d_pi[b, j, i] - scratch[b, j],
-            scratch[b, n + j], scratch[b, 2 * n + j])
-        pair += BLOCK
-
-
-
-def cuda_kernels():
-    """The ``@cuda.jit`` kernels: ``(refdml_gsp_transport, refdml_gsp_pool_forward,
-    refdml_gsp_pool_backward, refdml_gsp_transport_backward)``; launch each with
-    ``cuda_launch(kernel, B, BLOCK, ...)`` and the CPU twin's arguments. Compiled at
-    their first launch, or loaded from numba-cuda's cache (importing refdml.gpu needs no
-    CUDA)."""
-    return (refdml_gsp_transport, refdml_gsp_pool_forward, refdml_gsp_pool_backward,
-            refdml_gsp_transport_backward)
-
-
-def _launch_signatures(dt):
-    """The Numba signature of each kernel's launch (:mod:`refdml.gpu._gsp_kernels`) for
-    inputs of dtype ``dt``: arrays C-contiguous, per-image outputs float64 / int64, Python
-    floats float64, ``max_iter`` int64, ``p_one`` a bool (tests/conftest.py checks every
-    simulated launch against these)."""
-    a1, a2, a3 = f"{dt}[::1]", f"{dt}[:, ::1]", f"{dt}[:, :, ::1]"
-    real, count = "float64[:, ::1]", "int64[:, ::1]"     # image_real / scratch; order / image_int
-    # eps, mu, logit_mu, max_iter, ulp, cap, phi_floor
-    solver = "float64, float64, float64, int64, float64, float64, float64"
-    # assignment, lam, log_s, rho, transported, pi, order
-    outputs = f"{a3}, {a2}, {a2}, {a2}, {a2}, {a3}, {count}"
-    return {
-        "refdml_gsp_transport": f"void({a3}, {solver}, {outputs}, {real}, {count})",
-        "refdml_gsp_pool_forward": (f"void({a3}, {a3}, {a2}, {a1}, {solver}, boolean, {a3}, "
-                                    f"{outputs}, {a2}, {a2}, {a2}, {real}, {count})"),
-        "refdml_gsp_pool_backward": (f"void({a3}, {a3}, {a2}, {a2}, {a1}, {a3}, {a3}, {a2}, "
-                                     f"{a2}, {a2}, {a2}, {a2}, {a2}, {a3}, boolean, float64, "
-                                     f"float64, {a3}, {a3}, {real})"),
-        "refdml_gsp_transport_backward": f"void({a3}, {a2}, {a2}, {a2}, {a3}, float64, {a3}, {real})",
-    }
-
-
-#: The argument types of every launch of :func:`cuda_kernels`' kernels, by the input dtype:
-#: kernel name -> {dtype: Numba signature}. :mod:`refdml.gpu._cuda_compile` compiles each
-#: for real GPUs; keep :func:`_launch_signatures` in step with the launches.
-CUDA_SIGNATURES = {
-    name: {dt: _launch_signatures(dt)[name] for dt in ("float32", "float64")}
-    for name in _launch_signatures("float64")
-}

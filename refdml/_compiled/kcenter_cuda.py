@@ -20,11 +20,11 @@ import math
 
 import numpy as np
 
-from refdml._compiled._cuda import cuda
+from refdml._compiled._cuda import cuda, cuda_kernel
 from refdml._compiled._support import BLOCK, cuda_launch
 from refdml._compiled.kcenter import better, sq_to_center
 
-__all__ = ["CUDA_SIGNATURES", "block_argmax", "farthest_first_cuda", "refdml_kcenter_pick",
+__all__ = ["block_argmax", "farthest_first_cuda", "refdml_kcenter_pick",
            "refdml_kcenter_sq_norms", "refdml_kcenter_update"]
 
 
@@ -49,7 +49,12 @@ def block_argmax(s_val, s_arg, t, best, arg):
     return s_val[0], s_arg[0]
 
 
-@cuda.jit(cache=True)
+# Launch types (:func:`farthest_first_cuda`; every array C-contiguous, Python ints int64):
+# by the points' dtype, except where they do not depend on it ("any": the blocks'
+# (max, arg-max) are float64 / int64 whatever the points').
+@cuda_kernel(cache=True, signatures={
+    dt: f"void({dt}[:, ::1], {dt}[::1], {dt}[::1], int64[::1], float64[::1], int64[::1])"
+    for dt in ("float32", "float64")})
 def refdml_kcenter_update(points, sq_norms, min_sq, q_box, block_max, block_arg):
     """One pick's update of ``min_sq`` and each block's (max, arg-max); ``q_box[0]`` the pick."""
     s_val = cuda.shared.array(BLOCK, dtype=np.float64)
@@ -77,7 +82,8 @@ def refdml_kcenter_update(points, sq_norms, min_sq, q_box, block_max, block_arg)
         block_arg[cuda.blockIdx.x] = arg
 
 
-@cuda.jit(cache=True)
+@cuda_kernel(cache=True, signatures={
+    "any": "void(float64[::1], int64[::1], int64, int64, int64[::1], int64[::1], float64[::1])"})
 def refdml_kcenter_pick(block_max, block_arg, n_blocks, pick, q_box, indices, radii_sq):
     """Reduce the blocks' (max, arg-max): ``radii_sq[pick]``, the next pick into ``q_box``."""
     s_val = cuda.shared.array(BLOCK, dtype=np.float64)
@@ -95,7 +101,8 @@ def refdml_kcenter_pick(block_max, block_arg, n_blocks, pick, q_box, indices, ra
             indices[pick + 1] = arg
 
 
-@cuda.jit(cache=True)
+@cuda_kernel(cache=True, signatures={
+    dt: f"void({dt}[:, ::1], {dt}[::1])" for dt in ("float32", "float64")})
 def refdml_kcenter_sq_norms(points, out):
     i = cuda.grid(1)
     if i >= points.shape[0]:
@@ -104,23 +111,6 @@ def refdml_kcenter_sq_norms(points, out):
     for k in range(points.shape[1]):
         acc += np.float64(points[i, k]) * np.float64(points[i, k])
     out[i] = acc
-
-
-#: The argument types of every launch of the kernels above (:func:`farthest_first_cuda`),
-#: by the points' dtype: kernel name -> {dtype: Numba signature}. ``"any"``: the same types
-#: for both dtypes (the blocks' (max, arg-max) are float64 / int64 whatever the points').
-#: :mod:`refdml.gpu._cuda_compile` compiles each for real GPUs; keep it in step with the
-#: launches (every array C-contiguous, Python ints int64).
-CUDA_SIGNATURES = {
-    "refdml_kcenter_sq_norms": {
-        dt: f"void({dt}[:, ::1], {dt}[::1])" for dt in ("float32", "float64")},
-    "refdml_kcenter_update": {
-        dt: f"void({dt}[:, ::1], {dt}[::1], {dt}[::1], int64[::1], float64[::1], int64[::1])"
-        for dt in ("float32", "float64")},
-    "refdml_kcenter_pick": {
-        "any": "void(float64[::1], int64[::1], int64, int64, int64[::1], int64[::1], "
-               "float64[::1])"},
-}
 
 
 def farthest_first_cuda(xp, points, k, min_sq, first):

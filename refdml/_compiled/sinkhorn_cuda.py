@@ -28,16 +28,16 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
 
 from refdml._compiled import sinkhorn as _twin
-from refdml._compiled._cuda import cuda
+from refdml._compiled._cuda import CudaKernel, cuda, cuda_kernel, register
 from refdml._compiled._scalar import lse_push, lse_value
 from refdml._compiled._support import BLOCK, cuda_launch, cuda_simulator, parallel_launch
 from refdml._compiled.sinkhorn import (
     flush,
     log_kernel_exponent,
     needs_absorb,
+    refdml_ot_lse_half_step_cpu,
     potential_from_lse,
     residual_term,
     scaling_update,
@@ -45,7 +45,7 @@ from refdml._compiled.sinkhorn import (
     symmetric_scaling_update,
 )
 
-__all__ = ["CUDA_SIGNATURES", "TILE_BYTES", "cuda_kernel", "lse_half_step", "solve_small"]
+__all__ = ["TILE_BYTES", "lse_half_step", "small_problem_kernel", "solve_small"]
 
 #: Shared memory for the kernel tile per block (the rest of the 48 KB static limit holds
 #: the ten float64 vectors of length BLOCK).
@@ -193,7 +193,7 @@ def _cuda_problem(cost, a, b, p, phi_out, psi_out, schedule, stage_tol, max_iter
 
 
 @functools.lru_cache(maxsize=None)
-def cuda_kernel(dtype):
+def small_problem_kernel(dtype):
     """The ``@cuda.jit`` kernel ``refdml_ot_sinkhorn_small`` for a plan of ``dtype``.
 
     Signature as :func:`refdml._compiled.sinkhorn.refdml_ot_sinkhorn_small_cpu`, with ``plan``
@@ -246,6 +246,24 @@ def cuda_kernel(dtype):
     return refdml_ot_sinkhorn_small
 
 
+def _small_problem_signature(dt):
+    """The launch types of :func:`small_problem_kernel` for a cost of dtype ``dt``
+    (:func:`solve_small`: the state float64, the plan flat (P, n m), all C-contiguous)."""
+    f8_1, f8_2 = "float64[::1]", "float64[:, ::1]"
+    return (f"void({dt}[:, :, ::1], {f8_2}, {f8_2}, {f8_2}, {f8_2}, {f8_1}, {f8_1}, int64, "
+            f"boolean, float64, float64, float64, {dt}[:, ::1], int64[::1], {f8_1})")
+
+
+# One kernel per dtype (its shared tile is typed and sized by the dtype), so it is declared
+# with a builder rather than @cuda_kernel.
+register(CudaKernel(
+    name="refdml_ot_sinkhorn_small", module=__name__,
+    signatures={dt: _small_problem_signature(dt) for dt in ("float32", "float64")},
+    parameters=("cost", "a", "b", "phi_out", "psi_out", "schedule", "stage_tol", "max_iter",
+                "symmetric", "tiny", "high", "low", "plan", "n_iter", "err"),
+    build=lambda dtype: small_problem_kernel(np.dtype("float64" if dtype == "any" else dtype))))
+
+
 def threads_per_problem(n: int, m: int) -> int:
     """Threads of one block: a warp multiple covering every point, at most ``BLOCK``.
 
@@ -263,7 +281,7 @@ def _launch_cuda(cost, a, b, phi, psi, schedule, stage_tol, max_iter, symmetric,
     """The CUDA launch of :func:`refdml._compiled.sinkhorn.solve_small`: one block per
     problem, the plan flat (P, n m)."""
     n_problems, n, m = cost.shape
-    cuda_launch(cuda_kernel(np.dtype(cost.dtype)), n_problems, threads_per_problem(n, m),
+    cuda_launch(small_problem_kernel(np.dtype(cost.dtype)), n_problems, threads_per_problem(n, m),
                 cost, a, b, phi, psi, schedule, stage_tol, max_iter, symmetric, tiny, high, low,
                 plan.reshape(n_problems, n * m), n_iter, err)
 
@@ -282,19 +300,10 @@ def solve_small(xp, kernel: str, a, b, cost, *, schedule, stage_tol, max_iter, s
 
 
 # --------------------------------------------------------------------------- LSE half step
-@njit(parallel=True, cache=True)
-def refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out):
-    """CPU twin of the half step: ``out[p, i] = -LSE_j(w[p, j] - S[p, i, j])``, rows in a prange."""
-    n_problems, n, m = scaled_cost.shape
-    for r in prange(n_problems * n):
-        p, i = r // n, r % n
-        mx, s = -math.inf, 0.0
-        for j in range(m):
-            mx, s = lse_push(mx, s, weighted_potential[p, j] - scaled_cost[p, i, j])
-        out[p, i] = -lse_value(mx, s)
-
-
-@cuda.jit(cache=True)
+# Launch types (:func:`lse_half_step`; the arrays as refdml.gpu's batched solver passes
+# them, contiguous), by the cost's dtype.
+@cuda_kernel(cache=True, signatures={
+    dt: f"void({dt}[:, :, ::1], {dt}[:, ::1], {dt}[:, ::1])" for dt in ("float32", "float64")})
 def refdml_ot_lse_half_step(scaled_cost, weighted_potential, out):
     """The half step on the GPU: one thread per row ``(p, i)``, a 1-D grid of BLOCK threads."""
     r = cuda.grid(1)
@@ -306,29 +315,6 @@ def refdml_ot_lse_half_step(scaled_cost, weighted_potential, out):
     for j in range(m):
         mx, s = lse_push(mx, s, weighted_potential[p, j] - scaled_cost[p, i, j])
     out[p, i] = -lse_value(mx, s)
-
-
-def _launch_signatures(dt):
-    """The Numba signature of each kernel's launch for a cost of dtype ``dt``: the small
-    problems' (:func:`solve_small`, the kernel :func:`cuda_kernel` builds for ``dt``; the
-    state float64, the plan flat (P, n m)) and the half step's (:func:`lse_half_step`; its
-    arrays as :mod:`refdml.gpu._ot_sinkhorn` passes them, contiguous)."""
-    f8_1, f8_2 = "float64[::1]", "float64[:, ::1]"
-    return {
-        "refdml_ot_sinkhorn_small": (f"void({dt}[:, :, ::1], {f8_2}, {f8_2}, {f8_2}, {f8_2}, "
-                                     f"{f8_1}, {f8_1}, int64, boolean, float64, float64, "
-                                     f"float64, {dt}[:, ::1], int64[::1], {f8_1})"),
-        "refdml_ot_lse_half_step": f"void({dt}[:, :, ::1], {dt}[:, ::1], {dt}[:, ::1])",
-    }
-
-
-#: The argument types of every launch of this module's CUDA kernels, by the cost's dtype:
-#: kernel name -> {dtype: Numba signature}. :mod:`refdml.gpu._cuda_compile` compiles each
-#: for real GPUs; keep :func:`_launch_signatures` in step with the launches.
-CUDA_SIGNATURES = {
-    name: {dt: _launch_signatures(dt)[name] for dt in ("float32", "float64")}
-    for name in _launch_signatures("float64")
-}
 
 
 def lse_half_step(xp, kernel: str, scaled_cost, weighted_potential):

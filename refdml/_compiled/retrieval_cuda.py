@@ -19,12 +19,12 @@ import math
 
 import numpy as np
 
-from refdml._compiled._cuda import cuda
+from refdml._compiled._cuda import cuda, cuda_kernel
 from refdml._compiled._support import BLOCK, cuda_launch
 from refdml._compiled.retrieval import offer
 from refdml._numerics import ordered_unit_rows
 
-__all__ = ["CUDA_SIGNATURES", "nearest_cuda", "refdml_retrieval_topk"]
+__all__ = ["nearest_cuda", "refdml_retrieval_topk"]
 
 
 # ---------------------------------------------------------------------------------- CUDA
@@ -35,7 +35,11 @@ __all__ = ["CUDA_SIGNATURES", "nearest_cuda", "refdml_retrieval_topk"]
 _offer_device = cuda.jit(device=True)(offer.py_func)
 
 
-@cuda.jit(cache=True)
+# The argument types of its launches (:func:`nearest_cuda`), by the data's dtype (cosine
+# launches float64 only: its unit rows are made in float64); every array C-contiguous.
+@cuda_kernel(cache=True, signatures={
+    dt: f"void({dt}[:, ::1], int64[::1], {dt}[:, ::1], boolean, float64[:, ::1], int64[:, ::1])"
+    for dt in ("float32", "float64")})
 def refdml_retrieval_topk(q, rows, r, same_set, best_s, best_j):
     """One thread per query: an ordered float64 scan keeping the ``K`` best ``(S, j)``."""
     a = cuda.grid(1)
@@ -55,18 +59,6 @@ def refdml_retrieval_topk(q, rows, r, same_set, best_s, best_j):
             t = np.float64(q[qi, k]) - np.float64(r[j, k])
             acc += t * t
         _offer_device(best_s[a], best_j[a], acc, j)
-
-
-#: The argument types of every launch of the kernel above (:func:`nearest_cuda`), by the
-#: data's dtype (cosine launches float64 only: its unit rows are made in float64):
-#: kernel name -> {dtype: Numba signature}. :mod:`refdml.gpu._cuda_compile` compiles each
-#: for real GPUs; keep it in step with the launch (every array C-contiguous).
-CUDA_SIGNATURES = {
-    "refdml_retrieval_topk": {
-        dt: f"void({dt}[:, ::1], int64[::1], {dt}[:, ::1], boolean, float64[:, ::1], "
-            "int64[:, ::1])"
-        for dt in ("float32", "float64")},
-}
 
 
 def nearest_cuda(xp, query, rows, reference, n_keep, same_set, metric):
