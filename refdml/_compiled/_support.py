@@ -3,12 +3,15 @@ compiled kernels are launched: the Numba support that the reference's compiled C
 (:mod:`refdml._compiled`) and the fast path's kernels (refdml.gpu) share.
 
 Every Numba kernel sits beside its array-path twin (the code written once against
-NumPy/CuPy, or the readable reference), and the caller picks with :func:`use_kernels`
-(public as ``refdml.gpu.use_kernels``):
+NumPy/CuPy, or the readable reference). Each family of the fast path lists its
+implementations in one :class:`Implementations` object, which chooses one per call; the
+user steers the choice with :func:`use_kernels` (public as ``refdml.gpu.use_kernels``):
 
 ``"auto"`` (default)
-    A CuPy input runs the ``@cuda.jit`` kernel where one exists; a NumPy input runs the
-    compiled CPU twin where one exists; otherwise the array path.
+    The fastest correct path as measured, per family and per input module
+    (:attr:`Implementations.auto_numpy`, :attr:`Implementations.auto_cupy`): on CuPy the
+    ``@cuda.jit`` kernels where they measured faster than the array path, on NumPy the
+    compiled CPU twin where it measured faster.
 ``"array"``
     The array path only (what the kernels are checked against).
 ``"cpu"``
@@ -59,13 +62,18 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from refdml._xp import is_cupy_array
 
+Impl = TypeVar("Impl")
+
 __all__ = [
     "BLOCK",
+    "Implementations",
     "KERNEL_MODES",
+    "KINDS",
     "LaunchProfile",
     "THREADING_LAYER",
     "cuda_launch",
@@ -169,6 +177,70 @@ def select_kernel(x: Any, *, has_cpu: bool = True, has_cuda: bool = True) -> str
             "simulator (NUMBA_ENABLE_CUDASIM=1)"
         )
     return "cuda" if has_cuda else "array"
+
+
+# ------------------------------------------------------------------------ the seam
+#: The kinds of implementation a fast-path family may have.
+KINDS = ("array", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Implementations(Generic[Impl]):
+    """The implementations of one family of fast-path operators, and the one object that
+    chooses among them: ``impl = GSP.choose(x)`` once per call, then ``impl.transport(...)``
+    with no branch on the kind in the maths (as POT's backend ``nx``).
+
+    ``array``: the code written once against NumPy/CuPy (always there, and what the
+    kernels are checked against); ``cpu``: the compiled ``@njit`` CPU twin, or None;
+    ``cuda``: the ``@cuda.jit`` kernels, or None. The three are objects of one interface
+    that the family defines. ``auto_numpy`` / ``auto_cupy``: what ``use_kernels("auto")``
+    runs on NumPy ("array" or "cpu") and on CuPy input ("array" or "cuda"): the fastest
+    correct path as measured, ``measured`` saying where (docs/gpu.md keeps the numbers).
+
+    The modes (module docstring): ``"array"`` runs ``array``; ``"cpu"`` / ``"cuda"`` run
+    that kernel where the family has one, else ``array``; a host kernel on a CuPy array,
+    or a CUDA kernel on a NumPy array outside the simulator, is a ``ValueError``.
+    """
+
+    family: str
+    array: Impl
+    cpu: Impl | None = None
+    cuda: Impl | None = None
+    auto_numpy: str = "cpu"
+    auto_cupy: str = "cuda"
+    measured: str = ""
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("auto_numpy", self.auto_numpy, ("array", "cpu")),
+                                     ("auto_cupy", self.auto_cupy, ("array", "cuda"))):
+            if value not in allowed:
+                raise ValueError(f"{self.family}: {name} == {value!r}, must be one of {allowed}")
+        if (self.auto_numpy == "cpu" and self.cpu is None) or (
+                self.auto_cupy == "cuda" and self.cuda is None):
+            raise ValueError(f"{self.family}: 'auto' names a kernel the family does not have")
+
+    def kind(self, x: Any) -> str:
+        """``"array"``, ``"cpu"`` or ``"cuda"``: what runs now for input array ``x``."""
+        mode = kernel_mode()
+        on_gpu = is_cupy_array(x)
+        if mode == "auto":
+            return self.auto_cupy if on_gpu else self.auto_numpy
+        if mode == "array":
+            return "array"
+        if mode == "cpu":
+            if on_gpu:
+                raise ValueError("kernel mode 'cpu' cannot take a CuPy array (it would copy "
+                                 "to the host)")
+            return "cpu" if self.cpu is not None else "array"
+        if not on_gpu and not cuda_simulator():
+            raise ValueError(
+                "kernel mode 'cuda' needs CuPy arrays, or NumPy arrays under Numba's CUDA "
+                "simulator (NUMBA_ENABLE_CUDASIM=1)")
+        return "cuda" if self.cuda is not None else "array"
+
+    def choose(self, x: Any) -> Impl:
+        """The implementation that runs now for input array ``x`` (:meth:`kind`'s)."""
+        return {"array": self.array, "cpu": self.cpu, "cuda": self.cuda}[self.kind(x)]
 
 
 # ------------------------------------------------------------------------ CUDA launches

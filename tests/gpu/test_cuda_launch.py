@@ -162,3 +162,47 @@ def test_hardware_launch_sync_opt_out(hardware, monkeypatch):
     (config, args), = kernel.launches
     assert config == (1, 32) and args == (a,)
     assert hardware.views == []
+
+
+# --------------------------------------------------------------------------- the seam's chooser
+def test_implementations_choose_by_mode_and_input(monkeypatch):
+    """:class:`Implementations` picks one object per call: "auto" by the measured table,
+    forced modes the kernel where the family has one (else the array path), and refuses a
+    host kernel on a device array and a CUDA kernel on host memory outside the simulator."""
+    from refdml._compiled._support import Implementations
+    from refdml.gpu import use_kernels
+
+    class Device:                     # what refdml._xp takes for a CuPy array
+        __module__ = "cupy"
+
+    monkeypatch.setattr("refdml._compiled._support.is_cupy_array",
+                        lambda x: isinstance(x, Device))
+    full = Implementations("full", array="A", cpu="C", cuda="K", auto_numpy="array",
+                           auto_cupy="cuda")
+    bare = Implementations("bare", array="A", auto_numpy="array", auto_cupy="array")
+    host, device = np.zeros(1), Device()
+    with use_kernels("auto"):
+        assert (full.choose(host), full.choose(device)) == ("A", "K")
+        assert (bare.choose(host), bare.choose(device)) == ("A", "A")
+    with use_kernels("array"):
+        assert (full.choose(host), full.choose(device)) == ("A", "A")
+    with use_kernels("cpu"):
+        assert (full.choose(host), bare.choose(host)) == ("C", "A")
+        with pytest.raises(ValueError, match="'cpu' cannot take a CuPy array"):
+            full.choose(device)
+    with use_kernels("cuda"):
+        assert (full.choose(device), bare.choose(device)) == ("K", "A")
+        monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
+        with pytest.raises(ValueError, match="'cuda' needs CuPy arrays"):
+            full.choose(host)
+        monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+        assert full.choose(host) == "K"
+
+
+def test_implementations_refuse_an_auto_choice_they_cannot_run():
+    from refdml._compiled._support import Implementations
+
+    with pytest.raises(ValueError, match="auto_cupy == 'cpu'"):
+        Implementations("x", array="A", cpu="C", auto_cupy="cpu")
+    with pytest.raises(ValueError, match="'auto' names a kernel the family does not have"):
+        Implementations("x", array="A", auto_numpy="cpu")
