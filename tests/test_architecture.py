@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "refdml._io", "refdml._compiled", "refdml._cli_support")),
     ("operators", ("refdml.normalize", "refdml.distances", "refdml.gsp", "refdml.histogram",
                    "refdml.losses", "refdml.prototypes", "refdml.crossbatch", "refdml.ot",
-                   "refdml.kcenter", "refdml.metrics", "refdml.coresets")),
+                   "refdml.kcenter", "refdml.metrics", "refdml.coresets", "refdml._shared")),
     ("fast path", ("refdml.gpu",)),
     ("harness", ("refdml.gradcheck",)),
     ("training", ("refdml.train",)),
