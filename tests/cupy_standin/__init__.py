@@ -36,6 +36,16 @@ output size CuPy reads back from the device)::
     assert c.total == 1, c        # the loss value, a Python float
 
 and refused at the first one inside ``with strict_transfers():``.
+
+Kernel launches are counted by name: one per operation a real CuPy would run on the device
+(a ufunc, a reduction, a ``cupy.<function>`` that writes a new array, a gather, an
+assignment, a fill) and one per Numba CUDA kernel that refdml's ``cuda_launch`` runs under
+the simulator; views, metadata and ``empty`` count nothing (:func:`count_launches` states
+the model and where it departs from CuPy)::
+
+    with count_launches() as launches:
+        grads = fast.gsp_pool_backward(ctx, d_pooled, d_z)
+    print(launches.total, launches.top(5))
 """
 
 from __future__ import annotations
@@ -44,8 +54,10 @@ from cupy_standin._array import (
     DEVICE_TO_HOST,
     IMPLICIT_CONVERSION,
     HostTransferError,
+    LaunchCounter,
     TransferCounter,
     allow_transfers,
+    count_launches,
     count_transfers,
     ndarray,
     strict_transfers,
@@ -56,9 +68,11 @@ __all__ = [
     "DEVICE_TO_HOST",
     "IMPLICIT_CONVERSION",
     "HostTransferError",
+    "LaunchCounter",
     "TransferCounter",
     "allow_transfers",
     "build_modules",
+    "count_launches",
     "count_transfers",
     "install",
     "installed",

@@ -5,7 +5,8 @@ accident: ``__array__`` raises CuPy's ``TypeError``, every ``np.*`` function rea
 ``__array_function__`` raises (stricter than CuPy, which runs ``cupy.<name>`` where one
 exists: refdml must say ``xp.<name>``), ufuncs run as CuPy's ``__array_ufunc__`` runs them,
 and every way of reading values on the host is counted (:func:`count_transfers`) or refused
-(:func:`strict_transfers`).
+(:func:`strict_transfers`); the device operations a real CuPy would launch as kernels are
+counted by :func:`count_launches` (its docstring states the model).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ __all__ = [
     "DEVICE_TO_HOST",
     "IMPLICIT_CONVERSION",
     "HostTransferError",
+    "LaunchCounter",
     "TransferCounter",
     "allow_transfers",
+    "count_launches",
     "count_transfers",
     "ndarray",
     "strict_transfers",
@@ -135,6 +138,183 @@ def allow_transfers() -> Iterator[None]:
         _STRICT.reset(token)
 
 
+# ------------------------------------------------------------------------------ launches
+
+class LaunchCounter:
+    """Device operations counted while a :func:`count_launches` block runs.
+
+    ``by_name`` counts them per name: a ufunc's (``"multiply"``; ``"add.reduce"``,
+    ``"add.at"`` for its methods), a ``cupy.<function>``'s (``"matmul"``, ``"where"``,
+    ``"linalg.cholesky"``), an array method's (``"ndarray.sum"``), indexing
+    (``"ndarray.__getitem__"``, ``"ndarray.__setitem__"``, ``"ndarray.fill"``), or a Numba
+    CUDA kernel's Python name (``"refdml_gsp_..."``), which ``kernels`` also counts on its
+    own. ``total`` is the sum over names.
+    """
+
+    def __init__(self) -> None:
+        self.by_name: collections.Counter[str] = collections.Counter()
+        self.kernels: collections.Counter[str] = collections.Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_name.values())
+
+    def __getitem__(self, name: str) -> int:
+        return self.by_name[name]
+
+    def top(self, n: int = 8) -> list[tuple[str, int]]:
+        """The ``n`` most frequent names with their counts (ties by name)."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"n == {n}, must be at least 1")
+        return sorted(self.by_name.items(), key=lambda item: (-item[1], item[0]))[:n]
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{name}={count}" for name, count in self.top(8)) if self.by_name else ""
+        more = ", ..." if len(self.by_name) > 8 else ""
+        return f"LaunchCounter(total={self.total}{', ' if names else ''}{names}{more})"
+
+
+_LAUNCH_COUNTERS: list[LaunchCounter] = []
+
+
+def record_launch(name: str, *, kernel: bool = False) -> None:
+    """Count one device operation under ``name`` (``kernel``: a Numba CUDA kernel)."""
+    if not _LAUNCH_COUNTERS:
+        return
+    with _COUNTERS_LOCK:
+        for counter in _LAUNCH_COUNTERS:
+            counter.by_name[name] += 1
+            if kernel:
+                counter.kernels[name] += 1
+
+
+def _kernel_name(kernel: Any) -> str:
+    """The Python name of a ``@cuda.jit`` kernel (``fn`` under the simulator, ``py_func``
+    on a GPU): the name a profiler shows."""
+    for attribute in ("fn", "py_func"):
+        function = getattr(kernel, attribute, None)
+        if function is not None:
+            return getattr(function, "__name__", repr(function))
+    return getattr(kernel, "__name__", type(kernel).__name__)
+
+
+def _observe_simulated_launch(kernel: Any, args: tuple) -> None:
+    """refdml's ``SIMULATED_LAUNCH_OBSERVERS`` entry: one launch per ``cuda_launch``."""
+    record_launch(_kernel_name(kernel), kernel=True)
+
+
+def _launch_observers() -> list | None:
+    """refdml's list of simulated-launch observers, or None where refdml is not installed
+    (the stand-in alone). A refdml without the list is an error, not a silent zero."""
+    try:
+        from refdml._compiled import _support
+    except ModuleNotFoundError as exc:
+        if exc.name in ("refdml", "refdml._compiled"):
+            return None
+        raise
+    observers = getattr(_support, "SIMULATED_LAUNCH_OBSERVERS", None)
+    if not isinstance(observers, list):
+        raise RuntimeError("refdml._compiled._support.SIMULATED_LAUNCH_OBSERVERS is not a list: "
+                           "count_launches cannot see refdml's CUDA kernel launches")
+    return observers
+
+
+@contextlib.contextmanager
+def count_launches() -> Iterator[LaunchCounter]:
+    """Count the device operations of the enclosed block: ``with count_launches() as c: ...``.
+
+    The model: one launch for each operation that a real CuPy runs on the device as a
+    kernel (or a memset), counted where the stand-in runs it:
+
+    - a ufunc call on device arrays or scalars (``x + 1``, ``cupy.exp(x)``, ``x @ y``,
+      in-place ``x += 1``): one; its ``reduce``, ``accumulate``, ``outer``, ``at``: one;
+    - a reduction (``x.sum()``, ``cupy.max(x, axis=0)``, ``cupy.count_nonzero``): one;
+    - a ``cupy.<function>`` or array method whose result is a new device array (``where``,
+      ``concatenate``, ``matmul``, ``einsum``, ``copy``, ``take``, ``astype`` that copies,
+      ``zeros``, ``ones``, ``full``, ``arange``, ``linalg.*``), that writes through ``out=``,
+      or that changes an array in place (``copyto``, ``put``, ``ndarray.sort``): one per call,
+      however many arrays it returns;
+    - indexing: ``__getitem__`` with an integer or boolean array or a list in the key (a
+      gather): one; ``__setitem__`` and ``fill``: one; ``cupyx.scatter_add`` (and
+      ``_max``, ``_min``): one;
+    - a Numba CUDA kernel launched through refdml's ``cuda_launch`` under the simulator: one,
+      under the kernel's Python name (an observer in
+      ``refdml._compiled._support.SIMULATED_LAUNCH_OBSERVERS``, registered while a counter
+      is open).
+
+    Zero for what computes nothing: metadata and views (``reshape``, ``transpose``, ``.T``,
+    basic slicing, ``broadcast_to``, ``expand_dims``, ``squeeze``: any result that is a view
+    of an input), ``empty``/``empty_like``, ``ascontiguousarray`` of a C-contiguous array,
+    ``asarray``/``astype(copy=False)`` of a device array already of the dtype, host-side
+    queries (``result_type``, ``shape``), an operation whose every result is empty (CuPy
+    returns before launching), and host-to-device copies (``cupy.asarray`` of host data:
+    a copy-engine transfer, counted as an upload by :func:`count_transfers`).
+
+    Known deviations from real CuPy, so that a count is a floor for some names: CuPy fuses
+    nothing by default (each ufunc is its own kernel, as here; ``cupy.fuse`` is unused by
+    refdml); cuBLAS may run more than one kernel for a product (split-K, a reduction), and
+    CuPy copies a non-contiguous operand of ``matmul``/``dot``/``einsum`` first; ``einsum``
+    may add transposes and copies; a reduction may run in two passes; ``mean``/``var``/
+    ``std`` run several kernels; ``nonzero``, ``cumsum``, boolean-mask indexing and sorting
+    run scans (CUB, several kernels); ``concatenate`` of arrays CuPy cannot handle in one
+    kernel copies each; cuSOLVER (``linalg``) runs several; ``eye`` is a memset and a fill;
+    ``cupyx.scipy.special`` functions that are compositions in CuPy (``logsumexp``,
+    ``softmax``) run several kernels; ``zeros`` is a memset, not a kernel. Each of these counts
+    one. Numba's own launch overhead and CuPy's kernel compilation are not launches.
+    """
+    counter = LaunchCounter()
+    observers = _launch_observers()
+    with _COUNTERS_LOCK:
+        _LAUNCH_COUNTERS.append(counter)
+        if observers is not None and _observe_simulated_launch not in observers:
+            observers.append(_observe_simulated_launch)
+    try:
+        yield counter
+    finally:
+        with _COUNTERS_LOCK:
+            _LAUNCH_COUNTERS.remove(counter)
+            if (observers is not None and not _LAUNCH_COUNTERS
+                    and _observe_simulated_launch in observers):
+                observers.remove(_observe_simulated_launch)
+
+
+def _root(array: Any) -> Any:
+    """The object whose memory ``array`` views (itself when it owns its data)."""
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return array
+
+
+def _computes(result: Any, input_roots: set[int]) -> bool:
+    """Whether ``result`` (NumPy's, before wrapping) holds a non-empty array that is not a
+    view of an input: something a kernel wrote."""
+    if isinstance(result, np.ndarray):
+        return result.size > 0 and id(_root(result)) not in input_roots
+    if isinstance(result, np.generic):
+        return True
+    if isinstance(result, (tuple, list)):
+        return any(_computes(item, input_roots) for item in result)
+    return False
+
+
+def _launch_name(where: str) -> str:
+    """``"cupy.linalg.cholesky"`` -> ``"linalg.cholesky"``, ``"cupy.ndarray.sum"`` ->
+    ``"ndarray.sum"``; ``"cupyx.scipy.special.logsumexp"`` stays."""
+    return where[len("cupy."):] if where.startswith("cupy.") else where
+
+
+#: Names that allocate without writing (no kernel, whatever the result looks like).
+ALLOCATE_ONLY = frozenset(("empty", "empty_like"))
+
+
+def _is_gather(key: Any) -> bool:
+    """An index with an array or a list in it: CuPy gathers (``take``) with a kernel."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(part, (np.ndarray, list)) for part in parts)
+
+
 # ------------------------------------------------------------------------------ wrapping
 
 _PYTHON_SCALARS = (bool, int, float, complex)
@@ -227,6 +407,9 @@ def call_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict, where:
         result = tuple(flush_float32_subnormals(r, in_place=True) for r in result)
     else:
         result = flush_float32_subnormals(result, in_place=True)
+    if _LAUNCH_COUNTERS and (method == "at" or _computes(result if out is None
+                                                         else kwargs["out"], set())):
+        record_launch(ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}")
     return wrap(result, seen)
 
 
@@ -254,13 +437,26 @@ def flush_float32_subnormals(value: Any, *, in_place: bool = False) -> Any:
 
 
 def call_function(function: Any, args: tuple, kwargs: dict, where: str, *,
-                  host_ok: bool = False) -> Any:
-    """A NumPy function on stand-in arrays: unwrapped in, wrapped out, NumPy arrays refused."""
+                  host_ok: bool = False, owner: np.ndarray | None = None) -> Any:
+    """A NumPy function on stand-in arrays: unwrapped in, wrapped out, NumPy arrays refused.
+
+    Counted as one launch (:func:`count_launches`) under ``where`` when it computes: its
+    result holds a new non-empty array (not a view of an input, nor of ``owner``, the array
+    of a method), or it writes through ``out=``, or it returns None (an in-place change).
+    """
     seen: dict = {}
     args = unwrap(tuple(args), where, seen, host_ok=host_ok)
     kwargs = {k: unwrap(v, where, seen, host_ok=host_ok) for k, v in kwargs.items()}
     with np.errstate(all="ignore"):
         result = function(*args, **kwargs)
+    if _LAUNCH_COUNTERS:
+        name = _launch_name(where)
+        roots = {id(_root(device._a)) for device in seen.values()}
+        if owner is not None:
+            roots.add(id(_root(owner)))
+        written = kwargs.get("out") is not None or result is None
+        if name not in ALLOCATE_ONLY and (written or _computes(result, roots)):
+            record_launch(name)
     return wrap(result, seen)
 
 
@@ -334,6 +530,7 @@ def _comparison(name: str, fill: bool | None):
         # CuPy: == and != with an object of no __eq__ of its own (None, ...) is all False /
         # all True, not an error.
         if fill is not None and (other is None or type(other).__eq__ is object.__eq__):
+            record_launch(name)
             return ndarray._wrap(np.full(self._a.shape, fill, dtype=bool))
         return call_ufunc(ufunc, "__call__", (self, other), {}, f"cupy.ndarray comparison ({name})")
 
@@ -528,9 +725,11 @@ class ndarray:
         return _rebuild, (self._copy_to_host("A"),)
 
     def __copy__(self) -> ndarray:
+        record_launch("ndarray.copy")
         return ndarray._wrap(self._a.copy())
 
     def __deepcopy__(self, memo) -> ndarray:
+        record_launch("ndarray.copy")
         return ndarray._wrap(self._a.copy())
 
     # ------------------------------------------------------------------ containers
@@ -548,7 +747,10 @@ class ndarray:
         # CuPy takes NumPy arrays and lists as indices (copied to the device).
         key = unwrap(index, "cupy.ndarray indexing", host_ok=True)
         _count_masks(key)
-        return wrap(self._a[key])
+        result = self._a[key]
+        if _is_gather(key) and np.size(result) > 0:
+            record_launch("ndarray.__getitem__")
+        return wrap(result)
 
     def __setitem__(self, index, value) -> None:
         key = unwrap(index, "cupy.ndarray assignment", host_ok=True)
@@ -560,6 +762,7 @@ class ndarray:
             # NumPy array as a scalar to fill with.
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         self._a[key] = value
+        record_launch("ndarray.__setitem__")
 
     def fill(self, value) -> None:
         if isinstance(value, ndarray):
@@ -569,6 +772,8 @@ class ndarray:
         elif np.ndim(value) != 0:
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         self._a.fill(value)
+        if self._a.size:
+            record_launch("ndarray.fill")
 
     def view(self, dtype=None, type=None) -> ndarray:
         if type is not None and type is not ndarray:
@@ -581,7 +786,8 @@ class ndarray:
 
             def device_method(*args, **kwargs):
                 count_shape_syncs(name, (self, *args), kwargs)
-                return call_function(method, args, kwargs, f"cupy.ndarray.{name}")
+                return call_function(method, args, kwargs, f"cupy.ndarray.{name}",
+                                     owner=self._a)
 
             device_method.__name__ = name
             return device_method

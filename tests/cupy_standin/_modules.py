@@ -25,6 +25,7 @@ from cupy_standin._array import (
     call_ufunc,
     count_shape_syncs,
     ndarray,
+    record_launch,
     record_transfer,
     record_upload,
     unwrap,
@@ -88,6 +89,8 @@ def _function(function: Any, where: str, name: str) -> Any:
         result = call_function(function, args, kwargs, where)
         count_shape_syncs(name, args, kwargs)
         if name in _ARRAY_RESULT and isinstance(result, (bool, int, float, np.generic)):
+            if not isinstance(result, np.generic):   # (call_function counted a NumPy scalar)
+                record_launch(name)                   # a reduction on the device in CuPy
             return ndarray._wrap(np.asarray(result))
         return result
 
@@ -163,16 +166,19 @@ def get_array_module(*args) -> types.ModuleType:
 
 
 def scatter_add(a: ndarray, slices, value) -> None:
+    record_launch("cupyx.scatter_add")
     np.add.at(unwrap(a, "cupyx.scatter_add"), unwrap(slices, "cupyx.scatter_add", host_ok=True),
               unwrap(value, "cupyx.scatter_add"))
 
 
 def scatter_max(a: ndarray, slices, value) -> None:
+    record_launch("cupyx.scatter_max")
     np.maximum.at(unwrap(a, "cupyx.scatter_max"), unwrap(slices, "cupyx.scatter_max", host_ok=True),
                   unwrap(value, "cupyx.scatter_max"))
 
 
 def scatter_min(a: ndarray, slices, value) -> None:
+    record_launch("cupyx.scatter_min")
     np.minimum.at(unwrap(a, "cupyx.scatter_min"), unwrap(slices, "cupyx.scatter_min", host_ok=True),
                   unwrap(value, "cupyx.scatter_min"))
 
@@ -183,6 +189,7 @@ def cholesky(a: ndarray) -> ndarray:
     by default ("ignore") there is no ``LinAlgError`` and the factor means nothing. The
     stand-in returns NaN there, so that code relying on NumPy's exception shows."""
     host = unwrap(a, "cupy.linalg.cholesky")
+    record_launch("linalg.cholesky")
     try:
         with np.errstate(all="ignore"):
             factor = np.linalg.cholesky(host)
