@@ -8,7 +8,8 @@
 # stand-in's memory (refdml/_compiled/_support.cuda_launch hands them host views).
 #
 # Steps (each with its exit status; the script exits 1 if any fails):
-#   standin    the stand-in's own tests, the synchronisation counts of the operators, and
+#   standin    the stand-in's own tests, the synchronisation counts of the operators, their
+#              launch and synchronisation ceilings (tests/gpu/test_gpu_launch_counts.py), and
 #              the CuPy rows of the parity suite, the kernel tests' CUDA rows, the fast
 #              checks, the optimiser and `refdml gpu-check` (in-process: tests/cli/test_cli.py)
 #   crosscheck the CPU vs "GPU" training trajectories (tests/train/test_train_crosscheck.py) on the
@@ -40,7 +41,8 @@ step() {   # step NAME COMMAND...
 }
 
 step standin "$pytest" -q -p no:cacheprovider \
-    tests/gpu/test_cupy_standin.py tests/gpu/test_gpu_sync_counts.py tests/gpu/test_gpu_fast_checks.py \
+    tests/gpu/test_cupy_standin.py tests/gpu/test_gpu_sync_counts.py tests/gpu/test_gpu_launch_counts.py \
+    tests/gpu/test_gpu_fast_checks.py \
     tests/gpu/test_gpu_parity.py tests/gpu/test_gpu_parity_api.py tests/gpu/test_gpu_kernels_gsp.py \
     tests/gpu/test_gpu_kernels_kcenter.py tests/gpu/test_gpu_kernels_losses.py \
     tests/gpu/test_gpu_kernels_ot.py tests/gpu/test_gpu_kernels_retrieval.py tests/train/test_train_optim.py \

@@ -1,0 +1,393 @@
+"""Kernel launches and host synchronisations of the fast path on CuPy, counted on the CuPy
+stand-in (tests/cupy_standin) and held to ceilings (issue 35: on an H200 the fast path was
+launch- and sync-bound, so a rise in either is a regression even where CI cannot time it).
+
+Two parts:
+
+- the counter itself (:func:`cupy_standin.count_launches`), on small calls whose counts are
+  worked out by hand beside them, so that its rule cannot silently count zero; these build
+  the stand-in's modules without installing them and run in every session;
+- the ceilings: every catalogue operator's mirror, forward and backward in float32 on the
+  catalogue's inputs (``make_inputs`` with seed 0), under ``use_kernels("array")`` and, where
+  the entry lists CUDA kernels, ``use_kernels("cuda")`` (Numba's simulator), with the data
+  checks off (:func:`refdml.gpu.set_finite_checks`); and one digits-collage training step
+  (batch 64, array path). These need the stand-in installed (``REFDML_CUPY_STANDIN=1``,
+  scripts/ci_cupy_standin.sh) and skip otherwise.
+
+The ceilings are the counts measured when each was set, exactly: a rise fails, with the
+operator, mode, count, ceiling and the names that launch most; a fall passes with a
+``CountFellWarning`` that says what to lower the ceiling to. The table is keyed by catalogue
+name and kernel mode only, so that moving or renaming kernels inside refdml.gpu does not
+touch it. The launch model (what counts one, and where real CuPy launches more) is the
+docstring of ``count_launches``; docs/gpu.md, "Costs counted without a GPU", has the table's
+totals. Counts of the iterative operators (Sinkhorn, GSP's Newton solve) include their loop
+iterations on these inputs.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+import pytest
+from numba import cuda
+from numpy.testing import assert_array_equal
+
+import cupy_standin
+from cupy_standin import count_launches, count_transfers
+
+MODULES = cupy_standin.build_modules()
+cp = MODULES["cupy"]
+cupyx = MODULES["cupyx"]
+
+
+class CountFellWarning(UserWarning):
+    """A count fell below its ceiling: lower the ceiling to keep the gain."""
+
+
+# ------------------------------------------------------------------ the ceilings
+# Forward + backward of each catalogue operator's mirror in float32 (data checks off).
+#   (catalogue name,                          kernel mode): (launches, host syncs)
+CEILINGS: dict[tuple[str, str], tuple[int, int]] = {
+    ("crossbatch.cross_fit",                   "array"): (109, 3),
+    ("crossbatch.xml_loss",                    "array"): (297, 6),
+    ("crossbatch.zero_shot_loss",              "array"): (144, 4),
+    ("crossbatch.zero_shot_loss",              "cuda"):  (134, 4),
+    ("distances.cosine",                       "array"): (48, 0),
+    ("distances.euclidean",                    "array"): (39, 0),
+    ("distances.sq_euclidean",                 "array"): (36, 0),
+    ("gsp.cost_map",                           "array"): (96, 4),
+    ("gsp.pool",                               "array"): (689, 6),
+    ("gsp.pool",                               "cuda"):  (60, 4),
+    ("gsp.pool_gemean",                        "array"): (705, 5),
+    ("gsp.pool_gemean",                        "cuda"):  (92, 4),
+    ("gsp.weight_transport",                   "array"): (584, 2),
+    ("gsp.weight_transport",                   "cuda"):  (14, 2),
+    ("histogram.convex_combination",           "array"): (3, 0),
+    ("histogram.entropic",                     "array"): (46, 0),
+    ("histogram.entropic",                     "cuda"):  (37, 0),
+    ("losses.contrastive",                     "array"): (58, 1),
+    ("losses.contrastive_cosine",              "array"): (52, 1),
+    ("losses.contrastive_no_positive",         "array"): (58, 1),
+    ("losses.generalized_contrastive",         "array"): (58, 1),
+    ("losses.multi_similarity",                "array"): (113, 1),
+    ("losses.multi_similarity",                "cuda"):  (85, 1),
+    ("losses.proxy_anchor",                    "array"): (85, 1),
+    ("losses.proxy_nca",                       "array"): (70, 1),
+    ("losses.soft_triple",                     "array"): (136, 2),
+    ("losses.soft_triple",                     "cuda"):  (126, 2),
+    ("losses.triplet",                         "array"): (67, 2),
+    ("losses.triplet_batch_hard",              "array"): (73, 1),
+    ("normalize.clip_normalize",               "array"): (29, 0),
+    ("normalize.l2_normalize",                 "array"): (22, 0),
+    ("ot.entropic_ot",                         "array"): (302, 5),
+    ("ot.entropic_ot",                         "cuda"):  (148, 5),
+    ("ot.entropic_ot_batched",                 "array"): (519, 5),
+    ("ot.entropic_ot_batched",                 "cuda"):  (225, 5),
+    ("ot.entropic_ot_transport_cost",          "array"): (324, 5),
+    ("ot.entropic_ot_transport_cost",          "cuda"):  (170, 5),
+    ("ot.pairwise_sinkhorn_divergence",        "array"): (729, 10),
+    ("ot.pairwise_sinkhorn_divergence",        "cuda"):  (202, 5),
+    ("ot.sinkhorn_divergence",                 "array"): (1097, 17),
+    ("ot.sinkhorn_divergence",                 "cuda"):  (649, 17),
+    ("ot.sinkhorn_divergence_transport_cost",  "array"): (1113, 20),
+    ("ot.sinkhorn_divergence_transport_cost",  "cuda"):  (665, 20),
+    ("ot.wcontrastive",                        "array"): (1614, 17),
+    ("ot.wcontrastive",                        "cuda"):  (281, 8),
+    ("ot.wcontrastive_p1",                     "array"): (790, 13),
+    ("ot.wcontrastive_p1",                     "cuda"):  (263, 8),
+    ("ot.wtriplet",                            "array"): (1628, 18),
+    ("ot.wtriplet",                            "cuda"):  (295, 9),
+    ("prototypes.ridge_fit_kernel",            "array"): (54, 1),
+    ("prototypes.ridge_fit_primal",            "array"): (54, 1),
+    ("train.conv2d",                           "array"): (48, 0),
+    ("train.conv2d_strided",                   "array"): (48, 0),
+    ("train.embedding",                        "array"): (3, 0),
+    ("train.gap",                              "array"): (3, 0),
+    ("train.gemean",                           "array"): (16, 0),
+    ("train.gmp",                              "array"): (9, 0),
+    ("train.linear",                           "array"): (5, 0),
+    ("train.local_linear",                     "array"): (7, 0),
+    ("train.relu",                             "array"): (3, 0),
+}
+
+# One digits-collage training step (zero_grad, model forward, objective forward and
+# backward, model backward, Adam step) at the study's batch of 64, float32, array path:
+# the step that bench_gpu.py's "train" section times (goal < 5 ms). Its CUDA kernels
+# under the simulator take longer than this whole file may (about 40 s a step).
+TRAIN_STEP_CEILING = {"array": (1515, 12)}
+
+standin = pytest.mark.skipif(
+    not getattr(sys.modules.get("cupy"), "__refdml_standin__", False),
+    reason="counts launches on the CuPy stand-in: REFDML_CUPY_STANDIN=1 "
+           "(scripts/ci_cupy_standin.sh)")
+
+
+# ------------------------------------------------------------------ the counter itself
+def _x(shape=(3, 4)):
+    return cp.asarray(np.arange(np.prod(shape), dtype=np.float64).reshape(shape))
+
+
+def _counted(call):
+    with count_launches() as counter:
+        result = call()
+    return result, counter
+
+
+# Each call with its launches counted by hand under the model of count_launches.
+HAND_COUNTED = {
+    # ufuncs and operators: one each, in place and with scalars too
+    "x + 1": (lambda x: x + 1, {"add": 1}),
+    "exp(x) * 2": (lambda x: cp.exp(x) * 2.0, {"exp": 1, "multiply": 1}),
+    "x += 1": (lambda x: x.__iadd__(1.0), {"add": 1}),
+    "-x < 0": (lambda x: -x < 0, {"negative": 1, "less": 1}),
+    "exp(2.0)": (lambda x: cp.exp(2.0), {"exp": 1}),
+    "x @ x.T": (lambda x: x @ x.T, {"matmul": 1}),
+    "divmod": (lambda x: divmod(x, 2.0), {"divmod": 1}),
+    # reductions: one each, however many axes
+    "x.sum()": (lambda x: x.sum(), {"ndarray.sum": 1}),
+    "max(x, axis=0)": (lambda x: cp.max(x, axis=0), {"max": 1}),
+    "add.reduce": (lambda x: cp.add.reduce(x, axis=1), {"add.reduce": 1}),
+    "count_nonzero": (lambda x: cp.count_nonzero(x), {"count_nonzero": 1}),
+    "allclose": (lambda x: cp.allclose(x, x), {"allclose": 1}),
+    # functions that write a new array: one per call
+    "where(c, x, 0)": (lambda x: cp.where(x > 2, x, 0.0), {"greater": 1, "where": 1}),
+    "concatenate": (lambda x: cp.concatenate([x, x, x]), {"concatenate": 1}),
+    "zeros, ones, full": (lambda x: (cp.zeros(3), cp.ones(3), cp.full(3, 2.0)),
+                          {"zeros": 1, "ones": 1, "full": 1}),
+    "astype float32": (lambda x: x.astype(np.float32), {"ndarray.astype": 1}),
+    "copy": (lambda x: x.copy(), {"ndarray.copy": 1}),
+    "einsum": (lambda x: cp.einsum("ij,kj->ik", x, x), {"einsum": 1}),
+    "ascontiguousarray of x.T": (lambda x: cp.ascontiguousarray(x.T), {"ascontiguousarray": 1}),
+    "reshape of x.T (a copy)": (lambda x: x.T.reshape(12), {"ndarray.reshape": 1}),
+    "copyto (in place)": (lambda x: cp.copyto(x, 1.0), {"copyto": 1}),
+    "sum with out=": (lambda x: cp.sum(x, axis=0, out=cp.empty(4)), {"empty": 0, "sum": 1}),
+    # indexing
+    "x[[0, 2]]": (lambda x: x[[0, 2]], {"ndarray.__getitem__": 1}),
+    "x[device index]": (lambda x: x[cp.arange(2)], {"arange": 1, "ndarray.__getitem__": 1}),
+    "x[x > 3]": (lambda x: x[x > 3], {"greater": 1, "ndarray.__getitem__": 1}),
+    "x[0] = 1": (lambda x: x.__setitem__(0, 1.0), {"ndarray.__setitem__": 1}),
+    "x.fill(0)": (lambda x: x.fill(0.0), {"ndarray.fill": 1}),
+    "scatter_add": (lambda x: cupyx.scatter_add(x, cp.arange(2), 1.0),
+                    {"arange": 1, "cupyx.scatter_add": 1}),
+    # nothing computed: views, metadata, allocation, same-dtype conversions, empty results
+    "views": (lambda x: (x.reshape(4, 3), x.T, x[1:], x[0], x[..., None], x.ravel(),
+                         cp.broadcast_to(x[0], (2, 4)), cp.expand_dims(x, 0), x.squeeze(),
+                         x.transpose(1, 0), x.swapaxes(0, 1)), {}),
+    "metadata": (lambda x: (x.shape, x.dtype, cp.result_type(x, 1.0), cp.shape(x), len(x),
+                            cp.ndim(x)), {}),
+    "empty": (lambda x: (cp.empty((3, 4)), cp.empty_like(x)), {}),
+    "same dtype": (lambda x: (cp.asarray(x), cp.ascontiguousarray(x),
+                              x.astype(np.float64, copy=False), cp.asarray(x, dtype=x.dtype)),
+                   {}),
+    "empty results": (lambda x: (x[:0] + 1, cp.exp(x[:, :0]), x[[]]), {}),
+    "upload": (lambda x: cp.asarray(np.ones(3)), {}),
+}
+
+
+@pytest.mark.parametrize("label", list(HAND_COUNTED))
+def test_standin_launch_counter_counts_each_operation_by_hand(label):
+    call, expected = HAND_COUNTED[label]
+    x = _x()
+    _, counter = _counted(lambda: call(x))
+    wanted = {name: n for name, n in expected.items() if n}
+    assert dict(counter.by_name) == wanted, (label, counter)
+    assert counter.total == sum(wanted.values()) and not counter.kernels, (label, counter)
+
+
+def test_standin_launch_counter_sums_a_small_computation():
+    # softmax of each row, written out: max (1), subtract (1), exp (1), sum (1), divide (1);
+    # the keepdims results and the slices are views. Then one gather and one assignment.
+    x = _x((5, 6))
+    _, counter = _counted(lambda: _softmax_and_scatter(x))
+    assert counter.total == 5 + 2, counter
+    assert counter.top(2) == [("divide", 1), ("exp", 1)], counter.top(2)
+
+
+def _softmax_and_scatter(x):
+    shifted = x - cp.max(x, axis=1, keepdims=True)
+    weights = cp.exp(shifted)
+    softmax = weights / weights.sum(axis=1, keepdims=True)
+    softmax[0] = softmax[cp.asarray(np.array([1]))][0]
+    return softmax
+
+
+def test_standin_launch_counters_nest_and_stop_on_exit():
+    x = _x()
+    with count_launches() as outer:
+        x + 1
+        with count_launches() as inner:
+            x * 2
+        x - 3
+    x / 4
+    assert (outer.total, inner.total) == (3, 1), (outer, inner)
+    assert dict(inner.by_name) == {"multiply": 1}
+
+
+def test_standin_launch_counter_leaves_transfers_to_their_counter():
+    # A host read is a transfer, not a launch; the reduction before it is a launch.
+    x = _x()
+    with count_launches() as launches, count_transfers() as transfers:
+        float(x.sum())
+    assert (launches.total, transfers.total, transfers["float"]) == (1, 1, 1)
+
+
+def test_standin_launch_counter_top_rejects_bad_n():
+    with count_launches() as counter:
+        pass
+    with pytest.raises(ValueError, match="n == 0"):
+        counter.top(0)
+    with pytest.raises(TypeError, match="n must be an int"):
+        counter.top(2.0)
+    assert counter.total == 0 and counter.top() == [] and "total=0" in repr(counter)
+
+
+def _add_one(x, out):
+    # (the simulator swaps the module-level name ``cuda`` inside the kernel: not a local)
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        out[i] = x[i] + 1.0
+
+
+def test_standin_launch_counter_counts_each_simulated_cuda_launch(monkeypatch):
+    # refdml's cuda_launch calls SIMULATED_LAUNCH_OBSERVERS once per launch under the
+    # simulator; count_launches registers its observer there while a counter is open.
+    from refdml._compiled import _support
+
+    if not _support.cuda_simulator():
+        pytest.skip("needs Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
+    # a throwaway kernel: not in the registry that tests/conftest.py checks launches against
+    monkeypatch.setattr(_support, "SIMULATED_LAUNCH_OBSERVERS", [])
+    kernel = cuda.jit(_add_one)
+    x, out = np.arange(5.0), np.zeros(5)
+    with count_launches() as counter:
+        for _ in range(3):
+            _support.cuda_launch(kernel, 1, 8, x, out)
+    assert_array_equal(out, x + 1.0)
+    assert dict(counter.by_name) == {"_add_one": 3} and dict(counter.kernels) == {"_add_one": 3}
+    assert _support.SIMULATED_LAUNCH_OBSERVERS == [], "the observer stays registered"
+    _support.cuda_launch(kernel, 1, 8, x, out)        # no counter open: nothing counted
+    assert counter.total == 3
+
+
+# ------------------------------------------------------------------ ceilings on the stand-in
+def _catalogue_counts(name, mode):
+    """``{"forward": (launches, transfers), "backward": (...)}``: the counters of catalogue
+    entry ``name``'s mirror in float32 under ``use_kernels(mode)`` on the installed stand-in."""
+    import cupy
+
+    from refdml.catalog import get
+    from refdml.gpu import use_kernels
+
+    spec = get(name)
+    forward, backward = spec.mirror_pair()
+    rng = np.random.default_rng(0)
+    inputs = {k: (cupy.asarray(v.astype(np.float32) if v.dtype.kind == "f" else v)
+                  if isinstance(v, np.ndarray) else v)
+              for k, v in spec.make_inputs(rng).items()}
+    with use_kernels(mode):
+        with count_launches() as fwd, count_transfers() as fwd_syncs:
+            out, ctx = forward(**inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        upstream = [cupy.asarray(rng.standard_normal(o.shape).astype(np.float32))
+                    if getattr(o, "ndim", 0) else 0.5 for o in outs]
+        with count_launches() as bwd, count_transfers() as bwd_syncs:
+            backward(ctx, *upstream)
+    return {"forward": (fwd, fwd_syncs), "backward": (bwd, bwd_syncs)}
+
+
+def _check_ceiling(what, parts, ceiling):
+    """Fail on a rise (naming the top launchers), warn on a fall. ``parts``: counters
+    ``(launches, transfers)`` by the part of the call they counted."""
+    total = sum(launches.total for launches, _ in parts.values())
+    synced = sum(syncs.total for _, syncs in parts.values())
+    max_launches, max_syncs = ceiling
+    merged = collections.Counter()
+    for launches, _ in parts.values():
+        merged.update(launches.by_name)
+    top = ", ".join(f"{name} {n}" for name, n in sorted(
+        merged.items(), key=lambda item: (-item[1], item[0]))[:8])
+    split = ", ".join(f"{part} {launches.total}" for part, (launches, _) in parts.items())
+    kinds = "; ".join(f"{part} {dict(syncs.by_kind)}" for part, (_, syncs) in parts.items())
+    detail = f"launches: {split}; top launchers: {top}; host syncs by kind: {kinds}"
+    assert total <= max_launches, (
+        f"{what}: {total} launches, ceiling {max_launches} (+{total - max_launches}); {detail}")
+    assert synced <= max_syncs, (
+        f"{what}: {synced} host syncs, ceiling {max_syncs} (+{synced - max_syncs}); {detail}")
+    if (total, synced) != (max_launches, max_syncs):
+        warnings.warn(f"{what}: {total} launches and {synced} host syncs, below the ceiling "
+                      f"{ceiling}: lower it in tests/gpu/test_gpu_launch_counts.py",
+                      CountFellWarning, stacklevel=2)
+
+
+def _mirrored_modes():
+    """``(name, mode)`` for every catalogue entry with a mirror: "array", and "cuda" where
+    the entry lists CUDA kernels."""
+    from refdml.catalog import all_operators
+
+    return [(spec.name, mode) for spec in all_operators() if spec.mirror is not None
+            for mode in ("array", "cuda") if mode == "array" or "cuda" in spec.mirror_kernels]
+
+
+def test_every_mirrored_operator_has_a_ceiling_on_the_standin():
+    # A new operator (or kernel mode) needs a ceiling; a ceiling of nothing is stale.
+    measured = set(_mirrored_modes())
+    missing, stale = sorted(measured - set(CEILINGS)), sorted(set(CEILINGS) - measured)
+    assert not missing and not stale, f"no ceiling for {missing}; no operator for {stale}"
+
+
+@pytest.fixture
+def data_checks_off():
+    from refdml.gpu import set_finite_checks
+
+    set_finite_checks(False)
+    yield
+    set_finite_checks(True)
+
+
+@standin
+@pytest.mark.parametrize(("name", "mode"), sorted(CEILINGS), ids=lambda v: str(v))
+def test_launches_and_syncs_on_the_standin_within_ceilings(name, mode, data_checks_off):
+    parts = _catalogue_counts(name, mode)
+    _check_ceiling(f"{name} [{mode}]", parts, CEILINGS[name, mode])
+    kernels = sum(sum(launches.kernels.values()) for launches, _ in parts.values())
+    # the CUDA rows run at least one of the family's kernels (else they test nothing new);
+    # the array rows none
+    assert (kernels > 0) == (mode == "cuda"), (name, mode, parts)
+
+
+@standin
+@pytest.mark.parametrize("mode", sorted(TRAIN_STEP_CEILING))
+def test_a_digits_collage_train_step_on_the_standin_within_ceilings(mode, data_checks_off):
+    import cupy
+
+    from refdml.gpu import use_kernels
+    from refdml.train.runs import build_run
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        run = build_run("digits-collage", dict(dtype="float32", device="cuda", epochs=0,
+                                               progress=False), out_dir=out_dir)
+        trainer = run.trainer
+        batch = next(iter(trainer.train_sampler))
+        assert len(batch) == 64, len(batch)              # the study's batch, the goal's size
+        x = cupy.asarray(trainer.train_x[batch].astype(np.float32))
+        labels = cupy.asarray(trainer.train_y[batch])
+
+        def step():
+            trainer.optimizer.zero_grad()
+            outputs, ctx = run.model.forward(x)
+            loss, objective_ctx = run.objective.forward(outputs, labels)
+            run.model.backward(ctx, run.objective.backward(objective_ctx, 1.0))
+            trainer.optimizer.step()
+            return loss
+
+        with use_kernels(mode):
+            step()                                # a first step: lazy state, as a loop has
+            with count_launches() as launches, count_transfers() as syncs:
+                loss = step()
+    assert np.isfinite(loss), loss
+    _check_ceiling(f"digits-collage train step, batch 64 [{mode}]", {"step": (launches, syncs)},
+                   TRAIN_STEP_CEILING[mode])
