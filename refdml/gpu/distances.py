@@ -34,18 +34,15 @@ from refdml._validation import (
     as_fast_array, check_context, check_fast_upstream, data_checks, result_dtype,
 )
 from refdml._xp import ArrayNamespace, array_namespace
-from refdml.distances import (
-    CosineContext,
-    DistanceGrads,
-    EuclideanContext,
-    SqEuclideanContext,
-    _check_pair_shapes,
-    _check_sq_range,
-    _cosine_backward,
-    _cosine_forward,
-    _euclidean_backward,
-    _sq_euclidean_backward,
+from refdml._shared.distances import (
+    check_pair_shapes,
+    check_sq_range,
+    cosine_backward_xp,
+    cosine_forward_xp,
+    euclidean_backward_xp,
+    sq_euclidean_backward_xp,
 )
+from refdml.distances import CosineContext, DistanceGrads, EuclideanContext, SqEuclideanContext
 from refdml.gpu.normalize import _quiet
 
 __all__ = [
@@ -70,7 +67,7 @@ def _check_pair(x, y) -> tuple[ArrayNamespace, Any, Any]:
     dtype = result_dtype(x, y) if hasattr(x, "dtype") and hasattr(y, "dtype") else None
     x = as_fast_array(x, "x", min_ndim=2, dtype=dtype, ns=ns)
     y = as_fast_array(y, "y", min_ndim=2, dtype=x.dtype, ns=ns)
-    _check_pair_shapes(x, y)
+    check_pair_shapes(x, y)
     return ns, x, y
 
 
@@ -185,7 +182,7 @@ def euclidean_backward(ctx: EuclideanContext, d_distance) -> DistanceGrads:
     check_context(ctx, "ctx", EuclideanContext)
     ns = array_namespace(ctx.distance)
     g = check_fast_upstream(d_distance, "d_distance", ctx.distance.shape, ns, ctx.distance.dtype)
-    return _euclidean_backward(ctx, g, xp=ns.xp)
+    return euclidean_backward_xp(ctx, g, xp=ns.xp)
 
 
 def euclidean(x, y) -> Any:
@@ -197,7 +194,7 @@ def _sq_euclidean_forward(ns: ArrayNamespace, x: Any, y: Any) -> tuple[Any, SqEu
     xp = ns.xp
     distance = _pairwise_sq(xp, x, y)
     if data_checks(ns):
-        _check_sq_range(distance, x, y, xp=xp)
+        check_sq_range(distance, x, y, xp=xp)
     return distance, SqEuclideanContext(x=x, y=y, shape=tuple(distance.shape))
 
 
@@ -212,7 +209,7 @@ def sq_euclidean_backward(ctx: SqEuclideanContext, d_distance) -> DistanceGrads:
     check_context(ctx, "ctx", SqEuclideanContext)
     ns = array_namespace(ctx.x)
     g = check_fast_upstream(d_distance, "d_distance", ctx.shape, ns, ctx.x.dtype)
-    return _sq_euclidean_backward(ctx, g, xp=ns.xp)
+    return sq_euclidean_backward_xp(ctx, g, xp=ns.xp)
 
 
 def sq_euclidean(x, y) -> Any:
@@ -223,7 +220,7 @@ def sq_euclidean(x, y) -> Any:
 def cosine_forward(x, y) -> tuple[Any, CosineContext]:
     """Pairwise cosine similarities ``S (..., n, m)``; ``(S, ctx)`` like the reference."""
     ns, x, y = _check_pair(x, y)
-    return _cosine_forward(x, y, ns=ns)
+    return cosine_forward_xp(x, y, ns=ns)
 
 
 def cosine_backward(ctx: CosineContext, d_similarity) -> DistanceGrads:
@@ -231,7 +228,7 @@ def cosine_backward(ctx: CosineContext, d_similarity) -> DistanceGrads:
     check_context(ctx, "ctx", CosineContext)
     ns = array_namespace(ctx.x_unit)
     g = check_fast_upstream(d_similarity, "d_similarity", ctx.shape, ns, ctx.x_unit.dtype)
-    return _cosine_backward(ctx, g, xp=ns.xp, check=data_checks(ns))
+    return cosine_backward_xp(ctx, g, xp=ns.xp, check=data_checks(ns))
 
 
 def cosine(x, y) -> Any:
