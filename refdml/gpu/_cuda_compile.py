@@ -215,6 +215,17 @@ class CompileRow:
     ``local_bytes``: local memory per thread (ptxas's cumulative stack size: local arrays
     and spills); ``shared_bytes``: static shared memory per block. A resource is None where
     the compilation failed. ``problems``: why the row fails, empty when it passes.
+
+    ``occupancy``: theoretical occupancy (resident warps over the SM's most, in [0, 1]) at
+    ``block_threads`` threads per block, from ``registers`` and ``shared_bytes``
+    (:func:`refdml.gpu._occupancy.theoretical_occupancy`); ``occupancy_limit``: the
+    resource that limits it (``"threads/warps"``, ``"blocks"``, ``"registers"`` or
+    ``"shared memory"``). Both None where the registers are not known. ``block_threads``
+    is refdml's one launch size, ``BLOCK`` (128), unless :func:`check_kernel` is told
+    otherwise: every kernel launches BLOCK threads a block except the small-problem
+    Sinkhorn, which launches ``threads_per_problem(n, m)`` <= BLOCK (fewer warps a block:
+    its occupancy is then the figure at its own block size, not this one). No kernel
+    launches with dynamic shared memory, so the static figure is the block's whole.
     """
 
     kernel: str
@@ -226,6 +237,9 @@ class CompileRow:
     spill_load_bytes: int | None = None
     local_bytes: int | None = None
     shared_bytes: int | None = None
+    block_threads: int | None = None
+    occupancy: float | None = None
+    occupancy_limit: str | None = None
     seconds: float = 0.0
     problems: tuple[str, ...] = ()
 
@@ -393,25 +407,60 @@ def _link_stage(compiled: _Compiled) -> CompileRow:
                       problems=tuple(problems))
 
 
+# --------------------------------------------------------------------------- occupancy
+def _launch_block(block_threads: int | None) -> int:
+    """Threads per block of the occupancy figure: refdml's launch size ``BLOCK`` unless
+    given (a ``ValueError`` naming the value outside [1, 1024])."""
+    if block_threads is None:
+        from refdml._compiled._support import BLOCK
+
+        return BLOCK
+    if isinstance(block_threads, bool) or not isinstance(block_threads, int):
+        raise TypeError(f"block_threads must be an int, got {type(block_threads).__name__}")
+    if not 1 <= block_threads <= 1024:
+        raise ValueError(f"block_threads == {block_threads!r}, must be in [1, 1024]")
+    return block_threads
+
+
+def _with_occupancy(row: CompileRow, block_threads: int) -> CompileRow:
+    """``row`` with ``block_threads`` and, where its registers are known, its theoretical
+    occupancy and limiting resource (:mod:`refdml.gpu._occupancy`)."""
+    from dataclasses import replace
+
+    from refdml.gpu._occupancy import MAX_REGISTERS_PER_THREAD, theoretical_occupancy
+
+    if row.registers is None or not 0 < row.registers <= MAX_REGISTERS_PER_THREAD:
+        return replace(row, block_threads=block_threads)
+    occupancy = theoretical_occupancy(row.arch, row.registers, row.shared_bytes or 0,
+                                      block_threads)
+    return replace(row, block_threads=block_threads, occupancy=occupancy.fraction,
+                   occupancy_limit=occupancy.limited_by)
+
+
 def check_kernel(dispatcher: Any, numba_signature: str, arch: str, *, kernel: str | None = None,
-                 signature: str = "", shared_limit: int = STATIC_SHARED_LIMIT) -> CompileRow:
+                 signature: str = "", shared_limit: int = STATIC_SHARED_LIMIT,
+                 block_threads: int | None = None) -> CompileRow:
     """Compile ``dispatcher`` (a ``@cuda.jit`` kernel) for ``numba_signature`` and ``arch``
-    as numba-cuda does on a GPU (module docstring) and read its resources.
+    as numba-cuda does on a GPU (module docstring) and read its resources, with its
+    theoretical occupancy at ``block_threads`` threads per block (default ``BLOCK``).
 
     Returns the row: failed (``problems``) on a compile or link error, a spill, static
     shared memory above ``shared_limit`` bytes, or a kernel option this check does not
     follow (extra ``link`` files, ``lto=False``). Raises :class:`ToolchainError` only
     where the check cannot run at all.
     """
+    block_threads = _launch_block(block_threads)
     require_toolchain()
     stage = _compile_stage(dispatcher, numba_signature, arch, kernel, signature, shared_limit)
-    return stage if isinstance(stage, CompileRow) else _link_stage(stage)
+    row = stage if isinstance(stage, CompileRow) else _link_stage(stage)
+    return _with_occupancy(row, block_threads)
 
 
 # --------------------------------------------------------------------------- all kernels
 def compile_check(archs=DEFAULT_ARCHS, launch_list: list[Launch] | None = None) -> list[CompileRow]:
     """One :class:`CompileRow` per launch (default: every registered one, :func:`launches`)
-    and architecture, in registry order; a failing row never stops the others.
+    and architecture, in registry order; a failing row never stops the others. Occupancy
+    at ``BLOCK`` threads per block (every kernel's launch size; :class:`CompileRow`).
 
     The links run in worker threads while the next kernels compile: ptxas (inside
     nvJitLink, which releases the GIL) takes about as long as numba-cuda's lowering.
@@ -419,6 +468,7 @@ def compile_check(archs=DEFAULT_ARCHS, launch_list: list[Launch] | None = None) 
     for arch in archs:
         parse_arch(arch)
     require_toolchain()
+    block_threads = _launch_block(None)
     if launch_list is None:
         launch_list = launches()
     workers = max(1, min(4, (os.cpu_count() or 2) - 1))
@@ -430,7 +480,8 @@ def compile_check(archs=DEFAULT_ARCHS, launch_list: list[Launch] | None = None) 
                                        launch.kernel, launch.signature, STATIC_SHARED_LIMIT)
                 pending.append(stage if isinstance(stage, CompileRow)
                                else pool.submit(_link_stage, stage))
-        return [p if isinstance(p, CompileRow) else p.result() for p in pending]
+        return [_with_occupancy(p if isinstance(p, CompileRow) else p.result(), block_threads)
+                for p in pending]
 
 
 def rows_to_json(rows: list[CompileRow]) -> list[dict[str, Any]]:
@@ -439,13 +490,19 @@ def rows_to_json(rows: list[CompileRow]) -> list[dict[str, Any]]:
     Keys, the same in every row: ``kernel``, ``signature`` (the dtype key), ``numba_signature``,
     ``arch`` (``"sm_90"``), ``registers`` (per thread), ``spill_store_bytes``,
     ``spill_load_bytes``, ``local_bytes`` (per thread), ``shared_bytes`` (static, per block;
-    these five null where the compilation failed), ``status`` (``"ok"`` / ``"FAIL"``),
-    ``passed`` (bool), ``problems`` (list of str, empty when passed; a compile or link
-    error's full text), ``seconds`` (compile + link).
+    these five null where the compilation failed), ``block_threads`` (threads per block
+    the occupancy is computed at: ``BLOCK``, 128), ``occupancy`` (theoretical occupancy,
+    resident warps over the SM's most, in [0, 1]) and ``occupancy_limit`` (the resource
+    that limits it: ``"threads/warps"``, ``"blocks"``, ``"registers"`` or
+    ``"shared memory"``; these two null where the registers are not known), ``status``
+    (``"ok"`` / ``"FAIL"``), ``passed`` (bool), ``problems`` (list of str, empty when
+    passed; a compile or link error's full text), ``seconds`` (compile + link).
     """
     return [dict(kernel=r.kernel, signature=r.signature, numba_signature=r.numba_signature,
                  arch=r.arch, registers=r.registers, spill_store_bytes=r.spill_store_bytes,
                  spill_load_bytes=r.spill_load_bytes, local_bytes=r.local_bytes,
-                 shared_bytes=r.shared_bytes, status=r.status, passed=r.passed,
+                 shared_bytes=r.shared_bytes, block_threads=r.block_threads,
+                 occupancy=r.occupancy, occupancy_limit=r.occupancy_limit,
+                 status=r.status, passed=r.passed,
                  problems=list(r.problems), seconds=round(r.seconds, 3))
             for r in rows]
