@@ -25,9 +25,10 @@ DESCRIPTION = ("Run the parity of every mirrored catalogue entry (refdml.gradche
                "against the float64 reference, max relative error, tolerance and time of "
                "the mirror's forward + backward (catalogue-sized inputs). With "
                "--compile-only: compile every CUDA kernel for real GPUs instead, no GPU "
-               "needed (registers, spills, local and shared memory per kernel, signature "
-               "and architecture). Exit status 0 all pass, 1 a failure or a crash, 2 bad "
-               "arguments (or, --compile-only, no CUDA toolchain).")
+               "needed (registers, spills, local and shared memory and theoretical "
+               "occupancy per kernel, signature and architecture). Exit status 0 all "
+               "pass, 1 a failure or a crash, 2 bad arguments (or, --compile-only, no CUDA "
+               "toolchain).")
 EPILOG = None
 
 
@@ -219,7 +220,10 @@ def _compile_only(args: argparse.Namespace) -> int:
     Exit status 0 every row passes, 1 a compile or link error, a spill or static shared
     memory over 48 KiB, 2 bad arguments or no toolchain (the simulator on, numba-cuda,
     NVVM or nvJitLink missing). ``--json PATH``: the rows as
-    :func:`refdml.gpu._cuda_compile.rows_to_json` documents them.
+    :func:`refdml.gpu._cuda_compile.rows_to_json` documents them. The occupancy column is
+    the theoretical occupancy at the block size in its header (``BLOCK``, 128: every
+    kernel's launch size; the small-problem Sinkhorn launches at most that many) and the
+    resource that limits it (:mod:`refdml.gpu._occupancy`).
     """
     for flag, value in (("--only", args.only), ("--dtype", args.dtype), ("--seed", args.seed),
                         ("--backend", args.backend)):
@@ -244,11 +248,15 @@ def _compile_only(args: argparse.Namespace) -> int:
     table = [(r.kernel, r.signature, r.arch, _cell(r.registers),
               "-" if r.spill_store_bytes is None else f"{r.spill_store_bytes}/{r.spill_load_bytes}",
               _cell(r.local_bytes), _cell(r.shared_bytes),
+              "-" if r.occupancy is None else f"{100 * r.occupancy:.2f}%",
+              r.occupancy_limit or "-",
               r.status if r.passed else f"FAIL {r.problems[0].splitlines()[0][:100]}")
              for r in rows]
+    blocks = sorted({r.block_threads for r in rows if r.block_threads is not None})
+    at = f" at {blocks[0]} thr/block" if len(blocks) == 1 else ""
     header = ("kernel", "signature", "arch", "registers", "spills st/ld B", "local B",
-              "shared B", "status")
-    print("\n".join(text_table(table, header, right={3, 4, 5, 6})))
+              "shared B", f"occupancy{at}", "limited by", "status")
+    print("\n".join(text_table(table, header, right={3, 4, 5, 6, 7})))
     failed = [r for r in rows if not r.passed]
     for r in failed:
         print(f"\n{r.kernel} [{r.signature}] {r.arch}:\n  " + "\n  ".join(

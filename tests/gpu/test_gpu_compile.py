@@ -228,6 +228,8 @@ def test_parity_json_keeps_a_crash(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- compiled
 @needs_numba_cuda
 def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
+    from refdml.gpu._occupancy import theoretical_occupancy
+
     out = tmp_path / "compile.json"
     run = _child(["-m", "refdml.cli", "gpu-check", "--compile-only", "--json", str(out)],
                  tmp_path)
@@ -243,6 +245,18 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
         assert 8 <= row["registers"] <= 255, row
         assert row["local_bytes"] >= 0, row
         assert row["kernel"] in run.stdout
+        # occupancy at BLOCK threads: a fraction in (0, 1], the occupancy function's on the
+        # row's own registers and shared memory, and the same cells in the printed table
+        assert row["block_threads"] == BLOCK, row
+        assert 0 < row["occupancy"] <= 1, row
+        occ = theoretical_occupancy(row["arch"], row["registers"], row["shared_bytes"], BLOCK)
+        assert (row["occupancy"], row["occupancy_limit"]) == (occ.fraction, occ.limited_by)
+        printed = [line for line in run.stdout.splitlines()
+                   if line.split()[:3] == [row["kernel"], row["signature"], row["arch"]]]
+        assert len(printed) == 1, row
+        assert f" {100 * row['occupancy']:.2f}% " in printed[0], printed
+        assert f" {row['occupancy_limit']} " in printed[0], printed
+    assert f"occupancy at {BLOCK} thr/block" in run.stdout
     # The static shared memory read from the log is what the kernels declare (their sources:
     # float64 (6, BLOCK) trees for GSP, float64 + int64 BLOCK arg-max slots for k-center,
     # the Sinkhorn tile of TILE_BYTES plus nine float64 BLOCK vectors and three int32 flags).
@@ -307,6 +321,8 @@ def test_failures_are_rows_and_exit_status_1(tmp_path):
     assert not rows["scratch_kernel"]["passed"]
     assert "compile error: TypingError" in rows["scratch_kernel"]["problems"][0]
     assert rows["scratch_kernel"]["registers"] is None
+    assert rows["scratch_kernel"]["occupancy"] is None
+    assert 0 < rows["copy_kernel"]["occupancy"] <= 1
     assert not rows["too_much_shared"]["passed"]
     assert "too much shared data" in rows["too_much_shared"]["problems"][0]
     limited = rows["some_shared"]
