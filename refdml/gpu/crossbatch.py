@@ -29,7 +29,9 @@ from refdml._validation import (
     data_checks, fast_labels, result_dtype,
 )
 from refdml._xp import ArrayNamespace, array_namespace, is_cupy_array, to_numpy
+from refdml._shared.crossbatch import draw_split
 from refdml.crossbatch import (
+    DEFAULT_ZERO_SHOT_SCALE,
     CrossFitContext,
     CrossFitGrads,
     XMLContext,
@@ -37,8 +39,6 @@ from refdml.crossbatch import (
     ZeroShotContext,
     ZeroShotGrads,
 )
-from refdml.crossbatch._split import draw_split
-from refdml.crossbatch._zero_shot import DEFAULT_ZERO_SHOT_SCALE
 from refdml.gpu._loss_kernels import masked_logsumexp
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet

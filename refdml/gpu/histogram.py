@@ -4,15 +4,15 @@ float64. ``histogram_lp`` and ``histogram_closed_form`` are validation only (no 
 
 Scores ``s = nu^T x`` are one batched matrix product of the features and the prototypes,
 each divided by a power of two (0-d arrays, exact, no synchronisation); the logits are
-``((eps s') s_f) s_p`` as in the reference and the softmax over the prototypes is
-:func:`refdml.gpu._loss_kernels.masked_logsumexp` (log-domain: finite in float32 at any
-``inverse_temperature`` whose logits fit the dtype). ``ValueError`` where the logits
-overflow the dtype (one synchronisation on CuPy while data checks are on). The context
-keeps the assignment: the backward is matrix products only.
+``((inverse_temperature s') s_f) s_p`` as in the reference and the softmax over the
+prototypes is :func:`refdml.gpu._loss_kernels.masked_logsumexp` (log-domain: finite in
+float32 at any ``inverse_temperature`` whose logits fit the dtype). ``ValueError`` where
+the logits overflow the dtype (one synchronisation on CuPy while data checks are on). The
+context keeps the assignment: the backward is matrix products only.
 
-The convex combination is the reference's xp-generic kernel
-(``refdml.histogram._convex_forward`` / ``_convex_backward``), and so is the softmax
-backward of the entropic histogram (``_entropic_d_scores``). The entropic forward is this
+The convex combination is the reference's xp-generic kernel (``convex_forward_xp`` /
+``convex_backward_xp`` of :mod:`refdml._shared.histogram`), and so is the softmax backward
+of the entropic histogram (``entropic_d_scores_xp``). The entropic forward is this
 module's own: the log-domain masked softmax and batched products in place of the
 reference's ``scipy.special.softmax`` and ``einsum`` (a different evaluation, and float32
 needs the log domain); the backward's contractions are batched products for the same reason.
@@ -31,14 +31,16 @@ from refdml._xp import array_namespace
 from refdml.gpu._loss_kernels import masked_logsumexp
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet
+from refdml._shared.histogram import (
+    convex_backward_xp,
+    convex_forward_xp,
+    entropic_d_scores_xp,
+)
 from refdml.histogram import (
     ConvexCombinationContext,
     ConvexCombinationGrads,
     HistogramEntropicContext,
     HistogramGrads,
-    _convex_backward,
-    _convex_forward,
-    _entropic_d_scores,
 )
 
 __all__ = [
@@ -70,7 +72,8 @@ def _features_prototypes(features, prototypes):
 
 
 def histogram_entropic_forward(features, prototypes, *, inverse_temperature):
-    """Entropic histogram (2.4): ``z_i = (1/n) sum_j softmax_i(eps nu_i^T x_j)``; ``(z, ctx)``.
+    """Entropic histogram (2.4): ``z_i = (1/n) sum_j softmax_i(t nu_i^T x_j)`` with ``t`` the
+    ``inverse_temperature``; ``(z, ctx)``.
 
     ``features (B, n, d)``, ``prototypes (m, d)`` -> ``z (B, m)``; ``inverse_temperature``
     is the paper's ε (varepsilon). See :func:`refdml.histogram.histogram_entropic_forward`.
@@ -102,7 +105,7 @@ def histogram_entropic_backward(ctx: HistogramEntropicContext, d_z) -> Histogram
     a = ctx.assignment
     batch, m, n = a.shape
     d_z = check_fast_upstream(d_z, "d_z", (batch, m), ns, a.dtype)
-    d_scores = _entropic_d_scores(xp, ctx, d_z)
+    d_scores = entropic_d_scores_xp(xp, ctx, d_z)
     d_features = xp.swapaxes(d_scores, 1, 2) @ ctx.prototypes
     d_prototypes = (
         xp.swapaxes(d_scores, 0, 1).reshape(m, batch * n) @ ctx.features.reshape(batch * n, -1)
@@ -123,7 +126,7 @@ def convex_combination_forward(z, prototypes):
         prototypes, "dtype") else None
     z = as_fast_array(z, "z", ndim=2, dtype=dtype, ns=ns)
     prototypes = as_fast_array(prototypes, "prototypes", ndim=2, dtype=z.dtype, ns=ns)
-    return _convex_forward(ns.xp, z, prototypes, check=data_checks(ns))
+    return convex_forward_xp(ns.xp, z, prototypes, check=data_checks(ns))
 
 
 def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
@@ -132,7 +135,7 @@ def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCom
     ns = array_namespace(ctx.z)
     d_y = check_fast_upstream(d_y, "d_y", (ctx.z.shape[0], ctx.prototypes.shape[1]), ns,
                               ctx.z.dtype)
-    return _convex_backward(ns.xp, ctx, d_y, check=data_checks(ns))
+    return convex_backward_xp(ns.xp, ctx, d_y, check=data_checks(ns))
 
 
 def convex_combination(z, prototypes) -> Any:

@@ -1,8 +1,8 @@
 """Fast-path mirror of :mod:`refdml.normalize` (NumPy or CuPy, float32 or float64).
 
-No second implementation: the maths is the reference's xp-generic kernels
-(``refdml.normalize._scaled_direction``, ``_clip_forward``, ``_l2_backward`` ...), called
-here on the input's array module and dtype. Each row ``u`` is divided by a power of two
+No second implementation: the maths is the reference's xp-generic kernels, shared through
+:mod:`refdml._shared.normalize` (``l2_forward_xp``, ``clip_forward_xp``, their backwards),
+called here on the input's array module and dtype. Each row ``u`` is divided by a power of two
 ``s`` with ``max|u| / s`` in ``[1, 2)`` (exact in either dtype), so ``||u / s||`` neither
 overflows nor underflows, in float32 too (whose range ends at ~3.4e38). Everything is
 elementwise or a reduction along the last axis: no loop, no host copy; the zero-row check
@@ -20,16 +20,14 @@ import numpy as np
 
 from refdml._validation import as_fast_array, check_context, check_fast_upstream, data_checks
 from refdml._xp import ArrayNamespace, array_namespace
-from refdml.normalize import (
-    _ZERO_WHY,
-    ClipNormalizeContext,
-    L2NormalizeContext,
-    NormalizeGrads,
-    _clip_backward,
-    _clip_forward,
+from refdml._shared.normalize import (
+    ZERO_WHY,
+    clip_backward_xp,
+    clip_forward_xp,
+    l2_backward_xp,
+    l2_forward_xp,
 )
-from refdml.normalize import _l2_backward as _l2_gradient
-from refdml.normalize import _l2_forward as _l2_unit
+from refdml.normalize import ClipNormalizeContext, L2NormalizeContext, NormalizeGrads
 
 __all__ = [
     "ClipNormalizeContext",
@@ -45,10 +43,10 @@ __all__ = [
 
 
 def _l2_forward(
-    ns: ArrayNamespace, x: Any, name: str = "x", why: str = _ZERO_WHY
+    ns: ArrayNamespace, x: Any, name: str = "x", why: str = ZERO_WHY
 ) -> tuple[Any, L2NormalizeContext]:
     """Kernel of ``l2_normalize_forward`` on a checked array (used by distances, losses)."""
-    return _l2_unit(x, name, why=why, ns=ns)
+    return l2_forward_xp(x, name, why=why, ns=ns)
 
 
 def _l2_backward(xp: Any, ctx: L2NormalizeContext, d_y: Any, name: str | None = None) -> Any:
@@ -57,7 +55,7 @@ def _l2_backward(xp: Any, ctx: L2NormalizeContext, d_y: Any, name: str | None = 
     callers without ``name`` check."""
     if name is not None and xp is not np and not data_checks(array_namespace(ctx.y)):
         name = None
-    return _l2_gradient(xp, ctx, d_y, name, unit_scale=is_ones_column(ctx.scale))
+    return l2_backward_xp(xp, ctx, d_y, name, unit_scale=is_ones_column(ctx.scale))
 
 
 def l2_normalize_forward(x) -> tuple[Any, L2NormalizeContext]:
@@ -87,7 +85,7 @@ def clip_normalize_forward(x) -> tuple[Any, ClipNormalizeContext]:
     """``y = x / max(1, ||x||)`` along the last axis; ``(y, ctx)`` like the reference."""
     ns = array_namespace(x)
     x = as_fast_array(x, "x", min_ndim=1, ns=ns)
-    return _clip_forward(ns.xp, x)
+    return clip_forward_xp(ns.xp, x)
 
 
 def clip_normalize_backward(ctx: ClipNormalizeContext, d_y) -> NormalizeGrads:
@@ -95,7 +93,7 @@ def clip_normalize_backward(ctx: ClipNormalizeContext, d_y) -> NormalizeGrads:
     check_context(ctx, "ctx", ClipNormalizeContext)
     ns = array_namespace(ctx.y)
     d_y = check_fast_upstream(d_y, "d_y", ctx.y.shape, ns, ctx.y.dtype)
-    return NormalizeGrads(x=_clip_backward(ns.xp, ctx, d_y))
+    return NormalizeGrads(x=clip_backward_xp(ns.xp, ctx, d_y))
 
 
 def clip_normalize(x) -> Any:

@@ -4,7 +4,8 @@ NumPy or CuPy, float32 or float64.
 The same exact power-of-two rescaling as the reference (``refdml/prototypes/_ridge.py``:
 ``Z = 2^a Zs``, ``Y = 2^b Ys``, ``M_n = omega Zs^T Zs + rho I``), the same primal /
 kernel forms and backward formulas, and the reference's context classes
-(``RidgeContext``, ``NormalisedFit``, ``Scaling``), holding arrays of the input's module.
+(``RidgeContext``, ``NormalisedFit``, ``Scaling``; the private ones shared through
+:mod:`refdml._shared.prototypes`), holding arrays of the input's module.
 The systems are solved by Cholesky through :func:`_cho_solve`, which works for NumPy
 (``scipy.linalg.solve_triangular``) and CuPy (``cupyx.scipy.linalg.solve_triangular``).
 
@@ -37,7 +38,7 @@ from refdml._xp import ArrayNamespace, array_namespace
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet
 from refdml.prototypes import RidgeContext, RidgeGrads
-from refdml.prototypes._ridge import _DEFINITE, NormalisedFit, scaling_for
+from refdml._shared.prototypes import DEFINITE, NormalisedFit, scaling_for
 
 __all__ = ["RidgeContext", "RidgeGrads", "ridge_fit", "ridge_fit_backward", "ridge_fit_forward"]
 
@@ -63,7 +64,7 @@ def _definite(ns: ArrayNamespace, matrix: Any, floor: float) -> bool:
     """The reference's ``numerically_definite`` at the dtype's machine epsilon."""
     xp = ns.xp
     n = matrix.shape[0]
-    limit = _DEFINITE * n * np.finfo(matrix.dtype).eps
+    limit = DEFINITE * n * np.finfo(matrix.dtype).eps
     if floor > 0.0 and float(xp.trace(matrix)) * limit < floor:
         return True
     eigenvalues = xp.linalg.eigvalsh(matrix)
