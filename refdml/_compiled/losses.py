@@ -1,9 +1,12 @@
-r"""The masked row-wise log-sum-exp and its softmax, compiled: the scalar maths and the CPU twin.
+r"""The masked row-wise log-sum-exp and its softmax, compiled: the scalar maths, the CPU twin
+and the launch's buffers.
 
 The CUDA kernel is its twin in :mod:`refdml._compiled.losses_cuda`; refdml.gpu's masked
-log-sum-exp (``refdml/gpu/_loss_kernels.py``) runs either, or its array code, which stays
-the fallback and the twin these kernels are tested against. For each row ``r`` of ``z`` (rows, k) with
-mask ``M`` (rows, k) (``None``: every entry):
+log-sum-exp (``refdml/gpu/_loss_kernels.py``: the family's one ``Implementations`` object,
+``MASKED_LSE``) runs either, or its array code, which stays the fallback and the twin these
+kernels are tested against. Both kernels take the six buffers of :class:`MaskedLseBuffers`,
+in its field order. For each row ``r`` of ``z`` (rows, k) with mask ``M`` (rows, k)
+(``has_mask`` false: every entry):
 
 .. math::
     \mathrm{lse}_r = \log\Big([\text{extra\_zero}] + \sum_{j: M_{rj}} e^{z_{rj}}\Big),\qquad
@@ -27,12 +30,32 @@ Parity with the array path: 1e-12 (float64), 1e-6 (float32), relative.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from typing import Any
 
 from numba import njit, prange
 
 from refdml._compiled._scalar import lse_push, lse_value
 
-__all__ = ["masked_lse_cpu", "softmax_weight"]
+__all__ = ["MaskedLseBuffers", "masked_lse_cpu", "softmax_weight"]
+
+
+@dataclass(frozen=True)
+class MaskedLseBuffers:
+    """The arguments of one launch of ``masked_lse_cpu`` / ``refdml_loss_masked_lse``, by name
+    (the field order is the kernels' parameter order; a test holds it to the CUDA registry's
+    ``parameters``). Arrays of one module (NumPy, or CuPy for the CUDA kernel), C-contiguous."""
+
+    z: Any             # (rows, k) float32 or float64: the logits, one row per reduction
+    mask: Any          # (rows, k) bool; a (1, 1) placeholder, never read, without a mask
+    has_mask: bool     # False: every entry of z counts
+    extra_zero: bool   # one more logit 0 per row (its weight is not written)
+    lse: Any           # (rows,) of z's dtype, written: the log-sum-exp of each row
+    weights: Any       # (rows, k) of z's dtype, written: the masked softmax
+
+    def args(self) -> tuple:
+        """The buffers in the kernels' parameter order (no copy, unlike ``astuple``)."""
+        return tuple(getattr(self, field.name) for field in fields(self))
 
 
 @njit(cache=True, inline="always")

@@ -3,8 +3,9 @@
 The maths, its dtype rules and the CPU twin: :mod:`refdml._compiled.losses`. Launch shape:
 one block of :data:`refdml._compiled._support.BLOCK` threads per row; threads stride over
 the row, their online log-sum-exp states merged by a tree in shared memory (``lse_merge``).
-Launch with ``cuda_launch(refdml_loss_masked_lse, rows, BLOCK, z, mask, has_mask,
-extra_zero, lse, weights)``.
+Launched by refdml.gpu's masked log-sum-exp as ``cuda_launch(refdml_loss_masked_lse, rows,
+BLOCK, *buffers.args())`` with ``buffers`` a :class:`refdml._compiled.losses.MaskedLseBuffers`
+(its fields are this kernel's parameters, in order).
 """
 
 from __future__ import annotations

@@ -1,10 +1,18 @@
 """Pieces of :mod:`refdml.gpu.losses`: the masked log-sum-exp, the reductions, the
 pairwise matrices the losses see the embeddings through, and their backward.
 
-``masked_logsumexp`` is the reduction the softmax-type losses go through
-(multi-similarity, SoftTriple; Proxy-Anchor and ProxyNCA++ past their bound): a fused CuPy
-``ReductionKernel`` is to replace its body, with this array code as its
-fallback and parity twin; keep its signature.
+The masked log-sum-exp (the reduction of the softmax-type losses: multi-similarity,
+SoftTriple; Proxy-Anchor and ProxyNCA++ past their bound; and of the entropic histogram and
+the zero-shot loss) is this family's fast-path seam. Its three implementations sit side by
+side behind one interface, ``impl.masked_logsumexp(xp, z, mask, axis=, extra_zero=)``:
+:class:`ArrayLse` (the array code, NumPy or CuPy: the fallback and the twin the kernels are
+tested against) and :class:`KernelLse` with a launcher of the CPU twin
+(``refdml._compiled.losses.masked_lse_cpu``) or of the CUDA kernel
+(``refdml._compiled.losses_cuda.refdml_loss_masked_lse``), both fed one
+:class:`refdml._compiled.losses.MaskedLseBuffers`. :data:`MASKED_LSE` lists them and chooses
+one per call (``MASKED_LSE.choose(z)``, steered by :func:`refdml.gpu.use_kernels`); a
+forward that takes several log-sum-exps chooses once and runs them all on that one, and
+:func:`masked_logsumexp` is the one-call form.
 
 Scale: the Euclidean losses divide the embeddings by one common power of two ``s``
 (exact), as the reference does, and keep ``x / s`` and the distances ``D / s`` in their
@@ -21,7 +29,7 @@ read-only, recognised by the backward: :func:`refdml.gpu.normalize.ones_column`)
 
 Proxy-Anchor and ProxyNCA++ take a where-free log-sum-exp with a constant shift where
 :func:`exp_fits` says the hyperparameters bound the logits tightly enough
-(:func:`cosine_bound`), and :func:`masked_logsumexp` otherwise.
+(:func:`cosine_bound`), and the masked log-sum-exp otherwise.
 
 A set compared with itself is normalised once, and its backward adds the two
 arguments' gradients in one matrix product.
@@ -30,36 +38,31 @@ arguments' gradients in one matrix product.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from refdml._xp import ArrayNamespace
 from refdml.distances import CosineContext, EuclideanContext
 from refdml.normalize import L2NormalizeContext
-from refdml._compiled import losses as _losses_cpu
-from refdml._compiled import losses_cuda as _losses_cuda
+from refdml._compiled.losses import MaskedLseBuffers, masked_lse_cpu
+from refdml._compiled.losses_cuda import refdml_loss_masked_lse
 from refdml._validation import data_checks
-from refdml._compiled._support import (BLOCK, cuda_launch, kernel_mode, parallel_launch,
-                                       select_kernel)
+from refdml._compiled._support import BLOCK, Implementations, cuda_launch, parallel_launch
 from refdml.gpu.distances import _scaled_sq, common_scale
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
-__all__ = ["COSINE_WHY", "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits",
-           "exp_limit", "is_ones_column", "masked_logsumexp", "ones_column",
-           "reduce_terms", "scalar_value", "self_cosine", "self_euclidean",
-           "self_pairwise_backward"]
+__all__ = ["COSINE_WHY", "MASKED_LSE", "ArrayLse", "KernelLse", "LseImplementation",
+           "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits", "exp_limit",
+           "is_ones_column", "masked_logsumexp", "ones_column", "reduce_terms",
+           "scalar_value", "self_cosine", "self_euclidean", "self_pairwise_backward"]
 
 COSINE_WHY = "cosine similarity needs non-zero vectors"  # the reference's wording
 
 # Largest |t| for which exp(t) is a normal number with room to spare: float32 normals span
 # exp(-87.3) .. exp(88.7), float64 exp(-708) .. exp(709).
 _EXP_LIMIT = {np.dtype(np.float32): 80.0, np.dtype(np.float64): 700.0}
-
-
-# Whether "auto" runs the Numba CPU twin of masked_logsumexp on NumPy input (measured in
-# scripts/bench_gpu.py --only lse; see docs/gpu.md). Under use_kernels("cpu") it always runs.
-CPU_TWIN_PAYS = False
 
 
 def exp_limit(dtype: Any) -> float:
@@ -86,6 +89,98 @@ def cosine_bound(dtype: Any, dim: int) -> float:
     return 1.0 + (dim + 4) * float(np.finfo(dtype).eps)
 
 
+# ------------------------------------------------------------------ the masked log-sum-exp
+class LseImplementation(Protocol):
+    """The interface of the masked log-sum-exp's implementations (:data:`MASKED_LSE`)."""
+
+    def masked_logsumexp(self, xp: Any, z: Any, mask: Any = None, *, axis: int = -1,
+                         extra_zero: bool = False) -> tuple[Any, Any]:
+        """See :func:`masked_logsumexp`."""
+
+
+class ArrayLse:
+    """The masked log-sum-exp written once against ``xp`` (NumPy or CuPy): the array path."""
+
+    def masked_logsumexp(self, xp: Any, z: Any, mask: Any = None, *, axis: int = -1,
+                         extra_zero: bool = False) -> tuple[Any, Any]:
+        masked = z if mask is None else xp.where(mask, z, -xp.inf).astype(z.dtype, copy=False)
+        shift = xp.max(masked, axis=axis, keepdims=True)
+        if extra_zero:
+            shift = xp.maximum(shift, 0)
+        else:
+            shift = xp.where(xp.isfinite(shift), shift, 0).astype(z.dtype, copy=False)
+        with _quiet(xp):
+            weights = xp.exp(masked - shift)
+            total = xp.sum(weights, axis=axis, keepdims=True)
+            if extra_zero:
+                total = total + xp.exp(-shift)
+            lse = xp.log(total) + shift
+        softmax = weights / xp.where(total > 0, total, xp.ones_like(total))
+        return xp.squeeze(lse, axis=axis), softmax
+
+
+class KernelLse:
+    """The masked log-sum-exp by a compiled kernel: the rows of the broadcast ``z`` / ``mask``
+    along ``axis``, made contiguous (one copy where they are not), as one
+    :class:`MaskedLseBuffers` that ``launch`` fills (the CPU twin or the CUDA kernel)."""
+
+    def __init__(self, launch: Callable[[MaskedLseBuffers], None]):
+        self.launch = launch
+
+    def masked_logsumexp(self, xp: Any, z: Any, mask: Any = None, *, axis: int = -1,
+                         extra_zero: bool = False) -> tuple[Any, Any]:
+        if not (z.ndim and z.shape[axis] and z.size):
+            # No row to launch over (a 0-d z, empty rows, or none): the array path's answer.
+            return _ARRAY_LSE.masked_logsumexp(xp, z, mask, axis=axis, extra_zero=extra_zero)
+        if mask is not None:
+            z, mask = xp.broadcast_arrays(z, mask)
+        moved = xp.moveaxis(z, axis, -1)
+        shape = moved.shape
+        z2 = xp.ascontiguousarray(moved).reshape(-1, shape[-1])
+        if mask is None:
+            mask2 = xp.ones((1, 1), dtype=bool)
+        else:
+            mask2 = xp.ascontiguousarray(xp.moveaxis(mask, axis, -1), dtype=bool).reshape(
+                z2.shape)
+        buffers = MaskedLseBuffers(
+            z=z2, mask=mask2, has_mask=mask is not None, extra_zero=bool(extra_zero),
+            lse=xp.empty(z2.shape[0], dtype=z.dtype), weights=xp.empty(z2.shape, dtype=z.dtype))
+        self.launch(buffers)
+        return (buffers.lse.reshape(shape[:-1]),
+                xp.moveaxis(buffers.weights.reshape(shape), -1, axis))
+
+
+def _launch_cpu_twin(buffers: MaskedLseBuffers) -> None:
+    with parallel_launch():
+        masked_lse_cpu(*buffers.args())
+
+
+def _launch_cuda(buffers: MaskedLseBuffers) -> None:
+    cuda_launch(refdml_loss_masked_lse, buffers.z.shape[0], BLOCK, *buffers.args())
+
+
+_ARRAY_LSE = ArrayLse()
+
+#: The masked log-sum-exp's implementations, and the one object that chooses among them.
+MASKED_LSE: Implementations[LseImplementation] = Implementations(
+    "losses",
+    array=_ARRAY_LSE,
+    cpu=KernelLse(_launch_cpu_twin),
+    cuda=KernelLse(_launch_cuda),
+    auto_numpy="array",
+    auto_cupy="cuda",
+    measured=(
+        "NumPy: scripts/bench_gpu.py --only lse on the 2-core machine (docs/gpu.md, "
+        "'Numbers'): extra_zero, half masked, (256, 256) array path 1.1 ms vs CPU twin 22 ms "
+        "(float32), 2.0 vs 18 ms (float64); (1024, 1024) 40 vs 63 ms (float32), 100 vs 63 ms "
+        "(float64): the twin pays only for large float64 rows, the losses' rows are small. "
+        "CuPy: the kernel is one launch per call where the array path takes 13 (15 with "
+        "extra_zero), counted on the CuPy stand-in; the H200 run (2026-11-28) checked its "
+        "parity but did not time it alone."
+    ),
+)
+
+
 def masked_logsumexp(
     xp: Any, z: Any, mask: Any = None, *, axis: int = -1, extra_zero: bool = False
 ) -> tuple[Any, Any]:
@@ -94,52 +189,13 @@ def masked_logsumexp(
     ``extra_zero=True`` adds one more logit 0 to every row (``log(1 + sum exp z)``; its own
     weight is not returned). A row with nothing in it gives ``-inf`` (``0`` with
     ``extra_zero``) and zero weights, never NaN. Returns ``(lse, softmax)``; ``lse`` drops
-    ``axis``. Entries of ``z`` outside ``mask`` are never read into the result.
+    ``axis``. Entries of ``z`` outside ``mask`` are never read into the result. Runs the
+    implementation :data:`MASKED_LSE` chooses for ``z``.
     """
-    kind = select_kernel(z, has_cpu=CPU_TWIN_PAYS or kernel_mode() == "cpu")
-    if kind != "array" and z.ndim and z.shape[axis] and z.size:
-        return _masked_logsumexp_kernel(xp, kind, z, mask, axis, extra_zero)
-    masked = z if mask is None else xp.where(mask, z, -xp.inf).astype(z.dtype, copy=False)
-    shift = xp.max(masked, axis=axis, keepdims=True)
-    if extra_zero:
-        shift = xp.maximum(shift, 0)
-    else:
-        shift = xp.where(xp.isfinite(shift), shift, 0).astype(z.dtype, copy=False)
-    with _quiet(xp):
-        weights = xp.exp(masked - shift)
-        total = xp.sum(weights, axis=axis, keepdims=True)
-        if extra_zero:
-            total = total + xp.exp(-shift)
-        lse = xp.log(total) + shift
-    softmax = weights / xp.where(total > 0, total, xp.ones_like(total))
-    return xp.squeeze(lse, axis=axis), softmax
+    return MASKED_LSE.choose(z).masked_logsumexp(xp, z, mask, axis=axis, extra_zero=extra_zero)
 
 
-def _masked_logsumexp_kernel(xp: Any, kind: str, z: Any, mask: Any, axis: int,
-                             extra_zero: bool) -> tuple[Any, Any]:
-    """:func:`masked_logsumexp` by the Numba kernel ``refdml_loss_masked_lse`` (rows of the
-    broadcast ``z`` / ``mask`` along ``axis``, made contiguous: one copy where they are not)."""
-    if mask is not None:
-        z, mask = xp.broadcast_arrays(z, mask)
-    moved = xp.moveaxis(z, axis, -1)
-    shape = moved.shape
-    z2 = xp.ascontiguousarray(moved).reshape(-1, shape[-1])
-    if mask is None:
-        mask2 = xp.ones((1, 1), dtype=bool)
-    else:
-        mask2 = xp.ascontiguousarray(xp.moveaxis(mask, axis, -1), dtype=bool).reshape(z2.shape)
-    rows = z2.shape[0]
-    lse = xp.empty(rows, dtype=z.dtype)
-    weights = xp.empty(z2.shape, dtype=z.dtype)
-    args = (z2, mask2, mask is not None, bool(extra_zero), lse, weights)
-    if kind == "cuda":
-        cuda_launch(_losses_cuda.refdml_loss_masked_lse, rows, BLOCK, *args)
-    else:
-        with parallel_launch():
-            _losses_cpu.masked_lse_cpu(*args)
-    return lse.reshape(shape[:-1]), xp.moveaxis(weights.reshape(shape), -1, axis)
-
-
+# ------------------------------------------------------------------------ the reductions
 def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tuple[Any, Any]:
     """Reduce the non-negative ``terms`` that ``exists`` (bool, default all); return the
     value (0-d float64 array, not yet synchronised) and d value / d terms (dtype of terms).

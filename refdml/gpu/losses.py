@@ -4,7 +4,10 @@ float32 or float64), batched, no loop over the batch.
 Same names, signatures, defaults, contexts (``PairwiseLossContext``, ``ProxyLossContext``)
 and gradients (``LossGrads``, ``ProxyLossGrads``) as the reference; the maths and the
 rules for degenerate batches are the reference's (see :mod:`refdml.losses`). The pieces
-are in :mod:`refdml.gpu._loss_kernels` (the masked log-sum-exp, the reductions).
+are in :mod:`refdml.gpu._loss_kernels` (the masked log-sum-exp, the reductions). A forward
+that takes masked log-sum-exps chooses their implementation once (array path, CPU twin or
+CUDA kernel: ``MASKED_LSE.choose``) and runs them all on it. The reference's checks and
+error messages come through :mod:`refdml._shared.losses`.
 
 Differences of implementation, not of result:
 
@@ -39,10 +42,10 @@ from refdml.gpu._loss_kernels import (
     cosine_bound,
     exp_fits,
     exp_limit,
+    MASKED_LSE,
+    cross_cosine,
     is_ones_column,
     ones_column,
-    cross_cosine,
-    masked_logsumexp,
     reduce_terms,
     self_cosine,
     self_euclidean,
@@ -51,7 +54,7 @@ from refdml.gpu._loss_kernels import (
 from refdml.distances import CosineContext
 from refdml.gpu.normalize import _quiet
 from refdml.losses import LossGrads, PairwiseLossContext, ProxyLossContext, ProxyLossGrads
-from refdml.losses._common import (
+from refdml._shared.losses import (
     check_contrastive_margins,
     check_generalized_margins,
     check_loss_context,
@@ -62,9 +65,9 @@ from refdml.losses._common import (
     check_soft_triple_scales,
     cosine_gradient_overflow,
     finite_loss_message,
+    hinge_cause,
     hyperparameter_cause,
 )
-from refdml.losses._pair import _hinge_cause
 
 __all__ = [
     "LossGrads",
@@ -315,7 +318,7 @@ def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, 
                               scale)
 
     def cause() -> str:
-        return _hinge_cause(to_numpy(matrix[upper]), pos_margin, neg_margin)
+        return hinge_cause(to_numpy(matrix[upper]), pos_margin, neg_margin)
 
     return _loss_value(value, reduction, cause), ctx
 
@@ -497,8 +500,9 @@ def _multi_similarity_forward(ns, x, labels, alpha, beta, base, mining_margin, r
     mined_neg &= keep[:, None]
     # |s - base| <= 2: logits beyond the dtype (float32, alpha > 1.7e38) are taken in float64.
     logits = s.astype(terms_dtype(x.dtype, 2.0 * alpha, 2.0 * beta), copy=False) - base
-    lse_pos, w_pos = masked_logsumexp(xp, -alpha * logits, mined_pos, extra_zero=True)
-    lse_neg, w_neg = masked_logsumexp(xp, beta * logits, mined_neg, extra_zero=True)
+    lse_impl = MASKED_LSE.choose(logits)
+    lse_pos, w_pos = lse_impl.masked_logsumexp(xp, -alpha * logits, mined_pos, extra_zero=True)
+    lse_neg, w_neg = lse_impl.masked_logsumexp(xp, beta * logits, mined_neg, extra_zero=True)
     with _quiet_all(xp):
         # The (n,) terms in float64: lse / alpha ~ log(n) / alpha is beyond float32 for a
         # small alpha, while the gradient (softmax weights) is O(1) at any alpha.
@@ -600,10 +604,11 @@ def _proxy_anchor_terms(xp, x, similarity, same, alpha, delta, reduction):
     else:
         # Large alpha: the shifted masked log-sum-exp (``where`` masks), per proxy row.
         same_t = same.T                                             # (n_proxies, n)
-        lse_pos, w_pos = masked_logsumexp(xp, -alpha * (similarity.T - delta), same_t,
-                                          extra_zero=True)
-        lse_neg, w_neg = masked_logsumexp(xp, alpha * (similarity.T + delta), ~same_t,
-                                          extra_zero=True)
+        lse_impl = MASKED_LSE.choose(similarity)
+        lse_pos, w_pos = lse_impl.masked_logsumexp(xp, -alpha * (similarity.T - delta), same_t,
+                                                   extra_zero=True)
+        lse_neg, w_neg = lse_impl.masked_logsumexp(xp, alpha * (similarity.T + delta), ~same_t,
+                                                   extra_zero=True)
         value_pos, d_pos = reduce_terms(xp, lse_pos, reduction, xp.any(same_t, axis=1))
         value_neg, d_neg = reduce_terms(xp, lse_neg, reduction)
         d_similarity = alpha * (d_neg[:, None] * w_neg - d_pos[:, None] * w_pos).T
@@ -663,8 +668,9 @@ def _proxy_nca_terms(xp, x, p, similarity, same, temperature, reduction):
     else:
         # Small temperature: the shifted masked log-sum-exp.
         logits = -(2 - 2 * similarity) / temperature
-        lse_all, softmax_all = masked_logsumexp(xp, logits)
-        lse_pos, softmax_pos = masked_logsumexp(xp, logits, same)
+        lse_impl = MASKED_LSE.choose(logits)
+        lse_all, softmax_all = lse_impl.masked_logsumexp(xp, logits)
+        lse_pos, softmax_pos = lse_impl.masked_logsumexp(xp, logits, same)
         terms = xp.maximum(lse_all - lse_pos, 0)
         value, d_terms = reduce_terms(xp, terms, reduction)
         d_similarity = scale * d_terms[:, None] * (softmax_all - softmax_pos)
@@ -718,6 +724,7 @@ def _soft_triple_terms(ns, x, y, p, p_labels, lambda_, gamma, tau, delta, reduct
     derivative arrays."""
     xp = ns.xp
     s, cosine_ctx = cross_cosine(ns, x, p)
+    lse_impl = MASKED_LSE.choose(s)
     classes = xp.unique(p_labels)
     member = (classes[:, None] == p_labels[None, :]).astype(x.dtype)   # (C, m)
     if 2 / gamma <= _SHIFT_LIMIT[np.dtype(x.dtype).name]:
@@ -730,12 +737,12 @@ def _soft_triple_terms(ns, x, y, p, p_labels, lambda_, gamma, tau, delta, reduct
         weight = weights / (total @ member)                               # q_ik, (n, m)
     else:
         # Small gamma: the per-class shift of the masked log-sum-exp, an (n, C, m) block.
-        _, q = masked_logsumexp(xp, (s / gamma)[:, None, :], member[None, :, :] > 0)
+        _, q = lse_impl.masked_logsumexp(xp, (s / gamma)[:, None, :], member[None, :, :] > 0)
         weight = xp.sum(q, axis=1)
         relaxed = xp.sum(q * s[:, None, :], axis=2)
     own = y[:, None] == classes[None, :]
     logits = lambda_ * (relaxed - delta * own)
-    lse, softmax = masked_logsumexp(xp, logits)
+    lse, softmax = lse_impl.masked_logsumexp(xp, logits)
     terms = xp.maximum(lse - xp.sum(xp.where(own, logits, 0), axis=1), 0)
     value, d_terms = reduce_terms(xp, terms, reduction)
     d_relaxed = lambda_ * d_terms[:, None] * (softmax - own)

@@ -137,11 +137,85 @@ def test_cpu_twin_hypothesis(seed, rows, k, scale, extra_zero, dtype):
 
 
 def test_auto_keeps_the_array_path_on_numpy(monkeypatch):
-    from refdml._compiled import losses as _nb_losses
+    """"auto" on NumPy runs the array path (the CPU twin measured slower); the same patch
+    fires under "cpu", so it is read by the call and the first half can fail."""
+    from refdml.gpu import _loss_kernels
 
-    def fail(*args):
-        raise AssertionError("the CPU twin ran under 'auto'")
+    def fail(self, *args, **kwargs):
+        raise AssertionError("a compiled kernel ran")
 
-    monkeypatch.setattr(_nb_losses, "masked_lse_cpu", fail)
+    monkeypatch.setattr(_loss_kernels.KernelLse, "masked_logsumexp", fail)
+    z = np.array([[0.0, np.log(3.0)], [1.0, 1.0]])
     with use_kernels("auto"):
-        masked_logsumexp(np, np.zeros((2, 3)), None)
+        lse, weights = masked_logsumexp(np, z, None)
+    assert_allclose(lse, [np.log(4.0), 1.0 + np.log(2.0)], rtol=1e-15)
+    assert_allclose(weights, [[0.25, 0.75], [0.5, 0.5]], rtol=1e-15)
+    with use_kernels("cpu"), pytest.raises(AssertionError, match="a compiled kernel ran"):
+        masked_logsumexp(np, z, None)
+
+
+def test_one_implementations_object_chooses_by_mode_and_module():
+    """MASKED_LSE: the array path, the CPU twin and the CUDA kernel behind one interface;
+    "auto" takes the array path on NumPy and the CUDA kernel on CuPy (the choice by module
+    itself: tests/gpu/test_cuda_launch.py)."""
+    from refdml._compiled._support import Implementations
+    from refdml.gpu._loss_kernels import MASKED_LSE, ArrayLse, KernelLse
+
+    assert isinstance(MASKED_LSE, Implementations)
+    assert (MASKED_LSE.auto_numpy, MASKED_LSE.auto_cupy) == ("array", "cuda")
+    assert "bench_gpu.py --only lse" in MASKED_LSE.measured
+    assert isinstance(MASKED_LSE.array, ArrayLse)
+    assert isinstance(MASKED_LSE.cpu, KernelLse) and isinstance(MASKED_LSE.cuda, KernelLse)
+    assert MASKED_LSE.cpu.launch is not MASKED_LSE.cuda.launch
+    z = np.zeros((2, 3))
+    for mode, member in (("auto", MASKED_LSE.array), ("array", MASKED_LSE.array),
+                         ("cpu", MASKED_LSE.cpu)):
+        with use_kernels(mode):
+            assert MASKED_LSE.choose(z) is member
+
+
+def test_buffers_are_the_cuda_kernels_parameters():
+    """The launch's dataclass names the kernel's six parameters, in the kernel's order."""
+    from dataclasses import fields
+
+    from refdml._compiled import losses_cuda  # noqa: F401  (registers the kernel)
+    from refdml._compiled._cuda import KERNELS
+    from refdml._compiled.losses import MaskedLseBuffers
+
+    names = tuple(field.name for field in fields(MaskedLseBuffers))
+    assert names == tuple(KERNELS["refdml_loss_masked_lse"].parameters)
+    assert names == ("z", "mask", "has_mask", "extra_zero", "lse", "weights")
+    z, lse = np.zeros((2, 3)), np.zeros(2)
+    buffers = MaskedLseBuffers(z=z, mask=None, has_mask=False, extra_zero=True, lse=lse,
+                               weights=z)
+    args = buffers.args()
+    assert args[0] is z and args[4] is lse and args[1:4] == (None, False, True)
+
+
+def test_kernel_launch_receives_named_buffers():
+    """KernelLse hands its launcher one MaskedLseBuffers of contiguous rows along ``axis``
+    (a moved axis and a broadcast mask made rows), and reads its results back in place."""
+    from refdml._compiled.losses import MaskedLseBuffers
+    from refdml.gpu._loss_kernels import KernelLse
+
+    seen = []
+
+    def launch(buffers):
+        seen.append(buffers)
+        buffers.lse[...] = 7.0
+        buffers.weights[...] = np.arange(buffers.weights.size).reshape(buffers.weights.shape)
+
+    z = np.arange(6.0).reshape(3, 2)               # rows along axis 0: two rows of three
+    mask = np.array([[True], [False], [True]])     # broadcast over the last axis
+    lse, weights = KernelLse(launch).masked_logsumexp(np, z, mask, axis=0, extra_zero=True)
+    (buffers,) = seen
+    assert isinstance(buffers, MaskedLseBuffers)
+    assert buffers.z.flags.c_contiguous and buffers.mask.flags.c_contiguous
+    assert_array_equal(buffers.z, z.T)
+    assert_array_equal(buffers.mask, np.array([[True, False, True]] * 2))
+    assert (buffers.has_mask, buffers.extra_zero) == (True, True)
+    assert_array_equal(lse, [7.0, 7.0])
+    assert_array_equal(weights, np.arange(6.0).reshape(2, 3).T)
+    # No row to launch over: the array path's answer, no launch.
+    empty_lse, empty_w = KernelLse(launch).masked_logsumexp(np, np.zeros((0, 3)), None)
+    assert len(seen) == 1 and empty_lse.shape == (0,) and empty_w.shape == (0, 3)
