@@ -558,9 +558,10 @@ _ERROR_INPUTS = {
 }
 
 
-# The losses whose mirror runs refdml.gpu._loss_kernels.masked_logsumexp on these inputs
-# (so its Numba kernels, refdml._compiled.losses / losses_cuda, under use_kernels("cpu") / ("cuda")).
-# Proxy-Anchor and ProxyNCA++ reach it only past their exp bound, not on these inputs.
+# The losses whose mirror runs the masked log-sum-exp (refdml.gpu._loss_kernels.MASKED_LSE)
+# on these inputs, so its Numba kernels (refdml._compiled.losses / losses_cuda) under
+# use_kernels("cpu") / ("cuda"). Proxy-Anchor and ProxyNCA++ reach it only past their exp
+# bound, not on these inputs.
 MASKED_LSE_KERNELS = ("cpu", "cuda")
 _THROUGH_MASKED_LSE = {"multi_similarity", "soft_triple"}
 
