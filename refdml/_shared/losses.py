@@ -23,11 +23,18 @@ same inputs with the same ``ValueError``:
   of terms beyond float64.
 - ``hinge_cause(values, pos_margin, neg_margin)``: why a sum of contrastive hinge terms
   exceeds float64 (the margins or the distances, the larger).
+- ``SOFT_TRIPLE_EPS``: the small constant under the square root of SoftTriple's
+  regulariser (the authors' code), one number for both paths.
+- ``COSINE_WHY``: the reason in the zero-row error of a cosine loss's embeddings.
+- ``TWO_64``: ``2.0**64``, the power of two by which a sum of terms beyond float64 is
+  rescaled before its mean is taken (the reduction's overflow rule).
 """
 
 from __future__ import annotations
 
 from refdml.losses._common import (
+    _COSINE_WHY as COSINE_WHY,
+    _TWO_64 as TWO_64,
     check_contrastive_margins,
     check_generalized_margins,
     check_loss_context,
@@ -41,8 +48,12 @@ from refdml.losses._common import (
     hyperparameter_cause,
 )
 from refdml.losses._pair import _hinge_cause as hinge_cause
+from refdml.losses._proxy import _SOFT_TRIPLE_EPS as SOFT_TRIPLE_EPS
 
 __all__ = [
+    "COSINE_WHY",
+    "SOFT_TRIPLE_EPS",
+    "TWO_64",
     "check_contrastive_margins",
     "check_generalized_margins",
     "check_loss_context",

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from refdml._shared.losses import COSINE_WHY, TWO_64
 from refdml._xp import ArrayNamespace
 from refdml.distances import CosineContext, EuclideanContext
 from refdml.normalize import L2NormalizeContext
@@ -57,8 +58,6 @@ __all__ = ["COSINE_WHY", "MASKED_LSE", "ArrayLse", "KernelLse", "LseImplementati
            "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits", "exp_limit",
            "is_ones_column", "masked_logsumexp", "ones_column", "reduce_terms",
            "scalar_value", "self_cosine", "self_euclidean", "self_pairwise_backward"]
-
-COSINE_WHY = "cosine similarity needs non-zero vectors"  # the reference's wording
 
 # Largest |t| for which exp(t) is a normal number with room to spare: float32 normals span
 # exp(-87.3) .. exp(88.7), float64 exp(-708) .. exp(709).
@@ -221,10 +220,6 @@ def reduce_terms(xp: Any, terms: Any, reduction: str, exists: Any = None) -> tup
     return value, weight / count
 
 
-# A power of two: the reference's rescaling of a sum beyond float64 (refdml.losses._common).
-_TWO_64 = 2.0**64
-
-
 def _mean(xp: Any, terms: Any, count: Any) -> Any:
     """``sum(terms) / count`` (0-d float64, not synchronised) without overflow of the sum.
 
@@ -240,8 +235,8 @@ def _mean(xp: Any, terms: Any, count: Any) -> Any:
         if xp is np:
             if np.isfinite(total):
                 return total / count
-            return _TWO_64 * (xp.sum(terms / _TWO_64) / count)
-        scaled = _TWO_64 * (xp.sum(terms / _TWO_64) / count)
+            return TWO_64 * (xp.sum(terms / TWO_64) / count)
+        scaled = TWO_64 * (xp.sum(terms / TWO_64) / count)
         return xp.where(xp.isfinite(total), total / count, scaled)
 
 

@@ -55,6 +55,7 @@ from refdml.distances import CosineContext
 from refdml.gpu.normalize import _quiet
 from refdml.losses import LossGrads, PairwiseLossContext, ProxyLossContext, ProxyLossGrads
 from refdml._shared.losses import (
+    SOFT_TRIPLE_EPS,
     check_contrastive_margins,
     check_generalized_margins,
     check_loss_context,
@@ -99,7 +100,6 @@ __all__ = [
 
 _FORMS = ("euclidean", "cosine")
 _MINING = ("all", "batch_hard")
-_SOFT_TRIPLE_EPS = 1e-5  # as in the reference (the authors' code)
 # Largest 2 / gamma for which exp(-2 / gamma) is a normal number with room to spare.
 _SHIFT_LIMIT = {"float32": 80.0, "float64": 700.0}
 
@@ -160,18 +160,18 @@ def _d_value(ctx, d_value) -> Any:
 def _pairwise_backward(ctx: PairwiseLossContext, d_value) -> LossGrads:
     ns = array_namespace(ctx.d_matrix)
     xp = ns.xp
-    scale = _d_value(ctx, d_value)
+    upstream = _d_value(ctx, d_value)
     # Not finite only where it overflows (inf times 0 included): checked below.
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        g = scale * ctx.d_matrix
+        g = upstream * ctx.d_matrix
         d_x = self_pairwise_backward(xp, ctx.metric_ctx, g) / ctx.row_scale
     if isinstance(ctx.metric_ctx, CosineContext):
-        _check_gradient(ns, d_x, "embeddings", d_value=scale)
+        _check_gradient(ns, d_x, "embeddings", d_value=upstream)
     else:
         # The context holds x / s and D / s (scale-free): the gradient is d_value times a
         # sum of unit vectors weighted by d value / d D, finite at any scale of x.
         _check_gradient(ns, d_x, "embeddings", why=(
-            f"it is d_value == {_shown(scale)} times a sum of unit vectors, beyond "
+            f"it is d_value == {_shown(upstream)} times a sum of unit vectors, beyond "
             f"{np.dtype(d_x.dtype).name}; use a smaller d_value"))
     return LossGrads(embeddings=d_x)
 
@@ -179,19 +179,20 @@ def _pairwise_backward(ctx: PairwiseLossContext, d_value) -> LossGrads:
 def _proxy_backward(ctx: ProxyLossContext, d_value) -> ProxyLossGrads:
     ns = array_namespace(ctx.d_similarity)
     xp = ns.xp
-    scale = _d_value(ctx, d_value)
+    upstream = _d_value(ctx, d_value)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        g = (ctx.d_similarity if isinstance(scale, float) and scale == 1.0
-             else scale * ctx.d_similarity)
+        g = (ctx.d_similarity if isinstance(upstream, float) and upstream == 1.0
+             else upstream * ctx.d_similarity)
         d_x, d_p = cosine_backward_sum(xp, ctx.cosine_ctx, g)
         if ctx.regularizer_ctx is not None:
-            d_p = d_p + self_pairwise_backward(xp, ctx.regularizer_ctx, scale * ctx.d_regularizer)
+            d_p = d_p + self_pairwise_backward(xp, ctx.regularizer_ctx,
+                                               upstream * ctx.d_regularizer)
         if not is_ones_column(ctx.embedding_scale):
             d_x = d_x / ctx.embedding_scale
         if not is_ones_column(ctx.proxy_scale):
             d_p = d_p / ctx.proxy_scale
-    _check_gradient(ns, d_x, "embeddings", d_value=scale)
-    _check_gradient(ns, d_p, "proxies", d_value=scale)
+    _check_gradient(ns, d_x, "embeddings", d_value=upstream)
+    _check_gradient(ns, d_p, "proxies", d_value=upstream)
     return ProxyLossGrads(embeddings=d_x, proxies=d_p)
 
 
@@ -492,9 +493,9 @@ def _multi_similarity_forward(ns, x, labels, alpha, beta, base, mining_margin, r
     hardest_neg = xp.max(s - _exclusion(xp, negative, x.dtype), axis=1)
     # Cosines lie in [-1, 1] (to rounding): any margin beyond 4 mines every pair, as 4
     # does, and 4 is a number of every dtype (1e300 is not a float32).
-    margin = min(mining_margin, 4.0)
-    mined_neg = negative & (s + margin > hardest_pos[:, None])
-    mined_pos = positive & (s - margin < hardest_neg[:, None])
+    mining_margin = min(mining_margin, 4.0)
+    mined_neg = negative & (s + mining_margin > hardest_pos[:, None])
+    mined_pos = positive & (s - mining_margin < hardest_neg[:, None])
     keep = xp.any(mined_neg, axis=1) & xp.any(mined_pos, axis=1)
     mined_pos &= keep[:, None]
     mined_neg &= keep[:, None]
@@ -650,19 +651,20 @@ def proxy_nca_forward(embeddings, labels, *, proxies, proxy_labels=None, tempera
 
 def _proxy_nca_terms(xp, x, p, similarity, same, temperature, reduction):
     """The ProxyNCA++ value (a device scalar) and ``d value / d similarity``."""
-    scale = 2 / temperature
-    if exp_fits(x.dtype, scale * cosine_bound(x.dtype, x.shape[1]), p.shape[0]):
+    # The logits -(2 - 2 s) / T are logit_slope * s - logit_slope: d logit / d s.
+    logit_slope = 2 / temperature
+    if exp_fits(x.dtype, logit_slope * cosine_bound(x.dtype, x.shape[1]), p.shape[0]):
         # Arithmetic path (no ``where``): the logits -(2 - 2 s) / T shifted by 2 / T are
         # (2 / T) s, bounded, so E = exp(2 s / T) are normal numbers, the positive mask
         # is a 0/1 factor, and the shift cancels in lse_all - lse_pos.
         with _quiet(xp):
-            e_all = xp.exp(scale * similarity)
+            e_all = xp.exp(logit_slope * similarity)
         e_pos = e_all * same.astype(x.dtype)
         total_all = xp.sum(e_all, axis=1)
         total_pos = xp.sum(e_pos, axis=1)
         terms = xp.maximum(xp.log(total_all) - xp.log(total_pos), 0)
         value, d_terms = reduce_terms(xp, terms, reduction)
-        d_terms = scale * d_terms
+        d_terms = logit_slope * d_terms
         d_similarity = e_all * (d_terms / total_all)[:, None]
         d_similarity -= e_pos * (d_terms / total_pos)[:, None]
     else:
@@ -673,7 +675,7 @@ def _proxy_nca_terms(xp, x, p, similarity, same, temperature, reduction):
         lse_pos, softmax_pos = lse_impl.masked_logsumexp(xp, logits, same)
         terms = xp.maximum(lse_all - lse_pos, 0)
         value, d_terms = reduce_terms(xp, terms, reduction)
-        d_similarity = scale * d_terms[:, None] * (softmax_all - softmax_pos)
+        d_similarity = logit_slope * d_terms[:, None] * (softmax_all - softmax_pos)
     return value, d_similarity
 
 
@@ -758,7 +760,7 @@ def _soft_triple_terms(ns, x, y, p, p_labels, lambda_, gamma, tau, delta, reduct
     center_sim = p_unit @ p_unit.T
     center_ctx = CosineContext(p_unit, p_unit, p_norm_ctx, p_norm_ctx, tuple(center_sim.shape))
     pairs = (p_labels[:, None] == p_labels[None, :]) & _upper(xp, p.shape[0])
-    root = xp.sqrt(xp.where(pairs, 2 + _SOFT_TRIPLE_EPS - 2 * center_sim, 1))
+    root = xp.sqrt(xp.where(pairs, 2 + SOFT_TRIPLE_EPS - 2 * center_sim, 1))
     value_terms = value
     value = value + tau * xp.sum(xp.where(pairs, root, 0), dtype=xp.float64) / safe
     d_regularizer = xp.where(pairs, -tau / (safe * root), 0).astype(x.dtype, copy=False)
