@@ -32,6 +32,14 @@ the script from rotting; its rows say so and measure nothing. Without ``--dry-ru
 without CuPy and a GPU, ``--device cuda`` exits with status 2 and the reason. Exit status
 1: some row has an error (a failed section, a parity check outside its tolerance).
 
+Roofline: each section with a goal prints, before its rows, a roofline estimate of the goal's
+work at the GPU run's sizes (scripts/_roofline.py: the bytes that must move, the flops that
+must be done, and the lower bound on time they give at the copy bandwidth and float32 matmul
+rate measured on the 2026-11-28 H200 run; the memory term at the H200's and H100 SXM's
+spec-sheet bandwidths), also under ``--dry-run``, whose own sizes are smaller. Rows of that
+work in float32 carry it as ``roofline`` (the printed line's "roofline >= ..."; a dict in
+``--json``). An estimate, never a measurement.
+
 Anchor rows: beside refdml's rows, the ``gsp``, ``retrieval`` and ``train`` sections time
 what a user would pick instead, in PyTorch on the same GPU in the same run
 (scripts/_torch_anchors.py: a GSP layer written as its authors describe it, retrieval by
@@ -65,6 +73,7 @@ import numpy as np  # noqa: E402
 
 # scripts/ is on sys.path when run as a script
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _roofline  # noqa: E402
 from _bench import Table, clocked, interleaved, timed_rounds, write_json  # noqa: E402
 from _bench import document as bench_document  # noqa: E402
 
@@ -77,7 +86,7 @@ def bench_gsp(repeats: int) -> list[Table]:
     """GSP pooling forward + backward, B=256, m=64, n=49, d=128, mu=0.3, inverse_temperature=5.
 
     The reference (float64), the array path (``use_kernels("array")``) and the Numba CPU
-    twin (``use_kernels("cpu")``, :mod:`refdml.gpu._nb_gsp`) in float64 and float32, all
+    twin (``use_kernels("cpu")``, :mod:`refdml._compiled.gsp`) in float64 and float32, all
     interleaved in one run; then the B = 4096 throughput (images / s) of the float32 array
     path and CPU twin.
     """
@@ -552,6 +561,7 @@ class Row:
     measurement: bool = True
     note: str = ""
     error: str | None = None
+    roofline: dict | None = None       # scripts/_roofline.py's estimate of this row's work
 
 
 @dataclasses.dataclass
@@ -679,8 +689,29 @@ def _format_row(row: Row) -> str:
     if row.parity_error is not None:
         parts.append(f"parity {row.parity_error:.2e} (tol {row.parity_tolerance:.0e} vs "
                      f"{row.parity_against})")
+    if row.roofline is not None:
+        parts.append(f"roofline >= {_ms(row.roofline['lower_bound_s'])} (estimate at "
+                     f"{row.roofline['size']}, {row.roofline['device']})")
     parts += [text for text in (row.note, row.error and f"ERROR {row.error}") if text]
     return " | ".join(parts)
+
+
+#: The device whose figures the rows' roofline estimates use.
+ROOFLINE_DEVICE = _roofline.H200_MEASURED
+
+
+def _roofline_works(run: _Run, section: str) -> list:
+    """Print the roofline estimates of ``section``'s goals (scripts/_roofline.py) at the GPU
+    run's sizes, and return their works, whose ``as_dict`` the section's rows carry."""
+    works = _roofline.section_works(section)
+    for work in works:
+        print(f"{section:11s} {work.describe(ROOFLINE_DEVICE)}"
+              + (" (the dry run's sizes are smaller)" if run.dry_run else ""), flush=True)
+        for device in _roofline.DEVICES:
+            if device is not ROOFLINE_DEVICE:
+                print(f"{'':11s}   {_ms(work.bound(device).seconds)} for the bytes alone at "
+                      f"{device.name} ({device.source})", flush=True)
+    return works
 
 
 def _ratios(medians: dict, name: str, others) -> dict:
@@ -888,7 +919,9 @@ def cuda_gsp(run: _Run) -> None:
              "cpu fast path": (np, "auto")}
     anchor = _torch_setup(run)
     reference = "refdml float64 reference (cpu)"
-    for size_b, dtypes in ((batch, ("float32", "float64")), (big, ("float32",))):
+    works = _roofline_works(run, section)          # B = 256, then B = 4096
+    for work, (size_b, dtypes) in zip(works, ((batch, ("float32", "float64")),
+                                              (big, ("float32",))), strict=True):
         size = (f"B={size_b} m={m} n={n} d={d} mu={_GSP_ARGS['mu']} "
                 f"inverse_temperature={_GSP_ARGS['inverse_temperature']}")
         host = _gsp_inputs(size_b, m, n, d)
@@ -937,7 +970,9 @@ def cuda_gsp(run: _Run) -> None:
                     parity_error=parity.get(name),
                     parity_tolerance=_GSP_PARITY[dtype] if name in parity else None,
                     parity_against=against_of.get(name),
-                    note=torch_note if name == torch_name else "", **goal)
+                    note=torch_note if name == torch_name else "",
+                    roofline=work.as_dict(ROOFLINE_DEVICE) if dtype == "float32" else None,
+                    **goal)
 
 
 def cuda_launch_sync(run: _Run) -> None:
@@ -1073,6 +1108,8 @@ def cuda_train(run: _Run) -> None:
     kernels = run.sizes("auto", "array")
     paths = run.sizes((("cuda", "float32"), ("cuda", "float64"), ("cpu", "float32")),
                       (("cuda", "float32"), ("cpu", "float32")))
+    (work,) = _roofline_works(run, section)
+    roofline = work.as_dict(ROOFLINE_DEVICE)
     with tempfile.TemporaryDirectory() as out_dir:
         steps = {f"{device} {dtype}": _TrainStep(device, dtype, overrides,
                                                  os.path.join(out_dir, f"{device}-{dtype}"),
@@ -1116,7 +1153,8 @@ def cuda_train(run: _Run) -> None:
                 size=f"batch {step.batch_size}", times=times[name], first_call_s=first[name],
                 rate=1.0 / medians[name], rate_unit="steps/s",
                 ratios=_ratios(medians, name, ["cpu float32", torch_name]), **goal,
-                note="" if kernels == "auto" else f'use_kernels("{kernels}")')
+                note="" if kernels == "auto" else f'use_kernels("{kernels}")',
+                roofline=roofline if dtype == "float32" else None)
     if torch_name in functions:
         run.add(section, torch_name, dtype="float32", device=anchor.row_device,
                 size=f"batch {parity_step.batch_size}", times=times[torch_name],
@@ -1124,7 +1162,7 @@ def cuda_train(run: _Run) -> None:
                 rate_unit="steps/s", ratios=_ratios(medians, torch_name,
                                                     ["cuda float32", "cpu float32"]),
                 parity_error=parity[torch_name], parity_tolerance=_TRAIN_PARITY,
-                parity_against="refdml float64 (cpu)", note=(
+                parity_against="refdml float64 (cpu)", roofline=roofline, note=(
                     f"{anchor.note}; the same model, initial parameters and batch as "
                     "refdml's: torch's conv2d, linear layers and torch.optim.Adam under "
                     "autograd (scripts/_torch_twin.py), the GSP head by the PyTorch GSP layer "
@@ -1201,6 +1239,7 @@ def cuda_sinkhorn(run: _Run) -> None:
             f"eps={_OT_EPS}, tol={_OT_TOL:g}: {n_problems} OT problems (pairs + selves)")
     clouds = run.xp.asarray(host)
     ours = "refdml fast path"
+    (work,) = _roofline_works(run, section)
 
     def refdml_call():
         return fast.pairwise_sinkhorn_divergence_forward(clouds, eps=_OT_EPS, tol=_OT_TOL,
@@ -1249,7 +1288,8 @@ def cuda_sinkhorn(run: _Run) -> None:
                 parity_error=parity.get(name),
                 parity_tolerance=_OT_PARITY if name in parity else None,
                 parity_against=ours if name in parity else None,
-                note=backend if name == pot else "", **goal)
+                note=backend if name == pot else "", roofline=work.as_dict(ROOFLINE_DEVICE),
+                **goal)
 
 
 # --------------------------------------------------------------------------- scans
@@ -1323,6 +1363,7 @@ def cuda_retrieval(run: _Run) -> None:
 
     kernel, array, bound = "cuda kernel", "cupy array path", "float32 matmul bound"
     torch_name = "torch matmul + topk"
+    (work,) = _roofline_works(run, section)
     keep, first, outputs, parity = _gated(run, section, size, {array: metrics("array"),
                                                                 kernel: metrics("cuda")},
                                           against=array, tolerance=lambda name: _RETRIEVAL_PARITY,
@@ -1370,7 +1411,8 @@ def cuda_retrieval(run: _Run) -> None:
                 parity_tolerance=_RETRIEVAL_PARITY if name in parity else None,
                 parity_against=array if name in parity else None,
                 device=anchor.row_device if name == torch_name else None,
-                note=notes.get(name, ""))
+                note=notes.get(name, ""),
+                roofline=work.as_dict(ROOFLINE_DEVICE) if name != bound else None)
 
 
 def _kcenter_error(got, want) -> float:
@@ -1412,6 +1454,7 @@ def cuda_kcenter(run: _Run) -> None:
         copy[...] = points
 
     kernel, array, copied = "cuda kernel", "cupy array path", "device-to-device copy"
+    (work,) = _roofline_works(run, section)
     keep, first, outputs, parity = _gated(run, section, size, {array: picks("array"),
                                                                kernel: picks("cuda")},
                                           against=array, tolerance=lambda name: _KCENTER_PARITY,
@@ -1438,7 +1481,8 @@ def cuda_kcenter(run: _Run) -> None:
                 first_call_s=first[name], rate=k / medians[name], rate_unit="picks/s",
                 ratios=_ratios(medians, name, [bound, array]), parity_error=parity.get(name),
                 parity_tolerance=_KCENTER_PARITY if name in parity else None,
-                parity_against=array if name in parity else None, note=common)
+                parity_against=array if name in parity else None, note=common,
+                roofline=work.as_dict(ROOFLINE_DEVICE))
     run.add(section, bound, dtype="float32", size=size, median_s=medians[bound],
             note=f"k n (d + 2) 4 bytes at the copy's {bandwidth / 1e9:.4g} GB/s (computed, "
                  "not timed)")

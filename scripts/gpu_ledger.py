@@ -430,7 +430,9 @@ def _generic_table(rows: list[dict]) -> list[str]:
 
 def _bench_table(rows: list[dict]) -> list[str]:
     """``scripts/bench_gpu.py``'s rows (``section``, ``name``, ``median_s``, ``ratios``, ...),
-    one line each; rows of another shape as they are."""
+    one line each; rows of another shape as they are. Where some row carries a
+    ``roofline`` estimate (scripts/_roofline.py), a column gives its lower bound in ms,
+    marked as an estimate, so that a time can be read against it."""
     if not all("section" in r and "name" in r and "median_s" in r for r in rows):
         return _generic_table(rows)
 
@@ -457,14 +459,25 @@ def _bench_table(rows: list[dict]) -> list[str]:
             parts.append(f"ERROR: {row['error']}")
         return "; ".join(p for p in parts if p) or None
 
-    return _table(
-        ["section", "path", "dtype", "size", "median ms", "first call ms", "rate", "ratios",
-         "goal", "parity error", "note"],
-        [[r.get("section"), r.get("name"), r.get("dtype"), r.get("size") or None,
-          ms(r.get("median_s")), ms(r.get("first_call_s")),
-          None if _number(r.get("rate")) is None else f"{_cell(_number(r['rate']))} {r.get('rate_unit') or ''}".strip(),
-          "; ".join(f"{_cell(_number(v))}x {k}" for k, v in (r.get("ratios") or {}).items()) or None,
-          goal(r), parity(r), note(r)] for r in rows])
+    def roofline(row):
+        estimate = row.get("roofline")
+        if not isinstance(estimate, dict) or _number(estimate.get("lower_bound_s")) is None:
+            return None
+        return (f">= {_cell(ms(estimate['lower_bound_s']))} (estimate at "
+                f"{estimate.get('size')}, {estimate.get('device')})")
+
+    header = ["section", "path", "dtype", "size", "median ms", "first call ms", "rate",
+              "ratios", "goal", "parity error", "note"]
+    cells = [[r.get("section"), r.get("name"), r.get("dtype"), r.get("size") or None,
+              ms(r.get("median_s")), ms(r.get("first_call_s")),
+              None if _number(r.get("rate")) is None else f"{_cell(_number(r['rate']))} {r.get('rate_unit') or ''}".strip(),
+              "; ".join(f"{_cell(_number(v))}x {k}" for k, v in (r.get("ratios") or {}).items()) or None,
+              goal(r), parity(r), note(r)] for r in rows]
+    if any(roofline(r) is not None for r in rows):    # a ledger from before has none
+        header.insert(9, "roofline ms (estimate)")
+        for row, line in zip(rows, cells):
+            line.insert(9, roofline(row))
+    return _table(header, cells)
 
 
 def _profile_table(rows: list[dict]) -> list[str]:
