@@ -6,7 +6,7 @@ SoftTriple; Proxy-Anchor and ProxyNCA++ past their bound; and of the entropic hi
 the zero-shot loss) is this family's fast-path seam. Its three implementations sit side by
 side behind one interface, ``impl.masked_logsumexp(xp, z, mask, axis=, extra_zero=)``:
 :class:`ArrayLse` (the array code, NumPy or CuPy: the fallback and the twin the kernels are
-tested against) and :class:`KernelLse` with a launcher of the CPU twin
+tested against) and :class:`CompiledLse` with a launcher of the CPU twin
 (``refdml._compiled.losses.masked_lse_cpu``) or of the CUDA kernel
 (``refdml._compiled.losses_cuda.refdml_loss_masked_lse``), both fed one
 :class:`refdml._compiled.losses.MaskedLseBuffers`. :data:`MASKED_LSE` lists them and chooses
@@ -54,7 +54,7 @@ from refdml._compiled._support import BLOCK, Implementations, cuda_launch, paral
 from refdml.gpu.distances import _scaled_sq, common_scale
 from refdml.gpu.normalize import _l2_backward, _l2_forward, _quiet, is_ones_column, ones_column
 
-__all__ = ["COSINE_WHY", "MASKED_LSE", "ArrayLse", "KernelLse", "LseImplementation",
+__all__ = ["COSINE_WHY", "MASKED_LSE", "ArrayLse", "CompiledLse", "LseImplementation",
            "cosine_backward_sum", "cosine_bound", "cross_cosine", "exp_fits", "exp_limit",
            "is_ones_column", "masked_logsumexp", "ones_column", "reduce_terms",
            "scalar_value", "self_cosine", "self_euclidean", "self_pairwise_backward"]
@@ -118,7 +118,7 @@ class ArrayLse:
         return xp.squeeze(lse, axis=axis), softmax
 
 
-class KernelLse:
+class CompiledLse:
     """The masked log-sum-exp by a compiled kernel: the rows of the broadcast ``z`` / ``mask``
     along ``axis``, made contiguous (one copy where they are not), as one
     :class:`MaskedLseBuffers` that ``launch`` fills (the CPU twin or the CUDA kernel)."""
@@ -164,8 +164,8 @@ _ARRAY_LSE = ArrayLse()
 MASKED_LSE: Implementations[LseImplementation] = Implementations(
     "losses",
     array=_ARRAY_LSE,
-    cpu=KernelLse(_launch_cpu_twin),
-    cuda=KernelLse(_launch_cuda),
+    cpu=CompiledLse(_launch_cpu_twin),
+    cuda=CompiledLse(_launch_cuda),
     auto_numpy="array",
     auto_cupy="cuda",
     measured=(

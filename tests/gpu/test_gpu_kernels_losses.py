@@ -144,7 +144,7 @@ def test_auto_keeps_the_array_path_on_numpy(monkeypatch):
     def fail(self, *args, **kwargs):
         raise AssertionError("a compiled kernel ran")
 
-    monkeypatch.setattr(_loss_kernels.KernelLse, "masked_logsumexp", fail)
+    monkeypatch.setattr(_loss_kernels.CompiledLse, "masked_logsumexp", fail)
     z = np.array([[0.0, np.log(3.0)], [1.0, 1.0]])
     with use_kernels("auto"):
         lse, weights = masked_logsumexp(np, z, None)
@@ -159,13 +159,13 @@ def test_one_implementations_object_chooses_by_mode_and_module():
     "auto" takes the array path on NumPy and the CUDA kernel on CuPy (the choice by module
     itself: tests/gpu/test_cuda_launch.py)."""
     from refdml._compiled._support import Implementations
-    from refdml.gpu._loss_kernels import MASKED_LSE, ArrayLse, KernelLse
+    from refdml.gpu._loss_kernels import MASKED_LSE, ArrayLse, CompiledLse
 
     assert isinstance(MASKED_LSE, Implementations)
     assert (MASKED_LSE.auto_numpy, MASKED_LSE.auto_cupy) == ("array", "cuda")
     assert "bench_gpu.py --only lse" in MASKED_LSE.measured
     assert isinstance(MASKED_LSE.array, ArrayLse)
-    assert isinstance(MASKED_LSE.cpu, KernelLse) and isinstance(MASKED_LSE.cuda, KernelLse)
+    assert isinstance(MASKED_LSE.cpu, CompiledLse) and isinstance(MASKED_LSE.cuda, CompiledLse)
     assert MASKED_LSE.cpu.launch is not MASKED_LSE.cuda.launch
     z = np.zeros((2, 3))
     for mode, member in (("auto", MASKED_LSE.array), ("array", MASKED_LSE.array),
@@ -193,10 +193,10 @@ def test_buffers_are_the_cuda_kernels_parameters():
 
 
 def test_kernel_launch_receives_named_buffers():
-    """KernelLse hands its launcher one MaskedLseBuffers of contiguous rows along ``axis``
+    """CompiledLse hands its launcher one MaskedLseBuffers of contiguous rows along ``axis``
     (a moved axis and a broadcast mask made rows), and reads its results back in place."""
     from refdml._compiled.losses import MaskedLseBuffers
-    from refdml.gpu._loss_kernels import KernelLse
+    from refdml.gpu._loss_kernels import CompiledLse
 
     seen = []
 
@@ -207,7 +207,7 @@ def test_kernel_launch_receives_named_buffers():
 
     z = np.arange(6.0).reshape(3, 2)               # rows along axis 0: two rows of three
     mask = np.array([[True], [False], [True]])     # broadcast over the last axis
-    lse, weights = KernelLse(launch).masked_logsumexp(np, z, mask, axis=0, extra_zero=True)
+    lse, weights = CompiledLse(launch).masked_logsumexp(np, z, mask, axis=0, extra_zero=True)
     (buffers,) = seen
     assert isinstance(buffers, MaskedLseBuffers)
     assert buffers.z.flags.c_contiguous and buffers.mask.flags.c_contiguous
@@ -217,5 +217,5 @@ def test_kernel_launch_receives_named_buffers():
     assert_array_equal(lse, [7.0, 7.0])
     assert_array_equal(weights, np.arange(6.0).reshape(2, 3).T)
     # No row to launch over: the array path's answer, no launch.
-    empty_lse, empty_w = KernelLse(launch).masked_logsumexp(np, np.zeros((0, 3)), None)
+    empty_lse, empty_w = CompiledLse(launch).masked_logsumexp(np, np.zeros((0, 3)), None)
     assert len(seen) == 1 and empty_lse.shape == (0,) and empty_w.shape == (0, 3)
