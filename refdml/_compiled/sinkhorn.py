@@ -50,13 +50,24 @@ between two of them only where a residual lies within that rounding of its thres
 tests/gpu/test_gpu_kernels_ot.py compares counts where a margin certifies them.
 
 Also here: the driver of a batch (:func:`solve_small`: the arrays of the state, a launch,
-the results; the CUDA kernel plugs in its own launch) and the pair-cost assembly of the CPU
-route (:func:`refdml_ot_pair_sq_cpu`, :func:`compiled_pair_sq`).
+the results; the CUDA kernel plugs in its own launch), the named buffers of a launch
+(:class:`SmallLaunch`: four small frozen dataclasses whose fields, in order, are the
+kernels' parameters), the interface of a compiled implementation of the family
+(:class:`CompiledSinkhorn`, and :data:`CPU`, this module's instance; refdml.gpu's
+``Implementations`` object chooses between it, the CUDA one and the array path) and the
+pair-cost assembly of the CPU route (:func:`refdml_ot_pair_sq_cpu`, :func:`compiled_pair_sq`).
+
+Words: ``kernel`` is the Gibbs kernel ``K`` (as in :mod:`refdml.ot`); a schedule's
+``level`` is an ``eps`` (a temperature, in the units of the cost); the kind of
+implementation (``"cpu"`` / ``"cuda"``) is a ``kind``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 from numba import njit, prange
@@ -64,7 +75,9 @@ from numba import njit, prange
 from refdml._compiled._scalar import lse_push, lse_value
 from refdml._compiled._support import BLOCK, parallel_launch
 
-__all__ = ["MAX_POINTS", "compiled_pair_sq", "launch_cpu", "refdml_ot_lse_half_step_cpu",
+__all__ = ["CPU", "MAX_POINTS", "CompiledSinkhorn", "SmallLaunch", "SmallPotentials",
+           "SmallProblems", "SmallResults", "SmallSettings", "compiled_pair_sq",
+           "launch_cpu", "launch_half_step_cpu", "refdml_ot_lse_half_step_cpu",
            "refdml_ot_pair_sq_cpu", "refdml_ot_sinkhorn_small_cpu", "solve_small",
            "solve_small_cpu"]
 
@@ -234,39 +247,121 @@ def _cpu_problem(cost, a, b, phi, psi, schedule, stage_tol, max_iter, symmetric,
 
 
 @njit(parallel=True, cache=True)
-def refdml_ot_sinkhorn_small_cpu(cost, a, b, phi, psi, schedule, stage_tol, max_iter,
+def refdml_ot_sinkhorn_small_cpu(cost, a, b, phi_out, psi_out, schedule, stage_tol, max_iter,
                                  symmetric, tiny, high, low, plan, n_iter, err):
     """CPU twin: every problem of ``cost`` (P, n, m) in a ``prange`` (see the module doc).
 
-    In/out: ``phi`` (P, n), ``psi`` (P, m) float64 (start -> solution, units of the last
-    ``eps``); out: ``plan`` (P, n, m) (input dtype), ``n_iter`` (P,) int64, ``err`` (P,).
+    The parameters are the CUDA kernel's, in its order (:class:`SmallLaunch`). In/out:
+    ``phi_out`` (P, n), ``psi_out`` (P, m) float64 (start -> solution, units of the last
+    ``eps``); out: ``plan`` (P, n, m) (float64 here), ``n_iter`` (P,) int64, ``err`` (P,).
     """
     for p in prange(cost.shape[0]):
-        it, e = _cpu_problem(cost[p], a[p], b[p], phi[p], psi[p], schedule, stage_tol, max_iter,
-                             symmetric, tiny, high, low, plan[p])
+        it, e = _cpu_problem(cost[p], a[p], b[p], phi_out[p], psi_out[p], schedule, stage_tol,
+                             max_iter, symmetric, tiny, high, low, plan[p])
         n_iter[p] = it
         err[p] = e
         if symmetric:
-            psi[p, :] = phi[p, :]
+            psi_out[p, :] = phi_out[p, :]
 
 
 # --------------------------------------------------------------------------- driver
-def launch_cpu(cost, a, b, phi, psi, schedule, stage_tol, max_iter, symmetric, tiny, high, low,
-               plan, n_iter, err):
-    """Run :func:`refdml_ot_sinkhorn_small_cpu` on NumPy arrays allocated by :func:`solve_small`
-    (the CPU launch of the driver)."""
-    args = (schedule, stage_tol, max_iter, symmetric, tiny, high, low)
+# The named buffers of one launch of the small-problem solver. The kernels take their
+# arguments flat (Numba types each array once, and the compile check and the simulator's
+# launch check read the flat signature); these four parts, concatenated field by field, are
+# that list in its order, so a launch states what each buffer is.
+@dataclass(frozen=True)
+class SmallProblems:
+    """The problems: ``cost`` (P, n, m) C-contiguous, in the input's dtype; ``a`` (P, n) and
+    ``b`` (P, m) float64 on the simplex."""
+
+    cost: Any
+    a: Any
+    b: Any
+
+
+@dataclass(frozen=True)
+class SmallPotentials:
+    """In: the start (zeros); out: the solution. ``phi_out`` (P, n), ``psi_out`` (P, m)
+    float64, in units of the last eps level."""
+
+    phi_out: Any
+    psi_out: Any
+
+
+@dataclass(frozen=True)
+class SmallSettings:
+    """``schedule`` (S,) float64: the eps levels (temperatures, the last one ``eps``);
+    ``stage_tol`` (S,) float64: each level's tolerance; ``max_iter`` per level;
+    ``symmetric``: OT(mu, mu) (``a == b``, the averaged update); ``tiny``: the dtype's
+    smallest normal (kernel entries below it are 0, masses below it absorb); ``high``,
+    ``low``: the absorption bounds ``e^B``, ``e^-B`` of the scalings."""
+
+    schedule: Any
+    stage_tol: Any
+    max_iter: int
+    symmetric: bool
+    tiny: float
+    high: float
+    low: float
+
+
+@dataclass(frozen=True)
+class SmallResults:
+    """Out: ``plan`` (P, n, m) in the input's dtype (the CUDA launch passes it flat,
+    (P, n m)); ``n_iter`` (P,) int64, iterations summed over the levels; ``err`` (P,)
+    float64, the last L1 marginal error."""
+
+    plan: Any
+    n_iter: Any
+    err: Any
+
+
+_PARTS = (SmallProblems, SmallPotentials, SmallSettings, SmallResults)
+
+
+@dataclass(frozen=True)
+class SmallLaunch:
+    """Every buffer and setting of one launch of the small-problem solver, by name."""
+
+    problems: SmallProblems
+    potentials: SmallPotentials
+    settings: SmallSettings
+    results: SmallResults
+
+    @staticmethod
+    def parameters() -> tuple[str, ...]:
+        """The kernels' parameter names, in order: the parts' fields concatenated."""
+        return tuple(field.name for part in _PARTS for field in fields(part))
+
+    def arguments(self, **replaced: Any) -> tuple:
+        """The kernels' arguments in :meth:`parameters` order; ``replaced``: buffers that
+        the launch passes in another form (``plan=`` flat, or widened)."""
+        unknown = set(replaced) - set(self.parameters())
+        if unknown:
+            raise ValueError(f"replaced == {sorted(unknown)!r}, must be among the parameters "
+                             f"{self.parameters()}")
+        values = {field.name: getattr(part, field.name)
+                  for part in (self.problems, self.potentials, self.settings, self.results)
+                  for field in fields(part)}
+        values.update(replaced)
+        return tuple(values[name] for name in self.parameters())
+
+
+def launch_cpu(launch: SmallLaunch) -> None:
+    """Run :func:`refdml_ot_sinkhorn_small_cpu` on the NumPy buffers of ``launch`` (allocated
+    by :func:`solve_small`)."""
+    cost, plan = launch.problems.cost, launch.results.plan
     if cost.dtype != np.float64:
         # One compiled signature (float64; halves the cold compile time): float32
         # problems are widened on the host and the plan rounded back.
         wide = np.empty(plan.shape)
         with parallel_launch():
-            refdml_ot_sinkhorn_small_cpu(cost.astype(np.float64), a, b, phi, psi, *args, wide,
-                                         n_iter, err)
+            refdml_ot_sinkhorn_small_cpu(*launch.arguments(cost=cost.astype(np.float64),
+                                                           plan=wide))
         plan[...] = wide
     else:
         with parallel_launch():
-            refdml_ot_sinkhorn_small_cpu(cost, a, b, phi, psi, *args, plan, n_iter, err)
+            refdml_ot_sinkhorn_small_cpu(*launch.arguments())
 
 
 def solve_small(xp, launch, a, b, cost, *, schedule, stage_tol, max_iter, symmetric, tiny,
@@ -274,38 +369,92 @@ def solve_small(xp, launch, a, b, cost, *, schedule, stage_tol, max_iter, symmet
     """Solve P problems of at most :data:`MAX_POINTS` points per side with ``launch``.
 
     ``a`` (P, n), ``b`` (P, m) on the simplex, ``cost`` (P, n, m) (arrays of ``xp``);
-    ``schedule`` / ``stage_tol`` the eps levels and their tolerances. ``launch(cost, a, b,
-    phi, psi, schedule, stage_tol, max_iter, symmetric, tiny, high, low, plan, n_iter, err)``
-    runs the problems on the arrays allocated here (float64 state, ``plan`` (P, n, m) in the
-    cost's dtype): :func:`launch_cpu`, or refdml.gpu's CUDA launch. Returns ``phi``, ``psi``
-    (input dtype, units of the last level), ``n_iter`` (int64), ``err`` and the plan, all
-    arrays of ``xp`` (nothing reaches the host).
+    ``schedule`` / ``stage_tol`` the eps levels and their tolerances. ``launch`` (a
+    :class:`SmallLaunch` -> None) runs the problems on the buffers allocated here (float64
+    state, ``plan`` (P, n, m) in the cost's dtype): :func:`launch_cpu`, or the CUDA launch
+    of :mod:`refdml._compiled.sinkhorn_cuda`. Returns ``phi``, ``psi`` (input dtype, units
+    of the last level), ``n_iter`` (int64), ``err`` and the plan, all arrays of ``xp``
+    (nothing reaches the host).
     """
     n_problems, n, m = cost.shape
     if max(n, m) > MAX_POINTS:
         raise ValueError(f"the small-problem kernel takes at most {MAX_POINTS} points, "
                          f"got {n} x {m}")
     dtype = cost.dtype
-    cost = xp.ascontiguousarray(cost)
-    a = xp.ascontiguousarray(a, dtype=xp.float64)
-    b = xp.ascontiguousarray(b, dtype=xp.float64)
-    phi = xp.zeros((n_problems, n), dtype=xp.float64)
-    psi = xp.zeros((n_problems, m), dtype=xp.float64)
-    plan = xp.empty((n_problems, n, m), dtype=dtype)
-    n_iter = xp.zeros(n_problems, dtype=xp.int64)
-    err = xp.full(n_problems, np.inf, dtype=xp.float64)
-    schedule = xp.asarray(np.asarray(schedule, dtype=np.float64))
-    stage_tol = xp.asarray(np.asarray(stage_tol, dtype=np.float64))
+    problems = SmallProblems(
+        cost=xp.ascontiguousarray(cost), a=xp.ascontiguousarray(a, dtype=xp.float64),
+        b=xp.ascontiguousarray(b, dtype=xp.float64))
+    potentials = SmallPotentials(phi_out=xp.zeros((n_problems, n), dtype=xp.float64),
+                                 psi_out=xp.zeros((n_problems, m), dtype=xp.float64))
+    results = SmallResults(plan=xp.empty((n_problems, n, m), dtype=dtype),
+                           n_iter=xp.zeros(n_problems, dtype=xp.int64),
+                           err=xp.full(n_problems, np.inf, dtype=xp.float64))
+    settings = SmallSettings(
+        schedule=xp.asarray(np.asarray(schedule, dtype=np.float64)),
+        stage_tol=xp.asarray(np.asarray(stage_tol, dtype=np.float64)),
+        max_iter=int(max_iter), symmetric=bool(symmetric), tiny=float(tiny), high=float(high),
+        low=float(low))
     if n_problems:
-        launch(cost, a, b, phi, psi, schedule, stage_tol, int(max_iter), bool(symmetric),
-               float(tiny), float(high), float(low), plan, n_iter, err)
-    return phi.astype(dtype, copy=False), psi.astype(dtype, copy=False), n_iter, \
-        err.astype(dtype, copy=False), plan
+        launch(SmallLaunch(problems, potentials, settings, results))
+    return (potentials.phi_out.astype(dtype, copy=False),
+            potentials.psi_out.astype(dtype, copy=False), results.n_iter,
+            results.err.astype(dtype, copy=False), results.plan)
 
 
-def solve_small_cpu(a, b, cost, **kw):
-    """:func:`solve_small` on NumPy arrays with the CPU twin (keywords as there)."""
-    return solve_small(np, launch_cpu, a, b, cost, **kw)
+def solve_small_cpu(a, b, cost, **settings):
+    """:func:`solve_small` on NumPy arrays with the CPU twin (keywords as there); the
+    reference's compiled route runs this."""
+    return solve_small(np, launch_cpu, a, b, cost, **settings)
+
+
+# --------------------------------------------------------------------------- the interface
+@dataclass(frozen=True)
+class CompiledSinkhorn:
+    """One compiled implementation of the Sinkhorn family (the CPU twins, :data:`CPU`, or
+    the CUDA kernels, ``refdml._compiled.sinkhorn_cuda.CUDA``): the interface that
+    refdml.gpu's batched solver calls on whichever implementation its ``Implementations``
+    object chose, the array path included (``refdml.gpu._ot_sinkhorn``).
+
+    ``kind``: ``"cpu"`` or ``"cuda"``. ``launch_small``: runs a :class:`SmallLaunch`.
+    ``launch_half_step(scaled_cost, weighted_potential, out)``: fills ``out`` (P, n) with
+    ``-LSE_j(w_j - S_ij)``. ``pair_sq(clouds, first, second)``: the pair costs of the
+    all-pairs route where this implementation computes them (:func:`compiled_pair_sq` on
+    the CPU), else None (the array path's).
+    """
+
+    kind: str
+    launch_small: Callable[[SmallLaunch], None]
+    launch_half_step: Callable[[Any, Any, Any], None]
+    pair_sq: Callable[..., Any] | None = None
+
+    def solve_small(self, xp, a, b, cost, **settings):
+        """:func:`solve_small` (same arguments after ``xp``, same results) with this
+        implementation's launch."""
+        return solve_small(xp, self.launch_small, a, b, cost, **settings)
+
+    def lse_half_step(self, xp, scaled_cost, potential, log_weight, previous=None, out=None):
+        r"""``f_i = -LSE_j(log_weight_j + potential_j - S_ij)`` (P, n) for ``S`` (P, n, m):
+        the log-sum-exp half step of refdml.gpu's batched Sinkhorn, by this
+        implementation's kernel. ``previous`` and ``out`` are the array path's stabiliser
+        and work buffer (same interface); a one-pass kernel needs neither.
+
+        One pass over ``S`` with the online log-sum-exp
+        (:func:`refdml._compiled._scalar.lse_push`: the running maximum is the stabiliser,
+        so nothing overflows whatever ``S`` is), no (P, n, m) temporary. Accumulates in
+        float64; the result has the input's dtype and module.
+        """
+        n_problems, n, _ = scaled_cost.shape
+        result = xp.empty((n_problems, n), dtype=scaled_cost.dtype)
+        if n_problems * n:
+            weighted = (log_weight + potential).astype(scaled_cost.dtype, copy=False)
+            self.launch_half_step(scaled_cost, weighted, result)
+        return result
+
+
+def launch_half_step_cpu(scaled_cost, weighted_potential, out) -> None:
+    """The half step's CPU launch: :func:`refdml_ot_lse_half_step_cpu`, rows in a prange."""
+    with parallel_launch():
+        refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out)
 
 
 # --------------------------------------------------------------------------- pair costs
@@ -381,3 +530,8 @@ def refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out):
         for j in range(m):
             mx, s = lse_push(mx, s, weighted_potential[p, j] - scaled_cost[p, i, j])
         out[p, i] = -lse_value(mx, s)
+
+
+#: The CPU twins of the family, as one implementation (:class:`CompiledSinkhorn`).
+CPU = CompiledSinkhorn(kind="cpu", launch_small=launch_cpu, launch_half_step=launch_half_step_cpu,
+                       pair_sq=compiled_pair_sq)

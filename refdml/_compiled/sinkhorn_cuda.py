@@ -1,24 +1,26 @@
 r"""Small-problem Sinkhorn, CUDA kernel: one OT problem of at most 128 x 128 points per block.
 
-The ``@cuda.jit`` kernel (:func:`cuda_kernel`, one block per problem) of the small-problem
-solver whose iteration, scalar maths (one source for both targets) and compiled CPU twin
-are in :mod:`refdml._compiled.sinkhorn`; :func:`solve_small` runs either on a batch
-(the driver :func:`refdml._compiled.sinkhorn.solve_small` with this module's CUDA launch or
-the twin's CPU launch). The kernel stores ``K`` (and the plan) in the input's dtype; the
-potentials, scalings, sums and the residual are float64, as in the twin.
+The ``@cuda.jit`` kernel (:func:`small_problem_kernel`, one block per problem) of the
+small-problem solver whose iteration, scalar maths (one source for both targets), compiled
+CPU twin and batch driver are in :mod:`refdml._compiled.sinkhorn`; :data:`CUDA` is this
+module's implementation of the family (:class:`refdml._compiled.sinkhorn.CompiledSinkhorn`:
+the driver with this module's launches), beside the twin's ``CPU``. The kernel stores ``K``
+(and the plan) in the input's dtype; the potentials, scalings, sums and the residual are
+float64, as in the twin.
 
 CUDA launch: one block per problem, ``threads = min(BLOCK, 32 ceil(max(n, m) / 32))``
 threads (a warp multiple up to :data:`refdml._compiled._support.BLOCK` = 128 = the largest
 problem): thread ``i`` owns row ``i`` (the row product, ``u_i``) and column ``i`` (the
-column product and column log-sum-exp, ``v_i``); the residual is summed by thread 0 in
+column product and column log-sum-exp, ``v_i``); every thread sums the residual terms in
 row order (the CPU twin's order). ``K`` lives in shared memory when it fits
 :data:`TILE_BYTES` (49 x 49 float64: 19 KB; up to 69 x 69 float64 or 98 x 98 float32),
 else in the plan output in global memory (still one block per problem; L1/L2-resident).
 The cost is read from global memory at each absorption only. Nothing reaches the host:
 the outputs are arrays of the input's module.
 
-Also here: the log-sum-exp half step of the general batched solver (:func:`lse_half_step`,
-its CPU twin and its CUDA kernel).
+Also here: the log-sum-exp half step of the general batched solver (the CUDA kernel
+:func:`refdml_ot_lse_half_step` and its launch; the CPU twin is
+:func:`refdml._compiled.sinkhorn.refdml_ot_lse_half_step_cpu`).
 """
 
 from __future__ import annotations
@@ -29,15 +31,15 @@ import math
 import numba
 import numpy as np
 
-from refdml._compiled import sinkhorn as _twin
 from refdml._compiled._cuda import CudaKernel, cuda, cuda_kernel, register
 from refdml._compiled._scalar import lse_push, lse_value
-from refdml._compiled._support import BLOCK, cuda_launch, cuda_simulator, parallel_launch
+from refdml._compiled._support import BLOCK, cuda_launch, cuda_simulator
 from refdml._compiled.sinkhorn import (
+    CompiledSinkhorn,
+    SmallLaunch,
     flush,
     log_kernel_exponent,
     needs_absorb,
-    refdml_ot_lse_half_step_cpu,
     potential_from_lse,
     residual_term,
     scaling_update,
@@ -45,7 +47,8 @@ from refdml._compiled.sinkhorn import (
     symmetric_scaling_update,
 )
 
-__all__ = ["TILE_BYTES", "lse_half_step", "small_problem_kernel", "solve_small"]
+__all__ = ["CUDA", "TILE_BYTES", "launch_cuda", "launch_half_step_cuda",
+           "refdml_ot_lse_half_step", "small_problem_kernel", "threads_per_problem"]
 
 #: Shared memory for the kernel tile per block (the rest of the 48 KB static limit holds
 #: the ten float64 vectors of length BLOCK).
@@ -276,27 +279,13 @@ def threads_per_problem(n: int, m: int) -> int:
 
 
 # --------------------------------------------------------------------------- launcher
-def _launch_cuda(cost, a, b, phi, psi, schedule, stage_tol, max_iter, symmetric, tiny, high,
-                 low, plan, n_iter, err):
+def launch_cuda(launch: SmallLaunch) -> None:
     """The CUDA launch of :func:`refdml._compiled.sinkhorn.solve_small`: one block per
     problem, the plan flat (P, n m)."""
-    n_problems, n, m = cost.shape
-    cuda_launch(small_problem_kernel(np.dtype(cost.dtype)), n_problems, threads_per_problem(n, m),
-                cost, a, b, phi, psi, schedule, stage_tol, max_iter, symmetric, tiny, high, low,
-                plan.reshape(n_problems, n * m), n_iter, err)
-
-
-def solve_small(xp, kernel: str, a, b, cost, *, schedule, stage_tol, max_iter, symmetric,
-                tiny, high, low):
-    """Run the ``"cpu"`` twin or the ``"cuda"`` kernel on P problems of at most 128 points:
-    :func:`refdml._compiled.sinkhorn.solve_small` (same arguments and results) with the
-    launch of ``kernel``."""
-    launches = {"cpu": _twin.launch_cpu, "cuda": _launch_cuda}
-    if kernel not in launches:
-        raise ValueError(f"kernel == {kernel!r}, must be 'cpu' or 'cuda'")
-    return _twin.solve_small(xp, launches[kernel], a, b, cost, schedule=schedule,
-                             stage_tol=stage_tol, max_iter=max_iter, symmetric=symmetric,
-                             tiny=tiny, high=high, low=low)
+    n_problems, n, m = launch.problems.cost.shape
+    cuda_launch(small_problem_kernel(np.dtype(launch.problems.cost.dtype)), n_problems,
+                threads_per_problem(n, m),
+                *launch.arguments(plan=launch.results.plan.reshape(n_problems, n * m)))
 
 
 # --------------------------------------------------------------------------- LSE half step
@@ -317,30 +306,16 @@ def refdml_ot_lse_half_step(scaled_cost, weighted_potential, out):
     out[p, i] = -lse_value(mx, s)
 
 
-def lse_half_step(xp, kernel: str, scaled_cost, weighted_potential):
-    r"""``f_i = -LSE_j(w_j - S_ij)`` (P, n) for ``S`` (P, n, m), ``w`` (P, m): the log-sum-exp
-    half step of the batched Sinkhorn of :mod:`refdml.gpu._ot_sinkhorn` (``w = log b + psi``),
-    by the ``"cpu"`` twin or the ``"cuda"`` kernel.
+def launch_half_step_cuda(scaled_cost, weighted_potential, out) -> None:
+    """The half step's CUDA launch: one thread per row, ``ceil(P n / BLOCK)`` blocks of
+    BLOCK threads (under the simulator at most ``P n`` threads)."""
+    rows = out.shape[0] * out.shape[1]
+    threads = min(BLOCK, rows) if cuda_simulator() else BLOCK
+    cuda_launch(refdml_ot_lse_half_step, -(-rows // threads), threads, scaled_cost,
+                weighted_potential, out)
 
-    One pass over ``S`` with the online log-sum-exp (:func:`refdml._compiled._scalar.lse_push`:
-    the running maximum is the stabiliser, so nothing overflows whatever ``S`` is), no
-    (P, n, m) temporary (the array path writes one and makes three passes). One thread per
-    row; launch: ``ceil(P n / BLOCK)`` blocks of BLOCK threads (under the simulator at most
-    ``P n`` threads). Accumulates in float64; the output has the input's dtype and module.
-    """
-    n_problems, n, m = scaled_cost.shape
-    out = xp.empty((n_problems, n), dtype=scaled_cost.dtype)
-    weighted_potential = weighted_potential.astype(scaled_cost.dtype, copy=False)
-    rows = n_problems * n
-    if rows == 0:
-        return out
-    if kernel == "cpu":
-        with parallel_launch():
-            refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out)
-    elif kernel == "cuda":
-        threads = min(BLOCK, rows) if cuda_simulator() else BLOCK
-        cuda_launch(refdml_ot_lse_half_step, -(-rows // threads), threads, scaled_cost,
-                    weighted_potential, out)
-    else:
-        raise ValueError(f"kernel == {kernel!r}, must be 'cpu' or 'cuda'")
-    return out
+
+#: The CUDA kernels of the family, as one implementation
+#: (:class:`refdml._compiled.sinkhorn.CompiledSinkhorn`; the pair costs: the array path's).
+CUDA = CompiledSinkhorn(kind="cuda", launch_small=launch_cuda,
+                        launch_half_step=launch_half_step_cuda)

@@ -11,17 +11,16 @@ from refdml._xp import array_namespace
 from refdml.gpu import _ot_sinkhorn as _solver
 from refdml._validation import as_fast_array, check_fast_upstream, data_checks, result_dtype
 from refdml.gpu.distances import _scaled_sq
-from refdml.ot._divergence import (
-    _check_gradient,
-    _check_output,
-    _cost_unit,
-    _ground_cost,
-    _normalised_sq,
-    _points_factor,
+from refdml._shared.ot import (
+    OTBatch,
+    batch_shape,
+    centred,
+    check_gradient,
+    cost_unit,
+    normalised_sq,
+    points_factor,
 )
-from refdml.ot._divergence import _ground_cost_backward as _reference_ground_cost_backward
-from refdml.ot._entropic import centred
-from refdml.ot._sinkhorn import _OTBatch, _batch_shape
+from refdml._shared.ot import ground_cost_backward as _reference_ground_cost_backward
 
 
 _PINV_RCOND = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-6}
@@ -60,11 +59,11 @@ def _cost_and_weights(a, b, cost):
 
 def _as_batch(xp, a, b, cost):
     n, m = cost.shape[-2:]
-    batch_shape = _batch_shape(a.shape, b.shape, cost.shape)
-    cost_b = xp.broadcast_to(cost, batch_shape + (n, m)).reshape(-1, n, m)
-    a_b = xp.broadcast_to(a, batch_shape + (n,)).reshape(-1, n)
-    b_b = xp.broadcast_to(b, batch_shape + (m,)).reshape(-1, m)
-    return xp.ascontiguousarray(a_b), xp.ascontiguousarray(b_b), xp.array(cost_b), batch_shape
+    shape = batch_shape(a.shape, b.shape, cost.shape)
+    cost_b = xp.broadcast_to(cost, shape + (n, m)).reshape(-1, n, m)
+    a_b = xp.broadcast_to(a, shape + (n,)).reshape(-1, n)
+    b_b = xp.broadcast_to(b, shape + (m,)).reshape(-1, m)
+    return xp.ascontiguousarray(a_b), xp.ascontiguousarray(b_b), xp.array(cost_b), shape
 
 
 def _unbatch(array, batch_shape):
@@ -78,8 +77,9 @@ def _divided(xp, array, power_of_two: float):
     return xp.ldexp(array, 1 - math.frexp(power_of_two)[1])
 
 
-def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel=5):
+def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel=5, impl=None):
     """Solve on the cost divided by one power of two (max |C| in [0.5, 1)); see the reference.
+    ``impl``: the implementation the public function chose (:data:`refdml.gpu._ot_sinkhorn.SINKHORN`).
 
     One transfer on CuPy reads max |C|, max C and the smallest of the problems' max C (the
     solver's ``largest`` and ``smallest``, divided on the host by the power of two: exact).
@@ -92,7 +92,7 @@ def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel
                                data_name="cost", unit=unit)
     return _solver.solve_batch(xp, a, b, cost, eps=eps / unit, max_iter=max_iter, tol=tol,
                                eps_scaling=eps_scaling, unit=unit, warn_stacklevel=stacklevel,
-                               largest=largest / unit, smallest=smallest / unit)
+                               largest=largest / unit, smallest=smallest / unit, impl=impl)
 
 
 # --------------------------------------------------------------------------- ground cost
@@ -105,7 +105,7 @@ def _cloud_sq(xp, x, y, p: float, self_pairs: bool):
 
 
 def _ground_cost_backward(xp, x, y, sq, p, d_cost):
-    """The reference's :func:`refdml.ot._divergence._ground_cost_backward` on ``xp``'s
+    """The reference's :func:`refdml._shared.ot.ground_cost_backward` on ``xp``'s
     arrays, after refusing a ``p`` beyond the dtype (float32): at the largest distance the
     gradient is ``p`` times the cost."""
     if p != 2.0 and p > float(np.finfo(sq.dtype).max):
@@ -122,7 +122,7 @@ def _to_points(ns, gradient, unit: float, scale: float, sq_unit: float, name: st
     the dtype (float32 data near its subnormals); a result beyond the dtype is named
     (checked on NumPy, on CuPy while data checks are on)."""
     xp = ns.xp
-    factor = _points_factor(unit, scale, sq_unit)
+    factor = points_factor(unit, scale, sq_unit)
     info = np.finfo(gradient.dtype)
     mantissa, exponent = math.frexp(factor)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
@@ -131,7 +131,7 @@ def _to_points(ns, gradient, unit: float, scale: float, sq_unit: float, name: st
         else:
             out = xp.ldexp(gradient * mantissa, exponent)
     if data_checks(ns):
-        _check_gradient(xp, out, name, p)
+        check_gradient(xp, out, name, p)
     return out
 
 
@@ -155,9 +155,9 @@ def _scaled_points(xp, *arrays):
 
 def _sq_and_unit(p: float, scale: float, names: str, *sqs):
     """``(unit, sq_unit, sq ...)``: the squared distances divided by the reference's
-    ``sq_unit`` (:func:`refdml.ot._divergence._normalised_sq`) and the costs' unit."""
-    sq_unit, *normalised = _normalised_sq(p, *sqs)
-    return (_cost_unit(scale, p, names, sq_unit), sq_unit, *normalised)
+    ``sq_unit`` (:func:`refdml._shared.ot.normalised_sq`) and the costs' unit."""
+    sq_unit, *normalised = normalised_sq(p, *sqs)
+    return (cost_unit(scale, p, names, sq_unit), sq_unit, *normalised)
 
 
 def _weight_vector(w, name, size, ns, dtype):
@@ -178,7 +178,7 @@ def _scalar_upstream(d_value, ns, dtype):
     return ns.xp.reshape(ns.xp.asarray(d, dtype=dtype), (1,))
 
 
-def _ot_vjp(xp, batch: _OTBatch, value: str, d_value):
+def _ot_vjp(xp, batch: OTBatch, value: str, d_value):
     """Gradients of ``sum_p d_value[p] OT_p`` w.r.t. the cost and the simplex weights."""
     if value == "regularized":
         d_cost, da, db = batch.plan, batch.f, batch.g
@@ -189,7 +189,7 @@ def _ot_vjp(xp, batch: _OTBatch, value: str, d_value):
     return d_cost * d_value[:, None, None], da * scale, db * scale
 
 
-def _transport_cost_vjp(xp, batch: _OTBatch):
+def _transport_cost_vjp(xp, batch: OTBatch):
     """Implicit derivative of ``<pi, C>``: the reference's Schur-complement pseudo-inverse."""
     plan, cost, a, b, eps = batch.plan, batch.cost, batch.a, batch.b, batch.eps
     weighted = plan * cost

@@ -8,34 +8,34 @@ from __future__ import annotations
 
 import numpy as np
 
-from refdml._compiled._support import select_kernel
-from refdml._compiled.sinkhorn import MAX_POINTS, compiled_pair_sq
+from refdml._compiled.sinkhorn import MAX_POINTS
+from refdml._shared.ot import (
+    COST_NAME,
+    VALUES,
+    PairsContext,
+    check_output,
+    check_p,
+    check_solver_args,
+    ground_cost,
+)
 from refdml._validation import (
-    as_fast_array, check_choice, check_context, check_fast_upstream, data_checks, fast_labels,
+    as_fast_array, check_choice, check_context, check_fast_upstream, check_scalar, data_checks,
+    fast_labels,
 )
 from refdml._xp import array_namespace, is_cupy_array
 from refdml.gpu import _ot_sinkhorn as _solver
 from refdml.gpu.losses import terms_dtype
-from refdml.ot._divergence import (
-    _COST_NAME,
+from refdml.ot import (
     PairwiseSinkhornDivergenceContext,
     PairwiseSinkhornDivergenceGrads,
-    _check_p,
-    _PairsContext,
-)
-from refdml.ot._sinkhorn import VALUES, _check_solver_args
-from refdml.ot._wlosses import (
     WassersteinLossGrads,
     WContrastiveContext,
     WTripletContext,
 )
-from refdml._validation import check_scalar
 
 from refdml.gpu._ot_common import (
     _ot_vjp,
-    _check_output,
     _cloud_sq,
-    _ground_cost,
     _ground_cost_backward,
     _scalar_upstream,
     _scaled_points,
@@ -66,26 +66,26 @@ def _upper_pairs(xp, n: int):
 _GRAM_ENTRIES = 1 << 24
 
 
-def _compiled_costs(xp, clouds) -> bool:
-    """Whether the pair costs of ``clouds`` are built by
-    :func:`refdml._compiled.sinkhorn.compiled_pair_sq` (the CPU kernels on NumPy, clouds of at
-    most ``MAX_POINTS`` points: the route of the solver)."""
-    return (xp is np and clouds.shape[1] <= MAX_POINTS
-            and select_kernel(clouds, has_cuda=False) == "cpu")
+def _compiled_costs(impl, clouds) -> bool:
+    """Whether the pair costs of ``clouds`` come from ``impl.pair_sq`` (the CPU twins'
+    :func:`refdml._compiled.sinkhorn.compiled_pair_sq`, on NumPy: the implementation has
+    one, and the clouds have at most ``MAX_POINTS`` points, the small-problem solver's
+    route)."""
+    return impl.pair_sq is not None and clouds.shape[1] <= MAX_POINTS
 
 
-def _cross_sq(xp, clouds, first, second, p):
+def _cross_sq(xp, impl, clouds, first, second, p):
     """``||x_i - y_j||^2`` (K, n, n) for the clouds of every pair (``first[k]``, ``second[k]``).
 
-    On the CPU kernels, :func:`refdml._compiled.sinkhorn.compiled_pair_sq`. Otherwise (the array path, CuPy), when
-    the pairs cover at least a quarter of all ``B^2`` and the ``(B n, B n)`` Gram matrix
-    is small, one product of all points (the Gram identity as :func:`_cloud_sq`, the blocks
-    gathered) instead of ``K`` small products of gathered ``(n, d)`` clouds: one large GEMM
-    and no (K, n, d) copies.
+    Where ``impl`` computes them (:func:`_compiled_costs`), ``impl.pair_sq``. Otherwise (the
+    array path, the CUDA kernels' route), when the pairs cover at least a quarter of all
+    ``B^2`` and the ``(B n, B n)`` Gram matrix is small, one product of all points (the
+    Gram identity as :func:`_cloud_sq`, the blocks gathered) instead of ``K`` small
+    products of gathered ``(n, d)`` clouds: one large GEMM and no (K, n, d) copies.
     """
     n_clouds, n, d = clouds.shape
-    if _compiled_costs(xp, clouds):
-        return compiled_pair_sq(clouds, first, second)
+    if _compiled_costs(impl, clouds):
+        return impl.pair_sq(clouds, first, second)
     if 4 * first.shape[0] < n_clouds * n_clouds or (n_clouds * n) ** 2 > _GRAM_ENTRIES:
         return _cloud_sq(xp, clouds[first], clouds[second], p, False)
     flat = clouds.reshape(n_clouds * n, d)
@@ -102,27 +102,31 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
                       eps_scaling, name="clouds"):
     """SD for every row (i, j), i < j, of ``unique_pairs`` (K, 2); ``(values (K,), ctx)``.
 
-    All K cross problems are one batch, the S self problems (``selves``) another.
+    All K cross problems are one batch, the S self problems (``selves``) another. Every
+    public function of the pairs comes through here once: the implementation of the
+    family is chosen here (:data:`refdml.gpu._ot_sinkhorn.SINKHORN`), for the costs and
+    both solves.
     """
     n, dtype = clouds.shape[1], clouds.dtype
     scale, scaled = _scaled_points(xp, clouds)
+    impl = _solver.SINKHORN.choose(clouds)
     first, second = unique_pairs[:, 0], unique_pairs[:, 1]
-    sq_cross = _cross_sq(xp, scaled, first, second, p)
-    if _compiled_costs(xp, scaled):
-        sq_self = compiled_pair_sq(scaled, selves, selves)
+    sq_cross = _cross_sq(xp, impl, scaled, first, second, p)
+    if _compiled_costs(impl, scaled):
+        sq_self = impl.pair_sq(scaled, selves, selves)
     else:
         sq_self = _cloud_sq(xp, scaled[selves], scaled[selves], p, True)
     unit, sq_unit, sq_cross, sq_self = _sq_and_unit(p, scale, name, sq_cross, sq_self)
-    cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
+    cost_cross, cost_self = ground_cost(sq_cross, p), ground_cost(sq_self, p)
     # One transfer: the largest costs and the smallest of the problems' largest costs
     # (the latter spare the solver's large-eps finish its work where no problem needs it).
     largest_cross, largest_self, smallest_cross, smallest_self = xp.stack([
         xp.max(cost_cross), xp.max(cost_self), xp.min(xp.max(cost_cross, axis=(1, 2))),
         xp.min(xp.max(cost_self, axis=(1, 2)))]).tolist()
     _solver.check_relative_eps(eps / unit, max(largest_cross, largest_self), dtype, user_eps=eps,
-                               cost_name=_COST_NAME, data_name=name, unit=unit, p=p)
+                               cost_name=COST_NAME, data_name=name, unit=unit, p=p)
     solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit,
-                 small_kernels=True)
+                 small_kernels=True, impl=impl)
     weights = xp.full((1, n), 1.0 / n, dtype=dtype)
     k, s = sq_cross.shape[0], sq_self.shape[0]
     cross = _solver.solve_batch(xp, xp.repeat(weights, k, 0), xp.repeat(weights, k, 0),
@@ -135,13 +139,13 @@ def _pair_divergences(xp, clouds, unique_pairs, selves, *, eps, p, value, max_it
     self_value = xp.zeros(clouds.shape[0], dtype=dtype)
     self_value[selves] = term(self_)
     values = term(cross) - 0.5 * (self_value[first] + self_value[second])
-    _check_output(values, "the Sinkhorn divergence", xp=xp)
-    ctx = _PairsContext(scaled, scale, unit, unique_pairs, selves, sq_cross, sq_self, cross,
+    check_output(values, "the Sinkhorn divergence", xp=xp)
+    ctx = PairsContext(scaled, scale, unit, unique_pairs, selves, sq_cross, sq_self, cross,
                         self_, p, value, sq_unit)
     return values, ctx
 
 
-def _pair_divergences_backward(ns, ctx: _PairsContext, d_unique, name: str = "clouds"):
+def _pair_divergences_backward(ns, ctx: PairsContext, d_unique, name: str = "clouds"):
     """Gradient w.r.t. the (unscaled) clouds of ``sum_k d_unique[k] SD(pairs[k])``
     (``name``: the argument the clouds were, for the error where it overflows)."""
     xp = ns.xp
@@ -181,8 +185,8 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     problems are one batch, the ``B`` self problems another.
     """
     check_choice(value, "value", VALUES)
-    eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
-    p = _check_p(p)
+    eps, max_iter, tol, eps_scaling = check_solver_args(eps, max_iter, tol, eps_scaling)
+    p = check_p(p)
     ns, clouds = _cloud_batch(clouds, "clouds")
     xp = ns.xp
     n_clouds = clouds.shape[0]
@@ -230,8 +234,8 @@ def _loss_args(features, labels, margin, eps, p, value, max_iter, tol, eps_scali
     labels = fast_labels(labels, "labels", ns, length=features.shape[0])
     margin = check_scalar(margin, "margin", low=0.0)
     check_choice(value, "value", VALUES)
-    solver = _check_solver_args(eps, max_iter, tol, eps_scaling)
-    return ns, features, labels, margin, _check_p(p), solver
+    solver = check_solver_args(eps, max_iter, tol, eps_scaling)
+    return ns, features, labels, margin, check_p(p), solver
 
 
 def _index_rows(rows, name: str, width: int, n_items: int, ns):

@@ -33,29 +33,42 @@ them (or all) are done, so the batch shrinks as problems converge.
 
 float32: the marginal error cannot go below the rounding of the exponents,
 ``~ u * max(S)`` (measured: below 0.1 of that); a positive ``tol`` below :func:`residual_floor` is raised to it.
+
+The seam (docs/gpu.md, "Numba kernels: small-problem Sinkhorn and the log-sum-exp half
+step"). :data:`SINKHORN` lists the family's three implementations: the array path
+(:data:`ARRAY`, this module), the CPU twins (:data:`refdml._compiled.sinkhorn.CPU`) and the
+CUDA kernels (:data:`refdml._compiled.sinkhorn_cuda.CUDA`), objects of one interface
+(``lse_half_step``; ``solve_small`` and ``pair_sq``, None where the array code runs
+instead). Each public function of refdml.gpu.ot chooses one per call
+(``impl = SINKHORN.choose(x)``) and hands it down; the solver calls ``impl.lse_half_step``
+and never asks which implementation it holds.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from refdml._compiled._support import select_kernel
+from refdml._compiled import sinkhorn as _twin
+from refdml._compiled import sinkhorn_cuda as _cuda_twin
+from refdml._compiled._support import Implementations
 from refdml._compiled.sinkhorn import MAX_POINTS
-from refdml._compiled import sinkhorn_cuda as _nb_sinkhorn
-from refdml.ot._sinkhorn import (
-    _check_schedule_length,
-    _large_eps_half_steps,
-    _mass_excess,
-    _OTBatch,
-    _relative_eps_message,
+from refdml._shared.ot import (
+    OTBatch,
+    check_schedule_length,
+    finish_batch,
+    large_eps_half_steps,
+    mass_excess,
+    relative_eps_message,
+    solve_small_batch,
 )
-from refdml.ot._small import finish_batch, solve_small_batch
 
-__all__ = ["CHECK_EVERY_GPU", "residual_floor", "solve_batch", "check_relative_eps"]
+__all__ = ["ARRAY", "CHECK_EVERY_GPU", "SINKHORN", "check_relative_eps", "residual_floor",
+           "solve_batch"]
 
 #: Iterations between two convergence checks on CuPy (each check synchronises once).
 CHECK_EVERY_GPU = 10
@@ -88,10 +101,10 @@ def check_relative_eps(eps: float, largest_cost: float, dtype: Any, *, user_eps:
                        cost_name: str = "the largest cost", data_name: str | None = None,
                        unit: float = 1.0, p: float | None = None) -> None:
     """Refuse an ``eps`` that ``dtype`` cannot resolve against the cost: the reference's
-    check and message (:func:`refdml.ot._sinkhorn._relative_eps_message`) at the dtype's
+    check and message (:func:`refdml._shared.ot.relative_eps_message`) at the dtype's
     limits."""
     low, high = _RELATIVE_EPS[np.dtype(dtype)]
-    message = _relative_eps_message(
+    message = relative_eps_message(
         eps, largest_cost, low=low, high=high, dtype_name=np.dtype(dtype).name,
         user_eps=user_eps, cost_name=cost_name, data_name=data_name, unit=unit, p=p,
     )
@@ -113,14 +126,10 @@ def _lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=No
     entry over ``a_i``, at most ``1 / a_i``; rows whose sum leaves the normal range
     (a far-off start, or the symmetric update) are redone with the maximum.
 
-    Kernels: where :func:`refdml._compiled._support.select_kernel` picks one (CuPy ->
-    the ``@cuda.jit`` kernel, NumPy -> its CPU twin, in mode "auto"), the half step is
-    :func:`refdml._compiled.sinkhorn_cuda.lse_half_step` (one pass, online log-sum-exp, no
-    temporary); the code below is the array path it is checked against.
+    The array path's half step (:data:`ARRAY`); the compiled implementations'
+    (:meth:`refdml._compiled.sinkhorn.CompiledSinkhorn.lse_half_step`: one pass, online
+    log-sum-exp, no temporary) are checked against it.
     """
-    kernel = select_kernel(scaled_cost)
-    if kernel != "array":
-        return _nb_sinkhorn.lse_half_step(xp, kernel, scaled_cost, log_weight + potential)
     z = xp.subtract((log_weight + potential)[:, None, :], scaled_cost, out=out)
     if previous is None or xp is not np:
         peak = xp.max(z, axis=2, keepdims=True)
@@ -174,8 +183,8 @@ def _absorbed_kernel(xp, log_a, log_b, scaled, phi, psi, out=None):
     return kernel
 
 
-def _stage_scaling(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
-                   symmetric):
+def _stage_scaling(xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol,
+                   max_iter, symmetric):
     """:func:`_stage` on kernel scalings (NumPy): same arguments, same results.
 
     The potentials are absorbed into a kernel ``K`` (:func:`_absorbed_kernel`) with the
@@ -185,7 +194,7 @@ def _stage_scaling(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, m
     potentials ``phi + log u``, ``psi + log v``) with one matrix-vector product per half
     step. A problem whose scaling leaves ``[e^-B, e^B]`` (:data:`_ABSORB`) or whose
     marginal of ``K`` falls below the dtype's ``tiny`` is re-absorbed through the
-    log-domain step (:func:`_lse_half_step`), so nothing overflows or underflows whatever
+    log-domain step (``impl.lse_half_step``), so nothing overflows or underflows whatever
     ``eps`` is. The residual is the reference's: ``sum_i |u_i (K v)_i - a_i|``.
     """
     dtype = scaled.dtype
@@ -208,11 +217,11 @@ def _stage_scaling(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, m
         phi_r = phi[sub] + xp.log(u[sub])
         la, s = log_a[sub], scaled[problems]
         if symmetric:
-            phi_r = 0.5 * (phi_r + _lse_half_step(xp, s, phi_r, la))
+            phi_r = 0.5 * (phi_r + impl.lse_half_step(xp, s, phi_r, la))
             psi_r = phi_r
             k = _absorbed_kernel(xp, la, la, s, phi_r, phi_r, out=out)
         else:
-            psi_r = _lse_half_step(xp, scaled_t[problems], phi_r, la)
+            psi_r = impl.lse_half_step(xp, scaled_t[problems], phi_r, la)
             k = _absorbed_kernel(xp, la, log_b[sub], s, phi_r, psi_r, out=out)
         phi[sub] = phi_r
         if not symmetric:
@@ -273,9 +282,10 @@ def _true_rows(xp, mask, count: int):
     return xp.searchsorted(xp.cumsum(mask), xp.arange(1, count + 1), side="left")
 
 
-def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter, symmetric,
-           check_every):
+def _stage(xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
+           symmetric, check_every):
     """Sinkhorn at one eps for P problems; returns phi, psi, n_iter, error (all (P, ...)).
+    ``impl``: the implementation of the half steps (:data:`SINKHORN`).
 
     ``scaled`` = C / eps (P, n, m), ``scaled_t`` its transpose, contiguous (None when
     symmetric). On return ``psi`` is exact for the columns (non-symmetric problems).
@@ -289,10 +299,10 @@ def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
     work = xp.empty(scaled.size, dtype=scaled.dtype)   # the buffer of every half step
     if symmetric:
         psi = phi
-        following = _lse_half_step(xp, scaled, phi, log_a, out=_view(work, scaled.shape))
+        following = impl.lse_half_step(xp, scaled, phi, log_a, out=_view(work, scaled.shape))
     else:
-        psi = _lse_half_step(xp, scaled_t, phi, log_a, out=_view(work, scaled_t.shape))
-        following = _lse_half_step(xp, scaled, psi, log_b, out=_view(work, scaled.shape))
+        psi = impl.lse_half_step(xp, scaled_t, phi, log_a, out=_view(work, scaled_t.shape))
+        following = impl.lse_half_step(xp, scaled, psi, log_b, out=_view(work, scaled.shape))
     n_live = n_problems                           # live rows, counted on the host
     for it in range(max_iter + 1):
         if it % check_every == 0 or it == max_iter:
@@ -323,30 +333,32 @@ def _stage(xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
         if symmetric:
             phi = 0.5 * (phi + following)
             psi = phi
-            following = _lse_half_step(xp, scaled, phi, log_a, phi, out=_view(work, scaled.shape))
+            following = impl.lse_half_step(xp, scaled, phi, log_a, phi, out=_view(work, scaled.shape))
         else:
             phi = following
-            psi = _lse_half_step(xp, scaled_t, phi, log_a, psi, out=_view(work, scaled_t.shape))
-            following = _lse_half_step(xp, scaled, psi, log_b, phi, out=_view(work, scaled.shape))
+            psi = impl.lse_half_step(xp, scaled_t, phi, log_a, psi, out=_view(work, scaled_t.shape))
+            following = impl.lse_half_step(xp, scaled, psi, log_b, phi, out=_view(work, scaled.shape))
     return out_phi, out_psi, out_iter, out_err
 
 
 def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
                 unit=1.0, want_plan=True, warn_stacklevel=4, small_kernels=False,
-                largest=None, tol_floor=True, smallest=None) -> _OTBatch:
+                largest=None, tol_floor=True, smallest=None, impl=None) -> OTBatch:
     """P problems (a (P, n), b (P, m) on the simplex, cost (P, n, m) in units of ``unit``
     with its largest entry in [0.5, 1), ``eps`` in the same units) in one batch.
 
-    Returns the reference's :class:`refdml.ot._sinkhorn._OTBatch` holding arrays of
+    Returns the reference's :class:`refdml._shared.ot.OTBatch` holding arrays of
     ``xp`` (potentials ``f = eps phi`` in units of ``unit``). ``tol`` is raised to
     :func:`residual_floor` of the dtype when positive and below it.
 
-    ``small_kernels``: problems of at most :data:`refdml._compiled.sinkhorn.MAX_POINTS`
-    (128) points per side run the small-problem Numba kernel chosen by
-    :func:`refdml._compiled._support.select_kernel` (CPU twin on NumPy, ``@cuda.jit`` on
-    CuPy; same iterations, stopping rule and residual as the loop below) through the
-    reference's driver :func:`refdml.ot._small.solve_small_batch`; larger problems, and
-    ``use_kernels("array")``, run the array path below.
+    ``impl``: the implementation that runs (an object of :data:`SINKHORN`, chosen once by
+    the public function that calls this; None: ``SINKHORN.choose(cost)`` here). Its
+    ``lse_half_step`` runs the half steps of the loop below. ``small_kernels``: problems of
+    at most :data:`refdml._compiled.sinkhorn.MAX_POINTS` (128) points per side run
+    ``impl.solve_small``, the small-problem Numba kernel (the CPU twin or the ``@cuda.jit``
+    kernel; same iterations, stopping rule and residual as the loop below), through the
+    reference's driver :func:`refdml._shared.ot.solve_small_batch`; larger problems, and
+    the array path (whose ``solve_small`` is None), run the loop below.
 
     Both paths end as the reference's solve does where ``eps`` exceeds a problem's largest
     cost (:func:`_finish_large_eps`). ``largest`` (max C over the batch) and ``smallest``
@@ -370,7 +382,7 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     n_iter = xp.zeros(n_problems, dtype=xp.int64)
     schedule = [eps]
     if eps_scaling is not None:
-        _check_schedule_length(largest, eps, eps_scaling)
+        check_schedule_length(largest, eps, eps_scaling)
         schedule, level = [], largest
         while level > eps:
             schedule.append(level)
@@ -378,15 +390,15 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
         schedule.append(eps)
     if smallest is None and n_problems == 1:
         smallest = largest                  # max C of the one problem <= its max |C|
-    kernel = "array"
-    if small_kernels and n_problems and max(n, m) <= MAX_POINTS:
-        kernel = select_kernel(cost)
-    if kernel != "array":
+    if impl is None:
+        impl = SINKHORN.choose(cost)
+    if (small_kernels and impl.solve_small is not None and n_problems
+            and max(n, m) <= MAX_POINTS):
         batch = solve_small_batch(
             xp, a, b, cost, schedule=schedule, eps=eps, max_iter=max_iter, tol=tol,
             symmetric=symmetric, unit=unit, absorb=_ABSORB[np.dtype(dtype)],
             warn_stacklevel=warn_stacklevel + 1,
-            solve_small=functools.partial(_nb_sinkhorn.solve_small, xp, kernel),
+            solve_small=functools.partial(impl.solve_small, xp),
         )
         return _finish_large_eps(xp, batch, smallest)
     previous = schedule[0]
@@ -398,12 +410,12 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
         stage_tol = tol if last else max(tol, _STAGE_TOL)
         if xp is np and _USE_SCALING:
             phi, psi, it, err = _stage_scaling(
-                xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, tol=stage_tol,
+                xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, tol=stage_tol,
                 max_iter=max_iter, symmetric=symmetric,
             )
         else:
             phi, psi, it, err = _stage(
-                xp, a, b, log_a, log_b, scaled, scaled_t, phi, psi, tol=stage_tol,
+                xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, tol=stage_tol,
                 max_iter=max_iter, symmetric=symmetric, check_every=check_every,
             )
         n_iter += it
@@ -417,14 +429,14 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     return _finish_large_eps(xp, batch, smallest)
 
 
-def _finish_large_eps(xp, batch: _OTBatch, smallest: float | None, *,
-                      gather: bool | None = None) -> _OTBatch:
+def _finish_large_eps(xp, batch: OTBatch, smallest: float | None, *,
+                      gather: bool | None = None) -> OTBatch:
     """The reference's end of a solve (:func:`refdml.ot._sinkhorn._finish_large_eps`) on
     ``xp``'s arrays: every problem whose ``eps`` exceeds its largest ``|C|`` gets three exact
     log-domain half steps from ``f``, ``g = G(f)``, ``f = F(g)``, ``g = G(f)``, and its plan
     from them; the other problems are returned as they are.
 
-    The half steps are the reference's own (:func:`refdml.ot._sinkhorn._large_eps_half_steps`,
+    The half steps are the reference's own (:func:`refdml._shared.ot.large_eps_half_steps`,
     written for either array module); the selection of problems is this function's.
     Why (docs/ot.md, Sec. 2): at ``eps >> C`` the iteration holds the potentials only to
     ``eps ulp`` and ``eps tol``, and each half step contracts that error by
@@ -456,7 +468,7 @@ def _finish_large_eps(xp, batch: _OTBatch, smallest: float | None, *,
     with np.errstate(divide="ignore"):  # a weight below the dtype's tiny: no mass (reference)
         log_a, log_b = xp.log(a), xp.log(b)
 
-    f, g, plan = _large_eps_half_steps(log_a, a, log_b, b, cost, eps, batch.f[rows],
+    f, g, plan = large_eps_half_steps(log_a, a, log_b, b, cost, eps, batch.f[rows],
                                        want_plan=batch.plan is not None)
     if gather:
         f_all, g_all = batch.f.copy(), batch.g.copy()
@@ -473,20 +485,56 @@ def _finish_large_eps(xp, batch: _OTBatch, smallest: float | None, *,
     return replace(batch, f=f_all, g=g_all, plan=plan)
 
 
-def batch_value(xp, batch: _OTBatch):
+def batch_value(xp, batch: OTBatch):
     """Regularised value ``unit (<a, f> + <b, g> - eps (mass - 1))`` (P,), like the reference.
 
     ``mass - 1`` is summed as ``sum_ij a_i b_j expm1((f_i + g_j - C_ij) / eps)``, as the
-    reference's :attr:`refdml.ot._sinkhorn._OTBatch.value`: at ``eps >> C`` the plan is
+    reference's :attr:`refdml._shared.ot.OTBatch.value`: at ``eps >> C`` the plan is
     ``a b^T`` to ``O(C / eps)`` and ``sum(plan) - 1`` would cost ``eps ulp``.
     """
-    excess = _mass_excess(batch.a, batch.b, batch.f, batch.g, batch.cost, batch.eps)
+    excess = mass_excess(batch.a, batch.b, batch.f, batch.g, batch.cost, batch.eps)
     scaled = xp.sum(batch.a * batch.f, axis=1) + xp.sum(batch.b * batch.g, axis=1)
     return batch.unit * (scaled - batch.eps * excess)
 
 
-def batch_transport_cost(xp, batch: _OTBatch):
+def batch_transport_cost(xp, batch: OTBatch):
     """``unit <pi, C>`` (P,)."""
     flat = batch.plan.shape[0], -1
     # einsum: no (P, n, m) temporary, as multiply-then-sum would make.
     return batch.unit * xp.einsum("pk,pk->p", batch.plan.reshape(flat), batch.cost.reshape(flat))
+
+
+# --------------------------------------------------------------------------- the seam
+@dataclass(frozen=True)
+class ArraySinkhorn:
+    """The array path of the family, as an object of the interface of
+    :class:`refdml._compiled.sinkhorn.CompiledSinkhorn`: the half step is
+    :func:`_lse_half_step`; ``solve_small`` and ``pair_sq`` are None (the batched loop of
+    :func:`solve_batch` and the array path's pair costs run instead)."""
+
+    kind: str = "array"
+    solve_small: Callable[..., Any] | None = None
+    pair_sq: Callable[..., Any] | None = None
+
+    @staticmethod
+    def lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=None):
+        """:func:`_lse_half_step`."""
+        return _lse_half_step(xp, scaled_cost, potential, log_weight, previous, out)
+
+
+#: The array path (:class:`ArraySinkhorn`).
+ARRAY = ArraySinkhorn()
+
+#: The Sinkhorn family's implementations and the one object that chooses among them
+#: (``impl = SINKHORN.choose(x)`` once per public call of refdml.gpu.ot).
+SINKHORN = Implementations(
+    "ot.sinkhorn", array=ARRAY, cpu=_twin.CPU, cuda=_cuda_twin.CUDA,
+    auto_numpy="cpu", auto_cupy="cuda",
+    measured=("NumPy: the CPU twins' all-pairs route 46 ms, the array path 192 ms (64 clouds "
+              "of 49 points, eps 0.1, 2 cores, 2026-11-25; docs/gpu.md, 'Numba kernels: "
+              "small-problem Sinkhorn'); CuPy: H200, 2026-11-28 (gpu-runs/2026-11-28-h200, "
+              "docs/results/gpu.md): the all-pairs divergence of 1,024 "
+              "clouds of 49 points ran on the CUDA kernels in 288 ms, 3.6x POT's ot.batch; "
+              "the CuPy array path was not timed there, so 'auto' keeps the kernels until "
+              "a GPU run times it"),
+)

@@ -8,11 +8,15 @@ The maths and the gradients are the reference's (docs/ot.md); read that first.
 
 What differs from the reference (and why)
 ------------------------------------------
-* The solver (:mod:`refdml.gpu._ot_sinkhorn`) is log-domain at every half step on CuPy
-  (:func:`refdml.gpu._ot_sinkhorn._lse_half_step`, the place of a future CuPy kernel); on
+* The solver (:mod:`refdml.gpu._ot_sinkhorn`) is log-domain at every half step on CuPy; on
   NumPy it iterates on kernel scalings with that log-domain step as absorption and
-  fallback whenever a scaling leaves ``e^±B``, so in both cases float32 stays finite down to ``eps = 1e-4`` of the largest cost; below that (float32)
-  or ``1e-13`` (float64) a ``ValueError`` says the dtype cannot resolve the costs.
+  fallback whenever a scaling leaves ``e^±B``, so in both cases float32 stays finite down
+  to ``eps = 1e-4`` of the largest cost; below that (float32) or ``1e-13`` (float64) a
+  ``ValueError`` says the dtype cannot resolve the costs. Problems of at most 128 points
+  per side (the all-pairs divergence, the losses) run the small-problem kernel instead.
+  Each public function chooses the implementation of these steps once
+  (:data:`refdml.gpu._ot_sinkhorn.SINKHORN`: the array path, the CPU twins or the CUDA
+  kernels; :func:`refdml.gpu.use_kernels`).
 * float32: a positive ``tol`` below the dtype's residual floor (``u (1 + max C /
   eps)``, :func:`refdml.gpu._ot_sinkhorn.residual_floor`) is raised to it; ``converged``
   and the warning refer to the raised tol.
@@ -57,24 +61,25 @@ from refdml._validation import (
     as_fast_array, check_choice, check_context, check_fast_upstream, data_checks, result_dtype,
 )
 from refdml._xp import array_namespace
-from refdml.distances import _sum_to_shape
+from refdml._shared.distances import sum_to_shape
+from refdml._shared.ot import (
+    COST_NAME,
+    VALUES,
+    check_output,
+    check_p,
+    check_solver_args,
+    ground_cost,
+    weight_gradient_message,
+)
 from refdml.gpu import _ot_sinkhorn as _solver
-from refdml.ot._divergence import (
-    _COST_NAME,
+from refdml.ot import (
+    EntropicOTContext,
+    OTGrads,
     PairwiseSinkhornDivergenceContext,
     PairwiseSinkhornDivergenceGrads,
     SinkhornDivergenceContext,
     SinkhornDivergenceGrads,
-    _check_p,
-)
-from refdml.ot._entropic import EntropicOTContext, OTGrads
-from refdml.ot._sinkhorn import (
-    VALUES,
     SinkhornResult,
-    _check_solver_args,
-    _weight_gradient_message,
-)
-from refdml.ot._wlosses import (
     WassersteinLossGrads,
     WContrastiveContext,
     WTripletContext,
@@ -83,10 +88,8 @@ from refdml.ot._wlosses import (
 from refdml.gpu._ot_common import (
     _ot_vjp,
     _as_batch,
-    _check_output,
     _cloud_sq,
     _cost_and_weights,
-    _ground_cost,
     _ground_cost_backward,
     _scalar_upstream,
     _scaled_points,
@@ -147,11 +150,11 @@ def sinkhorn(a, b, cost, *, eps, max_iter=1000, tol=1e-9, eps_scaling=None) -> S
     every ``CHECK_EVERY_GPU`` on CuPy). Warns :class:`refdml.ConvergenceWarning` if a
     problem did not reach ``tol`` (raised to the dtype's floor, see the module docstring).
     """
-    eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
+    eps, max_iter, tol, eps_scaling = check_solver_args(eps, max_iter, tol, eps_scaling)
     xp, a, _, b, _, cost = _cost_and_weights(a, b, cost)
     a_b, b_b, cost_b, batch_shape = _as_batch(xp, a, b, cost)
     batch = _solve_scaled(xp, a_b, b_b, cost_b, eps=eps, max_iter=max_iter, tol=tol,
-                          eps_scaling=eps_scaling)
+                          eps_scaling=eps_scaling, impl=_solver.SINKHORN.choose(cost_b))
     return SinkhornResult(
         plan=_unbatch(batch.plan, batch_shape),
         f=_unbatch(batch.unit * batch.f, batch_shape),
@@ -170,11 +173,11 @@ def entropic_ot_forward(a, b, cost, *, eps, value="regularized", max_iter=1000, 
                         eps_scaling=None):
     """Differentiable entropic OT, Eq. (3); ``(out, ctx)`` as :func:`refdml.ot.entropic_ot_forward`."""
     check_choice(value, "value", VALUES)
-    eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
+    eps, max_iter, tol, eps_scaling = check_solver_args(eps, max_iter, tol, eps_scaling)
     xp, a, a_mass, b, b_mass, cost = _cost_and_weights(a, b, cost)
     a_b, b_b, cost_b, batch_shape = _as_batch(xp, a, b, cost)
     batch = _solve_scaled(xp, a_b, b_b, cost_b, eps=eps, max_iter=max_iter, tol=tol,
-                          eps_scaling=eps_scaling)
+                          eps_scaling=eps_scaling, impl=_solver.SINKHORN.choose(cost_b))
     out = (_solver.batch_value(xp, batch) if value == "regularized"
            else _solver.batch_transport_cost(xp, batch))
     ctx = EntropicOTContext(
@@ -199,8 +202,8 @@ def entropic_ot_backward(ctx: EntropicOTContext, d_value) -> OTGrads:
     db = _weight_gradient(ns, db, ctx.b_mass[:, None], "b")
     n, m = d_cost.shape[1:]
     return OTGrads(
-        a=_sum_to_shape(da.reshape(ctx.batch_shape + (n,)), ctx.a_shape),
-        b=_sum_to_shape(db.reshape(ctx.batch_shape + (m,)), ctx.b_shape),
+        a=sum_to_shape(da.reshape(ctx.batch_shape + (n,)), ctx.a_shape),
+        b=sum_to_shape(db.reshape(ctx.batch_shape + (m,)), ctx.b_shape),
         cost=d_cost.reshape(ctx.batch_shape + (n, m)),
     )
 
@@ -213,8 +216,8 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     As :func:`refdml.ot.sinkhorn_divergence_forward`; ``sd`` is a Python float (one sync).
     """
     check_choice(value, "value", VALUES)
-    eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
-    p = _check_p(p)
+    eps, max_iter, tol, eps_scaling = check_solver_args(eps, max_iter, tol, eps_scaling)
+    p = check_p(p)
     ns = array_namespace(x, y, a, b)
     xp = ns.xp
     given = [v for v in (a, b) if v is not None]
@@ -233,11 +236,12 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
         p, scale, "x and y", _cloud_sq(xp, xs[None], ys[None], p, False),
         _cloud_sq(xp, xs[None], xs[None], p, True), _cloud_sq(xp, ys[None], ys[None], p, True),
     )
-    costs = [_ground_cost(sq, p) for sq in (sq_xy, sq_xx, sq_yy)]
+    costs = [ground_cost(sq, p) for sq in (sq_xy, sq_xx, sq_yy)]
     largests = xp.stack([xp.max(c) for c in costs]).tolist()   # one transfer on CuPy
     _solver.check_relative_eps(eps / unit, max(largests), dtype, user_eps=eps,
-                               cost_name=_COST_NAME, data_name="x and y", unit=unit, p=p)
-    solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
+                               cost_name=COST_NAME, data_name="x and y", unit=unit, p=p)
+    solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit,
+                 impl=_solver.SINKHORN.choose(x))
     xy = _solver.solve_batch(xp, a[None], b[None], costs[0], largest=largests[0], **solve)
     xx = _solver.solve_batch(xp, a[None], a[None], costs[1], symmetric=True, largest=largests[1],
                              **solve)
@@ -245,7 +249,7 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
                              **solve)
     term = _term(xp, value)
     divergence = term(xy) - 0.5 * (term(xx) + term(yy))
-    _check_output(divergence, "the Sinkhorn divergence", xp=xp)
+    check_output(divergence, "the Sinkhorn divergence", xp=xp)
     ctx = SinkhornDivergenceContext(
         x=xs, y=ys, scale=scale, unit=unit, a=a, b=b, a_mass=a_mass, b_mass=b_mass,
         weights_given=weights_given, p=p, value=value, sq_xy=sq_xy, sq_xx=sq_xx,
@@ -298,13 +302,13 @@ def _divergence_grads(ns, ctx, da, db, dx, dy) -> SinkhornDivergenceGrads:
 
 
 def _weight_gradient(ns, gradient, mass, name: str):
-    """``gradient / mass`` as :func:`refdml.ot._sinkhorn._weight_gradient`: its ValueError
+    """``gradient / mass`` as the reference's ``_weight_gradient``: its ValueError
     where that exceeds the dtype (checked on NumPy, on CuPy while data checks are on)."""
     xp = ns.xp
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         out = gradient / mass
     if data_checks(ns) and not bool(xp.all(xp.isfinite(out))):
-        raise ValueError(_weight_gradient_message(name, float(xp.min(xp.asarray(mass))),
+        raise ValueError(weight_gradient_message(name, float(xp.min(xp.asarray(mass))),
                                                   np.dtype(out.dtype).name))
     return out
 

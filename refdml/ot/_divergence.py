@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from refdml._compiled import sinkhorn as _twin
-from refdml._compiled._support import kernel_mode
+from refdml._compiled._support import Implementations
 from refdml._numerics import _REFINE, common_scale, pairwise_norm, pairwise_sq_distances
 from refdml._validation import (
     as_float_array,
@@ -569,7 +569,8 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     log (float64 ``np.exp`` differs in the last bit on AVX-512); the parity
     suite holds the fast path to the readable form. Context and backward are this module's.
     ``refdml.gpu.use_kernels("array")`` (or ``REFDML_GPU_KERNELS=array``) runs the readable
-    form; so do clouds of more than 128 points. Why not keep the reference pure NumPy: the
+    form, as ``"cuda"`` does under Numba's simulator (:data:`_PAIRWISE_ROUTE`); so do clouds
+    of more than 128 points. Why not keep the reference pure NumPy: the
     compiled solver is the reference's own algorithm, checked against it on every run of
     the tests, and the readable form stays one call away; a user computing divergences
     between images should not need to know about a second module to get them fast.
@@ -578,9 +579,23 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
                              eps_scaling=eps_scaling, compiled=None)
 
 
-def _compiled_route(n_points: int) -> bool:
-    """Whether :func:`pairwise_sinkhorn_divergence_forward` runs the compiled CPU twin."""
-    return n_points <= _twin.MAX_POINTS and kernel_mode() in ("auto", "cpu")
+#: How the reference's all-pairs divergence solves, chosen by the kernel mode
+#: (:func:`refdml.gpu.use_kernels`) as every family of the fast path is: its readable form
+#: (the ``"array"`` member) or its compiled CPU twin (``"cpu"``). No CUDA member: the
+#: reference never runs CUDA, so ``"cuda"`` runs the readable form under the simulator and,
+#: on NumPy input outside it, is the same ``ValueError`` as the fast path's.
+_PAIRWISE_ROUTE = Implementations(
+    "ot.pairwise_sinkhorn_divergence (reference)", array="readable form",
+    cpu="compiled CPU twin", auto_numpy="cpu", auto_cupy="array",
+    measured="the twin's route 4-5x faster than the readable form (docs/gpu.md, 2026-11-25)")
+
+
+def _compiled_route(clouds: np.ndarray) -> bool:
+    """Whether :func:`pairwise_sinkhorn_divergence_forward` runs the compiled CPU twin on
+    ``clouds`` (B, n, d): the one place where the reference chooses it (once per call, by
+    :func:`_pairwise_forward`). The twin takes clouds of at most
+    :data:`refdml._compiled.sinkhorn.MAX_POINTS` points."""
+    return clouds.shape[1] <= _twin.MAX_POINTS and _PAIRWISE_ROUTE.kind(clouds) == "cpu"
 
 
 def _pairwise_sinkhorn_divergence_forward_readable(clouds, *, eps, p=2, value="regularized",
@@ -603,7 +618,7 @@ def _pairwise_forward(clouds, *, eps, p, value, max_iter, tol, eps_scaling, comp
     if n_clouds < 2:
         return out, PairwiseSinkhornDivergenceContext(clouds.shape, None)
     if compiled is None:
-        compiled = _compiled_route(clouds.shape[1])
+        compiled = _compiled_route(clouds)
     first, second = np.triu_indices(n_clouds, k=1)
     values, _, pairs_ctx = _pair_divergences(
         clouds, np.stack([first, second], axis=1), eps=eps, p=p, value=value,

@@ -1,5 +1,6 @@
 """The small-problem Sinkhorn kernels (refdml/_compiled/sinkhorn.py: the CPU twin;
-refdml/_compiled/sinkhorn_cuda.py: the CUDA kernel) against their array-path twin.
+refdml/_compiled/sinkhorn_cuda.py: the CUDA kernel) against their array-path twin, and the
+seam that chooses among them (refdml.gpu._ot_sinkhorn.SINKHORN).
 
 The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator on NumPy
 arrays where there is no GPU, on CuPy arrays on a GPU: the ``cuda_device_array`` fixture)
@@ -11,6 +12,8 @@ of iterations): each simulated test takes ~1 s.
 
 from __future__ import annotations
 
+import inspect
+import sys
 import warnings
 
 import numpy as np
@@ -19,17 +22,30 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
-from refdml._compiled.sinkhorn import MAX_POINTS, compiled_pair_sq
+from refdml._compiled import sinkhorn as twin
+from refdml._compiled import sinkhorn_cuda as cuda_twin
+from refdml._compiled._cuda import KERNELS
+from refdml._compiled.sinkhorn import (
+    MAX_POINTS,
+    SmallLaunch,
+    SmallPotentials,
+    SmallProblems,
+    SmallResults,
+    SmallSettings,
+    compiled_pair_sq,
+)
 from refdml._xp import array_namespace, to_numpy
 from refdml.exceptions import ConvergenceWarning
-from refdml._compiled import sinkhorn_cuda as _nb_sinkhorn
 from refdml.gpu import use_kernels
 from refdml.gpu import _ot_sinkhorn as solver
+from refdml.gpu import ot as gpu_ot
 from refdml.gpu.ot import pairwise_sinkhorn_divergence_forward, wtriplet_forward
 
 pytestmark = pytest.mark.cpu_exact
 
-KERNELS = ("cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda))
+KINDS = ("cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda))
+# The compiled implementation of each kind (what SINKHORN.choose must return).
+COMPILED = {"cpu": twin.CPU, "cuda": cuda_twin.CUDA}
 # Relative tolerance (max error / max |array path|) of potentials and plans. The kernels and
 # the array path run the same iterations with roundings in other places (summation order;
 # on a GPU, FMA contraction): a few ulps per step, which the contracting iteration does not
@@ -63,14 +79,14 @@ def _on_host(x):
     return x
 
 
-def _mover(kernel, cuda_device_array):
-    """Where ``kernel`` takes its inputs: the CUDA kernel's device (CuPy on a GPU, NumPy under
-    the simulator), NumPy for the others."""
-    return cuda_device_array if kernel == "cuda" else _on_host
+def _mover(kind, cuda_device_array):
+    """Where the ``kind`` of implementation takes its inputs: the CUDA kernel's device (CuPy
+    on a GPU, NumPy under the simulator), NumPy for the others."""
+    return cuda_device_array if kind == "cuda" else _on_host
 
 
-def _solve(kernel, a, b, cost, **kw):
-    with use_kernels(kernel), warnings.catch_warnings():
+def _solve(kind, a, b, cost, **kw):
+    with use_kernels(kind), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         return solver.solve_batch(array_namespace(cost).xp, a, b, cost, small_kernels=True,
                                   **kw)
@@ -93,10 +109,11 @@ def _certified(a, b, cost, **kw):
     return runs[0] == runs[1]
 
 
-def _assert_kernel_matches(kernel, a, b, cost, dtype=np.float64, *, move=_on_host, **kw):
-    """``kernel`` on ``move``d inputs against the NumPy array path, on a certified input."""
+def _assert_kernel_matches(kind, a, b, cost, dtype=np.float64, *, move=_on_host, **kw):
+    """The ``kind`` of kernel on ``move``d inputs against the NumPy array path, on a
+    certified input."""
     assert _certified(a, b, cost, **kw), "a residual at a stopping threshold: pick another input"
-    ours = _solve(kernel, move(a), move(b), move(cost), **kw)
+    ours = _solve(kind, move(a), move(b), move(cost), **kw)
     _assert_same(ours, _solve("array", a, b, cost, **kw), dtype)
 
 
@@ -119,11 +136,11 @@ def _assert_same(ours, ref, dtype):
     assert_allclose(to_numpy(ours.marginal_error), ref.marginal_error, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("eps_scaling", [None, 0.5])
-def test_kernel_matches_array_path(kernel, dtype, symmetric, eps_scaling, cuda_device_array):
+def test_kernel_matches_array_path(kind, dtype, symmetric, eps_scaling, cuda_device_array):
     # float32: the two residuals differ by ~1e-6 (the array path sums in float32), within
     # the margin of any useful tol, and the float32 array path's residual can reach exactly
     # 0: no stopping step near convergence can be certified. So float32 compares the
@@ -134,31 +151,31 @@ def test_kernel_matches_array_path(kernel, dtype, symmetric, eps_scaling, cuda_d
                            dtype)
     tol, max_iter = (1e-7, 40) if dtype == np.float64 else (0.0, 3)
     kw = dict(eps=0.05, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, symmetric=symmetric)
-    _assert_kernel_matches(kernel, a, b, cost, dtype, move=_mover(kernel, cuda_device_array),
+    _assert_kernel_matches(kind, a, b, cost, dtype, move=_mover(kind, cuda_device_array),
                            **kw)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_kernel_absorbs_like_the_array_path(kernel, cuda_device_array):
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_absorbs_like_the_array_path(kind, cuda_device_array):
     # eps = 0.002 of the cost: scalings leave [e^-30, e^30] and the kernel is rebuilt.
     a, b, cost = _problems(np.random.default_rng(2), 2, 4, 6)
     kw = dict(eps=0.002, max_iter=30, tol=1e-9, eps_scaling=None)
-    _assert_kernel_matches(kernel, a, b, cost, move=_mover(kernel, cuda_device_array), **kw)
+    _assert_kernel_matches(kind, a, b, cost, move=_mover(kind, cuda_device_array), **kw)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_fixed_iterations_and_warning(kernel, cuda_device_array, warnings_as_errors):
-    move = _mover(kernel, cuda_device_array)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fixed_iterations_and_warning(kind, cuda_device_array, warnings_as_errors):
+    move = _mover(kind, cuda_device_array)
     a, b, cost = (move(v) for v in _problems(np.random.default_rng(3), 2, 4, 3))
     xp = array_namespace(cost).xp
-    with use_kernels(kernel), warnings_as_errors():     # tol = 0: no warning
+    with use_kernels(kind), warnings_as_errors():     # tol = 0: no warning
         fixed = solver.solve_batch(xp, a, b, cost, eps=0.05, max_iter=7, tol=0.0,
                                    eps_scaling=None, small_kernels=True)
     # Exact by construction: tol = 0 stops only at an exact 0 residual, so the count is
     # max_iter on any device.
     assert_array_equal(to_numpy(fixed.n_iter), [7, 7])
     assert not to_numpy(fixed.converged).any()
-    with use_kernels(kernel), pytest.warns(ConvergenceWarning, match="max_iter=3"):
+    with use_kernels(kind), pytest.warns(ConvergenceWarning, match="max_iter=3"):
         solver.solve_batch(xp, a, b, cost, eps=0.05, max_iter=3, tol=1e-9, eps_scaling=None,
                            small_kernels=True)
 
@@ -167,13 +184,13 @@ def test_fixed_iterations_and_warning(kernel, cuda_device_array, warnings_as_err
 def test_cuda_kernel_global_tile(monkeypatch, cuda_device_array):
     # A kernel too large for the shared tile runs from the plan in global memory.
     a, b, cost = _problems(np.random.default_rng(4), 2, 5, 6)
-    monkeypatch.setattr(_nb_sinkhorn, "TILE_BYTES", 64)
-    _nb_sinkhorn.small_problem_kernel.cache_clear()
+    monkeypatch.setattr(cuda_twin, "TILE_BYTES", 64)
+    cuda_twin.small_problem_kernel.cache_clear()
     try:
         kw = dict(eps=0.1, max_iter=30, tol=1e-8, eps_scaling=None)
         _assert_kernel_matches("cuda", a, b, cost, move=cuda_device_array, **kw)
     finally:
-        _nb_sinkhorn.small_problem_kernel.cache_clear()
+        cuda_twin.small_problem_kernel.cache_clear()
 
 
 @pytest.mark.parametrize("n, m", [(1, 1), (1, 4), (6, 1)])
@@ -184,15 +201,21 @@ def test_cpu_twin_edge_sizes(n, m):
 
 
 def test_larger_problems_fall_back_to_the_array_path(monkeypatch):
+    # The spy sits where every compiled implementation's solve_small goes (the driver of
+    # refdml._compiled.sinkhorn); the small problem shows that it is reached.
     calls = []
-    monkeypatch.setattr(_nb_sinkhorn, "solve_small", lambda *a, **k: calls.append(1))
+    real = twin.solve_small
+    monkeypatch.setattr(twin, "solve_small", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    kw = dict(eps=0.1, max_iter=5, tol=1e-6, eps_scaling=None)
+    _solve("cpu", *_problems(np.random.default_rng(6), 1, 3, MAX_POINTS), **kw)
+    assert calls == [twin.launch_cpu]
     a, b, cost = _problems(np.random.default_rng(6), 1, 3, MAX_POINTS + 1)
-    out = _solve("cpu", a, b, cost, eps=0.1, max_iter=5, tol=1e-6, eps_scaling=None)
-    assert not calls and out.plan.shape == (1, 3, MAX_POINTS + 1)
+    out = _solve("cpu", a, b, cost, **kw)
+    assert calls == [twin.launch_cpu] and out.plan.shape == (1, 3, MAX_POINTS + 1)
     monkeypatch.undo()
-    with pytest.raises(ValueError, match="at most 128 points"):
-        _nb_sinkhorn.solve_small(np, "cpu", a, b, cost, schedule=[0.1], stage_tol=[1e-6],
-                                 max_iter=5, symmetric=False, tiny=1e-300, high=1e13, low=1e-13)
+    with pytest.raises(ValueError, match="at most 128 points, got 3 x 129"):
+        twin.CPU.solve_small(np, a, b, cost, schedule=[0.1], stage_tol=[1e-6], max_iter=5,
+                             symmetric=False, tiny=1e-300, high=1e13, low=1e-13)
 
 
 @settings(max_examples=15)
@@ -217,8 +240,8 @@ def test_cuda_kernel_hypothesis(seed, n, m, cuda_device_array):
     _assert_same(ours, _solve("array", a, b, cost, **kw), np.float64)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_pairwise_divergence_and_losses_use_the_kernel(kernel, monkeypatch, cuda_device_array):
+@pytest.mark.parametrize("kind", KINDS)
+def test_pairwise_divergence_and_losses_use_the_kernel(kind, monkeypatch, cuda_device_array):
     rng = np.random.default_rng(7)
     clouds = rng.uniform(-1, 1, (3, 4, 2))
     kw = dict(eps=0.5, p=2, tol=1e-9)
@@ -237,37 +260,40 @@ def test_pairwise_divergence_and_losses_use_the_kernel(kernel, monkeypatch, cuda
         ref, _ = pairwise_sinkhorn_divergence_forward(clouds, **kw)
         ref_loss, _ = wtriplet_forward(clouds, np.array([0, 0, 1]), margin=1.0, **kw)
     calls = []
-    real = _nb_sinkhorn.solve_small
-    monkeypatch.setattr(_nb_sinkhorn, "solve_small",
-                        lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    move = _mover(kernel, cuda_device_array)
-    with use_kernels(kernel):
+    real = twin.solve_small
+    # the driver every compiled implementation calls, with the launch of its kind
+    monkeypatch.setattr(twin, "solve_small", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    move = _mover(kind, cuda_device_array)
+    with use_kernels(kind):
         ours, _ = pairwise_sinkhorn_divergence_forward(move(clouds), **kw)
         loss, _ = wtriplet_forward(move(clouds), move(np.array([0, 0, 1])), margin=1.0, **kw)
-    assert calls == [kernel] * 4                         # cross and self, twice
+    assert calls == [COMPILED[kind].launch_small] * 4      # cross and self, twice
     assert_allclose(to_numpy(ours), ref, rtol=0, atol=1e-12 * np.abs(ref).max())
     assert_allclose(loss, ref_loss, rtol=1e-12)
 
 
 # --------------------------------------------------------------------------- LSE half step
-def _half_step(kernel, scaled, potential, log_weight, move=_on_host):
-    """The half step by ``kernel`` on ``move``d inputs, as a NumPy array."""
+def _half_step(kind, scaled, potential, log_weight, move=_on_host):
+    """The half step by the implementation of ``kind`` that the seam chooses, on ``move``d
+    inputs, as a NumPy array."""
     scaled, potential, log_weight = move(scaled), move(potential), move(log_weight)
-    with use_kernels(kernel):
-        return to_numpy(solver._lse_half_step(array_namespace(scaled).xp, scaled, potential,
-                                              log_weight))
+    with use_kernels(kind):
+        impl = solver.SINKHORN.choose(scaled)
+    assert impl.kind == kind
+    return to_numpy(impl.lse_half_step(array_namespace(scaled).xp, scaled, potential,
+                                       log_weight))
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_lse_half_step_matches_array_path(kernel, dtype, cuda_device_array):
+def test_lse_half_step_matches_array_path(kind, dtype, cuda_device_array):
     rng = np.random.default_rng(8)
     # S up to 1e4 (eps = 1e-4 of the cost): the exponents span 1e4, nothing may overflow.
     scaled = (rng.uniform(0, 1, (3, 5, 7)) * np.array([1.0, 100.0, 1e4])[:, None, None])
     potential = rng.normal(0, 5, (3, 7))
     log_weight = np.log(rng.dirichlet(np.ones(7), 3))
     args = [v.astype(dtype) for v in (scaled, potential, log_weight)]
-    got = _half_step(kernel, *args, move=_mover(kernel, cuda_device_array))
+    got = _half_step(kind, *args, move=_mover(kind, cuda_device_array))
     want = _half_step("array", *args)
     assert got.dtype == want.dtype == dtype and got.shape == (3, 5)
     # float32: the array path rounds every exponent to float32; the kernel sums in float64.
@@ -275,20 +301,18 @@ def test_lse_half_step_matches_array_path(kernel, dtype, cuda_device_array):
     assert_allclose(got, want, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_lse_half_step_edge_shapes(kernel, cuda_device_array):
-    move = _mover(kernel, cuda_device_array)
+@pytest.mark.parametrize("kind", KINDS)
+def test_lse_half_step_edge_shapes(kind, cuda_device_array):
+    move = _mover(kind, cuda_device_array)
     rng = np.random.default_rng(9)
     for shape in [(1, 1, 1), (1, 1, 6), (2, 3, 1)]:
         scaled = rng.uniform(0, 3, shape)
         potential = rng.normal(size=(shape[0], shape[2]))
         log_weight = np.zeros((shape[0], shape[2]))
-        assert_allclose(_half_step(kernel, scaled, potential, log_weight, move),
+        assert_allclose(_half_step(kind, scaled, potential, log_weight, move),
                         _half_step("array", scaled, potential, log_weight), rtol=1e-14, atol=1e-14)
     empty = np.zeros((0, 3, 4))
-    assert _half_step(kernel, empty, np.zeros((0, 4)), np.zeros((0, 4)), move).shape == (0, 3)
-    with pytest.raises(ValueError, match="kernel == 'array'"):
-        _nb_sinkhorn.lse_half_step(np, "array", np.zeros((1, 1, 1)), np.zeros((1, 1)))
+    assert _half_step(kind, empty, np.zeros((0, 4)), np.zeros((0, 4)), move).shape == (0, 3)
 
 
 HALF_STEP_CASES = dict(
@@ -298,13 +322,13 @@ HALF_STEP_CASES = dict(
 )
 
 
-def _assert_half_step_matches(kernel, seed, shape, spread, move=_on_host):
+def _assert_half_step_matches(kind, seed, shape, spread, move=_on_host):
     rng = np.random.default_rng(seed)
     scaled = spread * rng.uniform(0, 1, shape)
     potential = spread * rng.normal(size=(shape[0], shape[2]))
     log_weight = np.log(rng.dirichlet(np.ones(shape[2]), shape[0]))
     want = _half_step("array", scaled, potential, log_weight)
-    assert_allclose(_half_step(kernel, scaled, potential, log_weight, move), want, rtol=0,
+    assert_allclose(_half_step(kind, scaled, potential, log_weight, move), want, rtol=0,
                     atol=1e-12 * max(spread, np.abs(want).max()))
 
 
@@ -357,3 +381,110 @@ def test_compiled_self_costs_are_symmetric_with_zero_diagonal():
     assert_array_equal(got, np.swapaxes(got, 1, 2))
     assert_array_equal(got[:, np.arange(7), np.arange(7)], 0.0)
     assert_allclose(got, _explicit_sq(clouds, selves, selves), rtol=1e-12, atol=1e-15)
+
+
+# --------------------------------------------------------------------------- the seam
+def test_small_launch_fields_are_the_kernel_parameters():
+    # The named buffers of a launch, concatenated field by field, are the parameter list of
+    # the registered CUDA kernel, of the function it compiles and of the CPU twin alike.
+    names = tuple(f for part in (SmallProblems, SmallPotentials, SmallSettings, SmallResults)
+                  for f in part.__dataclass_fields__)
+    assert SmallLaunch.parameters() == names
+    assert names == KERNELS["refdml_ot_sinkhorn_small"].parameters
+    for dtype in (np.float32, np.float64):
+        kernel = cuda_twin.small_problem_kernel(np.dtype(dtype))
+        assert tuple(inspect.signature(kernel.py_func).parameters) == names
+    assert tuple(inspect.signature(twin.refdml_ot_sinkhorn_small_cpu.py_func).parameters) == names
+    assert len(names) == 15
+
+
+def test_small_launch_arguments_keep_the_kernel_order():
+    # Distinct sentinels: each must land at its parameter's position, replaced ones too.
+    launch = SmallLaunch(SmallProblems("cost", "a", "b"), SmallPotentials("phi", "psi"),
+                         SmallSettings("schedule", "stage_tol", 7, True, 1e-300, 5.0, 0.2),
+                         SmallResults("plan", "n_iter", "err"))
+    assert launch.arguments() == ("cost", "a", "b", "phi", "psi", "schedule", "stage_tol", 7,
+                                  True, 1e-300, 5.0, 0.2, "plan", "n_iter", "err")
+    assert launch.arguments(plan="flat")[12] == "flat"
+    with pytest.raises(ValueError, match=r"replaced == \['plans'\], must be among"):
+        launch.arguments(plans="flat")
+
+
+def test_sinkhorn_implementations_by_mode():
+    x = np.zeros((1, 2, 2))
+    assert (solver.SINKHORN.array, solver.SINKHORN.cpu, solver.SINKHORN.cuda) == (
+        solver.ARRAY, twin.CPU, cuda_twin.CUDA)
+    expected = {"auto": twin.CPU, "array": solver.ARRAY, "cpu": twin.CPU}
+    for mode, impl in expected.items():
+        with use_kernels(mode):
+            assert solver.SINKHORN.choose(x) is impl, mode
+    # The array path has no small-problem solver and no pair costs of its own; the CUDA
+    # kernels compute no pair costs (the array path's run on the device).
+    assert solver.ARRAY.solve_small is None and solver.ARRAY.pair_sq is None
+    assert cuda_twin.CUDA.pair_sq is None and twin.CPU.pair_sq is compiled_pair_sq
+
+
+@pytest.mark.requires_cuda
+def test_sinkhorn_cuda_mode_chooses_the_cuda_kernels(cuda_device_array):
+    x = cuda_device_array(np.zeros((1, 2, 2)))
+    with use_kernels("cuda"):
+        assert solver.SINKHORN.choose(x) is cuda_twin.CUDA
+
+
+@pytest.mark.skipif(not getattr(sys.modules.get("cupy"), "__refdml_standin__", False),
+                    reason="CuPy arrays: the CuPy stand-in (REFDML_CUPY_STANDIN=1)")
+def test_sinkhorn_on_cupy_auto_is_cuda_and_cpu_is_refused():
+    import cupy
+
+    x = cupy.zeros((1, 2, 2))
+    with use_kernels("auto"):
+        assert solver.SINKHORN.choose(x) is cuda_twin.CUDA
+    with use_kernels("cpu"), pytest.raises(ValueError, match="cannot take a CuPy array"):
+        gpu_ot.sinkhorn(cupy.full(2, 0.5), cupy.full(2, 0.5), x[0] + 1.0, eps=0.1)
+
+
+class _CountingChoice:
+    """Stands in for ``SINKHORN``: counts the choices, then chooses as it does."""
+
+    def __init__(self, family):
+        self.family, self.calls = family, 0
+
+    def choose(self, x):
+        self.calls += 1
+        return self.family.choose(x)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: gpu_ot.sinkhorn(np.full(4, 0.25), np.full(4, 0.25), x[0] @ x[1].T, eps=0.5),
+    lambda x: gpu_ot.entropic_ot_forward(np.full(4, 0.25), np.full(4, 0.25), x[0] @ x[1].T,
+                                         eps=0.5),
+    lambda x: gpu_ot.sinkhorn_divergence_forward(x[0], x[1], eps=0.5),
+    lambda x: gpu_ot.pairwise_sinkhorn_divergence_forward(x, eps=0.5),
+    lambda x: gpu_ot.wcontrastive_forward(x, np.array([0, 0, 1]), margin=1.0, eps=0.5),
+    lambda x: gpu_ot.wtriplet_forward(x, np.array([0, 0, 1]), margin=1.0, eps=0.5),
+], ids=["sinkhorn", "entropic_ot", "divergence", "pairwise", "wcontrastive", "wtriplet"])
+def test_one_choice_per_public_call(call, monkeypatch):
+    # The divergence solves three batches and the pairs two (and their costs): one choice.
+    counting = _CountingChoice(solver.SINKHORN)
+    monkeypatch.setattr(solver, "SINKHORN", counting)
+    x = np.random.default_rng(10).uniform(-1, 1, (3, 4, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        call(x)
+    assert counting.calls == 1
+
+
+def test_pair_costs_come_from_the_chosen_implementation(monkeypatch):
+    # The CPU twins' pair costs (one compiled pass) on the all-pairs route; none elsewhere.
+    from dataclasses import replace
+
+    calls = []
+    spy = replace(twin.CPU, pair_sq=lambda *a: calls.append(len(a[1])) or compiled_pair_sq(*a))
+    monkeypatch.setattr(solver, "SINKHORN", replace(solver.SINKHORN, cpu=spy))
+    clouds = np.random.default_rng(11).uniform(-1, 1, (3, 4, 2))
+    with use_kernels("cpu"):
+        pairwise_sinkhorn_divergence_forward(clouds, eps=0.5)
+    assert calls == [3, 3]                     # the 3 cross pairs, then the 3 selves
+    with use_kernels("array"):
+        pairwise_sinkhorn_divergence_forward(clouds, eps=0.5)
+    assert calls == [3, 3]
