@@ -68,6 +68,12 @@ nonnegative terms, each a rounded square of a rounded difference, errs by at mos
 are themselves computed in float64; their relative error, ~``d 2^-53``, is covered by the
 factors of 2.)
 
+The bounds are :func:`twin_score_bound` (``delta_i``, this twin's float32 form) and
+:func:`rerank_bound` (``eta_i``); refdml.gpu's array path computes its candidates by another
+float32 form (one augmented matrix product) and certifies them with
+:func:`gemm_score_bound` and the same ``eta_i``: the argument above holds for any ``delta_i``
+that bounds the candidate scores' error.
+
 The CUDA kernel of the same ranking (``refdml_retrieval_topk``, an ordered float64 scan per
 query keeping its ``K`` best with :func:`offer`) is refdml.gpu's (:mod:`refdml._compiled.retrieval_cuda`).
 """
@@ -82,7 +88,17 @@ from numba import njit, prange
 from refdml._compiled._support import parallel_launch
 from refdml._numerics import ordered_unit_rows
 
-__all__ = ["EXTRA", "MAX_KEEP", "TILE", "nearest_cpu", "offer", "score_before"]
+__all__ = [
+    "EXTRA",
+    "MAX_KEEP",
+    "TILE",
+    "gemm_score_bound",
+    "nearest_cpu",
+    "offer",
+    "rerank_bound",
+    "score_before",
+    "twin_score_bound",
+]
 
 #: Rows per query tile and per reference tile of the float32 stage (a 4 MiB tile per thread).
 TILE = 1024
@@ -117,6 +133,69 @@ def offer(best_s, best_j, s, j):
             p -= 1
         best_s[p] = s
         best_j[p] = j
+
+
+# ------------------------------------------------------------------------ the bounds
+# Plain arithmetic on NumPy or CuPy arrays (or floats): the CPU twin and refdml.gpu's array
+# path share them, and the array path keeps them on the device.
+
+
+def twin_score_bound(q_norm, big_r, d):
+    """``delta_i >= |s32_ij - s_ij|`` for this twin's float32 score ``fl(fl(|r|^2) - 2
+    fl(<q, r>))``: ``2 [(2 d + 12) u |q_i| R + 3 u R^2 + (4 d + 8) 2^-126]``, ``u = 2^-24``
+    (derivation in the module docstring). ``q_norm``: the queries' ``|q_i|``; ``big_r``:
+    ``R = max_j |r_j|``; ``d``: the dimension."""
+    return 2.0 * ((2 * d + 12) * _U32 * q_norm * big_r + 3 * _U32 * big_r**2
+                  + (4 * d + 8) * _TINY32)
+
+
+def gemm_score_bound(q_norm, big_r, d, *, input_roundoff=_U32):
+    """``delta_i >= |s32_ij - s_ij|`` for the score of one augmented float32 matrix product,
+
+    .. math::
+        s32_{ij} = \\mathrm{fl}\\Big(\\sum_{k<d} (-2 \\tilde q_{ik}) \\tilde r_{jk}
+                   + 1 \\cdot \\tilde\\rho_j\\Big),
+
+    ``q~ = fl(q)``, ``r~ = fl(r)`` the float64 rows rounded to the product's inputs,
+    ``rho~`` the float64 ``|r_j|^2`` rounded likewise (refdml.gpu's array path: the query
+    row ``[-2 q~, 1]`` times the reference row ``[r~, rho~]``, one GEMM per block, in any
+    summation order, with or without FMA). ``s = |r|^2 - 2 <q, r>`` exact, as in the module
+    docstring. With ``v = input_roundoff`` (``2^-24`` for IEEE float32 inputs; cuBLAS's TF32
+    mode rounds them to 10 bits: pass ``2^-10``), ``u = 2^-24`` (the products' float32
+    accumulation), ``gamma = (d + 1) u / (1 - (d + 1) u)``, ``R = max_j |r_j|``:
+
+    1. inputs: ``|q~_k r~_k - q_k r_k| <= (2 v + v^2) |q_k r_k|`` (plus ``2^-149`` where a
+       conversion underflows; entries are below 1), so by Cauchy-Schwarz
+       ``|2 <q~, r~> - 2 <q, r>| <= 2 (2 v + v^2) |q| R + 4 d 2^-149``; the factor ``-2``
+       is exact (a power of two);
+    2. ``rho~``: ``|rho~ - |r|^2| <= (v + (1 + v) d 2^-52) R^2`` (a float64 sum of ``d``
+       squares, then one rounding to the input format);
+    3. the product, ``d + 1`` terms summed in float32 in any order:
+       ``|fl(sum) - sum| <= gamma sum_k |a_k b_k| <= gamma (2 (1 + v)^2 |q| R + (1 + v)^2
+       R^2)`` plus ``(d + 1) 2^-149`` for products below float32's normal range.
+
+    Summed: ``(4 v + 2 gamma) |q| R + (gamma + v) R^2`` to first order, the rest of higher
+    order or below ``8 (d + 2) 2^-149``; hence
+
+    ``delta_i = 2 [(4 v + 2 gamma) |q_i| R + (gamma + 2 v) R^2 + 4 (d + 2) 2^-126]``
+
+    with a factor of 2 to spare for the second-order terms (they are below the first-order
+    ones while ``(d + 1) u <= 1/4``) and for ``|q_i|`` and ``R`` being computed in float64.
+    Beyond ``(d + 1) u > 1/4`` (``d`` above four million) the bound is ``inf``: every
+    query's certificate fails and it is rescanned exactly.
+    """
+    u, v = _U32, float(input_roundoff)
+    if (d + 1) * u > 0.25:
+        return 0.0 * q_norm + math.inf
+    gamma = (d + 1) * u / (1.0 - (d + 1) * u)
+    return 2.0 * ((4 * v + 2 * gamma) * q_norm * big_r + (gamma + 2 * v) * big_r**2
+                  + 4 * (d + 2) * _TINY32)
+
+
+def rerank_bound(q_norm, big_r, d):
+    """``eta_i >= |S64_ij - S_ij|``, the ordered float64 score's error: ``2 (d + 2) 2^-53
+    (|q_i| + R)^2 + d 2^-1070`` (module docstring)."""
+    return 2.0 * (d + 2) * _U64 * (q_norm + big_r) ** 2 + d * 2.0**-1070
 
 
 # ------------------------------------------------------------------------------ CPU twin
@@ -337,10 +416,8 @@ def nearest_cpu(query, rows, reference, n_keep, same_set, metric, *, tile=TILE, 
     rsq32 = rsq64.astype(np.float32)
     q_norm = _row_norms_of(q64, rows)
     big_r = float(np.sqrt(rsq64.max()))
-    delta = 2.0 * ((2 * d + 12) * _U32 * q_norm * big_r + 3 * _U32 * big_r**2
-                   + (4 * d + 8) * _TINY32)
-    eta = 2.0 * (d + 2) * _U64 * (q_norm + big_r) ** 2 + d * 2.0**-1070
-    delta += eta   # the certificate's ``delta + eta`` (module docstring)
+    # the certificate's ``delta + eta`` (module docstring)
+    delta = twin_score_bound(q_norm, big_r, d) + rerank_bound(q_norm, big_r, d)
     top_v = np.full((rows.size, n_kept), np.inf, dtype=np.float32)
     top_i = np.full((rows.size, n_kept), -1, dtype=np.int64)
     out = np.empty((rows.size, n_keep), dtype=np.int64)

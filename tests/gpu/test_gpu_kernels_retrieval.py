@@ -15,6 +15,8 @@ of identical rows excepted, which round alike everywhere), metrics to :data:`MET
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -311,7 +313,7 @@ def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
     # The array path (a matrix product in the data's dtype, then the certified ordered
     # re-rank) returns the readable ranking of the same values exactly: for float32 data,
     # of the float32 values taken into float64.
-    from refdml.gpu.metrics import _nearest_array
+    from refdml.gpu.metrics import TopK, _nearest_array
 
     x = _near_ties(3, 300, 6).astype(dtype)
     y = x if same_set else _near_ties(4, 260, 6).astype(dtype)
@@ -323,7 +325,7 @@ def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
             y, y64 = x, x64
     rows = np.arange(0, 300, 2)
     want = ref._nearest(x64, rows, y64, 9, same_set, metric, 32)
-    got = _nearest_array(np, x, rows, y, 9, same_set, metric, 32)
+    got = _nearest_array(TopK(np, x, rows, y, 9, same_set, metric, 32))
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(nearest_cpu(x, rows, y, 9, same_set, metric), want)
 
@@ -343,6 +345,194 @@ def test_array_path_redoes_the_queries_whose_certificate_fails(monkeypatch):
     monkeypatch.setattr(fast_metrics, "ordered_sq_distances",
                         lambda *a, **k: scans.append(1) or real(*a, **k))
     rows = np.arange(90)
-    got = fast_metrics._nearest_array(np, x, rows, x, 5, True, "euclidean", 16)
+    got = fast_metrics._nearest_array(fast_metrics.TopK(np, x, rows, x, 5, True, "euclidean", 16))
     np.testing.assert_array_equal(got, ref._nearest(x, rows, x, 5, True, "euclidean", 16))
     assert scans
+
+
+# ------------------------------------------- the array path's selection and certificate
+# Run on NumPy and on CuPy arrays (a GPU, or the CuPy stand-in under the simulator): the
+# array path is written once against ``xp``, and its answer is the readable ranking exactly
+# on both (the certified float64 re-rank; CuPy's elementwise float64 operations round as
+# NumPy's do).
+
+BACKENDS = ["numpy", pytest.param("cupy", marks=pytest.mark.requires_cupy)]
+
+
+def _module(backend):
+    if backend == "numpy":
+        return np
+    import cupy
+
+    return cupy
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("width, group, levels, n", [
+    (64, 4, 1, 5), (512, 4, 2, 7), (256, 2, 3, 9), (37, 32, 0, 6), (4, 32, 0, 6)])
+def test_group_minima_keep_the_smallest_entries(backend, width, group, levels, n):
+    # Integer scores in a small range: many ties, also across the cut. Whatever ties the
+    # levels of group minima choose, the kept values are the n smallest of the row.
+    xp = _module(backend)
+    score = np.random.default_rng(width + n).integers(0, 40, (9, width)).astype(np.float32)
+    values, columns = fast._smallest_entries(xp, xp.asarray(score), n, levels, group,
+                                             xp.arange(group, dtype=xp.int64))
+    values, columns = to_numpy(values), to_numpy(columns)
+    assert values.shape == columns.shape == (9, min(n, width))
+    assert_array_equal(np.sort(values, axis=1), np.sort(score, axis=1)[:, :n])
+    assert_array_equal(np.take_along_axis(score, columns, axis=1), values)
+    assert all(np.unique(row).size == row.size for row in columns)
+
+
+def _readable_on(x, y, rows, n_keep, same_set, metric):
+    """The readable ranking of the values the fast path ranks (float32 taken into float64,
+    both sets over the common power of two)."""
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    if metric == "euclidean":
+        scale = common_scale(x64, y64)
+        x, y, x64, y64 = x / scale, y / scale, x64 / scale, y64 / scale
+    if same_set:
+        y, y64 = x, x64
+    return x, y, ref._nearest(x64, rows, y64, n_keep, same_set, metric, 64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("same_set", [True, False])
+def test_array_path_blocks_levels_and_padding(monkeypatch, backend, dtype, metric, same_set):
+    # Small groups and blocks, so that 1,000 references take two blocks, three levels of
+    # group minima and padding rows: the neighbours are still the readable ones.
+    monkeypatch.setattr(fast, "_GROUP", 2)
+    monkeypatch.setattr(fast, "_REFERENCE_BLOCK", 512)
+    xp = _module(backend)
+    x = _near_ties(5, 1000, 6).astype(dtype)
+    y = x if same_set else _near_ties(6, 1000, 6).astype(dtype)
+    rows = np.arange(0, 1000, 3)
+    x, y, want = _readable_on(x, y, rows, 9, same_set, metric)
+    plan = fast._Plan.of(1000, 6, 9, same_set, x.dtype.itemsize, 100)
+    assert (plan.n_blocks, plan.levels, plan.padded) == (2, 3, 1008), plan  # what is tested
+    query = xp.asarray(x)
+    reference = query if same_set else xp.asarray(y)
+    got = fast._nearest_array(fast.TopK(xp, query, xp.asarray(rows), reference, 9, same_set,
+                                        metric, 100))
+    assert_array_equal(to_numpy(got), want)
+
+
+def _crowds(seed, n_crowds, size, d, spread):
+    """``n_crowds`` generic points, each copied ``size`` times and every copy moved by about
+    ``spread`` (relative): below float32's resolution for ``spread`` 1e-10, so the copies'
+    float32 scores tie while their float64 distances differ."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((n_crowds, d))
+    x = np.repeat(base, size, axis=0) * (1.0 + spread * rng.standard_normal((n_crowds * size, d)))
+    return x[rng.permutation(x.shape[0])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_certified_rerank_orders_what_float32_cannot(monkeypatch, backend, metric):
+    # Crowds of 6 copies a relative 1e-10 apart: the float32 scores of a crowd are equal, the
+    # float64 ones are not. The certificate holds (fewer than EXTRA copies crowd the K-th
+    # score) and the float64 re-rank alone puts the copies in the readable order; no query
+    # is rescanned.
+    xp = _module(backend)
+    rescans = []
+    real = fast._rescan
+    monkeypatch.setattr(fast, "_rescan", lambda *a: rescans.append(a) or real(*a))
+    x = _crowds(7, 60, 6, 5, 1e-10)
+    rows = np.arange(x.shape[0])
+    x, _, want = _readable_on(x, x, rows, 9, True, metric)
+    got = fast._nearest_array(fast.TopK(xp, xp.asarray(x), xp.asarray(rows), xp.asarray(x), 9,
+                                        True, metric))
+    assert_array_equal(to_numpy(got), want)
+    assert not rescans
+    # Not vacuous: ranked by float32 scores (ties by index) the copies come in another order.
+    x32 = (ordered_unit_rows(x) if metric == "cosine" else x).astype(np.float32)
+    s32 = np.sum(x32 * x32, axis=1)[None, :] - 2 * x32 @ x32.T
+    np.fill_diagonal(s32, np.inf)
+    assert np.any(np.argsort(s32, axis=1, kind="stable")[:, :9] != want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_failed_certificates_are_rescanned_exactly(monkeypatch, backend, dtype):
+    # Crowds of 50 copies (more than EXTRA) around every query: its K'-th float32 score is
+    # within the bound of its K-th, the certificate fails for every query and the ordered
+    # rescan gives the readable ranking, ties by index for float32 (the copies round alike).
+    xp = _module(backend)
+    rescanned = []
+    real = fast._rescan
+
+    def rescan(request, redo):
+        rescanned.append(to_numpy(redo))
+        return real(request, redo)
+
+    monkeypatch.setattr(fast, "_rescan", rescan)
+    x = _crowds(8, 4, 50, 3, 1e-10).astype(dtype)
+    labels = np.repeat(np.arange(4), 50)
+    rows = np.arange(0, 200, 7)
+    x, _, want = _readable_on(x, x, rows, 11, True, "euclidean")
+    got = fast._nearest_array(fast.TopK(xp, xp.asarray(x), xp.asarray(rows), xp.asarray(x), 11,
+                                        True, "euclidean", 8))
+    assert_array_equal(to_numpy(got), want)
+    assert_array_equal(np.concatenate(rescanned), np.arange(rows.size))
+    with use_kernels("array"):
+        metrics = fast.retrieval_metrics(xp.asarray(x), xp.asarray(labels), k=(1, 11))
+    _assert_metrics_close(metrics, ref._retrieval_metrics_readable(x.astype(np.float64), labels,
+                                                                   k=(1, 11)))
+
+
+def test_large_k_runs_the_array_path_in_cpu_mode(monkeypatch):
+    # K above MAX_KEEP: the CPU twin declines (RETRIEVAL's one fallback) and the array path
+    # answers, the reference's metrics.
+    monkeypatch.setattr(fast, "nearest_cpu", lambda *a: pytest.fail("CPU twin ran"))
+    x, _ = _data(10, 300, 3, 1)
+    labels = np.zeros(300, dtype=int)
+    with use_kernels("cpu"):
+        got = fast.retrieval_metrics(x, labels, k=(1, 5))
+    assert got == ref._retrieval_metrics_readable(x, labels, k=(1, 5))
+
+
+def test_auto_runs_the_cpu_twin_on_numpy(monkeypatch):
+    calls = []
+    real = fast.nearest_cpu
+    monkeypatch.setattr(fast, "nearest_cpu", lambda *a: calls.append(1) or real(*a))
+    x, labels = _data(11, 60, 4, 5)
+    with use_kernels("auto"):
+        got = fast.retrieval_metrics(x, labels)
+    assert calls and got == ref.retrieval_metrics(x, labels)
+
+
+@pytest.mark.requires_cupy
+def test_auto_runs_the_array_path_on_cupy(monkeypatch):
+    # On the H200 the array path beat the CUDA kernel 3.7x (RETRIEVAL.measured).
+    import cupy
+
+    monkeypatch.setattr(fast, "nearest_cuda", lambda *a: pytest.fail("CUDA kernel ran"))
+    x, labels = _data(12, 60, 4, 5)
+    with use_kernels("auto"):
+        got = fast.retrieval_metrics(cupy.asarray(x), cupy.asarray(labels))
+    _assert_metrics_close(got, ref.retrieval_metrics(x, labels))
+
+
+@pytest.mark.skipif(not getattr(sys.modules.get("cupy"), "__refdml_standin__", False),
+                    reason="counts host transfers on the CuPy stand-in (REFDML_CUPY_STANDIN=1)")
+@pytest.mark.parametrize("chunk_size, block", [(None, 2**20), (25, 64)])
+def test_array_path_synchronises_a_fixed_number_of_times(monkeypatch, chunk_size, block):
+    # The module docstring's list: K and the check (one transfer), the scored queries (one
+    # nonzero), the failed certificates (one nonzero), the metrics (one transfer); the same
+    # with 8 query chunks x 4 reference blocks as with one of each: nothing per block.
+    import cupy
+    import cupy_standin
+
+    from refdml import _validation
+
+    monkeypatch.setattr(_validation, "CHECK_FINITE_ON_GPU", False)   # the data checks' reads
+    monkeypatch.setattr(fast, "_REFERENCE_BLOCK", block)
+    x, labels = _data(13, 200, 4, 20, np.float32)
+    query, query_labels = cupy.asarray(x), cupy.asarray(labels)
+    with use_kernels("array"), cupy_standin.count_transfers() as counter:
+        result = fast.retrieval_metrics(query, query_labels, chunk_size=chunk_size)
+    assert (counter["tolist"], counter["shape"], counter.total) == (2, 2, 4), counter
+    _assert_metrics_close(result, ref.retrieval_metrics(x.astype(np.float64), labels))
