@@ -21,6 +21,9 @@ the input dtype and ``sqrt`` add a few ``eps M``. :data:`FACTOR` doubles it:
 :func:`pick_leads` certifies picks between runs whose inputs differ (a CPU and a GPU run of
 a model): the same picks while each pick leads the next candidate by more than four times
 the largest move of a point.
+
+:func:`sequential_traversal` is the CUDA kernels' arithmetic without FMA, in NumPy: under
+Numba's simulator their picks and radii must equal it bit for bit.
 """
 
 from __future__ import annotations
@@ -112,3 +115,43 @@ def pick_leads(points, k, initial):
         dist = np.minimum(dist, np.sqrt(_exact_sq(points, points[p])))
         dist[p] = -np.inf
     return np.array(leads)
+
+
+def sequential_traversal(points, k, min_sq, first=None):
+    """The traversal in the arithmetic of :mod:`refdml._compiled.kcenter_cuda`'s kernels
+    without FMA (what Numba's CUDA simulator computes), written independently in NumPy:
+    ``|x_i|^2`` and every dot product are float64 products summed in coordinate order (one
+    rounding per operation, vectorised over the points only), ``|x_i|^2`` and ``m`` are
+    stored in the points' dtype, the distance is ``max(|x_i|^2 - 2 <x_i, x_q> + |x_q|^2, 0)``
+    and the arg-max takes the lowest index among equal values.
+
+    points : (n, d) float32/float64 (already scaled); min_sq : (n,) the starting squared
+    distances in the points' dtype (``inf`` without centres, ``-1`` at centres); first : the
+    first pick, or None for ``argmax(min_sq)``. Returns ``(indices, radii)`` as the kernels'
+    caller does: int64, and ``sqrt(max(radius^2, 0))`` in float64 rounded to the dtype.
+    """
+    dtype = points.dtype
+    x = points.astype(np.float64)
+    n, d = x.shape
+    acc = np.zeros(n)
+    for j in range(d):
+        acc = acc + x[:, j] * x[:, j]
+    sq_norms = acc.astype(dtype).astype(np.float64)
+    m = np.asarray(min_sq, dtype=dtype).copy()
+    q = int(np.argmax(m)) if first is None else int(first)
+    indices, radii_sq = [], []
+    for _ in range(k):
+        indices.append(q)
+        dot = np.zeros(n)
+        for j in range(d):
+            dot = dot + x[:, j] * x[q, j]
+        value = sq_norms - 2.0 * dot + sq_norms[q]
+        dist = np.where(value > 0.0, value, 0.0)
+        current = m.astype(np.float64)
+        new = np.where(dist < current, dist, current)
+        new[q] = -1.0
+        m = new.astype(dtype)
+        q = int(np.argmax(m))
+        radii_sq.append(float(m[q]))
+    radii = np.sqrt(np.maximum(np.array(radii_sq), 0.0)).astype(dtype)
+    return np.array(indices, dtype=np.int64), radii

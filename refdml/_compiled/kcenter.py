@@ -39,9 +39,9 @@ points get identical distances, so ties among duplicates go to the lowest index 
 CPU.
 :func:`sq_to_set_cpu` gives the distances to initial centres with the same loop.
 
-The CUDA kernels of the same traversal (one launch per pick for the update and the
-block arg-max, one for the pick; they call :func:`sq_to_center` and :func:`better`) are
-refdml.gpu's (:mod:`refdml._compiled.kcenter_cuda`).
+The CUDA kernels of the same traversal (one launch per pick: the update, the blocks'
+arg-max and, in the last block to finish, the pick; they call :func:`sq_to_center` and
+:func:`better`) are in :mod:`refdml._compiled.kcenter_cuda`, launched by refdml.gpu.
 """
 
 from __future__ import annotations

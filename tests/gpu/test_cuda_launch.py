@@ -98,10 +98,11 @@ def test_simulated_launches_are_checked_against_the_compile_registry():
 
     assert _support.SIMULATED_LAUNCH_OBSERVERS, "tests/conftest.py registers the check"
     points = np.ones((4, 6))
-    with pytest.raises(AssertionError, match="refdml_kcenter_sq_norms launched with"):
-        cuda_launch(_nb_kcenter.refdml_kcenter_sq_norms, 1, 32, points[:, ::2], np.empty(4))
+    with pytest.raises(AssertionError, match="refdml_kcenter_prepare launched with"):
+        cuda_launch(_nb_kcenter.refdml_kcenter_prepare, 1, 32, points[:, ::2], np.empty((3, 4)),
+                    np.empty(4))
     out = np.empty(4)
-    cuda_launch(_nb_kcenter.refdml_kcenter_sq_norms, 1, 32, points, out)
+    cuda_launch(_nb_kcenter.refdml_kcenter_prepare, 1, 32, points, np.empty((6, 4)), out)
     np.testing.assert_array_equal(out, 6.0)  # sums of six ones: exact
 
 

@@ -24,7 +24,7 @@ import pytest
 
 import refdml.gpu
 from refdml.cli import main
-from refdml._compiled import cuda_families, sinkhorn_cuda
+from refdml._compiled import cuda_families, kcenter_cuda, sinkhorn_cuda
 from refdml.gpu import _cuda_compile
 from refdml._compiled._support import BLOCK
 
@@ -158,7 +158,7 @@ def test_signatures_of_answers_by_the_python_function_name():
     assert _cuda_compile.signatures_of("refdml_loss_masked_lse") == [
         f"void({dt}[:, ::1], boolean[:, ::1], boolean, boolean, {dt}[::1], {dt}[:, ::1])"
         for dt in ("float32", "float64")]
-    assert len(_cuda_compile.signatures_of("refdml_kcenter_pick")) == 1
+    assert len(_cuda_compile.signatures_of("refdml_kcenter_step")) == 2
     with pytest.raises(KeyError, match="'no_such_kernel' is not a registered CUDA kernel"):
         _cuda_compile.signatures_of("no_such_kernel")
 
@@ -258,9 +258,11 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
         assert f" {row['occupancy_limit']} " in printed[0], printed
     assert f"occupancy at {BLOCK} thr/block" in run.stdout
     # The static shared memory read from the log is what the kernels declare (their sources:
-    # float64 (6, BLOCK) trees for GSP, float64 + int64 BLOCK arg-max slots for k-center,
+    # float64 (6, BLOCK) trees for GSP; for the k-center step the centre's chunk (float64),
+    # float64 + int64 BLOCK arg-max slots and an int32 flag;
     # the Sinkhorn tile of TILE_BYTES plus nine float64 BLOCK vectors and three int32 flags).
-    declared = {"refdml_gsp_transport": 6 * BLOCK * 8, "refdml_kcenter_update": 2 * BLOCK * 8,
+    declared = {"refdml_gsp_transport": 6 * BLOCK * 8,
+                "refdml_kcenter_step": (kcenter_cuda.CENTRE_CHUNK + 2 * BLOCK) * 8 + 4,
                 "refdml_loss_masked_lse": 2 * BLOCK * 8,
                 "refdml_ot_sinkhorn_small": sinkhorn_cuda.TILE_BYTES + 9 * BLOCK * 8 + 3 * 4,
                 "refdml_ot_lse_half_step": 0}

@@ -140,3 +140,115 @@ def test_bad_input_named_on_the_fast_path():
         ref.greedy_k_center(np.ones((4, 2)), 5)
     with pytest.raises(ValueError, match="points"):
         ref.greedy_k_center(np.array([[np.nan, 1.0]]), 1)
+
+
+# ------------------------------------------------------------------ the seam and the kernels
+def test_one_implementations_object_chooses_the_traversal_once_per_call(monkeypatch):
+    from refdml._compiled._support import Implementations, cuda_simulator
+
+    traversal = fast.TRAVERSAL
+    assert isinstance(traversal, Implementations) and traversal.family == "kcenter"
+    # "auto": the paths measured faster (the CPU twin on NumPy, the CUDA kernels on CuPy)
+    assert (traversal.auto_numpy, traversal.auto_cupy) == ("cpu", "cuda")
+    points = _points(0, 20, 3)
+    expected = {"auto": fast.CpuTraversal, "array": fast.ArrayTraversal,
+                "cpu": fast.CpuTraversal}
+    if cuda_simulator():
+        expected["cuda"] = fast.CudaTraversal
+    for mode, kind in expected.items():
+        with use_kernels(mode):
+            assert type(traversal.choose(points)) is kind, mode
+    # greedy_k_center asks the object once per call, whatever it then runs
+    asked = []
+
+    class Counting:
+        def choose(self, x):
+            asked.append(x.shape)
+            return fast.ArrayTraversal()
+
+    monkeypatch.setattr(fast, "TRAVERSAL", Counting())
+    fast.greedy_k_center(points, 5, initial=np.array([1, 2]))
+    assert asked == [(20, 3)]
+
+
+def test_step_buffers_are_the_step_kernel_parameters():
+    from dataclasses import fields
+
+    from refdml._compiled._cuda import KERNELS
+    from refdml._compiled import kcenter_cuda
+
+    names = tuple(field.name for field in fields(kcenter_cuda.StepBuffers))
+    assert names == KERNELS["refdml_kcenter_step"].parameters
+    assert KERNELS["refdml_kcenter_prepare"].parameters == ("points", "points_t", "sq_norms")
+    values = {name: object() for name in names}
+    assert kcenter_cuda.StepBuffers(**values).arguments() == tuple(values[n] for n in names)
+
+
+def _simulated_only():
+    from refdml._compiled._support import cuda_simulator
+
+    if not cuda_simulator():
+        pytest.skip("bit for bit needs the simulator's arithmetic (a GPU may contract to FMA)")
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n, d, k", [(260, 5, 4), (40, 300, 3)])
+def test_cuda_kernels_are_the_sequential_arithmetic_bit_for_bit(n, d, k, dtype):
+    # (260, 5): three blocks of BLOCK = 128 threads, so the last-block-done reduction merges
+    # several blocks' pairs; (40, 300): d > CENTRE_CHUNK, the centre's row in two chunks.
+    # Under the simulator the kernels' float64 arithmetic has no FMA: every pick and radius
+    # must be the NumPy oracle's (tests/_kcenter_checks.py) exactly.
+    from _kcenter_checks import sequential_traversal
+    from refdml._compiled import kcenter_cuda
+    from refdml._compiled._support import BLOCK
+
+    _simulated_only()
+    assert n > 2 * BLOCK or d > kcenter_cuda.CENTRE_CHUNK
+    points = _points(n + d, n, d, dtype)
+    for first, min_sq in ((3, np.full(n, np.inf, dtype=dtype)),
+                          (None, np.linspace(0.0, 2.0, n).astype(dtype)[::-1].copy())):
+        want = sequential_traversal(points, k, min_sq, first)
+        got = kcenter_cuda.farthest_first_cuda(
+            np, points, k, min_sq.copy(), None if first is None else np.array([first]))
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert got[1].dtype == dtype
+
+
+@pytest.mark.requires_cuda
+def test_cuda_ties_across_blocks_go_to_the_lowest_index(cuda_device_array):
+    # Integer coordinates: every product and sum is exact in any order and with FMA, so
+    # equal distances are exactly equal. Copies of the farthest points sit in different
+    # blocks (indices 5, 133, 257 share a row; so do 6, 134, 258): the blocks' (max, arg-max)
+    # pairs tie and the merge must keep the lowest index, as np.argmax does.
+    from refdml._xp import to_numpy
+
+    rng = np.random.default_rng(4)
+    points = rng.integers(-2, 3, (260, 3)).astype(np.float64)
+    points[[5, 133, 257]] = [9.0, 9.0, 9.0]
+    points[[6, 134, 258]] = [-9.0, -9.0, -9.0]
+    points[0] = 0.0                        # the initial centre: 5 and 6 tie, 5 goes first
+    with use_kernels("array"):
+        want = fast.greedy_k_center(points, 8, initial=np.array([0]))
+    with use_kernels("cuda"):
+        got = fast.greedy_k_center(cuda_device_array(points), 8,
+                                   initial=cuda_device_array(np.array([0])))
+    assert to_numpy(got.indices)[:2].tolist() == [5, 6]
+    np.testing.assert_array_equal(to_numpy(got.indices), want.indices)
+    np.testing.assert_array_equal(to_numpy(got.radii), want.radii)
+    picked = to_numpy(got.indices).tolist()
+    assert len(set(picked)) == len(picked)        # a copy of a centre is at 0, never re-picked
+
+
+@pytest.mark.requires_cuda
+def test_cuda_launches_per_call(monkeypatch, cuda_device_array):
+    # One launch to lay out the points, then one per pick (update, block arg-max and pick
+    # fused): 1 + k, against 1 + 2 k for the first version's separate pick kernel.
+    from refdml._compiled._support import launch_profile
+
+    monkeypatch.setenv("REFDML_CUDA_PROFILE", "1")
+    points = cuda_device_array(_points(2, 200, 4))
+    with use_kernels("cuda"), launch_profile(timing=False) as record:
+        fast.greedy_k_center(points, 7, rng=0)
+    assert dict(record.launches) == {"refdml_kcenter_prepare": 1, "refdml_kcenter_step": 7}
