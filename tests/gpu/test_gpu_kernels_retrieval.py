@@ -11,6 +11,9 @@ arrays on a GPU; there the compiler may contract its score into FMAs and CuPy su
 metrics in its own order, so it is held to a certificate, not to equality by construction:
 the same neighbours where every gap of the ranking exceeds the rounding bound (exact ties
 of identical rows excepted, which round alike everywhere), metrics to :data:`METRIC_RTOL`.
+The array path of refdml.gpu.metrics (its group minima, blocks and padding, its certificate
+holding and failing on crowds of near-duplicates, the chooser RETRIEVAL and its
+synchronisations) is held to the readable ranking with ``==`` on NumPy and on CuPy arrays.
 """
 
 from __future__ import annotations
