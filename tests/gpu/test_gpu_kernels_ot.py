@@ -488,3 +488,23 @@ def test_pair_costs_come_from_the_chosen_implementation(monkeypatch):
     with use_kernels("array"):
         pairwise_sinkhorn_divergence_forward(clouds, eps=0.5)
     assert calls == [3, 3]
+
+
+
+def test_small_problem_kernel_is_capped_at_its_register_budget():
+    # The cap that gives four blocks per SM (refdml/_compiled/sinkhorn_cuda.py, "Occupancy"),
+    # read from the dispatchers numba-cuda builds off the simulator (nothing is compiled;
+    # no GPU needed); the compile check (tests/gpu/test_gpu_compile.py) holds it free of
+    # spills.
+    import json
+    import os
+    import subprocess
+
+    code = ("import json; from refdml._compiled._cuda import KERNELS; "
+            "import refdml._compiled.sinkhorn_cuda; "
+            "print(json.dumps([KERNELS['refdml_ot_sinkhorn_small'].build(d).targetoptions"
+            ".get('max_registers') for d in ('float32', 'float64')]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [cuda_twin.MAX_REGISTERS] * 2 == [128, 128]
