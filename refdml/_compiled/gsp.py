@@ -1,21 +1,25 @@
 r"""The GSP layer compiled: (P2) per image, the pooling layer, its closed-form backward.
 
 The scalar and per-column maths and the CPU twins; the CUDA kernels, which call the same
-maths, are their twins in :mod:`refdml._compiled.gsp_cuda`. refdml.gpu's GSP mirror runs
-either, or its array path (``refdml/gpu/_gsp_transport.py``), which stays the fallback and
-the twin these kernels are tested against. The maths is the reference's (docs/gsp.md Secs. 2-3, :mod:`refdml.gsp._transport`);
-every kernel does, per image ``b``:
+maths, are their twins in :mod:`refdml._compiled.gsp_cuda`. refdml.gpu's GSP mirror
+(:data:`refdml.gpu.gsp.GSP`) runs either, or its array path (``refdml/gpu/_gsp_transport.py``),
+which stays the fallback and the twin these kernels are tested against. The maths is the
+reference's (docs/gsp.md Secs. 2-3, :mod:`refdml.gsp`); every kernel does, per image ``b``:
 
 * cost map (pool forward only): ``c_ji = s ||fs_j - ws_i||`` from the clipped points divided
-  by the common power of two ``s`` (``fs = fbar / s``, ``ws = wbar / s``, made by the caller),
-  by explicit differences (no Gram identity, so no refinement step is needed);
+  by the common power of two ``s`` (``fs = fbar / s`` here, ``ws = wbar / s`` by the caller
+  in the same pass that transposes it; both divisions are exact), by explicit differences
+  (no Gram identity, so no refinement step is needed);
 * log kernel: ``cmin_j = min_i c_ji``, ``A_ji = softmax_i(-ε (c_ji - cmin_j))``,
   ``lam_j = log sum_i exp(-ε (c_ji - cmin_j))`` (so ``l_j = lam_j - ε cmin_j``; ``ε`` times a
   cost gap that overflows is a weight of exactly 0);
 * the reference's solve in pivot coordinates (docs/gsp.md Sec. 2): the columns in the stable
   order of ``cmin`` (:func:`column_rank` on CUDA, a stable ``argsort`` on the CPU), a
   bisection over them for the pivot ``p`` whose logit is nearest 0 at the root, the window
-  ``[-1024, 1024]`` (:func:`window`, :func:`bracket`), then safeguarded Newton on
+  ``[-1024, 1024]`` (:func:`window`, :func:`bracket`; the decisions of this search are one
+  state machine, :func:`search_start`, :func:`search_query`, :func:`search_advance`, that
+  the CPU twin drives with a loop over columns and the CUDA kernel with block reductions),
+  then safeguarded Newton on
   ``phi(y) = logit g(y) - logit mu``, ``g(y) = (1/n) sum_j sigma(y + l_j - l_p)``, with
   ``l_j - l_p`` formed from cost differences (:func:`relative_log_s`). The scalar maths
   (``phi`` and its slope from online log-sum-exps, the safeguarded step) is
@@ -52,14 +56,26 @@ float32 stops where the array path stops; the parity held is 1e-10 (float64) and
 Each CPU twin and its CUDA kernel are the same computation laid out for two machines: read
 this module beside :mod:`refdml._compiled.gsp_cuda`.
 
+Names. ``inverse_temperature`` is the paper's ε (varepsilon) as in the reference
+(:mod:`refdml.gsp`): it multiplies the cost, ``exp(-ε c)``, so the entropy's weight in (P2)
+is ``1/ε``. (In :mod:`refdml.ot`, ``eps`` is a temperature; here no parameter is called
+``eps``.) ``ε`` in the formulas of these docstrings is that ``inverse_temperature``.
+
+Parameters. Every kernel's parameters are the fields, in order, of the small frozen
+dataclasses at the end of this module (:class:`SolverConstants`, :class:`ImageOutputs`,
+:class:`PoolInputs`, ...), which the caller fills and flattens once at the launch
+(:meth:`Buffers.args`); tests/gpu/test_gpu_kernels_gsp.py holds the names to the kernels'.
+
 Where results must reach Python: nothing here synchronises; the caller reads
-``n_iter`` / ``converged`` from the per-image outputs and checks the backward's ``d_cost``
-for overflow.
+``n_iter`` / ``converged`` from the per-image outputs (``log_t``, ``residual`` in the
+input's dtype, ``counts``) and checks the backward's ``d_cost`` for overflow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit, prange
@@ -67,7 +83,20 @@ from numba import njit, prange
 from refdml._compiled._scalar import lse_push, lse_value
 
 __all__ = [
+    "Buffers",
+    "ImageOutputs",
+    "PoolGradients",
+    "PoolInputs",
+    "PoolOutputs",
+    "PoolSaved",
+    "PoolUpstream",
     "SATURATION",
+    "Scratch",
+    "SolverConstants",
+    "TransportGradient",
+    "TransportInput",
+    "TransportSaved",
+    "TransportUpstream",
     "bracket",
     "clip_coefficient",
     "column_plan",
@@ -76,7 +105,6 @@ __all__ = [
     "column_terms",
     "cost_gradient",
     "distance_weight",
-    "eps_gap",
     "given_log_s",
     "log_expit",
     "newton_phi",
@@ -86,15 +114,16 @@ __all__ = [
     "pool_backward_cpu",
     "pool_forward_cpu",
     "relative_log_s",
+    "scaled_gap",
+    "search_advance",
+    "search_query",
+    "search_start",
     "transport_backward_column",
     "transport_backward_cpu",
     "transport_cpu",
     "window",
 ]
 
-# image_real columns: y (the pivot's logit at the root), l_p (the pivot's log s), residual
-# image_int columns: evaluations of g (pivot search), Newton steps, exhausted (1 if max_iter hit)
-N_REAL, N_INT = 3, 3
 # |x| beyond which sigma(x) is exactly 0 or 1: the pivot search's window (the reference's).
 SATURATION = 1024.0
 
@@ -120,25 +149,25 @@ def column_terms(x):
 
 
 @njit(cache=True, inline="always")
-def eps_gap(eps, a, b):
+def scaled_gap(inverse_temperature, a, b):
     """``ε (a - b)`` with no overflow of ``a - b`` (the reference's ``_eps_times_gap``)."""
-    return (eps * (0.5 * a - 0.5 * b)) * 2.0
+    return (inverse_temperature * (0.5 * a - 0.5 * b)) * 2.0
 
 
 @njit(cache=True, inline="always")
-def given_log_s(eps, column_min, lam):
+def given_log_s(inverse_temperature, column_min, lam):
     """``l_j = lam_j - ε cmin_j`` for the cost as given (``±inf`` where ``ε cmin`` overflows).
 
     A compiled scalar function, so that the CUDA simulator (which runs kernel bodies as
     Python) overflows silently here as the device does.
     """
-    return lam - eps * column_min
+    return lam - inverse_temperature * column_min
 
 
 @njit(cache=True, inline="always")
-def relative_log_s(eps, column_min, lam, pivot_min, pivot_lam):
+def relative_log_s(inverse_temperature, column_min, lam, pivot_min, pivot_lam):
     """``l_j - l_p`` from cost differences: ``(lam_j - lam_p) - ε (cmin_j - cmin_p)``."""
-    return (lam - pivot_lam) - eps_gap(eps, column_min, pivot_min)
+    return (lam - pivot_lam) - scaled_gap(inverse_temperature, column_min, pivot_min)
 
 
 @njit(cache=True, inline="always")
@@ -201,7 +230,7 @@ def bracket(use_plus, interior, gap, half):
 # CUDA kernels call device functions compiled from the same Python source (``.py_func``, see
 # :func:`cuda_kernels`: the simulator cannot pass its arrays to an ``@njit`` function).
 @njit(cache=True, inline="always")
-def column_softmax(cost_t, eps, assignment, column_min, lam, b, j):
+def column_softmax(cost_t, inverse_temperature, assignment, column_min, lam, b, j):
     """``A_ji = softmax_i(-ε (c_ji - cmin_j))`` into ``assignment``, ``cmin_j`` into
     ``column_min`` and ``lam_j = log sum_i exp(-ε (c_ji - cmin_j))`` into ``lam``."""
     m = cost_t.shape[2]
@@ -210,7 +239,7 @@ def column_softmax(cost_t, eps, assignment, column_min, lam, b, j):
         low = min(low, cost_t[b, j, i])
     total = 0.0
     for i in range(m):
-        a = math.exp(-eps_gap(eps, cost_t[b, j, i], low))
+        a = math.exp(-scaled_gap(inverse_temperature, cost_t[b, j, i], low))
         assignment[b, j, i] = a
         total += a
     inverse = 1.0 / total
@@ -234,12 +263,13 @@ def column_rank(column_min, b, j):
 
 
 @njit(cache=True, inline="always")
-def column_plan(y, eps, pivot_min, pivot_lam, inv_n, column_min, lam, assignment, transported,
-                rho, pi, b, j):
+def column_plan(y, inverse_temperature, pivot_min, pivot_lam, inv_n, column_min, lam,
+                assignment, transported, rho, pi, b, j):
     """``sigma(x_j)``, ``rho_j``, ``pi_ji`` of column ``j`` (``x_j = y + l_j - l_p``); then
     ``l_j`` for the cost as given into ``column_min``. Returns (its residual, its mass)."""
     m = assignment.shape[2]
-    x = y + relative_log_s(eps, column_min[b, j], lam[b, j], pivot_min, pivot_lam)
+    x = y + relative_log_s(inverse_temperature, column_min[b, j], lam[b, j], pivot_min,
+                           pivot_lam)
     transported[b, j] = math.exp(log_expit(x))
     rho[b, j] = math.exp(log_expit(-x)) * inv_n
     column_mass_factor = transported[b, j] * inv_n
@@ -247,7 +277,7 @@ def column_plan(y, eps, pivot_min, pivot_lam, inv_n, column_min, lam, assignment
     for i in range(m):
         pi[b, j, i] = assignment[b, j, i] * column_mass_factor
         column_mass += pi[b, j, i]
-    column_min[b, j] = given_log_s(eps, column_min[b, j], lam[b, j])  # now log s_j
+    column_min[b, j] = given_log_s(inverse_temperature, column_min[b, j], lam[b, j])  # now log s_j
     return abs(rho[b, j] + column_mass - inv_n), column_mass
 
 
@@ -319,16 +349,99 @@ def cost_gradient(factor, a, p, difference, offset, marginal):
     return factor * (a * (p * (difference + offset) + marginal))
 
 
+# --------------------------------------------------------------------------- the pivot search
+# The decisions of the search for the pivot (docs/gsp.md Sec. 2) as one state machine that
+# both machines drive: the CPU twin evaluates phi by a loop over the image's columns, the
+# CUDA kernel by a block reduction (that part cannot be shared: one is a sequential loop,
+# the other a tree in shared memory), and both hand each answer to :func:`search_advance`,
+# which takes every decision (the bisection, the window, the plateau, the final bracket)
+# and names the next evaluation (:func:`search_query`). On CUDA every thread of the block
+# runs it on the same reduced values, so the block stays in lock-step.
+#
+# The state is a tuple (stage, below, above, lo, hi, use_plus, interior, gap, half, minus,
+# plus): the bisection's bounds over the columns sorted by cmin, then the window's bracket
+# [lo, hi] in the coordinates of the pivot (``plus`` if ``use_plus`` else ``minus``).
+SEARCH_BISECT, SEARCH_WINDOW, SEARCH_PLATEAU, SEARCH_BOUNDS, SEARCH_DONE = 0, 1, 2, 3, 4
+
+
+@njit(cache=True, inline="always")
+def search_start(n):
+    """The search's state before its first evaluation: the bisection over all ``n`` columns
+    (``n >= 1``, so at least one step)."""
+    return (SEARCH_BISECT, -1, n, 0.0, 0.0, False, False, 0.0, 0.0, 0, 0)
+
+
+@njit(cache=True, inline="always")
+def search_query(state, order, b):
+    """``(pivot column, y)``: where the search evaluates ``phi`` next (``order[b]``: the image's
+    columns in the stable order of cmin)."""
+    stage, below, above, _, _, use_plus, _, _, half, minus, plus = state
+    if stage == SEARCH_BISECT:
+        return order[b, (below + above) // 2], 0.0
+    if stage == SEARCH_WINDOW:
+        return minus, -half
+    if stage == SEARCH_PLATEAU:
+        return plus, SATURATION
+    return (plus if use_plus else minus), 0.0   # SEARCH_BOUNDS: max / min of l - l_p
+
+
+@njit(cache=True, inline="always")
+def _after_window(below, above, use_plus, interior, gap, half, minus, plus):
+    lo, hi = bracket(use_plus, interior, gap, half)
+    if use_plus and interior and hi > SATURATION:
+        return (SEARCH_PLATEAU, below, above, lo, hi, use_plus, interior, gap, half, minus, plus)
+    return (SEARCH_BOUNDS, below, above, lo, hi, use_plus, interior, gap, half, minus, plus)
+
+
+@njit(cache=True, inline="always")
+def search_advance(state, phi, top, bottom, order, inverse_temperature, column_min, lam,
+                   logit_mu, b):
+    """The state after the answer ``(phi, top, bottom)`` to :func:`search_query`'s evaluation
+    (``top`` / ``bottom``: max / min of ``l_j - l_p`` over the image's columns, read only in
+    the last stage). ``SEARCH_DONE``: ``state[3:5]`` is Newton's bracket ``[lo, hi]``."""
+    stage, below, above, lo, hi, use_plus, interior, gap, half, minus, plus = state
+    n = column_min.shape[1]
+    if stage == SEARCH_BISECT:
+        middle = (below + above) // 2
+        if phi >= 0.0:
+            above = middle
+        else:
+            below = middle
+        if above - below > 1:
+            return (SEARCH_BISECT, below, above, lo, hi, use_plus, interior, gap, half, minus,
+                    plus)
+        minus, plus = order[b, min(above, n - 1)], order[b, max(below, 0)]
+        gap = relative_log_s(inverse_temperature, column_min[b, plus], lam[b, plus],
+                             column_min[b, minus], lam[b, minus])
+        interior, half = window(below, above, n, gap)
+        use_plus = below >= 0 and above == n
+        if interior:
+            return (SEARCH_WINDOW, below, above, lo, hi, use_plus, interior, gap, half, minus,
+                    plus)
+        return _after_window(below, above, use_plus, interior, gap, half, minus, plus)
+    if stage == SEARCH_WINDOW:
+        return _after_window(below, above, phi >= 0.0, interior, gap, half, minus, plus)
+    if stage == SEARCH_PLATEAU:
+        hi = SATURATION
+        if phi < 0.0:
+            lo = SATURATION
+        return (SEARCH_BOUNDS, below, above, lo, hi, use_plus, interior, gap, half, minus, plus)
+    lo = max(lo, logit_mu - top)
+    hi = max(min(hi, logit_mu - bottom), lo)
+    return (SEARCH_DONE, below, above, lo, hi, use_plus, interior, gap, half, minus, plus)
+
+
 # --------------------------------------------------------------------------- CPU twins
 @njit(cache=True)
-def _phi_image(y, eps, column_min, lam, b, pivot, logit_mu):
+def _phi_image(y, inverse_temperature, column_min, lam, b, pivot, logit_mu):
     """``phi(y)`` in the coordinates of column ``pivot`` of image ``b``; max/min of ``l - l_p``."""
     n = column_min.shape[1]
     pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
     m1, s1, m2, s2 = -math.inf, 0.0, -math.inf, 0.0
     top, bottom = -math.inf, math.inf
     for j in range(n):
-        relative = relative_log_s(eps, column_min[b, j], lam[b, j], pivot_min, pivot_lam)
+        relative = relative_log_s(inverse_temperature, column_min[b, j], lam[b, j], pivot_min,
+                                  pivot_lam)
         top, bottom = max(top, relative), min(bottom, relative)
         log_sig, log_one_minus, _ = column_terms(y + relative)
         m1, s1 = lse_push(m1, s1, log_sig)
@@ -337,8 +450,8 @@ def _phi_image(y, eps, column_min, lam, b, pivot, logit_mu):
 
 
 @njit(cache=True)
-def _newton_image(eps, column_min, lam, b, pivot, lo, hi, logit_mu, log_n, max_iter, ulp, cap,
-                  phi_floor):
+def _newton_image(inverse_temperature, column_min, lam, b, pivot, lo, hi, logit_mu, log_n,
+                  max_iter, ulp, cap, phi_floor):
     """Newton in pivot coordinates in ``[lo, hi]`` from ``y = 0``: ``(y, steps, exhausted)``."""
     n = column_min.shape[1]
     pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
@@ -348,8 +461,8 @@ def _newton_image(eps, column_min, lam, b, pivot, lo, hi, logit_mu, log_n, max_i
         count += 1
         m1, s1, m2, s2, m3, s3 = -math.inf, 0.0, -math.inf, 0.0, -math.inf, 0.0
         for j in range(n):
-            a, c, e = column_terms(y + relative_log_s(eps, column_min[b, j], lam[b, j],
-                                                      pivot_min, pivot_lam))
+            a, c, e = column_terms(y + relative_log_s(inverse_temperature, column_min[b, j],
+                                                      lam[b, j], pivot_min, pivot_lam))
             m1, s1 = lse_push(m1, s1, a)
             m2, s2 = lse_push(m2, s2, c)
             m3, s3 = lse_push(m3, s3, e)
@@ -360,8 +473,9 @@ def _newton_image(eps, column_min, lam, b, pivot, lo, hi, logit_mu, log_n, max_i
 
 
 @njit(cache=True)
-def _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor, assignment,
-                     lam, log_s, rho, transported, pi, order, image_real, image_int):
+def _transport_image(b, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
+                     phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                     residual, counts):
     """(P2) of image ``b`` from its cost (n, m); fills its per-image outputs (module docstring).
 
     ``log_s`` holds the column minima until the plan turns them into ``l_j``; ``lam`` keeps
@@ -370,90 +484,73 @@ def _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor
     n = cost_t.shape[1]
     log_n = math.log(n)
     for j in range(n):
-        column_softmax(cost_t, eps, assignment, log_s, lam, b, j)
+        column_softmax(cost_t, inverse_temperature, assignment, log_s, lam, b, j)
     order[b] = np.argsort(log_s[b], kind="mergesort")  # stable: column_rank's order
-    below, above, evaluations = -1, n, 0
-    while above - below > 1:
-        middle = (below + above) // 2
-        phi, _, _ = _phi_image(0.0, eps, log_s, lam, b, order[b, middle], logit_mu)
-        evaluations += 1
-        if phi >= 0.0:
-            above = middle
-        else:
-            below = middle
-    minus, plus = order[b, min(above, n - 1)], order[b, max(below, 0)]
-    gap = relative_log_s(eps, log_s[b, plus], lam[b, plus], log_s[b, minus], lam[b, minus])
-    interior, half = window(below, above, n, gap)
-    use_plus = below >= 0 and above == n
-    if interior:
-        evaluations += 1
-        phi, _, _ = _phi_image(-half, eps, log_s, lam, b, minus, logit_mu)
-        use_plus = phi >= 0.0
-    lo, hi = bracket(use_plus, interior, gap, half)
-    pivot = plus if use_plus else minus
-    if use_plus and interior and hi > SATURATION:
-        evaluations += 1
-        phi, _, _ = _phi_image(SATURATION, eps, log_s, lam, b, plus, logit_mu)
-        hi = SATURATION
-        if phi < 0.0:
-            lo = SATURATION
-    _, top, bottom = _phi_image(0.0, eps, log_s, lam, b, pivot, logit_mu)
-    lo = max(lo, logit_mu - top)
-    hi = max(min(hi, logit_mu - bottom), lo)
-    y, steps, exhausted = _newton_image(eps, log_s, lam, b, pivot, lo, hi, logit_mu, log_n,
-                                        max_iter, ulp, cap, phi_floor)
+    state = search_start(n)
+    evaluations = 0
+    while state[0] != SEARCH_DONE:
+        pivot, y = search_query(state, order, b)
+        phi, top, bottom = _phi_image(y, inverse_temperature, log_s, lam, b, pivot, logit_mu)
+        if state[0] != SEARCH_BOUNDS:   # the reference counts the search's evaluations of g
+            evaluations += 1
+        state = search_advance(state, phi, top, bottom, order, inverse_temperature, log_s,
+                               lam, logit_mu, b)
+    lo, hi = state[3], state[4]
+    pivot = state[10] if state[5] else state[9]
+    y, steps, exhausted = _newton_image(inverse_temperature, log_s, lam, b, pivot, lo, hi,
+                                        logit_mu, log_n, max_iter, ulp, cap, phi_floor)
     pivot_min, pivot_lam = log_s[b, pivot], lam[b, pivot]
     inv_n = 1.0 / n
     column_residual, mass = 0.0, 0.0
     for j in range(n):
-        residual, column_mass = column_plan(y, eps, pivot_min, pivot_lam, inv_n, log_s, lam,
-                                            assignment, transported, rho, pi, b, j)
-        column_residual = max(column_residual, residual)
+        column, column_mass = column_plan(y, inverse_temperature, pivot_min, pivot_lam, inv_n,
+                                          log_s, lam, assignment, transported, rho, pi, b, j)
+        column_residual = max(column_residual, column)
         mass += column_mass
-    image_real[b, 0] = y
-    image_real[b, 1] = given_log_s(eps, pivot_min, pivot_lam)
-    image_real[b, 2] = max(column_residual, abs(mass - mu))
-    image_int[b, 0] = evaluations
-    image_int[b, 1] = steps
-    image_int[b, 2] = 1 if exhausted else 0
+    log_t[b] = y - given_log_s(inverse_temperature, pivot_min, pivot_lam)
+    residual[b] = max(column_residual, abs(mass - mu))
+    counts[b, 0] = evaluations + steps
+    counts[b, 1] = 1 if exhausted else 0
 
 
 @njit(parallel=True, cache=True)
-def transport_cpu(cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor, assignment, lam,
-                  log_s, rho, transported, pi, order, image_real, image_int):
+def transport_cpu(cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor,
+                  assignment, lam, log_s, rho, transported, pi, order, log_t, residual, counts):
     """``refdml_gsp_transport`` CPU twin: (P2) for every image of ``cost_t`` (B, n, m)."""
     for b in prange(cost_t.shape[0]):
-        _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                         assignment, lam, log_s, rho, transported, pi, order, image_real,
-                         image_int)
+        _transport_image(b, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
+                         phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                         residual, counts)
 
 
 @njit(parallel=True, cache=True)
-def pool_forward_cpu(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp, cap,
-                     phi_floor, p_one, cost_t, assignment, lam, log_s, rho, transported, pi,
-                     order, weights, pooled, z, image_real, image_int):
+def pool_forward_cpu(features, features_bar, prototypes_scaled_t, scale, p_one,
+                     inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor,
+                     assignment, lam, log_s, rho, transported, pi, order, log_t, residual,
+                     counts, cost_t, weights, pooled, z):
     """``refdml_gsp_pool_forward`` CPU twin: cost map, (P2), weights, pooled (p = 1) and z.
 
-    ``ws_t`` is ``wbar / s`` transposed (d, m), so the cost's inner loop runs over the
-    prototypes, contiguous (vectorised, no reduction in the inner loop).
+    ``prototypes_scaled_t`` is ``wbar / s`` transposed (d, m), so the cost's inner loop runs
+    over the prototypes, contiguous (vectorised, no reduction in the inner loop); the
+    features are divided by ``s`` here (exact: a power of two), one row at a time.
     """
-    batch, n, d = fs.shape
-    m = ws_t.shape[1]
+    batch, n, d = features_bar.shape
+    m = prototypes_scaled_t.shape[1]
     s = scale[0]
     for b in prange(batch):
-        acc = np.zeros(m, dtype=fs.dtype)
+        acc = np.zeros(m, dtype=features_bar.dtype)
         for j in range(n):
             acc[:] = 0.0
             for k in range(d):
-                f = fs[b, j, k]
+                f = features_bar[b, j, k] / s
                 for i in range(m):
-                    diff = f - ws_t[k, i]
+                    diff = f - prototypes_scaled_t[k, i]
                     acc[i] += diff * diff
             for i in range(m):
                 cost_t[b, j, i] = math.sqrt(acc[i]) * s
-        _transport_image(b, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                         assignment, lam, log_s, rho, transported, pi, order, image_real,
-                         image_int)
+        _transport_image(b, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
+                         phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                         residual, counts)
         inv_mu = 1.0 / mu
         for j in range(n):
             weights[b, j] = transported[b, j] * inv_mu
@@ -509,24 +606,29 @@ def _marginal_centre(rho, transported, b_values, b):
 
 
 @njit(parallel=True, cache=True)
-def pool_backward_cpu(features, features_bar, features_norm, ws, scale, assignment, cost_t, rho,
-                      transported, weights, d_pooled, d_z, d_weights_in, direct_in, p_one,
-                      eps, mu, distance_weights, d_features):
+def pool_backward_cpu(features, features_bar, features_norm, prototypes_bar, scale, assignment,
+                      cost_t, rho, transported, weights, inverse_temperature, mu, d_pooled, d_z,
+                      d_weights, direct, p_one, distance_weights, d_features):
     """``refdml_gsp_pool_backward`` CPU twin: ``W = d_cost / c'`` (B, n, m) and d features.
 
     ``p_one``: the direct path is ``w_j d_pooled / n`` (computed here); otherwise
-    ``d_weights_in`` (B, n) and ``direct_in`` (B, n, d) come from the caller (GeMean).
+    ``d_weights`` (B, n) and ``direct`` (B, n, d) come from the caller (GeMean).
     """
     batch, n, d = features.shape
-    m = ws.shape[0]
+    m = prototypes_bar.shape[0]
     s = scale[0]
-    factor = -eps * s
+    # wbar / s (exact: a power of two), once for the whole batch.
+    ws = np.empty_like(prototypes_bar)
+    for i in range(m):
+        for k in range(d):
+            ws[i, k] = prototypes_bar[i, k] / s
+    factor = -inverse_temperature * s
     inv_n, inv_mu = 1.0 / n, 1.0 / mu
     for b in prange(batch):
         reference, offset, b_values = np.empty(n), np.empty(n), np.empty(n)
         for j in range(n):
             reference[j], offset[j], b_values[j], _ = pool_backward_column(
-                features, d_pooled, d_weights_in, assignment, d_z, rho, transported, p_one,
+                features, d_pooled, d_weights, assignment, d_z, rho, transported, p_one,
                 inv_n, inv_mu, b, j)
         b_top, mean_offset = _marginal_centre(rho, transported, b_values, b)
         acc = np.zeros(d)
@@ -554,15 +656,16 @@ def pool_backward_cpu(features, features_bar, features_norm, ws, scale, assignme
             w_dir = weights[b, j] * inv_n
             for k in range(d):
                 if p_one:
-                    direct = w_dir * d_pooled[b, k]
+                    along = w_dir * d_pooled[b, k]
                 else:
-                    direct = direct_in[b, j, k]
+                    along = direct[b, j, k]
                 d_features[b, j, k] = (acc[k] * inverse + features_bar[b, j, k] * coefficient
-                                       + direct)
+                                       + along)
 
 
 @njit(parallel=True, cache=True)
-def transport_backward_cpu(assignment, rho, transported, d_rho, d_pi, eps, d_cost):
+def transport_backward_cpu(assignment, rho, transported, inverse_temperature, d_rho, d_pi,
+                           d_cost):
     """``refdml_gsp_transport_backward`` CPU twin: Prop. 4.3 from ``(d_rho, d_pi)``.
 
     ``d_cost_ji = -ε A_ji (P_j ((d_pi_ji - r_j) + offset_j) + w_j (b_j - bbar))`` (all (B, n, m)
@@ -579,6 +682,186 @@ def transport_backward_cpu(assignment, rho, transported, d_rho, d_pi, eps, d_cos
             marginal = rho[b, j] * transported[b, j] * ((b_values[j] - b_top) + mean_offset)
             p = transported[b, j] / n
             for i in range(m):
-                d_cost[b, j, i] = cost_gradient(-eps, assignment[b, j, i], p,
+                d_cost[b, j, i] = cost_gradient(-inverse_temperature, assignment[b, j, i], p,
                                                 d_pi[b, j, i] - reference[j], offset[j],
                                                 marginal)
+
+
+# --------------------------------------------------------------------------- named parameters
+# What each kernel takes, as small frozen dataclasses whose fields, in order, are the
+# kernel's parameters (its CPU twin's; the CUDA kernel's, plus a trailing ``scratch`` for
+# the backward kernels): a launch flattens them once (:meth:`Buffers.args`), and
+# :data:`LAYOUTS` lists which a kernel takes, so that the names are a checked contract
+# (tests/gpu/test_gpu_kernels_gsp.py holds them to the kernels' signatures).
+class Buffers:
+    """Base of the kernels' parameter groups (frozen dataclasses)."""
+
+    def args(self) -> tuple:
+        """The fields' values in order: the kernel's arguments for this group."""
+        return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportInput(Buffers):
+    """``cost_t`` (B, n, m): the cost in memory order."""
+
+    cost_t: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverConstants(Buffers):
+    """The scalars of the solve: ``inverse_temperature`` (the paper's ε), ``mu``, ``logit_mu
+    = log(mu / (1 - mu))``, ``max_iter`` (Newton steps), and the stopping rules in the input
+    dtype's terms: ``ulp`` (its machine epsilon), ``cap`` (below ``log`` of its largest
+    number: the cap of a Newton step's ``exp``), ``phi_floor = 16 ulp (1 + |logit mu|)``."""
+
+    inverse_temperature: float
+    mu: float
+    logit_mu: float
+    max_iter: int
+    ulp: float
+    cap: float
+    phi_floor: float
+
+    @classmethod
+    def of(cls, dtype, mu: float, inverse_temperature: float, max_iter: int) -> SolverConstants:
+        """The constants of a solve in ``dtype`` (the array path's stopping rules)."""
+        ulp = float(np.finfo(dtype).eps)
+        logit_mu = math.log(mu) - math.log1p(-mu)
+        return cls(inverse_temperature=float(inverse_temperature), mu=float(mu),
+                   logit_mu=logit_mu, max_iter=int(max_iter), ulp=ulp,
+                   cap=float(np.log(np.finfo(dtype).max)) - 2.0,
+                   phi_floor=16.0 * ulp * (1.0 + abs(logit_mu)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageOutputs(Buffers):
+    """What the solve writes per image: ``assignment`` (B, n, m) the softmax ``A``, ``lam``
+    (B, n), ``log_s`` (B, n) ``l_j`` for the cost as given, ``rho`` (B, n), ``transported``
+    (B, n) ``sigma(x_j)``, ``pi`` (B, n, m), ``order`` (B, n) int64 the stable order of the
+    column minima, ``log_t`` (B,) ``tau`` for the cost as given, ``residual`` (B,) of the
+    arrays as stored (all those in the input's dtype) and ``counts`` (B, 2) int64: the
+    evaluations of ``g`` (pivot search and Newton steps) and 1 where ``max_iter`` was hit."""
+
+    assignment: Any
+    lam: Any
+    log_s: Any
+    rho: Any
+    transported: Any
+    pi: Any
+    order: Any
+    log_t: Any
+    residual: Any
+    counts: Any
+
+    @classmethod
+    def empty(cls, xp, batch: int, n: int, m: int, dtype) -> ImageOutputs:
+        """Uninitialised outputs (``xp.empty``: no fill, no launch on CuPy)."""
+        return cls(
+            assignment=xp.empty((batch, n, m), dtype=dtype), lam=xp.empty((batch, n), dtype=dtype),
+            log_s=xp.empty((batch, n), dtype=dtype), rho=xp.empty((batch, n), dtype=dtype),
+            transported=xp.empty((batch, n), dtype=dtype), pi=xp.empty((batch, n, m), dtype=dtype),
+            order=xp.empty((batch, n), dtype=np.int64), log_t=xp.empty(batch, dtype=dtype),
+            residual=xp.empty(batch, dtype=dtype), counts=xp.empty((batch, 2), dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolInputs(Buffers):
+    """The pooling layer's forward: ``features`` (B, n, d) as given, ``features_bar`` (B, n, d)
+    the clipped features, ``prototypes_scaled_t`` (d, m) the clipped prototypes divided by
+    ``s`` and transposed, ``scale`` (1,) ``s``, ``p_one`` (pooled formed here: p = 1)."""
+
+    features: Any
+    features_bar: Any
+    prototypes_scaled_t: Any
+    scale: Any
+    p_one: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolOutputs(Buffers):
+    """The pooling layer's own outputs: ``cost_t`` (B, n, m), ``weights`` (B, n), ``pooled``
+    (B, d; written only when ``p_one``), ``z`` (B, m)."""
+
+    cost_t: Any
+    weights: Any
+    pooled: Any
+    z: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSaved(Buffers):
+    """The pooling backward's context: the forward's points (``features``, ``features_bar``,
+    ``features_norm`` (B, n), ``prototypes_bar`` (m, d), ``scale`` (1,)), its solve
+    (``assignment``, ``cost_t``, ``rho``, ``transported``, ``weights``) and scalars."""
+
+    features: Any
+    features_bar: Any
+    features_norm: Any
+    prototypes_bar: Any
+    scale: Any
+    assignment: Any
+    cost_t: Any
+    rho: Any
+    transported: Any
+    weights: Any
+    inverse_temperature: float
+    mu: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolUpstream(Buffers):
+    """``d_pooled`` (B, d), ``d_z`` (B, m); GeMean's ``d_weights`` (B, n) and ``direct``
+    (B, n, d) where not ``p_one`` (placeholders otherwise: the kernel forms them)."""
+
+    d_pooled: Any
+    d_z: Any
+    d_weights: Any
+    direct: Any
+    p_one: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolGradients(Buffers):
+    """``distance_weights`` (B, n, m) ``W = d_cost / c'`` and ``d_features`` (B, n, d)."""
+
+    distance_weights: Any
+    d_features: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportSaved(Buffers):
+    """(P2)'s backward context: ``assignment`` (B, n, m), ``rho``, ``transported`` (B, n)."""
+
+    assignment: Any
+    rho: Any
+    transported: Any
+    inverse_temperature: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportUpstream(Buffers):
+    """``d_rho`` (B, n) and ``d_pi`` (B, n, m), in memory order."""
+
+    d_rho: Any
+    d_pi: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportGradient(Buffers):
+    """``d_cost`` (B, n, m)."""
+
+    d_cost: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Scratch(Buffers):
+    """The CUDA backward kernels' (B, 3n) float64 scratch (per-column values of Prop. 4.3
+    that the block's threads share); the CPU twins keep them in local arrays."""
+
+    scratch: Any
+

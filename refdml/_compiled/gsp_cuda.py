@@ -3,9 +3,16 @@ r"""The GSP layer's CUDA kernels: one block of ``BLOCK`` threads per image.
 The maths, the layout, the dtype rules and the CPU twins: :mod:`refdml._compiled.gsp`,
 whose scalar and per-column functions these kernels call (compiled for the device from the
 same source). Launch each kernel with ``cuda_launch(kernel, B, BLOCK, ...)`` and the
-arguments of its CPU twin (the backward kernels take a (B, 3n) float64 scratch last).
-Compiled at their first launch, or loaded from numba-cuda's cache: importing this module
-needs no GPU.
+arguments of its CPU twin, the fields of its parameter groups flattened in order (the
+dataclasses of :mod:`refdml._compiled.gsp`); the backward kernels take a (B, 3n) float64
+:class:`~refdml._compiled.gsp.Scratch` last. Compiled at their first launch, or loaded from
+numba-cuda's cache: importing this module needs no GPU.
+
+What is not shared with the CPU twins, and why: the evaluations of ``phi`` (and of the
+residual, ``sum w``, the largest ``w``), which here are tree reductions over the block's
+threads in shared memory (:func:`phi_block`, :func:`block_lse3`, ...) and there loops over
+one image's columns. Every decision taken on their results (the pivot search's, Newton's
+step, the marginal centre) is the CPU twin's own ``@njit`` function.
 """
 
 from __future__ import annotations
@@ -18,23 +25,25 @@ from refdml._compiled._cuda import cuda, cuda_kernel
 from refdml._compiled._scalar import lse_merge, lse_push, lse_value
 from refdml._compiled._support import BLOCK
 from refdml._compiled.gsp import (
-    SATURATION,
+    SEARCH_BOUNDS,
+    SEARCH_DONE,
     clip_coefficient,
-    distance_weight,
-    bracket,
     column_plan,
     column_rank,
     column_softmax,
     column_terms,
     cost_gradient,
+    distance_weight,
     given_log_s,
     newton_phi,
     newton_start,
     newton_step,
     pool_backward_column,
     relative_log_s,
+    search_advance,
+    search_query,
+    search_start,
     transport_backward_column,
-    window,
 )
 
 __all__ = ["refdml_gsp_pool_backward", "refdml_gsp_pool_forward", "refdml_gsp_transport",
@@ -43,25 +52,32 @@ __all__ = ["refdml_gsp_pool_backward", "refdml_gsp_pool_forward", "refdml_gsp_tr
 
 def _launch_signatures(dt):
     """The Numba signature of each kernel's launch (:mod:`refdml.gpu._gsp_kernels`) for
-    inputs of dtype ``dt``: arrays C-contiguous, per-image outputs float64 / int64, Python
-    floats float64, ``max_iter`` int64, ``p_one`` a bool (tests/conftest.py checks every
-    simulated launch against these)."""
+    inputs of dtype ``dt``, in the order of its parameter groups (the dataclasses of
+    :mod:`refdml._compiled.gsp`): arrays C-contiguous, ``order`` / ``counts`` int64, the
+    scratch float64, Python floats float64, ``max_iter`` int64, ``p_one`` a bool
+    (tests/conftest.py checks every simulated launch against these)."""
     a1, a2, a3 = f"{dt}[::1]", f"{dt}[:, ::1]", f"{dt}[:, :, ::1]"
-    real, count = "float64[:, ::1]", "int64[:, ::1]"     # image_real / scratch; order / image_int
-    # eps, mu, logit_mu, max_iter, ulp, cap, phi_floor
+    count = "int64[:, ::1]"
+    scratch = "float64[:, ::1]"
+    # SolverConstants: inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor
     solver = "float64, float64, float64, int64, float64, float64, float64"
-    # assignment, lam, log_s, rho, transported, pi, order
-    outputs = f"{a3}, {a2}, {a2}, {a2}, {a2}, {a3}, {count}"
+    # ImageOutputs: assignment, lam, log_s, rho, transported, pi, order, log_t, residual, counts
+    outputs = f"{a3}, {a2}, {a2}, {a2}, {a2}, {a3}, {count}, {a1}, {a1}, {count}"
+    # PoolSaved: features, features_bar, features_norm, prototypes_bar, scale, assignment,
+    # cost_t, rho, transported, weights, inverse_temperature, mu
+    saved = f"{a3}, {a3}, {a2}, {a2}, {a1}, {a3}, {a3}, {a2}, {a2}, {a2}, float64, float64"
     return {
-        "refdml_gsp_transport": f"void({a3}, {solver}, {outputs}, {real}, {count})",
-        "refdml_gsp_pool_forward": (f"void({a3}, {a3}, {a2}, {a1}, {solver}, boolean, {a3}, "
-                                    f"{outputs}, {a2}, {a2}, {a2}, {real}, {count})"),
-        "refdml_gsp_pool_backward": (f"void({a3}, {a3}, {a2}, {a2}, {a1}, {a3}, {a3}, {a2}, "
-                                     f"{a2}, {a2}, {a2}, {a2}, {a2}, {a3}, boolean, float64, "
-                                     f"float64, {a3}, {a3}, {real})"),
-        "refdml_gsp_transport_backward": f"void({a3}, {a2}, {a2}, {a2}, {a3}, float64, {a3}, {real})",
+        "refdml_gsp_transport": f"void({a3}, {solver}, {outputs})",
+        # PoolInputs, SolverConstants, ImageOutputs, PoolOutputs (cost_t, weights, pooled, z)
+        "refdml_gsp_pool_forward": (f"void({a3}, {a3}, {a2}, {a1}, boolean, {solver}, "
+                                    f"{outputs}, {a3}, {a2}, {a2}, {a2})"),
+        # PoolSaved, PoolUpstream (d_pooled, d_z, d_weights, direct, p_one), PoolGradients
+        "refdml_gsp_pool_backward": (f"void({saved}, {a2}, {a2}, {a2}, {a3}, boolean, "
+                                     f"{a3}, {a3}, {scratch})"),
+        # TransportSaved, TransportUpstream, TransportGradient
+        "refdml_gsp_transport_backward": (f"void({a3}, {a2}, {a2}, float64, {a2}, {a3}, "
+                                          f"{a3}, {scratch})"),
     }
-
 
 
 def _signatures(name):
@@ -77,6 +93,8 @@ def _signatures(name):
 # process (they reach Numba CPU dispatchers, each pickled with a fresh uuid), so the cache
 # never hit and every process compiled the four kernels again (docs/gpu.md).
 softmax_dev = cuda.jit(device=True)(column_softmax.py_func)
+search_query_dev = cuda.jit(device=True)(search_query.py_func)
+search_advance_dev = cuda.jit(device=True)(search_advance.py_func)
 rank_dev = cuda.jit(device=True)(column_rank.py_func)
 plan_dev = cuda.jit(device=True)(column_plan.py_func)
 pool_backward_dev = cuda.jit(device=True)(pool_backward_column.py_func)
@@ -183,7 +201,7 @@ def marginal_block(sm, b, tid, rho, transported, scratch):
 
 
 @cuda.jit(device=True)
-def phi_block(sm, b, tid, y, eps, column_min, lam, pivot, logit_mu):
+def phi_block(sm, b, tid, y, inverse_temperature, column_min, lam, pivot, logit_mu):
     """``phi(y)`` in the coordinates of column ``pivot``, and max/min of ``l - l_p``."""
     n = column_min.shape[1]
     width = tree_width(n)
@@ -192,7 +210,8 @@ def phi_block(sm, b, tid, y, eps, column_min, lam, pivot, logit_mu):
     top, bottom = -math.inf, math.inf
     j = tid
     while j < n:
-        relative = relative_log_s(eps, column_min[b, j], lam[b, j], pivot_min, pivot_lam)
+        relative = relative_log_s(inverse_temperature, column_min[b, j], lam[b, j], pivot_min,
+                                  pivot_lam)
         top, bottom = max(top, relative), min(bottom, relative)
         log_sig, log_one_minus, _ = column_terms(y + relative)
         m1, s1 = lse_push(m1, s1, log_sig)
@@ -204,8 +223,9 @@ def phi_block(sm, b, tid, y, eps, column_min, lam, pivot, logit_mu):
 
 
 @cuda.jit(device=True)
-def newton_block(sm, b, tid, eps, column_min, lam, pivot, lo, hi, logit_mu, log_n,
-                 max_iter, ulp, cap, phi_floor):
+def newton_block(sm, b, tid, inverse_temperature, column_min, lam, pivot, lo, hi, logit_mu,
+                 log_n, max_iter, ulp, cap, phi_floor):
+    """The CPU twin's ``_newton_image``, each ``phi`` and its slope a block reduction."""
     n = column_min.shape[1]
     width = tree_width(n)
     pivot_min, pivot_lam = column_min[b, pivot], lam[b, pivot]
@@ -216,8 +236,8 @@ def newton_block(sm, b, tid, eps, column_min, lam, pivot, lo, hi, logit_mu, log_
         m1, s1, m2, s2, m3, s3 = -math.inf, 0.0, -math.inf, 0.0, -math.inf, 0.0
         j = tid
         while j < n:
-            a, c, e = column_terms(y + relative_log_s(eps, column_min[b, j], lam[b, j],
-                                                      pivot_min, pivot_lam))
+            a, c, e = column_terms(y + relative_log_s(inverse_temperature, column_min[b, j],
+                                                      lam[b, j], pivot_min, pivot_lam))
             m1, s1 = lse_push(m1, s1, a)
             m2, s2 = lse_push(m2, s2, c)
             m3, s3 = lse_push(m3, s3, e)
@@ -230,17 +250,17 @@ def newton_block(sm, b, tid, eps, column_min, lam, pivot, lo, hi, logit_mu, log_
 
 
 @cuda.jit(device=True)
-def transport_block(sm, b, tid, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                    assignment, lam, log_s, rho, transported, pi, order, image_real,
-                    image_int):
-    """The CPU twin's ``_transport_image``, one column per thread (strided); every thread
-    takes the same scalar decisions from the block's reductions (lock-step)."""
+def transport_block(sm, b, tid, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
+                    phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                    residual, counts):
+    """The CPU twin's ``_transport_image``, one column per thread (strided): the same pivot
+    search (:func:`refdml._compiled.gsp.search_advance`), each ``phi`` a block reduction;
+    every thread takes the same decisions from the block's reductions (lock-step)."""
     n = cost_t.shape[1]
-    width = tree_width(n)
     log_n = math.log(n)
     j = tid
     while j < n:
-        softmax_dev(cost_t, eps, assignment, log_s, lam, b, j)
+        softmax_dev(cost_t, inverse_temperature, assignment, log_s, lam, b, j)
         j += BLOCK
     cuda.syncthreads()
     j = tid
@@ -248,98 +268,81 @@ def transport_block(sm, b, tid, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, p
         order[b, rank_dev(log_s, b, j)] = j
         j += BLOCK
     cuda.syncthreads()
-    below, above, evaluations = -1, n, 0
-    while above - below > 1:
-        middle = (below + above) // 2
-        phi, _, _ = phi_block(sm, b, tid, 0.0, eps, log_s, lam, order[b, middle], logit_mu)
-        evaluations += 1
-        if phi >= 0.0:
-            above = middle
-        else:
-            below = middle
-    minus, plus = order[b, min(above, n - 1)], order[b, max(below, 0)]
-    gap = relative_log_s(eps, log_s[b, plus], lam[b, plus], log_s[b, minus], lam[b, minus])
-    interior, half = window(below, above, n, gap)
-    use_plus = below >= 0 and above == n
-    if interior:
-        evaluations += 1
-        phi, _, _ = phi_block(sm, b, tid, -half, eps, log_s, lam, minus, logit_mu)
-        use_plus = phi >= 0.0
-    lo, hi = bracket(use_plus, interior, gap, half)
-    pivot = plus if use_plus else minus
-    if use_plus and interior and hi > SATURATION:
-        evaluations += 1
-        phi, _, _ = phi_block(sm, b, tid, SATURATION, eps, log_s, lam, plus, logit_mu)
-        hi = SATURATION
-        if phi < 0.0:
-            lo = SATURATION
-    _, top, bottom = phi_block(sm, b, tid, 0.0, eps, log_s, lam, pivot, logit_mu)
-    lo = max(lo, logit_mu - top)
-    hi = max(min(hi, logit_mu - bottom), lo)
-    y, steps, exhausted = newton_block(sm, b, tid, eps, log_s, lam, pivot, lo, hi, logit_mu,
-                                       log_n, max_iter, ulp, cap, phi_floor)
+    state = search_start(n)
+    evaluations = 0
+    while state[0] != SEARCH_DONE:
+        pivot, y = search_query_dev(state, order, b)
+        phi, top, bottom = phi_block(sm, b, tid, y, inverse_temperature, log_s, lam, pivot,
+                                     logit_mu)
+        if state[0] != SEARCH_BOUNDS:   # the reference counts the search's evaluations of g
+            evaluations += 1
+        state = search_advance_dev(state, phi, top, bottom, order, inverse_temperature, log_s,
+                                   lam, logit_mu, b)
+    lo, hi = state[3], state[4]
+    pivot = state[10] if state[5] else state[9]
+    y, steps, exhausted = newton_block(sm, b, tid, inverse_temperature, log_s, lam, pivot, lo,
+                                       hi, logit_mu, log_n, max_iter, ulp, cap, phi_floor)
     pivot_min, pivot_lam = log_s[b, pivot], lam[b, pivot]
     cuda.syncthreads()  # every thread holds the pivot's values before the plan rewrites log_s
     inv_n = 1.0 / n
     column_residual, mass = 0.0, 0.0
     j = tid
     while j < n:
-        residual, column_mass = plan_dev(y, eps, pivot_min, pivot_lam, inv_n, log_s, lam,
-                                         assignment, transported, rho, pi, b, j)
-        column_residual = max(column_residual, residual)
+        column, column_mass = plan_dev(y, inverse_temperature, pivot_min, pivot_lam, inv_n,
+                                       log_s, lam, assignment, transported, rho, pi, b, j)
+        column_residual = max(column_residual, column)
         mass += column_mass
         j += BLOCK
     column_residual, _, mass, _ = block_reduce4(sm, column_residual, 0.0, mass, 0.0, tid,
-                                                width)
+                                                tree_width(n))
     if tid == 0:
-        image_real[b, 0] = y
-        image_real[b, 1] = given_log_s(eps, pivot_min, pivot_lam)
-        image_real[b, 2] = max(column_residual, abs(mass - mu))
-        image_int[b, 0] = evaluations
-        image_int[b, 1] = steps
-        image_int[b, 2] = 1 if exhausted else 0
+        log_t[b] = y - given_log_s(inverse_temperature, pivot_min, pivot_lam)
+        residual[b] = max(column_residual, abs(mass - mu))
+        counts[b, 0] = evaluations + steps
+        counts[b, 1] = 1 if exhausted else 0
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_transport"))
-def refdml_gsp_transport(cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                         assignment, lam, log_s, rho, transported, pi, order, image_real,
-                         image_int):
+def refdml_gsp_transport(cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
+                         phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                         residual, counts):
     b = cuda.blockIdx.x
     if b >= cost_t.shape[0]:
         return
     sm = cuda.shared.array((6, BLOCK), float64)
-    transport_block(sm, b, cuda.threadIdx.x, cost_t, eps, mu, logit_mu, max_iter, ulp, cap,
-                    phi_floor, assignment, lam, log_s, rho, transported, pi, order,
-                    image_real, image_int)
+    transport_block(sm, b, cuda.threadIdx.x, cost_t, inverse_temperature, mu, logit_mu,
+                    max_iter, ulp, cap, phi_floor, assignment, lam, log_s, rho, transported, pi,
+                    order, log_t, residual, counts)
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_pool_forward"))
-def refdml_gsp_pool_forward(features, fs, ws_t, scale, eps, mu, logit_mu, max_iter, ulp,
-                            cap, phi_floor, p_one, cost_t, assignment, lam, log_s, rho,
-                            transported, pi, order, weights, pooled, z, image_real,
-                            image_int):
+def refdml_gsp_pool_forward(features, features_bar, prototypes_scaled_t, scale, p_one,
+                            inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor,
+                            assignment, lam, log_s, rho, transported, pi, order, log_t,
+                            residual, counts, cost_t, weights, pooled, z):
     b = cuda.blockIdx.x
-    if b >= fs.shape[0]:
+    if b >= features_bar.shape[0]:
         return
     tid = cuda.threadIdx.x
-    n, d = fs.shape[1], fs.shape[2]
-    m = ws_t.shape[1]
+    n, d = features_bar.shape[1], features_bar.shape[2]
+    m = prototypes_scaled_t.shape[1]
     s = scale[0]
     sm = cuda.shared.array((6, BLOCK), float64)
     pair = tid
     while pair < n * m:
         j, i = pair // m, pair % m
-        diff = fs[b, j, 0] - ws_t[0, i]
+        # fbar / s in the input's dtype (exact: s is a power of two), as the CPU twin
+        diff = features_bar[b, j, 0] / s - prototypes_scaled_t[0, i]
         acc = diff * diff  # accumulated in the input's dtype
         for k in range(1, d):
-            diff = fs[b, j, k] - ws_t[k, i]
+            diff = features_bar[b, j, k] / s - prototypes_scaled_t[k, i]
             acc += diff * diff
         cost_t[b, j, i] = math.sqrt(acc) * s
         pair += BLOCK
     cuda.syncthreads()
-    transport_block(sm, b, tid, cost_t, eps, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                    assignment, lam, log_s, rho, transported, pi, order, image_real,
-                    image_int)
+    transport_block(sm, b, tid, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
+                    phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                    residual, counts)
     inv_mu = 1.0 / mu
     j = tid
     while j < n:
@@ -365,10 +368,10 @@ def refdml_gsp_pool_forward(features, fs, ws_t, scale, eps, mu, logit_mu, max_it
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_pool_backward"))
-def refdml_gsp_pool_backward(features, features_bar, features_norm, ws, scale, assignment,
-                             cost_t, rho, transported, weights, d_pooled, d_z, d_weights_in,
-                             direct_in, p_one, eps, mu, distance_weights, d_features,
-                             scratch):
+def refdml_gsp_pool_backward(features, features_bar, features_norm, prototypes_bar, scale,
+                             assignment, cost_t, rho, transported, weights, inverse_temperature,
+                             mu, d_pooled, d_z, d_weights, direct, p_one, distance_weights,
+                             d_features, scratch):
     """``scratch`` (B, 3n) float64: ``mu r_j`` (:func:`pool_backward_column`),
     ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)`` (docs/gsp.md Sec. 3); the first n
     slots then hold the clip coefficient."""
@@ -377,15 +380,15 @@ def refdml_gsp_pool_backward(features, features_bar, features_norm, ws, scale, a
         return
     tid = cuda.threadIdx.x
     n, d = features.shape[1], features.shape[2]
-    m = ws.shape[0]
+    m = prototypes_bar.shape[0]
     s = scale[0]
-    factor = -eps * s
+    factor = -inverse_temperature * s
     inv_n, inv_mu = 1.0 / n, 1.0 / mu
     sm = cuda.shared.array((6, BLOCK), float64)
     j = tid
     while j < n:
         scratch[b, j], scratch[b, n + j], scratch[b, 2 * n + j], _ = pool_backward_dev(
-            features, d_pooled, d_weights_in, assignment, d_z, rho, transported, p_one,
+            features, d_pooled, d_weights, assignment, d_z, rho, transported, p_one,
             inv_n, inv_mu, b, j)
         j += BLOCK
     cuda.syncthreads()
@@ -404,7 +407,8 @@ def refdml_gsp_pool_backward(features, features_bar, features_norm, ws, scale, a
         j, k = pair // d, pair % d
         acc = 0.0
         for i in range(m):
-            acc -= distance_weights[b, j, i] * ws[i, k]
+            # wbar / s in the input's dtype (exact: a power of two), as the CPU twin
+            acc -= distance_weights[b, j, i] * (prototypes_bar[i, k] / s)
         d_features[b, j, k] = acc
         pair += BLOCK
     cuda.syncthreads()
@@ -427,17 +431,17 @@ def refdml_gsp_pool_backward(features, features_bar, features_norm, ws, scale, a
         j, k = pair // d, pair % d
         inverse = 1.0 / max(features_norm[b, j], 1.0)
         if p_one:
-            direct = weights[b, j] * inv_n * d_pooled[b, k]
+            along = weights[b, j] * inv_n * d_pooled[b, k]
         else:
-            direct = direct_in[b, j, k]
+            along = direct[b, j, k]
         d_features[b, j, k] = (d_features[b, j, k] * inverse
-                               + features_bar[b, j, k] * scratch[b, j] + direct)
+                               + features_bar[b, j, k] * scratch[b, j] + along)
         pair += BLOCK
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_transport_backward"))
-def refdml_gsp_transport_backward(assignment, rho, transported, d_rho, d_pi, eps, d_cost,
-                                  scratch):
+def refdml_gsp_transport_backward(assignment, rho, transported, inverse_temperature, d_rho,
+                                  d_pi, d_cost, scratch):
     """``scratch`` (B, 3n) float64: ``r_j``, ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)``."""
     b = cuda.blockIdx.x
     if b >= assignment.shape[0]:
@@ -456,6 +460,6 @@ def refdml_gsp_transport_backward(assignment, rho, transported, d_rho, d_pi, eps
     while pair < n * m:
         j, i = pair // m, pair % m
         d_cost[b, j, i] = cost_gradient(
-            -eps, assignment[b, j, i], transported[b, j] / n, d_pi[b, j, i] - scratch[b, j],
-            scratch[b, n + j], scratch[b, 2 * n + j])
+            -inverse_temperature, assignment[b, j, i], transported[b, j] / n,
+            d_pi[b, j, i] - scratch[b, j], scratch[b, n + j], scratch[b, 2 * n + j])
         pair += BLOCK

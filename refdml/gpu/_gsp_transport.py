@@ -52,7 +52,7 @@ import warnings
 import numpy as np
 
 from refdml.exceptions import ConvergenceWarning
-from refdml.gsp._transport import WeightTransportResult
+from refdml.gsp import WeightTransportResult
 
 # Newton sweeps between two "every image converged?" checks (one sync each on CuPy; on
 # NumPy the check is free, so it runs after every sweep).
@@ -103,7 +103,7 @@ def _times(xp, x, factor: float, out=None):
         return xp.ldexp(scaled, exponent, out=scaled)
 
 
-def _eps_gap(xp, a, b, inverse_temperature: float):
+def _scaled_gap(xp, a, b, inverse_temperature: float):
     """``ε (a - b)`` with no overflow of ``a - b`` (halved first; the reference's
     ``_eps_times_gap``): ``±inf`` only where the product overflows."""
     gap = xp.multiply(a, 0.5)
@@ -123,7 +123,7 @@ def _phi(xp, y, relative, logit_mu: float):
 def _relative(xp, column_min, lam, inverse_temperature: float, pivot):
     """``l_j - l_p`` (B, n) for the pivot ``p`` (B,) of each image, from cost differences."""
     at = pivot[:, None]
-    return (lam - xp.take_along_axis(lam, at, axis=1)) - _eps_gap(
+    return (lam - xp.take_along_axis(lam, at, axis=1)) - _scaled_gap(
         xp, column_min, xp.take_along_axis(column_min, at, axis=1), inverse_temperature
     )
 
@@ -186,7 +186,7 @@ def log_kernel(xp, cost_t, inverse_temperature: float):
     ``ε (c - cmin)`` overflows (a weight of exactly 0). Four passes over the cost.
     """
     column_min = xp.min(cost_t, axis=2)                          # (B, n)
-    kernel = _eps_gap(xp, cost_t, column_min[:, :, None], inverse_temperature)
+    kernel = _scaled_gap(xp, cost_t, column_min[:, :, None], inverse_temperature)
     xp.negative(kernel, out=kernel)
     xp.exp(kernel, out=kernel)
     total = xp.sum(kernel, axis=2, keepdims=True)                # >= 1: the minimum gives 1
@@ -282,9 +282,14 @@ def transport(xp, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTrans
     )
 
 
-def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted) -> bool:
-    """``converged`` (a Python bool: the one result that must reach Python) and the warning."""
-    converged = bool(xp.all(residual <= tol))
+def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted, converged=None) -> bool:
+    """``converged`` (a Python bool: the one result that must reach Python) and the warning.
+
+    ``converged``: already read (the compiled path reads it with the counts, in one
+    transfer); None: read here, ``all(residual <= tol)`` (one synchronisation on CuPy).
+    """
+    if converged is None:
+        converged = bool(xp.all(residual <= tol))
     if not converged and tol > 0.0:
         worst = float(xp.max(residual))
         if exhausted:

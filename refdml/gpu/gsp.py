@@ -65,19 +65,11 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import (
-    as_fast_array, cast_checked, check_choice, check_context, check_scalar, result_dtype,
-)
-from refdml._xp import array_namespace
-from refdml.gpu import _gsp_kernels
-from refdml.gpu import _gsp_transport as _wt
 from refdml import _validation
-from refdml._compiled._support import kernel_mode, select_kernel
-from refdml.gsp._cost import CostMapContext, CostMapGrads
-from refdml.gsp._pool import (
-    PoolContext,
-    PoolGrads,
+from refdml._compiled._support import Implementations
+from refdml._shared.gsp import (
     check_pool_mu,
+    check_transport_args,
     exponent_of,
     pool_gradient_overflow,
     power_mean,
@@ -85,7 +77,20 @@ from refdml.gsp._pool import (
     upstream_exponent,
     weight_gradient_shift,
 )
-from refdml.gsp._transport import WeightTransportGrads, WeightTransportResult, check_transport_args
+from refdml._validation import (
+    as_fast_array, cast_checked, check_choice, check_context, check_scalar, result_dtype,
+)
+from refdml._xp import array_namespace
+from refdml.gpu import _gsp_kernels
+from refdml.gpu import _gsp_transport as _wt
+from refdml.gsp import (
+    CostMapContext,
+    CostMapGrads,
+    PoolContext,
+    PoolGrads,
+    WeightTransportGrads,
+    WeightTransportResult,
+)
 
 __all__ = [
     "CostMapContext",
@@ -106,11 +111,6 @@ __all__ = [
 ]
 
 residual_floor = _wt.residual_floor
-# Whether "auto" runs the Numba CPU twins (refdml._compiled.gsp) on NumPy input. Measured
-# (scripts/bench_gpu.py --only gsp, docs/gpu.md): at B=256, m=64, n=49, d=128 the twin is
-# 0.98-1.14x the array path, its backward slower, so "auto" keeps the array path on NumPy;
-# use_kernels("cpu") runs the twin. On CuPy, "auto" runs the CUDA kernels.
-CPU_TWIN_PAYS = False
 
 
 @functools.cache
@@ -135,13 +135,6 @@ def _one_blas_thread(fn):
     return wrapper
 
 
-def _kernel(x, mu: float) -> str:
-    """The implementation for input ``x``: ``mu = 1`` (no solve) and ``mu`` below
-    ``_SMALL_MU`` (see :func:`_pool_transport`) always take the array path."""
-    if mu >= 1.0 or mu < _SMALL_MU[np.dtype(x.dtype)]:
-        return "array"
-    return select_kernel(x, has_cpu=CPU_TWIN_PAYS or kernel_mode() == "cpu")
-
 # Squared distances below this fraction of |x|^2 + |y|^2 are recomputed from differences:
 # the Gram identity's relative error on c is then <= ~u / fraction (u = unit roundoff).
 _REFINE = {np.dtype(np.float32): 0.1, np.dtype(np.float64): 1e-3}
@@ -161,8 +154,10 @@ def _checks_data(ns) -> bool:
 
 def _features_prototypes(features, prototypes):
     ns = array_namespace(features, prototypes)
-    dtype = result_dtype(as_fast_array(features, "features", ndim=3, ns=ns),
-                         as_fast_array(prototypes, "prototypes", ndim=2, ns=ns))
+    # The common dtype from the inputs' own (host data as NumPy makes it), so that each
+    # input is converted and checked once: a finiteness check is a synchronisation on CuPy.
+    dtype = result_dtype(*(value if hasattr(value, "dtype") else np.asarray(value)
+                           for value in (features, prototypes)))
     features = as_fast_array(features, "features", ndim=3, dtype=dtype, ns=ns)
     prototypes = as_fast_array(prototypes, "prototypes", ndim=2, dtype=dtype, ns=ns)
     if features.shape[2] != prototypes.shape[1]:
@@ -263,9 +258,10 @@ def _normalised(xp, features, prototypes):
             "path's cost map cannot scale them; rescale both (below norm 1 the cost is "
             "homogeneous of degree 1) or use refdml.gsp"
         )
+    # peak = 0 (every point 0) gives frexp's (0, 0): s = 2^0 = 1, with no select.
     mantissa, exponent = xp.frexp(peak)
     exponent = exponent - (mantissa == 0.5)
-    scale = xp.where(peak > 0, xp.ldexp(xp.ones_like(peak), exponent), 1)
+    scale = xp.ldexp(xp.ones_like(peak), exponent)
     return features_bar, features_norm, prototypes_bar, prototypes_norm, scale
 
 
@@ -410,12 +406,8 @@ def weight_transport(
     )
     _method_backward(method)
     xp = array_namespace(cost).xp
-    kind = _kernel(cost, mu)
-    if kind != "array":
-        return _gsp_kernels.transport(
-            xp, kind, cost.transpose(0, 2, 1), mu, inverse_temperature, max_iter, tol
-        )
-    return _wt.transport(xp, cost.transpose(0, 2, 1), mu, inverse_temperature, max_iter, tol)
+    return _path(cost, mu).transport(xp, cost.transpose(0, 2, 1), mu, inverse_temperature,
+                                     max_iter, tol)
 
 
 def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> WeightTransportGrads:
@@ -433,12 +425,8 @@ def weight_transport_backward(result: WeightTransportResult, d_rho, d_pi) -> Wei
     xp = array_namespace(result.pi).xp
     d_rho = xp.zeros_like(result.rho) if d_rho is None else d_rho
     d_pi = xp.zeros_like(result.pi) if d_pi is None else d_pi
-    kind = _kernel(result.pi, result.mu)
-    if kind != "array":
-        return WeightTransportGrads(
-            cost=_gsp_kernels.transport_backward(xp, kind, result, d_rho, d_pi)
-        )
-    return WeightTransportGrads(cost=_wt.closed_form_backward(xp, result, d_rho, d_pi))
+    return WeightTransportGrads(
+        cost=_path(result.pi, result.mu).transport_backward(xp, result, d_rho, d_pi))
 
 
 # --------------------------------------------------------------------------- pooling
@@ -448,7 +436,7 @@ def _pool_transport(xp, cost_t, mu, inverse_temperature, max_iter, tol):
     float32 with ``mu < _SMALL_MU``: sigma ~ mu would underflow, so (P2) is solved in
     float64 (a positive ``tol`` still raised to float32's floor) and the result cast back:
     ``pi``, ``sigma`` round to float32 (to 0 below its range, as they should); ``w`` is
-    taken before the cast, O(1) at any normal mu (``refdml.gsp._pool.check_pool_mu``).
+    taken before the cast, O(1) at any normal mu (``refdml.gsp``'s ``check_pool_mu``).
     """
     dtype = cost_t.dtype
     if dtype == np.float64 or mu >= _SMALL_MU[np.dtype(dtype)]:
@@ -493,36 +481,11 @@ def gsp_pool_forward(
             f"features[{bad}] == {features[bad]!r} is negative; p == {p!r} > 1 "
             "(GeMean) needs non-negative features"
         )
-    n = features.shape[1]
-    kind = _kernel(features, mu)
+    cost_ctx, result, weights, pooled, z = _path(features, mu).pool_forward(
+        xp, features, prototypes, mu, inverse_temperature, max_iter, tol, p == 1.0)
     power_ctx = None
-    if kind != "array":
-        features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _normalised(
-            xp, features, prototypes
-        )
-        cost_t, result, weights, pooled, z = _gsp_kernels.pool_forward(
-            xp, kind, features, features_bar, prototypes_bar, scale, mu, inverse_temperature,
-            max_iter, tol, p == 1.0,
-        )
-        cost_ctx = CostMapContext(
-            features_bar=features_bar, features_norm=features_norm,
-            prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
-            cost=cost_t.transpose(0, 2, 1), scale=scale,
-        )
-        if p != 1.0:
-            pooled, power_ctx = power_mean(xp, weights, features, p, _checks_data(ns))
-    else:
-        cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
-        result, weights = _pool_transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
-        if p == 1.0:
-            # (w / n) sums to 1: a convex combination, never beyond the largest feature
-            # (the sum w . f of float32 features near 3.4e38 overflowed before / n).
-            pooled = ((weights * (1.0 / n))[:, None, :] @ features)[:, 0, :]
-        else:
-            pooled, power_ctx = power_mean(xp, weights, features, p, _checks_data(ns))
-        # z_i = (1/mu) sum_j pi_ij = (1/n) sum_j A_ij w_j: from the weights, never from pi,
-        # which underflows for small mu.
-        z = (weights[:, None, :] @ result.assignment.transpose(0, 2, 1))[:, 0, :] * (1.0 / n)
+    if p != 1.0:
+        pooled, power_ctx = power_mean(xp, weights, features, p, _checks_data(ns))
     ctx = PoolContext(features, weights, pooled, p, backward, cost_ctx, result, power_ctx)
     return (pooled, z), ctx
 
@@ -546,8 +509,9 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     # GeMean's d y = d pooled / d (w f) (bounded by |d_pooled|), from the forward's context.
     d_y = None if ctx.p == 1.0 else power_mean_backward(
         xp, ctx.weights, ctx.features, ctx.p, ctx.power_mean, d_pooled)
+    path = _path(ctx.pooled, result.mu)
     if not _checks_data(ns):
-        return _pool_backward(xp, ctx, d_pooled, d_z, d_y, check=True)
+        return path.pool_backward(xp, ctx, d_pooled, d_z, d_y, check=True)
     # d_weights ~ |f| |d_pooled| and W = d_cost / c' can leave the dtype where the gradients
     # do not (features near its largest number: their gradient through the normalised cost
     # map is O(ε |d_pooled|)). float32: such a backward is redone in float64 and cast back
@@ -555,14 +519,14 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     # divided by powers of two, as the reference (a gradient beyond float64 named). The
     # finiteness test is the synchronisation the overflow check of W made before.
     with np.errstate(over="ignore", invalid="ignore"):
-        grads = _pool_backward(xp, ctx, d_pooled, d_z, d_y, check=False)
+        grads = path.pool_backward(xp, ctx, d_pooled, d_z, d_y, check=False)
     if bool(xp.all(xp.isfinite(grads.features)) & xp.all(xp.isfinite(grads.prototypes))):
         return grads
     if ctx.pooled.dtype == np.float64:
         return _pool_backward_rescaled(xp, ctx, d_pooled, d_z, d_y)
-    wide = _pool_backward(xp, _widened(ctx), d_pooled.astype(np.float64),
-                          d_z.astype(np.float64), None if d_y is None else d_y.astype(np.float64),
-                          check=True)
+    wide = path.pool_backward(xp, _widened(ctx), d_pooled.astype(np.float64),
+                              d_z.astype(np.float64),
+                              None if d_y is None else d_y.astype(np.float64), check=True)
     return PoolGrads(
         features=cast_checked(wide.features, np.float32, "the gradient of features", ns),
         prototypes=cast_checked(wide.prototypes, np.float32, "the gradient of prototypes", ns),
@@ -581,26 +545,15 @@ def _widened(value):
     return value
 
 
-def _pool_backward(xp, ctx: PoolContext, d_pooled, d_z, d_y, check: bool) -> PoolGrads:
-    """The backward in the context's dtype; ``d_y`` GeMean's (None at p = 1); ``check``: the
-    overflow check of ``W``."""
-    result = ctx.transport
+def _gemean_upstream(xp, ctx: PoolContext, d_pooled, d_y):
+    """``(d_weights (B, n), direct (B, n, d))``: the upstream of the weights and the direct
+    path to the features, from GeMean's ``d_y`` or (``d_y`` None, p = 1) from ``d_pooled``."""
     features, weights = ctx.features, ctx.weights
-    n = features.shape[1]
-    kind = _kernel(ctx.pooled, result.mu)
-    if kind != "array" and ctx.p == 1.0:
-        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, None, None, check)
-    if ctx.p == 1.0:
-        upstream = d_pooled * (1.0 / n)                                    # (B, d)
-        d_weights = (features @ upstream[:, :, None])[:, :, 0]            # (B, n)
-        direct = weights[:, :, None] * upstream[:, None, :]
-    else:
-        d_weights = xp.einsum("bnd,bnd->bn", d_y, features)
-        direct = d_y * weights[:, :, None]
-    if kind != "array":
-        return _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct, check)
-    weights_t = _distance_weights_of_pool(xp, ctx, d_weights, d_z, check)
-    return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
+    if d_y is None:
+        upstream = d_pooled * (1.0 / features.shape[1])                  # (B, d)
+        return ((features @ upstream[:, :, None])[:, :, 0],
+                weights[:, :, None] * upstream[:, None, :])
+    return xp.einsum("bnd,bnd->bn", d_y, features), d_y * weights[:, :, None]
 
 
 def _pool_backward_rescaled(xp, ctx: PoolContext, d_pooled, d_z, d_y) -> PoolGrads:
@@ -656,14 +609,115 @@ def _distance_weights_of_pool(xp, ctx: PoolContext, d_weights, d_z, check: bool)
     return weights_t
 
 
-def _pool_backward_kernel(xp, kind, ctx, d_pooled, d_z, d_weights, direct, check) -> PoolGrads:
-    """The Numba kernel's ``W`` and features' gradient, then the prototypes' (one GEMM)."""
-    distance_weights, d_features = _gsp_kernels.pool_backward(
-        xp, kind, ctx, d_pooled, d_z, d_weights, direct, check=check
-    )
-    batch, n, m = distance_weights.shape
-    flat = distance_weights.reshape(batch * n, m)
-    return PoolGrads(features=d_features, prototypes=_prototypes_backward(xp, ctx.cost, flat))
+# --------------------------------------------------------------------------- the seam
+class _ArrayPath:
+    """The array path: the code of this module and of :mod:`refdml.gpu._gsp_transport`,
+    written once against NumPy/CuPy (what the kernels are checked against).
+
+    The interface of :data:`GSP`'s members, one method per operation, each given the
+    array namespace ``xp`` and validated arguments:
+    ``transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)`` (P2) from the cost
+    (B, n, m) in memory; ``transport_backward(xp, result, d_rho, d_pi)`` Prop. 4.3's
+    ``d_cost`` (B, m, n); ``pool_forward(xp, features, prototypes, mu, inverse_temperature,
+    max_iter, tol, p_one)`` the layer's ``(cost context, result, weights, pooled (p = 1,
+    else None), z)``; ``pool_backward(xp, ctx, d_pooled, d_z, d_y, check)`` its
+    :class:`PoolGrads` (``d_y``: GeMean's, None at p = 1; ``check``: the overflow check of
+    ``W``, off where the caller tests the gradients itself).
+    """
+
+    def __repr__(self) -> str:
+        return "_ArrayPath()"
+
+    def transport(self, xp, cost_t, mu, inverse_temperature, max_iter, tol):
+        return _wt.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
+
+    def transport_backward(self, xp, result, d_rho, d_pi):
+        return _wt.closed_form_backward(xp, result, d_rho, d_pi)
+
+    def pool_forward(self, xp, features, prototypes, mu, inverse_temperature, max_iter, tol,
+                     p_one):
+        cost_t, cost_ctx = _cost_map_forward(xp, features, prototypes)
+        result, weights = _pool_transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
+        n = features.shape[1]
+        pooled = None
+        if p_one:
+            # (w / n) sums to 1: a convex combination, never beyond the largest feature
+            # (the sum w . f of float32 features near 3.4e38 overflowed before / n).
+            pooled = ((weights * (1.0 / n))[:, None, :] @ features)[:, 0, :]
+        # z_i = (1/mu) sum_j pi_ij = (1/n) sum_j A_ij w_j: from the weights, never from pi,
+        # which underflows for small mu.
+        z = (weights[:, None, :] @ result.assignment.transpose(0, 2, 1))[:, 0, :] * (1.0 / n)
+        return cost_ctx, result, weights, pooled, z
+
+    def pool_backward(self, xp, ctx, d_pooled, d_z, d_y, check):
+        d_weights, direct = _gemean_upstream(xp, ctx, d_pooled, d_y)
+        weights_t = _distance_weights_of_pool(xp, ctx, d_weights, d_z, check)
+        return PoolGrads(**vars(_cost_map_backward(xp, ctx.cost, weights_t, direct)))
+
+
+class _KernelPath:
+    """The compiled path (:class:`refdml.gpu._gsp_kernels.Compiled`: the CPU twins or the
+    CUDA kernels), behind :class:`_ArrayPath`'s interface: the clipped points and their
+    scale come from this module's cost map code, the kernels do the rest but the
+    prototypes' gradient, a sum over the batch (one GEMM, :func:`_prototypes_backward`)."""
+
+    def __init__(self, compiled: _gsp_kernels.Compiled) -> None:
+        self.compiled = compiled
+
+    def __repr__(self) -> str:
+        return f"_KernelPath({self.compiled!r})"
+
+    def transport(self, xp, cost_t, mu, inverse_temperature, max_iter, tol):
+        return self.compiled.transport(xp, cost_t, mu, inverse_temperature, max_iter, tol)
+
+    def transport_backward(self, xp, result, d_rho, d_pi):
+        return self.compiled.transport_backward(xp, result, d_rho, d_pi)
+
+    def pool_forward(self, xp, features, prototypes, mu, inverse_temperature, max_iter, tol,
+                     p_one):
+        features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _normalised(
+            xp, features, prototypes)
+        cost_t, result, weights, pooled, z = self.compiled.pool_forward(
+            xp, features, features_bar, prototypes_bar, scale, mu, inverse_temperature,
+            max_iter, tol, p_one)
+        cost_ctx = CostMapContext(
+            features_bar=features_bar, features_norm=features_norm,
+            prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
+            cost=cost_t.transpose(0, 2, 1), scale=scale,
+        )
+        return cost_ctx, result, weights, pooled, z
+
+    def pool_backward(self, xp, ctx, d_pooled, d_z, d_y, check):
+        # p = 1: the kernel forms d_weights and the direct path itself.
+        d_weights, direct = (None, None) if d_y is None else _gemean_upstream(
+            xp, ctx, d_pooled, d_y)
+        distance_weights, d_features = self.compiled.pool_backward(
+            xp, ctx, d_pooled, d_z, d_weights, direct, check=check)
+        batch, n, m = distance_weights.shape
+        flat = distance_weights.reshape(batch * n, m)
+        return PoolGrads(features=d_features, prototypes=_prototypes_backward(xp, ctx.cost, flat))
+
+
+#: GSP's implementations, and the one object that picks one per public call
+#: (:func:`_path`). On NumPy "auto" keeps the array path: the CPU twins measured no faster;
+#: on CuPy it runs the CUDA kernels.
+GSP: Implementations = Implementations(
+    "gsp", array=_ArrayPath(), cpu=_KernelPath(_gsp_kernels.CPU),
+    cuda=_KernelPath(_gsp_kernels.CUDA), auto_numpy="array", auto_cupy="cuda",
+    measured=("GSP layer forward + backward at B=256, m=64, n=49, d=128 (docs/gpu.md): "
+              "float32 on an H200 (2026-11-28), CUDA kernels 6.21 ms, array path 19.9 ms; "
+              "on the CPU (scripts/bench_gpu.py --only gsp) the twin 0.98-1.14x the array "
+              "path's time, its backward slower"),
+)
+
+
+def _path(x, mu: float):
+    """The implementation that runs a public call on input ``x``: :data:`GSP`'s choice,
+    except that ``mu = 1`` (no solve) and ``mu`` below ``_SMALL_MU`` (float32 solves in
+    float64: :func:`_pool_transport`) have the array path only."""
+    if mu >= 1.0 or mu < _SMALL_MU[np.dtype(x.dtype)]:
+        return GSP.array
+    return GSP.choose(x)
 
 
 def gsp_pool(

@@ -12,6 +12,7 @@ numba-cuda's low-occupancy note on these small grids pass.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -233,10 +234,24 @@ _POOL_BACKWARD_HELPERS = ("pool_backward_column", "_marginal_centre", "cost_grad
                           "distance_weight", "clip_coefficient")
 
 
+def _with_cpu_twin(monkeypatch, **twins):
+    """Make ``use_kernels("cpu")`` run the given CPU twins (``pool_backward=...``) in place
+    of the kernel table's: a compiled path built on the swapped table, installed as
+    :data:`refdml.gpu.gsp.GSP`'s CPU member (the object every public call chooses from)."""
+    from refdml.gpu import _gsp_kernels
+
+    kernels = dataclasses.replace(_gsp_kernels.KERNELS, **{
+        name: dataclasses.replace(getattr(_gsp_kernels.KERNELS, name), cpu=twin)
+        for name, twin in twins.items()})
+    path = fast._KernelPath(_gsp_kernels.Compiled(_gsp_kernels.launch_cpu, kernels))
+    monkeypatch.setattr(fast, "GSP", dataclasses.replace(fast.GSP, cpu=path))
+
+
 def _contracting_pool_backward(monkeypatch):
     """Make ``use_kernels("cpu")``'s pool backward run the twin's Python source on
     :class:`Contracting` floats (every product fused into the sum or difference that uses
-    it, as ptxas does on a GPU), its outputs rounded into the arrays the caller reads."""
+    it, as ptxas does on a GPU), its outputs rounded into the arrays the caller reads.
+    Returns the list of its calls (one entry per launch), so that a test can see it ran."""
     from _contraction import contracting, rounded
 
     from refdml._compiled import gsp as _nb_gsp
@@ -244,6 +259,7 @@ def _contracting_pool_backward(monkeypatch):
     for name in _POOL_BACKWARD_HELPERS:
         monkeypatch.setattr(_nb_gsp, name, getattr(_nb_gsp, name).py_func)
     source = _nb_gsp.pool_backward_cpu.py_func
+    calls = []
 
     def twin(*args):
         *inputs, distance_weights, d_features = args
@@ -254,12 +270,10 @@ def _contracting_pool_backward(monkeypatch):
         source(*inputs, out_w, out_f)
         distance_weights[...] = rounded(out_w)
         d_features[...] = rounded(out_f)
+        calls.append(len(args))
 
-    from refdml.gpu import _gsp_kernels
-
-    # the kernel table holds the twin itself: replace its entry, not the module's name
-    monkeypatch.setitem(_gsp_kernels._KERNELS, "pool_backward",
-                        (twin, _gsp_kernels._KERNELS["pool_backward"][1]))
+    _with_cpu_twin(monkeypatch, pool_backward=twin)
+    return calls
 
 
 @pytest.mark.parametrize("inverse_temperature", HUGE)
@@ -275,8 +289,9 @@ def test_pool_backward_does_not_depend_on_fma_contraction(inverse_temperature, m
     d_pooled, d_z = rng.standard_normal((1, 4)), rng.standard_normal((1, 3))
     _, _, _, compiled = _run("cpu", features, prototypes, d_pooled, d_z, **args)
     _, _, _, array = _run("array", features, prototypes, d_pooled, d_z, **args)
-    _contracting_pool_backward(monkeypatch)
+    calls = _contracting_pool_backward(monkeypatch)
     _, _, _, fused = _run("cpu", features, prototypes, d_pooled, d_z, **args)
+    assert calls, "the contracting twin did not run"
     floor = max(float(np.max(np.abs(g))) for g in vars(array).values())
     for name in ("features", "prototypes"):
         _close(getattr(fused, name), getattr(compiled, name), 1e-12, f"d {name}", floor)
@@ -409,21 +424,79 @@ def test_bad_upstream_is_named_on_the_kernel_path():
             fast.gsp_pool_backward(ctx, pooled, z[:, :1])
 
 
+class _RefusingPath:
+    """A GSP implementation whose every operation fails: where it is chosen, a call says so."""
+
+    def __getattr__(self, name):
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"the CPU twins' {name} ran")
+        return refuse
+
+
+def _layer_and_transport(features, prototypes):
+    (pooled, z), ctx = fast.gsp_pool_forward(features, prototypes, mu=0.3,
+                                             inverse_temperature=5.0)
+    fast.gsp_pool_backward(ctx, pooled, z)
+    result = fast.weight_transport(ctx.cost.cost, mu=0.3, inverse_temperature=5.0)
+    fast.weight_transport_backward(result, result.rho, result.pi)
+
+
 def test_auto_keeps_the_array_path_on_numpy(monkeypatch):
-    from refdml.gpu import _gsp_kernels
-
-    def fail(*args):
-        raise AssertionError("a CPU twin ran under 'auto'")
-
-    for name, (_, kernel) in list(_gsp_kernels._KERNELS.items()):
-        monkeypatch.setitem(_gsp_kernels._KERNELS, name, (fail, kernel))
+    # GSP.auto_numpy == "array" (the CPU twins measured no faster): "auto" never asks the
+    # CPU member on NumPy input, while "cpu" does (so the swap below is what calls read).
+    monkeypatch.setattr(fast, "GSP", dataclasses.replace(fast.GSP, cpu=_RefusingPath()))
     features, prototypes = _inputs(np.random.default_rng(13))
     with use_kernels("auto"):
-        (pooled, z), ctx = fast.gsp_pool_forward(features, prototypes, mu=0.3,
+        _layer_and_transport(features, prototypes)
+    with use_kernels("cpu"), pytest.raises(AssertionError, match="CPU twins' pool_forward ran"):
+        _layer_and_transport(features, prototypes)
+    assert fast.GSP.auto_numpy == "array" and fast.GSP.auto_cupy == "cuda"
+
+
+@pytest.mark.parametrize("mu", [1.0, 2.0**-101])
+def test_mu_outside_the_kernels_range_takes_the_array_path(mu, monkeypatch):
+    # mu = 1 (no solve) and float32 below _SMALL_MU (solved in float64) have the array path
+    # only, whatever the mode.
+    monkeypatch.setattr(fast, "GSP", dataclasses.replace(fast.GSP, cpu=_RefusingPath()))
+    features, prototypes = _inputs(np.random.default_rng(13), dtype=np.float32)
+    with use_kernels("cpu"):
+        (pooled, z), ctx = fast.gsp_pool_forward(features, prototypes, mu=mu,
                                                  inverse_temperature=5.0)
         fast.gsp_pool_backward(ctx, pooled, z)
-        result = fast.weight_transport(ctx.cost.cost, mu=0.3, inverse_temperature=5.0)
-        fast.weight_transport_backward(result, result.rho, result.pi)
+
+
+# --------------------------------------------------------------------------- named parameters
+def test_kernel_parameters_are_the_launch_dataclasses_fields():
+    # Each GSP kernel's launch passes dataclasses whose fields, in order, are the kernel's
+    # parameters: the CUDA kernel's as registered, and the CPU twin's (the same without the
+    # CUDA kernel's scratch).
+    import inspect
+
+    from refdml._compiled._cuda import KERNELS as REGISTERED
+    from refdml.gpu import _gsp_kernels
+
+    table = {field.name: getattr(_gsp_kernels.KERNELS, field.name)
+             for field in dataclasses.fields(_gsp_kernels.KERNELS)}
+    registered = {name: k for name, k in REGISTERED.items() if name.startswith("refdml_gsp_")}
+    assert sorted(registered) == sorted(f"refdml_gsp_{name}" for name in table)
+    for name, kernel in table.items():
+        cuda_parameters = registered[f"refdml_gsp_{name}"].parameters
+        assert kernel.parameters(cuda=True) == cuda_parameters, name
+        cpu_parameters = tuple(inspect.signature(kernel.cpu.py_func).parameters)
+        assert kernel.parameters(cuda=False) == cpu_parameters, name
+        assert cpu_parameters == tuple(p for p in cuda_parameters if p != "scratch"), name
+        assert ("scratch" in cuda_parameters) == kernel.scratch, name
+        assert not any("eps" in p.split("_") for p in cuda_parameters), name
+
+
+def test_a_launch_refuses_groups_out_of_its_layout():
+    from refdml._compiled.gsp import TransportInput
+    from refdml.gpu import _gsp_kernels
+
+    kernel = _gsp_kernels.KERNELS.transport
+    with pytest.raises(TypeError, match=r"takes \['TransportInput', 'SolverConstants', "
+                                        r"'ImageOutputs'\], got \['TransportInput'\]"):
+        kernel.args((TransportInput(np.zeros((1, 1, 1))),))
 
 
 @pytest.mark.parametrize("kind", KINDS)
