@@ -198,8 +198,10 @@ class Implementations(Generic[Impl]):
     correct path as measured, ``measured`` saying where (docs/gpu.md keeps the numbers).
 
     The modes (module docstring): ``"array"`` runs ``array``; ``"cpu"`` / ``"cuda"`` run
-    that kernel where the family has one, else ``array``; a host kernel on a CuPy array,
-    or a CUDA kernel on a NumPy array outside the simulator, is a ``ValueError``.
+    that kernel where the family has one, else ``array``; a host kernel asked for on a CuPy
+    array, or a CUDA kernel that the family has on a NumPy array outside the simulator, is
+    a ``ValueError`` (a family without CUDA kernels, such as the reference's own compiled
+    twins, runs its array path under ``"cuda"`` whatever the input).
     """
 
     family: str
@@ -232,11 +234,13 @@ class Implementations(Generic[Impl]):
                 raise ValueError("kernel mode 'cpu' cannot take a CuPy array (it would copy "
                                  "to the host)")
             return "cpu" if self.cpu is not None else "array"
+        if self.cuda is None:           # nothing to run on the device: the array path
+            return "array"
         if not on_gpu and not cuda_simulator():
             raise ValueError(
                 "kernel mode 'cuda' needs CuPy arrays, or NumPy arrays under Numba's CUDA "
                 "simulator (NUMBA_ENABLE_CUDASIM=1)")
-        return "cuda" if self.cuda is not None else "array"
+        return "cuda"
 
     def choose(self, x: Any) -> Impl:
         """The implementation that runs now for input array ``x`` (:meth:`kind`'s)."""

@@ -569,7 +569,7 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     log (float64 ``np.exp`` differs in the last bit on AVX-512); the parity
     suite holds the fast path to the readable form. Context and backward are this module's.
     ``refdml.gpu.use_kernels("array")`` (or ``REFDML_GPU_KERNELS=array``) runs the readable
-    form, as ``"cuda"`` does under Numba's simulator (:data:`_PAIRWISE_ROUTE`); so do clouds
+    form, as ``"cuda"`` does (:data:`_PAIRWISE_ROUTE`: the reference has no CUDA kernel); so do clouds
     of more than 128 points. Why not keep the reference pure NumPy: the
     compiled solver is the reference's own algorithm, checked against it on every run of
     the tests, and the readable form stays one call away; a user computing divergences
@@ -582,8 +582,7 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
 #: How the reference's all-pairs divergence solves, chosen by the kernel mode
 #: (:func:`refdml.gpu.use_kernels`) as every family of the fast path is: its readable form
 #: (the ``"array"`` member) or its compiled CPU twin (``"cpu"``). No CUDA member: the
-#: reference never runs CUDA, so ``"cuda"`` runs the readable form under the simulator and,
-#: on NumPy input outside it, is the same ``ValueError`` as the fast path's.
+#: reference never runs CUDA, so ``"cuda"`` runs the readable form.
 _PAIRWISE_ROUTE = Implementations(
     "ot.pairwise_sinkhorn_divergence (reference)", array="readable form",
     cpu="compiled CPU twin", auto_numpy="cpu", auto_cupy="array",

@@ -196,6 +196,7 @@ def test_implementations_choose_by_mode_and_input(monkeypatch):
         monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
         with pytest.raises(ValueError, match="'cuda' needs CuPy arrays"):
             full.choose(host)
+        assert bare.choose(host) == "A"       # no CUDA kernel: nothing to refuse
         monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
         assert full.choose(host) == "K"
 

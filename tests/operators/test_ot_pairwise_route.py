@@ -129,15 +129,17 @@ def test_readable_form_is_reachable(monkeypatch):
     out = pairwise_sinkhorn_divergence(big, eps=1.0, tol=1e-6)
     assert calls == [1, 1]
     assert_array_equal(out, readable(big, eps=1.0, tol=1e-6)[0])
-    # "cpu" asks for the twin; "cuda" names a kernel the reference lacks: the readable form
-    # (tests run under Numba's CUDA simulator, where NumPy input is valid in that mode).
+    # "cpu" asks for the twin; "cuda" names a kernel the reference lacks: the readable form,
+    # with or without Numba's CUDA simulator (it has nothing to refuse).
     with use_kernels("cpu"):
         pairwise_sinkhorn_divergence(clouds, eps=0.5)
     assert calls == [1, 1, 1, 1]
-    with use_kernels("cuda"):
-        out = pairwise_sinkhorn_divergence(clouds, eps=0.5)
-    assert calls == [1, 1, 1, 1]
-    assert_array_equal(out, readable(clouds, eps=0.5)[0])
+    for simulator in ("1", "0"):
+        monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", simulator)
+        with use_kernels("cuda"):
+            out = pairwise_sinkhorn_divergence(clouds, eps=0.5)
+        assert calls == [1, 1, 1, 1]
+        assert_array_equal(out, readable(clouds, eps=0.5)[0])
 
 
 def test_one_cloud_and_bad_input_as_the_reference():
