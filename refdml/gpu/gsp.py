@@ -31,20 +31,24 @@ What differs from the reference (and why)
   ``d_w ~ |f| |d_pooled|`` and ``W = d_cost / c'`` can leave float32 where the gradients do
   not; such a backward is redone in float64 on the widened context and cast back
   (:func:`refdml._validation.cast_checked` names a gradient truly beyond float32).
-  GeMean is the reference's own :func:`refdml.gsp._pool.power_mean` and its backward.
+  GeMean is the reference's own ``power_mean`` and its backward (:mod:`refdml._shared.gsp`).
 * Cost map: the Gram identity is refined from explicit differences where the squared
   distance is below ``_REFINE[dtype]`` of ``|x|^2 + |y|^2`` (so a float32 cost keeps
   ~1e-6 relative accuracy next to a prototype); ``CostMapContext.scale`` is a 0-d array
   of the input's module (the common power of two of the clipped points), not a float,
   so that it never leaves the device.
 
-Kernels: where :func:`refdml.gpu.use_kernels` / ``select_kernel`` pick them, the pooling
-layer and (P2) run the Numba kernels of :mod:`refdml._compiled.gsp` (CUDA on CuPy input under
-"auto"; the CPU twins only under ``use_kernels("cpu")``, see ``CPU_TWIN_PAYS``), through
-:mod:`refdml.gpu._gsp_kernels`; the array code here stays their fallback and parity twin.
-The dispatch sits beside the array path and the small-mu and extreme-magnitude handling
-(the float32 and float64 retries of the pooling backward), so one module reads as one
-operator.
+Implementations: :data:`GSP` (an :class:`~refdml._compiled._support.Implementations`)
+holds the array path written here and in :mod:`refdml.gpu._gsp_transport`, the compiled CPU
+twins and the CUDA kernels (:mod:`refdml._compiled.gsp`, launched by
+:mod:`refdml.gpu._gsp_kernels`), all behind one interface (``transport``,
+``transport_backward``, ``pool_forward``, ``pool_backward``: :class:`_ArrayPath`). Each
+public function asks :func:`_path` once and reads straight through. Under
+:func:`refdml.gpu.use_kernels`'s ``"auto"`` NumPy input keeps the array path (the CPU twins
+measured no faster: ``GSP.measured``) and CuPy input runs the CUDA kernels; ``mu = 1`` and
+small ``mu`` have the array path only. The array path stays the kernels' parity twin. The
+choice sits beside the array path and the small-mu and extreme-magnitude handling (the
+float32 and float64 retries of the pooling backward), so one module reads as one operator.
 
 Synchronisation on CuPy (the results that must reach Python, and the checks): the
 input checks (finiteness, GeMean's sign, the points' largest norm against the dtype's
@@ -52,9 +56,10 @@ normal range, GeMean's result within the dtype, the pooling backward's finitenes
 float32 / float64 retries); switched off by
 :func:`refdml.gpu.set_finite_checks`), the rows whose squared norm leaves the
 plain range (one ``nonzero`` for the features, one for the prototypes: :func:`_row_norm`),
-the refinement of the cost map (one ``nonzero``, two when a pair is refined), the
-solver's "every image converged?" test once per few sweeps and
-``WeightTransportResult.converged`` (a Python bool, like the reference's).
+the refinement of the cost map (one ``nonzero``, two when a pair is refined; array path),
+the solver's "every image converged?" test once per few sweeps and
+``WeightTransportResult.converged`` (a Python bool, like the reference's) on the array
+path; on the kernels, ``n_iter`` and ``converged`` in one read.
 """
 
 from __future__ import annotations
