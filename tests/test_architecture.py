@@ -305,6 +305,112 @@ def test_checker_keeps_numba_cuda_to_its_import_point(tmp_path):
     ]
 
 
+# --------------------------------------------------------------------------- the seam
+#: What the fast path may take from the operators layer besides public names of public
+#: modules: the explicit internal API (refdml/_shared/__init__.py).
+SHARED_API = "refdml._shared"
+FAST_PATH = "refdml.gpu"
+#: The one module that chooses among array path, CPU twin and CUDA kernels (its
+#: Implementations objects); nowhere else is the kernel mode read.
+CHOOSER = "refdml._compiled._support"
+CHOICE_CALLS = ("kernel_mode", "select_kernel")
+
+
+def _is_private(dotted: str) -> bool:
+    return any(part.startswith("_") for part in dotted.split(".")[1:])
+
+
+def private_reference_imports(sources, layers=LAYERS) -> list[str]:
+    """Imports of the fast path (:data:`FAST_PATH`) from the operators layer that take a
+    private module (``refdml.ot._sinkhorn``) or a private name (``_check_k``), outside
+    :data:`SHARED_API`."""
+    operators = next(i for i, (name, _) in enumerate(layers) if name == "operators")
+    modules = source_modules(sources)
+    found = []
+    for name, path in sorted(modules.items()):
+        if not (name == FAST_PATH or name.startswith(FAST_PATH + ".")):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                pairs = [(alias.name, None) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _targets(ast.ImportFrom(module=node.module, names=[ast.alias(name="*")],
+                                               level=node.level), name, is_package, ())[0]
+                pairs = [(base, alias.name) for alias in node.names]
+            else:
+                continue
+            for module, imported in pairs:
+                if layer_of(module, layers) != operators or module == SHARED_API or \
+                        module.startswith(SHARED_API + "."):
+                    continue
+                submodule = f"{module}.{imported}" if imported else None
+                if _is_private(module):
+                    found.append(f"{name} (line {node.lineno}) imports from the private "
+                                 f"module {module}")
+                elif imported and imported.startswith("_") and submodule not in modules:
+                    found.append(f"{name} (line {node.lineno}) imports the private name "
+                                 f"{module}.{imported}")
+                elif submodule in modules and _is_private(submodule):
+                    found.append(f"{name} (line {node.lineno}) imports the private module "
+                                 f"{submodule}")
+    return list(dict.fromkeys(found))       # one line per statement and module
+
+
+def kernel_choice_calls(sources, chooser=CHOOSER) -> list[str]:
+    """Calls of :data:`CHOICE_CALLS` outside the chooser: a choice between kernels made
+    in the maths instead of by the family's ``Implementations`` object."""
+    found = []
+    for name, path in sorted(source_modules(sources).items()):
+        if name == chooser:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if called in CHOICE_CALLS:
+                    found.append(f"{name} (line {node.lineno}) calls {called}()")
+    return found
+
+
+def test_seam_checkers_see_private_reference_imports_and_stray_choices(tmp_path):
+    sources = _tree(tmp_path, {
+        "refdml/__init__.py": "",
+        "refdml/ot/__init__.py": "from ._sinkhorn import solve\n",
+        "refdml/ot/_sinkhorn.py": "def solve(): pass\ndef _helper(): pass\n",
+        "refdml/metrics.py": "def _check_k(): pass\ndef precision(): pass\n",
+        "refdml/_shared/__init__.py": "",
+        "refdml/_shared/ot.py": "from refdml.ot._sinkhorn import _helper as helper\n",
+        "gpu/__init__.py": "",
+        "gpu/ok.py": ("from refdml.ot import solve\nfrom refdml._shared.ot import helper\n"
+                      "from refdml.metrics import precision\nfrom refdml._compiled import _support\n"),
+        "gpu/bad.py": ("from refdml.ot._sinkhorn import solve\nfrom refdml.metrics import _check_k\n"
+                       "from refdml.ot import _sinkhorn\nimport refdml.ot._sinkhorn\n"
+                       "def f(x):\n    return _support.select_kernel(x)\n"),
+    })
+    assert private_reference_imports(sources) == [
+        "refdml.gpu.bad (line 1) imports from the private module refdml.ot._sinkhorn",
+        "refdml.gpu.bad (line 2) imports the private name refdml.metrics._check_k",
+        "refdml.gpu.bad (line 3) imports the private module refdml.ot._sinkhorn",
+        "refdml.gpu.bad (line 4) imports from the private module refdml.ot._sinkhorn",
+    ]
+    assert kernel_choice_calls(sources) == ["refdml.gpu.bad (line 6) calls select_kernel()"]
+
+
+def test_fast_path_takes_from_the_reference_public_names_or_the_shared_api():
+    found = private_reference_imports(SOURCES)
+    assert not found, ("refdml.gpu reaches into the reference's private modules (re-export "
+                       "what it needs from refdml/_shared/<family>.py):\n" + "\n".join(found))
+
+
+def test_only_the_implementations_objects_choose_a_kernel():
+    found = kernel_choice_calls(SOURCES)
+    assert not found, ("the choice between array path, CPU twin and CUDA kernels is made by "
+                       "each family's Implementations object only:\n" + "\n".join(found))
+
+
 # --------------------------------------------------------------------------- the contract
 
 MODULES, EDGES, LOADERS = scan(SOURCES)

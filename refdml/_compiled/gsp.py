@@ -150,7 +150,7 @@ def column_terms(x):
 
 @njit(cache=True, inline="always")
 def scaled_gap(inverse_temperature, a, b):
-    """``ε (a - b)`` with no overflow of ``a - b`` (the reference's ``_eps_times_gap``)."""
+    """``ε (a - b)`` with no overflow of ``a - b`` (the reference's ``_scaled_gap``)."""
     return (inverse_temperature * (0.5 * a - 0.5 * b)) * 2.0
 
 

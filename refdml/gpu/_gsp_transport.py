@@ -105,7 +105,7 @@ def _times(xp, x, factor: float, out=None):
 
 def _scaled_gap(xp, a, b, inverse_temperature: float):
     """``ε (a - b)`` with no overflow of ``a - b`` (halved first; the reference's
-    ``_eps_times_gap``): ``±inf`` only where the product overflows."""
+    ``_scaled_gap``): ``±inf`` only where the product overflows."""
     gap = xp.multiply(a, 0.5)
     gap -= xp.multiply(b, 0.5)
     _times(xp, gap, inverse_temperature, out=gap)

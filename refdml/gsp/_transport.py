@@ -163,7 +163,7 @@ def _sigmoid(x):
     return np.where(x < -700.0, np.exp(np.minimum(x, -700.0)), expit(x))
 
 
-def _eps_times_gap(inverse_temperature: float, a, b):
+def _scaled_gap(inverse_temperature: float, a, b):
     """``ε (a - b)`` with no overflow of ``a - b``; ``±inf`` only where the product overflows.
 
     The halving is exact (but for subnormals, where it moves the product by at most
@@ -183,7 +183,7 @@ def _log_kernel(cost: np.ndarray, inverse_temperature: float):
     to float64's resolution.
     """
     column_min = cost.min(axis=1)
-    weights = np.exp(-_eps_times_gap(inverse_temperature, cost, column_min[:, None, :]))
+    weights = np.exp(-_scaled_gap(inverse_temperature, cost, column_min[:, None, :]))
     total = weights.sum(axis=1)  # in [1, m]: the column's minimum contributes exp(0)
     return column_min, np.log(total), weights / total[:, None, :]
 
@@ -202,7 +202,7 @@ def _relative_log_s(column_min, lam, inverse_temperature: float, pivot) -> np.nd
     ``ε (cmin_j - cmin_p)`` overflows. The pivot's own entry is exactly 0.
     """
     rows = np.arange(column_min.shape[0])
-    return (lam - lam[rows, pivot][:, None]) - _eps_times_gap(
+    return (lam - lam[rows, pivot][:, None]) - _scaled_gap(
         inverse_temperature, column_min, column_min[rows, pivot][:, None]
     )
 
