@@ -1,20 +1,26 @@
-"""Compiled CPU kernels that the reference runs, and the Numba support they share (base layer).
+"""Every compiled kernel of refdml, and the Numba support they share (base layer).
 
-Three reference operators run a compiled twin of their readable form by default (each
+One pair of modules per family, side by side: ``<family>.py`` holds the scalar ``@njit``
+maths and the CPU twins, ``<family>_cuda.py`` the ``@cuda.jit`` kernels, which call the same
+scalar functions, so a CUDA kernel and its CPU twin state the maths once
+(:mod:`refdml._compiled._scalar` holds what several families share). Families: ``gsp``
+(the GSP layer), ``losses`` (the masked log-sum-exp), ``sinkhorn`` (small problems, the
+log-sum-exp half step, the pair costs), ``retrieval`` (top-K), ``kcenter`` (greedy k-center).
+
+Three reference operators run a compiled CPU twin of their readable form by default (each
 checked against it by the tests): :func:`refdml.metrics.retrieval_metrics`
 (:mod:`refdml._compiled.retrieval`), :func:`refdml.kcenter.greedy_k_center`
 (:mod:`refdml._compiled.kcenter`) and :func:`refdml.ot.pairwise_sinkhorn_divergence_forward`
-(:mod:`refdml._compiled.sinkhorn`). Their ``@cuda.jit`` counterparts stay in refdml.gpu
-(``refdml/gpu/_nb_*.py``, beside their CUDA drivers and launch registries) and call the same
-scalar ``@njit`` functions from here, so a CUDA kernel and its CPU twin state the maths
-once (:mod:`refdml._compiled._scalar`). :mod:`refdml._compiled._support` holds the kernel
-modes (``refdml.gpu.use_kernels``), the CUDA launch and the threading-layer guard.
+(:mod:`refdml._compiled.sinkhorn`). That is why the kernels sit here, below the operators,
+and not in refdml.gpu: the reference must not import the fast path (docs/architecture.md),
+and these are the reference's own algorithms compiled. The other families sit beside them
+so that every family is laid out alike.
 
-Why a package of its own, below the operators: the twins used to live in refdml.gpu, so the
-reference imported the fast path (inside functions, to hide the import circle: refdml.gpu
-imports the reference it mirrors). Dependencies must run one way (docs/architecture.md):
-base, operators, fast path. These kernels are the reference's own algorithms compiled, not
-mirrors, and they import nothing from refdml but the base modules (:mod:`refdml._xp`,
-:mod:`refdml._numerics`), so they sit in the base layer: the reference and refdml.gpu both
-import them, and neither imports upward. Nothing here imports ``numba.cuda`` at import time.
+Only the ``*_cuda`` modules import ``numba.cuda`` (through :mod:`refdml._compiled._cuda`,
+its one import point and the registry where each kernel is declared with its launch
+types), and only the fast path imports them: the reference runs without numba-cuda.
+:mod:`refdml._compiled.cuda_families` imports every family for the compile check.
+:mod:`refdml._compiled._support` holds the kernel modes (``refdml.gpu.use_kernels``), the
+:class:`~refdml._compiled._support.Implementations` chooser, the CUDA launch and the
+threading-layer guard.
 """

@@ -73,7 +73,6 @@ __all__ = [
     "BLOCK",
     "Implementations",
     "KERNEL_MODES",
-    "KINDS",
     "LaunchProfile",
     "THREADING_LAYER",
     "cuda_launch",
@@ -83,7 +82,6 @@ __all__ = [
     "launch_profile",
     "parallel_launch",
     "running_threading_layer",
-    "select_kernel",
     "select_threading_layer",
     "use_kernels",
 ]
@@ -151,39 +149,7 @@ def cuda_unavailable_reason() -> str | None:
     return "numba.cuda finds no usable CUDA GPU (numba.cuda.is_available() is False)"
 
 
-def select_kernel(x: Any, *, has_cpu: bool = True, has_cuda: bool = True) -> str:
-    """``"array"``, ``"cpu"`` or ``"cuda"``: what an operator given array ``x`` runs now.
-
-    ``has_cpu`` / ``has_cuda`` say which kernels the operator has. Forcing a kernel the
-    operator lacks falls back to the array path (every kernel is optional); forcing one
-    that cannot take ``x`` (a host kernel on a CuPy array, a CUDA kernel on a NumPy array
-    outside the simulator) is a ``ValueError``.
-    """
-    mode = kernel_mode()
-    on_gpu = is_cupy_array(x)
-    if mode == "array":
-        return "array"
-    if mode == "auto":
-        if on_gpu:
-            return "cuda" if has_cuda else "array"
-        return "cpu" if has_cpu else "array"
-    if mode == "cpu":
-        if on_gpu:
-            raise ValueError("kernel mode 'cpu' cannot take a CuPy array (it would copy to the host)")
-        return "cpu" if has_cpu else "array"
-    if not on_gpu and not cuda_simulator():
-        raise ValueError(
-            "kernel mode 'cuda' needs CuPy arrays, or NumPy arrays under Numba's CUDA "
-            "simulator (NUMBA_ENABLE_CUDASIM=1)"
-        )
-    return "cuda" if has_cuda else "array"
-
-
 # ------------------------------------------------------------------------ the seam
-#: The kinds of implementation a fast-path family may have.
-KINDS = ("array", "cpu", "cuda")
-
-
 @dataclass(frozen=True)
 class Implementations(Generic[Impl]):
     """The implementations of one family of fast-path operators, and the one object that

@@ -51,8 +51,8 @@ Bytes per pick for ``n`` points of ``d`` coordinates of ``s`` bytes: ``n d s`` o
 ``|x|^2``, plus per block the centre's row (``d s``, from L2) and 16 bytes of its pair:
 ``n (d + 3) s`` from DRAM. The first version read the same bytes but with the stride of
 ``d`` between the threads of a warp, so each warp's load of one coordinate touched 32
-sectors of 32 bytes for ``32 s`` useful bytes (8x the useful traffic through L2 in float32,
-4x in float64, where the caches did not hold the rows' sectors until the next coordinate),
+sectors of 32 bytes for 32 useful elements (eight times the useful traffic through L2 in float32,
+four times in float64, where the caches did not hold the rows' sectors until the next coordinate),
 and two launches per pick instead of one.
 """
 

@@ -10,10 +10,9 @@ the CUDA compiler may contract ``acc + t * t`` into an FMA, which rounds once in
 twice: the neighbours then equal the reference's except between references whose
 distances agree to ~1e-16 relative (exact duplicates still tie: the same bits for equal
 rows). A first version (no shared-memory tiling of the references; a thread reads its query
-row with a stride of ``d``). On the H200 (2026-11-28, 10,000 queries x 1,000,000 x 128,
-float32) it took 11.97 s where the array path took 3.23 s, so it is the ``cuda`` member of
-``refdml.gpu.metrics.RETRIEVAL``, run under ``use_kernels("cuda")`` only: ``"auto"`` runs
-the array path on CuPy.
+row with a stride of ``d``). Measured slower than the array path on a GPU (docs/gpu.md), it
+is the ``cuda`` member of ``refdml.gpu.metrics.RETRIEVAL``, run under ``use_kernels("cuda")``
+only: ``"auto"`` runs the array path on CuPy.
 """
 
 from __future__ import annotations

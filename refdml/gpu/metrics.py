@@ -10,8 +10,8 @@ each takes a :class:`TopK` request and returns the ``(n_rows, K)`` neighbours in
 reference's order):
 
 ``array``
-    The array path below, NumPy or CuPy; ``"auto"`` on CuPy (on the H200 the old array path
-    was 3.7x faster than the CUDA kernel; see :data:`RETRIEVAL`'s ``measured``).
+    The array path below, NumPy or CuPy; ``"auto"`` on CuPy (on a GPU the old array path
+    measured faster than the CUDA kernel; see :data:`RETRIEVAL`'s ``measured``).
 ``cpu``
     The compiled CPU twin :func:`refdml._compiled.retrieval.nearest_cpu`, the reference's own
     path; ``"auto"`` on NumPy. It takes ``K <= MAX_KEEP`` (256) only: its sorted lists cost
