@@ -489,3 +489,27 @@ def test_every_source_folder_lies_inside_the_package():
     tops = sorted(p.name for p in REPO.iterdir()
                   if p.is_dir() and (p / "__init__.py").exists())
     assert tops == ["refdml"], tops
+
+
+def test_the_wheel_finds_every_package_of_the_source_tree():
+    """pyproject.toml finds refdml's packages (``[tool.setuptools.packages.find]``) instead of
+    listing them: a package missing from a list installs editable (the clone is on the path)
+    and is absent from the wheel, which broke every non-editable install once (issue 35)."""
+    import fnmatch
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:          # Python 3.10: the backport refdml itself uses
+        import tomli as tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    setuptools = config["tool"]["setuptools"]
+    assert "packages" not in setuptools or isinstance(setuptools["packages"], dict), (
+        "an explicit package list: use [tool.setuptools.packages.find]")
+    include = setuptools["packages"]["find"]["include"]
+    packages = sorted(".".join(p.parent.relative_to(REPO).parts)
+                      for p in (REPO / "refdml").rglob("__init__.py")
+                      if "__pycache__" not in p.parts)
+    missing = [name for name in packages
+               if not any(fnmatch.fnmatchcase(name, pattern) for pattern in include)]
+    assert packages and not missing, missing
