@@ -20,7 +20,8 @@ Workloads (float32, on CuPy arrays; ``--dry-run``: tiny sizes on the CuPy stand-
                R^128, eps 0.05 (32,896 OT problems)
 
 ``--kernels MODE ...`` runs each workload under ``refdml.gpu.use_kernels(MODE)`` for each
-mode given (default ``auto``: the CUDA kernels where an operator has one). The dry run's
+mode given (default ``auto``: each family's measured-fastest path on CuPy, which is the
+CUDA kernels except for retrieval, whose array path measured faster). The dry run's
 training step takes the array path whatever the mode, as bench_gpu.py's does: a step of
 simulated kernels takes longer than all the rest of the dry run, and the other workloads
 run those kernels already.

@@ -376,9 +376,10 @@ def test_without_a_gpu_it_says_so_on_one_line(tmp_path):
 def test_dry_run_counts_launches_and_host_transfers(tmp_path):
     # The kernel workloads at toy size on the CuPy stand-in under the simulator: the
     # recorder in cuda_launch counts refdml's launches, the stand-in the host transfers.
+    # "cuda": retrieval's "auto" on CuPy is its array path, which launches no refdml kernel.
     path = tmp_path / "profile.json"
     done = _run_script(["--dry-run", "--only", "retrieval", "--only", "sinkhorn",
-                        "--json", str(path)], tmp_path)
+                        "--kernels", "cuda", "--json", str(path)], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = json.loads(path.read_text())
     assert document["complete"] is True and document["header"]["dry_run"] is True
