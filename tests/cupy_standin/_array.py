@@ -190,18 +190,12 @@ def record_launch(name: str, *, kernel: bool = False) -> None:
                 counter.kernels[name] += 1
 
 
-def _kernel_name(kernel: Any) -> str:
-    """The Python name of a ``@cuda.jit`` kernel (``fn`` under the simulator, ``py_func``
-    on a GPU): the name a profiler shows."""
-    for attribute in ("fn", "py_func"):
-        function = getattr(kernel, attribute, None)
-        if function is not None:
-            return getattr(function, "__name__", repr(function))
-    return getattr(kernel, "__name__", type(kernel).__name__)
-
-
 def _observe_simulated_launch(kernel: Any, args: tuple) -> None:
-    """refdml's ``SIMULATED_LAUNCH_OBSERVERS`` entry: one launch per ``cuda_launch``."""
+    """refdml's ``SIMULATED_LAUNCH_OBSERVERS`` entry: one launch per ``cuda_launch``, under
+    the kernel's name as refdml's own launch profile names it (registered only where refdml
+    is installed: :func:`_launch_observers`)."""
+    from refdml._compiled._support import _kernel_name
+
     record_launch(_kernel_name(kernel), kernel=True)
 
 
