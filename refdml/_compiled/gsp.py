@@ -118,6 +118,7 @@ __all__ = [
     "search_advance",
     "search_query",
     "search_start",
+    "stopping_rules",
     "transport_backward_column",
     "transport_backward_cpu",
     "transport_cpu",
@@ -730,12 +731,20 @@ class SolverConstants(Buffers):
     @classmethod
     def of(cls, dtype, mu: float, inverse_temperature: float, max_iter: int) -> SolverConstants:
         """The constants of a solve in ``dtype`` (the array path's stopping rules)."""
-        ulp = float(np.finfo(dtype).eps)
         logit_mu = math.log(mu) - math.log1p(-mu)
+        ulp, cap, phi_floor = stopping_rules(dtype, logit_mu)
         return cls(inverse_temperature=float(inverse_temperature), mu=float(mu),
-                   logit_mu=logit_mu, max_iter=int(max_iter), ulp=ulp,
-                   cap=float(np.log(np.finfo(dtype).max)) - 2.0,
-                   phi_floor=16.0 * ulp * (1.0 + abs(logit_mu)))
+                   logit_mu=logit_mu, max_iter=int(max_iter), ulp=ulp, cap=cap,
+                   phi_floor=phi_floor)
+
+
+def stopping_rules(dtype, logit_mu: float) -> tuple[float, float, float]:
+    """``(ulp, cap, phi_floor)`` of a solve in ``dtype``: the dtype's machine epsilon, the
+    cap of a Newton step's ``exp`` (below ``log`` of its largest number) and the rounding
+    floor of ``|phi|``, ``16 ulp (1 + |logit mu|)``; one statement for the kernels and the
+    array path (refdml/gpu/_gsp_transport.py), which stop alike."""
+    ulp = float(np.finfo(dtype).eps)
+    return ulp, float(np.log(np.finfo(dtype).max)) - 2.0, 16.0 * ulp * (1.0 + abs(logit_mu))
 
 
 @dataclasses.dataclass(frozen=True)

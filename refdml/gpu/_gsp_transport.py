@@ -51,6 +51,7 @@ import warnings
 
 import numpy as np
 
+from refdml._compiled.gsp import stopping_rules
 from refdml.exceptions import ConvergenceWarning
 from refdml.gsp import WeightTransportResult
 
@@ -137,16 +138,13 @@ def _newton(xp, relative, logit_mu: float, max_iter: int, y, lo, hi):
     stops when ``|phi|`` reaches its rounding floor or the step or bracket is a few
     ulps of ``y``. Returns ``(y, sweeps, exhausted)``.
     """
-    dtype = relative.dtype
-    ulp = float(np.finfo(dtype).eps)
-    # exp(-log_slope) is capped below overflow; such a step leaves the bracket anyway.
-    cap = float(np.log(np.finfo(dtype).max)) - 2.0
+    # exp(-log_slope) is capped below overflow (cap); such a step leaves the bracket anyway.
+    ulp, cap, phi_floor = stopping_rules(relative.dtype, logit_mu)
     n = relative.shape[1]
     log_n = math.log(n)
     y = xp.minimum(xp.maximum(y, lo), hi)
     active = (hi - lo) > 4.0 * ulp * xp.maximum(1.0, xp.abs(y))
     y = xp.where(active, y, lo)
-    phi_floor = 16.0 * ulp * (1.0 + abs(logit_mu))
     sweeps = 0
     per_check = 1 if xp is np else _SWEEPS
     while sweeps < max_iter:
