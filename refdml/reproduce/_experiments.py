@@ -135,13 +135,20 @@ def settings_for(study: str, mode: str, scale: str = "small", **overrides) -> di
 class Comparison:
     """``run``'s ``metric`` vs ``baseline``'s, claimed higher (+1) or lower (-1);
     ``resolution``: the effect the experiment is sized to decide (for the seeds an
-    inconclusive verdict would need, :func:`refdml.reproduce.seeds_needed`)."""
+    inconclusive verdict would need, :func:`refdml.reproduce.seeds_needed`).
+
+    ``gate``: the competence gate's metric (``"test_map_at_r"``): the comparison is judged
+    only when the baseline's ``gate`` beats the untrained model's (the per-seed value
+    ``untrained_<gate>``, paired by seed) by more than the seeds' spread allows by chance;
+    otherwise its verdict is "baseline did not learn" (:mod:`refdml.reproduce._stats`).
+    None: no gate (the runner's toy experiments, which train nothing)."""
 
     run: str
     baseline: str
     metric: str
     direction: int = 1
     resolution: float = RESOLUTION
+    gate: str | None = None
 
     @property
     def name(self) -> str:
@@ -152,11 +159,14 @@ class Comparison:
 @dataclass(frozen=True)
 class Selection:
     """Choose setting ``key`` among ``values`` by the best (highest) mean of ``metric``
-    (a validation metric) over the seeds; ties go to the earlier value."""
+    (a validation metric) over the seeds; ties go to the earlier value. ``paper``: the
+    paper's own setting of ``key`` where it states one (reported beside the chosen value),
+    None where it gives none."""
 
     key: str
     values: tuple
     metric: str = "val_map_at_r"
+    paper: object = None
 
     def label(self, run: str, value) -> str:
         """The grid label of ``run`` trained at ``value``."""
