@@ -31,7 +31,7 @@ from refdml.train.layers import (
     Sequential,
     XMLHistogramHead,
 )
-from refdml.train.optim import SGD, Adam, AdamW, NonFiniteStepError, Optimizer
+from refdml.train.optim import SGD, Adam, AdamW, NonFiniteStepError, Optimizer, ParamGroup
 from refdml.train.schedules import CosineAnnealing, ReduceOnPlateau, Schedule, StepDecay
 from refdml.train.trainer import (
     DiskSink,
@@ -62,6 +62,7 @@ __all__ = [
     "MemorySink",
     "NonFiniteStepError",
     "Optimizer",
+    "ParamGroup",
     "Parameter",
     "ReLU",
     "ReduceOnPlateau",

@@ -35,6 +35,23 @@ with ``bc_i = 1 - beta_i**t``, as PyTorch does (equal in exact arithmetic).
 AdamW (Loshchilov & Hutter 2019, decoupled weight decay, PyTorch's ``AdamW``): first
 :math:`w \leftarrow w\,(1 - \eta\lambda)`, then the Adam step above without the L2 term.
 
+Parameter groups (PyTorch's ``param_groups``, reduced to what the papers use): ``params``
+is an iterable of Parameter (one group, multiplier 1) or of dicts ``{"params": iterable of
+Parameter, "lr_multiplier": float (finite, > 0, default 1), "name": str (default
+"group<i>")}``. A parameter of a group with multiplier :math:`c` steps with the effective
+learning rate :math:`c\,\eta` in every rule above (AdamW's decay factor too:
+:math:`1 - c\,\eta\lambda`); a schedule sets the base :math:`\eta` (``lr``) alone, so every
+group follows it. GSP and ASAP train their proxies at :math:`c = 100`.
+
+Freezing (a warm-up that trains some parameters only): :meth:`~Optimizer.freeze` and
+:meth:`~Optimizer.unfreeze`. :meth:`~Optimizer.step` skips a frozen parameter altogether
+(as PyTorch skips a parameter whose ``grad`` is None): its value, its buffers and its Adam
+step count stay as they are, and its gradient is not read (not even checked). ``n_steps``
+counts the optimiser's steps; a parameter's own count :math:`t` is ``n_steps`` less its
+step offset, and each step taken while a parameter is frozen adds one to that offset, so a
+parameter that starts training late starts at :math:`t = 1`, as under PyTorch's
+per-parameter ``step``. The frozen set is part of :meth:`~Optimizer.state_dict`.
+
 A step is all or nothing. :meth:`~Optimizer.step` computes every parameter's new value
 and buffers aside, and raises :class:`NonFiniteStepError` (a ``ValueError``) naming the
 optimiser, the step and the parameter when a gradient is not finite or when the update
@@ -46,13 +63,15 @@ new values copied into the parameters (in place) and the buffers replaced.
 Hyperparameter ranges (PyTorch's, plus what the maths needs): ``lr`` finite and > 0 (a
 schedule may set 0); ``momentum`` and both ``betas`` in [0, 1) (a geometric average needs
 a factor below 1); ``eps`` finite and > 0; ``weight_decay`` finite and >= 0; for AdamW
-also ``lr * weight_decay <= 1``, since the decoupled decay multiplies the weights by
-``1 - lr * weight_decay`` (a negative factor flips their sign every step, one below -1
-makes them grow). :meth:`~Optimizer.state_dict` returns host NumPy
-copies of every buffer, the step count and the hyperparameters;
-:meth:`~Optimizer.load_state_dict` checks them against this optimiser's parameters
-(names, shapes, dtypes) and restores them, so a resumed run is bit-for-bit the same as
-an uninterrupted one.
+also ``lr * c * weight_decay <= 1`` for the largest multiplier ``c`` of its groups,
+since the decoupled decay multiplies the weights by ``1 - lr * c * weight_decay`` (a
+negative factor flips their sign every step, one below -1 makes them grow).
+
+:meth:`~Optimizer.state_dict` returns host NumPy copies of every buffer, the step count,
+the hyperparameters and, per parameter, its multiplier, step offset and whether it is
+frozen; :meth:`~Optimizer.load_state_dict` checks them against this optimiser's parameters
+(names, shapes, dtypes, multipliers) and restores them, so a resumed run is bit-for-bit
+the same as an uninterrupted one.
 
 GPU synchronisation: :meth:`~Optimizer.step` makes one device-to-host copy (booleans: is
 each gradient, each new value and each new buffer finite?) before it commits; nothing
@@ -67,6 +86,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -76,7 +96,7 @@ from refdml._xp import array_namespace, to_numpy
 from refdml.exceptions import NonFiniteGradient
 from refdml.train._parameter import Parameter
 
-__all__ = ["NonFiniteStepError", "Optimizer", "SGD", "Adam", "AdamW"]
+__all__ = ["NonFiniteStepError", "Optimizer", "ParamGroup", "SGD", "Adam", "AdamW"]
 
 
 class NonFiniteStepError(NonFiniteGradient):
@@ -101,40 +121,126 @@ def _check_betas(betas: Any) -> tuple[float, float]:
     return (beta1, beta2)
 
 
-class Optimizer:
-    """Base class: the parameter list, ``lr``, the step count, gradient checks, state.
+#: The keys a parameter-group dict may hold.
+GROUP_KEYS = ("params", "lr_multiplier", "name")
 
-    Subclasses implement ``_check_hyperparameters(values, allow_zero_lr) -> dict`` (the
-    named checks), ``_buffers_for(hyperparameters)`` (the per-parameter state arrays),
-    ``_hyperparameters()`` and ``_proposal(param, buffers, n_steps)`` (the new value and
-    buffers as new arrays; :meth:`step` checks them and commits).
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """One parameter group of an :class:`Optimizer` (read-only): its ``name``, its
+    ``lr_multiplier`` and the names of its parameters, in order."""
+
+    name: str
+    lr_multiplier: float
+    params: tuple[str, ...]
+
+
+def _check_param_list(params: Any, where: str) -> list[Parameter]:
+    """``params`` as a list of Parameter objects (named errors; may be empty)."""
+    if isinstance(params, (Parameter, dict)) or not isinstance(params, Iterable):
+        raise TypeError(
+            f"{where} must be an iterable of Parameter objects, got {_describe(params)}")
+    params = list(params)
+    for index, param in enumerate(params):
+        if not isinstance(param, Parameter):
+            raise TypeError(f"{where}[{index}] must be a Parameter, got {_describe(param)}")
+    return params
+
+
+def _parse_groups(params: Any) -> list[tuple[str, float, list[Parameter]]]:
+    """``(name, lr_multiplier, parameters)`` of each group of the ``params`` argument."""
+    if isinstance(params, (Parameter, dict)) or not isinstance(params, Iterable):
+        raise TypeError(
+            "params must be an iterable of Parameter objects or of parameter-group dicts "
+            f"{{'params': ..., 'lr_multiplier': ..., 'name': ...}}, got {_describe(params)}")
+    entries = list(params)
+    if not entries:
+        raise ValueError("params is empty; an optimiser needs at least one Parameter")
+    if not any(isinstance(entry, dict) for entry in entries):
+        return [("group0", 1.0, _check_param_list(entries, "params"))]
+    groups = []
+    for index, group in enumerate(entries):
+        where = f"params[{index}]"
+        if not isinstance(group, dict):
+            raise TypeError(f"params mixes Parameter objects and group dicts: {where} must "
+                            f"be a parameter-group dict like the others, got {_describe(group)}")
+        unknown = sorted(str(k) for k in group if k not in GROUP_KEYS)
+        if unknown:
+            raise ValueError(f"{where} has the unknown key(s) {unknown}; a group takes "
+                             f"{list(GROUP_KEYS)} (other settings are the optimiser's)")
+        if "params" not in group:
+            raise ValueError(f"{where} lacks the key 'params'")
+        name = group.get("name", f"group{index}")
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{where}['name'] must be a non-empty str, got {_describe(name)}")
+        multiplier = check_scalar(group.get("lr_multiplier", 1.0),
+                                  f"{where}['lr_multiplier']", low=0.0, low_inclusive=False)
+        members = _check_param_list(group["params"], f"{where}['params']")
+        if not members:
+            raise ValueError(f"{where}['params'] is empty (group {name!r}); a group needs at "
+                             "least one Parameter")
+        groups.append((name, multiplier, members))
+    names = [name for name, _, _ in groups]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"params holds two groups named {twice[0]!r}")
+    owner: dict[int, str] = {}
+    for name, _, members in groups:
+        for param in members:
+            if id(param) in owner and owner[id(param)] != name:
+                raise ValueError(f"parameter {param.name} is in the groups {owner[id(param)]!r} "
+                                 f"and {name!r}; a parameter belongs to one group")
+            owner[id(param)] = name
+    return groups
+
+
+class Optimizer:
+    """Base class: the parameters and their groups, ``lr``, the step count, freezing,
+    gradient checks, state.
+
+    Subclasses implement ``_check_hyperparameters(values, allow_zero_lr, max_multiplier)
+    -> dict`` (the named checks), ``_buffers_for(hyperparameters)`` (the per-parameter
+    state arrays), ``_hyperparameters()`` and ``_proposal(param, buffers, n_steps)`` (the
+    new value and buffers as new arrays; :meth:`step` checks them and commits;
+    :meth:`_lr_of` is the parameter's effective learning rate).
 
     Parameters
     ----------
-    params : iterable of Parameter
-        Non-empty, unique names, all NumPy or all CuPy.
+    params : iterable of Parameter, or iterable of dict
+        Parameters: one group, multiplier 1. Dicts: parameter groups
+        ``{"params": iterable of Parameter (non-empty), "lr_multiplier": float (finite,
+        > 0; default 1.0), "name": str (default "group<i>")}`` (module docstring); a
+        parameter belongs to one group. Non-empty, unique parameter names, all NumPy or
+        all CuPy.
     lr : float
-        Learning rate, finite and > 0. A schedule may later set ``lr`` to 0 (its end).
+        Base learning rate, finite and > 0 (a group's is ``lr * lr_multiplier``). A
+        schedule may later set ``lr`` to 0 (its end).
+
+    Attributes
+    ----------
+    params : list of Parameter
+        Every parameter, flat, group after group.
     """
 
-    def __init__(self, params: Iterable[Parameter], *, lr: float) -> None:
-        if isinstance(params, Parameter) or not isinstance(params, Iterable):
-            raise TypeError(
-                f"params must be an iterable of Parameter objects, got {_describe(params)}"
-            )
-        params = list(params)
-        if not params:
-            raise ValueError("params is empty; an optimiser needs at least one Parameter")
+    def __init__(self, params: Iterable[Parameter] | Iterable[dict[str, Any]], *,
+                 lr: float) -> None:
+        groups = _parse_groups(params)
+        params = [param for _, _, members in groups for param in members]
         names: set[str] = set()
-        for index, param in enumerate(params):
-            if not isinstance(param, Parameter):
-                raise TypeError(f"params[{index}] must be a Parameter, got {_describe(param)}")
+        for param in params:
             if param.name in names:
                 raise ValueError(f"params holds two parameters named {param.name!r}")
             names.add(param.name)
         self._xp = array_namespace(*(p.value for p in params)).xp
         self.params: list[Parameter] = params
+        self._groups = tuple(ParamGroup(name, multiplier, tuple(p.name for p in members))
+                             for name, multiplier, members in groups)
+        self._multipliers: dict[str, float] = {
+            p.name: multiplier for _, multiplier, members in groups for p in members}
         self._lr = _check_lr(lr)
+        # Checked again with the groups known (AdamW bounds lr * multiplier * decay).
+        self._check_hyperparameters({**self._hyperparameters(), "lr": self._lr},
+                                    allow_zero_lr=False, max_multiplier=self._max_multiplier)
         self.n_steps = 0
         self._buffers: dict[str, dict[str, Any]] = {
             p.name: {
@@ -143,21 +249,82 @@ class Optimizer:
             }
             for p in params
         }
-        #: Per parameter, ``n_steps`` at its last :meth:`reset_state` (0: never reset);
-        #: Adam's bias correction counts the steps since then.
+        #: Per parameter, the optimiser steps it did not take: ``n_steps`` at its last
+        #: :meth:`reset_state` (0: never reset) plus the steps taken while it was frozen.
+        #: Adam's bias correction counts ``n_steps`` less this.
         self._step_offsets: dict[str, int] = {p.name: 0 for p in params}
+        self._frozen: set[str] = set()
 
     # -- learning rate (schedules write it) ------------------------------------------
     @property
     def lr(self) -> float:
-        """The current learning rate (a schedule may set it; finite, >= 0)."""
+        """The current base learning rate (a schedule may set it; finite, >= 0)."""
         return self._lr
 
     @lr.setter
     def lr(self, value: float) -> None:
         # Every check again: some bound lr jointly with another hyperparameter (AdamW).
         self._lr = self._check_hyperparameters(
-            {**self._hyperparameters(), "lr": value}, allow_zero_lr=True)["lr"]
+            {**self._hyperparameters(), "lr": value}, allow_zero_lr=True,
+            max_multiplier=self._max_multiplier)["lr"]
+
+    # -- groups --------------------------------------------------------------------------
+    @property
+    def param_groups(self) -> tuple[ParamGroup, ...]:
+        """The parameter groups (frozen dataclasses: name, lr_multiplier, parameter names)."""
+        return self._groups
+
+    @property
+    def lr_multipliers(self) -> dict[str, float]:
+        """``{parameter name: its group's lr_multiplier}`` (a copy: changing it changes
+        nothing)."""
+        return dict(self._multipliers)
+
+    @property
+    def _max_multiplier(self) -> float:
+        return max(group.lr_multiplier for group in self._groups)
+
+    def _lr_of(self, param: Parameter) -> float:
+        """The effective learning rate of ``param``: ``lr * lr_multiplier``."""
+        return self._lr * self._multipliers[param.name]
+
+    # -- freezing --------------------------------------------------------------------------
+    @property
+    def frozen(self) -> tuple[str, ...]:
+        """The names of the frozen parameters, in :attr:`params` order."""
+        return tuple(p.name for p in self.params if p.name in self._frozen)
+
+    def freeze(self, params: Iterable[Parameter]) -> None:
+        """Freeze ``params`` (a subset of :attr:`params`; already frozen ones stay so):
+        :meth:`step` skips them (module docstring) until :meth:`unfreeze`.
+
+        Raises ``ValueError`` when that would leave no parameter to train.
+        """
+        params = self._own(params)
+        frozen = self._frozen | {p.name for p in params}
+        if len(frozen) == len(self.params):
+            raise ValueError(
+                f"freezing {sorted(p.name for p in params)} would leave no parameter of this "
+                "optimiser to train; unfreeze some first")
+        self._frozen = frozen
+
+    def unfreeze(self, params: Iterable[Parameter] | None = None) -> None:
+        """Let ``params`` (a subset of :attr:`params`; None: every parameter) train again;
+        their next step is step 1 of Adam's bias correction when they never trained."""
+        if params is None:
+            self._frozen = set()
+            return
+        self._frozen -= {p.name for p in self._own(params)}
+
+    def _own(self, params: Any) -> list[Parameter]:
+        """``params``, checked to be an iterable of this optimiser's Parameter objects."""
+        params = _check_param_list(params, "params")
+        ours = {id(p) for p in self.params}
+        for index, param in enumerate(params):
+            if id(param) not in ours:
+                raise ValueError(f"params[{index}] ({param.name}) is not a parameter of this "
+                                 "optimiser")
+        return params
 
     # -- the loop's two calls ----------------------------------------------------------
     def zero_grad(self) -> None:
@@ -166,22 +333,26 @@ class Optimizer:
             param.zero_grad()
 
     def step(self) -> None:
-        """One update of every parameter from its ``grad``, all or nothing.
+        """One update of every parameter that is not frozen, from its ``grad``, all or
+        nothing.
 
         Raises before anything changes: ``TypeError`` / ``ValueError`` for a gradient of the
         wrong dtype or shape; :class:`NonFiniteStepError` naming the parameter when its
         gradient is not finite, or when the update would make its value or a buffer NaN or
-        inf (see the module docstring).
+        inf (see the module docstring). Frozen parameters' gradients are not read.
         """
-        self._check_grad_shapes()
+        active = [p for p in self.params if p.name not in self._frozen]
+        self._check_grad_shapes(active)
         n_steps = self.n_steps + 1
         # Overflow and NaN are looked for below, in the results: NumPy must not warn first.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            proposals = [self._proposal(p, self._buffers[p.name], n_steps) for p in self.params]
-        self._check_finite(proposals, n_steps)
-        for param, proposal in zip(self.params, proposals):
+            proposals = [self._proposal(p, self._buffers[p.name], n_steps) for p in active]
+        self._check_finite(active, proposals, n_steps)
+        for param, proposal in zip(active, proposals):
             self._xp.copyto(param.value, proposal.pop("value"))
             self._buffers[param.name].update(proposal)
+        for name in self._frozen:
+            self._step_offsets[name] += 1      # its own step count stays where it was
         self.n_steps = n_steps
 
     def reset_state(self, params: Iterable[Parameter]) -> None:
@@ -191,24 +362,13 @@ class Optimizer:
         The other parameters and ``n_steps`` are untouched. Used when parameters are
         re-initialised during training (ASAP's proxies at a new problem instance).
         """
-        if isinstance(params, Parameter) or not isinstance(params, Iterable):
-            raise TypeError(
-                f"params must be an iterable of Parameter objects, got {_describe(params)}")
-        params = list(params)
-        ours = {id(p) for p in self.params}
-        for index, param in enumerate(params):
-            if not isinstance(param, Parameter):
-                raise TypeError(f"params[{index}] must be a Parameter, got {_describe(param)}")
-            if id(param) not in ours:
-                raise ValueError(f"params[{index}] ({param.name}) is not a parameter of this "
-                                 "optimiser")
-        for param in params:
+        for param in self._own(params):
             for buffer in self._buffers[param.name].values():
                 buffer[...] = 0
             self._step_offsets[param.name] = self.n_steps
 
-    def _check_grad_shapes(self) -> None:
-        for param in self.params:
+    def _check_grad_shapes(self, params: list[Parameter]) -> None:
+        for param in params:
             grad = param.grad
             if not isinstance(grad, type(param.value)):
                 raise TypeError(
@@ -225,12 +385,14 @@ class Optimizer:
                     f"gradient of {param.name} has dtype {grad.dtype}, must be {param.dtype}"
                 )
 
-    def _check_finite(self, proposals: list[dict[str, Any]], n_steps: int) -> None:
-        """:class:`NonFiniteStepError` unless every gradient and every proposed array is finite."""
+    def _check_finite(self, params: list[Parameter], proposals: list[dict[str, Any]],
+                      n_steps: int) -> None:
+        """:class:`NonFiniteStepError` unless the gradient of every one of ``params`` and
+        every proposed array is finite."""
         xp = self._xp
         where: list[tuple[Parameter, str | None]] = []
         flags = []
-        for param, proposal in zip(self.params, proposals):
+        for param, proposal in zip(params, proposals):
             where.append((param, None))
             flags.append(xp.isfinite(param.grad).all())
             for key, array in proposal.items():
@@ -256,7 +418,8 @@ class Optimizer:
 
     # -- subclass hooks ------------------------------------------------------------------
     @classmethod
-    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool) -> dict:
+    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool,
+                               max_multiplier: float = 1.0) -> dict:
         raise NotImplementedError
 
     @classmethod
@@ -279,12 +442,16 @@ class Optimizer:
         """Everything a bit-for-bit resume needs, on the host.
 
         ``{"optimizer": class name, "n_steps": int, "hyperparameters": {...},
-        "params": {name: {"shape": tuple, "dtype": str, <buffer>: np.ndarray, ...}}}``;
-        arrays are NumPy copies (from CuPy too), so the dict outlives the device.
+        "params": {name: {"shape": tuple, "dtype": str, "lr_multiplier": float, "frozen":
+        bool, "step_offset": int (when not 0), <buffer>: np.ndarray, ...}}}``; arrays are
+        NumPy copies (from CuPy too), so the dict outlives the device. The group names are
+        not recorded (the multipliers are what the arithmetic reads).
         """
         params = {}
         for param in self.params:
-            entry: dict[str, Any] = {"shape": param.shape, "dtype": param.dtype.name}
+            entry: dict[str, Any] = {"shape": param.shape, "dtype": param.dtype.name,
+                                     "lr_multiplier": self._multipliers[param.name],
+                                     "frozen": param.name in self._frozen}
             if self._step_offsets[param.name]:
                 entry["step_offset"] = self._step_offsets[param.name]
             for buffer_name, buffer in self._buffers[param.name].items():
@@ -301,7 +468,10 @@ class Optimizer:
         """Restore :meth:`state_dict` output; everything is checked before anything is set.
 
         Raises ``TypeError`` for a non-dict or wrong array dtype, ``ValueError`` for another
-        optimiser's state, other parameter names, shapes or dtypes, or bad hyperparameters.
+        optimiser's state, other parameter names, shapes, dtypes or learning-rate
+        multipliers, or bad hyperparameters. A state without ``lr_multiplier`` (or
+        ``frozen``) entries, from before parameter groups, reads as multiplier 1 (and not
+        frozen). The frozen set is restored with the rest.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {_describe(state)}")
@@ -327,6 +497,7 @@ class Optimizer:
         hyper = self._validated_hyperparameters(state["hyperparameters"])
         arrays: dict[str, dict[str, np.ndarray]] = {}
         offsets: dict[str, int] = {}
+        frozen: set[str] = set()
         for param in self.params:
             entry = saved[param.name]
             where = f"state['params'][{param.name!r}]"
@@ -345,6 +516,17 @@ class Optimizer:
             offsets[param.name] = check_scalar(
                 entry.get("step_offset", 0), f"{where}['step_offset']", low=0, high=n_steps,
                 integer=True)
+            multiplier = check_scalar(entry.get("lr_multiplier", 1.0),
+                                      f"{where}['lr_multiplier']", low=0.0, low_inclusive=False)
+            if multiplier != self._multipliers[param.name]:
+                raise ValueError(
+                    f"{where} has lr_multiplier == {multiplier!r}, parameter {param.name} has "
+                    f"lr_multiplier == {self._multipliers[param.name]!r} in this optimiser")
+            is_frozen = entry.get("frozen", False)
+            if not isinstance(is_frozen, (bool, np.bool_)):
+                raise TypeError(f"{where}['frozen'] must be a bool, got {_describe(is_frozen)}")
+            if is_frozen:
+                frozen.add(param.name)
             arrays[param.name] = {}
             for buffer_name in self._buffers[param.name]:
                 if buffer_name not in entry:
@@ -362,10 +544,13 @@ class Optimizer:
                 if not np.all(np.isfinite(host)):
                     raise ValueError(f"{where}[{buffer_name!r}] is not finite")
                 arrays[param.name][buffer_name] = host
+        if len(frozen) == len(self.params):
+            raise ValueError("state freezes every parameter; an optimiser needs one to train")
         # Everything checked: now set.
         self._set_hyperparameters(hyper)
         self.n_steps = n_steps
         self._step_offsets = offsets
+        self._frozen = frozen
         for name, buffers in arrays.items():
             for buffer_name, host in buffers.items():
                 self._buffers[name][buffer_name] = self._xp.array(host, copy=True)
@@ -382,7 +567,8 @@ class Optimizer:
                 f"{type(self).__name__} has {sorted(expected)}"
             )
         # The constructor's checks (named errors); a schedule may have left lr at 0.
-        checked = self._check_hyperparameters(hyper, allow_zero_lr=True)
+        checked = self._check_hyperparameters(hyper, allow_zero_lr=True,
+                                              max_multiplier=self._max_multiplier)
         ours = self._buffers_for(self._hyperparameters())
         theirs = self._buffers_for(checked)
         if ours != theirs:
@@ -394,7 +580,10 @@ class Optimizer:
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._hyperparameters().items())
-        return f"{type(self).__name__}({len(self.params)} parameters, {args})"
+        groups = "" if len(self._groups) == 1 and self._max_multiplier == 1.0 else (
+            ", groups: " + ", ".join(f"{g.name} x{g.lr_multiplier:g} ({len(g.params)})"
+                                     for g in self._groups))
+        return f"{type(self).__name__}({len(self.params)} parameters, {args}{groups})"
 
 
 class SGD(Optimizer):
@@ -442,7 +631,8 @@ class SGD(Optimizer):
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
     @classmethod
-    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool) -> dict:
+    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool,
+                               max_multiplier: float = 1.0) -> dict:
         lr = _check_lr(values["lr"], allow_zero=allow_zero_lr)
         momentum = check_scalar(values["momentum"], "momentum", low=0.0, high=1.0,
                                 high_inclusive=False)
@@ -466,7 +656,7 @@ class SGD(Optimizer):
             v += g
             proposal["velocity"] = v
             g = g + self.momentum * v if self.nesterov else v
-        proposal["value"] = w - self._lr * g
+        proposal["value"] = w - self._lr_of(param) * g
         return proposal
 
 
@@ -513,16 +703,24 @@ class Adam(Optimizer):
                 "weight_decay": self.weight_decay}
 
     @classmethod
-    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool) -> dict:
+    def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool,
+                               max_multiplier: float = 1.0) -> dict:
         lr = _check_lr(values["lr"], allow_zero=allow_zero_lr)
         betas = _check_betas(values["betas"])
         eps = check_scalar(values["eps"], "eps", low=0.0, low_inclusive=False)
         weight_decay = check_scalar(values["weight_decay"], "weight_decay", low=0.0)
-        if cls._decoupled and lr * weight_decay > 1.0:
+        if cls._decoupled and max_multiplier == 1.0 and lr * weight_decay > 1.0:
             raise ValueError(
                 f"lr * weight_decay == {lr * weight_decay:g} (lr == {lr!r}, weight_decay == "
                 f"{weight_decay!r}), must be <= 1: {cls.__name__} multiplies the weights by "
                 "1 - lr * weight_decay every step")
+        if cls._decoupled and (lr * max_multiplier) * weight_decay > 1.0:
+            product = (lr * max_multiplier) * weight_decay
+            raise ValueError(
+                f"lr * lr_multiplier * weight_decay == {product:g} (lr == {lr!r}, the largest "
+                f"lr_multiplier == {max_multiplier!r}, weight_decay == {weight_decay!r}), must "
+                f"be <= 1: {cls.__name__} multiplies the weights by 1 - lr * lr_multiplier * "
+                "weight_decay every step")
         return {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
 
     def _proposal(self, param: Parameter, buffers: dict[str, Any], n_steps: int) -> dict:
@@ -530,9 +728,10 @@ class Adam(Optimizer):
         beta1, beta2 = self.betas
         w = param.value
         g = param.grad
+        lr = self._lr_of(param)
         if self.weight_decay != 0:
             if self._decoupled:
-                w = w * (1.0 - self._lr * self.weight_decay)
+                w = w * (1.0 - lr * self.weight_decay)
             else:
                 g = g + self.weight_decay * w
         m = buffers["exp_avg"] * beta1
@@ -541,14 +740,14 @@ class Adam(Optimizer):
         g_sq *= 1.0 - beta2
         v = buffers["exp_avg_sq"] * beta2
         v += g_sq
-        t = n_steps - self._step_offsets[param.name]   # steps since a reset_state
+        t = n_steps - self._step_offsets[param.name]   # its own steps since a reset_state
         bias_correction1 = 1.0 - beta1**t
         bias_correction2 = 1.0 - beta2**t
         update = xp.sqrt(v)
         update /= math.sqrt(bias_correction2)
         update += self.eps
         xp.divide(m, update, out=update)
-        update *= self._lr / bias_correction1
+        update *= lr / bias_correction1
         return {"value": w - update, "exp_avg": m, "exp_avg_sq": v}
 
 
