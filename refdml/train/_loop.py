@@ -26,6 +26,16 @@ when given, else the built-in one: MAP@R, P@1 and R@1 of the validation (``val_`
 (``test_``) data and, when the objective has ``covering_radius``, ``proxy_covering_radius``
 on the training embeddings.
 
+Warm-up (GSP supp. and ASAP: "1 epoch warm-up training of the embedding layer"): with
+``warmup_epochs = W > 0``, epochs 1..W train only ``warmup_params`` (the optimiser freezes
+every other parameter: :meth:`~refdml.train.optim.Optimizer.freeze`), and from epoch W + 1
+on everything trains (the loop unfreezes what it froze). The loop sets this at the start of
+every epoch, so a resumed run freezes as the uninterrupted one did. A parameter that first
+trains at epoch W + 1 takes Adam's step 1 there (its own step count, as PyTorch keeps it).
+``warmup_params`` is usually :func:`~refdml.train.models.embedding_layer_parameters` of the
+model plus the objective's parameters (the proxies), as Proxy-Anchor's public training
+code does.
+
 Divergence: a NaN or inf loss is refused before the backward; the objective's gradient
 of the outputs is checked after it (:class:`~refdml.exceptions.NonFiniteGradient`), and
 the optimiser refuses a non-finite gradient or update before touching any parameter
@@ -38,7 +48,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -47,6 +57,7 @@ from refdml._validation import (_describe, as_label_array, check_choice, check_f
                                 check_float_dtype, check_scalar)
 from refdml._xp import to_numpy
 from refdml.exceptions import NonFiniteGradient
+from refdml.train._parameter import Parameter
 from refdml.train.data import PKBatchSampler
 from refdml.train.optim import Optimizer
 from refdml.train.schedules import Schedule
@@ -204,6 +215,12 @@ class TrainingLoop:
     sink : TrainingSink, optional
         Told of the start, each epoch, each new best and the end; None: a sink that keeps
         nothing.
+    warmup_epochs : int >= 0, default 0
+        Epochs 1..``warmup_epochs`` train only ``warmup_params`` (module docstring); at most
+        ``epochs``.
+    warmup_params : iterable of Parameter, optional
+        Required when ``warmup_epochs > 0`` (and refused when it is 0): a non-empty subset
+        of the optimiser's parameters.
     """
 
     def __init__(
@@ -217,7 +234,8 @@ class TrainingLoop:
         instance_every: int | None = None, instance_embed: Callable[[], Any] | None = None,
         evaluate: Callable[[], dict[str, Any]] | None = None,
         select: str | None = "val_map_at_r", select_from: int = 0,
-        sink: TrainingSink | None = None,
+        sink: TrainingSink | None = None, warmup_epochs: int = 0,
+        warmup_params: Any = None,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an Optimizer, got {_describe(optimizer)}")
@@ -292,6 +310,8 @@ class TrainingLoop:
             raise TypeError(f"sink must be a TrainingSink or None, got {_describe(sink)}")
         self.sink = TrainingSink() if sink is None else sink
         self.parameters = {p.name: p for p in optimizer.params}
+        self.warmup_epochs, self.warmup_params = self._check_warmup(warmup_epochs,
+                                                                    warmup_params)
         for p in self.parameters.values():
             if p.dtype != self.dtype:
                 raise TypeError(f"parameter {p.name} is {p.dtype.name}, dtype is {self.dtype.name}")
@@ -311,12 +331,67 @@ class TrainingLoop:
         self.stopped_early = False
         self.evaluation_keys: tuple[str, ...] = ()   # the last evaluation's entries, in order
 
+    def _check_warmup(self, warmup_epochs: Any, warmup_params: Any
+                      ) -> tuple[int, tuple[Any, ...]]:
+        """``(warmup_epochs, warmup_params as a tuple)``, checked (``()`` without a warm-up)."""
+        warmup_epochs = check_scalar(warmup_epochs, "warmup_epochs", low=0, integer=True)
+        if warmup_epochs > self.epochs:
+            raise ValueError(f"warmup_epochs == {warmup_epochs}, must be <= epochs == "
+                             f"{self.epochs}")
+        if warmup_epochs == 0:
+            if warmup_params is not None:
+                raise ValueError("warmup_params is given, but warmup_epochs == 0 (no warm-up "
+                                 "would use it); leave it None or set warmup_epochs")
+            return 0, ()
+        if warmup_params is None:
+            raise ValueError(f"warmup_epochs == {warmup_epochs} needs warmup_params (the "
+                             "parameters the warm-up trains, e.g. embedding_layer_parameters("
+                             "model) and the objective's)")
+        if isinstance(warmup_params, (Parameter, dict, str, bytes)) or not isinstance(
+                warmup_params, Iterable):
+            raise TypeError(f"warmup_params must be an iterable of Parameter objects, got "
+                            f"{_describe(warmup_params)}")
+        warmup_params = tuple(warmup_params)
+        if not warmup_params:
+            raise ValueError("warmup_params is empty; a warm-up must train some parameter")
+        ours = {id(p) for p in self.optimizer.params}
+        for index, param in enumerate(warmup_params):
+            if not isinstance(param, Parameter):
+                raise TypeError(f"warmup_params[{index}] must be a Parameter, got "
+                                f"{_describe(param)}")
+            if id(param) not in ours:
+                raise ValueError(f"warmup_params[{index}] ({param.name}) is not a parameter "
+                                 "of the optimiser")
+        return warmup_epochs, warmup_params
+
+    def _set_warmup(self, epoch: int) -> None:
+        """Freeze what epoch ``epoch`` does not train (a warm-up epoch) or unfreeze it."""
+        if not self.warmup_epochs:
+            return
+        trained = {id(p) for p in self.warmup_params}
+        others = [p for p in self.optimizer.params if id(p) not in trained]
+        if epoch <= self.warmup_epochs:
+            self.optimizer.freeze(others)
+        else:
+            self.optimizer.unfreeze(others)
+
     # -- configuration -------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
         """Every hyperparameter the loop knows (plain JSON types)."""
         objective_config = (self.objective.config() if callable(getattr(
             self.objective, "config", None)) else repr(self.objective))
         sampler = self.train_sampler
+        optimizer = {"name": type(self.optimizer).__name__,
+                     **self.optimizer._hyperparameters(), "lr": self.optimizer.lr
+                     if self.schedule is None else self.schedule.base_lr}
+        # Recorded only when they change the arithmetic, so the config of a run without
+        # them reads (and resumes) as before parameter groups and warm-ups existed.
+        if any(g.lr_multiplier != 1.0 for g in self.optimizer.param_groups):
+            optimizer["param_groups"] = [
+                {"name": g.name, "lr_multiplier": g.lr_multiplier, "params": list(g.params)}
+                for g in self.optimizer.param_groups]
+        warmup = {} if not self.warmup_epochs else {"warmup": {
+            "epochs": self.warmup_epochs, "params": [p.name for p in self.warmup_params]}}
         return {
             "epochs": self.epochs,
             "early_stopping_patience": self.early_stopping_patience,
@@ -332,9 +407,8 @@ class TrainingLoop:
             "model": {"repr": repr(self.model), "parameters": {
                 name: list(p.shape) for name, p in self.parameters.items()}},
             "objective": objective_config,
-            "optimizer": {"name": type(self.optimizer).__name__,
-                          **self.optimizer._hyperparameters(), "lr": self.optimizer.lr
-                          if self.schedule is None else self.schedule.base_lr},
+            "optimizer": optimizer,
+            **warmup,
             "schedule": None if self.schedule is None else {
                 "name": type(self.schedule).__name__, **self.schedule._arguments()},
             "sampler": {"n_classes_per_batch": sampler.n_classes_per_batch,
@@ -518,6 +592,7 @@ class TrainingLoop:
             start = time.perf_counter()
             if self.instance_due(epoch):
                 self.new_problem_instance(epoch)
+            self._set_warmup(epoch)
             loss = self._train_epoch(epoch)
             rows.append(self._end_epoch(epoch, loss, start))
         self.sink.end(self)

@@ -25,13 +25,14 @@ features: :class:`WassersteinObjective`, ``loss`` ``contrastive`` or ``triplet``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from refdml._validation import check_choice
+from refdml._validation import _describe, check_choice
+from refdml.train._parameter import Parameter
 from refdml.train._conv import Conv2d, LocalLinear
 from refdml.train._dense import Embedding, Linear, ReLU
 from refdml.train._heads import GAP, GMP, GeMean, GSPHead, L2Normalize, XMLHistogramHead
@@ -50,8 +51,8 @@ from refdml.train.objectives import (
 
 __all__ = ["HEAD_KINDS", "OBJECTIVE_KINDS", "HeadConfig", "ObjectiveConfig", "Placement",
            "RunModel", "TwoBranches", "build_head", "build_objective", "build_run_model",
-           "build_tail", "conv_trunk", "run_head_config", "run_objective_config",
-           "run_placement", "token_embedding"]
+           "build_tail", "conv_trunk", "embedding_layer_parameters", "run_head_config",
+           "run_objective_config", "run_placement", "token_embedding"]
 
 HEAD_KINDS = ("gap", "gmp", "gemean", "gsp", "xml")
 OBJECTIVE_KINDS = ("loss", "zero_shot", "asap", "xml", "wasserstein")
@@ -218,6 +219,37 @@ def build_tail(d: int, *, embedding_dim: int | None, l2_normalize: bool = True, 
     if l2_normalize:
         layers.append(L2Normalize(reference=placement.reference))
     return layers
+
+
+def _leaf_layers(layer: Layer) -> Iterator[Layer]:
+    """The layers inside ``layer`` in forward order (a Sequential's and both branches of
+    a :class:`TwoBranches` walked into), ``layer`` itself when it holds none."""
+    if isinstance(layer, Sequential):
+        for inner in layer.layers:
+            yield from _leaf_layers(inner)
+    elif isinstance(layer, TwoBranches):
+        yield from _leaf_layers(layer.main)
+        yield from _leaf_layers(layer.side)
+    else:
+        yield layer
+
+
+def embedding_layer_parameters(model: Layer) -> list[Parameter]:
+    """The parameters of ``model``'s embedding layer: its last :class:`~refdml.train.Linear`
+    in forward order (the ``Linear`` that :func:`build_tail` puts before ``L2Normalize``).
+
+    The papers' warm-up trains this layer (with the proxies) before the rest of the model
+    (GSP supp. and ASAP: "1 epoch warm-up training of the embedding layer";
+    ``TrainingLoop(warmup_epochs=..., warmup_params=...)``). Raises ``TypeError`` for a
+    ``model`` that is not a Layer, ``ValueError`` naming the model when it has no Linear.
+    """
+    if not isinstance(model, Layer):
+        raise TypeError(f"model must be a Layer (e.g. a Sequential), got {_describe(model)}")
+    linears = [layer for layer in _leaf_layers(model) if isinstance(layer, Linear)]
+    if not linears:
+        raise ValueError(f"model {model.name!r} ({type(model).__name__}) has no Linear layer, "
+                         "so no embedding layer (build_tail adds one when embedding_dim is set)")
+    return list(linears[-1].parameters())
 
 
 # --------------------------------------------------------------------------- objective

@@ -255,6 +255,16 @@ class Trainer(TrainingLoop):
     run_config : dict, optional
         The plain config a run was built from (:func:`refdml.train.runs.build_run`),
         recorded as ``"run"`` in ``config.json`` (JSON types only: checked here).
+    warmup_epochs : int >= 0, default 0
+        Epochs 1..``warmup_epochs`` train only ``warmup_params``, the optimiser freezing the
+        rest (:class:`~refdml.train._loop.TrainingLoop`); at most ``epochs``. Recorded in
+        ``config.json`` (``"warmup"``) when > 0. A resumed trainer freezes as the
+        interrupted one did (the loop sets the frozen set at the start of every epoch, and
+        the optimiser's state holds it).
+    warmup_params : iterable of Parameter, optional
+        Required iff ``warmup_epochs > 0``; a non-empty subset of the optimiser's
+        parameters (e.g. :func:`~refdml.train.models.embedding_layer_parameters` of the
+        model plus the objective's parameters).
     """
 
     def __init__(
@@ -267,6 +277,7 @@ class Trainer(TrainingLoop):
         device: str = "cpu", progress: bool = True,
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
         run_config: dict[str, Any] | None = None, instance_every: int | None = None,
+        warmup_epochs: int = 0, warmup_params: Any = None,
     ) -> None:
         super().__init__(
             model, objective, optimizer, schedule=schedule, train_sampler=train_sampler,
@@ -276,7 +287,8 @@ class Trainer(TrainingLoop):
             early_stopping_target=early_stopping_target, blas_threads=blas_threads,
             seed=seed, dtype=dtype, device=device, progress=progress, after_step=after_step,
             eval_batch_size=eval_batch_size, instance_every=instance_every,
-            select="val_map_at_r", select_from=0)
+            select="val_map_at_r", select_from=0, warmup_epochs=warmup_epochs,
+            warmup_params=warmup_params)
         self.sink = DiskSink(out_dir)
         self.out_dir = self.sink.out_dir
         if run_config is not None and not isinstance(run_config, dict):
