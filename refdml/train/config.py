@@ -47,7 +47,7 @@ class Key:
 
     defaults: dict[str, Any]     # study -> default (``None``: resolved from other keys)
     source: str
-    kind: str                    # "int", "float", "bool", "str", "path"
+    kind: str                    # "int", "float", "bool", "str", "path", "betas", ...
     low: float | None = None
     high: float | None = None
     low_inclusive: bool = True
@@ -92,6 +92,15 @@ KEYS: dict[str, Key] = {
               "tokens: paper (GSP supp. 2.1, Adam 1e-4); digits-collage: paper (supp. 2.2, "
               "Adam 1e-3); features: ours", "float", low=0.0, low_inclusive=False),
     "weight_decay": Key(_same(0.0), "paper (default Adam)", "float", low=0.0),
+    "betas": Key(_same([0.9, 0.999]), "Adam's defaults (Kingma & Ba 2015), as before; the "
+                 "GSP and ASAP papers train with (0.9, 0.99)", "betas"),
+    "proxy_lr_multiplier": Key(_same(1.0), "ours (1: one rate for the proxies and the "
+                               "network, as before); the GSP and ASAP papers train the "
+                               "proxies of ProxyNCA++ and Proxy-Anchor at 100", "float",
+                               low=0.0, low_inclusive=False),
+    "warmup_epochs": Key(_same(0), "ours (0: no warm-up, as before); the GSP and ASAP "
+                         "papers warm up the embedding layer for 1 epoch with the proxy "
+                         "losses", "int", low=0),
     "plateau_factor": Key({"digits-collage": 0.5, "features": 0.5},
                           "paper (GSP supp. 2.2: reduce on plateau, factor 0.5)", "float",
                           low=0.0, high=1.0, low_inclusive=False, high_inclusive=False,
@@ -249,6 +258,16 @@ def _check_value(name: str, key: Key, value: Any) -> Any:
         if key.choices is not None and value not in key.choices:
             raise ValueError(f"{name} == {value!r}, must be one of {key.choices}")
         return value
+    if kind == "betas":
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise TypeError(f"{name} must be a list of 2 numbers (beta1, beta2), got "
+                            f"{_describe(value)}")
+        for v in value:
+            if (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                    or not 0.0 <= v < 1.0):
+                raise ValueError(f"{name} == {list(value)}, each entry must be a number in "
+                                 "[0, 1)")
+        return [float(v) for v in value]
     if kind == "ints":
         if not isinstance(value, (list, tuple)) or len(value) == 0:
             raise TypeError(f"{name} must be a non-empty list of integers, got "
@@ -337,6 +356,9 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
         raise ValueError(f"n_classes_per_batch == {out['n_classes_per_batch']}: zero_shot "
                          "(GSP's regulariser) splits each batch into two class-disjoint "
                          "halves, which needs n_classes_per_batch >= 2")
+    if out["warmup_epochs"] > out["epochs"]:
+        raise ValueError(f"warmup_epochs == {out['warmup_epochs']}, must be <= epochs == "
+                         f"{out['epochs']}")
     if asap and out["budget"] < out["proxies_per_class"]:
         raise ValueError(f"budget == {out['budget']} must be >= proxies_per_class == "
                          f"{out['proxies_per_class']} (ASAP Alg. 2 picks that many per pool)")
@@ -374,6 +396,9 @@ class RunConfig:
     # -- optimiser and schedule
     lr: float
     weight_decay: float
+    betas: tuple[float, float]
+    proxy_lr_multiplier: float
+    warmup_epochs: int
     plateau_factor: float | None = None
     plateau_patience: int | None = None
     # -- batches

@@ -26,6 +26,13 @@ model's parameters, and every ``instance_every`` epochs a new problem instance (
 greedy k-center on per-class pools of ``budget`` training samples, ``theta* <- theta``,
 the proxies' Adam state reset); the log gains ``proxy_covering_radius``.
 
+The optimiser (every study): Adam with ``lr``, ``betas`` and (coupled) ``weight_decay``;
+the objective's parameters (proxies, class embeddings), when it has any, form a parameter
+group trained at ``proxy_lr_multiplier`` times ``lr`` (the papers' 100); with
+``warmup_epochs > 0`` the first epochs train only the embedding layer (the tail's
+``Linear``) and the objective's parameters. The defaults (multiplier 1, no warm-up,
+betas (0.9, 0.999)) give the runs made before these keys existed.
+
 The config (its keys, defaults, checks and the typed :class:`~refdml.train.config.RunConfig`)
 is :mod:`refdml.train.config`; the model and the objective are built by
 :mod:`refdml.train.models`, the same builders ``refdml reproduce`` uses.
@@ -60,7 +67,7 @@ from refdml.train.data import (
     make_digits_collage,
     make_token_splits,
 )
-from refdml.train.models import build_run_model
+from refdml.train.models import build_run_model, embedding_layer_parameters
 from refdml.train.objectives import Objective
 from refdml.train.optim import Adam
 from refdml.train.schedules import ReduceOnPlateau
@@ -172,8 +179,17 @@ def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
             clip_token_table(table.value)
 
         after_step = clip_token_table_after_step
-    optimizer = Adam([*model.parameters(), *objective.parameters()], lr=c.lr,
-                     weight_decay=c.weight_decay)
+    # The papers' protocol (GSP supp., ASAP): the objective's parameters (proxies, class
+    # embeddings) in a group of their own at proxy_lr_multiplier times lr; a warm-up
+    # trains the embedding layer and those parameters only.
+    objective_params = list(objective.parameters())
+    groups = [{"params": list(model.parameters()), "name": "model"}]
+    if objective_params:
+        groups.append({"params": objective_params, "lr_multiplier": c.proxy_lr_multiplier,
+                       "name": "objective"})
+    optimizer = Adam(groups, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
+    warmup_params = ([*embedding_layer_parameters(model), *objective_params]
+                     if c.warmup_epochs else None)
     schedule = None
     if c.plateau_factor is not None:
         schedule = ReduceOnPlateau(optimizer, mode="max", factor=c.plateau_factor,
@@ -191,6 +207,7 @@ def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
         early_stopping_target=c.early_stopping_target, blas_threads=c.blas_threads,
         seed=seed, dtype=dtype, device=c.device, progress=c.progress, after_step=after_step,
         eval_batch_size=c.eval_batch_size, run_config={"study": study, **c.as_dict()},
-        instance_every=c.instance_every if c.asap else None)
+        instance_every=c.instance_every if c.asap else None, warmup_epochs=c.warmup_epochs,
+        warmup_params=warmup_params)
     return Run(study=study, config=c, trainer=trainer, model=model, objective=objective,
                collage=collage)
