@@ -37,6 +37,29 @@ interval excludes 0) with probability 80 % by
 (the normal approximation of the paired test; :func:`seeds_needed`). :attr:`Effect.seeds_needed`
 is ``n`` at the comparison's *resolution* (0.02 by default: the MAP@R difference the glyph
 studies are sized to decide), :attr:`Effect.seeds_for_observed` at the observed mean.
+
+Competence gate (:func:`competence`). A comparison "A beats baseline B" says something only
+when B learned: a baseline that ends at or below an untrained model makes any method look
+good (or bad) against noise. With :math:`M_B(s)` the baseline's gate metric (test MAP@R)
+after training and :math:`U_B(s)` the same network's metric before any training (its seed's
+initial weights, same data and split), the gains :math:`g_s = M_B(s) - U_B(s)` are paired by
+seed exactly as the comparisons' differences are, and go through the same bootstrap. The
+baseline *learned* iff the lower end of the 95 % interval of the mean gain is above 0,
+i.e. iff the gate comparison "trained > untrained" would read ``reproduced``.
+
+The margin the mean gain must clear is thus not a constant but the seeds' own spread: for
+many seeds the percentile interval's lower end is :math:`\bar g - z_{0.975}\, s_g/\sqrt n`
+(normal approximation of the mean, :math:`s_g` the sample std of the gains), so the rule
+reads :math:`\bar g > z_{0.975}\, s_g / \sqrt n`: a mean gain that a true gain of 0 would
+produce by chance in under 2.5 % of seed draws. For few seeds the rule is simpler: with 2
+seeds the resample means are :math:`g_1, (g_1+g_2)/2, g_2` with probabilities 1/4, 1/2,
+1/4, so the 2.5 % quantile is :math:`\min(g_1, g_2)` and the rule is "both seeds gained";
+with 3, the resample of the smallest gain three times has probability 1/27 > 2.5 %, so
+again every seed must gain. With fewer than 2 paired seeds the spread is unknown and the
+baseline counts as not learned (cannot tell), never as learned by default. A comparison
+whose baseline did not learn gets the verdict ``baseline-did-not-learn``
+(:data:`BASELINE_DID_NOT_LEARN`); its effect and interval are still computed and shown,
+and it counts neither as reproduced nor as not reproduced.
 """
 
 from __future__ import annotations
@@ -46,14 +69,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "VERDICTS", "VERDICT_MEANINGS",
-           "RESOLUTION", "Summary", "Effect", "summarise", "paired_bootstrap", "verdict",
-           "compare", "seeds_needed", "bound_text"]
+__all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "BASELINE_DID_NOT_LEARN",
+           "VERDICTS", "VERDICT_MEANINGS", "RESOLUTION", "Summary", "Effect", "Gate",
+           "summarise", "paired_bootstrap", "verdict", "compare", "competence",
+           "seeds_needed", "bound_text", "gate_text"]
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not-reproduced"
 INCONCLUSIVE = "inconclusive"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
+BASELINE_DID_NOT_LEARN = "baseline-did-not-learn"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, BASELINE_DID_NOT_LEARN)
 VERDICT_MEANINGS = {
     REPRODUCED: "the confidence interval of the paired difference lies entirely on the "
                 "side of 0 the paper claims",
@@ -61,6 +86,9 @@ VERDICT_MEANINGS = {
                     "contradict the claim)",
     INCONCLUSIVE: "the interval contains 0 (the seeds cannot tell the effect from noise), "
                   "or too few seeds finished",
+    BASELINE_DID_NOT_LEARN: "not judged: the baseline's test metric is not above an "
+                            "untrained model's (the 95% interval of its paired gain over "
+                            "seeds reaches 0); the effect is shown, not counted",
 }
 
 
@@ -200,3 +228,57 @@ def compare(a: dict[int, float], b: dict[int, float], *, direction: int,
                   bound=max(abs(low), abs(high)), resolution=float(resolution),
                   seeds_needed=seeds_needed(sd, resolution),
                   seeds_for_observed=seeds_needed(sd, mean))
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Whether a run learned: its ``metric`` against the untrained model's, paired by seed.
+
+    ``learned``: the lower end of the bootstrap interval of the mean gain is above 0 (module
+    docstring); ``gain``, ``low``, ``high``: the mean gain ``trained - untrained`` and its
+    interval; ``trained``, ``untrained``: the two means over the paired ``seeds``."""
+
+    metric: str
+    learned: bool
+    gain: float
+    low: float
+    high: float
+    n: int
+    seeds: tuple[int, ...]
+    trained: float
+    untrained: float
+    confidence: float
+
+
+def competence(trained: dict[int, float], untrained: dict[int, float], *,
+               metric: str = "test_map_at_r", n_resamples: int = 10_000,
+               confidence: float = 0.95, seed: int = 0) -> Gate:
+    """The competence gate of a run: ``trained`` (seed -> its ``metric`` after training)
+    against ``untrained`` (seed -> the same network's ``metric`` before any training), over
+    the seeds both have, with :func:`compare`'s bootstrap. Fewer than 2 paired seeds: not
+    learned."""
+    effect = compare(trained, untrained, direction=+1, n_resamples=n_resamples,
+                     confidence=confidence, seed=seed)
+    seeds = effect.seeds
+
+    def mean(values: dict[int, float]) -> float:
+        return float(np.mean([values[s] for s in seeds])) if seeds else math.nan
+
+    return Gate(metric=metric, learned=effect.verdict == REPRODUCED, gain=effect.effect,
+                low=effect.low, high=effect.high, n=effect.n, seeds=seeds,
+                trained=mean(trained), untrained=mean(untrained), confidence=confidence)
+
+
+def gate_text(gate: "Gate | dict") -> str:
+    """A gate in words: ``learned: gain +0.0500 [+0.0400, +0.0600] (0.0650 vs untrained
+    0.0150, 4 seeds)``, or ``did not learn: ...``."""
+    get = gate.get if isinstance(gate, dict) else lambda k: getattr(gate, k)
+
+    def num(x, fmt):
+        return "nan" if x is None or not math.isfinite(x) else fmt.format(x)
+
+    head = "learned" if get("learned") else "did not learn"
+    return (f"{head}: {get('metric')} gain {num(get('gain'), '{:+.4f}')} "
+            f"[{num(get('low'), '{:+.4f}')}, {num(get('high'), '{:+.4f}')}] "
+            f"({num(get('trained'), '{:.4f}')} vs untrained {num(get('untrained'), '{:.4f}')}, "
+            f"{get('n')} seed{'s' if get('n') != 1 else ''})")

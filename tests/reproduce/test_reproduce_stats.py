@@ -1,5 +1,6 @@
-"""The statistics of refdml reproduce: paired bootstrap interval and verdict, checked
-against an exact enumeration, a hand-computed case and the normal approximation."""
+"""The statistics of refdml reproduce: paired bootstrap interval and verdict, and the
+competence gate, checked against an exact enumeration, hand-computed cases and the normal
+approximation."""
 
 import itertools
 import math
@@ -137,3 +138,103 @@ def test_an_inconclusive_comparison_is_bounded_by_its_interval():
     assert bound_text(compare({0: 1.0}, {0: 0.0}, direction=+1)).startswith("too few")
     with pytest.raises(ValueError, match="resolution"):
         compare(a, b, direction=+1, resolution=0.0)
+
+
+# --------------------------------------------------------------------------- competence gate
+def _exact_resample_means(d):
+    """Every one of the n**n equally likely resamples' means, sorted: the exact bootstrap
+    distribution of the mean of ``d``."""
+    d = np.asarray(d, dtype=np.float64)
+    return np.sort([d[list(idx)].mean()
+                    for idx in itertools.product(range(d.size), repeat=d.size)])
+
+
+def test_competence_with_three_seeds_against_the_exact_enumeration():
+    from refdml.reproduce._stats import competence
+
+    untrained = {0: 0.015, 1: 0.016, 2: 0.014}
+    trained = {0: 0.050, 1: 0.060, 2: 0.020}
+    gains = [0.035, 0.044, 0.006]
+    # Of the 27 resamples one is (min, min, min): probability 1/27 > 2.5 %, so the exact
+    # 2.5 % quantile is the smallest gain (and the 97.5 % one the largest): with 3 seeds a
+    # run learned iff every seed gained.
+    means = _exact_resample_means(gains)
+    assert means[0] == pytest.approx(min(gains), abs=1e-15)
+    assert np.mean(means <= min(gains) + 1e-12) == pytest.approx(1 / 27)
+    g = competence(trained, untrained)
+    assert g.learned and g.n == 3 and g.seeds == (0, 1, 2)
+    assert_allclose([g.gain, g.low, g.high], [sum(gains) / 3, 0.006, 0.044], rtol=0, atol=1e-12)
+    assert_allclose([g.trained, g.untrained], [0.13 / 3, 0.045 / 3], rtol=0, atol=1e-15)
+    # one seed lost a little: the smallest gain, the interval's lower end, is below 0
+    g = competence({**trained, 2: 0.013}, untrained)
+    assert not g.learned
+    assert_allclose(g.low, -0.001, rtol=0, atol=1e-12)
+
+
+def test_competence_zero_mean_gain_with_spread_did_not_learn():
+    from refdml.reproduce._stats import competence
+
+    untrained = {s: 0.015 for s in range(5)}
+    trained = {s: 0.015 + v for s, v in enumerate([0.01, -0.01, 0.02, -0.02, 0.0])}
+    g = competence(trained, untrained)
+    assert not g.learned
+    assert g.low < 0 < g.high
+    assert_allclose(g.gain, 0.0, rtol=0, atol=1e-15)
+
+
+def test_competence_margin_is_the_seed_spread():
+    """For many seeds the rule is mean gain > z_0.975 * sd / sqrt(n): the same mean gain
+    passes with a small spread and fails with a large one."""
+    from refdml.reproduce._stats import competence
+
+    n, sd = 400, 0.01
+    z = np.random.default_rng(7).normal(size=n)
+    z = (z - z.mean()) / z.std(ddof=1)                  # exactly mean 0, sd 1
+    margin = 1.959963984540054 * sd / math.sqrt(n)      # 0.00098
+    untrained = {s: 0.015 for s in range(n)}
+
+    def gate(mean_gain, spread):
+        return competence({s: 0.015 + mean_gain + spread * z[s] for s in range(n)}, untrained)
+
+    assert gate(2 * margin, sd).learned
+    assert not gate(0.5 * margin, sd).learned
+    assert not gate(2 * margin, 4 * sd).learned          # same gain, four times the spread
+    # the lower end is the normal interval's, within the bootstrap's own error
+    assert_allclose(gate(2 * margin, sd).low, margin, rtol=0.1)
+
+
+def test_competence_pairs_only_common_seeds_and_needs_two():
+    from refdml.reproduce._stats import competence
+
+    trained = {0: 0.10, 1: 0.12, 2: 0.11, 7: 0.0}       # seed 7 has no untrained partner
+    untrained = {0: 0.02, 1: 0.02, 2: 0.02, 5: 0.9}     # nor seed 5 a trained one
+    g = competence(trained, untrained)
+    assert g.seeds == (0, 1, 2) and g.learned
+    assert_allclose([g.trained, g.untrained, g.gain], [0.11, 0.02, 0.09], rtol=0, atol=1e-15)
+    # one seed: a large gain, but no spread to judge it by -> not learned
+    one = competence({0: 0.9}, {0: 0.01})
+    assert one.n == 1 and not one.learned
+    none = competence({}, {0: 0.01})
+    assert none.n == 0 and not none.learned and math.isnan(none.gain)
+
+
+def test_gate_text_and_the_new_verdict():
+    from refdml.reproduce._stats import (
+        BASELINE_DID_NOT_LEARN,
+        VERDICT_MEANINGS,
+        VERDICTS,
+        competence,
+        gate_text,
+    )
+
+    assert BASELINE_DID_NOT_LEARN == "baseline-did-not-learn"
+    assert BASELINE_DID_NOT_LEARN in VERDICTS and BASELINE_DID_NOT_LEARN in VERDICT_MEANINGS
+    # gains +0.002 and -0.001: with 2 seeds the interval is [min, max] (module docstring)
+    g = competence({0: 0.018, 1: 0.015}, {0: 0.016, 1: 0.016})
+    assert gate_text(g) == ("did not learn: test_map_at_r gain +0.0005 [-0.0010, +0.0020] "
+                            "(0.0165 vs untrained 0.0160, 2 seeds)")
+    assert gate_text(competence({0: 0.03, 1: 0.02}, {0: 0.01, 1: 0.01})).startswith(
+        "learned: test_map_at_r gain +0.0150 [+0.0100, +0.0200]")
+    # the JSON form (NaN as None) reads the same way
+    assert gate_text({**g.__dict__, "gain": None, "low": None, "high": None, "n": 1}) == (
+        "did not learn: test_map_at_r gain nan [nan, nan] (0.0165 vs untrained 0.0160, 1 seed)")
