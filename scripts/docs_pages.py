@@ -320,7 +320,8 @@ def _number(value: Any, fmt: str = "{:.2g}") -> str:
 
 def _effect_cell(c: dict | None) -> tuple[str, str]:
     """Effect with its interval, and the verdict; an inconclusive one with the bound it
-    sets and the seeds that would decide an effect of the comparison's resolution."""
+    sets and the seeds that would decide an effect of the comparison's resolution; one whose
+    baseline did not learn with the baseline's gain over the untrained model."""
     if c is None:
         return "-", "-"
     if c["n"] < 2 or c["low"] is None:
@@ -336,11 +337,40 @@ def _effect_cell(c: dict | None) -> tuple[str, str]:
             need = c.get("seeds_needed")
             seeds = "" if need is None else f", ~{need:.0f} seeds would decide {resolution:g}"
             verdict = f"inconclusive: |effect| < {c['bound']:.3f}{seeds}"
+    elif verdict == "baseline-did-not-learn" and c.get("gate"):
+        verdict = f"baseline-did-not-learn: baseline gain {_gain(c['gate'])}"
     return text, verdict
 
 
+def _gain(gate: dict) -> str:
+    """A competence gate's mean gain over the untrained model with its interval."""
+    if gate["n"] < 2 or gate["low"] is None:
+        return f"n/a ({gate['n']} seed{'s' if gate['n'] != 1 else ''})"
+    return f"{gate['gain']:+.3f} [{gate['low']:+.3f}, {gate['high']:+.3f}]"
+
+
+def _learned_cell(c: dict | None) -> str:
+    """Whether a comparison's baseline learned (its gain over the untrained model), "—"
+    where the run's JSON has no gate (a run from before the gate, or an ungated
+    comparison)."""
+    if c is None or not c.get("gate"):
+        return "—"
+    gate = c["gate"]
+    return ("yes " if gate["learned"] else "no: ") + _gain(gate)
+
+
+def _gated(*runs: dict) -> bool:
+    """Whether any comparison of ``runs`` carries a competence gate."""
+    return any("gate" in c for run in runs for r in run["experiments"]
+               for c in r["comparisons"])
+
+
 def reproduce_rows(quick: dict, full: dict, prefix: str | None = None) -> list[list[str]]:
+    """One row per comparison of the quick run, beside the default run's; with a column
+    "baseline learned?" (quick / default) once either run's JSON has competence gates
+    (the JSON of runs before the gate has none, and its pages keep their columns)."""
     by_id = {r["id"]: r for r in full["experiments"]}
+    gated = _gated(quick, full)
     rows = []
     for r in quick["experiments"]:
         if prefix is not None and not r["id"].startswith(prefix + "."):
@@ -351,12 +381,22 @@ def reproduce_rows(quick: dict, full: dict, prefix: str | None = None) -> list[l
             q_text, q_verdict = _effect_cell(c)
             f_text, f_verdict = _effect_cell(other.get(c["name"]))
             name = f"`{r['id']}` ({r['seeds']} / {full_seeds} seeds)" if i == 0 else ""
-            rows.append([name, c["name"], q_text, q_verdict, f_text, f_verdict])
+            row = [name, c["name"], q_text, q_verdict, f_text, f_verdict]
+            if gated:
+                row.append(f"{_learned_cell(c)} / {_learned_cell(other.get(c['name']))}")
+            rows.append(row)
     return rows
 
 
 REPRODUCE_HEADER = ["experiment", "comparison (claimed)", "`--quick`: effect [95 % CI]",
                     "verdict", "default run: effect [95 % CI]", "verdict"]
+#: The column added once a run's JSON has competence gates.
+GATE_HEADER = "baseline learned? (gain over untrained, `--quick` / default run)"
+
+
+def reproduce_header(quick: dict, full: dict) -> list[str]:
+    """The columns of :func:`reproduce_rows` for these two runs."""
+    return REPRODUCE_HEADER + ([GATE_HEADER] if _gated(quick, full) else [])
 
 
 def _run_line(label: str, run: dict) -> str:
@@ -373,7 +413,7 @@ def reproduce_table(quick: dict, full: dict) -> str:
                                "docs/reproduce_full/results.json; do"), "",
              _run_line("`refdml reproduce --quick`", quick),
              _run_line("`refdml reproduce` (the default run)", full), ""]
-    lines += table(REPRODUCE_HEADER, reproduce_rows(quick, full))
+    lines += table(reproduce_header(quick, full), reproduce_rows(quick, full))
     return "\n".join(lines) + "\n"
 
 
@@ -397,7 +437,7 @@ def paper_verdicts(paper: str, verify: dict, quick: dict, full: dict) -> str:
     lines += ["", f"**`refdml reproduce`** ([all experiments and how they were run]"
               "(../results/reproduce.md)):", ""]
     rows = reproduce_rows(quick, full, paper)
-    lines += table(REPRODUCE_HEADER, rows) if rows else ["(none)"]
+    lines += table(reproduce_header(quick, full), rows) if rows else ["(none)"]
     return "\n".join(lines) + "\n"
 
 
