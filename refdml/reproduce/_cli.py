@@ -102,7 +102,13 @@ def _check_device(device: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run ``refdml reproduce`` with the flags of :func:`add_arguments`; its exit status."""
     from refdml.reproduce._experiments import EXPERIMENTS
-    from refdml.reproduce._report import evaluate_experiment, summary_lines, write_json, write_report
+    from refdml.reproduce._report import (
+        evaluate_experiment,
+        summary_header,
+        summary_lines,
+        write_json,
+        write_report,
+    )
     from refdml.reproduce._runner import run_tasks
     from refdml.reproduce._tasks import code_version
     from refdml.validation import select
@@ -149,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - start
     results = [evaluate_experiment(e, mode, outcome, seeds=args.seeds, **grid)
                for e in experiments]
-    print(f"{'experiment':<24}{'verdict':<16}\n{'':<2}{'verdict':<16}comparison: effect [95% CI]")
+    print("\n".join(summary_header()))
     print("-" * 100)
     for r in results:
         print("\n".join(summary_lines(r)))

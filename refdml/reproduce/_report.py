@@ -2,9 +2,13 @@
 
 :func:`evaluate_experiment` collects, for each run of an experiment, its metric per seed,
 the per-run summaries (mean, std) and each comparison's :class:`~._stats.Effect`, and the
-experiment's verdict (every comparison ``reproduced`` -> ``reproduced``; any
-``not-reproduced`` -> ``not-reproduced``; else ``inconclusive``). Failed tasks simply
-leave their seed out (the comparison pairs the seeds both runs have) and are listed.
+experiment's verdict. A comparison with a ``gate`` is judged only when its baseline learned
+(:func:`~._stats.competence` on the baseline's per-seed ``gate`` and ``untrained_<gate>``);
+otherwise its verdict is ``baseline-did-not-learn``, its effect still shown. The experiment's
+verdict is over the judged comparisons (every one ``reproduced`` -> ``reproduced``; any
+``not-reproduced`` -> ``not-reproduced``; else ``inconclusive``), and
+``baseline-did-not-learn`` when none was judged. Failed tasks simply leave their seed out
+(the comparison pairs the seeds both runs have) and are listed.
 """
 
 from __future__ import annotations
@@ -18,24 +22,59 @@ import numpy as np
 from refdml._io import save_figure, write_json_atomic, write_text_atomic
 from refdml.reproduce._experiments import Experiment
 from refdml.reproduce._stats import (
+    BASELINE_DID_NOT_LEARN,
     INCONCLUSIVE,
     NOT_REPRODUCED,
     REPRODUCED,
     VERDICT_MEANINGS,
+    VERDICTS,
     bound_text,
     compare,
+    competence,
+    gate_text,
     summarise,
 )
 
-__all__ = ["evaluate_experiment", "summary_lines", "write_json", "write_report"]
+__all__ = ["evaluate_experiment", "summary_header", "summary_lines", "write_json",
+           "write_report"]
+
+#: Width of the verdict column of the printed lines (the longest verdict and two spaces).
+_VERDICT_WIDTH = max(map(len, VERDICTS)) + 2
 
 
 def _overall(verdicts: list[str]) -> str:
-    if verdicts and all(v == REPRODUCED for v in verdicts):
+    """The experiment's verdict over its comparisons' verdicts; the gated-out ones do not
+    count, and when every comparison was gated out that is the verdict."""
+    judged = [v for v in verdicts if v != BASELINE_DID_NOT_LEARN]
+    if verdicts and not judged:
+        return BASELINE_DID_NOT_LEARN
+    if judged and all(v == REPRODUCED for v in judged):
         return REPRODUCED
-    if any(v == NOT_REPRODUCED for v in verdicts):
+    if any(v == NOT_REPRODUCED for v in judged):
         return NOT_REPRODUCED
     return INCONCLUSIVE
+
+
+def _untrained_metric(gate: str) -> str:
+    """The per-seed metric of the untrained model that gate ``gate`` compares against."""
+    return f"untrained_{gate}"
+
+
+def _gate(run: dict, label: str, gate: str, seed: int) -> dict:
+    """The competence gate of ``run`` (label ``label``) on metric ``gate``, as a JSON dict.
+
+    Raises ValueError when a seed has ``gate`` but not ``untrained_<gate>``: a gate that
+    paired fewer seeds than finished would pass or fail on what it was not shown."""
+    untrained_key = _untrained_metric(gate)
+    trained = run["values"].get(gate, {})
+    untrained = run["values"].get(untrained_key, {})
+    missing = sorted(set(trained) - set(untrained))
+    if missing:
+        raise ValueError(
+            f"run {label!r}: metric {untrained_key!r} missing for seed(s) {missing} that have "
+            f"{gate!r}; the competence gate needs the untrained model's {gate} of every seed")
+    g = competence(trained, untrained, metric=gate, seed=seed)
+    return {"run": label, **g.__dict__}
 
 
 def _run(run_tasks, outcome, failures: list, label: str) -> dict:
@@ -80,6 +119,7 @@ def _select(selection, candidates: list) -> dict:
     run["seconds"] = float(sum(r["seconds"] for _, r in candidates))
     run["selection"] = {
         "key": selection.key, "metric": selection.metric, "chosen": candidates[best][0],
+        "paper": selection.paper,
         "candidates": [{"setting": v, "validation": m if math.isfinite(m) else None,
                         "test_map_at_r": r["summary"].get("test_map_at_r", {}).get("mean")}
                        for (v, r), m in zip(candidates, means)]}
@@ -106,8 +146,15 @@ def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: in
         b = runs[c.baseline]["values"].get(c.metric, {})
         effect = compare(a, b, direction=c.direction, seed=bootstrap_seed,
                          resolution=c.resolution)
-        comparisons.append({"name": c.name, "run": c.run, "baseline": c.baseline,
-                            "metric": c.metric, "direction": c.direction, **effect.__dict__})
+        entry = {"name": c.name, "run": c.run, "baseline": c.baseline, "metric": c.metric,
+                 "direction": c.direction, **effect.__dict__}
+        if c.gate is not None:
+            # the baseline's gate decides; the method's is reported beside it
+            entry["gate"] = _gate(runs[c.baseline], c.baseline, c.gate, bootstrap_seed)
+            entry["method_gate"] = _gate(runs[c.run], c.run, c.gate, bootstrap_seed)
+            if not entry["gate"]["learned"]:
+                entry["verdict"] = BASELINE_DID_NOT_LEARN
+        comparisons.append(entry)
     return {"id": experiment.id, "paper": experiment.paper, "claim": experiment.claim,
             "notes": experiment.notes, "mode": mode, "figures": list(experiment.figures),
             "seeds": experiment.seeds[mode] if seeds is None else seeds,
@@ -115,8 +162,8 @@ def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: in
             "comparisons": comparisons, "runs": runs, "failures": failures}
 
 
-def _fmt(x: float) -> str:
-    return "nan" if not math.isfinite(x) else f"{x:+.4f}"
+def _fmt(x: float | None) -> str:
+    return "nan" if x is None or not math.isfinite(x) else f"{x:+.4f}"
 
 
 def _rules_out(c: dict) -> str:
@@ -134,26 +181,39 @@ def _seeds_to_decide(c: dict) -> str:
     return f"~{need:.0f} (for {c.get('resolution', 0.02):g})"
 
 
+def summary_header() -> list[str]:
+    """The column heads of :func:`summary_lines`."""
+    return [f"{'experiment':<24}verdict",
+            f"{'':<2}{'verdict':<{_VERDICT_WIDTH}}comparison: effect [95% CI]"]
+
+
 def summary_lines(result: dict) -> list[str]:
     """The experiment's line (its overall verdict) and one indented line per comparison, each
-    with that comparison's own verdict, effect and interval.
+    with that comparison's own verdict, effect and interval; a comparison whose baseline did
+    not learn gets a line with the baseline's gate (trained and untrained means, the gain).
 
-    The overall verdict is `reproduced` when every comparison is, `not-reproduced` when any
-    comparison contradicts the claim, and `inconclusive` otherwise; printing it beside the first
-    comparison would read as that comparison's verdict, so it gets a line of its own.
+    The overall verdict, over the judged comparisons, is `reproduced` when every one is,
+    `not-reproduced` when any contradicts the claim, and `inconclusive` otherwise
+    (`baseline-did-not-learn` when none was judged); printing it beside the first comparison
+    would read as that comparison's verdict, so it gets a line of its own.
     """
     n = len(result["comparisons"])
-    lines = [f"{result['id']:<24}{result['verdict']:<16}"
+    lines = [f"{result['id']:<24}{result['verdict']:<{_VERDICT_WIDTH}}"
              f"({n} comparison{'s' if n != 1 else ''}, {result['seeds']} seeds each)"]
     for c in result["comparisons"]:
-        lines.append(f"{'':<2}{c['verdict']:<16}{c['name']}: {_fmt(c['effect'])} "
-                     f"[{_fmt(c['low'])}, {_fmt(c['high'])}] over {c['n']} seeds")
+        lines.append(f"{'':<2}{c['verdict']:<{_VERDICT_WIDTH}}{c['name']}: "
+                     f"{_fmt(c['effect'])} [{_fmt(c['low'])}, {_fmt(c['high'])}] over "
+                     f"{c['n']} seeds")
         if c["verdict"] == INCONCLUSIVE and c["n"] >= 2:
-            lines.append(f"{'':<24}{bound_text(c)}")
-    chosen = [f"{label} {run['selection']['key']}={run['selection']['chosen']}"
+            lines.append(f"{'':<{2 + _VERDICT_WIDTH}}{bound_text(c)}")
+        if c["verdict"] == BASELINE_DID_NOT_LEARN:
+            lines.append(f"{'':<{2 + _VERDICT_WIDTH}}baseline {c['baseline']} "
+                         f"{gate_text(c['gate'])}")
+    chosen = [f"{label} {run['selection']['key']}={run['selection']['chosen']} (paper: "
+              f"{_paper_setting(run['selection'])})"
               for label, run in result["runs"].items() if run.get("selection")]
     if chosen:
-        lines.append(f"{'':<24}chosen on validation: " + ", ".join(chosen))
+        lines.append(f"{'':<{2 + _VERDICT_WIDTH}}chosen on validation: " + ", ".join(chosen))
     if result["failures"]:
         lines.append(f"{'':<2}{len(result['failures'])} task(s) failed (see above / JSON)")
     return lines
@@ -222,8 +282,29 @@ def _mean_over_seeds(series: list[list[float]]) -> np.ndarray:
     return np.where(enough, total / np.maximum(counts, 1), np.nan)
 
 
+def _untrained_level(run: dict, key: str) -> float:
+    """The mean over seeds of ``run``'s untrained ``key``: the per-seed ``untrained_<key>``
+    where the run has it (what the gate compares against), else the curves' entry 0 (the
+    model before any training); NaN when neither is finite."""
+    values = [v for v in run["values"].get(_untrained_metric(key), {}).values()
+              if v is not None and math.isfinite(v)]
+    if not values:
+        values = [c[key][0] for c in run["curves"].values()
+                  if c.get(key) and c[key][0] is not None and math.isfinite(c[key][0])]
+    return float(np.mean(values)) if values else math.nan
+
+
+#: Above this many runs the curves' legend goes beside the figure instead of on an axis.
+_LEGEND_INSIDE_MAX = 4
+
+
 def _curves(result: dict, path: Path) -> bool:
+    """Each run's curves (mean over seeds, per epoch; epoch 0 the untrained model); on the
+    retrieval panel each run's untrained level as a dashed line in its colour. A run chosen
+    on validation shows its chosen candidate's curves (the run is that candidate)."""
     Figure = _figure()
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     def present(key):
         return any(key in c for r in result["runs"].values() for c in r["curves"].values())
@@ -234,6 +315,7 @@ def _curves(result: dict, path: Path) -> bool:
     if not keys:   # a figure 0 inches wide: matplotlib divides by its width
         return False
     fig = Figure(figsize=(4.2 * len(keys), 3.4))
+    handles, untrained_drawn = [], False
     for i, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), i + 1)
         for label, run in result["runs"].items():
@@ -241,11 +323,25 @@ def _curves(result: dict, path: Path) -> bool:
             if not series:
                 continue
             mean = _mean_over_seeds(series)
-            ax.plot(range(mean.shape[0]), mean, label=label)
-        ax.set_xlabel("epoch")
+            (line,) = ax.plot(range(mean.shape[0]), mean, label=label)
+            if i == 0:
+                handles.append(line)
+                level = _untrained_level(run, key) if key == first else math.nan
+                if math.isfinite(level):
+                    ax.axhline(level, color=line.get_color(), linestyle="--", linewidth=0.8)
+                    untrained_drawn = True
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch (0: untrained)")
+        ax.set_ylabel(key, fontsize=8)
         ax.set_title(f"{key} (mean over seeds)", fontsize=9)
-        if i == 0:
-            ax.legend(fontsize=6)
+    runs_shown = len(handles)
+    if untrained_drawn:
+        handles.append(Line2D([], [], color="0.4", linestyle="--", linewidth=0.8,
+                              label="untrained (each run's colour)"))
+    if runs_shown > _LEGEND_INSIDE_MAX:
+        fig.legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    else:
+        fig.axes[0].legend(handles=handles, fontsize=6)
     lengths = {len(c[keys[0]]) for r in result["runs"].values() for c in r["curves"].values()
                if keys[0] in c}
     stopped = len(lengths) > 1
@@ -354,8 +450,14 @@ def _glyphs(result: dict, path: Path) -> bool:
     return True
 
 
+def _paper_setting(selection: dict) -> str:
+    paper = selection.get("paper")
+    return "not stated" if paper is None else str(paper)
+
+
 def _selection_lines(result: dict) -> list[str]:
-    """A line per run whose setting was chosen on validation: every candidate's means."""
+    """A line per run whose setting was chosen on validation: the chosen value beside the
+    paper's, and every candidate's means."""
     lines = []
     for label, run in result["runs"].items():
         sel = run.get("selection")
@@ -364,16 +466,50 @@ def _selection_lines(result: dict) -> list[str]:
         parts = ", ".join(
             f"{c['setting']}: {_mean(c['validation'])} (test {_mean(c['test_map_at_r'])})"
             for c in sel["candidates"])
-        lines.append(f"- `{label}`: `{sel['key']}` = {sel['chosen']}, the best mean "
-                     f"{sel['metric']} of {parts}")
+        lines.append(f"- `{label}`: `{sel['key']}` = {sel['chosen']} (the paper's: "
+                     f"{_paper_setting(sel)}), the best mean {sel['metric']} of {parts}")
     if lines:
         lines = ["", "Chosen on the validation split (mean over seeds; the test split shown, "
                  "not used):", ""] + lines
     return lines
 
 
+def _learned_cell(c: dict) -> str:
+    """The verdict table's "baseline learned?" cell: the baseline's gain over the untrained
+    model with its interval, prefixed "no: " when it did not learn; "-" without a gate."""
+    gate = c.get("gate")
+    if not gate:
+        return "-"
+    text = f"gain {_fmt(gate['gain'])} [{_fmt(gate['low'])}, {_fmt(gate['high'])}]"
+    return text if gate["learned"] else f"no: {text}"
+
+
+def _gate_lines(result: dict) -> list[str]:
+    """The competence gate of every run a gated comparison names: trained and untrained
+    means, the gain with its interval, and whether it learned (the baseline's decides the
+    comparison; the method's is shown for the reader)."""
+    rows = {}
+    for c in result["comparisons"]:
+        for key, role in (("gate", "baseline"), ("method_gate", "method")):
+            g = c.get(key)
+            if g and (g["run"], g["metric"]) not in rows:
+                rows[(g["run"], g["metric"])] = (role, g)
+    if not rows:
+        return []
+    lines = ["", "Competence gate: each run's metric against the same network untrained "
+             "(paired by seed; learned when the 95% interval of the gain lies above 0):", "",
+             "| run | role | metric | trained | untrained | gain [95% CI] | seeds | learned |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (label, metric), (role, g) in rows.items():
+        lines.append(f"| `{label}` | {role} | {metric} | {_mean(g['trained'])} | "
+                     f"{_mean(g['untrained'])} | {_fmt(g['gain'])} "
+                     f"[{_fmt(g['low'])}, {_fmt(g['high'])}] | {g['n']} | "
+                     f"{'yes' if g['learned'] else 'no'} |")
+    return lines
+
+
 def _mean(x) -> str:
-    return "-" if x is None else f"{x:.4f}"
+    return "-" if x is None or not math.isfinite(x) else f"{x:.4f}"
 
 
 def write_report(directory, payload: dict) -> Path:
@@ -390,16 +526,21 @@ def write_report(directory, payload: dict) -> Path:
              "Verdicts (computed, never written by hand):", ""]
     lines += [f"- `{k}`: {v}" for k, v in VERDICT_MEANINGS.items()]
     lines += ["", "An inconclusive comparison is bounded: with 95% confidence the effect is smaller "
-              "in size than the larger end of its interval (\"rules out\"), and the last "
-              "column estimates the seeds that would decide an effect of the comparison's "
-              "resolution (docs/reproduce.md, Statistics).", "",
+              "in size than the larger end of its interval (\"rules out\"), and the "
+              "\"seeds to decide\" column estimates the seeds that would decide an effect of "
+              "the comparison's resolution (docs/reproduce.md, Statistics). \"Baseline "
+              "learned?\": the competence gate, the baseline's mean gain over the same network "
+              "untrained with its 95% interval (paired by seed); a comparison is judged only "
+              "when that interval lies above 0, and \"no\" makes its verdict "
+              f"`{BASELINE_DID_NOT_LEARN}` (\"-\": no gate).", "",
               "| experiment | verdict | comparison | effect | 95% CI | seeds | rules out "
-              "| seeds to decide |", "|---|---|---|---|---|---|---|---|"]
+              "| seeds to decide | baseline learned? |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in payload["experiments"]:
         for c in r["comparisons"]:
             lines.append(f"| `{r['id']}` | {c['verdict']} | {c['name']} | {_fmt(c['effect'])} "
                          f"| [{_fmt(c['low'])}, {_fmt(c['high'])}] | {c['n']} | "
-                         f"{_rules_out(c)} | {_seeds_to_decide(c)} |")
+                         f"{_rules_out(c)} | {_seeds_to_decide(c)} | {_learned_cell(c)} |")
     for r in payload["experiments"]:
         lines += ["", f"## `{r['id']}`: {r['verdict']}", "", f"*{r['paper']}.* {r['claim']}"]
         if r["notes"]:
@@ -414,6 +555,7 @@ def write_report(directory, payload: dict) -> Path:
                 cells.append("-" if s is None or not s["n"] else
                              f"{s['mean']:.4f} ± {s['std']:.4f} (n={s['n']})")
             lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {run['seconds']:.0f} |")
+        lines += _gate_lines(r)
         lines += _selection_lines(r)
         for kind, draw in (("glyphs", _glyphs), ("bars", _bars), ("curves", _curves),
                            ("attention", _attention), ("cell_weights", _cell_weights),

@@ -238,10 +238,14 @@ def test_cli_json_and_report_from_the_cache(tmp_path):
 
     experiment = EXPERIMENTS["gsp.synthetic"]
     cache = TaskCache(tmp_path / "cache")
-    for label, tasks in experiment.tasks("quick", seeds=2).items():
+    grid = experiment.tasks("quick", seeds=2)
+    for label, tasks in grid.items():
         for t in tasks:
-            shift = 0.1 if label == "gsp" else 0.0
+            # a run chosen on validation has a grid label per candidate: "gsp [mu=0.3]"
+            shift = 0.1 if label.split(" [")[0] == "gsp" else 0.0
+            # untrained_test_map_at_r: the competence gate's reference (both runs learned)
             cache.store(t, {"metrics": {"test_map_at_r": 0.5 + shift + 0.01 * t.seed,
+                                        "untrained_test_map_at_r": 0.1,
                                         "background_mass": 0.5 - 2 * shift},
                             "curves": {"train_loss": [float("nan"), 1.0],
                                        "test_map_at_r": [0.4, 0.5]},
@@ -249,14 +253,16 @@ def test_cli_json_and_report_from_the_cache(tmp_path):
     r = _cli(tmp_path, "--quick", "--only", "gsp.synthetic", "--seeds", "2", "--cache", "cache",
              "--json", "out/r.json", "--report", "out/report")
     assert r.returncode == 0, r.stderr
-    assert "gsp.synthetic           reproduced" in r.stdout and "0 task(s) computed, 4 from the cache" in r.stdout
+    stored = sum(map(len, grid.values()))
+    assert "gsp.synthetic           reproduced" in r.stdout
+    assert f"0 task(s) computed, {stored} from the cache" in r.stdout
     payload = json.loads((tmp_path / "out/r.json").read_text())
     (result,) = payload["experiments"]
     assert result["verdict"] == "reproduced"
     assert_allclose(result["comparisons"][0]["effect"], 0.1, rtol=1e-12)
     text = (tmp_path / "out/report/README.md").read_text()
     assert "| `gsp.synthetic` | reproduced |" in text
-    assert "| rules out | seeds to decide |" in text
+    assert "| rules out | seeds to decide | baseline learned? |" in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "out/report/gsp_synthetic_bars.png").stat().st_size > 0
     else:  # the test extra has no matplotlib: the report says how to get the figures
