@@ -134,6 +134,16 @@ class _On:
         return embed(model, x, DTYPE, device=self.device)
 
 
+def _protocol(c: dict) -> dict:
+    """The training protocol's settings of ``c`` as :func:`~refdml.reproduce._train.fit`'s
+    keywords (docs/reproduce.md, "Training protocols"); a setting a study does not give
+    keeps fit's default (Adam's (0.9, 0.999), no decay, one learning rate, no warm-up)."""
+    defaults = {"betas": (0.9, 0.999), "weight_decay": 0.0, "proxy_lr_multiplier": 1.0,
+                "warmup_epochs": 0}
+    return {k: (tuple(c[k]) if k == "betas" else c[k]) if k in c else v
+            for k, v in defaults.items()}
+
+
 # --------------------------------------------------------------------------- tokens
 def tokens_task(task: Task) -> dict:
     c, seed, on = task.config, task.seed, _On.of(task)
@@ -159,10 +169,12 @@ def tokens_task(task: Task) -> dict:
                 for split, data in (("val_map_at_r", splits.val), ("test_map_at_r", test))}
 
     curves, best = fit(model, objective, splits.train.token_ids, splits.train.labels,
-                       epochs=c["epochs"], lr=c["lr"], n_classes_per_batch=16,
-                       n_samples_per_class=4, seed=seed, dtype=DTYPE, evaluate=evaluate,
+                       epochs=c["epochs"], lr=c["lr"],
+                       n_classes_per_batch=c.get("n_classes_per_batch", 16),
+                       n_samples_per_class=c.get("n_samples_per_class", 4), seed=seed,
+                       dtype=DTYPE, evaluate=evaluate,
                        after_step=lambda: clip_token_table(emb.table.value),
-                       select="val_map_at_r", device=on.device)
+                       select="val_map_at_r", device=on.device, **_protocol(c))
     background = ~test.foreground
     if task.method == "gsp":
         _, ctx = on.forward(model, test.token_ids)
@@ -317,7 +329,8 @@ def _collage_study(task: Task, data, *, recall: bool = False) -> dict:
                        instance_every=c["instance_every"] if method == "asap" else None,
                        # on the GPU the loop's own embeddings (on the device)
                        instance_embed=train_embeddings if on.device == "cpu" else None,
-                       select="val_map_at_r", patience=c.get("patience"), device=on.device)
+                       select="val_map_at_r", patience=c.get("patience"), device=on.device,
+                       **_protocol(c))
     metrics = at_epoch(curves, best)           # the model holds the selected epoch's weights
     artefacts = {}
     if method in ("gsp", "gsp_zsr"):
@@ -405,7 +418,7 @@ def wdml_task(task: Task) -> dict:
                        n_classes_per_batch=c["n_classes_per_batch"], n_samples_per_class=4,
                        seed=seed, dtype=DTYPE, evaluate=evaluate,
                        after_step=lambda: clip_token_table(emb.table.value),
-                       select="val_map_at_r", device=on.device)
+                       select="val_map_at_r", device=on.device, **_protocol(c))
     return {"metrics": at_epoch(curves, best), "curves": curves}
 
 
@@ -472,13 +485,18 @@ def glyph_wdml_task(task: Task) -> dict:
         distances = on.host(pairwise_sinkhorn_divergence(xp.concatenate(clouds), **solver))
         return map_at_r_from_distances(distances, labels)
 
+    # The untrained model's test MAP@R (the competence gate's level) for the Euclidean
+    # baselines; the Wasserstein runs are never a baseline and skip the divergences it costs.
+    untrained = None if wasserstein else score("test", data.test)
     curves, best = fit(model, objective, data.train.images, train_y, epochs=c["epochs"],
                        lr=c["lr"], n_classes_per_batch=c["n_classes_per_batch"],
                        n_samples_per_class=c["n_samples_per_class"], seed=seed, dtype=DTYPE,
                        evaluate=lambda: {"val_map_at_r": score("val", data.val)},
-                       select="val_map_at_r", device=on.device)
+                       select="val_map_at_r", device=on.device, **_protocol(c))
     metrics = at_epoch(curves, best)
     metrics["test_map_at_r"] = score("test", data.test)
+    if untrained is not None:
+        metrics["untrained_test_map_at_r"] = untrained
     return {"metrics": metrics, "curves": curves}
 
 

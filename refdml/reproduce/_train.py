@@ -29,6 +29,7 @@ import numpy as np
 
 from refdml._xp import to_numpy
 from refdml.train.data import PKBatchSampler
+from refdml.train.models import embedding_layer_parameters
 from refdml.train.optim import Adam
 from refdml.train.trainer import MemorySink, TrainingLoop
 
@@ -113,6 +114,8 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
         evaluate: Callable[[], dict[str, float]], after_step: Callable[[], None] | None = None,
         instance_every: int | None = None, instance_embed: Callable[[], Any] | None = None,
         select: str | None = None, patience: int | None = None,
+        betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
+        proxy_lr_multiplier: float = 1.0, warmup_epochs: int = 0,
         device: str = "cpu") -> tuple[dict[str, list[float]], int]:
     """Train for ``epochs`` epochs; return the curves (``train_loss`` and ``evaluate()``'s
     keys, entry 0 the untrained model, ``train_loss`` NaN there) and the selected epoch:
@@ -122,10 +125,22 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
     that many epochs without a strict improvement of the ``select`` curve; None trains all
     ``epochs``.
 
+    The papers' protocol (docs/reproduce.md, "Training protocols"): Adam with ``betas`` and
+    coupled ``weight_decay``; the objective's parameters (proxies) in a group of their own at
+    ``proxy_lr_multiplier`` times ``lr``; for the first ``warmup_epochs`` epochs only the
+    embedding layer (the model's last ``Linear``) and the objective's parameters train.
+
     ``device``: where the loop runs (``"cuda"``: CuPy; the model must live there).
     Raises :class:`~refdml.train.TrainingDiverged` (also a ``FloatingPointError``) on a
     NaN or inf loss or gradient."""
-    optimizer = Adam([*model.parameters(), *objective.parameters()], lr=lr)
+    objective_params = list(objective.parameters())
+    groups = [{"params": list(model.parameters()), "name": "model"}]
+    if objective_params:
+        groups.append({"params": objective_params, "lr_multiplier": proxy_lr_multiplier,
+                       "name": "objective"})
+    optimizer = Adam(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    warmup_params = ([*embedding_layer_parameters(model), *objective_params]
+                     if warmup_epochs else None)
     sampler = PKBatchSampler(train_y, n_classes_per_batch=n_classes_per_batch,
                              n_samples_per_class=n_samples_per_class, rng=seed + 2)
     sink = MemorySink(restore_best=True)
@@ -136,7 +151,8 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
                         after_step=after_step,
                         instance_every=instance_every, instance_embed=instance_embed,
                         evaluate=evaluate, select=select, select_from=1, sink=sink,
-                        early_stopping_patience=patience)
+                        early_stopping_patience=patience, warmup_epochs=warmup_epochs,
+                        warmup_params=warmup_params)
     loop.fit()
     curves = sink.curves(["train_loss", *loop.evaluation_keys])
     curves["train_loss"][0] = math.nan    # the row's None: no training before epoch 1
@@ -146,8 +162,12 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
 
 def at_epoch(curves: dict[str, list[float]], epoch: int) -> dict[str, float]:
     """Every curve's value at ``epoch`` (``train_loss`` as ``final_train_loss``: the loss
-    of the selected epoch) and the epoch itself as ``selected_epoch``."""
+    of the selected epoch), the epoch itself as ``selected_epoch`` and, where the curves
+    have ``test_map_at_r``, its epoch-0 value (the untrained model) as
+    ``untrained_test_map_at_r``."""
     row = {("final_train_loss" if k == "train_loss" else k): v[epoch]
            for k, v in curves.items()}
     row["selected_epoch"] = float(epoch)
+    if "test_map_at_r" in curves:     # epoch 0: the untrained model (the competence gate's level)
+        row["untrained_test_map_at_r"] = curves["test_map_at_r"][0]
     return row

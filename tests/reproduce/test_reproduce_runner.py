@@ -204,7 +204,8 @@ def test_cli_scale_and_device_flags(tmp_path):
     r = _cli(tmp_path, "--quick", "--scale", "large", "--only", "gsp.glyph_collage",
              "--cached-only", "--cache", "cache")
     assert r.returncode == 0, r.stderr
-    assert "(quick mode, large scale, cpu): 1 experiment(s), 30 task(s)" in r.stdout
+    # 6 runs (gap, gsp, gsp_zsr x 2 losses) x 2 candidates of their grids x 3 seeds
+    assert "(quick mode, large scale, cpu): 1 experiment(s), 36 task(s)" in r.stdout
     r = _cli(tmp_path, "--scale", "huge")
     assert r.returncode == 2 and "--scale" in r.stderr
     if importlib.util.find_spec("cupy") is None:

@@ -51,8 +51,8 @@ def test_every_method_runs_and_is_deterministic(key, overrides):
     from refdml.reproduce import Task
 
     study, method, _ = key
-    task = Task.make(study, method, 0, settings_for(study, "quick", **overrides,
-                                                    **_SMALL[study]))
+    task = Task.make(study, method, 0, settings_for(study, "quick",
+                                                    **{**overrides, **_SMALL[study]}))
     first = execute(task)
     assert first["metrics"] and all(math.isfinite(v) for v in first["metrics"].values())
     assert execute(task)["metrics"] == first["metrics"]
