@@ -434,3 +434,32 @@ def test_bad_freeze_calls_are_named():
     optimizer.freeze([])                       # nothing to add: allowed
     optimizer.unfreeze([proxy])                # not frozen: nothing to do
     assert optimizer.frozen == ("net.weight",)
+
+
+@pytest.mark.requires_cupy          # tests/conftest.py: skipped, with the reason, without a GPU
+def test_cupy_groups_and_freezing_match_numpy():
+    import cupy
+
+    for cls, kwargs in ((SGD, dict(lr=0.01, momentum=0.9, weight_decay=WD)),
+                        (Adam, dict(lr=LR, betas=BETAS, weight_decay=WD))):
+        on_cpu, on_gpu = two_groups()[:2], two_groups()[:2]
+        on_gpu = [Parameter(cupy.asarray(p.value), p.name) for p in on_gpu]
+        optimizers = []
+        for net, proxy in (on_cpu, on_gpu):
+            optimizers.append(cls([{"params": [net]},
+                                   {"params": [proxy], "lr_multiplier": 100.0}], **kwargs))
+            optimizers[-1].freeze([net])
+        for step in range(3):
+            if step == 2:
+                for optimizer in optimizers:
+                    optimizer.unfreeze()
+            for p, grads in zip(on_cpu, (NET_GRADS, PROXY_GRADS)):
+                set_grads([(p, grads[step])])
+            for p, q in zip(on_gpu, on_cpu):
+                p.zero_grad()
+                p.accumulate(cupy.asarray(q.grad))
+            for optimizer in optimizers:
+                optimizer.step()
+        for p, q in zip(on_cpu, on_gpu):
+            # element-wise operations only on both; 1e-14 allows for a fused kernel's rounding
+            assert_allclose(cupy.asnumpy(q.value), p.value, rtol=1e-14)
