@@ -27,6 +27,12 @@
 # Numba's and CuPy's kernel caches and the installed wheels live in .gpu_cache/ (ignored),
 # so a second call on the same machine reuses them.
 #
+# REFDML_GPU_GLYPH_COLLAGE=1 makes it a call of its own for the glyph-collage experiment
+# (docs/gpu.md, "The glyph-collage run"): install, smoke, then glyph_collage
+# (scripts/gpu_glyph_collage.py, the rest of the budget; --dry-run: its CPU dry run), whose
+# glyph_collage.json and README (glyph_collage_README.md) come back beside the ledger and
+# its figures in the archive. Unset or 0: the steps above, unchanged.
+#
 # Exit status: 0 every step passed; 1 a step failed, timed out or was skipped; 2 bad
 # arguments. A summary table of the steps is printed last.
 
@@ -44,6 +50,11 @@ for arg in "$@"; do
         *) echo "gpu_run.sh: error: unknown argument '$arg' (only --dry-run, --help)" >&2; exit 2 ;;
     esac
 done
+GLYPH_COLLAGE=${REFDML_GPU_GLYPH_COLLAGE:-0}
+case "$GLYPH_COLLAGE" in
+    0|1) ;;
+    *) echo "gpu_run.sh: error: REFDML_GPU_GLYPH_COLLAGE == '$GLYPH_COLLAGE', must be 0 or 1 (1: the glyph-collage call)" >&2; exit 2 ;;
+esac
 
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 PY=${PYTHON:-python3}
@@ -67,6 +78,16 @@ declare -A LIMIT_GPU=([install]=60 [smoke]=60 [compile]=60 [parity]=150 [tests]=
                       [crosscheck]=60 [bench]=170 [profile]=90 [train]=60)
 declare -A LIMIT_DRY=([install]=120 [smoke]=60 [compile]=120 [parity]=90 [tests]=180
                       [crosscheck]=90 [bench]=170 [profile]=60 [train]=90)
+# The glyph-collage call: its step takes what install and smoke leave (they took 3 s and 8 s
+# on the H200), and hands the script its limit less 20 s as its own budget (the script's
+# default, 450 s; its dry run's 150 s), so that its guard stops it and writes the report
+# before `timeout` would.
+if (( GLYPH_COLLAGE )); then
+    STEPS=(install smoke glyph_collage)
+    LIMIT_GPU[glyph_collage]=470
+    LIMIT_DRY[glyph_collage]=170
+fi
+GLYPH_COLLAGE_RESERVE_S=20
 # pytest-xdist workers of the test step on a GPU machine (where xdist is installed): the
 # GPU test files took 74 s with 8 workers on the H200 and did not finish in 240 s without.
 GPU_TEST_WORKERS=8
@@ -508,6 +529,25 @@ sys.exit(1 if report["problems"] else 0)
 PYEOF
 }
 
+# ------------------------------------------------------------------------ glyph collage
+# glyph_collage_step INSTALLED: scripts/gpu_glyph_collage.py into $RUN/glyph_collage.
+glyph_collage_step() {
+    local own left limit dry=()
+    if (( ! $1 )); then
+        skip_step glyph_collage "refdml is not installed (step install)"
+        return 1
+    fi
+    need_file glyph_collage "$REPO/scripts/gpu_glyph_collage.py" || return 1
+    (( DRY_RUN )) && dry=(--dry-run)
+    # the limit run_step will give it (the last step: its own, or what is left)
+    if (( DRY_RUN )); then own=${LIMIT_DRY[glyph_collage]}; else own=${LIMIT_GPU[glyph_collage]}; fi
+    left=$(awk -v d="$DEADLINE" -v n="$(now)" 'BEGIN { printf "%d", d - n }')
+    limit=$(( left < own ? left : own ))
+    run_step glyph_collage "$PY" "$REPO/scripts/gpu_glyph_collage.py" "${dry[@]}" \
+        --budget-s "$(( limit - GLYPH_COLLAGE_RESERVE_S > 1 ? limit - GLYPH_COLLAGE_RESERVE_S : 1 ))" \
+        --out "$RUN/glyph_collage"
+}
+
 # ------------------------------------------------------------------------ main
 main() {
     local mode=gpu site pytest_extra=()
@@ -593,7 +633,9 @@ PYEOF
     write_smoke "$WORK/smoke.py"
     run_step smoke "$PY" "$WORK/smoke.py" "$RUN/smoke.json" "$RUN/environment.txt" "$mode"
 
-    if (( installed )); then
+    if (( GLYPH_COLLAGE )); then
+        glyph_collage_step "$installed"
+    elif (( installed )); then
         # numba-cuda compiles for real GPUs only with the simulator off, GPU or not. One
         # architecture (half the time of gpu-check's two): the device's, as the smoke step
         # read it (the default two where it could not); a dry run, the H100's.
@@ -715,6 +757,8 @@ TOMLEOF
     for name in junit_gpu_tests.xml junit_train_crosscheck.xml; do
         [ -f "$RUN/$name" ] && cp "$RUN/$name" "$OUTDIR/$name"
     done
+    [ -f "$RUN/glyph_collage/glyph_collage.json" ] && cp "$RUN/glyph_collage/glyph_collage.json" "$OUTDIR/"
+    [ -f "$RUN/glyph_collage/README.md" ] && cp "$RUN/glyph_collage/README.md" "$OUTDIR/glyph_collage_README.md"
     # Everything else in one archive (seven files in all; see the top); the training
     # checkpoints are left out (large, and rebuilt by any rerun).
     tar -czf "$OUTDIR/gpu_run_files.tar.gz" -C "$WORK" --exclude='*.npz' run 2>/dev/null || ledger_ok=0
