@@ -304,3 +304,32 @@ def test_docs_ledger_section_is_generated_from_the_recorded_ledger():
     assert result.returncode == 0, result.stdout + result.stderr
     if not recorded.exists():
         assert "never run on a GPU" in page.read_text(encoding="utf-8")
+
+
+def test_the_wheel_builds_copy_only_paths_that_exist():
+    """gpu_prepare.sh (under ``set -e``) and gpu_run.sh's install step copy the wheel's
+    sources before building it. After issue 35 moved ``gpu/`` and ``validation/`` into
+    ``refdml/`` both still named them: gpu_prepare.sh stopped at the ``cp`` and gpu_run.sh
+    built from a partial copy. Every path they copy must exist, and be a part the source
+    digest covers (or the README the build reads)."""
+    import re
+    import shlex
+
+    repo = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(repo / "scripts"))
+    try:
+        import gpu_ledger
+    finally:
+        sys.path.pop(0)
+    found = 0
+    for script in ("gpu_prepare.sh", "gpu_run.sh"):
+        for line in (repo / "scripts" / script).read_text().splitlines():
+            if not re.match(r"\s*cp -R .*pyproject\.toml", line):
+                continue
+            found += 1
+            sources = shlex.split(line.strip())[2:-1]
+            names = [s.replace('"', "").replace("$REPO/", "") for s in sources]
+            for name in names:
+                assert (repo / name).exists(), f"{script} copies {name}, which does not exist"
+            assert set(names) == {*gpu_ledger.SOURCE_PARTS, "README.md"}, (script, names)
+    assert found == 2
