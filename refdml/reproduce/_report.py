@@ -151,7 +151,13 @@ def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: in
         if c.gate is not None:
             # the baseline's gate decides; the method's is reported beside it
             entry["gate"] = _gate(runs[c.baseline], c.baseline, c.gate, bootstrap_seed)
-            entry["method_gate"] = _gate(runs[c.run], c.run, c.gate, bootstrap_seed)
+            # reported only: a method run without untrained values is "not measured" (None)
+            # rather than an error at the end of a long run
+            method = runs[c.run]
+            measured = set(method["values"].get(_untrained_metric(c.gate), {}))
+            entry["method_gate"] = (
+                _gate(method, c.run, c.gate, bootstrap_seed)
+                if measured >= set(method["values"].get(c.gate, {})) else None)
             if not entry["gate"]["learned"]:
                 entry["verdict"] = BASELINE_DID_NOT_LEARN
         comparisons.append(entry)

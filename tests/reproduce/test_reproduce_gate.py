@@ -274,3 +274,23 @@ def test_the_results_table_shows_the_gate_and_a_dash_for_json_without_one(tmp_pa
                                   {**old, "scale": "small", "device": "cpu",
                                    "task_cpu_seconds": 1.0})
     assert f"| {pages.GATE_HEADER} |" in table
+
+
+def test_a_method_without_untrained_values_is_reported_as_not_measured():
+    """The method's gate only informs: a method run without ``untrained_<gate>`` gets
+    ``method_gate`` None (the report leaves its row out) instead of an error at the end of
+    a long run; the baseline's decides and stays strict (the test above)."""
+    experiment = _experiment([Comparison("method", "good", GATE, +1, gate=GATE)])
+    out = _outcome(experiment, lambda name, s: _metrics(GAINS[name], s,
+                                                        untrained=name != "method"))
+    result = evaluate_experiment(experiment, "quick", out, seeds=SEEDS)
+    (c,) = result["comparisons"]
+    assert c["method_gate"] is None and c["gate"]["learned"] and c["verdict"] == REPRODUCED
+    assert "| `method` | method |" not in "\n".join(_report_lines(result))
+    assert "| `good` | baseline |" in "\n".join(_report_lines(result))
+
+
+def _report_lines(result):
+    from refdml.reproduce._report import _gate_lines
+
+    return _gate_lines(result)

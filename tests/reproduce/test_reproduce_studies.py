@@ -55,6 +55,8 @@ def test_every_method_runs_and_is_deterministic(key, overrides):
                                                     **{**overrides, **_SMALL[study]}))
     first = execute(task)
     assert first["metrics"] and all(math.isfinite(v) for v in first["metrics"].values())
+    # the competence gate's level, for every run (a missing one would stop the report)
+    assert "untrained_test_map_at_r" in first["metrics"]
     assert execute(task)["metrics"] == first["metrics"]
     for e in EXPERIMENTS.values():      # a run that chooses a setting reports its metric
         for label, selection in e.select.items():
