@@ -66,11 +66,6 @@ def test_proxy_batches_are_32_classes_of_one_sample_where_there_are_enough_class
     assert settings_for("glyph", "quick")["max_classes"] * 0.55 > 32
 
 
-class _Counting:
-    """A proxy objective's stand-in with one parameter: the loss is <w, e> summed, so that
-    every parameter gets a nonzero gradient at every step."""
-
-
 def _tiny_model_and_objective(seed):
     from refdml.train.models import (
         HeadConfig,
