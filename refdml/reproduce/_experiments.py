@@ -21,7 +21,7 @@ longer runs); docs/reproduce.md gives the reasons for each setting.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from refdml.reproduce._spec import Task
 from refdml.reproduce._stats import RESOLUTION
@@ -347,8 +347,7 @@ def _asap_runs(study: str):
 
 def _gated(comparison: Comparison) -> Comparison:
     """``comparison`` with the competence gate on its baseline's test MAP@R."""
-    return Comparison(comparison.run, comparison.baseline, comparison.metric,
-                      comparison.direction, comparison.resolution, gate="test_map_at_r")
+    return replace(comparison, gate="test_map_at_r")
 
 
 #: Seeds of the digits-collage experiments and of the token study's Wasserstein losses (an

@@ -134,14 +134,15 @@ class _On:
         return embed(model, x, DTYPE, device=self.device)
 
 
+#: The training protocol's settings, passed to :func:`~refdml.reproduce._train.fit` as
+#: they are (docs/reproduce.md, "Training protocols").
+_PROTOCOL_KEYS = ("betas", "weight_decay", "proxy_lr_multiplier", "warmup_epochs")
+
+
 def _protocol(c: dict) -> dict:
-    """The training protocol's settings of ``c`` as :func:`~refdml.reproduce._train.fit`'s
-    keywords (docs/reproduce.md, "Training protocols"); a setting a study does not give
-    keeps fit's default (Adam's (0.9, 0.999), no decay, one learning rate, no warm-up)."""
-    defaults = {"betas": (0.9, 0.999), "weight_decay": 0.0, "proxy_lr_multiplier": 1.0,
-                "warmup_epochs": 0}
-    return {k: (tuple(c[k]) if k == "betas" else c[k]) if k in c else v
-            for k, v in defaults.items()}
+    """The protocol settings ``c`` gives, as fit's keywords; one it does not give keeps
+    fit's default (Adam's (0.9, 0.999), no decay, one learning rate, no warm-up)."""
+    return {k: c[k] for k in _PROTOCOL_KEYS if k in c}
 
 
 # --------------------------------------------------------------------------- tokens

@@ -29,8 +29,7 @@ import numpy as np
 
 from refdml._xp import to_numpy
 from refdml.train.data import PKBatchSampler
-from refdml.train.models import embedding_layer_parameters
-from refdml.train.optim import Adam
+from refdml.train.runs import build_optimizer
 from refdml.train.trainer import MemorySink, TrainingLoop
 
 __all__ = ["at_epoch", "fit", "embed", "map_at_r", "map_at_r_from_distances", "covering_radius"]
@@ -133,14 +132,9 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
     ``device``: where the loop runs (``"cuda"``: CuPy; the model must live there).
     Raises :class:`~refdml.train.TrainingDiverged` (also a ``FloatingPointError``) on a
     NaN or inf loss or gradient."""
-    objective_params = list(objective.parameters())
-    groups = [{"params": list(model.parameters()), "name": "model"}]
-    if objective_params:
-        groups.append({"params": objective_params, "lr_multiplier": proxy_lr_multiplier,
-                       "name": "objective"})
-    optimizer = Adam(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-    warmup_params = ([*embedding_layer_parameters(model), *objective_params]
-                     if warmup_epochs else None)
+    optimizer, warmup_params = build_optimizer(
+        model, objective, lr=lr, betas=betas, weight_decay=weight_decay,
+        proxy_lr_multiplier=proxy_lr_multiplier, warmup_epochs=warmup_epochs)
     sampler = PKBatchSampler(train_y, n_classes_per_batch=n_classes_per_batch,
                              n_samples_per_class=n_samples_per_class, rng=seed + 2)
     sink = MemorySink(restore_best=True)

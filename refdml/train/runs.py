@@ -73,8 +73,31 @@ from refdml.train.optim import Adam
 from refdml.train.schedules import ReduceOnPlateau
 from refdml.train.trainer import Trainer
 
-__all__ = ["STUDIES", "KEYS", "Run", "DeviceUnavailable", "build_run", "default_config",
+__all__ = ["STUDIES", "KEYS", "Run", "DeviceUnavailable", "build_optimizer", "build_run",
+           "default_config",
            "effective_config", "check_device"]
+
+
+def build_optimizer(model, objective, *, lr: float, betas=(0.9, 0.999),
+                    weight_decay: float = 0.0, proxy_lr_multiplier: float = 1.0,
+                    warmup_epochs: int = 0) -> tuple[Adam, list | None]:
+    """The papers' optimiser (GSP supp., ASAP App. A.2) and the parameters of its warm-up.
+
+    Adam with ``betas`` and coupled ``weight_decay``; the objective's parameters (proxies,
+    class embeddings), when it has any, in a group of their own at ``proxy_lr_multiplier``
+    times ``lr``. Returns ``(optimizer, warmup_params)``: with ``warmup_epochs > 0`` the
+    embedding layer (:func:`~refdml.train.models.embedding_layer_parameters`) and the
+    objective's parameters, the ones a warm-up trains (``TrainingLoop(warmup_params=...)``);
+    None without a warm-up."""
+    objective_params = list(objective.parameters())
+    groups = [{"params": list(model.parameters()), "name": "model"}]
+    if objective_params:
+        groups.append({"params": objective_params, "lr_multiplier": proxy_lr_multiplier,
+                       "name": "objective"})
+    optimizer = Adam(groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    warmup_params = ([*embedding_layer_parameters(model), *objective_params]
+                     if warmup_epochs else None)
+    return optimizer, warmup_params
 
 
 class DeviceUnavailable(RuntimeError):
@@ -179,17 +202,9 @@ def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
             clip_token_table(table.value)
 
         after_step = clip_token_table_after_step
-    # The papers' protocol (GSP supp., ASAP): the objective's parameters (proxies, class
-    # embeddings) in a group of their own at proxy_lr_multiplier times lr; a warm-up
-    # trains the embedding layer and those parameters only.
-    objective_params = list(objective.parameters())
-    groups = [{"params": list(model.parameters()), "name": "model"}]
-    if objective_params:
-        groups.append({"params": objective_params, "lr_multiplier": c.proxy_lr_multiplier,
-                       "name": "objective"})
-    optimizer = Adam(groups, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay)
-    warmup_params = ([*embedding_layer_parameters(model), *objective_params]
-                     if c.warmup_epochs else None)
+    optimizer, warmup_params = build_optimizer(
+        model, objective, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
+        proxy_lr_multiplier=c.proxy_lr_multiplier, warmup_epochs=c.warmup_epochs)
     schedule = None
     if c.plateau_factor is not None:
         schedule = ReduceOnPlateau(optimizer, mode="max", factor=c.plateau_factor,
