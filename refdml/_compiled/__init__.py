@@ -22,5 +22,12 @@ types), and only the fast path imports them: the reference runs without numba-cu
 :mod:`refdml._compiled.cuda_families` imports every family for the compile check.
 :mod:`refdml._compiled._support` holds the kernel modes (``refdml.gpu.use_kernels``), the
 :class:`~refdml._compiled._support.Implementations` chooser, the CUDA launch and the
-threading-layer guard.
+threading-layer guard; :mod:`refdml._compiled._notice` the line on stderr while a kernel
+compiles for longer than a few seconds (installed here, on import).
 """
+
+from refdml._compiled import _notice
+
+# A line on stderr while one of refdml's kernels compiles for more than a few seconds
+# (refdml._compiled._notice); nothing where Numba is not installed.
+_notice.install()

@@ -65,6 +65,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from refdml._compiled._notice import watch_cuda_dispatcher
 from refdml._xp import is_cupy_array
 
 Impl = TypeVar("Impl")
@@ -285,7 +286,8 @@ def cuda_launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
     arguments become host arrays (:func:`_simulator_args`). Returns nothing: outputs are
     written into their arrays; nothing waits for the kernel. Inside a
     :func:`launch_profile` block the launch is also recorded (and, on a GPU, bracketed by
-    two CUDA events on its stream).
+    two CUDA events on its stream). A kernel's compilation at its first launch prints a
+    line on stderr if it is slow (:func:`refdml._compiled._notice.watch_cuda_dispatcher`).
     """
     records = tuple(_RECORDS) if _RECORDS else ()     # open launch_profile records
     if cuda_simulator():
@@ -296,6 +298,7 @@ def cuda_launch(kernel: Any, grid: Any, block: Any, *args: Any) -> None:
         for record in records:
             record._count(_kernel_name(kernel))
         return
+    watch_cuda_dispatcher(kernel)     # a line on stderr while it compiles, if that is slow
     indices = _device_arrays(args)
     if not indices or _launch_sync():
         if not records:

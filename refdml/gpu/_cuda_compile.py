@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refdml._compiled import cuda_families
+from refdml._compiled._notice import compile_notice
 
 __all__ = [
     "ANY_DTYPE",
@@ -463,7 +464,8 @@ def compile_check(archs=DEFAULT_ARCHS, launch_list: list[Launch] | None = None) 
     at ``BLOCK`` threads per block (every kernel's launch size; :class:`CompileRow`).
 
     The links run in worker threads while the next kernels compile: ptxas (inside
-    nvJitLink, which releases the GIL) takes about as long as numba-cuda's lowering.
+    nvJitLink, which releases the GIL) takes about as long as numba-cuda's lowering. Past
+    a few seconds a line on stderr says what compiles (:mod:`refdml._compiled._notice`).
     """
     for arch in archs:
         parse_arch(arch)
@@ -472,7 +474,13 @@ def compile_check(archs=DEFAULT_ARCHS, launch_list: list[Launch] | None = None) 
     if launch_list is None:
         launch_list = launches()
     workers = max(1, min(4, (os.cpu_count() or 2) - 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    kernels = len({launch.kernel for launch in launch_list})
+    # The whole check is one long compilation, announced as one (refdml._compiled._notice).
+    with compile_notice(
+            f"{kernels} CUDA kernel(s), {len(launch_list)} launch signature(s)",
+            f"for {', '.join(archs)} (the compile check: NVVM and nvJitLink, no GPU; not "
+            "cached, each run compiles again)"), \
+            ThreadPoolExecutor(max_workers=workers) as pool:
         pending = []
         for launch in launch_list:
             for arch in archs:

@@ -42,17 +42,25 @@ the optimiser refuses a non-finite gradient or update before touching any parame
 (:class:`~refdml.train.optim.NonFiniteStepError`, a ``NonFiniteGradient``). The loop turns
 each into :class:`TrainingDiverged` naming the epoch and step; the parameters are those of
 the last good step.
+
+On a GPU (``device="cuda"``, with ``progress``) the loop says once per process, on stderr,
+that the first epoch compiles the kernels (or loads them from their caches);
+``REFDML_QUIET=1`` silences it.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
+from refdml._compiled._notice import silenced
 from refdml._validation import (_describe, as_label_array, check_choice, check_flag,
                                 check_float_dtype, check_scalar)
 from refdml._xp import to_numpy
@@ -73,6 +81,27 @@ METRIC_KEYS = {
 _INPUT_FIELDS = ("token_ids", "images", "features", "inputs")
 #: Row entries the loop writes itself (an evaluation may not use these names).
 _ROW_KEYS = ("epoch", "train_loss", "lr", "n_steps", "seconds")
+
+# The first-epoch line on a GPU is printed once per process (_note_gpu_compilation).
+_GPU_NOTE_LOCK = threading.Lock()
+_GPU_NOTED: list[bool] = []
+
+
+def _note_gpu_compilation() -> None:
+    """Say once per process, before a loop's first work on a GPU, that the first epoch
+    compiles its kernels (CuPy's through NVRTC, refdml's Numba ones at their first launch)
+    or reads them back from their disk caches, so that it is slower than the later ones.
+    A Numba kernel that compiles slowly also prints its own line
+    (:mod:`refdml._compiled._notice`)."""
+    with _GPU_NOTE_LOCK:
+        if _GPU_NOTED:
+            return
+        _GPU_NOTED.append(True)
+    cupy_cache = os.environ.get("CUPY_CACHE_DIR") or os.path.join("~", ".cupy", "kernel_cache")
+    print("refdml: the first epoch on the GPU compiles its kernels, or loads them from the "
+          f"caches (CuPy's in {cupy_cache}, Numba's in NUMBA_CACHE_DIR where set, else "
+          "refdml/_compiled/__pycache__): it takes longer than the later epochs", file=sys.stderr,
+          flush=True)
 
 
 class TrainingDiverged(RuntimeError, FloatingPointError):
@@ -583,6 +612,8 @@ class TrainingLoop:
 
     def _fit(self) -> list[dict[str, Any]]:
         rows = []
+        if self.device == "cuda" and self.progress and not silenced():
+            _note_gpu_compilation()
         if not self.started:
             self.sink.start(self)
             rows.append(self._end_epoch(0, None, time.perf_counter()))
