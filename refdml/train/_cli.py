@@ -28,7 +28,8 @@ __all__ = [
     "run_from_args",
 ]
 
-HELP = "train a study (tokens, digits-collage, features) with refdml.train"
+HELP = ("train a study (tokens, digits-collage, glyphs, glyph-collage, features) with "
+        "refdml.train")
 DESCRIPTION = ("Train one of the studies of refdml.train with hand-written backward "
                "passes: flags override the --config TOML, which overrides the study's "
                "defaults (docs/train.md, 'Running a training'). Writes config.json (the "
@@ -136,7 +137,7 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
                             "continue it or choose another folder")
     try:
         run = build_run(study, config, out_dir=out)
-    except DeviceUnavailable as exc:
+    except (DeviceUnavailable, ImportError) as exc:   # no GPU; a study's missing package
         return _error(prog, str(exc))
     except (TypeError, ValueError, KeyError, OSError) as exc:
         where = f" (in {args.config} or the flags)" if args.config else ""

@@ -3,8 +3,9 @@ r"""The config of a :mod:`refdml.train` run: its keys, defaults, checks, and :cl
 The config is flat: every key of :data:`KEYS` that applies to the study (unknown keys are
 a ValueError naming them). :func:`effective_config` fills the defaults; the defaults that
 depend on other keys (``inverse_temperature`` on the loss, ``zero_shot`` on the head,
-``conv_strides`` on ``conv_channels``, ``loss`` and ``zero_shot`` on ``objective``) are
-resolved there, so ``config.json`` records the values the run used. Each default's source
+``conv_strides`` on ``conv_channels``, ``loss`` and ``zero_shot`` on ``objective``; for
+the glyph studies the batches, ``proxy_lr_multiplier`` and ``warmup_epochs`` on the loss)
+are resolved there, so ``config.json`` records the values the run used. Each default's source
 ("paper: GSP supp. 2.1", "ours", ...) is in :data:`KEYS` and docs/train.md.
 
 :func:`resolve_config` returns the same values as a :class:`RunConfig`, a frozen
@@ -29,12 +30,17 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import _describe, check_scalar
+from refdml.train.data import GLYPH_FAMILIES
 from refdml.train.objectives import PROXY_LOSSES
 
-__all__ = ["ASAP_KEYS", "HEADS", "KEYS", "STUDIES", "Key", "RunConfig", "default_config",
-           "effective_config", "resolve_config"]
+__all__ = ["ASAP_KEYS", "GLYPH_STUDIES", "HEADS", "KEYS", "STUDIES", "Key", "RunConfig",
+           "default_config", "effective_config", "resolve_config"]
 
-STUDIES = ("tokens", "digits-collage", "features")
+STUDIES = ("tokens", "digits-collage", "glyphs", "glyph-collage", "features")
+#: The studies on the glyph benchmark (:func:`refdml.train.data.make_glyphs`), whose
+#: defaults follow the papers' protocol (the batches, the proxies' rate and the warm-up
+#: resolved from the loss: :func:`effective_config`).
+GLYPH_STUDIES = ("glyphs", "glyph-collage")
 HEADS = ("gap", "gmp", "gemean", "gsp")
 _LOSSES = ("contrastive", "proxy_nca")
 #: The keys that only objective == "asap" reads.
@@ -60,20 +66,32 @@ def _same(value, studies=STUDIES) -> dict[str, Any]:
     return {s: value for s in studies}
 
 
+def _glyphs(glyphs, collage=None) -> dict[str, Any]:
+    """The two glyph studies' defaults (``collage``: glyph-collage's, if it differs)."""
+    return {"glyphs": glyphs, "glyph-collage": glyphs if collage is None else collage}
+
+
+#: The papers' optimiser (GSP supp., ASAP App. A.2): the glyph studies' default.
+_PAPER_BETAS = [0.9, 0.99]
+
+
 #: Every key, its default per study and its source. ``None`` as a default means "resolved
 #: from other keys" (see :func:`effective_config`) or "none" where ``optional``.
 KEYS: dict[str, Key] = {
     # -- the run
     "seed": Key(_same(0), "ours", "int", low=0),
-    "epochs": Key({"tokens": 400, "digits-collage": 30, "features": 30},
+    "epochs": Key({"tokens": 400, "digits-collage": 30, "features": 30,
+                   **_glyphs(30, 4)},
                   "ours (tokens: a cap above the early stop, measured at epochs 164-261 on "
                   "seeds 0-2; "
-                  "digits-collage: the training goal's 30)", "int", low=0),
+                  "digits-collage: the training goal's 30; glyphs, glyph-collage: a few "
+                  "minutes on a 2-core CPU, measured in docs/train.md)", "int", low=0),
     "dtype": Key(_same("float32"), "ours (the fast path)", "str",
                  choices=("float32", "float64")),
     "device": Key(_same("cpu"), "ours", "str", choices=("cpu", "cuda")),
     "reference": Key(_same(False), "ours", "bool"),
-    "early_stopping_patience": Key({"tokens": 30, "digits-collage": 10, "features": 10},
+    "early_stopping_patience": Key({"tokens": 30, "digits-collage": 10, "features": 10,
+                                    **_glyphs(10)},
                                    "tokens: paper (GSP supp. 2.1, 30 epochs on MAP@R); "
                                    "others: ours",
                                    "int", low=1, optional=True),
@@ -88,33 +106,49 @@ KEYS: dict[str, Key] = {
     "eval_batch_size": Key(_same(1024), "ours", "int", low=1),
     "progress": Key(_same(True), "ours", "bool"),
     # -- optimiser and schedule
-    "lr": Key({"tokens": 1e-4, "digits-collage": 1e-3, "features": 1e-3},
+    "lr": Key({"tokens": 1e-4, "digits-collage": 1e-3, "features": 1e-3, **_glyphs(3e-3)},
               "tokens: paper (GSP supp. 2.1, Adam 1e-4); digits-collage: paper (supp. 2.2, "
-              "Adam 1e-3); features: ours", "float", low=0.0, low_inclusive=False),
-    "weight_decay": Key(_same(0.0), "paper (default Adam)", "float", low=0.0),
-    "betas": Key(_same([0.9, 0.999]), "Adam's defaults (Kingma & Ba 2015), as before; the "
-                 "GSP and ASAP papers train with (0.9, 0.99)", "betas"),
-    "proxy_lr_multiplier": Key(_same(1.0), "ours (1: one rate for the proxies and the "
-                               "network, as before); the GSP and ASAP papers train the "
-                               "proxies of ProxyNCA++ and Proxy-Anchor at 100", "float",
-                               low=0.0, low_inclusive=False),
-    "warmup_epochs": Key(_same(0), "ours (0: no warm-up, as before); the GSP and ASAP "
-                         "papers warm up the embedding layer for 1 epoch with the proxy "
-                         "losses", "int", low=0),
-    "plateau_factor": Key({"digits-collage": 0.5, "features": 0.5},
-                          "paper (GSP supp. 2.2: reduce on plateau, factor 0.5)", "float",
-                          low=0.0, high=1.0, low_inclusive=False, high_inclusive=False,
-                          optional=True),
-    "plateau_patience": Key({"digits-collage": 5, "features": 5},
+              "Adam 1e-3); features: ours; glyphs, glyph-collage: ours (refdml reproduce's "
+              "glyph setting: a small net trained from scratch, where the papers fine-tune "
+              "a pretrained one at 1e-5)", "float", low=0.0, low_inclusive=False),
+    "weight_decay": Key({**_same(0.0), **_glyphs(1e-4)},
+                        "paper (default Adam); glyphs, glyph-collage: paper (GSP supp., ASAP "
+                        "App. A.2: 1e-4)", "float", low=0.0),
+    "betas": Key({**_same([0.9, 0.999]), **_glyphs(_PAPER_BETAS)},
+                 "Adam's defaults (Kingma & Ba 2015), as before; the GSP and ASAP papers "
+                 "train with (0.9, 0.99), the glyph studies' default", "betas"),
+    "proxy_lr_multiplier": Key({**_same(1.0), **_glyphs(None)},
+                               "ours (1: one rate for the proxies and the network, as "
+                               "before); the GSP and ASAP papers train the proxies of "
+                               "ProxyNCA++ and Proxy-Anchor at 100 (glyphs, glyph-collage: "
+                               "resolved, 100 with a proxy loss outside ASAP, else 1)",
+                               "float", low=0.0, low_inclusive=False),
+    "warmup_epochs": Key({**_same(0), **_glyphs(None)},
+                         "ours (0: no warm-up, as before); the GSP and ASAP papers warm up "
+                         "the embedding layer for 1 epoch with the proxy losses (glyphs, "
+                         "glyph-collage: resolved, 1 with a proxy loss outside ASAP, else 0)",
+                         "int", low=0),
+    "plateau_factor": Key({"digits-collage": 0.5, "features": 0.5, **_glyphs(None)},
+                          "paper (GSP supp. 2.2: reduce on plateau, factor 0.5); glyphs, "
+                          "glyph-collage: none (the papers' CUB protocol has no schedule)",
+                          "float", low=0.0, high=1.0, low_inclusive=False,
+                          high_inclusive=False, optional=True),
+    "plateau_patience": Key({"digits-collage": 5, "features": 5, **_glyphs(5)},
                             "paper (GSP supp. 2.2: 5 epochs patience)", "int", low=0),
     # -- batches
-    "n_classes_per_batch": Key({"tokens": 16, "digits-collage": 8, "features": 16},
+    "n_classes_per_batch": Key({"tokens": 16, "digits-collage": 8, "features": 16,
+                                **_glyphs(None)},
                                "tokens: paper (16 classes); digits-collage: ours (all 8 "
-                               "training classes; the paper's 16 exceed them); features: ours",
+                               "training classes; the paper's 16 exceed them); features: "
+                               "ours; glyphs, glyph-collage: resolved, the papers' 32 with a "
+                               "proxy loss outside ASAP, else 8 (batches of 32)",
                                "int", low=1),
-    "n_samples_per_class": Key({"tokens": 4, "digits-collage": 8, "features": 4},
+    "n_samples_per_class": Key({"tokens": 4, "digits-collage": 8, "features": 4,
+                                **_glyphs(None)},
                                "tokens: paper (4 samples); digits-collage: ours (batch 64, "
-                               "the training benchmark's size); features: ours", "int", low=1),
+                               "the training benchmark's size); features: ours; glyphs, "
+                               "glyph-collage: resolved, the papers' 1 with a proxy loss "
+                               "outside ASAP, else 4", "int", low=1),
     # -- data
     # >= 2: a positive pair to train on, a class mate for each retrieval query
     "n_train_per_class": Key({"tokens": 64}, "ours (the paper gives no counts)", "int", low=2),
@@ -127,11 +161,31 @@ KEYS: dict[str, Key] = {
     "mixing_mean": Key({"tokens": 0.5}, "paper", "float", low=0.0, high=1.0),
     "mixing_std": Key({"tokens": 0.1}, "paper (read as a standard deviation)", "float",
                       low=0.0),
-    "collages_per_image": Key({"digits-collage": 4}, "ours (measured: at 1, an epoch is 11 "
-                              "steps and 30 epochs barely move the test MAP@R)", "int", low=1),
-    "eval_collages_per_image": Key({"digits-collage": 1}, "ours (more would put copies of "
-                                   "one digit image, near-duplicates, in the evaluation "
-                                   "splits)", "int", low=1),
+    "collages_per_image": Key({"digits-collage": 4, "glyph-collage": 1},
+                              "ours (digits-collage, measured: at 1, an epoch is 11 steps and "
+                              "30 epochs barely move the test MAP@R; glyph-collage: about "
+                              "4700 training collages at 1)", "int", low=1, high=1000),
+    "eval_collages_per_image": Key({"digits-collage": 1, "glyph-collage": 1},
+                                   "ours (more would put copies of one image, "
+                                   "near-duplicates, in the evaluation splits)", "int", low=1,
+                                   high=1000),
+    "glyph_size": Key(_glyphs(16), "ours (refdml reproduce's CPU scale: 16 x 16 pixels per "
+                      "glyph; its GPU scale draws 28)", "int", low=8, high=256),
+    "max_classes": Key(_glyphs(None), "ours (none: all of the about 600 classes, split "
+                       "0.55 / 0.15 / 0.30 into about 330 / 90 / 180 disjoint classes)",
+                       "int", low=3, optional=True),
+    "instances_per_font": Key(_glyphs(1), "ours (refdml reproduce's CPU scale: about 4800 "
+                              "training glyphs)", "int", low=1, high=1000),
+    "eval_instances_per_font": Key(_glyphs(1), "ours (one instance per font in validation "
+                                   "and test)", "int", low=1, high=1000),
+    "grid": Key({"glyph-collage": 2}, "paper (GSP supp. 2.2: a 2 x 2 collage, Fig. 11)",
+                "int", low=2, high=8),
+    "n_background": Key({"glyph-collage": [0, 0, 0]}, "ours (random distractor classes per "
+                        "split, train / val / test, besides the families)", "counts"),
+    "families": Key({"glyph-collage": list(GLYPH_FAMILIES)},
+                    "ours (refdml reproduce's: the distractors' kinds, shared by the splits "
+                    "as Cifar Collage's super-classes are, their characters split)", "names",
+                    choices=tuple(GLYPH_FAMILIES)),
     "features": Key({"features": None}, "required (--features PATH)", "path"),
     "features_key": Key({"features": "features"}, "ours", "str"),
     "labels_key": Key({"features": "labels"}, "ours", "str"),
@@ -139,55 +193,61 @@ KEYS: dict[str, Key] = {
                            "fractions"),
     # -- model
     "dim": Key({"tokens": 16}, "ours (the paper gives no width)", "int", low=1),
-    "conv_channels": Key({"digits-collage": [16, 32, 32]}, "ours (measured, docs/train.md)",
-                         "ints"),
-    "conv_strides": Key({"digits-collage": None}, "ours: 1, 2, then 1 (resolved to "
-                        "conv_channels' length)", "ints"),
-    "local_dim": Key({"digits-collage": 64}, "ours", "int", low=1),
-    "embedding_dim": Key({"tokens": 16, "digits-collage": 64, "features": 128},
+    "conv_channels": Key({"digits-collage": [16, 32, 32], **_glyphs([16, 32, 32])},
+                         "ours (measured, docs/train.md; glyphs: refdml reproduce's)", "ints"),
+    "conv_strides": Key({"digits-collage": None, **_glyphs(None)},
+                        "ours: 1, 2, then 1 (resolved to conv_channels' length); glyphs, "
+                        "glyph-collage: 1, then 2 (refdml reproduce's [1, 2, 2])", "ints"),
+    "local_dim": Key({"digits-collage": 64, **_glyphs(64)}, "ours", "int", low=1),
+    "embedding_dim": Key({"tokens": 16, "digits-collage": 64, "features": 128,
+                          **_glyphs(64)},
                          "ours (features: GSP's 128-d embeddings)", "int", low=1),
     "l2_normalize": Key(_same(True), "ours (GSP supp. 2.2 normalises; supp. 2.1 says the "
                         "token study does not: set false to follow it)", "bool"),
-    "head": Key({"tokens": "gsp", "digits-collage": "gsp", "features": "gsp"}, "ours", "str",
-                choices=HEADS),
-    "n_prototypes": Key({"tokens": 16, "digits-collage": 128, "features": 64},
-                        "digits-collage: paper (supp. 2.2, m = 128); features: paper (GSP "
-                        "CUB/Cars, 64); tokens: ours", "int", low=1),
-    "mu": Key({"tokens": 0.3, "digits-collage": 0.2, "features": 0.3},
+    "head": Key({"tokens": "gsp", "digits-collage": "gsp", "features": "gsp",
+                 **_glyphs("gsp")}, "ours", "str", choices=HEADS),
+    "n_prototypes": Key({"tokens": 16, "digits-collage": 128, "features": 64,
+                         **_glyphs(64)},
+                        "digits-collage: paper (supp. 2.2, m = 128); features, glyphs, "
+                        "glyph-collage: paper (GSP CUB/Cars, 64); tokens: ours", "int", low=1),
+    "mu": Key({"tokens": 0.3, "digits-collage": 0.2, "features": 0.3, **_glyphs(0.3)},
               "digits-collage: paper (supp. 2.2); others: paper (GSP Sec. 1.5 default 0.3)",
               "float", low=0.0, high=1.0, low_inclusive=False),
     "inverse_temperature": Key(_same(None),
                                "paper: GSP's 0.5 (proxy losses) / 5.0 (pair losses); "
                                "digits-collage: supp. 2.2's 10", "float", low=0.0),
-    "gemean_p": Key({"digits-collage": 3.0, "features": 3.0}, "ours (GeM's usual 3)", "float",
-                    low=1.0, low_inclusive=False),
+    "gemean_p": Key({"digits-collage": 3.0, "features": 3.0, **_glyphs(3.0)},
+                    "ours (GeM's usual 3)", "float", low=1.0, low_inclusive=False),
     # -- objective
-    "objective": Key({"digits-collage": "loss", "features": "loss"},
+    "objective": Key({"digits-collage": "loss", "features": "loss", **_glyphs("loss")},
                      "ours: 'loss' (the loss below, with GSP's zero-shot regulariser when "
                      "zero_shot) or 'asap' (ASAP Alg. 1-2 around a proxy loss)", "str",
                      choices=("loss", "asap")),
-    "proxies_per_class": Key({"digits-collage": 8, "features": 8},
+    "proxies_per_class": Key({"digits-collage": 8, "features": 8, **_glyphs(8)},
                              "paper (ASAP App. A.2: 8 for CUB and Cars, 4 for SOP/In-shop)",
                              "int", low=1),
-    "budget": Key({"digits-collage": 12, "features": 12},
+    "budget": Key({"digits-collage": 12, "features": 12, **_glyphs(12)},
                   "paper (ASAP App. A.2: pool size b = 12 for CUB and Cars, 7 for "
                   "SOP/In-shop)", "int", low=1),
-    "asap_lambda": Key({"digits-collage": 2e-4, "features": 2e-4},
+    "asap_lambda": Key({"digits-collage": 2e-4, "features": 2e-4, **_glyphs(2e-4)},
                        "paper (ASAP App. A.2: lambda = 2e-4 for all data sets)", "float",
                        low=0.0),
-    "instance_every": Key({"digits-collage": 5, "features": 5},
+    "instance_every": Key({"digits-collage": 5, "features": 5, **_glyphs(3)},
                           "ours, measured (ASAP Alg. 1 runs each instance 'until "
                           "convergence', App. A.2 gives no length; one instance's loss "
                           "flattens after 4-6 epochs; a sweep of 1, 2, 5, 10 differs by "
-                          "less than the epoch-to-epoch noise: docs/train.md)", "int", low=1),
+                          "less than the epoch-to-epoch noise: docs/train.md); glyphs, "
+                          "glyph-collage: 3, refdml reproduce's for its 6-epoch runs",
+                          "int", low=1),
     "loss": Key({"tokens": "contrastive", "digits-collage": "contrastive",
-                 "features": "contrastive"}, "ours", "str", choices=_LOSSES),
+                 "features": "contrastive", **_glyphs("contrastive")}, "ours", "str",
+                choices=_LOSSES),
     "pos_margin": Key(_same(None), "the contrastive loss's own default (refdml.losses: 0)",
                       "float", low=0.0, optional=True),
     "neg_margin": Key(_same(None), "the contrastive loss's own default (refdml.losses: "
                       "0.3841, GSP supp. 1.6.7)", "float", low=0.0, optional=True),
     "zero_shot": Key(_same(None), "on with a GSP head (GSP Alg. 1), else off", "bool"),
-    "lambda_": Key({"tokens": 0.1, "digits-collage": 0.5, "features": 0.1},
+    "lambda_": Key({"tokens": 0.1, "digits-collage": 0.5, "features": 0.1, **_glyphs(0.1)},
                    "paper: GSP Sec. 1.5 (0.1); digits-collage: supp. 2.2 (0.5)", "float",
                    low=0.0, high=1.0),
     "ridge": Key(_same(0.05), "paper (GSP's epsilon of (P3), 0.05)", "float", low=0.0,
@@ -276,6 +336,25 @@ def _check_value(name: str, key: Key, value: Any) -> Any:
                for v in value):
             raise ValueError(f"{name} == {list(value)}, each entry must be an integer >= 1")
         return [int(v) for v in value]
+    if kind == "counts":
+        if not isinstance(value, (list, tuple)) or len(value) != 3:
+            raise TypeError(f"{name} must be a list of 3 integers (train, val, test), got "
+                            f"{_describe(value)}")
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
+               for v in value):
+            raise ValueError(f"{name} == {list(value)}, each entry must be an integer >= 0")
+        return [int(v) for v in value]
+    if kind == "names":
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name} must be a list of names (any of {key.choices}), got "
+                            f"{_describe(value)}")
+        for v in value:
+            if not isinstance(v, str) or v not in key.choices:
+                raise ValueError(f"{name} == {list(value)}: {v!r} is not one of "
+                                 f"{key.choices}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{name} == {list(value)} names an entry twice")
+        return list(value)
     length = 3 if kind == "fractions" else 2
     if not isinstance(value, (list, tuple)) or len(value) != length:
         raise TypeError(f"{name} must be a list of {length} numbers, got {_describe(value)}")
@@ -331,7 +410,21 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
         merged["zero_shot"] = head == "gsp"
     if "conv_strides" in merged and merged["conv_strides"] is None:
         channels = _check_value("conv_channels", KEYS["conv_channels"], merged["conv_channels"])
-        merged["conv_strides"] = [2 if i == 1 else 1 for i in range(len(channels))]
+        merged["conv_strides"] = ([1 if i == 0 else 2 for i in range(len(channels))]
+                                  if study in GLYPH_STUDIES else
+                                  [2 if i == 1 else 1 for i in range(len(channels))])
+    if study in GLYPH_STUDIES:
+        # the papers' protocol (GSP supp., ASAP App. A.2) for the proxy losses: batches of
+        # 32 classes x 1 sample, the proxies at 100 x lr, one warm-up epoch; the pair
+        # losses (and ASAP, which uses neither) batches of 8 classes x 4 samples
+        proxy = loss in PROXY_LOSSES and not asap
+        epochs = _check_value("epochs", KEYS["epochs"], merged["epochs"])
+        for name, value in (("n_classes_per_batch", 32 if proxy else 8),
+                            ("n_samples_per_class", 1 if proxy else 4),
+                            ("proxy_lr_multiplier", 100.0 if proxy else 1.0),
+                            ("warmup_epochs", min(1, epochs) if proxy else 0)):
+            if merged[name] is None:
+                merged[name] = value
     if merged["inverse_temperature"] is None:
         merged["inverse_temperature"] = (10.0 if study == "digits-collage"
                                          else 0.5 if loss in PROXY_LOSSES else 5.0)
@@ -359,6 +452,10 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
     if out["warmup_epochs"] > out["epochs"]:
         raise ValueError(f"warmup_epochs == {out['warmup_epochs']}, must be <= epochs == "
                          f"{out['epochs']}")
+    if study == "glyph-collage" and not out["families"] and min(out["n_background"]) < 1:
+        raise ValueError(f"n_background == {out['n_background']} with families == []: every "
+                         "split needs a distractor class (a family, or n_background >= 1 "
+                         "for each split)")
     if asap and out["budget"] < out["proxies_per_class"]:
         raise ValueError(f"budget == {out['budget']} must be >= proxies_per_class == "
                          f"{out['proxies_per_class']} (ASAP Alg. 2 picks that many per pool)")
@@ -414,9 +511,17 @@ class RunConfig:
     tokens_per_sample: int | None = None
     mixing_mean: float | None = None
     mixing_std: float | None = None
-    # -- data: digits-collage
+    # -- data: digits-collage, glyph-collage
     collages_per_image: int | None = None
     eval_collages_per_image: int | None = None
+    # -- data: glyphs, glyph-collage
+    glyph_size: int | None = None
+    max_classes: int | None = None
+    instances_per_font: int | None = None
+    eval_instances_per_font: int | None = None
+    grid: int | None = None
+    n_background: tuple[int, int, int] | None = None
+    families: tuple[str, ...] | None = None
     # -- data: features
     features: str | None = None
     features_key: str | None = None

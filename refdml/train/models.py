@@ -323,14 +323,15 @@ def build_run_model(c: RunConfig, *, n_classes: int, rng, n_tokens: int | None =
 
     ``n_classes``: training classes (labels ``0 .. C - 1``); ``n_tokens``: the token
     vocabulary (``tokens``); ``feature_dim``: the width of the user's local features
-    (``features``).
+    (``features``). The image studies (``digits-collage``, ``glyphs``, ``glyph-collage``)
+    start with :func:`conv_trunk`.
     """
     placement = run_placement(c)
     token_table = None
     if c.study == "tokens":
         token_table = token_embedding(n_tokens, c.dim, rng=rng, placement=placement)
         trunk, d = [token_table], c.dim
-    elif c.study == "digits-collage":
+    elif c.conv_channels is not None:     # digits-collage, glyphs, glyph-collage
         trunk = conv_trunk(c.conv_channels, c.conv_strides, c.local_dim, rng=rng,
                            placement=placement)
         d = c.local_dim

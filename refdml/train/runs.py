@@ -1,4 +1,4 @@
-r"""Complete training runs from a config: the three studies.
+r"""Complete training runs from a config: the five studies.
 
 :func:`build_run(study, config, out_dir=...) <build_run>` returns a ready
 :class:`~refdml.train.Run` (the :class:`~refdml.train.Trainer` plus the effective config);
@@ -15,11 +15,21 @@ r"""Complete training runs from a config: the three studies.
     ``Linear(local_dim, embedding_dim) -> L2Normalize``; objective ``contrastive`` or
     ``proxy_nca``, with GSP's zero-shot regulariser (GSP Alg. 1) when ``zero_shot``;
     Adam with reduce-on-plateau.
+``glyphs`` (:func:`~refdml.train.data.make_glyphs`: about 600 character classes from
+matplotlib's fonts, split class-disjointly 0.55 / 0.15 / 0.30)
+    ``Conv2d -> ReLU`` per entry of ``conv_channels`` (strides 1, then 2: 16 local features
+    of a 16 x 16 glyph) -> ``LocalLinear`` -> head -> ``Linear -> L2Normalize``; the
+    papers' protocol by default (Adam (0.9, 0.99), weight decay 1e-4; with a proxy loss
+    batches of 32 classes x 1, the proxies at 100 x ``lr`` and one warm-up epoch; GSP at
+    its CUB settings m = 64, mu = 0.3), no schedule.
+``glyph-collage`` (:func:`~refdml.train.data.make_glyph_collages`)
+    the same model on ``grid`` x ``grid`` collages of glyphs (the class glyph in one cell,
+    distractors of the split's ``families`` in the others: 64 local features at grid 2).
 ``features`` (a user's ``.npz`` of local features ``(N, n, d)``)
     head -> ``Linear(d, embedding_dim) -> L2Normalize``; class-disjoint split of the
     user's classes.
 
-``objective = "asap"`` (digits-collage, features): ASAP Alg. 1-2
+``objective = "asap"`` (digits-collage, glyphs, glyph-collage, features): ASAP Alg. 1-2
 (:class:`~refdml.train.objectives.ASAPObjective`) around ``loss`` (default ``proxy_nca``):
 ``proxies_per_class`` proxies per class, ``asap_lambda/2 ||theta - theta*||^2`` on the
 model's parameters, and every ``instance_every`` epochs a new problem instance (proxies by
@@ -65,6 +75,8 @@ from refdml.train.data import (
     clip_token_table,
     load_features,
     make_digits_collage,
+    make_glyph_collages,
+    make_glyphs,
     make_token_splits,
 )
 from refdml.train.models import build_run_model, embedding_layer_parameters
@@ -133,7 +145,9 @@ class Run:
     trainer: Trainer
     model: Sequential
     objective: Objective
-    collage: Any = None          # the DigitsCollage data (class-cell masks for attention maps)
+    collage: Any = None          # DigitsCollage / GlyphCollages (class-cell masks for attention)
+    data: Any = None             # the study's data: TokenSplits, DigitsCollage, Glyphs,
+                                 # GlyphCollages (None for features)
 
 
 def _reindex(labels: np.ndarray) -> tuple[np.ndarray, int]:
@@ -156,6 +170,13 @@ def _load_features(c: RunConfig, dtype) -> Any:
         raise kind(f"features: {error}") from None
 
 
+def _glyph_options(c: RunConfig) -> dict[str, Any]:
+    """The keywords of :func:`~refdml.train.data.make_glyphs` a glyph study's config gives."""
+    return {"size": c.glyph_size, "max_classes": c.max_classes,
+            "instances_per_font": c.instances_per_font,
+            "eval_instances_per_font": c.eval_instances_per_font}
+
+
 def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
               out_dir: Any) -> Run:
     """Assemble the data, model, objective, optimiser, schedule and trainer of a run.
@@ -168,7 +189,7 @@ def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
     c = resolve_config(study, config)
     check_device(c.device)
     seed, dtype = c.seed, np.dtype(c.dtype)
-    n_tokens = feature_dim = collage = None
+    n_tokens = feature_dim = collage = data = None
     if study == "tokens":
         splits = make_token_splits(
             rng=seed, n_train_per_class=c.n_train_per_class, n_val_per_class=c.n_val_per_class,
@@ -178,10 +199,21 @@ def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
             mixing_std=c.mixing_std)
         train, val, test = ((s.token_ids, s.labels) for s in (splits.train, splits.val,
                                                                splits.test))
-        n_tokens = splits.train.n_tokens
+        n_tokens, data = splits.train.n_tokens, splits
     elif study == "digits-collage":
         collage = make_digits_collage(rng=seed, collages_per_image=c.collages_per_image,
                                       eval_collages_per_image=c.eval_collages_per_image)
+        train, val, test = ((s.images, s.labels) for s in (collage.train, collage.val,
+                                                            collage.test))
+    elif study == "glyphs":
+        data = make_glyphs(rng=seed, **_glyph_options(c))
+        train, val, test = ((s.images, s.labels) for s in (data.train, data.val, data.test))
+    elif study == "glyph-collage":
+        collage = make_glyph_collages(
+            rng=seed, grid=c.grid, collages_per_image=c.collages_per_image,
+            eval_collages_per_image=c.eval_collages_per_image,
+            n_background=tuple(c.n_background), families=tuple(c.families),
+            **_glyph_options(c))
         train, val, test = ((s.images, s.labels) for s in (collage.train, collage.val,
                                                             collage.test))
     else:
@@ -225,4 +257,4 @@ def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
         instance_every=c.instance_every if c.asap else None, warmup_epochs=c.warmup_epochs,
         warmup_params=warmup_params)
     return Run(study=study, config=c, trainer=trainer, model=model, objective=objective,
-               collage=collage)
+               collage=collage, data=collage if data is None else data)
