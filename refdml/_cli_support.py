@@ -5,17 +5,29 @@ Each subcommand lives in its own module (``refdml.catalog._gradcheck_cli``,
 ``refdml.reproduce._cli``) with ``add_arguments(parser)`` and ``run(args) -> int``;
 :mod:`refdml.cli` wires them. The pieces that subcommands of different layers need (the
 catalogue's and ``verify``) sit here, at the bottom of the layers, where each can import
-them. Nothing here imports any other part of refdml.
+them. Nothing here imports any other part of refdml but :mod:`refdml._io` (the same layer).
+
+Output paths (``--json PATH``, ``--report DIR``) are checked by :func:`check_output_paths`
+before any work, so a path that cannot be written costs no run: the command prints
+``refdml CMD: error: <the problem>`` and exits 2. The writes then go through
+:func:`write_outputs`, which turns an ``OSError`` at write time (a full disk, a folder
+removed meanwhile) into one line and ``False`` (exit status 1), and writes a report folder
+as a whole (:func:`refdml._io.replaced_folder`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterable
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["at_least", "check_output_paths", "seed", "select", "text_table"]
+from refdml._io import is_protected_folder, is_replaceable_folder, replaced_folder
+
+__all__ = ["at_least", "check_output_paths", "output_file_problem", "report_folder_problem",
+           "seed", "select", "text_table", "write_outputs"]
 
 
 def at_least(name: str, low: int = 1, high: int | None = None):
@@ -74,29 +86,139 @@ def select(names: Iterable[str], patterns: Iterable[str]) -> tuple[list[str], li
     return [n for n in names if n in chosen], unmatched
 
 
-def check_output_paths(report: str | None, json_path: str | None) -> str | None:
-    """Make the report folder and check both outputs can be written; the problem, or None.
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (the folder a mkdir -p would start in)."""
+    return next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
 
-    Run before any check, so a bad path is reported before any work is done.
+
+def _cannot_write_in(folder: Path) -> str | None:
+    """Why no file can be created in ``folder``, or None: probed by creating and removing
+    a file, which also catches what ``os.access`` does not (``/proc``, a read-only mount
+    seen by root)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".refdml-probe-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def _parent_problem(flag: str, value: str, path: Path, what: str) -> str | None:
+    """Can the folder that will hold ``path`` be created (if missing) and written?"""
+    start = _nearest_existing(path.parent)
+    if not start.is_dir():
+        return f"{flag} {value}: cannot create {what}: {start} is a file, not a folder"
+    reason = _cannot_write_in(start)
+    if reason is not None:
+        return f"{flag} {value}: cannot write in {start} ({reason})"
+    return None
+
+
+def output_file_problem(flag: str, value: str) -> str | None:
+    """Why the file ``value`` of ``flag`` (``--json``) cannot be written, or None.
+
+    Checks that the path is not a folder, that its folder exists or can be created (no
+    file on the way), and that a file can be created there. Creates nothing.
+    """
+    path = Path(value).absolute()
+    if path.is_dir():
+        return f"{flag} {value}: is a folder, not a file"
+    return _parent_problem(flag, value, path, "its folder")
+
+
+def report_folder_problem(flag: str, value: str, *, recognise: Callable | None = None) -> str | None:
+    """Why the folder ``value`` of ``flag`` (``--report``) cannot be written as a whole, or None.
+
+    The folder is replaced as a whole (:func:`refdml._io.replaced_folder`), so besides
+    being creatable and writable (its parent is probed) it must be missing, empty, or a
+    folder refdml wrote (its marker file, or ``recognise(path)`` for a report written
+    before the marker existed); the working folder, its parents and the home folder are
+    never replaced. Creates nothing.
+    """
+    path = Path(value).resolve()
+    if path.exists() and not path.is_dir():
+        return f"{flag} {value}: is a file, not a folder"
+    if is_protected_folder(path):
+        return (f"{flag} {value}: is the working folder, one of its parents or the home folder, "
+                "which refdml never replaces; choose a new or empty folder")
+    if not is_replaceable_folder(path, recognise=recognise):
+        return (f"{flag} {value} exists and is not a refdml report folder; "
+                "choose a new or empty folder")
+    return _parent_problem(flag, value, path, "the folder")
+
+
+def check_output_paths(report: str | None, json_path: str | None, *,
+                       recognise: Callable | None = None) -> str | None:
+    """The problem with ``--report DIR`` / ``--json PATH`` (either may be None), or None.
+
+    Run before any work, so a bad path is reported before any work is done; see
+    :func:`report_folder_problem` and :func:`output_file_problem`. Creates nothing.
     """
     if report is not None:
-        directory = Path(report)
-        if directory.exists() and not directory.is_dir():
-            return f"--report {report}: is a file, not a folder"
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return f"--report {report}: cannot create the folder ({exc.strerror or exc})"
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return f"--report {report}: the folder is not writable"
+        problem = report_folder_problem("--report", report, recognise=recognise)
+        if problem is not None:
+            return problem
     if json_path is not None:
-        path = Path(json_path)
-        if path.is_dir():
-            return f"--json {json_path}: is a folder, not a file"
-        parent = path.parent
-        existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
-        if not existing.is_dir():
-            return f"--json {json_path}: {existing} is a file, not a folder"
-        if not os.access(existing, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            return f"--json {json_path}: not writable"
+        problem = output_file_problem("--json", json_path)
+        if problem is not None:
+            return problem
+        if report is not None and Path(json_path).resolve() == Path(report).resolve():
+            return f"--json {json_path} and --report {report} name the same path"
     return None
+
+
+def _within(path: Path, folder: Path) -> Path | None:
+    """``path`` relative to ``folder`` when it lies inside it, else None."""
+    try:
+        return path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return None
+
+
+def write_outputs(command: str, *, json_path: str | None = None,
+                  write_json: Callable[[Path], object] | None = None,
+                  report: str | None = None,
+                  write_report: Callable[[Path], Path] | None = None,
+                  recognise: Callable | None = None) -> bool:
+    """Write ``--json`` (``write_json(path)``) and then ``--report`` (``write_report(folder)``,
+    returning the main file written), each when given; print where they went.
+
+    The report folder is written as a whole (:func:`refdml._io.replaced_folder`): no file
+    of a previous report survives, and a killed run leaves the previous one. A ``--json``
+    path inside the report folder is written into it, so the swap keeps it. An
+    ``OSError`` (a full disk, a folder removed meanwhile) prints one line,
+    ``refdml CMD: error: FLAG VALUE: cannot be written (...)``, and returns False (exit
+    status 1: refdml failed to write); True when everything was written.
+    """
+    flag, value = "--json", json_path
+    done: list[str] = []
+    try:
+        json_inside = (None if report is None or json_path is None
+                       else _within(Path(json_path), Path(report)))
+        if json_path is not None and json_inside is None:
+            Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+            write_json(Path(json_path))
+            done.append(f"JSON written to {json_path}")
+        if report is not None:
+            flag, value = "--report", report
+            with replaced_folder(report, recognise=recognise) as staging:
+                if json_inside is not None:
+                    flag, value = "--json", json_path
+                    target = staging / json_inside
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    write_json(target)
+                    flag, value = "--report", report
+                main_file = Path(write_report(staging)).relative_to(staging)
+            if json_inside is not None:
+                done.append(f"JSON written to {json_path}")
+            done.append(f"report written to {Path(report) / main_file}")
+    except OSError as exc:
+        if done:
+            print("\n".join(done), flush=True)
+        print(f"refdml {command}: error: {flag} {value}: cannot be written "
+              f"({exc.strerror or exc})", file=sys.stderr)
+        return False
+    if done:
+        print("\n".join(done))
+    return True

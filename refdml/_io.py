@@ -28,6 +28,9 @@ Functions
     A matplotlib figure, the format taken from ``path``'s suffix.
 ``append_line(path, line)`` / ``read_lines(path)``
     The JSON-lines log of a training run.
+``replaced_folder(path)`` / ``is_replaceable_folder(path)``
+    A folder written as a whole (a report): written in a staging folder beside it, then
+    swapped in, so no file of the previous one survives and a kill leaves the previous one.
 
 Nothing here imports matplotlib or any other part of refdml.
 """
@@ -39,6 +42,8 @@ import enum
 import json
 import math
 import os
+import re
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,9 +51,13 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "FOLDER_MARKER",
     "append_line",
     "atomic_path",
+    "is_protected_folder",
+    "is_replaceable_folder",
     "read_lines",
+    "replaced_folder",
     "save_figure",
     "to_jsonable",
     "write_bytes_atomic",
@@ -215,3 +224,113 @@ def read_lines(path: Any) -> list[str]:
     data = Path(path).read_bytes()
     complete = data[:data.rfind(b"\n") + 1]
     return complete.decode("utf-8").split("\n")[:-1]
+
+
+# --------------------------------------------------------------------------- whole folders
+
+#: The file :func:`replaced_folder` leaves in every folder it writes: the mark of a folder
+#: refdml may replace (it deletes no folder without it, unless the caller recognises it).
+FOLDER_MARKER = ".refdml-folder"
+_MARKER_TEXT = ("This folder was written by refdml as a whole; the next run writing here "
+                "replaces all of it.\n")
+_STAGING = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.(?:staging|old)$")
+
+
+def is_protected_folder(path: Any) -> bool:
+    """Is ``path`` the working folder, one of its ancestors, or the home folder? Such a
+    folder is never replaced, whatever it holds (``--report .``, ``--report ~``)."""
+    path = Path(path).resolve()
+    here = Path.cwd().resolve()
+    return path == here or path in here.parents or path == Path.home().resolve()
+
+
+def is_replaceable_folder(path: Any, *, recognise=None) -> bool:
+    """May :func:`replaced_folder` replace ``path``? True when it does not exist, is an
+    empty folder, holds :data:`FOLDER_MARKER`, or ``recognise(path)`` says it is a folder
+    refdml wrote (the reports written before the marker existed). False for a file, and
+    for the working folder, its ancestors and the home folder (:func:`is_protected_folder`)."""
+    path = Path(path)
+    if is_protected_folder(path):
+        return False
+    if not path.exists():
+        return True
+    if not path.is_dir():
+        return False
+    if (path / FOLDER_MARKER).is_file() or not any(path.iterdir()):
+        return True
+    return bool(recognise is not None and recognise(path))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+def _remove_leftovers(path: Path) -> None:
+    """Staging and set-aside folders of ``path`` left by runs that were killed."""
+    for entry in path.parent.iterdir():
+        match = _STAGING.match(entry.name)
+        if (match and match["name"] == path.name and entry.is_dir() and not entry.is_symlink()
+                and not _pid_alive(int(match["pid"]))):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _beside(path: Path, kind: str) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.{kind}")
+
+
+@contextlib.contextmanager
+def replaced_folder(path: Any, *, recognise=None, durable: bool = True) -> Iterator[Path]:
+    """Yield an empty staging folder beside ``path``; on a normal exit it becomes ``path``.
+
+    Write the whole folder into the yielded one inside the ``with`` block. On a normal exit
+    :data:`FOLDER_MARKER` is added, the previous ``path`` (if any) is renamed aside, the
+    staging folder renamed to ``path``, and the previous one deleted: no file of the
+    previous folder survives. An exception inside the block deletes the staging folder and
+    leaves ``path`` as it was; a kill leaves ``path`` as it was and a staging folder
+    (``.<name>.<pid>.<random>.staging``), which the next call for ``path`` deletes. Between
+    the two renames ``path`` is briefly missing (a kill there leaves the previous folder as
+    ``.<name>.<pid>.<random>.old``).
+
+    Raises ``FileExistsError`` (before the block) when ``path`` is not
+    :func:`is_replaceable_folder` (a file, or a folder refdml did not write): refdml
+    deletes no folder it did not write. ``path``'s parent folders are created.
+    """
+    path = Path(path).resolve()   # a symbolic link: the folder it names is replaced
+    if not is_replaceable_folder(path, recognise=recognise):
+        raise FileExistsError(f"{path} exists and is not a folder refdml wrote; "
+                              "it is not replaced")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(path)
+    staging = _beside(path, "staging")
+    staging.mkdir()
+    try:
+        yield staging
+        write_text_atomic(staging / FOLDER_MARKER, _MARKER_TEXT, durable=durable)
+        if not is_replaceable_folder(path, recognise=recognise):  # appeared meanwhile
+            raise FileExistsError(f"{path} exists and is not a folder refdml wrote; "
+                                  "it is not replaced")
+        old = None
+        if path.exists():
+            old = _beside(path, "old")
+            os.rename(path, old)
+        try:
+            os.rename(staging, path)
+        except BaseException:
+            if old is not None:
+                os.rename(old, path)
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

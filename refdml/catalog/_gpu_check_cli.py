@@ -8,9 +8,8 @@ import os
 import sys
 import time
 from importlib.metadata import version
-from pathlib import Path
 
-from refdml._cli_support import check_output_paths, seed, text_table
+from refdml._cli_support import check_output_paths, seed, text_table, write_outputs
 from refdml._compiled import _cuda
 from refdml._io import write_json_atomic
 from refdml.catalog._gradcheck_cli import select_operators
@@ -52,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", nargs="+", type=_arch, metavar="sm_NN",
                         help="with --compile-only: the architectures (default sm_80 sm_90)")
     parser.add_argument("--json", metavar="PATH",
-                        help="also write the rows as JSON (a list of dicts; keys in docs/gpu.md)")
+                        help="also write the rows as JSON (a list of dicts; keys in docs/gpu.md); "
+                             "checked before the run (exit 2), a failed write exits 1")
     parser.add_argument("--no-progress", action="store_true",
                         help="no line on stderr as each check ends (the table comes at the end; "
                              "a first CUDA call compiles its kernels, seconds each)")
@@ -171,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
         width = max(len(s.name) for s in unmirrored)
         for s in unmirrored:
             print(f"  {s.name:<{width}}  {s.no_mirror or '(no reason recorded)'}")
-    _write_json(args.json, records)
-    return 1 if failures else 0
+    written = _write_json(args.json, records)
+    return 1 if failures or not written else 0
 
 
 def _runs(spec, backends: list[str], simulated: bool) -> list[tuple[str, str]]:
@@ -206,11 +206,10 @@ def _json_path_ok(path: str | None) -> bool:
     return problem is None
 
 
-def _write_json(path: str | None, records: list) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, records, indent=1)
-        print(f"JSON written to {path}")
+def _write_json(path: str | None, records: list) -> bool:
+    """``--json``: the records, or one line and False when the write fails (exit status 1)."""
+    return write_outputs("gpu-check", json_path=path,
+                         write_json=lambda target: write_json_atomic(target, records, indent=1))
 
 
 def _compile_only(args: argparse.Namespace) -> int:
@@ -265,8 +264,8 @@ def _compile_only(args: argparse.Namespace) -> int:
     print(f"\n{len(rows)} rows ({kernels} kernels, {len(rows) // max(len(archs), 1)} launch "
           f"signatures x {len(archs)} architecture(s)): {len(failed)} failure(s); "
           f"{elapsed:.1f} s")
-    _write_json(args.json, _cuda_compile.rows_to_json(rows))
-    return 1 if failed else 0
+    written = _write_json(args.json, _cuda_compile.rows_to_json(rows))
+    return 1 if failed or not written else 0
 
 
 def _cell(value: int | None) -> str:

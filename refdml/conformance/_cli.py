@@ -20,10 +20,9 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from refdml._cli_support import at_least, check_output_paths
+from refdml._cli_support import at_least, check_output_paths, write_outputs
 from refdml._io import write_json_atomic
 from refdml._validation import _describe
 from refdml.catalog import all_operators
@@ -41,7 +40,8 @@ DESCRIPTION = (
     "reference inputs, and (unless --no-search) on a hypothesis search that shrinks a "
     "disagreement; its error inputs are reported. Each failure names the input case, the "
     "output or gradient, the worst element and the tolerance. Exit status 0 pass, "
-    "1 a failure, 2 bad arguments."
+    "1 a failure (or a --json that could not be written), 2 bad arguments (a --json "
+    "path that cannot be written among them, found before the check)."
 )
 EPILOG = """\
 examples:
@@ -207,7 +207,8 @@ def _check_framework(name: str, backward: Any, device: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``refdml conform``; exit status 0 pass, 1 a failure, 2 bad arguments."""
+    """Run ``refdml conform``; exit status 0 pass, 1 a failure or a failed write, 2 bad
+    arguments (found before any work)."""
     here = os.getcwd()
     added = here not in sys.path and "" not in sys.path
     if added:
@@ -223,8 +224,7 @@ def run(args: argparse.Namespace) -> int:
         if added:
             sys.path.remove(here)
     print(report.summary())
-    if args.json is not None:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(args.json, report.to_dict(), indent=2)
-        print(f"report written to {args.json}")
+    if not write_outputs("conform", json_path=args.json,
+                         write_json=lambda path: write_json_atomic(path, report.to_dict(), indent=2)):
+        return 1
     return 0 if report.passed else 1

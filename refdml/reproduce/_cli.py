@@ -6,7 +6,9 @@ import argparse
 import sys
 import time
 
-from refdml._cli_support import at_least
+from pathlib import Path
+
+from refdml._cli_support import at_least, check_output_paths, write_outputs
 from refdml.reproduce._experiments import SCALES
 from refdml.reproduce._stats import VERDICT_MEANINGS
 
@@ -26,8 +28,13 @@ def _epilog() -> str:
     lines = "\n".join(f"  {k:<{width}}  {v}" for k, v in VERDICT_MEANINGS.items())
     return ("verdicts (computed from a paired bootstrap 95% interval over seeds):\n" + lines
             + "\n\nexit status:\n  0  every task ran (whatever the verdicts)\n"
-            "  1  a task failed (its traceback is printed; the others were kept)\n"
-            "  2  bad arguments\n\nexamples:\n  refdml reproduce --quick --report out/\n"
+            "  1  a task failed (its traceback is printed; the others were kept), or an\n"
+            "     output could not be written\n"
+            "  2  bad arguments (an output path that cannot be written, a --report folder\n"
+            "     that is not empty and not a refdml report, ...), found before any task runs\n\n"
+            "--report DIR is written as a whole: the previous report there is replaced (no\n"
+            "stale figure survives), and a run stopped before the end leaves it as it was.\n\n"
+            "examples:\n  refdml reproduce --quick --report out/\n"
             "  refdml reproduce --only gsp.synthetic wdml --workers 4\n"
             "  refdml reproduce --scheduler tcp://10.0.0.5:8786 --json results.json")
 
@@ -44,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only these experiments (ids or prefixes, e.g. 'gsp' 'asap.proxies')")
     parser.add_argument("--list", action="store_true", help="print the experiments and exit")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--report", metavar="DIR", help="write a Markdown report with figures here")
+    parser.add_argument("--report", metavar="DIR",
+                        help="write a Markdown report with figures here, replacing the report "
+                             "there as a whole; checked before the run")
     parser.add_argument("--workers", type=at_least("--workers"), default=2,
                         help="worker processes of the embedded Dask LocalCluster (default 2)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
@@ -99,11 +108,24 @@ def _check_device(device: str) -> str | None:
     return None if count > 0 else "--device cuda: CuPy finds no GPU"
 
 
+def _check_outputs(args: argparse.Namespace, recognise) -> str | None:
+    """``--json`` and ``--report`` can be written, and the report (replaced as a whole)
+    does not hold the cache; the problem, or None."""
+    problem = check_output_paths(args.report, args.json, recognise=recognise)
+    if problem is None and args.report is not None and not args.no_cache:
+        cache, report = Path(args.cache).resolve(), Path(args.report).resolve()
+        if cache == report or report in cache.parents:
+            problem = (f"--cache {args.cache} lies inside --report {args.report}, which is "
+                       "replaced as a whole; keep the cache elsewhere")
+    return problem
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``refdml reproduce`` with the flags of :func:`add_arguments`; its exit status."""
     from refdml.reproduce._experiments import EXPERIMENTS
     from refdml.reproduce._report import (
         evaluate_experiment,
+        is_report_folder,
         summary_header,
         summary_lines,
         write_json,
@@ -127,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         print("refdml reproduce: error: --scheduler '' is empty; give tcp://host:port",
               file=sys.stderr)
         return 2
-    problem = _check_device(args.device)
+    problem = _check_device(args.device) or _check_outputs(args, is_report_folder)
     if problem is not None:
         print(f"refdml reproduce: error: {problem}", file=sys.stderr)
         return 2
@@ -169,10 +191,9 @@ def run(args: argparse.Namespace) -> int:
                "code_version": code_version(), "experiments": results,
                "tasks": {"computed": len(outcome.computed), "cached": len(outcome.cached),
                          "failed": len(outcome.failures), "missing": len(outcome.missing)}}
-    if args.json:
-        write_json(args.json, payload)
-        print(f"JSON written to {args.json}")
-    if args.report:
-        path = write_report(args.report, payload)
-        print(f"report written to {path}")
-    return 1 if outcome.failures else 0
+    written = write_outputs("reproduce", json_path=args.json,
+                            write_json=lambda path: write_json(path, payload),
+                            report=args.report,
+                            write_report=lambda folder: write_report(folder, payload),
+                            recognise=is_report_folder)
+    return 1 if outcome.failures or not written else 0

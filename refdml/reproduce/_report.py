@@ -35,8 +35,10 @@ from refdml.reproduce._stats import (
     summarise,
 )
 
-__all__ = ["evaluate_experiment", "summary_header", "summary_lines", "write_json",
-           "write_report"]
+__all__ = ["evaluate_experiment", "is_report_folder", "summary_header", "summary_lines",
+           "write_json", "write_report"]
+
+_TITLE = "# refdml reproduce"
 
 #: Width of the verdict column of the printed lines (the longest verdict and two spaces).
 _VERDICT_WIDTH = max(map(len, VERDICTS)) + 2
@@ -518,11 +520,35 @@ def _mean(x) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.4f}"
 
 
+def is_report_folder(path) -> bool:
+    """Is ``path`` a report that ``refdml reproduce`` wrote before it marked its folders
+    (:data:`refdml._io.FOLDER_MARKER`)? Its ``README.md`` begins with the report's title
+    and nothing else is there but PNG and JSON files (``--json`` may point inside it) and a
+    killed write's temporary files. Such a folder may be replaced by the next ``--report``."""
+    path = Path(path)
+    try:
+        with open(path / "README.md", encoding="utf-8") as handle:
+            if handle.readline().rstrip("\n") != _TITLE:
+                return False
+    except (OSError, UnicodeDecodeError):
+        return False
+    return all(_in_a_report(entry) for entry in path.iterdir())
+
+
+def _in_a_report(entry: Path) -> bool:
+    if entry.is_symlink() or not entry.is_file():
+        return False
+    name = entry.name
+    if name.startswith("."):
+        return name.endswith(".tmp")
+    return name == "README.md" or entry.suffix in (".png", ".json")
+
+
 def write_report(directory, payload: dict) -> Path:
     """``<directory>/README.md`` with a table of verdicts, per-experiment tables, figures."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    lines = ["# refdml reproduce", "",
+    lines = [_TITLE, "",
              f"Mode `{payload['mode']}`, scale `{payload.get('scale', 'small')}`, device "
              f"`{payload.get('device', 'cpu')}`, {payload['wall_seconds']:.0f} s wall, "
              f"{payload['workers']}, code version `{payload['code_version']}`; CPU time of the "

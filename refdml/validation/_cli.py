@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
-from refdml._cli_support import check_output_paths, seed, select
+from refdml._cli_support import check_output_paths, seed, select, write_outputs
 from refdml._io import write_json_atomic
 
 from ._claims import load_claims
@@ -30,8 +28,12 @@ def _epilog() -> str:
         "exit status:\n"
         "  0  every check ran and every self-check (gradient check of the refdml operators a\n"
         "     claim uses) passed, whatever the verdicts\n"
-        "  1  a check crashed or a self-check failed\n"
-        "  2  bad arguments (an --only pattern matching no claim, an output path that cannot be written)\n\n"
+        "  1  a check crashed or a self-check failed, or an output could not be written\n"
+        "  2  bad arguments (an --only pattern matching no claim, an output path that cannot be\n"
+        "     written, a --report folder that is not empty and not a refdml report), found\n"
+        "     before any claim runs\n\n"
+        "--report DIR is written as a whole: the previous report there is replaced (no stale\n"
+        "figure survives), and a run stopped before the end leaves it as it was.\n\n"
         "examples:\n"
         "  refdml verify --quick\n"
         "  refdml verify --only gsp.fig9 xml --report out/\n"
@@ -53,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the claim ids with one-line descriptions and exit")
     parser.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     parser.add_argument("--report", metavar="DIR",
-                        help="write a Markdown report (and figures) here; checked before the run")
+                        help="write a Markdown report (and figures) here, replacing the report "
+                             "there as a whole; checked before the run")
     parser.add_argument("--seed", type=seed, default=0, help="base seed of every check (>= 0)")
 
 
@@ -94,8 +97,10 @@ class _Progress:
 def run(args: argparse.Namespace) -> int:
     """Run ``refdml verify`` with the flags of :func:`add_arguments`.
 
-    Returns the exit status: 0, 1 (a check crashed or a self-check failed) or 2 (bad
-    arguments: an ``--only`` pattern matching no claim, an output path that cannot be written).
+    Returns the exit status: 0, 1 (a check crashed, a self-check failed, or an output
+    could not be written) or 2 (bad arguments, found before any claim runs: an ``--only``
+    pattern matching no claim, an output path that cannot be written, a ``--report``
+    folder that is neither empty nor a refdml report).
     """
     if getattr(args, "list", False):
         print("\n".join(list_claims()))
@@ -109,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
                   f"(a full id or a prefix such as 'gsp' or 'gsp.fig9'); the ids are:", file=sys.stderr)
             print("\n".join(f"  {i}" for i in CHECKS), file=sys.stderr)
             return 2
-    problem = check_output_paths(args.report, args.json)
+    from ._report import is_report_folder
+
+    problem = check_output_paths(args.report, args.json, recognise=is_report_folder)
     if problem is not None:
         print(f"refdml verify: error: {problem}", file=sys.stderr)
         return 2
@@ -137,14 +144,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"CRASHED: {', '.join(crashed)}")
     if bad_self:
         print(f"SELF-CHECK FAILED (a gradient check of refdml's own code): {', '.join(bad_self)}")
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, [r.as_json() for r in results], indent=2)
-        print(f"JSON written to {path}")
-    if args.report:
+    def write_report(folder):
         from ._report import write_report
 
-        report = write_report(results, args.report, quick=args.quick, seed=args.seed, runtime_s=elapsed)
-        print(f"report written to {report}")
+        return write_report(results, folder, quick=args.quick, seed=args.seed, runtime_s=elapsed)
+
+    written = write_outputs(
+        "verify", json_path=args.json,
+        write_json=lambda path: write_json_atomic(path, [r.as_json() for r in results], indent=2),
+        report=args.report, write_report=write_report, recognise=is_report_folder)
+    if not written:
+        return 1
     return exit_status(results)

@@ -21,7 +21,9 @@ from refdml._io import save_figure, write_text_atomic
 
 from ._framework import VERDICT_MEANINGS, ClaimResult, Figure, to_jsonable
 
-__all__ = ["machine_lines", "write_report"]
+__all__ = ["is_report_folder", "machine_lines", "write_report"]
+
+_TITLE = "# refdml verify: numerical checks of the claims of the four papers"
 
 _CELL = 160  # longest cell of an evidence table, in characters
 _ITEMS = 12  # numbers of a list shown before "... (N values)"
@@ -235,6 +237,33 @@ def _claim_section(result: ClaimResult, figdir: Path, plt) -> list[str]:
     return out
 
 
+def _first_line(path: Path) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.readline().rstrip("\n")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def is_report_folder(path) -> bool:
+    """Is ``path`` a report that ``refdml verify`` wrote before it marked its folders
+    (:data:`refdml._io.FOLDER_MARKER`)? Its ``report.md`` begins with the report's title
+    and nothing else is there but ``figures/`` holding PNGs (and a killed write's
+    temporary files). Such a folder may be replaced by the next ``--report``."""
+    path = Path(path)
+    if _first_line(path / "report.md") != _TITLE:
+        return False
+    for entry in path.iterdir():
+        if entry.name == "report.md" or (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+            continue
+        if entry.name != "figures" or not entry.is_dir() or entry.is_symlink():
+            return False
+        if any(not f.is_file() or not (f.suffix == ".png" or f.name.endswith(".tmp"))
+               for f in entry.iterdir()):
+            return False
+    return True
+
+
 def write_report(results: list[ClaimResult], directory, *, quick: bool, seed: int, runtime_s: float) -> Path:
     """Write ``DIR/report.md`` (and ``DIR/figures/*.png`` when matplotlib is installed)."""
     directory = Path(directory)
@@ -242,7 +271,7 @@ def write_report(results: list[ClaimResult], directory, *, quick: bool, seed: in
     figdir.mkdir(parents=True, exist_ok=True)
     plt = _pyplot()
     lines = [
-        "# refdml verify: numerical checks of the claims of the four papers",
+        _TITLE,
         "",
         f"Mode: {'quick' if quick else 'default'}; base seed {seed}; {len(results)} claims; "
         f"total runtime {runtime_s:.1f} s.",

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from refdml._io import read_lines
+from refdml._io import FOLDER_MARKER, read_lines
 from refdml.train._checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="SIGKILL is POSIX")
@@ -461,7 +461,7 @@ def test_reproduce_killed_at_random_moments_and_inside_its_writes_resumes_to_the
         after_next_task,                   # random: a moment after the next cached task
         after_launch,                      # random: a moment after the launch
         in_hook("*out.json"),              # every task cached; the JSON in its temporary file
-        in_hook("*report/README.md"),      # the JSON written; the README in its temporary file
+        in_hook("*report.*.staging/README.md"),  # the JSON written; the README in its staging folder
         in_hook("*out.json"),              # the JSON once more: the first must stay whole
     ]
     seen = []
@@ -513,29 +513,41 @@ def test_reproduce_killed_at_random_moments_and_inside_its_writes_resumes_to_the
 _CLAIM = "gsp.appA3.hinv"     # a check of well under a second
 
 
+def _old_report(report: Path, text: str) -> None:
+    """A previous report refdml wrote (its folder marker), with a figure of its own."""
+    (report / "figures").mkdir(parents=True)
+    (report / "report.md").write_text(text)
+    (report / "figures" / "old.png").write_bytes(b"an old figure")
+    (report / FOLDER_MARKER).write_text("")
+
+
 def test_verify_killed_inside_its_report_write_keeps_the_old_report(tmp_path):
     report = tmp_path / "report"
-    report.mkdir()
-    (report / "report.md").write_text("the previous report\n")
+    _old_report(report, "the previous report\n")
     (tmp_path / "v.json").write_text("[]")
-    child = _Child(tmp_path, ["verify", "--quick", "--only", _CLAIM, "--json", "v.json",
-                              "--report", "report"],
-                   {"kind": "replace", "pattern": "*report/report.md", "nth": 1,
-                    "when": "before"})
+    argv = ["verify", "--quick", "--only", _CLAIM, "--json", "v.json", "--report", "report"]
+    child = _Child(tmp_path, argv, {"kind": "replace", "pattern": "*report.*.staging/report.md",
+                                    "nth": 1, "when": "before"})
     child.kill_in_hook()
+    # the report is written in a staging folder beside it: the previous one is untouched
     assert (report / "report.md").read_text() == "the previous report\n"
+    assert (report / "figures" / "old.png").exists()
     (result,) = json.loads((tmp_path / "v.json").read_text())     # written before: whole
     assert result["id"] == _CLAIM
-    (leftover,) = _temporaries(report)
-    assert leftover.name.startswith(".report.md.")
+    (leftover,) = _temporaries(tmp_path)
+    assert leftover.name.startswith(".report.md.") and leftover.parent.name.endswith(".staging")
+    _Child(tmp_path, argv).finish()   # the next run replaces it and removes the leftover
+    assert (report / "report.md").read_text().startswith("# refdml verify")
+    assert not (report / "figures" / "old.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report")) == []
 
 
-def test_verify_an_exception_inside_its_writes_leaves_the_old_files(tmp_path, monkeypatch):
+def test_verify_an_exception_inside_its_writes_leaves_the_old_files(tmp_path, monkeypatch,
+                                                                    capsys):
     from refdml.cli import main
 
     report = tmp_path / "report"
-    report.mkdir()
-    (report / "report.md").write_text("old report")
+    _old_report(report, "old report")
     (tmp_path / "v.json").write_text("old json")
     real_replace = os.replace
 
@@ -546,11 +558,14 @@ def test_verify_an_exception_inside_its_writes_leaves_the_old_files(tmp_path, mo
 
     monkeypatch.setattr(os, "replace", refuse)
     argv = ["verify", "--quick", "--only", _CLAIM, "--report", str(report)]
-    with pytest.raises(OSError, match="No space left"):
-        main([*argv, "--json", str(tmp_path / "v.json")])
+    # a failed write is one line and exit status 1, not a traceback
+    assert main([*argv, "--json", str(tmp_path / "v.json")]) == 1
+    assert "--json" in capsys.readouterr().err
     assert (tmp_path / "v.json").read_text() == "old json"
-    with pytest.raises(OSError, match="No space left"):
-        main(argv)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "error" in line]
+    assert "--report" in line and "No space left" in line and "Traceback" not in err
     assert (report / "report.md").read_text() == "old report"
     assert _temporaries(tmp_path) == []
     monkeypatch.setattr(os, "replace", real_replace)
