@@ -623,9 +623,9 @@ def write_run_figures(run, out_dir, *, n_attention: int = 8) -> list[Path]:
     """The figures of a finished run (:func:`refdml.train.runs.build_run`), in ``out_dir/figures``.
 
     ``curves.png`` (loss and MAP@R per epoch), ``embeddings_2d.png`` (PCA of the test
-    embeddings, validation if there is no test split), and for a digits-collage model with
-    a GSP head ``attention.png`` (the pooling weights over ``n_attention`` test collages, the
-    class cell outlined). Needs matplotlib (``pip install "refdml[plot]"``).
+    embeddings, validation if there is no test split), and for a collage model
+    (digits-collage, glyph-collage) with a GSP head ``attention.png`` (the pooling weights
+    over ``n_attention`` test collages, the class cell outlined). Needs matplotlib (``pip install "refdml[plot]"``).
     """
     _figure_class()  # the install hint, before any work
     from refdml.train.trainer import Trainer, _check_out_dir
@@ -655,7 +655,7 @@ def write_run_figures(run, out_dir, *, n_attention: int = 8) -> list[Path]:
         plot_attention(test.images[pick], gsp_weights(run.model, ctx),
                        figures / "attention.png", grid=feature_grid(run.model, ctx),
                        foreground=test.foreground[pick], labels=test.labels[pick], mu=head.mu,
-                       title=f"digits-collage: GSP pooling weights after epoch {trainer.epoch}")
+                       title=f"{run.study}: GSP pooling weights after epoch {trainer.epoch}")
         written.append(figures / "attention.png")
     return written
 
