@@ -625,7 +625,8 @@ def write_run_figures(run, out_dir, *, n_attention: int = 8) -> list[Path]:
     ``curves.png`` (loss and MAP@R per epoch), ``embeddings_2d.png`` (PCA of the test
     embeddings, validation if there is no test split), and for a collage model
     (digits-collage, glyph-collage) with a GSP head ``attention.png`` (the pooling weights
-    over ``n_attention`` test collages, the class cell outlined). Needs matplotlib (``pip install "refdml[plot]"``).
+    over ``n_attention`` test collages, the class cell outlined). Needs matplotlib
+    (``pip install "refdml[plot]"``).
     """
     _figure_class()  # the install hint, before any work
     from refdml.train.trainer import Trainer, _check_out_dir
