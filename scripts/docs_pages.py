@@ -49,6 +49,7 @@ from refdml._io import write_text_atomic
 # scripts/ is no package: the benchmarks' helpers are imported from beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import git_commit, machine  # noqa: E402
+from mkdocs_griffe_rst import roles_to_markdown  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -141,8 +142,10 @@ def public_modules() -> list[tuple[str, list[str], str]]:
 
 
 def summary(module: Any) -> str:
+    """The first paragraph of the module's docstring, on one line, its reStructuredText
+    roles as Markdown (the API index and the submodule lists are Markdown, not docstrings)."""
     doc = (module.__doc__ or "").strip().split("\n\n")[0]
-    return " ".join(doc.split())
+    return roles_to_markdown(" ".join(doc.split()))
 
 
 def split_members(module: str, names: list[str]) -> tuple[list[str], list[str]]:

@@ -2,18 +2,20 @@
 
 Wasserstein DML (Dou, Luo & Yang, AAAI 2022 student abstract), Eqs. (1)-(4).
 
-=====================================  ==============================================
-:func:`sinkhorn`                        batched log-domain Sinkhorn for Eq. (3)
-                                        (``_sinkhorn.py``)
-:func:`entropic_ot_forward` / backward  the value of Eq. (3) or ``<pi, C>``, gradients
-                                        w.r.t. ``a``, ``b``, ``cost`` (``_entropic.py``)
-:func:`sinkhorn_divergence_forward` /   Eq. (4) between two weighted clouds
-backward, :func:`sinkhorn_divergence`   (``_divergence.py``)
-:func:`pairwise_sinkhorn_divergence_    the (B, B) matrix of Eq. (4) between uniform
-forward` / backward                     clouds, all problems in one batch
-:func:`wcontrastive_forward` / backward Eq. (1)  (``_wlosses.py``)
-:func:`wtriplet_forward` / backward     Eq. (2)
-=====================================  ==============================================
+=======================================================  ==========================================
+:func:`sinkhorn`                                         batched log-domain Sinkhorn for Eq. (3)
+                                                         (``_sinkhorn.py``)
+:func:`entropic_ot_forward` / backward                   the value of Eq. (3) or ``<pi, C>``,
+                                                         gradients w.r.t. ``a``, ``b``, ``cost``
+                                                         (``_entropic.py``)
+:func:`sinkhorn_divergence_forward` / backward           Eq. (4) between two weighted clouds
+                                                         (``_divergence.py``)
+:func:`sinkhorn_divergence`                              the same, in one call
+:func:`pairwise_sinkhorn_divergence_forward` / backward  the (B, B) matrix of Eq. (4) between
+                                                         uniform clouds, all in one batch
+:func:`wcontrastive_forward` / backward                  Eq. (1) (``_wlosses.py``)
+:func:`wtriplet_forward` / backward                      Eq. (2)
+=======================================================  ==========================================
 
 Conventions shared by every function here:
 

@@ -4,16 +4,16 @@ Every objective has ``parameters()``, ``forward(outputs, labels) -> (value, ctx)
 ``backward(ctx, d_value=1.0) -> d_outputs`` (same structure as ``outputs``; it adds the
 gradient of its own parameters into their ``.grad``); see :mod:`._base`.
 
-========================  ====================================  ===========================
-objective                 outputs                               own parameters
-========================  ====================================  ===========================
-:class:`LossObjective`    ``y`` (B, d) (or ``(y, z)``, z unused)  proxies (proxy losses)
-:class:`GSPObjective`     ``(y, z)``: GSP Alg. 1 with ZSR         class embeddings (+ base's)
-:class:`XMLObjective`     ``(y, z)``: XML Eqs. 2.10-2.11          none
-:class:`WassersteinObjective`  local features (B, n, d)         none
-:class:`ASAPObjective`    ``y``: ASAP Alg. 1-2                    proxies (+ regularises the
-                                                                model's parameters)
-========================  ====================================  ===========================
+=============================  ========================================  ===========================
+objective                      outputs                                   own parameters
+=============================  ========================================  ===========================
+:class:`LossObjective`         ``y`` (B, d) (or ``(y, z)``, z unused)    proxies (proxy losses)
+:class:`GSPObjective`          ``(y, z)``: GSP Alg. 1 with ZSR           class embeddings (+ base's)
+:class:`XMLObjective`          ``(y, z)``: XML Eqs. 2.10-2.11            none
+:class:`WassersteinObjective`  local features (B, n, d)                  none
+:class:`ASAPObjective`         ``y``: ASAP Alg. 1-2                      proxies (+ regularises the
+                                                                         model's parameters)
+=============================  ========================================  ===========================
 
 ``reference=True`` runs the float64 NumPy reference operators instead of the fast-path
 mirrors of :mod:`refdml.gpu` (NumPy or CuPy, float32 or float64).
