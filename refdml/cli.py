@@ -7,7 +7,10 @@ Each subcommand is one module with the same interface: ``HELP`` (its line in ``r
 table :data:`COMMANDS`.
 
 Exit statuses: 0 success, 1 a failure of refdml's own code (a gradient check, a crashed
-claim check), 2 bad arguments (argparse's convention).
+claim check), 2 bad arguments (argparse's convention) or a missing optional extra: a
+:class:`refdml.exceptions.MissingExtraError` is one line, ``refdml COMMAND: error: needs the
+"EXTRA" extra (...): pip install "refdml[EXTRA]"``, never a traceback. The extras a command
+needs for the flags it was given are checked before it starts (:func:`_check_extras`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 import refdml
 from refdml.catalog import _gpu_check_cli, _gradcheck_cli
 from refdml.conformance import _cli as _conform_cli
+from refdml.exceptions import MissingExtraError
 from refdml.reproduce import _cli as _reproduce_cli
 from refdml.train import _cli as _train_cli
 from refdml.validation import _cli as _verify_cli
@@ -55,6 +59,21 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     return parser, subparsers
 
 
+def _check_extras(args: argparse.Namespace) -> None:
+    """Raise :class:`MissingExtraError` if the command in ``args`` needs an extra that is not
+    installed (looked up, not imported): before the command does any work."""
+    if args.command == "verify" and getattr(args, "report", None):
+        MissingExtraError.require("plot", "matplotlib")          # the report's figures
+    elif args.command == "reproduce" and not getattr(args, "list", False):
+        # dask.distributed runs the grid (not needed in this process or from the cache);
+        # the studies need the "train" extra's scikit-learn (digits) and matplotlib (glyph
+        # fonts, figures). The "reproduce" extra brings all three.
+        if not (getattr(args, "in_process", False) or getattr(args, "cached_only", False)):
+            MissingExtraError.require("reproduce", "distributed")
+        if not getattr(args, "cached_only", False):
+            MissingExtraError.require("reproduce", "sklearn", "matplotlib")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``refdml`` and its subcommands."""
     return _build()[0]
@@ -71,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
-    return args.run(args)
+    try:
+        _check_extras(args)
+        return args.run(args)
+    except MissingExtraError as exc:
+        print(f"refdml {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

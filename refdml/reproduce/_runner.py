@@ -30,6 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from refdml.exceptions import MissingExtraError
 from refdml.reproduce._cache import TaskCache
 from refdml.reproduce._tasks import Task, execute, task_key
 
@@ -125,8 +126,11 @@ def _pre_spawn_environ() -> dict:
 
 
 def _run_dask(todo: list[Task], workers: int | None, scheduler: str | None, finish) -> None:
-    import dask
-    from distributed import Client, LocalCluster, as_completed
+    try:
+        import dask
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError as exc:  # the "reproduce" extra
+        raise MissingExtraError("reproduce", (exc.name or "distributed").split(".")[0]) from exc
 
     cluster = None
     if scheduler is None:

@@ -42,8 +42,13 @@ def load_toml(path: str) -> dict[str, Any]:
     """The TOML file at ``path`` as a dict (tomllib, or the tomli backport on Python 3.10)."""
     try:
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    except ModuleNotFoundError:  # Python 3.10: the tomli backport, in the "train" extra
+        try:
+            import tomli as tomllib
+        except ImportError as exc:
+            from refdml.exceptions import MissingExtraError
+
+            raise MissingExtraError("train", "tomli") from exc
     with open(path, "rb") as handle:
         return tomllib.load(handle)
 

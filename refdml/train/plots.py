@@ -49,6 +49,7 @@ import numpy as np
 from refdml._io import read_lines, save_figure
 from refdml._validation import _describe, as_float_array, as_label_array, check_scalar
 from refdml._xp import to_numpy
+from refdml.exceptions import MissingExtraError
 from refdml.train._conv import LocalLinearContext
 from refdml.train._heads import GSPHead, HeadContext
 from refdml.train._layer import Layer, Sequential
@@ -73,10 +74,8 @@ def _figure_class():
     """matplotlib's Figure, or an ImportError that says how to install it."""
     try:
         from matplotlib.figure import Figure
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            'refdml.train.plots needs matplotlib: pip install "refdml[plot]"'
-        ) from error
+    except ImportError as error:  # the "plot" extra
+        raise MissingExtraError("plot", "matplotlib") from error
     return Figure
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import check_rng, check_scalar
+from refdml.exceptions import MissingExtraError
 
 __all__ = ["CollageSplit", "DigitsCollage", "make_digits_collage"]
 
@@ -83,7 +84,10 @@ class DigitsCollage:
 
 
 def _class_pools(gen: np.random.Generator) -> list[np.ndarray]:
-    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+    try:
+        from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+    except ImportError as exc:  # the "train" extra
+        raise MissingExtraError("train", "sklearn") from exc
 
     digits = load_digits()
     images = digits.images.astype(np.float64) / 16.0

@@ -91,6 +91,7 @@ import numpy as np
 
 from refdml._io import atomic_path
 from refdml._validation import _describe, check_rng, check_scalar
+from refdml.exceptions import MissingExtraError
 from refdml.train.data._collage import CollageSplit
 
 __all__ = ["GLYPH_FAMILIES", "GLYPH_FONTS", "GlyphClasses", "GlyphDistortion", "GlyphSplit",
@@ -154,9 +155,8 @@ def _matplotlib():
     try:
         import matplotlib
         from matplotlib import ft2font
-    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
-        raise ImportError("the glyph datasets render matplotlib's bundled fonts: "
-                          "pip install matplotlib") from exc
+    except ImportError as exc:  # the "train" extra: the glyphs are matplotlib's bundled fonts
+        raise MissingExtraError("train", "matplotlib") from exc
     return matplotlib, ft2font
 
 

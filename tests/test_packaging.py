@@ -1,0 +1,84 @@
+"""The package's metadata (issue 38): a lean core, extras named for their job, a licence file
+and a PEP 639 licence expression, one source for the version. scripts/ci_package.sh builds
+the sdist and the wheel and checks the built metadata; these tests read pyproject.toml."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+import refdml
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+META = PROJECT["project"]
+EXTRAS = META["optional-dependencies"]
+
+
+def _names(requirements):
+    return {re.match(r"[A-Za-z0-9_.\-]+", r).group(0).lower() for r in requirements}
+
+
+def test_the_core_holds_no_extra_package():
+    # What `refdml verify` and the operators import; the rest sits in extras.
+    core = _names(META["dependencies"])
+    assert not core & {"distributed", "dask", "scikit-learn", "matplotlib", "tomli", "jax",
+                       "mpmath", "pytest"}, core
+    assert {"numpy", "scipy", "pot", "numba", "hypothesis", "tqdm", "threadpoolctl"} <= core
+
+
+def test_each_job_has_its_extra():
+    assert {"plot", "train", "reproduce", "gpu", "docs", "test", "release"} <= set(EXTRAS)
+    assert "matplotlib" in _names(EXTRAS["plot"])
+    assert {"scikit-learn", "matplotlib"} <= _names(EXTRAS["train"])
+    assert "distributed" in _names(EXTRAS["reproduce"])
+    assert any(r.replace(" ", "") == "refdml[train,plot]" for r in EXTRAS["reproduce"])
+    # The test suite runs every extra's code: the extras by self-reference, not restated.
+    assert any(r.replace(" ", "") == "refdml[train,reproduce,plot]" for r in EXTRAS["test"])
+    assert {"build", "twine"} <= _names(EXTRAS["release"])
+    # The docs build reads the sources with griffe and imports nothing: no refdml extra.
+    assert not any(r.startswith("refdml") for r in EXTRAS["docs"])
+
+
+def test_licence_is_a_pep639_expression_with_its_file():
+    assert META["license"] == "BSD-3-Clause"
+    assert META["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("BSD 3-Clause License")
+    assert "Copyright (c) 2026, the refdml developers" in text
+    # PEP 639: the expression replaces the licence classifiers.
+    assert not [c for c in META["classifiers"] if c.startswith("License ::")]
+    requires = PROJECT["build-system"]["requires"]
+    assert any(re.fullmatch(r"setuptools>=(\d+)", r) and int(r.split(">=")[1]) >= 77
+               for r in requires), requires
+
+
+def test_classifiers_name_the_supported_pythons():
+    classifiers = set(META["classifiers"])
+    lowest = META["requires-python"].removeprefix(">=")
+    assert f"Programming Language :: Python :: {lowest}" in classifiers
+    for minor in ("3.10", "3.11", "3.12", "3.13"):
+        assert f"Programming Language :: Python :: {minor}" in classifiers
+    assert "Intended Audience :: Science/Research" in classifiers
+
+
+def test_the_version_has_one_source():
+    assert "version" not in META and "version" in META["dynamic"]
+    attr = PROJECT["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert attr == "refdml.__version__"
+
+
+def test_refdml_version_is_the_installed_metadata(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "refdml.cli", "--version"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"refdml {importlib.metadata.version('refdml')}"
+    assert refdml.__version__ == importlib.metadata.version("refdml")
