@@ -29,9 +29,19 @@ ARITHMATEX = re.compile(
     flags=re.S)
 # TeX that latex2mathml (3.81) does not know, as TeX that it does: (pattern, replacement).
 TEX_REWRITES = ((re.compile(r"\\arg(?![A-Za-z])"), r"\\operatorname{arg}"),)
+# In a display formula TeX sets the limits of \min, \max, \sup, \inf, \lim under them;
+# latex2mathml writes a subscript unless told \limits.
+DISPLAY_LIMITS = re.compile(r"(\\(?:min|max|sup|inf|lim))(?![A-Za-z])(?=\s*_)")
 # MathML that browsers do not draw as TeX would: MathML Core ignores ``mathvariant`` but
 # ``normal``, so the double-struck one is written as its Unicode letter.
 MATHML_REWRITES = (('<mn mathvariant="double-struck">1</mn>', "<mn>&#x1D7D9;</mn>"),)
+# A function name (\log, \max, \operatorname{softmax}): latex2mathml writes <mo> (which
+# browsers space as an unknown operator, "max (1, x)") or <mi>. As TeX sets it: upright,
+# a thin space before what follows unless that is a bracket; none inside a sub/superscript
+# base (which must keep exactly two children).
+FUNCTION = re.compile(r"(?P<base><m(?:sub|sup|subsup|under|over|underover)>)?"
+                      r"<(?P<tag>mo|mi)>(?P<name>[A-Za-z]{2,})</(?P=tag)>"
+                      r"(?P<bracket>(?=<mo[^>]*>(?:[(\[{|]|&#x0002[89];|&#x0005B;|&#x0007B;)))?")
 # What latex2mathml writes for TeX it did not understand.
 UNCONVERTED = re.compile(r"<m(?:i|o|n|text)>(?:\\|&amp;</|&</)")
 
@@ -45,6 +55,8 @@ def to_mathml(tex: str, *, display: bool) -> str:
     latex2mathml fails or leaves part of it unconverted."""
     for pattern, replacement in TEX_REWRITES:
         tex = pattern.sub(replacement, tex)
+    if display:
+        tex = DISPLAY_LIMITS.sub(r"\1\\limits", tex)
     try:
         mathml = convert(tex, display="block" if display else "inline")
     except Exception as error:  # latex2mathml raises many kinds: report them all alike
@@ -56,7 +68,14 @@ def to_mathml(tex: str, *, display: bool) -> str:
                         "does not know)")
     for before, after in MATHML_REWRITES:
         mathml = mathml.replace(before, after)
-    return mathml
+    return FUNCTION.sub(_function, mathml)
+
+
+def _function(match: re.Match) -> str:
+    token = f"<mi>{match.group('name')}</mi>"
+    if match.group("base"):
+        return match.group("base") + token
+    return token if match.group("bracket") is not None else token + '<mspace width="0.1667em" />'
 
 
 def render(page_html: str, where: str) -> str:
