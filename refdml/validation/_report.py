@@ -27,6 +27,7 @@ _TITLE = "# refdml verify: numerical checks of the claims of the four papers"
 
 _CELL = 160  # longest cell of an evidence table, in characters
 _ITEMS = 12  # numbers of a list shown before "... (N values)"
+_DPI = 110   # of the PNGs: 6.4 x 4.4 inches, 704 x 484 pixels
 
 
 def _pyplot():
@@ -41,7 +42,39 @@ def _pyplot():
     return plt
 
 
+def _readable_log_ticks(axis, values, *, at_values: bool) -> None:
+    """Ticks of a log axis spanning under two decades, as plain numbers.
+
+    There matplotlib labels its minor ticks too (``2x10^1 3x10^1 4x10^1 ...``), and the
+    labels run into each other. Instead: the plotted values themselves when
+    ``at_values`` and there are at most 8 of them, else 1, 2 and 5 of each decade;
+    labelled ``20``, ``50``, ``100``; minor ticks unlabelled.
+    """
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    values = sorted({v for v in values if v > 0 and math.isfinite(v)})
+    if len(values) < 2 or values[-1] / values[0] >= 100:
+        return      # decades only: matplotlib's labels do not overlap
+    if at_values and len(values) <= 8:
+        axis.set_major_locator(FixedLocator(values))
+    else:
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def _draw(plt, figure: Figure, result: ClaimResult, path: Path) -> None:
+    fig = _figure(plt, figure, result)
+    try:
+        save_figure(fig, path, dpi=_DPI)
+    finally:
+        plt.close(fig)
+
+
+def _figure(plt, figure: Figure, result: ClaimResult):
+    """The matplotlib figure of ``figure`` (the caller closes it)."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for s in figure.series:
         if s.style == "points":
@@ -53,6 +86,14 @@ def _draw(plt, figure: Figure, result: ClaimResult, path: Path) -> None:
         ax.axhline(y, color="black", linestyle=style, linewidth=1.0, label=label)
     ax.set_xscale(figure.xscale)
     ax.set_yscale(figure.yscale)
+    xs = [x for s in figure.series for x in s.x]
+    if figure.xscale == "log":
+        _readable_log_ticks(ax.xaxis, xs, at_values=True)
+    elif xs and all(float(x).is_integer() for x in xs):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # k = 1, 2, 3: no 1.5
+    if figure.yscale == "log":
+        _readable_log_ticks(ax.yaxis, [y for s in figure.series for y in s.y]
+                            + [y for _, y in figure.thresholds], at_values=False)
     ax.set_xlabel(figure.xlabel)
     ax.set_ylabel(figure.ylabel)
     ax.set_title(textwrap.fill(f"{result.paper} [{result.id}]", 80) + "\n" + textwrap.fill(figure.title, 80),
@@ -60,10 +101,7 @@ def _draw(plt, figure: Figure, result: ClaimResult, path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    try:
-        save_figure(fig, path, dpi=110)
-    finally:
-        plt.close(fig)
+    return fig
 
 
 # --------------------------------------------------------------------------- formatting

@@ -347,7 +347,7 @@ def check_prop_4_1(ctx) -> Finding:
         sizes=[{"m": m} for m in ms],
         seeds=[ctx.seed],
         details={"setting": "x ~ U[0,1], y ~ Bernoulli(1/2); l = (iota(|x - x'| - beta) + alpha)_+, "
-                            f"beta = {_BETA}, alpha = {_ALPHA}, zeta = 1, L = {_L}, gamma = {_GAMMA}; expectations on a 400-point grid",
+                            f"beta = {_BETA}, alpha = {_ALPHA}, zeta = 1, L = {_L:g}, gamma = {_GAMMA}; expectations on a 400-point grid",
                  "rows": rows, "vacuous_for_all_m": vacuous,
                  "statement_vs_proof": "the statement's O(L sqrt(log(m/gamma))) grows with m; the proof's "
                                        "L sqrt((2K log 2 + 2 log(1/gamma))/m) does not (K/m -> 0)"},
@@ -357,7 +357,7 @@ def check_prop_4_1(ctx) -> Finding:
                          series("95% quantile of the gap", ms, [r["q95_gap"] for r in rows]),
                          series("statement term L sqrt(log(m/gamma))", ms,
                                 [r["statement_term_L_sqrt_log_m_over_gamma"] for r in rows])),
-                        xscale="log", yscale="log", thresholds=((f"L = {_L} (trivial bound)", _L),)),),
+                        xscale="log", yscale="log", thresholds=((f"L = {_L:g} (trivial bound)", _L),)),),
     )
 
 
