@@ -81,7 +81,7 @@ KEYS: dict[str, Key] = {
     # -- the run
     "seed": Key(_same(0), "ours", "int", low=0),
     "epochs": Key({"tokens": 400, "digits-collage": 30, "features": 30,
-                   **_glyphs(30, 4)},
+                   **_glyphs(30, 10)},
                   "ours (tokens: a cap above the early stop, measured at epochs 164-261 on "
                   "seeds 0-2; "
                   "digits-collage: the training goal's 30; glyphs, glyph-collage: a few "

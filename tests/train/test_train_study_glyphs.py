@@ -217,3 +217,28 @@ def test_the_model_is_reproduces_glyph_model(tmp_path):
     for (name, x), (_, y) in zip(a, b):
         assert x.dtype == y.dtype == np.float32
         assert_allclose(x, y, rtol=1e-12, atol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("study", GLYPH_STUDIES)
+def test_docs_table_has_the_studys_column(study):
+    """docs/train.md's key table has a column for the study, with a value in exactly the
+    rows of the keys the study reads ("-" elsewhere) and the plain defaults as written."""
+    from pathlib import Path
+
+    from refdml.train.config import default_config
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "train.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| key |"))
+    column = [c.strip() for c in header.split("|")].index(study)
+    cells = {}
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            parts = [c.strip() for c in line.split("|")]
+            cells[parts[1].strip("`")] = parts[column]
+    defaults = default_config(study)
+    assert {k for k, v in cells.items() if v != "-"} == set(defaults)
+    for key, value in defaults.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert float(cells[key]) == value, key
+        elif isinstance(value, list):
+            assert json.loads(cells[key]) == value, key
