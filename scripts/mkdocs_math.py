@@ -21,7 +21,6 @@ import html
 import re
 
 from latex2mathml.converter import convert
-from mkdocs.exceptions import PluginError
 
 ARITHMATEX = re.compile(
     r'<span class="arithmatex">\\\((?P<inline>.*?)\\\)</span>'
@@ -94,6 +93,8 @@ def render(page_html: str, where: str) -> str:
 
 
 def on_page_content(html_text: str, page, **kwargs) -> str:
+    from mkdocs.exceptions import PluginError  # the build's; the functions above need none
+
     try:
         return render(html_text, page.file.src_uri)
     except MathError as error:
