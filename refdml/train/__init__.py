@@ -9,7 +9,7 @@ So far: parameters, layers and pooling heads (:mod:`refdml.train.layers`), optim
 (:mod:`refdml.train.optim`), learning-rate schedules (:mod:`refdml.train.schedules`) and
 data sets, splits and the P x K sampler (:mod:`refdml.train.data`), objectives
 (:mod:`refdml.train.objectives`) and the training loop with checkpoints and resume
-(:mod:`refdml.train.trainer`), complete runs of the three studies from a plain config
+(:mod:`refdml.train.trainer`), complete runs of the five studies from a plain config
 (:func:`refdml.train.runs.build_run`; ``refdml train`` and ``scripts/train_*.py`` wrap it).
 The plots come next.
 """
