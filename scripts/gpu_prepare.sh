@@ -70,8 +70,9 @@ fi
 
 echo "== requirements of the carried wheels against the GPU machine's packages"
 "$PY" - "$WHL" <<'PYEOF'
-"""Each carried wheel's Requires-Dist (extras left out, markers evaluated for CPython 3.12
-on Linux) must be on the GPU machine, carried, or imported lazily by refdml."""
+"""Each carried wheel's Requires-Dist (markers evaluated for CPython 3.12 on Linux; refdml's
+with the extras the GPU run uses, EXTRAS, other wheels' extras left out) must be on the GPU
+machine, carried, or imported lazily by refdml."""
 import re
 import sys
 import zipfile
@@ -110,9 +111,14 @@ torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformer
 typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray
 xxhash yarl zipp
 """.split()
-# Needed only by `refdml reproduce`, which imports them inside its runner (checked on the
-# GPU machine by gpu_run.sh's smoke step): not carried.
+# Needed only by `refdml reproduce`'s Dask runner, which imports them inside the function
+# that runs the grid (checked on the GPU machine by gpu_run.sh's smoke step; the GPU run
+# calls the studies in process): not carried.
 LAZY = {"dask", "distributed"}
+# refdml's extras that gpu_run.sh uses: it trains (train), reproduces (reproduce) and draws
+# figures (plot). gpu_run.sh installs the wheels with --no-deps, so these extras' packages
+# must be on the GPU machine or carried like the core's.
+EXTRAS = ("", "train", "reproduce", "plot")
 ENVIRONMENT = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
                "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
                "implementation_name": "cpython", "platform_python_implementation": "CPython",
@@ -133,9 +139,11 @@ for wheel in wheels:
 names = {norm(m["Name"]) for m in carried.values()}
 problems = 0
 for wheel, meta in carried.items():
+    extras = EXTRAS if norm(meta["Name"]) == "refdml" else ("",)
     for text in meta.get_all("Requires-Dist") or []:
         req = Requirement(text)
-        if req.marker is not None and not req.marker.evaluate(ENVIRONMENT):
+        if req.marker is not None and not any(req.marker.evaluate({**ENVIRONMENT, "extra": e})
+                                              for e in extras):
             continue
         name = norm(req.name)
         where = ("on the GPU machine" if name in image else "carried" if name in names

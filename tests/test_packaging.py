@@ -82,3 +82,30 @@ def test_refdml_version_is_the_installed_metadata(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"refdml {importlib.metadata.version('refdml')}"
     assert refdml.__version__ == importlib.metadata.version("refdml")
+
+
+def _bash_blocks(text):
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def test_readmes_two_commands_are_the_whole_set_up_and_ci_runs_the_second():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    section = readme.split("## Two commands on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    verify, test = (b.strip() for b in _bash_blocks(section))
+    # python3: many systems have no `python`; each command makes its own venv.
+    for command in (verify, test):
+        assert command.startswith("python3 -m venv ") and "pip install " in command
+        assert not re.search(r"(^|[\s;&|])python\s", command), command
+    assert 'pip install ".[plot]"' in verify and "refdml verify --report " in verify
+    extras = re.search(r'pip install "\.\[([a-z,]+)\]"', test).group(1).split(",")
+    assert set(extras) <= set(EXTRAS) and "test" in extras
+    # .ci/run quotes the test command verbatim, on a line of its own.
+    assert test in ci.splitlines(), "README's test command and .ci/run differ"
+    assert re.search(r"^bash scripts/ci_package\.sh$", ci, re.M), "no packaging leg in .ci/run"
+    assert '"$package"' in ci                        # its status decides CI's
+    # The example that promises figures writes a report, not only JSON.
+    example = readme.split("**Verify a claim**", 1)[1]
+    assert "--report " in _bash_blocks(example)[0]
+    # Contributor details live in docs/contributing.md, linked from README.
+    assert "(docs/contributing.md)" in readme and (ROOT / "docs" / "contributing.md").exists()
