@@ -242,7 +242,7 @@ install_wheels() {
                     || { echo "install: building refdml's wheel failed"; return 1; }
             else
                 cat "$RUN/wheel_build.txt"
-                echo "install: building refdml's wheel offline failed (pip wheel --no-build-isolation needs setuptools >= 64, and wheel below 70.1): run scripts/gpu_prepare.sh before the call"
+                echo "install: building refdml's wheel offline failed (pip wheel --no-build-isolation needs setuptools >= 77 for the PEP 639 licence fields, and wheel below 70.1): run scripts/gpu_prepare.sh before the call"
                 return 1
             fi
         fi
