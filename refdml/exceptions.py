@@ -24,6 +24,11 @@ class NonFiniteGradient(ValueError, FloatingPointError):
     """
 
 
+#: Module -> the package that installs it, where the names differ (the message names the
+#: package: ``pip install sklearn`` is not scikit-learn).
+_DISTRIBUTIONS = {"sklearn": "scikit-learn"}
+
+
 class MissingExtraError(ImportError):
     """A package of one of refdml's optional extras is not installed.
 
@@ -43,7 +48,8 @@ class MissingExtraError(ImportError):
 
     def __init__(self, extra: str, module: str) -> None:
         self.extra = extra
-        super().__init__(f'needs the "{extra}" extra ({module} is not installed): '
+        package = _DISTRIBUTIONS.get(module, module)
+        super().__init__(f'needs the "{extra}" extra ({package} is not installed): '
                          f'pip install "refdml[{extra}]"', name=module)
 
     def __reduce__(self):

@@ -57,7 +57,7 @@ def test_reproduce_without_the_train_packages_names_its_extra(tmp_path):
     done = _refdml("sklearn", "reproduce", "--quick", "--in-process", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines() == [
-        'refdml reproduce: error: needs the "reproduce" extra (sklearn is not installed): '
+        'refdml reproduce: error: needs the "reproduce" extra (scikit-learn is not installed): '
         'pip install "refdml[reproduce]"']
 
 
