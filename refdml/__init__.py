@@ -27,6 +27,8 @@ import importlib
 
 from refdml.exceptions import ConvergenceWarning, RefdmlWarning
 
+# The version's one source: pyproject.toml reads it ([tool.setuptools.dynamic]), so the
+# installed metadata and `refdml --version` agree by construction.
 __version__ = "0.1.0"
 
 _SUBMODULES = (

@@ -27,6 +27,11 @@ if [ "${KEEP:-0}" != 1 ]; then
 fi
 start=$SECONDS
 
+# pip, less the lines where a configured local index lacks a package (noise here).
+pip_() {
+    "$@" 2> >(grep -v "^WARNING: Location '.*' is ignored" >&2)
+}
+
 fail() {
     echo "ci_package.sh: FAILED: $*" >&2
     exit 1
@@ -45,7 +50,7 @@ PYEOF
 ) || fail "reading the release extra from pyproject.toml (Python 3.11+, or tomli)"
 "$PY" -m venv "$WORK/tools" || fail "python -m venv"
 # shellcheck disable=SC2086  # one word per requirement
-"$WORK/tools/bin/pip" install -q $tools || fail "pip install $tools"
+pip_ "$WORK/tools/bin/pip" install -q $tools || fail "pip install $tools"
 
 echo "== python -m build (sdist and wheel) from a copy of the working tree"
 mkdir -p "$WORK/src"
@@ -108,7 +113,7 @@ PYEOF
 
 echo "== the wheel alone (core, no extra) in a fresh venv"
 "$PY" -m venv "$WORK/user" || fail "python -m venv"
-"$WORK/user/bin/pip" install -q "$wheel" || fail "pip install the wheel"
+pip_ "$WORK/user/bin/pip" install -q "$wheel" || fail "pip install the wheel"
 for absent in distributed sklearn matplotlib; do
     if "$WORK/user/bin/python" -c "import $absent" 2>/dev/null; then
         fail "the core install brought $absent (an extra's package)"
