@@ -36,7 +36,7 @@ build=$(mktemp -d "${TMPDIR:-/tmp}/refdml-wheel.XXXXXX")
 trap 'rm -rf -- "$build"' EXIT
 # A copy of what the wheel is built from, so that the build writes nothing (build/,
 # *.egg-info) into a tree other people are editing.
-cp -R pyproject.toml README.md refdml "$build/"
+cp -R pyproject.toml README.md LICENSE refdml "$build/"
 find "$build" -name __pycache__ -type d -prune -exec rm -rf {} +
 (cd "$build" && "$PY" -m pip wheel -q --no-deps . -w "$build/dist")
 wheel=$(ls "$build"/dist/refdml-*.whl)

@@ -231,7 +231,7 @@ install_wheels() {
         # repository (build/, *.egg-info).
         rm -rf "$WORK/src" "$WORK/whl"
         mkdir -p "$WORK/src" "$WORK/whl"
-        cp -R "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/refdml" "$WORK/src/"
+        cp -R "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/LICENSE" "$REPO/refdml" "$WORK/src/"
         # Offline first (the GPU machine has no network); a dry run may fetch the build
         # backend when this environment lacks it (setuptools < 70.1 without wheel).
         if ! (cd "$WORK/src" && "$PY" -m pip wheel -q --no-deps --no-index --no-build-isolation . \

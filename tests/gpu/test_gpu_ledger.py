@@ -311,7 +311,7 @@ def test_the_wheel_builds_copy_only_paths_that_exist():
     sources before building it. After issue 35 moved ``gpu/`` and ``validation/`` into
     ``refdml/`` both still named them: gpu_prepare.sh stopped at the ``cp`` and gpu_run.sh
     built from a partial copy. Every path they copy must exist, and be a part the source
-    digest covers (or the README the build reads)."""
+    digest covers (or the README and the LICENSE the build reads)."""
     import re
     import shlex
 
@@ -331,5 +331,5 @@ def test_the_wheel_builds_copy_only_paths_that_exist():
             names = [s.replace('"', "").replace("$REPO/", "") for s in sources]
             for name in names:
                 assert (repo / name).exists(), f"{script} copies {name}, which does not exist"
-            assert set(names) == {*gpu_ledger.SOURCE_PARTS, "README.md"}, (script, names)
+            assert set(names) == {*gpu_ledger.SOURCE_PARTS, "README.md", "LICENSE"}, (script, names)
     assert found == 2
