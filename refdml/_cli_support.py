@@ -26,8 +26,8 @@ from pathlib import Path
 
 from refdml._io import is_protected_folder, is_replaceable_folder, replaced_folder
 
-__all__ = ["at_least", "check_output_paths", "output_file_problem", "report_folder_problem",
-           "seed", "select", "text_table", "write_outputs"]
+__all__ = ["at_least", "check_output_paths", "output_file_problem", "output_folder_problem",
+           "report_folder_problem", "seed", "select", "text_table", "write_outputs"]
 
 
 def at_least(name: str, low: int = 1, high: int | None = None):
@@ -125,6 +125,26 @@ def output_file_problem(flag: str, value: str) -> str | None:
     if path.is_dir():
         return f"{flag} {value}: is a folder, not a file"
     return _parent_problem(flag, value, path, "its folder")
+
+
+def output_folder_problem(flag: str, value: str) -> str | None:
+    """Why files cannot be written in the folder ``value`` of ``flag`` (``refdml train
+    --out``, a run folder that a resume reads back and that is therefore never replaced),
+    or None.
+
+    Checks that the path is not a file, and that the folder, or the nearest of its
+    ancestors that exists, is a folder in which a file can be created. Creates nothing.
+    """
+    path = Path(value).absolute()
+    if path.exists() and not path.is_dir():
+        return f"{flag} {value}: is a file, not a folder"
+    start = _nearest_existing(path)
+    if not start.is_dir():
+        return f"{flag} {value}: cannot create the folder: {start} is a file, not a folder"
+    reason = _cannot_write_in(start)
+    if reason is not None:
+        return f"{flag} {value}: cannot write in {start} ({reason})"
+    return None
 
 
 def report_folder_problem(flag: str, value: str, *, recognise: Callable | None = None) -> str | None:

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from refdml._cli_support import output_folder_problem
+
 __all__ = [
     "DESCRIPTION",
     "EPILOG",
@@ -107,6 +109,9 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
         out = _check_out_dir(args.out, "--out")
     except (TypeError, ValueError) as exc:
         return _error(prog, str(exc))
+    problem = output_folder_problem("--out", args.out)   # /proc, a read-only mount: before work
+    if problem is not None:
+        return _error(prog, problem)
     config: dict[str, Any] = {}
     if args.config is not None:
         if not Path(args.config).is_file():

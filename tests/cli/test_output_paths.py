@@ -180,3 +180,29 @@ def test_a_json_inside_the_report_folder_survives_the_swap(tmp_path, capsys):
     assert (report / "results.json").read_text() == "second"
     assert sorted(os.listdir(report)) == [FOLDER_MARKER, "README.md", "results.json"]
     assert f"JSON written to {report / 'results.json'}" in capsys.readouterr().out
+
+
+# ``refdml train --out DIR``: a run folder, never replaced (a resume reads it back), so only
+# "can files be created there?" is asked; its work starts with build_run.
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("out", ["/proc/refdml-run", "/proc/refdml-run/nested"])
+def test_train_refuses_an_unwritable_run_folder_before_the_work(monkeypatch, capsys, out):
+    import refdml.train.runs as train_runs
+
+    monkeypatch.setattr(train_runs, "build_run", _started)
+    try:
+        status = main(["train", "--study", "tokens", "--epochs", "1", "--out", out])
+    except _WorkStarted:
+        status = "started"
+    line = _refused(status, capsys.readouterr().err, "--out")
+    assert "cannot write in /proc" in line
+
+
+def test_train_accepts_missing_parents_and_creates_nothing(tmp_path, monkeypatch, capsys):
+    import refdml.train.runs as train_runs
+
+    monkeypatch.setattr(train_runs, "build_run", _started)
+    out = tmp_path / "a" / "b" / "run"
+    with pytest.raises(_WorkStarted):
+        main(["train", "--study", "tokens", "--epochs", "1", "--out", str(out)])
+    assert not (tmp_path / "a").exists()
