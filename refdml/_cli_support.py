@@ -104,9 +104,9 @@ def _cannot_write_in(folder: Path) -> str | None:
     return None
 
 
-def _parent_problem(flag: str, value: str, path: Path, what: str) -> str | None:
-    """Can the folder that will hold ``path`` be created (if missing) and written?"""
-    start = _nearest_existing(path.parent)
+def _folder_problem(flag: str, value: str, folder: Path, what: str) -> str | None:
+    """Can ``folder`` be created (if missing) and written? (``what`` names it in the message.)"""
+    start = _nearest_existing(folder)
     if not start.is_dir():
         return f"{flag} {value}: cannot create {what}: {start} is a file, not a folder"
     reason = _cannot_write_in(start)
@@ -124,7 +124,7 @@ def output_file_problem(flag: str, value: str) -> str | None:
     path = Path(value).absolute()
     if path.is_dir():
         return f"{flag} {value}: is a folder, not a file"
-    return _parent_problem(flag, value, path, "its folder")
+    return _folder_problem(flag, value, path.parent, "its folder")
 
 
 def output_folder_problem(flag: str, value: str) -> str | None:
@@ -138,13 +138,7 @@ def output_folder_problem(flag: str, value: str) -> str | None:
     path = Path(value).absolute()
     if path.exists() and not path.is_dir():
         return f"{flag} {value}: is a file, not a folder"
-    start = _nearest_existing(path)
-    if not start.is_dir():
-        return f"{flag} {value}: cannot create the folder: {start} is a file, not a folder"
-    reason = _cannot_write_in(start)
-    if reason is not None:
-        return f"{flag} {value}: cannot write in {start} ({reason})"
-    return None
+    return _folder_problem(flag, value, path, "the folder")
 
 
 def report_folder_problem(flag: str, value: str, *, recognise: Callable | None = None) -> str | None:
@@ -165,7 +159,7 @@ def report_folder_problem(flag: str, value: str, *, recognise: Callable | None =
     if not is_replaceable_folder(path, recognise=recognise):
         return (f"{flag} {value} exists and is not a refdml report folder; "
                 "choose a new or empty folder")
-    return _parent_problem(flag, value, path, "the folder")
+    return _folder_problem(flag, value, path.parent, "the folder")
 
 
 def check_output_paths(report: str | None, json_path: str | None, *,
