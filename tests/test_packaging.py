@@ -104,6 +104,9 @@ def test_readmes_two_commands_are_the_whole_set_up_and_ci_runs_the_second():
     assert test in ci.splitlines(), "README's test command and .ci/run differ"
     assert re.search(r"^bash scripts/ci_package\.sh$", ci, re.M), "no packaging leg in .ci/run"
     assert '"$package"' in ci                        # its status decides CI's
+    # Each command says how long it takes (a newcomer otherwise wonders whether it hung).
+    prose = [part for part in re.split(r"```bash\n.*?```", section, flags=re.S) if part.strip()]
+    assert all(re.search(r"about\s+[0-9.]+\s+min", part) for part in prose[:2]), prose[:2]
     # The example that promises figures writes a report, not only JSON.
     example = readme.split("**Verify a claim**", 1)[1]
     assert "--report " in _bash_blocks(example)[0]
