@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                   f"(a full id or a prefix such as 'gsp' or 'gsp.fig9'); the ids are:", file=sys.stderr)
             print("\n".join(f"  {i}" for i in CHECKS), file=sys.stderr)
             return 2
-    from ._report import is_report_folder
+    from ._report import is_report_folder, write_report
 
     problem = check_output_paths(args.report, args.json, recognise=is_report_folder)
     if problem is not None:
@@ -144,15 +144,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"CRASHED: {', '.join(crashed)}")
     if bad_self:
         print(f"SELF-CHECK FAILED (a gradient check of refdml's own code): {', '.join(bad_self)}")
-    def write_report(folder):
-        from ._report import write_report
-
-        return write_report(results, folder, quick=args.quick, seed=args.seed, runtime_s=elapsed)
-
     written = write_outputs(
         "verify", json_path=args.json,
         write_json=lambda path: write_json_atomic(path, [r.as_json() for r in results], indent=2),
-        report=args.report, write_report=write_report, recognise=is_report_folder)
+        report=args.report,
+        write_report=lambda folder: write_report(results, folder, quick=args.quick,
+                                                 seed=args.seed, runtime_s=elapsed),
+        recognise=is_report_folder)
     if not written:
         return 1
     return exit_status(results)
