@@ -27,21 +27,16 @@
     proxies ``rho_c``. The algorithm as printed seeds the distances with ``rho_c`` and
     grows ``r_c`` until ``|r_c| = |rho_c|``, so ``budget >= |rho_c|`` is required.
 
-Two implementations of the traversal, held together by tests/gpu/test_gpu_kernels_kcenter.py
-(fixed seeds and hypothesis inputs: the same picks up to a near-tie within rounding, radii
-within the Gram identity's rounding bound; tests/_kcenter_checks.py states it):
-``_farthest_first`` (readable, NumPy: per pick exact products and row sums in NumPy's
-fixed order, an update and an arg-max; the same bits on every CPU) is the statement of the
-algorithm, reachable as ``_greedy_k_center_readable``;
-:func:`greedy_k_center` runs the compiled twin ``refdml._compiled.kcenter.farthest_first_cpu``
-(Numba, one fused pass over the points per pick, no BLAS: it reads the
-points once per pick and cannot oversubscribe the cores as a threaded BLAS mat-vec does, at
-any thread setting; its sums are vectorised, so their last bits follow the CPU's vector
-width and FMA). Both use the same Gram-identity arithmetic; only the order in which the
-dot products are summed differs (rounding, ~1e-16 of ``|x|^2``), so a pick could differ only
-between two distinct points whose distances agree to that rounding. The distances to
-``initial`` centres are computed the same way by each (``_sq_to_set``, and
-``refdml._compiled.kcenter.sq_to_set_cpu`` for :func:`greedy_k_center`).
+The traversal (``_farthest_first``) is the readable statement of the algorithm: per pick,
+exact products and row sums in NumPy's fixed order, an update and an arg-max, the same bits
+on every CPU. Its compiled twins (a Numba CPU twin and a CUDA kernel, one fused pass over
+the points per pick, no BLAS) are the fast path's, :func:`refdml.gpu.kcenter.greedy_k_center`,
+held to this module by tests/gpu/test_gpu_kernels_kcenter.py (fixed seeds and hypothesis
+inputs: the same picks up to a near-tie within rounding, radii within the Gram identity's
+rounding bound; tests/_kcenter_checks.py states it). Both use the same Gram-identity
+arithmetic; only the order in which the dot products are summed differs (rounding, ~1e-16
+of ``|x|^2``), so a pick could differ only between two distinct points whose distances
+agree to that rounding.
 """
 
 from __future__ import annotations
@@ -50,7 +45,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refdml._compiled import kcenter as _twin
 from refdml._numerics import common_scale
 from refdml._validation import (
     as_float_array,
@@ -136,12 +130,6 @@ def _sq_to_set(points, centers, chunk_size, *, xp=np):
     return out
 
 
-def _sq_to_set_compiled(points, centers, chunk_size) -> np.ndarray:
-    """:func:`_sq_to_set` by the compiled CPU twin (one pass over the points, the
-    traversal's dot-product loop; no BLAS)."""
-    return _twin.sq_to_set_cpu(points, centers)
-
-
 def _farthest_first(points, k, min_sq, first, chunk_size):
     """k picks; ``min_sq`` (n,) squared distance to the current set (modified in place)."""
     sq_norms = _sq_norms(points, chunk_size)
@@ -158,17 +146,11 @@ def _farthest_first(points, k, min_sq, first, chunk_size):
     return indices, radii
 
 
-def _farthest_first_compiled(points, k, min_sq, first, chunk_size):
-    """:func:`_farthest_first` by the compiled CPU twin
-    (:func:`refdml._compiled.kcenter.farthest_first_cpu`)."""
-    return _twin.farthest_first_cpu(points, k, min_sq, first)
-
-
 def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KCenterResult:
     """Greedy k-center by farthest-first traversal.
 
-    Runs the compiled traversal (see the module docstring); ``_greedy_k_center_readable``
-    is the same function with the readable NumPy traversal.
+    The readable NumPy traversal (module docstring); :func:`refdml.gpu.kcenter.greedy_k_center`
+    runs its compiled twins.
 
     Parameters
     ----------
@@ -184,16 +166,10 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
     -------
     KCenterResult
     """
-    return _greedy_k_center(points, k, initial, rng, chunk_size, _farthest_first_compiled,
-                            _sq_to_set_compiled)
+    return _greedy_k_center(points, k, initial, rng, chunk_size)
 
 
-def _greedy_k_center_readable(points, k, *, initial=None, rng=None, chunk_size=8192):
-    """:func:`greedy_k_center` with the readable NumPy traversal (the statement)."""
-    return _greedy_k_center(points, k, initial, rng, chunk_size, _farthest_first, _sq_to_set)
-
-
-def _greedy_k_center(points, k, initial, rng, chunk_size, traversal, to_set) -> KCenterResult:
+def _greedy_k_center(points, k, initial, rng, chunk_size) -> KCenterResult:
     points = as_float_array(points, "points", ndim=2, copy=False)  # read only
     n = points.shape[0]
     k = check_scalar(k, "k", low=1, integer=True)
@@ -239,17 +215,17 @@ def _greedy_k_center(points, k, initial, rng, chunk_size, traversal, to_set) -> 
                 min_sq = np.full(n, np.inf)
                 first = int(rng.integers(n))
             else:
-                min_sq = to_set(points, points[idx], chunk_size)
+                min_sq = _sq_to_set(points, points[idx], chunk_size)
                 min_sq[idx] = -1.0
         else:
             if k > n:
                 raise ValueError(f"k == {k}, must be in [1, {n}] (the number of points)")
-            min_sq = to_set(points, centers, chunk_size)
+            min_sq = _sq_to_set(points, centers, chunk_size)
         initial_radius = (
             scale * float(np.sqrt(max(float(min_sq.max()), 0.0))) if first is None
             else float("inf")
         )
-    indices, radii = traversal(points, k, min_sq, first, chunk_size)
+    indices, radii = _farthest_first(points, k, min_sq, first, chunk_size)
     return KCenterResult(indices=indices, radii=scale * radii, initial_radius=initial_radius)
 
 

@@ -41,19 +41,13 @@ bits (seen with OpenBLAS's SkylakeX kernels) and swap. Only the
 queries, so memory is ``O(chunk_size * n_references + n_queries * K)``, never
 ``n_queries * n_references``.
 
-Two implementations of the ranking, held together by tests/gpu/test_gpu_kernels_retrieval.py
-(fixed seeds and hypothesis inputs: equal neighbours and equal metrics, by construction on
-every CPU). ``_nearest`` (readable: the ordered score block per chunk of queries,
-``argpartition``, a lexicographic sort of the kept columns) is the statement, reachable as
-``_retrieval_metrics_readable``. :func:`retrieval_metrics` runs the compiled CPU twin
-``refdml._compiled.retrieval.nearest_cpu``: float32 tiles (single-threaded sgemm per Numba
-thread, BLAS threads held at one inside) merged into a running top-``(K + 32)`` per query,
-then the candidates re-ranked by the same ordered float64 score, compiled without
-fast-math so that its bits are ``ordered_sq_distances``' own. A rounding bound certifies
-that the candidates contain the true ``K`` nearest (the proof is in that module's
-docstring); a query whose certificate fails is redone by an ordered scan of every
-reference. Where ``K`` exceeds 256 (a class of hundreds of members) the readable ranking
-runs instead: the twin's sorted lists are made for small ``K``.
+The ranking (``_nearest``: the ordered score block per chunk of queries, ``argpartition``,
+a lexicographic sort of the kept columns) is the readable statement. Its compiled twins are
+the fast path's, :func:`refdml.gpu.metrics.retrieval_metrics` (a Numba CPU twin: float32
+tiles merged into a running top-``(K + 32)`` per query, re-ranked by the same ordered
+float64 score and certified by a rounding bound; and a CUDA kernel), held to this module by
+tests/gpu/test_gpu_kernels_retrieval.py (fixed seeds and hypothesis inputs: equal
+neighbours and equal metrics, by construction on every CPU). Use that one for large sets.
 
 Clustering of embeddings (:func:`clustering_metrics`): k-means with as many clusters as
 classes (``scipy.cluster.vq.kmeans2``, k-means++ seeding), then three scores of the
@@ -76,7 +70,6 @@ import numpy as np
 from scipy.cluster.vq import kmeans2
 from scipy.special import gammaln
 
-from refdml._compiled import retrieval as _twin
 from refdml._numerics import (
     check_nonzero_rows,
     common_scale,
@@ -182,24 +175,15 @@ def _check_k(k) -> tuple[int, ...]:
     return tuple(sorted({check_scalar(v, "k", low=1, integer=True) for v in values}))
 
 
-def _nearest_compiled(query, rows, reference, n_keep, same_set, metric, chunk_size):
-    """:func:`_nearest` by the compiled CPU twin (:func:`refdml._compiled.retrieval.nearest_cpu`:
-    float32 tiles with a running top-K, verified and re-ranked in float64). ``chunk_size`` is
-    the readable path's; the twin's tiles are fixed (1024 x 1024 per thread)."""
-    if n_keep > _twin.MAX_KEEP:   # huge classes: sorted lists of K would cost O(K) per insertion
-        return _nearest(query, rows, reference, n_keep, same_set, metric, chunk_size)
-    return _twin.nearest_cpu(query, rows, reference, n_keep, same_set, metric)
-
-
 def retrieval_metrics(
     query, query_labels, reference=None, reference_labels=None, *,
     k=(1, 2, 4, 8), metric="euclidean", chunk_size=None,
 ) -> dict:
     """P@1, R-precision, MAP@R and Recall@k of a retrieval (see the module docstring).
 
-    The neighbours come from the compiled CPU twin (see "Two implementations" in the
-    module docstring); ``_retrieval_metrics_readable`` is the same function with the
-    readable NumPy ranking.
+    The readable NumPy ranking (module docstring); for large sets
+    :func:`refdml.gpu.metrics.retrieval_metrics` computes the same metrics with compiled
+    twins.
 
     Parameters
     ----------
@@ -230,20 +214,11 @@ def retrieval_metrics(
         ``reference_labels``, or no query with a true reference.
     """
     return _retrieval_metrics(query, query_labels, reference, reference_labels, k, metric,
-                              chunk_size, _nearest_compiled)
-
-
-def _retrieval_metrics_readable(
-    query, query_labels, reference=None, reference_labels=None, *,
-    k=(1, 2, 4, 8), metric="euclidean", chunk_size=None,
-) -> dict:
-    """:func:`retrieval_metrics` with the readable NumPy ranking (:func:`_nearest`)."""
-    return _retrieval_metrics(query, query_labels, reference, reference_labels, k, metric,
-                              chunk_size, _nearest)
+                              chunk_size)
 
 
 def _retrieval_metrics(query, query_labels, reference, reference_labels, k, metric,
-                       chunk_size, nearest) -> dict:
+                       chunk_size) -> dict:
     query = as_float_array(query, "query", ndim=2)
     query_labels = as_label_array(query_labels, "query_labels", length=query.shape[0])
     if (reference is None) != (reference_labels is None):
@@ -295,7 +270,7 @@ def _retrieval_metrics(query, query_labels, reference, reference_labels, k, metr
 
     # Only the scored queries are ranked.
     scored_index = np.nonzero(scored)[0]
-    neighbours = nearest(query, scored_index, reference, n_keep, same_set, metric, chunk_size)
+    neighbours = _nearest(query, scored_index, reference, n_keep, same_set, metric, chunk_size)
     hits = reference_labels[neighbours] == query_labels[scored][:, None]   # (n_scored, K)
     r = n_true[scored]
     within_r = np.arange(1, n_keep + 1)[None, :] <= r[:, None]

@@ -74,6 +74,7 @@ from numba import njit, prange
 
 from refdml._compiled._scalar import lse_push, lse_value
 from refdml._compiled._support import BLOCK, parallel_launch
+from refdml._numerics import _REFINE
 
 __all__ = ["CPU", "MAX_POINTS", "CompiledSinkhorn", "SmallLaunch", "SmallPotentials",
            "SmallProblems", "SmallResults", "SmallSettings", "compiled_pair_sq",
@@ -495,13 +496,15 @@ def refdml_ot_pair_sq_cpu(points, norms, first, second, refine, out):
                     out[k, j, i] = mean
 
 
-def compiled_pair_sq(clouds, first, second, refine=-1.0):
+def compiled_pair_sq(clouds, first, second, refine=_REFINE):
     """``||x_i - y_j||^2`` (K, n, n) of the clouds of pairs (``first[k]``, ``second[k]``) on
     the CPU: one compiled pass, a BLAS GEMM per pair inside it
     (:func:`refdml_ot_pair_sq_cpu`; refdml.gpu's array path gathers, then makes four
     passes). A pair of a cloud with itself gets the symmetric self costs (0 diagonal).
-    ``refine``: the reference's near-pair refinement threshold (``refdml._numerics._REFINE``),
-    negative for none. Clouds scaled to ``|x| < 1``.
+    ``refine``: the near-pair refinement threshold, by default the reference's
+    (``refdml._numerics._REFINE``: at p = 1 the gradient ``(x - y) / |x - y|`` of two points
+    2e-4 apart carries the squared distance's relative rounding, 1e-8 unrefined;
+    tests/gpu/test_gpu_ot_pairwise_route.py), negative for none. Clouds scaled to ``|x| < 1``.
 
     Threads: BLAS is held at one thread for the call; the pairs are spread over Numba's
     threads. A multi-threaded BLAS call here (one syrk of all points) is faster by itself

@@ -32,6 +32,7 @@ from refdml.ot import (
     entropic_ot_backward,
     entropic_ot_forward,
     pairwise_sinkhorn_divergence_backward,
+    pairwise_sinkhorn_divergence_forward,
     sinkhorn_divergence_backward,
     sinkhorn_divergence_forward,
     wcontrastive_backward,
@@ -39,7 +40,6 @@ from refdml.ot import (
     wtriplet_backward,
     wtriplet_forward,
 )
-from refdml.ot._divergence import _pairwise_sinkhorn_divergence_forward_readable
 
 _TIGHT = dict(tol=1e-12, max_iter=5000)
 
@@ -457,9 +457,7 @@ OPERATORS = (
     ),
     OperatorSpec(
         name="ot.pairwise_sinkhorn_divergence",
-        # The readable form: the public forward runs the compiled CPU twin (its docstring), so
-        # the parity suite holds every route, that one included, to this.
-        forward=_pairwise_sinkhorn_divergence_forward_readable,
+        forward=pairwise_sinkhorn_divergence_forward,
         mirror=fast.pairwise_sinkhorn_divergence_forward,
         mirror_backward=fast.pairwise_sinkhorn_divergence_backward,
         mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels

@@ -52,13 +52,11 @@ centre of the subdifferential); the symmetric terms move through both slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from refdml._compiled import sinkhorn as _twin
-from refdml._compiled._support import Implementations
-from refdml._numerics import _REFINE, common_scale, pairwise_norm, pairwise_sq_distances
+from refdml._numerics import common_scale, pairwise_norm, pairwise_sq_distances
 from refdml._validation import (
     as_float_array,
     check_choice,
@@ -66,19 +64,16 @@ from refdml._validation import (
     check_scalar,
     check_upstream,
 )
-from refdml.ot import _sinkhorn
 from refdml.ot._entropic import _ot_vjp
 from refdml.ot._sinkhorn import (
     VALUES,
     _check_relative_eps,
     _check_solver_args,
     _check_weights,
-    _eps_schedule,
     _OTBatch,
     _solve_batch,
     _weight_gradient,
 )
-from refdml.ot._small import solve_small_batch
 
 __all__ = [
     "PairwiseSinkhornDivergenceContext",
@@ -413,12 +408,11 @@ def _uniform(n_problems: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scaling,
-                      name="clouds", compiled=False):
+                      name="clouds"):
     """SD between ``clouds[i]`` and ``clouds[j]`` for every row (i, j) of ``pairs``.
 
     Returns the divergences (K,) in the user's units, the map ``inverse`` from the rows
     of ``pairs`` to the unique pairs solved, and the context of the backward.
-    ``compiled``: solve with :func:`_compiled_solve_batch` instead of :func:`_solve_batch`.
     """
     n = clouds.shape[1]
     unique_pairs, inverse = np.unique(np.sort(pairs, axis=1), axis=0, return_inverse=True)
@@ -426,12 +420,8 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     selves = np.unique(unique_pairs)
     scale = common_scale(clouds)
     scaled = clouds / scale
-    sq_cross = None
-    if compiled:
-        sq_cross = _compiled_cross_sq(scaled, unique_pairs)
-    if sq_cross is None:
-        sq_cross = _sq_dist(scaled[unique_pairs[:, 0]], scaled[unique_pairs[:, 1]], p)
-    sq_self = _compiled_self_sq(scaled, selves) if compiled else _self_sq_dist(scaled[selves], p)
+    sq_cross = _sq_dist(scaled[unique_pairs[:, 0]], scaled[unique_pairs[:, 1]], p)
+    sq_self = _self_sq_dist(scaled[selves], p)
     sq_unit, sq_cross, sq_self = _normalised_sq(p, sq_cross, sq_self)
     unit = _cost_unit(scale, p, name, sq_unit)
     cost_cross, cost_self = _ground_cost(sq_cross, p), _ground_cost(sq_self, p)
@@ -439,9 +429,8 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     _check_relative_eps(scaled_eps, max(float(cost_cross.max()), float(cost_self.max())),
                         user_eps=eps, cost_name=_COST_NAME, data_name=name, unit=unit, p=p)
     solve = dict(eps=scaled_eps, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
-    solve_batch = _compiled_solve_batch if compiled else _solve_batch
-    cross = solve_batch(*_uniform(sq_cross.shape[0], n), cost_cross, **solve)
-    self_ = solve_batch(*_uniform(sq_self.shape[0], n), cost_self, symmetric=True, **solve)
+    cross = _solve_batch(*_uniform(sq_cross.shape[0], n), cost_cross, **solve)
+    self_ = _solve_batch(*_uniform(sq_self.shape[0], n), cost_self, symmetric=True, **solve)
     term = (lambda t: t.value) if value == "regularized" else (lambda t: t.transport_cost)
     self_value = np.zeros(clouds.shape[0])
     self_value[selves] = term(self_)
@@ -450,45 +439,6 @@ def _pair_divergences(clouds, pairs, *, eps, p, value, max_iter, tol, eps_scalin
     ctx = _PairsContext(scaled, scale, unit, unique_pairs, selves, sq_cross, sq_self, cross,
                         self_, p, value, sq_unit)
     return values[inverse], inverse, ctx
-
-
-def _compiled_cross_sq(scaled: np.ndarray, pairs: np.ndarray) -> np.ndarray | None:
-    """:func:`_sq_dist` of every pair (``first < second``) by the compiled CPU route, or
-    None where it does not apply (a pair ``i == j``). The same refinement of near pairs
-    (``_REFINE``): the squared distances agree with :func:`_sq_dist`'s to rounding (a few
-    ulp of ``|x|^2 + |y|^2`` off the near pairs, a few ulp of the value on them)."""
-    first, second = pairs[:, 0], pairs[:, 1]
-    if np.any(first >= second):
-        return None
-    return _twin.compiled_pair_sq(scaled, first, second, refine=_REFINE)
-
-
-def _compiled_self_sq(scaled: np.ndarray, selves: np.ndarray) -> np.ndarray:
-    """:func:`_self_sq_dist` of the clouds ``selves`` by the compiled CPU route: the same
-    refinement, 0 diagonal and mean of the two triangles."""
-    return _twin.compiled_pair_sq(scaled, selves, selves, refine=_REFINE)
-
-
-def _compiled_solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
-                          unit=1.0) -> _OTBatch:
-    """:func:`_solve_batch` by the compiled CPU twin of the small-problem Sinkhorn kernel.
-
-    The same iteration (kernel scalings, absorption at ``e^+-30``, eps-scaling stages, the
-    symmetric update), stopping rule, residual and ``n_iter``; a kernel entry below
-    float64's ``tiny`` is flushed to 0 and rebuilds trigger on masses below it (here:
-    ``_TINY``), which changes nothing above underflow. The driver
-    (:func:`refdml.ot._small.solve_small_batch`) is the one refdml.gpu's solver uses for its
-    small problems; the kernel is :func:`refdml._compiled.sinkhorn.solve_small_cpu`. The
-    solve ends, as the readable one does, with :func:`refdml.ot._sinkhorn._finish_large_eps`
-    (the same NumPy code on the kernel's potentials and plan).
-    """
-    batch = solve_small_batch(np, a, b, cost, schedule=_eps_schedule(cost, eps, eps_scaling),
-                              eps=eps, max_iter=max_iter, tol=tol, symmetric=symmetric,
-                              unit=unit, absorb=_sinkhorn._ABSORB, warn_stacklevel=6,
-                              solve_small=_twin.solve_small_cpu)
-    f, g, plan = _sinkhorn._finish_large_eps(np.log(batch.a), batch.a, batch.b, batch.cost,
-                                             batch.eps, batch.f, batch.g, batch.plan)
-    return replace(batch, f=f, g=g, plan=plan)
 
 
 def _pair_divergences_backward(ctx: _PairsContext, d_unique: np.ndarray,
@@ -549,65 +499,11 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     solved in one batch each. The matrix is symmetric with a diagonal of 0 exactly. Other
     parameters as in :func:`sinkhorn_divergence_forward`.
 
-    The compiled route. This is the one reference operator that does not run its readable
-    form by default: with ``n <= 128`` points per cloud it solves the problems with the
-    compiled CPU twin of the small-problem Sinkhorn kernel (:mod:`refdml._compiled.sinkhorn`,
-    float64, threads over problems; docs/gpu.md has its speed), so that the all-pairs
-    divergence is usable on a laptop without a GPU. It is
-    the same solver, not an approximation of it: the same kernel-scaling iteration with
-    log-domain absorption at ``e^+-30``, the same eps-scaling stages, stopping rule,
-    residual, ``tol`` and ``n_iter`` (:func:`_compiled_solve_batch`), on the same refined
-    squared distances (:func:`_compiled_cross_sq`, :func:`_compiled_self_sq`: a GEMM per
-    pair and the same recomputation of near pairs as ``refdml._numerics``), so it differs
-    from the readable form (:func:`_pairwise_sinkhorn_divergence_forward_readable`) only in
-    rounding (sums in another order; kernel entries below float64's ``tiny`` flushed to 0),
-    held to 1e-10 relative (divergences, gradients) and equal iteration counts by
-    ``tests/operators/test_ot_pairwise_route.py`` on fixed seeds and hypothesis inputs (a count can
-    differ only where a residual lies within that rounding of ``tol``: those inputs are
-    certified away from it, see there). Rounding also follows the CPU: the compiled sums
-    are vectorised for it, the readable form goes through BLAS and NumPy's SIMD exp and
-    log (float64 ``np.exp`` differs in the last bit on AVX-512); the parity
-    suite holds the fast path to the readable form. Context and backward are this module's.
-    ``refdml.gpu.use_kernels("array")`` (or ``REFDML_GPU_KERNELS=array``) runs the readable
-    form, as ``"cuda"`` does (:data:`_PAIRWISE_ROUTE`: the reference has no CUDA kernel); so do clouds
-    of more than 128 points. Why not keep the reference pure NumPy: the
-    compiled solver is the reference's own algorithm, checked against it on every run of
-    the tests, and the readable form stays one call away; a user computing divergences
-    between images should not need to know about a second module to get them fast.
+    The readable batched NumPy solver of :mod:`refdml.ot._sinkhorn`. For many clouds
+    :func:`refdml.gpu.ot.pairwise_sinkhorn_divergence` computes the same matrix with the
+    compiled small-problem Sinkhorn (its CPU twin on NumPy, its CUDA kernel on CuPy), held
+    to this function by tests/gpu/test_gpu_kernels_ot.py and the parity suite.
     """
-    return _pairwise_forward(clouds, eps=eps, p=p, value=value, max_iter=max_iter, tol=tol,
-                             eps_scaling=eps_scaling, compiled=None)
-
-
-#: How the reference's all-pairs divergence solves, chosen by the kernel mode
-#: (:func:`refdml.gpu.use_kernels`) as every family of the fast path is: its readable form
-#: (the ``"array"`` member) or its compiled CPU twin (``"cpu"``). No CUDA member: the
-#: reference never runs CUDA, so ``"cuda"`` runs the readable form.
-_PAIRWISE_ROUTE = Implementations(
-    "ot.pairwise_sinkhorn_divergence (reference)", array="readable form",
-    cpu="compiled CPU twin", auto_numpy="cpu", auto_cupy="array",
-    measured="the twin's route 4-5x faster than the readable form (docs/gpu.md, 2026-11-25)")
-
-
-def _compiled_route(clouds: np.ndarray) -> bool:
-    """Whether :func:`pairwise_sinkhorn_divergence_forward` runs the compiled CPU twin on
-    ``clouds`` (B, n, d): the one place where the reference chooses it (once per call, by
-    :func:`_pairwise_forward`). The twin takes clouds of at most
-    :data:`refdml._compiled.sinkhorn.MAX_POINTS` points."""
-    return clouds.shape[1] <= _twin.MAX_POINTS and _PAIRWISE_ROUTE.kind(clouds) == "cpu"
-
-
-def _pairwise_sinkhorn_divergence_forward_readable(clouds, *, eps, p=2, value="regularized",
-                                                   max_iter=1000, tol=1e-9, eps_scaling=None):
-    """The readable form of :func:`pairwise_sinkhorn_divergence_forward` (same arguments,
-    same result and context): the batched NumPy solver of :mod:`refdml.ot._sinkhorn`. The
-    catalogue's reference for the all-pairs divergence and what its compiled route is held to."""
-    return _pairwise_forward(clouds, eps=eps, p=p, value=value, max_iter=max_iter, tol=tol,
-                             eps_scaling=eps_scaling, compiled=False)
-
-
-def _pairwise_forward(clouds, *, eps, p, value, max_iter, tol, eps_scaling, compiled):
-    """Both forms; ``compiled=None``: the compiled solver where :func:`_compiled_route` says."""
     check_choice(value, "value", VALUES)
     eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
     p = _check_p(p)
@@ -616,12 +512,10 @@ def _pairwise_forward(clouds, *, eps, p, value, max_iter, tol, eps_scaling, comp
     out = np.zeros((n_clouds, n_clouds))
     if n_clouds < 2:
         return out, PairwiseSinkhornDivergenceContext(clouds.shape, None)
-    if compiled is None:
-        compiled = _compiled_route(clouds)
     first, second = np.triu_indices(n_clouds, k=1)
     values, _, pairs_ctx = _pair_divergences(
         clouds, np.stack([first, second], axis=1), eps=eps, p=p, value=value,
-        max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, compiled=compiled,
+        max_iter=max_iter, tol=tol, eps_scaling=eps_scaling,
     )
     out[first, second] = values
     out[second, first] = values

@@ -20,7 +20,6 @@ import warnings
 
 import numpy as np
 
-from refdml._compiled import sinkhorn as _twin
 from refdml.exceptions import ConvergenceWarning
 from refdml.ot import _sinkhorn
 from refdml.ot._sinkhorn import _OTBatch
@@ -29,7 +28,7 @@ __all__ = ["finish_batch", "solve_small_batch"]
 
 
 def solve_small_batch(xp, a, b, cost, *, schedule, eps, max_iter, tol, symmetric, unit,
-                      absorb, warn_stacklevel, solve_small=None) -> _OTBatch:
+                      absorb, warn_stacklevel, solve_small) -> _OTBatch:
     """P problems (``a`` (P, n), ``b`` (P, m) on the simplex, ``cost`` (P, n, m) in units of
     ``unit``, arrays of ``xp``) by the small-problem kernel, at the eps levels ``schedule``
     (the last is ``eps``); intermediate stages stop at ``max(tol, 1e-3)`` (the reference's
@@ -38,11 +37,9 @@ def solve_small_batch(xp, a, b, cost, *, schedule, eps, max_iter, tol, symmetric
     ``absorb``: scalings leaving ``[e^-absorb, e^absorb]`` are folded into the potentials
     (the reference: 30 in float64). ``solve_small(a, b, cost, *, schedule, stage_tol,
     max_iter, symmetric, tiny, high, low)`` runs the problems (as
-    :func:`refdml._compiled.sinkhorn.solve_small`); None: the CPU twin on NumPy.
+    :func:`refdml._compiled.sinkhorn.solve_small`).
     ``warn_stacklevel``: the ConvergenceWarning's stack level as seen from this function.
     """
-    if solve_small is None:
-        solve_small = _twin.solve_small_cpu
     dtype = cost.dtype
     # Every comparison err <= tol casts tol to the dtype (1e300 overflows float32); a finite
     # err (the L1 marginal error, at most 2) is <= either bound.

@@ -247,7 +247,7 @@ def _transfer_map(model, data, c: dict, seed: int, on: _On) -> float:
         a = np.linalg.solve(zs_.T @ zs_ + c["ridge"] * np.eye(m), zs_.T @ ys_)
         predicted = z_mean[held] @ a
         keep = np.isin(labels, classes[held])
-        from refdml.metrics import retrieval_metrics
+        from refdml.gpu.metrics import retrieval_metrics
         r = retrieval_metrics(predicted, classes[held], y[keep], labels[keep], k=(1,))
         scores.append(r["mean_average_precision_at_r"])
     return float(np.mean(scores))
@@ -261,7 +261,7 @@ def _pca(x: np.ndarray, *others: np.ndarray):
 
 def _retrieval(model, part, prefix: str, on: _On, *, recall: bool = False) -> dict[str, float]:
     """``<prefix>map_at_r`` (and ``<prefix>recall_at_1``) of same-split retrieval."""
-    from refdml.metrics import retrieval_metrics
+    from refdml.gpu.metrics import retrieval_metrics
 
     r = retrieval_metrics(on.embed(model, part.images), part.labels, k=(1,))
     row = {f"{prefix}map_at_r": float(r["mean_average_precision_at_r"])}

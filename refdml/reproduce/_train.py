@@ -64,8 +64,9 @@ def embed(model, x: np.ndarray, dtype, *, batch: int = 512, pool_local: bool = F
 
 
 def map_at_r(embeddings: np.ndarray, labels: np.ndarray) -> float:
-    """MAP@R of same-set retrieval (Euclidean) with :func:`refdml.metrics.retrieval_metrics`."""
-    from refdml.metrics import retrieval_metrics
+    """MAP@R of same-set retrieval (Euclidean) by :func:`refdml.gpu.metrics.retrieval_metrics`
+    (on NumPy its CPU twin: the reference's metrics exactly, compiled)."""
+    from refdml.gpu.metrics import retrieval_metrics
 
     return float(retrieval_metrics(embeddings, labels, k=(1,))["mean_average_precision_at_r"])
 

@@ -122,7 +122,7 @@ def test_kcenter_array_path_is_the_reference_bit_for_bit_with_duplicates(initial
         kwargs["initial"] = np.array([5, 17, 200])
     elif initial == "coordinates":
         kwargs["initial"] = points[[5, 17]] + 0.0
-    want = ref_kcenter._greedy_k_center_readable(points, 25, **kwargs)
+    want = ref_kcenter.greedy_k_center(points, 25, **kwargs)
     with use_kernels("array"):
         got = fast_kcenter.greedy_k_center(points, 25, **kwargs)
     np.testing.assert_array_equal(got.indices, want.indices)

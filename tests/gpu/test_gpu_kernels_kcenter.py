@@ -45,19 +45,26 @@ def _assert_equal(a, b, points, kwargs, dtype=np.float64):
     assert_same_traversal(a, b, points, initial=kwargs.get("initial"), dtype=dtype)
 
 
+def twin(points, k, **kwargs):
+    """The fast path's greedy k-center on its compiled CPU twin (the reference's traversal,
+    compiled)."""
+    with use_kernels("cpu"):
+        return fast.greedy_k_center(points, k, **kwargs)
+
+
 @pytest.mark.parametrize("threads", ["serial", "parallel"])
 @pytest.mark.parametrize("mode", ["rng", "index", "centers"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_compiled_matches_readable(seed, mode, threads, monkeypatch):
     # Both traversals of the twin: one thread below SERIAL_BELOW entries, Numba's threads
     # (one parallel region per pick) above; the threshold is moved to run each here.
-    from refdml._compiled import kcenter as twin
+    from refdml._compiled import kcenter as compiled
 
-    monkeypatch.setattr(twin, "SERIAL_BELOW", 2**62 if threads == "serial" else 0)
+    monkeypatch.setattr(compiled, "SERIAL_BELOW", 2**62 if threads == "serial" else 0)
     points = _points(seed, 300, 7)   # not a multiple of BLOCK
     kwargs = _kwargs(mode, seed, points)
-    _assert_equal(ref.greedy_k_center(points, 40, **kwargs),
-                  ref._greedy_k_center_readable(points, 40, **kwargs), points, kwargs)
+    _assert_equal(twin(points, 40, **kwargs), ref.greedy_k_center(points, 40, **kwargs),
+                  points, kwargs)
 
 
 @settings(max_examples=25)
@@ -69,8 +76,8 @@ def test_compiled_matches_readable_hypothesis(seed, n, d, mode, scale_exp):
     if mode == "centers" and n > 4:
         kwargs["initial"] = kwargs["initial"] * 10.0**scale_exp
     k = max(1, min(n - 3, 12)) if "initial" in kwargs and kwargs["initial"].ndim == 1 else min(n, 12)
-    _assert_equal(ref.greedy_k_center(points, k, **kwargs),
-                  ref._greedy_k_center_readable(points, k, **kwargs), points, kwargs)
+    _assert_equal(twin(points, k, **kwargs), ref.greedy_k_center(points, k, **kwargs),
+                  points, kwargs)
 
 
 def test_ties_duplicates_and_every_point():
@@ -85,8 +92,8 @@ def test_ties_duplicates_and_every_point():
     base = _points(3, 5, 3)
     points = np.concatenate([base, base, base[:2]])
     for k in (4, points.shape[0]):
-        a = ref.greedy_k_center(points, k, rng=0)
-        b = ref._greedy_k_center_readable(points, k, rng=0)
+        a = twin(points, k, rng=0)
+        b = ref.greedy_k_center(points, k, rng=0)
         assert_same_traversal(a, b, points)
         assert sorted(a.indices.tolist()) == sorted(b.indices.tolist())
     assert sorted(a.indices.tolist()) == list(range(points.shape[0]))
@@ -99,8 +106,9 @@ def test_ties_duplicates_and_every_point():
     assert np.all(a.radii[4:] ** 2 <= sq_bound)
     # All-ones rows: every product and sum is an exact small integer, on any CPU.
     same = np.ones((7, 2))
-    np.testing.assert_array_equal(ref.greedy_k_center(same, 4, initial=np.array([2])).indices,
-                                  [0, 1, 3, 4])
+    for traversal in (twin, ref.greedy_k_center):
+        np.testing.assert_array_equal(traversal(same, 4, initial=np.array([2])).indices,
+                                      [0, 1, 3, 4])
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -136,10 +144,11 @@ def test_mirror_cuda_kernel_matches_array_path(mode, dtype, cuda_device_array):
 
 
 def test_bad_input_named_on_the_fast_path():
-    with pytest.raises(ValueError, match="k == 5"):
-        ref.greedy_k_center(np.ones((4, 2)), 5)
-    with pytest.raises(ValueError, match="points"):
-        ref.greedy_k_center(np.array([[np.nan, 1.0]]), 1)
+    for traversal in (twin, ref.greedy_k_center):
+        with pytest.raises(ValueError, match="k == 5"):
+            traversal(np.ones((4, 2)), 5)
+        with pytest.raises(ValueError, match="points"):
+            traversal(np.array([[np.nan, 1.0]]), 1)
 
 
 # ------------------------------------------------------------------ the seam and the kernels

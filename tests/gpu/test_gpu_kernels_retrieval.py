@@ -102,12 +102,13 @@ def test_metrics_equal_readable_hypothesis(seed, n, d, n_classes, same_set, metr
         y, y_labels = _data(seed + 1, n + 5, d, n_classes)
         kwargs.update(reference=y * 10.0**scale_exp, reference_labels=y_labels)
     try:
-        want = ref._retrieval_metrics_readable(x, labels, **kwargs)
+        want = ref.retrieval_metrics(x, labels, **kwargs)
     except ValueError as err:
-        with pytest.raises(ValueError, match=str(err)[:30]):
-            ref.retrieval_metrics(x, labels, **kwargs)
+        with pytest.raises(ValueError, match=str(err)[:30]), use_kernels("cpu"):
+            fast.retrieval_metrics(x, labels, **kwargs)
         return
-    assert ref.retrieval_metrics(x, labels, **kwargs) == want
+    with use_kernels("cpu"):
+        assert fast.retrieval_metrics(x, labels, **kwargs) == want
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -129,7 +130,7 @@ def test_mirror_cpu_kernel_matches_array_path(same_set, metric, dtype):
     if dtype == np.float32:   # the float64 reference on the float32-rounded input
         ref_kwargs = {key: (v.astype(np.float64) if key == "reference" else v)
                       for key, v in kwargs.items()}
-        assert got == ref._retrieval_metrics_readable(x.astype(np.float64), labels, **ref_kwargs)
+        assert got == ref.retrieval_metrics(x.astype(np.float64), labels, **ref_kwargs)
 
 
 def _rounding_bound(q, r):
@@ -225,19 +226,6 @@ def test_bad_input_named_on_the_fast_path():
         ref.retrieval_metrics(np.ones((4, 2)), [0, 0, 1, 1], np.ones((3, 3)), [0, 1, 1])
     with pytest.raises(ValueError, match="no query has a true reference"):
         ref.retrieval_metrics(np.eye(3), [0, 1, 2])
-
-
-def test_large_k_uses_the_readable_ranking(monkeypatch):
-    # K above MAX_KEEP (one class of 300 in same-set mode) runs the readable ranking.
-    from refdml._compiled import retrieval
-
-    monkeypatch.setattr(retrieval, "MAX_KEEP", 20)
-    x, _ = _data(9, 60, 4, 1)
-    labels = np.zeros(60, dtype=int)
-    called = []
-    monkeypatch.setattr(retrieval, "nearest_cpu", lambda *a, **k: called.append(1))
-    want = ref._retrieval_metrics_readable(x, labels)
-    assert ref.retrieval_metrics(x, labels) == want and not called
 
 
 # ------------------------------------------------- the ordered score, on every machine
@@ -482,7 +470,7 @@ def test_failed_certificates_are_rescanned_exactly(monkeypatch, backend, dtype):
     assert_array_equal(np.concatenate(rescanned), np.arange(rows.size))
     with use_kernels("array"):
         metrics = fast.retrieval_metrics(xp.asarray(x), xp.asarray(labels), k=(1, 11))
-    _assert_metrics_close(metrics, ref._retrieval_metrics_readable(x.astype(np.float64), labels,
+    _assert_metrics_close(metrics, ref.retrieval_metrics(x.astype(np.float64), labels,
                                                                    k=(1, 11)))
 
 
@@ -494,7 +482,7 @@ def test_large_k_runs_the_array_path_in_cpu_mode(monkeypatch):
     labels = np.zeros(300, dtype=int)
     with use_kernels("cpu"):
         got = fast.retrieval_metrics(x, labels, k=(1, 5))
-    assert got == ref._retrieval_metrics_readable(x, labels, k=(1, 5))
+    assert got == ref.retrieval_metrics(x, labels, k=(1, 5))
 
 
 def test_auto_runs_the_cpu_twin_on_numpy(monkeypatch):

@@ -1,11 +1,12 @@
-"""refdml.ot.pairwise_sinkhorn_divergence_forward's compiled route against its readable form.
+"""The fast path's all-pairs divergence on its compiled CPU twin, in float64, against the
+reference (:func:`refdml.ot.pairwise_sinkhorn_divergence_forward`, the readable NumPy form).
 
-The public forward runs the compiled CPU twin of the small-problem Sinkhorn kernel
-(clouds of at most 128 points); :func:`_pairwise_sinkhorn_divergence_forward_readable`
-is the readable NumPy form. They must agree: divergences and gradients (the readable
-backward on either context) to 1e-10 relative, iteration counts and ``converged`` exactly
-where the stopping margin certifies them (:func:`_stops_certified`), the same
-ConvergenceWarning.
+:func:`refdml.gpu.ot.pairwise_sinkhorn_divergence_forward` on NumPy runs the CPU twin of the
+small-problem Sinkhorn kernel (clouds of at most 128 points) under ``use_kernels("cpu")``
+(and under "auto"). It is the same solver, so they must agree: divergences and gradients
+(the reference's backward on either context, and the fast backward on its own) to 1e-10
+relative, iteration counts and ``converged`` exactly where the stopping margin certifies
+them (:func:`_stops_certified`), the same ConvergenceWarning.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
 from refdml.exceptions import ConvergenceWarning
-from refdml._compiled import sinkhorn as twin
+from refdml.gpu import ot as fast_ot
 from refdml.gpu import use_kernels
-from refdml.ot import pairwise_sinkhorn_divergence, pairwise_sinkhorn_divergence_backward
-from refdml.ot import pairwise_sinkhorn_divergence_forward
+from refdml.ot import pairwise_sinkhorn_divergence_backward
+from refdml.ot import pairwise_sinkhorn_divergence_forward as readable
 from refdml.ot import _sinkhorn
-from refdml.ot._divergence import _pairwise_sinkhorn_divergence_forward_readable as readable
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -60,10 +60,16 @@ def _stops_certified(clouds, **kw) -> bool:
     return _counts(clouds, -margin, kw) == _counts(clouds, margin, kw)
 
 
+def twin_forward(clouds, **kw):
+    """The fast path's forward on its compiled CPU twin (float64 NumPy input)."""
+    with use_kernels("cpu"):
+        return fast_ot.pairwise_sinkhorn_divergence_forward(clouds, **kw)
+
+
 def _both(clouds, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return pairwise_sinkhorn_divergence_forward(clouds, **kw), readable(clouds, **kw)
+        return twin_forward(clouds, **kw), readable(clouds, **kw)
 
 
 def _assert_equivalent(clouds, seed=0, *, certified=None, **kw):
@@ -78,34 +84,35 @@ def _assert_equivalent(clouds, seed=0, *, certified=None, **kw):
         assert_array_equal(got.n_iter, want.n_iter)
         assert_array_equal(got.converged, want.converged)
     upstream = np.random.default_rng(seed).standard_normal(fast.shape)
-    g_fast = pairwise_sinkhorn_divergence_backward(fast_ctx, upstream).clouds
     g_ref = pairwise_sinkhorn_divergence_backward(ref_ctx, upstream).clouds
-    assert_allclose(g_fast, g_ref, rtol=0, atol=RTOL * np.abs(g_ref).max())
+    for g_fast in (pairwise_sinkhorn_divergence_backward(fast_ctx, upstream).clouds,
+                   fast_ot.pairwise_sinkhorn_divergence_backward(fast_ctx, upstream).clouds):
+        assert_allclose(g_fast, g_ref, rtol=0, atol=RTOL * np.abs(g_ref).max())
 
 
 @pytest.mark.parametrize("p", [1, 2])
 @pytest.mark.parametrize("value", ["regularized", "transport_cost"])
 @pytest.mark.parametrize("eps_scaling", [None, 0.5])
-def test_compiled_route_matches_readable_form(p, value, eps_scaling):
+def test_twin_matches_readable_form(p, value, eps_scaling):
     clouds = np.random.default_rng(p).uniform(-1, 1, (5, 6, 3))
     _assert_equivalent(clouds, eps=0.1, p=p, value=value, tol=1e-9, eps_scaling=eps_scaling)
 
 
-def test_compiled_route_at_scale_and_small_eps():
+def test_twin_at_scale_and_small_eps():
     clouds = 1e150 * np.random.default_rng(3).uniform(-1, 1, (4, 7, 2))
     _assert_equivalent(clouds, eps=1e300 * 0.01, p=2, tol=1e-9, max_iter=3000)
 
 
-def test_compiled_route_near_coincident_points_p1():
+def test_twin_near_coincident_points_p1():
     # Two points 2e-4 apart (found by hypothesis): p = 1 amplifies any rounding of their
     # squared distance in the gradient; the compiled costs refine near pairs as _sq_dist.
     clouds = np.random.default_rng(3255707).uniform(-1, 1, (3, 7, 1))
     _assert_equivalent(clouds, seed=3255707, eps=1.0, p=1, tol=1e-10, max_iter=2000)
 
 
-def test_compiled_route_warns_like_the_readable_form():
+def test_twin_warns_like_the_readable_form():
     clouds = np.random.default_rng(4).uniform(-1, 1, (3, 5, 2))
-    for forward in (pairwise_sinkhorn_divergence_forward, readable):
+    for forward in (twin_forward, readable):
         with pytest.warns(ConvergenceWarning, match="max_iter=2 iterations"):
             forward(clouds, eps=0.01, max_iter=2, tol=1e-9)
         with warnings.catch_warnings():
@@ -113,50 +120,22 @@ def test_compiled_route_warns_like_the_readable_form():
             forward(clouds, eps=0.01, max_iter=2, tol=0.0)
 
 
-def test_readable_form_is_reachable(monkeypatch):
-    calls = []
-    real = twin.solve_small_cpu
-    monkeypatch.setattr(twin, "solve_small_cpu",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    clouds = np.random.default_rng(5).uniform(-1, 1, (3, 4, 2))
-    pairwise_sinkhorn_divergence(clouds, eps=0.5)
-    assert calls == [1, 1]                                   # cross and self batches
-    with use_kernels("array"):
-        out = pairwise_sinkhorn_divergence(clouds, eps=0.5)
-    assert calls == [1, 1]
-    assert_array_equal(out, readable(clouds, eps=0.5)[0])    # bit for bit: the same code
-    big = np.random.default_rng(6).uniform(-1, 1, (2, twin.MAX_POINTS + 1, 2))
-    out = pairwise_sinkhorn_divergence(big, eps=1.0, tol=1e-6)
-    assert calls == [1, 1]
-    assert_array_equal(out, readable(big, eps=1.0, tol=1e-6)[0])
-    # "cpu" asks for the twin; "cuda" names a kernel the reference lacks: the readable form,
-    # with or without Numba's CUDA simulator (it has nothing to refuse).
-    with use_kernels("cpu"):
-        pairwise_sinkhorn_divergence(clouds, eps=0.5)
-    assert calls == [1, 1, 1, 1]
-    for simulator in ("1", "0"):
-        monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", simulator)
-        with use_kernels("cuda"):
-            out = pairwise_sinkhorn_divergence(clouds, eps=0.5)
-        assert calls == [1, 1, 1, 1]
-        assert_array_equal(out, readable(clouds, eps=0.5)[0])
-
-
-def test_one_cloud_and_bad_input_as_the_reference():
-    out, ctx = pairwise_sinkhorn_divergence_forward(np.ones((1, 3, 2)), eps=0.5)
+@pytest.mark.parametrize("forward", [twin_forward, readable], ids=["twin", "reference"])
+def test_one_cloud_and_bad_input_as_the_reference(forward):
+    out, ctx = forward(np.ones((1, 3, 2)), eps=0.5)
     assert_array_equal(out, [[0.0]]) and ctx.pairs is None
     with pytest.raises(ValueError, match="clouds"):
-        pairwise_sinkhorn_divergence_forward(np.ones((3, 2)), eps=0.5)
+        forward(np.ones((3, 2)), eps=0.5)
     with pytest.raises(ValueError, match="eps"):
-        pairwise_sinkhorn_divergence_forward(np.ones((2, 3, 2)), eps=-1.0)
+        forward(np.ones((2, 3, 2)), eps=-1.0)
     with pytest.raises(ValueError, match="clouds"):
-        pairwise_sinkhorn_divergence_forward(np.full((2, 3, 2), np.nan), eps=0.5)
+        forward(np.full((2, 3, 2), np.nan), eps=0.5)
 
 
 @settings(max_examples=20)
 @given(seed=st.integers(0, 2**32 - 1), n_clouds=st.integers(2, 5), n=st.integers(1, 9),
        d=st.integers(1, 4), eps=st.sampled_from([1.0, 0.1, 0.02]), p=st.sampled_from([1, 2]))
-def test_compiled_route_hypothesis(seed, n_clouds, n, d, eps, p):
+def test_twin_hypothesis(seed, n_clouds, n, d, eps, p):
     clouds = np.random.default_rng(seed).uniform(-1, 1, (n_clouds, n, d))
     kw = dict(eps=eps, p=p, tol=1e-10, max_iter=2000)
     assume(_stops_certified(clouds, **kw))       # ~5% of draws sit at a stopping boundary
