@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from refdml import _validation
-from refdml._xp import array_namespace
+from refdml._backend import get_backend
 
 __all__ = [
     "check_nonzero_rows",
@@ -128,7 +128,7 @@ def ordered_sq_distances(x, y_t, *, out=None, work=None, xp=np):
     the two rows alone: identical rows give identical values wherever they sit in ``x``
     or ``y``, on every CPU. A compiled twin gets the same bits with the loop
     ``acc = 0.0; for k: t = x[k] - y[k]; acc += t * t`` compiled without fast-math (no
-    reassociation, no contraction), which ``refdml._compiled.retrieval`` does.
+    reassociation, no contraction), which ``refdml.gpu.metrics._compiled`` does.
     The caller keeps the entries small enough that the squares cannot overflow (a common
     power-of-two scaling, or unit rows). ``y_t`` is the transposed reference set so that
     each step reads a contiguous row. ``out`` and ``work``: optional (m, n) buffers.
@@ -193,5 +193,5 @@ def masked_logsumexp(
 def check_nonzero_rows(x: np.ndarray, name: str, *, why: str = "its direction is needed") -> None:
     """Raise ``ValueError`` naming ``name`` and the first row (last axis) that is all zeros
     (the check is :func:`refdml._validation.check_nonzero_rows`, on ``x``'s module)."""
-    ns = array_namespace(x)
+    ns = get_backend(x)
     _validation.check_nonzero_rows(ns.xp, x, name, why=why, ns=ns)

@@ -12,9 +12,10 @@ wording but keep float32 and float64 (integers become float64) and keep the arra
 device (NumPy or CuPy). Type, rank and shape checks never touch the data. The
 data-dependent checks (finiteness, zero rows, integer-valued float labels, values beyond
 float32) read every element: on NumPy they always run; on CuPy each is a reduction plus
-one device-to-host synchronisation, so they run only while :data:`CHECK_FINITE_ON_GPU` is
-true (the default). A training loop that has already validated its data may turn them
-off with :func:`set_finite_checks` (also ``refdml.gpu.set_finite_checks``).
+one device-to-host synchronisation, so they run only while the backend's
+:attr:`~refdml._backend.Backend.data_checks` is true (the default). A training loop that
+has already validated its data may turn them off with
+:func:`refdml._backend.set_finite_checks` (public as ``refdml.gpu.set_finite_checks``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from refdml._xp import ArrayNamespace, array_namespace, is_cupy_array
+from refdml._backend import Backend, get_backend, is_device_array
 
 __all__ = [
-    "CHECK_FINITE_ON_GPU",
     "as_fast_array",
     "as_float_array",
     "as_inputs",
@@ -48,10 +48,8 @@ __all__ = [
     "data_checks",
     "fast_labels",
     "result_dtype",
-    "set_finite_checks",
 ]
 
-CHECK_FINITE_ON_GPU = True
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -101,7 +99,7 @@ def _upstream_array(value: Any, name: str, shape: tuple[int, ...]) -> Any:
     if value is None:
         raise TypeError(f"{name} must be an array of shape {shape}, got None")
     _refuse_non_array(value, name, "an array of real numbers")
-    array = value if is_cupy_array(value) else np.asarray(value)
+    array = value if is_device_array(value) else np.asarray(value)
     _check_real_dtype(array, name)
     if tuple(array.shape) != tuple(shape):
         raise ValueError(
@@ -336,17 +334,10 @@ def check_upstream(
 # --- The fast path and the training pairs: NumPy or CuPy, float32 or float64 -------------
 
 
-def set_finite_checks(enabled: bool) -> None:
-    """Turn the data checks of CuPy inputs on or off (each synchronises the device)."""
-    global CHECK_FINITE_ON_GPU
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {_describe(enabled)}")
-    CHECK_FINITE_ON_GPU = enabled
-
-
-def data_checks(ns: ArrayNamespace) -> bool:
-    """True where data-dependent checks run (always on NumPy; on CuPy while enabled)."""
-    return not ns.on_gpu or CHECK_FINITE_ON_GPU
+def data_checks(ns: Backend) -> bool:
+    """True where data-dependent checks run (always on NumPy; on CuPy while enabled):
+    :attr:`refdml._backend.Backend.data_checks`."""
+    return ns.data_checks
 
 
 def result_dtype(*arrays: Any) -> np.dtype:
@@ -357,11 +348,11 @@ def result_dtype(*arrays: Any) -> np.dtype:
     return np.dtype(np.float64)
 
 
-def cast_checked(array: Any, dtype: Any, name: str, ns: ArrayNamespace) -> Any:
+def cast_checked(array: Any, dtype: Any, name: str, ns: Backend) -> Any:
     """``array`` (NumPy or CuPy) as ``dtype`` on ``ns``; narrowing float64 to float32, a finite
     entry beyond float32's range is a ``ValueError`` naming ``name`` and the entry (a cast
     would make it inf, or warn). The check reads the data: on CuPy only while
-    :data:`CHECK_FINITE_ON_GPU` (one synchronisation), and only when narrowing.
+    the data checks (one synchronisation), and only when narrowing.
     """
     xp = ns.xp
     dtype = np.dtype(dtype)
@@ -388,7 +379,7 @@ def as_fast_array(
     ndim: int | tuple[int, ...] | None = None,
     min_ndim: int | None = None,
     dtype: Any = None,
-    ns: ArrayNamespace | None = None,
+    ns: Backend | None = None,
 ) -> Any:
     """Return ``value`` as a float32/float64 array of its own module, checked like the reference.
 
@@ -398,8 +389,8 @@ def as_fast_array(
     non-finite input raise ``ValueError`` naming ``name``.
     """
     _refuse_non_array(value, name, "an array of real numbers")
-    ns = ns if ns is not None else array_namespace(value)
-    array = value if is_cupy_array(value) else np.asarray(value)
+    ns = ns if ns is not None else get_backend(value)
+    array = value if is_device_array(value) else np.asarray(value)
     kind = _check_real_dtype(array, name)
     if dtype is None:
         dtype = kind if kind in _FLOATS else np.dtype(np.float64)
@@ -410,7 +401,7 @@ def as_fast_array(
     return array
 
 
-def check_fast_upstream(value: Any, name: str, shape: tuple[int, ...], ns: ArrayNamespace,
+def check_fast_upstream(value: Any, name: str, shape: tuple[int, ...], ns: Backend,
                         dtype: Any) -> Any:
     """An upstream gradient: real, exactly ``shape``, finite; returned in ``dtype`` on ``ns``.
 
@@ -428,15 +419,15 @@ def check_fast_upstream(value: Any, name: str, shape: tuple[int, ...], ns: Array
     return array
 
 
-def fast_labels(value: Any, name: str, ns: ArrayNamespace, *, length: int | None = None) -> Any:
+def fast_labels(value: Any, name: str, ns: Backend, *, length: int | None = None) -> Any:
     """Integer class labels as a 1-d int64 array of ``ns`` (like :func:`as_label_array`)."""
     _refuse_non_array(value, name, "a 1-d array of integer labels")
-    array = value if is_cupy_array(value) else np.asarray(value)
+    array = value if is_device_array(value) else np.asarray(value)
     _label_checks(array, name, ns.xp, read_data=data_checks(ns), length=length)
     return ns.xp.asarray(array, dtype=ns.xp.int64)
 
 
-def check_nonzero_rows(xp: Any, x: Any, name: str, *, why: str, ns: ArrayNamespace) -> None:
+def check_nonzero_rows(xp: Any, x: Any, name: str, *, why: str, ns: Backend) -> None:
     """``ValueError`` naming ``name`` and the first all-zero row (last axis)."""
     if not data_checks(ns):
         return
@@ -449,14 +440,14 @@ def check_nonzero_rows(xp: Any, x: Any, name: str, *, why: str, ns: ArrayNamespa
 
 def as_inputs(
     spec: dict[str, tuple[Any, int | tuple[int, ...] | None]],
-) -> tuple[ArrayNamespace, np.dtype, dict[str, Any]]:
+) -> tuple[Backend, np.dtype, dict[str, Any]]:
     """Check named inputs ``{name: (value, ndim)}``; return namespace, common dtype, arrays.
 
     The training pairs' entry check: the inputs keep their array module, and their dtype is
     float32 only when all are float32.
     """
     values = [v for v, _ in spec.values()]
-    ns = array_namespace(*values)
+    ns = get_backend(*values)
     dtype = result_dtype(*[v for v in values if hasattr(v, "dtype")])
     arrays = {
         name: as_fast_array(value, name, ndim=ndim, dtype=dtype, ns=ns)
@@ -470,5 +461,5 @@ def check_upstream_like(d_y: Any, name: str, shape: tuple[int, ...], like: Any) 
 
     ``like`` is any array of the context (it tells the device and the dtype).
     """
-    ns = array_namespace(like)
+    ns = get_backend(like)
     return check_fast_upstream(d_y, name, tuple(shape), ns, like.dtype)

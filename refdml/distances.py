@@ -38,7 +38,7 @@ import numpy as np
 
 from refdml._numerics import pairwise_norm, pairwise_sq_distances
 from refdml._validation import as_float_array, check_context, check_upstream
-from refdml._xp import ArrayNamespace
+from refdml._backend import Backend
 from refdml.normalize import L2NormalizeContext, _l2_backward, _l2_forward
 
 __all__ = [
@@ -217,7 +217,7 @@ def sq_euclidean(x, y) -> np.ndarray:
     return sq_euclidean_forward(x, y)[0]
 
 
-def _cosine_forward(x, y, *, ns: ArrayNamespace | None = None) -> tuple[Any, CosineContext]:
+def _cosine_forward(x, y, *, ns: Backend | None = None) -> tuple[Any, CosineContext]:
     x_unit, x_ctx = _l2_forward(x, "x", ns=ns)
     y_unit, y_ctx = _l2_forward(y, "y", ns=ns)
     xp = np if ns is None else ns.xp

@@ -37,7 +37,7 @@ from typing import Any
 from refdml._validation import (
     as_float_array, check_context, check_nonzero_rows, check_upstream,
 )
-from refdml._xp import ArrayNamespace, array_namespace, to_numpy
+from refdml._backend import Backend, get_backend, to_numpy
 
 __all__ = [
     "ClipNormalizeContext",
@@ -154,11 +154,11 @@ _ZERO_WHY = "L2 normalisation of a zero vector is undefined"
 
 
 def _l2_forward(
-    x: Any, name: str = "x", *, why: str = _ZERO_WHY, ns: ArrayNamespace | None = None
+    x: Any, name: str = "x", *, why: str = _ZERO_WHY, ns: Backend | None = None
 ) -> tuple[Any, L2NormalizeContext]:
     """``x / ||x||`` of a checked array; ``ValueError`` naming ``name``'s first zero row (on
     CuPy only while data checks are on: :func:`refdml._validation.data_checks`)."""
-    ns = ns if ns is not None else array_namespace(x)
+    ns = ns if ns is not None else get_backend(x)
     check_nonzero_rows(ns.xp, x, name, why=why, ns=ns)
     y, scale, scaled_norm = _scaled_direction(ns.xp, x)
     return y, L2NormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm)

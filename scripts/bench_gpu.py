@@ -86,7 +86,7 @@ def bench_gsp(repeats: int) -> list[Table]:
     """GSP pooling forward + backward, B=256, m=64, n=49, d=128, mu=0.3, inverse_temperature=5.
 
     The reference (float64), the array path (``use_kernels("array")``) and the Numba CPU
-    twin (``use_kernels("cpu")``, :mod:`refdml._compiled.gsp`) in float64 and float32, all
+    twin (``use_kernels("cpu")``, :mod:`refdml.gpu.gsp._compiled`) in float64 and float32, all
     interleaved in one run; then the B = 4096 throughput (images / s) of the float32 array
     path and CPU twin.
     """
@@ -183,8 +183,9 @@ _COMPILE_PROBE = """
 import time
 start = time.perf_counter()
 import numpy as np
-from refdml.gpu import gsp, use_kernels
-from refdml.gpu._loss_kernels import masked_logsumexp
+from refdml.gpu import use_kernels
+from refdml.gpu import gsp
+from refdml.gpu.losses._launch import masked_logsumexp
 imported = time.perf_counter()
 rng = np.random.default_rng(0)
 for dtype in (np.float64, np.float32):
@@ -237,7 +238,7 @@ def bench_compile(repeats: int) -> list[Table]:
 def bench_lse(repeats: int) -> list[Table]:
     """masked_logsumexp (the softmax-type losses' reduction): array path vs the CPU twin."""
     from refdml.gpu import use_kernels
-    from refdml.gpu._loss_kernels import masked_logsumexp
+    from refdml.gpu.losses._launch import masked_logsumexp
 
     rng = np.random.default_rng(0)
     print(f"masked log-sum-exp with extra_zero, half the entries masked (median of {repeats}, "
@@ -330,11 +331,11 @@ def _ot_clouds(rng, n_clouds, n_points, dim, n_classes=16):
 def bench_ot(repeats: int) -> list[Table]:
     """All-pairs Sinkhorn divergence (forward) of 64 clouds of 49 points in R^128, tol 1e-6
     (issue 10 goal: >= 2x in float32). float32 runs to the dtype's residual floor where it
-    is above tol (refdml.gpu._ot_sinkhorn.residual_floor; printed)."""
+    is above tol (refdml.gpu.ot._sinkhorn.residual_floor; printed)."""
     import warnings
 
     from refdml import ot as ref
-    from refdml.gpu import _ot_sinkhorn
+    from refdml.gpu.ot import _sinkhorn as _ot_sinkhorn
     from refdml.gpu import ot as fast
 
     n_clouds, n_points, dim, tol = 64, 49, 128, 1e-6
@@ -522,7 +523,7 @@ _OT_GOAL = 20.0
 # Largest |difference| of the retrieval metrics between the CUDA kernel and the array path
 # (averages over the queries): 1e-3 is 10 queries in 10,000 whose neighbours differ where
 # the kernel's FMA contraction reorders references whose distances agree to ~1e-16
-# relative (refdml/_compiled/retrieval.py).
+# relative (refdml/gpu/metrics/_compiled.py).
 _RETRIEVAL_PARITY = 1e-3
 _RETRIEVAL_BLOCK = 16384
 # k-center: radii of the CUDA kernel and the array path over their common first picks,
@@ -720,7 +721,7 @@ def _ratios(medians: dict, name: str, others) -> dict:
 
 
 def _host(value) -> np.ndarray:
-    from refdml._xp import to_numpy
+    from refdml._backend import to_numpy
 
     if hasattr(value, "detach"):                # a torch tensor (POT's rows)
         return value.detach().cpu().numpy()
@@ -979,22 +980,22 @@ def cuda_launch_sync(run: _Run) -> None:
     """The GSP layer's CUDA kernels (B = 256, float32) with and without numba-cuda's
     synchronisation of every array argument (``REFDML_CUDA_LAUNCH_SYNC=1`` / unset).
 
-    :func:`refdml._compiled._support.cuda_launch` reads the switch at every launch, so the
+    :func:`refdml.gpu._support.launch.cuda_launch` reads the switch at every launch, so the
     two variants alternate in one process (checked first: a switch read once would make
     both variants the same).
     """
-    from refdml._compiled import _support
+    from refdml.gpu._support import launch as _launch
 
     section, variable = "launch_sync", "REFDML_CUDA_LAUNCH_SYNC"
     batch, m, n, d = run.sizes((256, 64, 49, 128), (3, 4, 5, 8))
     size = f"B={batch} m={m} n={n} d={d} (GSP pooling forward + backward, CUDA kernels)"
-    probe = getattr(_support, "_launch_sync", None)
+    probe = getattr(_launch, "_launch_sync", None)
     seen = []
     for value in ("1", None):
         with _environment(variable, value):
             seen.append(probe() if probe is not None else None)
     if seen != [True, False]:
-        raise RuntimeError(f"refdml._compiled._support does not read {variable} at each "
+        raise RuntimeError(f"refdml.gpu._support.launch does not read {variable} at each "
                            "launch as this section assumes; run the two variants in separate "
                            "processes instead")
     layer = _gsp_layer(run.xp, _gsp_inputs(batch, m, n, d), "float32", "cuda")
@@ -1523,7 +1524,7 @@ def _prepare_cuda(dry_run: bool) -> str | None:
     except ImportError as exc:
         return f"refdml.gpu cannot be imported ({exc}); install refdml (README)"
     if not dry_run:
-        from refdml._compiled._support import cuda_unavailable_reason
+        from refdml.gpu._support.modes import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason is not None:

@@ -17,7 +17,7 @@ Sections (each in one run, the machine load printed beside every number):
     the readable path, and the two rows show that), interleaved medians.
 ``compile``
     First-call times in fresh interpreters: cold (the Numba cache files of the CPU twins
-    ``refdml/_compiled/kcenter.py`` / ``retrieval.py`` deleted first) and warm (cache present):
+    ``refdml/gpu/kcenter/_compiled.py`` / ``retrieval.py`` deleted first) and warm (cache present):
     import + first call of ``greedy_k_center`` and of ``retrieval_metrics`` on tiny inputs.
 
 Run WITHOUT OPENBLAS_NUM_THREADS set (the default a user has).

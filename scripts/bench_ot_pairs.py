@@ -102,7 +102,7 @@ def _counts(ctx):
 
 def _solver_only(ctx, mode, tol, max_iter):
     """The two solves of the route alone (cross batch, symmetric self batch) on its costs."""
-    from refdml.gpu import _ot_sinkhorn as solver
+    from refdml.gpu.ot import _sinkhorn as solver
     from refdml.gpu import use_kernels
 
     def run():

@@ -178,7 +178,7 @@ def main(argv=None) -> int:
 
     if not args.no_readable:
         from refdml._numerics import common_scale
-        from refdml._compiled.retrieval import nearest_cpu
+        from refdml.gpu.metrics._compiled import nearest_cpu
 
         rng = np.random.default_rng(args.seed + 1)
         n_check = n if args.quick else min(n, args.readable_queries)

@@ -5,7 +5,7 @@
 # imports refdml: a NumPy-backed array that refuses implicit conversion to NumPy as CuPy
 # does (and np.* functions, which CuPy would dispatch) and counts every host transfer.
 # NUMBA_ENABLE_CUDASIM=1 runs the @cuda.jit kernels under Numba's simulator on the
-# stand-in's memory (refdml/_compiled/_support.cuda_launch hands them host views).
+# stand-in's memory (refdml.gpu._support.launch.cuda_launch hands them host views).
 #
 # Steps (each with its exit status; the script exits 1 if any fails):
 #   standin    the stand-in's own tests, the synchronisation counts of the operators, their

@@ -32,7 +32,7 @@ device synchronisations and with no profiler attached, give the wall time (media
 one more call runs under every recorder this machine has, each named in the row:
 
 - **refdml's launch recorder** (always; ``REFDML_CUDA_PROFILE=1``, which this script sets
-  unless the environment says ``0``): :func:`refdml._compiled._support.launch_profile`.
+  unless the environment says ``0``): :func:`refdml.gpu._support.profile.launch_profile`.
   Every refdml kernel passes through ``cuda_launch``, which counts the launches per kernel
   name and, on a GPU, brackets each with two CUDA events on its stream (read after the call,
   with one synchronisation outside it). Sees refdml's Numba kernels only; an event span
@@ -447,7 +447,7 @@ def profile_workload(work: Workload, *, mode: str, sync, repeats: int, max_secon
                      standin: bool, torch_trace: _TorchTrace | None, dry_run: bool,
                      device: str) -> tuple[dict, list[dict]]:
     """The row and the kernel rows of one workload (module docstring)."""
-    from refdml._compiled._support import launch_profile
+    from refdml.gpu._support.profile import launch_profile
 
     notes = [n for n in (work.note, _DRY_NOTE if dry_run else "") if n]
     with warnings.catch_warnings(record=True) as caught:
@@ -711,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     sync = cupy.cuda.Device().synchronize
     standin = bool(getattr(cupy, "__refdml_standin__", False))
     torch, torch_note = _torch_profiler(args.dry_run, args.no_torch)
-    from refdml._compiled._support import _profile_switch
+    from refdml.gpu._support.profile import _profile_switch
 
     recorders = {"refdml_launch_recorder": "on" if _profile_switch() else
                  "off (REFDML_CUDA_PROFILE is not 1)",

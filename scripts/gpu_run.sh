@@ -354,7 +354,7 @@ try:
 
     all_operators()
     refdml.cli.build_parser()
-    from refdml._compiled import _cuda
+    from refdml.gpu._support import cuda as _cuda
 
     # refdml's one import of numba.cuda, with what it had to do for this NumPy/numba-cuda
     report["compat_steps"] = list(_cuda.COMPAT_STEPS)
@@ -493,7 +493,7 @@ def masked_lse(dtype):
         import cupy
         import numpy as np
         from refdml.gpu import use_kernels
-        from refdml.gpu._loss_kernels import masked_logsumexp
+        from refdml.gpu.losses._launch import masked_logsumexp
 
         rng = np.random.default_rng(1)
         shape = (8, 16) if simulated else (64, 48)   # the simulator runs a thread per thread

@@ -118,7 +118,7 @@ def pick_leads(points, k, initial):
 
 
 def sequential_traversal(points, k, min_sq, first=None):
-    """The traversal in the arithmetic of :mod:`refdml._compiled.kcenter_cuda`'s kernels
+    """The traversal in the arithmetic of :mod:`refdml.gpu.kcenter._cuda`'s kernels
     without FMA (what Numba's CUDA simulator computes), written independently in NumPy:
     ``|x_i|^2`` and every dot product are float64 products summed in coordinate order (one
     rounding per operation, vectorised over the points only), ``|x_i|^2`` and ``m`` are

@@ -86,7 +86,7 @@ def cupy_skip_reason() -> str | None:
 
 def _on_gpu_skip_reason() -> str | None:
     # CuPy inputs dispatch to the kernels, so a GPU run needs both CuPy and numba.cuda
-    from refdml._compiled._support import cuda_unavailable_reason
+    from refdml.gpu._support.modes import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     return None if reason is None else f"{reason}; the simulator is off (NUMBA_ENABLE_CUDASIM=0)"
@@ -127,7 +127,7 @@ def cuda_device_array():
 
     Under the simulator (no GPU: CI) the kernels take NumPy arrays and the array is returned
     as it is; on a lent GPU it becomes a CuPy array. Tests of a ``@cuda.jit`` kernel call
-    ``cuda_device_array(x)`` on their inputs and ``refdml._xp.to_numpy`` on the outputs, and
+    ``cuda_device_array(x)`` on their inputs and ``refdml._backend.to_numpy`` on the outputs, and
     carry the ``requires_cuda`` marker (a call where the kernels cannot run skips the test).
     Session-scoped (it holds no state) so that hypothesis tests may take it. With the CuPy
     stand-in (REFDML_CUPY_STANDIN=1) the arrays become stand-in CuPy arrays, as on a GPU.
@@ -189,7 +189,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     cuda_simulator_tuning.tune()
 
     # Every simulated launch must match a signature of the registry that
-    # `refdml gpu-check --compile-only` compiles for real GPUs (refdml/gpu/_cuda_compile.py): on a
+    # `refdml gpu-check --compile-only` compiles for real GPUs (refdml/gpu/_compile_check.py): on a
     # GPU, numba-cuda compiles one specialisation per argument types, so a launch the
     # registry lacks (a strided view, an int32 index array) would be a kernel that nobody
     # compiled in CI. Arrays are compared by dtype, ndim and layout (not numba's readonly
@@ -198,8 +198,8 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     from numba.core import types as _types
     from numba.core.sigutils import normalize_signature as _normalize_signature
 
-    from refdml._compiled import _support
-    from refdml.gpu import _cuda_compile
+    from refdml.gpu._support import launch as _launch
+    from refdml.gpu import _compile_check as _cuda_compile
 
     def _launch_type(value):
         kind = _typeof(value)
@@ -224,7 +224,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         if launched not in registered:
             raise AssertionError(
                 f"CUDA kernel {name} launched with argument types {launched}, which the "
-                f"registry of refdml/gpu/_cuda_compile.py (compiled by `refdml gpu-check "
+                f"registry of refdml/gpu/_compile_check.py (compiled by `refdml gpu-check "
                 f"--compile-only`) does not list: {sorted(registered)}")
 
-    _support.SIMULATED_LAUNCH_OBSERVERS.append(_check_registered_launch)
+    _launch.SIMULATED_LAUNCH_OBSERVERS.append(_check_registered_launch)

@@ -30,8 +30,8 @@ SOURCES = {"refdml": REPO / "refdml"}
 
 # Bottom to top. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("refdml.exceptions", "refdml._validation", "refdml._numerics", "refdml._xp",
-              "refdml._io", "refdml._compiled", "refdml._cli_support")),
+    ("base", ("refdml.exceptions", "refdml._validation", "refdml._numerics", "refdml._backend",
+              "refdml._io", "refdml._cli_support")),
     ("operators", ("refdml.normalize", "refdml.distances", "refdml.gsp", "refdml.histogram",
                    "refdml.losses", "refdml.prototypes", "refdml.crossbatch", "refdml.ot",
                    "refdml.kcenter", "refdml.metrics", "refdml.coresets", "refdml._shared")),
@@ -127,9 +127,9 @@ def scan(sources: Mapping[str, pathlib.Path]):
     return modules, edges, loaders
 
 
-#: The one module that imports ``numba.cuda`` (refdml._compiled._cuda's docstring: a
+#: The one module that imports ``numba.cuda`` (refdml.gpu._support.cuda's docstring: a
 #: change of CUDA compiler, or a workaround for one, is a change there alone).
-CUDA_IMPORT_POINT = "refdml._compiled._cuda"
+CUDA_IMPORT_POINT = "refdml.gpu._support.cuda"
 
 
 def _numba_cuda_names(node: ast.Import | ast.ImportFrom) -> list[tuple[str, bool]]:
@@ -271,13 +271,13 @@ def test_checker_resolves_relative_imports_and_string_loaders(tmp_path):
     sources = _tree(tmp_path, {
         "refdml/__init__.py": "",
         "refdml/ot/__init__.py": "from ._a import x\n",
-        "refdml/ot/_a.py": "from .. import _xp\nimport importlib\nx = importlib.import_module('m')\n",
-        "refdml/_xp.py": "from .ot import _a\n",
+        "refdml/ot/_a.py": "from .. import _backend\nimport importlib\nx = importlib.import_module('m')\n",
+        "refdml/_backend.py": "from .ot import _a\n",
     })
     modules, edges, loaders = scan(sources)
-    assert ("refdml._xp", 1) in edges["refdml.ot._a"]
+    assert ("refdml._backend", 1) in edges["refdml.ot._a"]
     assert ("refdml.ot._a", 1) in edges["refdml.ot"]
-    assert upward_imports(edges) == ["refdml._xp (line 1, base) imports refdml.ot._a (operators)"]
+    assert upward_imports(edges) == ["refdml._backend (line 1, base) imports refdml.ot._a (operators)"]
     assert loaders == {"refdml.ot._a": [3]}
 
 
@@ -291,17 +291,17 @@ def test_checker_finds_a_three_module_circle_and_passes_a_chain():
 def test_checker_keeps_numba_cuda_to_its_import_point(tmp_path):
     sources = _tree(tmp_path, {
         "refdml/__init__.py": "",
-        "refdml/_compiled/__init__.py": "",
-        "refdml/_compiled/_cuda.py": "from numba import cuda\n",
+        "refdml/gpu/_support/__init__.py": "",
+        "refdml/gpu/_support/cuda.py": "from numba import cuda\n",
         "gpu/__init__.py": "def f():\n    import numba.cuda\n",
-        "gpu/_nb.py": "from refdml._compiled._cuda import cuda\nfrom numba.cuda import dispatcher\n",
+        "gpu/_nb.py": "from refdml.gpu._support.cuda import cuda\nfrom numba.cuda import dispatcher\n",
         "gpu/_bad.py": "from numba.cuda.cudadrv import nvvm\nfrom numba import cuda, njit\n",
     })
     assert cuda_import_violations(sources) == [
-        "refdml.gpu (line 2) imports numba.cuda: take `cuda` from refdml._compiled._cuda",
+        "refdml.gpu (line 2) imports numba.cuda: take `cuda` from refdml.gpu._support.cuda",
         "refdml.gpu._bad (line 1) imports from numba.cuda.cudadrv without importing "
-        "refdml._compiled._cuda",
-        "refdml.gpu._bad (line 2) imports numba.cuda: take `cuda` from refdml._compiled._cuda",
+        "refdml.gpu._support.cuda",
+        "refdml.gpu._bad (line 2) imports numba.cuda: take `cuda` from refdml.gpu._support.cuda",
     ]
 
 
@@ -312,7 +312,7 @@ SHARED_API = "refdml._shared"
 FAST_PATH = "refdml.gpu"
 #: The one module that chooses among array path, CPU twin and CUDA kernels (its
 #: Implementations objects); nowhere else is the kernel mode read.
-CHOOSER = "refdml._compiled._support"
+CHOOSER = "refdml.gpu._support.modes"
 CHOICE_CALLS = ("kernel_mode", "select_kernel")
 
 
@@ -385,7 +385,7 @@ def test_seam_checkers_see_private_reference_imports_and_stray_choices(tmp_path)
         "refdml/_shared/ot.py": "from refdml.ot._sinkhorn import _helper as helper\n",
         "gpu/__init__.py": "",
         "gpu/ok.py": ("from refdml.ot import solve\nfrom refdml._shared.ot import helper\n"
-                      "from refdml.metrics import precision\nfrom refdml._compiled import _support\n"),
+                      "from refdml.metrics import precision\nfrom refdml.gpu._support import modes\n"),
         "gpu/bad.py": ("from refdml.ot._sinkhorn import solve\nfrom refdml.metrics import _check_k\n"
                        "from refdml.ot import _sinkhorn\nimport refdml.ot._sinkhorn\n"
                        "def f(x):\n    return _support.select_kernel(x)\n"),
@@ -434,7 +434,7 @@ def test_no_import_circles():
 
 def test_numba_cuda_is_imported_at_its_one_import_point():
     found = cuda_import_violations(SOURCES)
-    assert not found, "numba.cuda imported past refdml._compiled._cuda:\n" + "\n".join(found)
+    assert not found, "numba.cuda imported past refdml.gpu._support.cuda:\n" + "\n".join(found)
     assert CUDA_IMPORT_POINT in MODULES
 
 

@@ -5,7 +5,7 @@ input's array module and dtype: the distances are the reference's Gram-identity 
 operation for operation (exact products and one fixed-order row sum each, no BLAS), so
 that on NumPy float64 the picks and radii are the reference's bit for bit and identical
 points tie exactly on every path. Its compiled CPU twin and CUDA kernels are in
-:mod:`refdml._compiled.kcenter` / :mod:`refdml._compiled.kcenter_cuda` (base layer).
+:mod:`refdml.gpu.kcenter._compiled` / :mod:`refdml.gpu.kcenter._cuda` (base layer).
 
 - ``row_dots(rows, vector, *, xp)``: ``<x_i, v>`` for every row, exact products and one
   row sum each (the dot product behind every distance that decides a pick).

@@ -5,7 +5,7 @@
   does, with the reference's messages (``refdml.metrics._check_k``).
 
 The ranking itself is not shared from here: both sides call the compiled CPU twin and the
-ordered score of the base layer (:mod:`refdml._compiled.retrieval`, :mod:`refdml._numerics`).
+ordered score of the base layer (:mod:`refdml.gpu.metrics._compiled`, :mod:`refdml._numerics`).
 """
 
 from __future__ import annotations

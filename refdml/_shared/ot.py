@@ -5,12 +5,11 @@ messages, its results and every closed form around the solve are the reference's
 mirror holds the same context types, refuses the same inputs with the same words and
 ends a solve the same way. One line per name: what it is, and why the fast path takes it.
 
-The solver's batch and driver (refdml.gpu._ot_sinkhorn):
+The solver's batch and driver (refdml.gpu.ot._sinkhorn):
 
 - ``OTBatch``: the reference's batch of solved problems (plan, potentials, counts); the
   fast path fills the same type, so the backward reads one context type.
-- ``finish_batch``, ``solve_small_batch``: the driver of the small-problem kernels, written
-  once for the reference's compiled route and the fast path (:mod:`refdml.ot._small`).
+- ``STAGE_TOL``: the tolerance of the intermediate eps-scaling stages.
 - ``check_schedule_length``: the reference's refusal of an eps-scaling schedule too long.
 - ``large_eps_half_steps``: the three exact log-domain half steps that end a solve whose
   ``eps`` exceeds its costs, written for either array module.
@@ -29,7 +28,7 @@ Checks and messages (refdml.gpu.ot, ._ot_common, ._ot_pairs):
   gradient w.r.t. the points, with their messages (they take ``xp``).
 - ``COST_NAME``: how the messages name the ground cost of point clouds.
 
-Closed forms of the divergences (refdml.gpu._ot_common):
+Closed forms of the divergences (refdml.gpu.ot._common):
 
 - ``ground_cost``, ``ground_cost_backward``: ``C = D^(p/2)`` from squared distances and its
   vector-Jacobian product (the latter takes ``xp``).
@@ -55,6 +54,7 @@ from refdml.ot._divergence import (
 )
 from refdml.ot._entropic import centred
 from refdml.ot._sinkhorn import (
+    _STAGE_TOL as STAGE_TOL,
     VALUES,
     _OTBatch as OTBatch,
     _batch_shape as batch_shape,
@@ -65,11 +65,11 @@ from refdml.ot._sinkhorn import (
     _relative_eps_message as relative_eps_message,
     _weight_gradient_message as weight_gradient_message,
 )
-from refdml.ot._small import finish_batch, solve_small_batch
 
 __all__ = [
     "COST_NAME",
     "OTBatch",
+    "STAGE_TOL",
     "PairsContext",
     "VALUES",
     "batch_shape",
@@ -80,7 +80,6 @@ __all__ = [
     "check_schedule_length",
     "check_solver_args",
     "cost_unit",
-    "finish_batch",
     "ground_cost",
     "ground_cost_backward",
     "large_eps_half_steps",
@@ -88,6 +87,5 @@ __all__ = [
     "normalised_sq",
     "points_factor",
     "relative_eps_message",
-    "solve_small_batch",
     "weight_gradient_message",
 ]

@@ -10,10 +10,10 @@ import time
 from importlib.metadata import version
 
 from refdml._cli_support import check_output_paths, seed, text_table, write_outputs
-from refdml._compiled import _cuda
+from refdml.gpu._support import cuda as _cuda
 from refdml._io import write_json_atomic
 from refdml.catalog._gradcheck_cli import select_operators
-from refdml.gpu import _cuda_compile
+from refdml.gpu import _compile_check as _cuda_compile
 from refdml.gradcheck import parity
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "run"]
@@ -214,15 +214,15 @@ def _write_json(path: str | None, records: list) -> bool:
 
 def _compile_only(args: argparse.Namespace) -> int:
     """``refdml gpu-check --compile-only``: every CUDA kernel x launch signature x ``--arch``
-    compiled for real GPUs, no GPU needed (:mod:`refdml.gpu._cuda_compile`).
+    compiled for real GPUs, no GPU needed (:mod:`refdml.gpu._compile_check`).
 
     Exit status 0 every row passes, 1 a compile or link error, a spill or static shared
     memory over 48 KiB, 2 bad arguments or no toolchain (the simulator on, numba-cuda,
     NVVM or nvJitLink missing). ``--json PATH``: the rows as
-    :func:`refdml.gpu._cuda_compile.rows_to_json` documents them. The occupancy column is
+    :func:`refdml.gpu._compile_check.rows_to_json` documents them. The occupancy column is
     the theoretical occupancy at the block size in its header (``BLOCK``, 128: every
     kernel's launch size; the small-problem Sinkhorn launches at most that many) and the
-    resource that limits it (:mod:`refdml.gpu._occupancy`).
+    resource that limits it (:mod:`refdml.gpu._support.occupancy`).
     """
     for flag, value in (("--only", args.only), ("--dtype", args.dtype), ("--seed", args.seed),
                         ("--backend", args.backend)):

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import check_rng
+from refdml.gpu._support.modes import Implementations
 from refdml.gradcheck import check_gradients
 
 __all__ = ["Case", "ErrorCase", "OperatorSpec"]
@@ -91,11 +92,10 @@ class OperatorSpec:
         Relative tolerance of the mirror against the reference per dtype name, default
         ``{"float64": 1e-10, "float32": 1e-4}``; widen an entry only with a reason in
         ``paper`` or a comment beside it.
-    mirror_kernels : tuple of str
-        The compiled kernels the mirror has beside its array path: ``"cpu"`` (a Numba
-        ``@njit`` twin) and/or ``"cuda"`` (a Numba ``@cuda.jit`` kernel). The parity suite
-        runs the mirror once per kernel as well (:func:`refdml.gpu.use_kernels`), the CUDA
-        kernel under Numba's simulator where there is no GPU.
+    kernel_family : Implementations, optional
+        The kernel family whose compiled kernels the mirror runs beside its array path (its
+        :class:`~refdml.gpu._support.modes.Implementations` object, registered in
+        :data:`refdml.gpu.families.FAMILIES`). :attr:`mirror_kernels` is derived from it.
     no_mirror : str, optional
         Why there is no mirror (e.g. ``"validation only"``); the GPU parity suite fails on
         an entry with neither.
@@ -138,13 +138,22 @@ class OperatorSpec:
     mirror: Callable[..., Any] | None = None
     mirror_backward: Callable[..., Any] | None = None
     mirror_rtol: Mapping[str, float] | None = None
-    mirror_kernels: tuple[str, ...] = ()
+    kernel_family: Implementations | None = None
     no_mirror: str | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
     reference_inputs: Callable[[np.random.Generator], tuple[Case, ...]] | None = None
     error_inputs: Callable[[np.random.Generator], tuple[ErrorCase, ...]] | None = None
     invariants: Callable[[Mapping[str, Any], tuple[Any, ...]], Mapping[str, float]] | None = None
     roundoff: Callable[[Mapping[str, Any]], float] | None = None
+
+    @property
+    def mirror_kernels(self) -> tuple[str, ...]:
+        """The compiled kernels the mirror has beside its array path, from its
+        ``kernel_family``: ``"cpu"`` (a Numba ``@njit`` twin) and/or ``"cuda"`` (a Numba
+        ``@cuda.jit`` kernel). The parity suite runs the mirror once per kernel as well
+        (:func:`refdml.gpu.use_kernels`), the CUDA kernel under Numba's simulator where
+        there is no GPU."""
+        return () if self.kernel_family is None else self.kernel_family.kernel_modes
 
     @property
     def family(self) -> str:

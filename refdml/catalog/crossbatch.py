@@ -30,6 +30,7 @@ from refdml.crossbatch import (
     zero_shot_loss_printed_forward,
 )
 from refdml.gpu import crossbatch as fast
+from refdml.gpu import losses as fast_losses
 
 
 def _labels_two_per_class(n_classes: int, rng: np.random.Generator) -> np.ndarray:
@@ -282,8 +283,8 @@ OPERATORS = (
         make_inputs=_zero_shot_inputs,
         paper="GSP Sec. 4.3, (P3) and Algorithm 4 (softmax cross-entropy, scale 9.5)",
         tags=("loss",),
-        # Its softmax runs refdml.gpu._loss_kernels.masked_logsumexp (Numba kernels).
-        mirror_kernels=("cpu", "cuda"),
+        # Its softmax runs refdml.gpu.losses._launch.masked_logsumexp (Numba kernels).
+        kernel_family=fast_losses.IMPLEMENTATIONS,   # the masked log-sum-exp
     ),
     OperatorSpec(
         name="crossbatch.zero_shot_loss_printed",

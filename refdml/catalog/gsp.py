@@ -33,9 +33,8 @@ from refdml.gsp import (
 )
 
 VALIDATION_ONLY = "validation only"
-# The Numba kernels of refdml._compiled.gsp / gsp_cuda (CPU twin; CUDA, under the simulator in CI). The
-# inputs below (B = 2 images, n = 4, m = 3, d = 3) are small enough for the simulator.
-KERNELS = ("cpu", "cuda")
+# The mirrors run GSP's kernels (CPU twin; CUDA, under the simulator in CI). The inputs
+# below (B = 2 images, n = 4, m = 3, d = 3) are small enough for the simulator.
 
 
 def _mixed_norms(rng: np.random.Generator, shape: tuple[int, ...], radii) -> np.ndarray:
@@ -342,7 +341,7 @@ OPERATORS = (
         invariants=functools.partial(_transport_residuals, columns=True),
         mirror=_wt_mirror_forward,
         mirror_backward=fast.weight_transport_backward,
-        mirror_kernels=KERNELS,
+        kernel_family=fast.IMPLEMENTATIONS,
     ),
     OperatorSpec(
         name="gsp.weight_transport_unrolled",
@@ -369,7 +368,7 @@ OPERATORS = (
         invariants=functools.partial(_pool_residuals, convex=True),
         mirror=fast.gsp_pool_forward,
         mirror_backward=fast.gsp_pool_backward,
-        mirror_kernels=KERNELS,
+        kernel_family=fast.IMPLEMENTATIONS,
     ),
     OperatorSpec(
         name="gsp.pool_gemean",
@@ -384,7 +383,7 @@ OPERATORS = (
         invariants=functools.partial(_pool_residuals, convex=False),
         mirror=fast.gsp_pool_forward,
         mirror_backward=fast.gsp_pool_backward,
-        mirror_kernels=KERNELS,
+        kernel_family=fast.IMPLEMENTATIONS,
     ),
     OperatorSpec(
         name="gsp.pool_unrolled",

@@ -19,6 +19,7 @@ from refdml.catalog._cases import (
 )
 from refdml.catalog._spec import Case, ErrorCase, OperatorSpec
 from refdml.gpu import histogram as fast
+from refdml.gpu import losses as fast_losses
 from refdml.histogram import (
     convex_combination_backward,
     convex_combination_forward,
@@ -174,8 +175,8 @@ OPERATORS = (
         reference_inputs=_entropic_reference_inputs,
         error_inputs=_entropic_error_inputs,
         invariants=_entropic_invariants,
-        # Its softmax runs refdml.gpu._loss_kernels.masked_logsumexp (Numba kernels).
-        mirror_kernels=("cpu", "cuda"),
+        # Its softmax runs refdml.gpu.losses._launch.masked_logsumexp (Numba kernels).
+        kernel_family=fast_losses.IMPLEMENTATIONS,   # the masked log-sum-exp
     ),
     OperatorSpec(
         name="histogram.convex_combination",

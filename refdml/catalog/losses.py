@@ -558,11 +558,10 @@ _ERROR_INPUTS = {
 }
 
 
-# The losses whose mirror runs the masked log-sum-exp (refdml.gpu._loss_kernels.MASKED_LSE)
-# on these inputs, so its Numba kernels (refdml._compiled.losses / losses_cuda) under
+# The losses whose mirror runs the masked log-sum-exp (the losses family's kernels,
+# refdml.gpu.losses.IMPLEMENTATIONS) on these inputs, so its Numba kernels under
 # use_kernels("cpu") / ("cuda"). Proxy-Anchor and ProxyNCA++ reach it only past their exp
 # bound, not on these inputs.
-MASKED_LSE_KERNELS = ("cpu", "cuda")
 _THROUGH_MASKED_LSE = {"multi_similarity", "soft_triple"}
 
 # name, reference pair, mirror pair, input maker, paper
@@ -607,7 +606,7 @@ OPERATORS = tuple(
     OperatorSpec(
         name=f"losses.{name}", forward=forward, backward=backward, make_inputs=make,
         paper=paper, tags=("loss",), mirror=mirror, mirror_backward=mirror_backward,
-        mirror_kernels=MASKED_LSE_KERNELS if name in _THROUGH_MASKED_LSE else (),
+        kernel_family=fast.IMPLEMENTATIONS if name in _THROUGH_MASKED_LSE else None,
         reference_inputs=_REFERENCE_INPUTS[name], error_inputs=_ERROR_INPUTS[name],
     )
     for name, forward, backward, mirror, mirror_backward, make, paper in _ROWS

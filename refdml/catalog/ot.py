@@ -28,18 +28,7 @@ from refdml.catalog._cases import (
 )
 from refdml.catalog._spec import Case, ErrorCase, OperatorSpec
 from refdml.gpu import ot as fast
-from refdml.ot import (
-    entropic_ot_backward,
-    entropic_ot_forward,
-    pairwise_sinkhorn_divergence_backward,
-    pairwise_sinkhorn_divergence_forward,
-    sinkhorn_divergence_backward,
-    sinkhorn_divergence_forward,
-    wcontrastive_backward,
-    wcontrastive_forward,
-    wtriplet_backward,
-    wtriplet_forward,
-)
+from refdml.ot import entropic_ot_backward, entropic_ot_forward, pairwise_sinkhorn_divergence_backward, pairwise_sinkhorn_divergence_forward, sinkhorn_divergence_backward, sinkhorn_divergence_forward, wcontrastive_backward, wcontrastive_forward, wtriplet_backward, wtriplet_forward
 
 _TIGHT = dict(tol=1e-12, max_iter=5000)
 
@@ -390,7 +379,7 @@ OPERATORS = (
         forward=entropic_ot_forward,
         mirror=fast.entropic_ot_forward,
         mirror_backward=fast.entropic_ot_backward,
-        mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the log-sum-exp half-step kernels
         backward=entropic_ot_backward,
         make_inputs=_ot_inputs,
         paper="Wasserstein DML Eq. (3): W_{p,eta}^p, regularised value",
@@ -403,7 +392,7 @@ OPERATORS = (
         forward=entropic_ot_forward,
         mirror=fast.entropic_ot_forward,
         mirror_backward=fast.entropic_ot_backward,
-        mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the log-sum-exp half-step kernels
         backward=entropic_ot_backward,
         make_inputs=_ot_batch_inputs,
         paper="Wasserstein DML Eq. (3), a batch of problems with broadcast weights",
@@ -417,7 +406,7 @@ OPERATORS = (
         forward=entropic_ot_forward,
         mirror=fast.entropic_ot_forward,
         mirror_backward=fast.entropic_ot_backward,
-        mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the log-sum-exp half-step kernels
         backward=entropic_ot_backward,
         make_inputs=_ot_transport_inputs,
         paper="Wasserstein DML Eq. (3): <pi, C> of the entropic plan (implicit gradient)",
@@ -431,7 +420,7 @@ OPERATORS = (
         forward=sinkhorn_divergence_forward,
         mirror=fast.sinkhorn_divergence_forward,
         mirror_backward=fast.sinkhorn_divergence_backward,
-        mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the log-sum-exp half-step kernels
         backward=sinkhorn_divergence_backward,
         make_inputs=_divergence_inputs,
         paper="Wasserstein DML Eq. (4): SD_{p,eta}",
@@ -445,7 +434,7 @@ OPERATORS = (
         forward=sinkhorn_divergence_forward,
         mirror=fast.sinkhorn_divergence_forward,
         mirror_backward=fast.sinkhorn_divergence_backward,
-        mirror_kernels=("cpu", "cuda"),   # the log-sum-exp half-step kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the log-sum-exp half-step kernels
         backward=sinkhorn_divergence_backward,
         make_inputs=_divergence_transport_inputs,
         paper="Wasserstein DML Eq. (4) with <pi, C> in place of W_{p,eta}",
@@ -460,7 +449,7 @@ OPERATORS = (
         forward=pairwise_sinkhorn_divergence_forward,
         mirror=fast.pairwise_sinkhorn_divergence_forward,
         mirror_backward=fast.pairwise_sinkhorn_divergence_backward,
-        mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the small-problem Sinkhorn kernels
         backward=pairwise_sinkhorn_divergence_backward,
         make_inputs=_pairwise_inputs,
         paper="Wasserstein DML Eq. (4), all pairs of images (the divergences of Eq. (6))",
@@ -474,7 +463,7 @@ OPERATORS = (
         forward=wcontrastive_forward,
         mirror=fast.wcontrastive_forward,
         mirror_backward=fast.wcontrastive_backward,
-        mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the small-problem Sinkhorn kernels
         backward=wcontrastive_backward,
         make_inputs=_loss_inputs,
         paper="Wasserstein DML Eq. (1)",
@@ -489,7 +478,7 @@ OPERATORS = (
         forward=wcontrastive_forward,
         mirror=fast.wcontrastive_forward,
         mirror_backward=fast.wcontrastive_backward,
-        mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the small-problem Sinkhorn kernels
         backward=wcontrastive_backward,
         make_inputs=_loss_p1_inputs,
         paper="Wasserstein DML Eq. (1), p = 1 (d_w ~ W_1), transport-cost convention",
@@ -506,7 +495,7 @@ OPERATORS = (
         forward=wtriplet_forward,
         mirror=fast.wtriplet_forward,
         mirror_backward=fast.wtriplet_backward,
-        mirror_kernels=("cpu", "cuda"),   # the small-problem Sinkhorn kernels
+        kernel_family=fast.IMPLEMENTATIONS,   # the small-problem Sinkhorn kernels
         backward=wtriplet_backward,
         make_inputs=_loss_inputs,
         paper="Wasserstein DML Eq. (2)",

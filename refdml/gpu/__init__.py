@@ -9,7 +9,7 @@ your CUDA version (``cupy-cuda12x``); without it everything runs on NumPy.
 
 Some mirrors also have compiled Numba kernels beside their array path (a ``@njit`` CPU
 twin, a ``@cuda.jit`` kernel, one source): :func:`use_kernels` picks which runs
-(``"auto"``, ``"array"``, ``"cpu"``, ``"cuda"``); see :mod:`refdml._compiled._support`.
+(``"auto"``, ``"array"``, ``"cpu"``, ``"cuda"``); see :mod:`refdml.gpu._support.modes`.
 
 On CuPy each data-dependent input check (finiteness, zero rows, ...) costs one
 device-to-host synchronisation; :func:`set_finite_checks` turns them off for a loop whose
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from refdml._compiled._support import kernel_mode, use_kernels
-from refdml._validation import set_finite_checks
+from refdml.gpu._support.modes import kernel_mode, use_kernels
+from refdml._backend import set_finite_checks
 
 __all__ = ["cupy_available", "kernel_mode", "numba_cuda_available", "set_finite_checks",
            "use_kernels"]
@@ -44,7 +44,7 @@ def numba_cuda_available() -> bool:
     if importlib.util.find_spec("numba") is None:
         return False
     try:
-        from refdml._compiled._cuda import cuda
+        from refdml.gpu._support.cuda import cuda
 
         return bool(cuda.is_available())
     except Exception:

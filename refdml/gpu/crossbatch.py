@@ -28,7 +28,7 @@ from refdml._validation import (
     _describe, as_fast_array, check_context, check_fast_upstream, check_rng, check_scalar,
     data_checks, fast_labels, result_dtype,
 )
-from refdml._xp import ArrayNamespace, array_namespace, is_cupy_array, to_numpy
+from refdml._backend import Backend, get_backend, is_device_array, to_numpy
 from refdml._shared.crossbatch import draw_split
 from refdml.crossbatch import (
     DEFAULT_ZERO_SHOT_SCALE,
@@ -39,7 +39,7 @@ from refdml.crossbatch import (
     ZeroShotContext,
     ZeroShotGrads,
 )
-from refdml.gpu._loss_kernels import masked_logsumexp
+from refdml.gpu.losses._launch import masked_logsumexp
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet
 from refdml.gpu.prototypes import (
@@ -70,7 +70,7 @@ __all__ = [
 
 
 def _pair(first, second, first_name, second_name):
-    ns = array_namespace(first, second)
+    ns = get_backend(first, second)
     dtype = result_dtype(first, second) if hasattr(first, "dtype") and hasattr(
         second, "dtype") else None
     a = as_fast_array(first, first_name, ndim=2, dtype=dtype, ns=ns)
@@ -78,9 +78,9 @@ def _pair(first, second, first_name, second_name):
     return ns, a, b
 
 
-def _check_mask(ns: ArrayNamespace, split, n_samples: int) -> Any:
+def _check_mask(ns: Backend, split, n_samples: int) -> Any:
     xp = ns.xp
-    mask = split if is_cupy_array(split) else np.asarray(split)
+    mask = split if is_device_array(split) else np.asarray(split)
     if mask.dtype != bool:
         raise TypeError(f"split must be a boolean mask over the batch, got dtype {mask.dtype}")
     if tuple(mask.shape) != (n_samples,):
@@ -90,7 +90,7 @@ def _check_mask(ns: ArrayNamespace, split, n_samples: int) -> Any:
     return mask
 
 
-def _check_split(ns: ArrayNamespace, split, labels, rng) -> Any:
+def _check_split(ns: Backend, split, labels, rng) -> Any:
     xp = ns.xp
     if split is None:
         return xp.asarray(draw_split(to_numpy(labels), check_rng(rng)))
@@ -104,7 +104,7 @@ def _check_split(ns: ArrayNamespace, split, labels, rng) -> Any:
     return mask
 
 
-def _cross_fit_kernel(ns: ArrayNamespace, Z, targets, mask, ridge: float, Z_name: str = "Z"):
+def _cross_fit_kernel(ns: Backend, Z, targets, mask, ridge: float, Z_name: str = "Z"):
     xp = ns.xp
     first, second = xp.flatnonzero(mask), xp.flatnonzero(~mask)   # the halves' sizes: a sync each
     if first.size == 0 or second.size == 0:
@@ -124,7 +124,7 @@ def _cross_fit_kernel(ns: ArrayNamespace, Z, targets, mask, ridge: float, Z_name
     return predictions, ctx
 
 
-def _cross_fit_backward(ns: ArrayNamespace, ctx: CrossFitContext, d_pred) -> CrossFitGrads:
+def _cross_fit_backward(ns: Backend, ctx: CrossFitContext, d_pred) -> CrossFitGrads:
     xp = ns.xp
     first, second, sc = ctx.first, ctx.second, ctx.scaling
     g_scale = common_scale(xp, d_pred)
@@ -161,7 +161,7 @@ def cross_fit_forward(Z, targets, split, *, ridge):
 def cross_fit_backward(ctx: CrossFitContext, d_predictions) -> CrossFitGrads:
     """Gradients ``.Z`` (b, m) and ``.targets`` (b, d) of ``<d_predictions, P>``."""
     check_context(ctx, "ctx", CrossFitContext)
-    ns = array_namespace(ctx.fit_first.W)
+    ns = get_backend(ctx.fit_first.W)
     d = check_fast_upstream(d_predictions, "d_predictions", ctx.shape, ns, ctx.fit_first.W.dtype)
     return _cross_fit_backward(ns, ctx, d)
 
@@ -244,7 +244,7 @@ def xml_loss_forward(Z, Y, labels, *, ridge, base_loss=None, base_loss_kwargs=No
 def xml_loss_backward(ctx: XMLContext, d_value=1.0) -> XMLGrads:
     """Gradients ``.Z`` (b, m) and ``.Y`` (b, d) of ``d_value * L``."""
     check_context(ctx, "ctx", XMLContext)
-    ns = array_namespace(ctx.d_Y_dml)
+    ns = get_backend(ctx.d_Y_dml)
     d_value = check_fast_upstream(d_value, "d_value", (), ns, ctx.d_Y_dml.dtype)
     d_Y = d_value * ctx.d_Y_dml
     if ctx.cross is None:
@@ -302,7 +302,7 @@ def zero_shot_loss_forward(Z, labels, class_embeddings, *, ridge: float = 0.05,
 def zero_shot_loss_backward(ctx: ZeroShotContext, d_value=1.0) -> ZeroShotGrads:
     """Gradients ``.Z`` (b, m) and ``.class_embeddings`` (c, d) of ``d_value * L``."""
     check_context(ctx, "ctx", ZeroShotContext)
-    ns = array_namespace(ctx.d_scores)
+    ns = get_backend(ctx.d_scores)
     xp = ns.xp
     d_value = check_fast_upstream(d_value, "d_value", (), ns, ctx.d_scores.dtype)
     d_scores = d_value * ctx.d_scores

@@ -33,7 +33,7 @@ import numpy as np
 from refdml._validation import (
     as_fast_array, check_context, check_fast_upstream, data_checks, result_dtype,
 )
-from refdml._xp import ArrayNamespace, array_namespace
+from refdml._backend import Backend, get_backend
 from refdml._shared.distances import (
     check_pair_shapes,
     check_sq_range,
@@ -62,8 +62,8 @@ __all__ = [
 ]
 
 
-def _check_pair(x, y) -> tuple[ArrayNamespace, Any, Any]:
-    ns = array_namespace(x, y)
+def _check_pair(x, y) -> tuple[Backend, Any, Any]:
+    ns = get_backend(x, y)
     dtype = result_dtype(x, y) if hasattr(x, "dtype") and hasattr(y, "dtype") else None
     x = as_fast_array(x, "x", min_ndim=2, dtype=dtype, ns=ns)
     y = as_fast_array(y, "y", min_ndim=2, dtype=x.dtype, ns=ns)
@@ -165,7 +165,7 @@ def _pairwise_sq(xp: Any, x: Any, y: Any) -> Any:
 
 
 def _euclidean_forward(
-    ns: ArrayNamespace, x: Any, y: Any, self_pairs: bool = False
+    ns: Backend, x: Any, y: Any, self_pairs: bool = False
 ) -> tuple[Any, EuclideanContext]:
     distance = _pairwise_norm(ns.xp, x, y, self_pairs)
     return distance, EuclideanContext(x=x, y=y, distance=distance)
@@ -180,7 +180,7 @@ def euclidean_forward(x, y) -> tuple[Any, EuclideanContext]:
 def euclidean_backward(ctx: EuclideanContext, d_distance) -> DistanceGrads:
     """Gradients ``(x, y)`` of ``<d_distance, D>``; subgradient 0 at coincident points."""
     check_context(ctx, "ctx", EuclideanContext)
-    ns = array_namespace(ctx.distance)
+    ns = get_backend(ctx.distance)
     g = check_fast_upstream(d_distance, "d_distance", ctx.distance.shape, ns, ctx.distance.dtype)
     return euclidean_backward_xp(ctx, g, xp=ns.xp)
 
@@ -190,7 +190,7 @@ def euclidean(x, y) -> Any:
     return euclidean_forward(x, y)[0]
 
 
-def _sq_euclidean_forward(ns: ArrayNamespace, x: Any, y: Any) -> tuple[Any, SqEuclideanContext]:
+def _sq_euclidean_forward(ns: Backend, x: Any, y: Any) -> tuple[Any, SqEuclideanContext]:
     xp = ns.xp
     distance = _pairwise_sq(xp, x, y)
     if data_checks(ns):
@@ -207,7 +207,7 @@ def sq_euclidean_forward(x, y) -> tuple[Any, SqEuclideanContext]:
 def sq_euclidean_backward(ctx: SqEuclideanContext, d_distance) -> DistanceGrads:
     """Gradients ``(x, y)``: ``2 sum_j g_ij (x_i - y_j)`` and the symmetric sum."""
     check_context(ctx, "ctx", SqEuclideanContext)
-    ns = array_namespace(ctx.x)
+    ns = get_backend(ctx.x)
     g = check_fast_upstream(d_distance, "d_distance", ctx.shape, ns, ctx.x.dtype)
     return sq_euclidean_backward_xp(ctx, g, xp=ns.xp)
 
@@ -226,7 +226,7 @@ def cosine_forward(x, y) -> tuple[Any, CosineContext]:
 def cosine_backward(ctx: CosineContext, d_similarity) -> DistanceGrads:
     """Gradients ``(x, y)`` of ``<d_similarity, S>`` through the L2 normalisations."""
     check_context(ctx, "ctx", CosineContext)
-    ns = array_namespace(ctx.x_unit)
+    ns = get_backend(ctx.x_unit)
     g = check_fast_upstream(d_similarity, "d_similarity", ctx.shape, ns, ctx.x_unit.dtype)
     return cosine_backward_xp(ctx, g, xp=ns.xp, check=data_checks(ns))
 

@@ -5,7 +5,7 @@ float64. ``histogram_lp`` and ``histogram_closed_form`` are validation only (no 
 Scores ``s = nu^T x`` are one batched matrix product of the features and the prototypes,
 each divided by a power of two (0-d arrays, exact, no synchronisation); the logits are
 ``((inverse_temperature s') s_f) s_p`` as in the reference and the softmax over the
-prototypes is :func:`refdml.gpu._loss_kernels.masked_logsumexp` (log-domain: finite in
+prototypes is :func:`refdml.gpu.losses._launch.masked_logsumexp` (log-domain: finite in
 float32 at any ``inverse_temperature`` whose logits fit the dtype). ``ValueError`` where
 the logits overflow the dtype (one synchronisation on CuPy while data checks are on). The
 context keeps the assignment: the backward is matrix products only.
@@ -27,8 +27,8 @@ import numpy as np
 from refdml._validation import (
     as_fast_array, check_context, check_fast_upstream, check_scalar, data_checks, result_dtype,
 )
-from refdml._xp import array_namespace
-from refdml.gpu._loss_kernels import masked_logsumexp
+from refdml._backend import get_backend
+from refdml.gpu.losses._launch import masked_logsumexp
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet
 from refdml._shared.histogram import (
@@ -58,7 +58,7 @@ __all__ = [
 
 
 def _features_prototypes(features, prototypes):
-    ns = array_namespace(features, prototypes)
+    ns = get_backend(features, prototypes)
     dtype = result_dtype(features, prototypes) if hasattr(features, "dtype") and hasattr(
         prototypes, "dtype") else None
     features = as_fast_array(features, "features", ndim=3, dtype=dtype, ns=ns)
@@ -100,7 +100,7 @@ def histogram_entropic_forward(features, prototypes, *, inverse_temperature):
 def histogram_entropic_backward(ctx: HistogramEntropicContext, d_z) -> HistogramGrads:
     """Gradients ``.features`` (B, n, d) and ``.prototypes`` (m, d, summed over the batch)."""
     check_context(ctx, "ctx", HistogramEntropicContext)
-    ns = array_namespace(ctx.assignment)
+    ns = get_backend(ctx.assignment)
     xp = ns.xp
     a = ctx.assignment
     batch, m, n = a.shape
@@ -121,7 +121,7 @@ def histogram_entropic(features, prototypes, *, inverse_temperature) -> Any:
 
 def convex_combination_forward(z, prototypes):
     """Eq. (2.3): ``y_hat[b] = sum_k z[b, k] nu_k``, shape (B, d); ``(y_hat, ctx)``."""
-    ns = array_namespace(z, prototypes)
+    ns = get_backend(z, prototypes)
     dtype = result_dtype(z, prototypes) if hasattr(z, "dtype") and hasattr(
         prototypes, "dtype") else None
     z = as_fast_array(z, "z", ndim=2, dtype=dtype, ns=ns)
@@ -132,7 +132,7 @@ def convex_combination_forward(z, prototypes):
 def convex_combination_backward(ctx: ConvexCombinationContext, d_y) -> ConvexCombinationGrads:
     """Gradients ``.z`` (B, m) and ``.prototypes`` (m, d); ``d_y`` of shape (B, d)."""
     check_context(ctx, "ctx", ConvexCombinationContext)
-    ns = array_namespace(ctx.z)
+    ns = get_backend(ctx.z)
     d_y = check_fast_upstream(d_y, "d_y", (ctx.z.shape[0], ctx.prototypes.shape[1]), ns,
                               ctx.z.dtype)
     return convex_backward_xp(ns.xp, ctx, d_y, check=data_checks(ns))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import as_fast_array, check_context, check_fast_upstream, data_checks
-from refdml._xp import ArrayNamespace, array_namespace
+from refdml._backend import Backend, get_backend
 from refdml._shared.normalize import (
     ZERO_WHY,
     clip_backward_xp,
@@ -43,7 +43,7 @@ __all__ = [
 
 
 def _l2_forward(
-    ns: ArrayNamespace, x: Any, name: str = "x", why: str = ZERO_WHY
+    ns: Backend, x: Any, name: str = "x", why: str = ZERO_WHY
 ) -> tuple[Any, L2NormalizeContext]:
     """Kernel of ``l2_normalize_forward`` on a checked array (used by distances, losses)."""
     return l2_forward_xp(x, name, why=why, ns=ns)
@@ -53,7 +53,7 @@ def _l2_backward(xp: Any, ctx: L2NormalizeContext, d_y: Any, name: str | None = 
     """``(I - y y^T) d_y / ||x||``. With ``name``: a gradient beyond the dtype is the
     reference's ValueError (checked on NumPy, and on CuPy while data checks are on);
     callers without ``name`` check."""
-    if name is not None and xp is not np and not data_checks(array_namespace(ctx.y)):
+    if name is not None and xp is not np and not data_checks(get_backend(ctx.y)):
         name = None
     return l2_backward_xp(xp, ctx, d_y, name, unit_scale=is_ones_column(ctx.scale))
 
@@ -63,7 +63,7 @@ def l2_normalize_forward(x) -> tuple[Any, L2NormalizeContext]:
 
     ``ValueError`` naming the first zero row of ``x`` (one synchronisation on CuPy).
     """
-    ns = array_namespace(x)
+    ns = get_backend(x)
     x = as_fast_array(x, "x", min_ndim=1, ns=ns)
     return _l2_forward(ns, x)
 
@@ -71,7 +71,7 @@ def l2_normalize_forward(x) -> tuple[Any, L2NormalizeContext]:
 def l2_normalize_backward(ctx: L2NormalizeContext, d_y) -> NormalizeGrads:
     """Gradient ``(I - y y^T) d_y / ||x||``; ``d_y`` of the shape of ``y``."""
     check_context(ctx, "ctx", L2NormalizeContext)
-    ns = array_namespace(ctx.y)
+    ns = get_backend(ctx.y)
     d_y = check_fast_upstream(d_y, "d_y", ctx.y.shape, ns, ctx.y.dtype)
     return NormalizeGrads(x=_l2_backward(ns.xp, ctx, d_y, "x"))
 
@@ -83,7 +83,7 @@ def l2_normalize(x) -> Any:
 
 def clip_normalize_forward(x) -> tuple[Any, ClipNormalizeContext]:
     """``y = x / max(1, ||x||)`` along the last axis; ``(y, ctx)`` like the reference."""
-    ns = array_namespace(x)
+    ns = get_backend(x)
     x = as_fast_array(x, "x", min_ndim=1, ns=ns)
     return clip_forward_xp(ns.xp, x)
 
@@ -91,7 +91,7 @@ def clip_normalize_forward(x) -> tuple[Any, ClipNormalizeContext]:
 def clip_normalize_backward(ctx: ClipNormalizeContext, d_y) -> NormalizeGrads:
     """``(I - y y^T) d_y / ||x||`` outside the unit ball, ``d_y`` inside and on the sphere."""
     check_context(ctx, "ctx", ClipNormalizeContext)
-    ns = array_namespace(ctx.y)
+    ns = get_backend(ctx.y)
     d_y = check_fast_upstream(d_y, "d_y", ctx.y.shape, ns, ctx.y.dtype)
     return NormalizeGrads(x=clip_backward_xp(ns.xp, ctx, d_y))
 

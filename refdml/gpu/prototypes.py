@@ -34,7 +34,7 @@ from refdml._validation import (
     as_fast_array, check_choice, check_context, check_fast_upstream, check_scalar, data_checks,
     result_dtype,
 )
-from refdml._xp import ArrayNamespace, array_namespace
+from refdml._backend import Backend, get_backend
 from refdml.gpu.distances import common_scale
 from refdml.gpu.normalize import _quiet
 from refdml.prototypes import RidgeContext, RidgeGrads
@@ -45,7 +45,7 @@ __all__ = ["RidgeContext", "RidgeGrads", "ridge_fit", "ridge_fit_backward", "rid
 _FORMS = ("auto", "primal", "kernel")
 
 
-def _solve_triangular(ns: ArrayNamespace):
+def _solve_triangular(ns: Backend):
     if ns.on_gpu:
         from cupyx.scipy.linalg import solve_triangular
     else:
@@ -53,14 +53,14 @@ def _solve_triangular(ns: ArrayNamespace):
     return solve_triangular
 
 
-def _cho_solve(ns: ArrayNamespace, lower: Any, rhs: Any) -> Any:
+def _cho_solve(ns: Backend, lower: Any, rhs: Any) -> Any:
     """``(L L^T)^{-1} rhs`` from the lower Cholesky factor ``L`` (NumPy or CuPy)."""
     solve = _solve_triangular(ns)
     half = solve(lower, rhs, lower=True)
     return solve(lower, half, lower=True, trans="T")
 
 
-def _definite(ns: ArrayNamespace, matrix: Any, floor: float) -> bool:
+def _definite(ns: Backend, matrix: Any, floor: float) -> bool:
     """The reference's ``numerically_definite`` at the dtype's machine epsilon."""
     xp = ns.xp
     n = matrix.shape[0]
@@ -72,7 +72,7 @@ def _definite(ns: ArrayNamespace, matrix: Any, floor: float) -> bool:
     return top > 0.0 and bottom > limit * top
 
 
-def _times_pow2(ns: ArrayNamespace, x: Any, mantissa: float, exponent: int, what: str) -> Any:
+def _times_pow2(ns: Backend, x: Any, mantissa: float, exponent: int, what: str) -> Any:
     xp = ns.xp
     with _quiet(xp):
         out = xp.ldexp(x * x.dtype.type(mantissa), exponent).astype(x.dtype, copy=False)
@@ -84,7 +84,7 @@ def _times_pow2(ns: ArrayNamespace, x: Any, mantissa: float, exponent: int, what
 
 
 def _check_fit_inputs(Z, Y, ridge, Z_name="Z", Y_name="Y"):
-    ns = array_namespace(Z, Y)
+    ns = get_backend(Z, Y)
     dtype = result_dtype(Z, Y) if hasattr(Z, "dtype") and hasattr(Y, "dtype") else None
     Z = as_fast_array(Z, Z_name, ndim=2, dtype=dtype, ns=ns)
     Y = as_fast_array(Y, Y_name, ndim=2, dtype=Z.dtype, ns=ns)
@@ -96,7 +96,7 @@ def _check_fit_inputs(Z, Y, ridge, Z_name="Z", Y_name="Y"):
     return ns, Z, Y, ridge
 
 
-def _scaling(ns: ArrayNamespace, Z: Any, Y: Any, ridge: float):
+def _scaling(ns: Backend, Z: Any, Y: Any, ridge: float):
     """The reference's ``Scaling`` of ``(Z, Y, ridge)``: ``max|Z|``, ``max|Y|`` on the host
     (one synchronisation), then exact powers of two; and ``max|Z|`` for error messages."""
     xp = ns.xp
@@ -104,7 +104,7 @@ def _scaling(ns: ArrayNamespace, Z: Any, Y: Any, ridge: float):
     return scaling_for(np.asarray(peaks[0]), np.asarray(peaks[1]), ridge), peaks[0]
 
 
-def _fit_normalised(ns: ArrayNamespace, Zs, Ys, scaling, form: str, name: str, ridge: float,
+def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: float,
                     peak: float) -> NormalisedFit:
     """Solve ``M_n W_n = Zs^T Ys`` in the requested form (named ValueError if singular).
 
@@ -148,7 +148,7 @@ def _pow2_scaled(xp: Any, x: Any, log2: int) -> Any:
     return xp.ldexp(x, -log2).astype(x.dtype, copy=False)
 
 
-def _ridge_forward(ns: ArrayNamespace, Z, Y, ridge: float, form: str, name: str = "Z"):
+def _ridge_forward(ns: Backend, Z, Y, ridge: float, form: str, name: str = "Z"):
     """Kernel of :func:`ridge_fit_forward` on checked input."""
     xp = ns.xp
     scaling, peak = _scaling(ns, Z, Y, ridge)
@@ -159,7 +159,7 @@ def _ridge_forward(ns: ArrayNamespace, Z, Y, ridge: float, form: str, name: str 
     return V, RidgeContext(fit=fit, scaling=scaling, form=fit.form, shape=tuple(V.shape))
 
 
-def _fit_backward(ns: ArrayNamespace, fit: NormalisedFit, d_W: Any) -> tuple[Any, Any]:
+def _fit_backward(ns: Backend, fit: NormalisedFit, d_W: Any) -> tuple[Any, Any]:
     """The reference's ``fit_normalised_backward`` (formulas in its docstring), in float64
     with the forward's float64 factor; the gradients in the data's dtype."""
     xp = ns.xp
@@ -176,7 +176,7 @@ def _fit_backward(ns: ArrayNamespace, fit: NormalisedFit, d_W: Any) -> tuple[Any
     return d_Zs.astype(dtype, copy=False), d_Ys.astype(dtype, copy=False)
 
 
-def _ridge_backward(ns: ArrayNamespace, ctx: RidgeContext, d_V: Any) -> RidgeGrads:
+def _ridge_backward(ns: Backend, ctx: RidgeContext, d_V: Any) -> RidgeGrads:
     sc = ctx.scaling
     g_scale = common_scale(ns.xp, d_V)        # a 0-d power of two, on the device
     d_Zs, d_Ys = _fit_backward(ns, ctx.fit, d_V / g_scale)
@@ -200,7 +200,7 @@ def ridge_fit_forward(Z, Y, *, ridge, form: str = "auto") -> tuple[Any, RidgeCon
 def ridge_fit_backward(ctx: RidgeContext, d_V) -> RidgeGrads:
     """Gradients ``.Z`` (b, m) and ``.Y`` (b, d) of ``<d_V, V>``; ``d_V`` of shape (m, d)."""
     check_context(ctx, "ctx", RidgeContext)
-    ns = array_namespace(ctx.fit.W)
+    ns = get_backend(ctx.fit.W)
     d_V = check_fast_upstream(d_V, "d_V", ctx.shape, ns, ctx.fit.W.dtype)
     return _ridge_backward(ns, ctx, d_V)
 

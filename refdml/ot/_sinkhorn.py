@@ -27,7 +27,7 @@ import numpy as np
 
 from refdml._numerics import common_scale
 from refdml._validation import as_float_array, check_scalar
-from refdml._xp import array_namespace
+from refdml._backend import get_backend
 from refdml.exceptions import ConvergenceWarning
 
 __all__ = ["SinkhornResult", "sinkhorn"]
@@ -190,7 +190,7 @@ def _log_weighted_sum_exp(log_w, w, h, axis):
     Written for NumPy or CuPy arrays (the fast path's solver ends its solves with it too),
     in their dtype.
     """
-    xp = array_namespace(h).xp
+    xp = get_backend(h).xp
     peak = xp.max(h, axis=axis, keepdims=True)
     y = xp.sum(w * xp.expm1(h - peak), axis=axis)
     z = log_w + h
@@ -233,7 +233,7 @@ def _large_eps_half_steps(log_a, a, log_b, b, cost, eps, f, *, want_plan=True):
     :func:`_finish_large_eps` (P problems, ``log_a``/``log_b`` the weights' logs; ``plan``
     None without ``want_plan``), on NumPy or CuPy arrays: the fast path's solver ends
     with them too."""
-    xp = array_namespace(f).xp
+    xp = get_backend(f).xp
 
     def g_from(f):
         return -eps * _log_weighted_sum_exp(log_a[:, :, None], a[:, :, None],
@@ -255,7 +255,7 @@ def _mass_excess(a, b, f, g, cost, eps):
     ``sum a_i b_j expm1(...)``: at ``eps >> C`` the plan is ``a b^T`` to ``O(C / eps)`` and
     ``sum(plan) - 1`` would cost ``eps ulp``. NumPy or CuPy arrays (the fast path's value
     uses it too)."""
-    xp = array_namespace(f).xp
+    xp = get_backend(f).xp
     exponent = (f[:, :, None] + g[:, None, :] - cost) / eps
     return xp.einsum("pi,pj,pij->p", a, b, xp.expm1(exponent))
 

@@ -66,7 +66,7 @@ from typing import Callable
 import numpy as np
 
 from refdml._io import write_text_atomic
-from refdml._xp import array_namespace, to_numpy
+from refdml._backend import get_backend, to_numpy
 from refdml.reproduce._spec import Task
 from refdml.reproduce._train import (
     at_epoch,
@@ -482,7 +482,7 @@ def glyph_wdml_task(task: Task) -> dict:
         from refdml.gpu.ot import pairwise_sinkhorn_divergence
 
         clouds = [on.forward(model, x[i:i + 512])[0] for i in range(0, x.shape[0], 512)]
-        xp = array_namespace(clouds[0]).xp
+        xp = get_backend(clouds[0]).xp
         distances = on.host(pairwise_sinkhorn_divergence(xp.concatenate(clouds), **solver))
         return map_at_r_from_distances(distances, labels)
 

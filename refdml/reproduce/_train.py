@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from refdml._xp import to_numpy
+from refdml._backend import to_numpy
 from refdml.train.data import PKBatchSampler
 from refdml.train.runs import build_optimizer
 from refdml.train.trainer import MemorySink, TrainingLoop

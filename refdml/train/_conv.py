@@ -62,7 +62,7 @@ from refdml._validation import (
     check_rng,
     check_upstream_like,
 )
-from refdml._xp import array_namespace
+from refdml._backend import get_backend
 from refdml.train._dense import _bounded_int, _positive_int, dense_init
 from refdml.train._layer import Layer, init_array
 
@@ -122,7 +122,7 @@ def im2col(x, kernel_size: int, *, stride: int = 1, padding: int = 0):
 
 def _im2col(x, kernel_size: int, stride: int, padding: int):
     """Patches of ``x`` (B, C, H, W) as (B H_o W_o, k k C): channels-last (module doc)."""
-    xp = array_namespace(x).xp
+    xp = get_backend(x).xp
     batch, channels, height, width = x.shape
     k, s, p = kernel_size, stride, padding
     h_out = _output_size(height, k, s, p)
@@ -185,7 +185,7 @@ def _col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, stride: 
             padding: int):
     """The adjoint of :func:`_im2col` (columns ``(i, j, c)``); the NCHW view of a
     channels-last array."""
-    xp = array_namespace(cols).xp
+    xp = get_backend(cols).xp
     batch, channels, height, width = x_shape
     k, s, p = kernel_size, stride, padding
     h_out = _output_size(height, k, s, p)
@@ -208,7 +208,7 @@ def _conv_input_grad(g, weight, x_shape: tuple[int, int, int, int], stride: int,
     ``g W`` is ``g W[:, :, i, j]`` (B H_o W_o, C): each is computed into one buffer and
     added at its offset, so the (B H_o W_o, k k C) product is never held in memory.
     """
-    xp = array_namespace(g).xp
+    xp = get_backend(g).xp
     batch, channels, height, width = x_shape
     k, s, p = weight.shape[-1], stride, padding
     h_out = _output_size(height, k, s, p)
@@ -297,7 +297,7 @@ def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv
     c_out = ctx.weight.shape[0]
     k = ctx.weight.shape[-1]
     c_in = ctx.weight.shape[1]
-    xp = array_namespace(d_y).xp
+    xp = get_backend(d_y).xp
     # A free view when d_y is channels-last in memory, as the layers above give it.
     g = d_y.transpose(0, 2, 3, 1).reshape(-1, c_out)
     d_weight = (g.T @ ctx.cols).reshape(c_out, k, k, c_in).transpose(0, 3, 1, 2)

@@ -40,7 +40,7 @@ import numpy as np
 from refdml._validation import (
     _describe, as_inputs, check_context, check_rng, check_scalar, check_upstream_like, data_checks,
 )
-from refdml._xp import array_namespace
+from refdml._backend import get_backend
 from refdml.train._dense import _positive_int
 from refdml.train._layer import Layer, OwnerToken, check_owner, init_array
 from refdml.train._operators import check_reference, operators
@@ -101,7 +101,7 @@ def _pool_backward(ctx: PoolingContext, d_y, kind: str) -> PoolingGrads:
 def gap_forward(features):
     """Global average pooling (B, n, d) -> (B, d); returns ``(y, ctx)``."""
     f = _features(features)
-    xp = array_namespace(f).xp
+    xp = get_backend(f).xp
     y = f.mean(axis=1)
     weights = xp.full(f.shape, 1.0 / f.shape[1], dtype=f.dtype)
     return y, PoolingContext(weights=weights, kind="gap", y_shape=tuple(y.shape))
@@ -115,7 +115,7 @@ def gap_backward(ctx: PoolingContext, d_y) -> PoolingGrads:
 def gmp_forward(features):
     """Global max pooling (B, n, d) -> (B, d); returns ``(y, ctx)`` (ties: lowest index)."""
     f = _features(features)
-    xp = array_namespace(f).xp
+    xp = get_backend(f).xp
     batch, n, d = f.shape
     index = xp.argmax(f, axis=1)  # (B, d), first occurrence of the maximum
     y = f[xp.arange(batch)[:, None], index, xp.arange(d)[None, :]]
@@ -133,7 +133,7 @@ def gemean_forward(features, *, p: float = 3.0):
     """Generalised mean pooling, ``p > 1``, non-negative features; returns ``(y, ctx)``."""
     p = check_scalar(p, "p", low=1.0, low_inclusive=False)
     f = _features(features)
-    ns = array_namespace(f)
+    ns = get_backend(f)
     xp = ns.xp
     if data_checks(ns) and bool(xp.any(f < 0)):
         index = tuple(int(i) for i in xp.argwhere(f < 0)[0])

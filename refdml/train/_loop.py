@@ -60,10 +60,10 @@ from typing import Any
 
 import numpy as np
 
-from refdml._compiled._notice import silenced
+from refdml.gpu._support.notice import silenced
 from refdml._validation import (_describe, as_label_array, check_choice, check_flag,
                                 check_float_dtype, check_scalar)
-from refdml._xp import to_numpy
+from refdml._backend import to_numpy
 from refdml.exceptions import NonFiniteGradient
 from refdml.train._parameter import Parameter
 from refdml.train.data import PKBatchSampler
@@ -92,7 +92,7 @@ def _note_gpu_compilation() -> None:
     compiles its kernels (CuPy's through NVRTC, refdml's Numba ones at their first launch)
     or reads them back from their disk caches, so that it is slower than the later ones.
     A Numba kernel that compiles slowly also prints its own line
-    (:mod:`refdml._compiled._notice`)."""
+    (:mod:`refdml.gpu._support.notice`)."""
     with _GPU_NOTE_LOCK:
         if _GPU_NOTED:
             return
@@ -100,7 +100,7 @@ def _note_gpu_compilation() -> None:
     cupy_cache = os.environ.get("CUPY_CACHE_DIR") or os.path.join("~", ".cupy", "kernel_cache")
     print("refdml: the first epoch on the GPU compiles its kernels, or loads them from the "
           f"caches (CuPy's in {cupy_cache}, Numba's in NUMBA_CACHE_DIR where set, else "
-          "refdml/_compiled/__pycache__): it takes longer than the later epochs", file=sys.stderr,
+          "the __pycache__ folders of refdml/gpu): it takes longer than the later epochs", file=sys.stderr,
           flush=True)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import _describe
-from refdml._xp import array_namespace, is_cupy_array
+from refdml._backend import get_backend, is_device_array
 
 __all__ = ["Parameter"]
 
@@ -36,8 +36,8 @@ class Parameter:
     def __init__(self, value: Any, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {_describe(name)}")
-        ns = array_namespace(value)
-        array = value if is_cupy_array(value) else np.asarray(value)
+        ns = get_backend(value)
+        array = value if is_device_array(value) else np.asarray(value)
         if np.dtype(array.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise TypeError(f"{name} must be float32 or float64, got dtype {array.dtype}")
         array = ns.xp.array(array, copy=True)
@@ -68,7 +68,7 @@ class Parameter:
         optimiser's step refuses a non-finite gradient.
         """
         # A NumPy scalar is the gradient of a 0-d parameter (x.sum() gives one).
-        allowed = type(self.value) if is_cupy_array(self.value) else (np.ndarray, np.generic)
+        allowed = type(self.value) if is_device_array(self.value) else (np.ndarray, np.generic)
         if not isinstance(grad, allowed):
             raise TypeError(f"gradient for {self.name} must be a {type(self.value).__name__} "
                             f"like its value, got {_describe(grad)}")

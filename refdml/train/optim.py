@@ -92,7 +92,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import _describe, check_scalar
-from refdml._xp import array_namespace, to_numpy
+from refdml._backend import get_backend, to_numpy
 from refdml.exceptions import NonFiniteGradient
 from refdml.train._parameter import Parameter
 
@@ -231,7 +231,7 @@ class Optimizer:
             if param.name in names:
                 raise ValueError(f"params holds two parameters named {param.name!r}")
             names.add(param.name)
-        self._xp = array_namespace(*(p.value for p in params)).xp
+        self._xp = get_backend(*(p.value for p in params)).xp
         self.params: list[Parameter] = params
         self._groups = tuple(ParamGroup(name, multiplier, tuple(p.name for p in members))
                              for name, multiplier, members in groups)

@@ -48,7 +48,7 @@ import numpy as np
 
 from refdml._io import read_lines, save_figure
 from refdml._validation import _describe, as_float_array, as_label_array, check_scalar
-from refdml._xp import to_numpy
+from refdml._backend import to_numpy
 from refdml.exceptions import MissingExtraError
 from refdml.train._conv import LocalLinearContext
 from refdml.train._heads import GSPHead, HeadContext
@@ -180,7 +180,7 @@ def gsp_weights(model: Layer, ctx: Any, *, head: int = 0):
     ``forward`` returned. ``head`` picks the GSP head (in layer order) when there are several.
     The weights are those the forward pooled with (the pooling context's ``weights``, for
     the reference and the fast path alike), in the model's array module and dtype (CuPy
-    on a GPU: :func:`refdml._xp.to_numpy` brings them to the host).
+    on a GPU: :func:`refdml._backend.to_numpy` brings them to the host).
     """
     _, head_ctx, _ = _one_head(model, ctx, head)
     return head_ctx.inner.weights

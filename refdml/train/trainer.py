@@ -101,7 +101,7 @@ import numpy as np
 from refdml._io import (append_line, read_lines, write_bytes_atomic, write_json_atomic,
                         write_text_atomic)
 from refdml._validation import _describe
-from refdml._xp import to_numpy
+from refdml._backend import to_numpy
 from refdml.train._checkpoint import load_checkpoint, save_checkpoint
 from refdml.train._loop import (METRIC_KEYS, MemorySink, TrainingDiverged, TrainingLoop,
                                 TrainingSink)

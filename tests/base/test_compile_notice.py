@@ -1,5 +1,5 @@
 """The line on stderr while one of refdml's kernels compiles for long (issue 38, item 5):
-refdml._compiled._notice.
+refdml.gpu._support.notice.
 
 The notice itself is checked here, in-process. Numba's listener is process-wide and a
 dispatcher compiles once per process, so each compilation runs in a fresh interpreter, with
@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from refdml._compiled import _notice
-from refdml._compiled._notice import THRESHOLD_ENV, compile_notice
+from refdml.gpu._support import notice as _notice
+from refdml.gpu._support.notice import THRESHOLD_ENV, compile_notice
 
 TIMEOUT = 300    # seconds for one fresh interpreter
 
@@ -44,12 +44,12 @@ def _notice_lines(stderr: str) -> list[str]:
 
 # --------------------------------------------------------------------------- the notice
 def test_a_block_past_the_threshold_prints_two_lines_and_leaves_no_thread(capsys):
-    with compile_notice("refdml._compiled.demo.kernel", "for the CPU (test)", threshold=0.0):
+    with compile_notice("refdml.gpu.demo.kernel", "for the CPU (test)", threshold=0.0):
         time.sleep(0.2)
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "refdml: compiling refdml._compiled.demo.kernel for the CPU (test)..."
+    assert err[0] == "refdml: compiling refdml.gpu.demo.kernel for the CPU (test)..."
     assert err[1].startswith("refdml: ... done in ")
-    assert err[1].endswith(" s (refdml._compiled.demo.kernel)")
+    assert err[1].endswith(" s (refdml.gpu.demo.kernel)")
     assert len(err) == 2
     assert _notice_threads() == []
 
@@ -98,9 +98,9 @@ def test_quiet_and_bad_thresholds(capsys, monkeypatch):
 _CPU_CALLS = r'''
 import threading
 from numba import njit
-from refdml._compiled import _scalar
+from refdml.gpu._support import scalar as _scalar
 
-namespace = {"__name__": "refdml._compiled.uncached_probe"}
+namespace = {"__name__": "refdml.gpu.uncached_probe"}
 exec("def uncached_probe(x):\n    return x + 1.0\n", namespace)
 uncached_probe = njit(namespace["uncached_probe"])
 
@@ -123,15 +123,15 @@ def test_cpu_kernels_announce_a_cold_compilation_and_what_is_cached(tmp_path):
     lines = _notice_lines(cold.stderr)
     assert "notice threads: 0" in cold.stdout
     assert "users_own_function" not in cold.stderr          # not refdml's: never announced
-    assert lines[0] == ("refdml: compiling refdml._compiled.uncached_probe.uncached_probe "
+    assert lines[0] == ("refdml: compiling refdml.gpu.uncached_probe.uncached_probe "
                         "for the CPU (Numba, first use; not cached: each new process "
                         "compiles it again)...")
     assert lines[1].startswith("refdml: ... done in ")
-    assert lines[2].startswith("refdml: compiling refdml._compiled._scalar.lse_value for the "
+    assert lines[2].startswith("refdml: compiling refdml.gpu._support.scalar.lse_value for the "
                                f"CPU (Numba, first use; cached in {cache}")
     assert lines[2].endswith(" for next time)...")
     assert lines[3].startswith("refdml: ... done in ")
-    assert lines[3].endswith(" s (refdml._compiled._scalar.lse_value)")
+    assert lines[3].endswith(" s (refdml.gpu._support.scalar.lse_value)")
     assert len(lines) == 4
     # The next process loads lse_value from the cache: no compilation, no line, even at a
     # threshold of 0; the uncached function compiles again, and says so.
@@ -155,8 +155,9 @@ needs_numba_cuda = pytest.mark.skipif(
 # driver, after the notice opened; on a GPU it compiles (the cache is empty).
 _CUDA_LAUNCH = r'''
 import numpy as np
-from refdml._compiled import _cuda, losses_cuda
-from refdml._compiled._support import cuda_launch
+from refdml.gpu._support import cuda as _cuda
+from refdml.gpu.losses import _cuda as losses_cuda
+from refdml.gpu._support.launch import cuda_launch
 
 kernel = _cuda.KERNELS["refdml_loss_masked_lse"].build("float64")
 try:
@@ -172,7 +173,7 @@ def test_a_cuda_kernel_announces_its_compilation_at_its_first_launch(tmp_path):
                     NUMBA_CACHE_DIR=str(tmp_path / "numba_cache"), **{THRESHOLD_ENV: "0"})
     lines = _notice_lines(result.stderr)
     assert lines[0].startswith(
-        "refdml: compiling refdml._compiled.losses_cuda.refdml_loss_masked_lse for the GPU "
+        "refdml: compiling refdml.gpu.losses._cuda.refdml_loss_masked_lse for the GPU "
         f"(numba-cuda, first launch; the kernel for this GPU cached in {tmp_path / 'numba_cache'}")
     assert lines[0].endswith(" for next time)...")
     assert lines[1].startswith(("refdml: ... done in ", "refdml: ... failed after "))
@@ -182,7 +183,7 @@ def test_a_cuda_kernel_announces_its_compilation_at_its_first_launch(tmp_path):
 @needs_numba_cuda
 def test_the_compile_check_announces_itself(tmp_path):
     code = r'''
-from refdml.gpu import _cuda_compile
+from refdml.gpu import _compile_check as _cuda_compile
 launch = [l for l in _cuda_compile.launches() if l.kernel == "refdml_loss_masked_lse"][:1]
 rows = _cuda_compile.compile_check(["sm_90"], launch_list=launch)
 print("rows", len(rows))

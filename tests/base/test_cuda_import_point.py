@@ -1,4 +1,4 @@
-"""refdml._compiled._cuda, the one import point of numba.cuda, and its compatibility step.
+"""refdml.gpu._support.cuda, the one import point of numba.cuda, and its compatibility step.
 
 numba-cuda 0.30.x registers an overload of ``np.row_stack`` at its first compilation, and
 NumPy 2.5 removed that alias: every CUDA kernel failed to compile there (Python 3.12+ with
@@ -31,7 +31,7 @@ _CHILD = textwrap.dedent("""
         del np.row_stack
         np.__all__ = [name for name in np.__all__ if name != "row_stack"]
     if sys.argv[1] == "refdml":
-        from refdml._compiled._cuda import COMPAT_STEPS, cuda
+        from refdml.gpu._support.cuda import COMPAT_STEPS, cuda
     else:
         from numba import cuda
         COMPAT_STEPS = ()
@@ -87,8 +87,8 @@ def test_under_the_simulator_no_step_is_taken():
               "if hasattr(np, 'row_stack'):\n"
               "    del np.row_stack\n"
               "    np.__all__ = [n for n in np.__all__ if n != 'row_stack']\n"
-              "from refdml._compiled._cuda import COMPAT_STEPS, cuda\n"
-              "from refdml._compiled import _cuda\n"
+              "from refdml.gpu._support.cuda import COMPAT_STEPS, cuda\n"
+              "from refdml.gpu._support import cuda as _cuda\n"
               "print(json.dumps([list(COMPAT_STEPS), _cuda._simulated(), "
               "hasattr(np, 'row_stack')]))\n")
     steps, simulator, row_stack = _run_json(script, simulator="1")
@@ -99,6 +99,6 @@ def test_under_the_simulator_no_step_is_taken():
 def test_a_numpy_with_row_stack_needs_no_step():
     script = ("import json, numpy as np\n"
               "np.row_stack = np.vstack\n"
-              "from refdml._compiled._cuda import COMPAT_STEPS\n"
+              "from refdml.gpu._support.cuda import COMPAT_STEPS\n"
               "print(json.dumps([list(COMPAT_STEPS), np.row_stack is np.vstack]))\n")
     assert _run_json(script) == [[], True]

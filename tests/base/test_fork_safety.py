@@ -1,7 +1,7 @@
 """Fork safety of the compiled parallel paths (issue 20): Numba's threading layer.
 
 Numba's default layer on Linux, GNU OpenMP, terminates a child forked after a parallel
-region; refdml asks Numba for its "forksafe" layer instead (refdml._compiled._support,
+region; refdml asks Numba for its "forksafe" layer instead (refdml.gpu._support.modes,
 docs/gpu.md). The runs happen in a fresh interpreter (a threading layer is fixed for the
 life of a process, so this process's own state must not matter): the compiled paths in the
 parent, then in children forked by multiprocessing and by os.fork (one of them while
@@ -34,9 +34,9 @@ import numpy as np
 
 def compute():
     import numba
-    from refdml.kcenter import greedy_k_center
-    from refdml.metrics import retrieval_metrics
-    from refdml.ot import pairwise_sinkhorn_divergence
+    from refdml.gpu.kcenter import greedy_k_center
+    from refdml.gpu.metrics import retrieval_metrics
+    from refdml.gpu.ot import pairwise_sinkhorn_divergence
 
     rng = np.random.default_rng(0)
     points = rng.standard_normal((300, 8))
@@ -88,7 +88,7 @@ def in_os_fork():
 
 def fork_while_lock_held():
     """os.fork while another thread is inside parallel_launch (holding the launch lock)."""
-    from refdml._compiled._support import parallel_launch
+    from refdml.gpu._support.threading_layer import parallel_launch
 
     inside, leave = threading.Event(), threading.Event()
 
@@ -144,7 +144,7 @@ if len(sys.argv) > 1:
     import numba
     numba.config.THREADING_LAYER = sys.argv[1]
 import numba
-from refdml.kcenter import greedy_k_center
+from refdml.gpu.kcenter import greedy_k_center
 greedy_k_center(np.random.default_rng(0).standard_normal((50, 3)), 3, rng=0)
 print("LAYER " + numba.threading_layer())
 '''

@@ -1,3 +1,4 @@
+import dataclasses
 import types
 
 import numpy as np
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 
 from refdml import _validation
 from refdml._validation import as_float_array, as_label_array, check_flag, check_rng, check_scalar
-from refdml._xp import ArrayNamespace
+from refdml import _backend
 
 
 def test_float_array_converts_float32_and_int():
@@ -128,7 +129,7 @@ def test_fast_and_reference_array_checks_say_the_same(bad, kind):
     (np.ones((2, 1)), ValueError), (np.array([[1.0, np.inf]]), ValueError),
 ])
 def test_fast_and_reference_upstream_checks_say_the_same(bad, kind):
-    ns = _validation.array_namespace(np.zeros(1))
+    ns = _validation.get_backend(np.zeros(1))
     messages = []
     for check in (lambda: _validation.check_upstream(bad, "d_y", (1, 2)),
                   lambda: _validation.check_fast_upstream(bad, "d_y", (1, 2), ns, np.float32)):
@@ -139,7 +140,7 @@ def test_fast_and_reference_upstream_checks_say_the_same(bad, kind):
 
 
 def test_scalar_upstream_non_finite_says_the_same():
-    ns = _validation.array_namespace(np.zeros(1))
+    ns = _validation.get_backend(np.zeros(1))
     for value in (np.array(np.nan), np.array(np.inf, np.float32)):
         with pytest.raises(ValueError) as ref:
             _validation.check_upstream(value, "d_value", ())
@@ -151,9 +152,10 @@ def test_scalar_upstream_non_finite_says_the_same():
 def test_finite_checks_switch_is_refdml_gpus_and_skips_only_off_numpy():
     import refdml.gpu
 
-    assert refdml.gpu.set_finite_checks is _validation.set_finite_checks
-    device = ArrayNamespace(xp=types.ModuleType("not_numpy"), special=types.ModuleType("s"))
-    host = _validation.array_namespace(np.zeros(1))
+    assert refdml.gpu.set_finite_checks is _backend.set_finite_checks
+    device = dataclasses.replace(_validation.get_backend(np.zeros(1)), name="device",
+                                 xp=types.ModuleType("not_numpy"), free_host_reads=False)
+    host = _validation.get_backend(np.zeros(1))
     try:
         refdml.gpu.set_finite_checks(False)
         assert not _validation.data_checks(device) and _validation.data_checks(host)

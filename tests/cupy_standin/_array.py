@@ -194,7 +194,7 @@ def _observe_simulated_launch(kernel: Any, args: tuple) -> None:
     """refdml's ``SIMULATED_LAUNCH_OBSERVERS`` entry: one launch per ``cuda_launch``, under
     the kernel's name as refdml's own launch profile names it (registered only where refdml
     is installed: :func:`_launch_observers`)."""
-    from refdml._compiled._support import _kernel_name
+    from refdml.gpu._support.profile import _kernel_name
 
     record_launch(_kernel_name(kernel), kernel=True)
 
@@ -203,14 +203,14 @@ def _launch_observers() -> list | None:
     """refdml's list of simulated-launch observers, or None where refdml is not installed
     (the stand-in alone). A refdml without the list is an error, not a silent zero."""
     try:
-        from refdml._compiled import _support
+        from refdml.gpu._support import launch as _launch
     except ModuleNotFoundError as exc:
-        if exc.name in ("refdml", "refdml._compiled"):
+        if exc.name in ("refdml", "refdml.gpu", "refdml.gpu._support"):
             return None
         raise
-    observers = getattr(_support, "SIMULATED_LAUNCH_OBSERVERS", None)
+    observers = getattr(_launch, "SIMULATED_LAUNCH_OBSERVERS", None)
     if not isinstance(observers, list):
-        raise RuntimeError("refdml._compiled._support.SIMULATED_LAUNCH_OBSERVERS is not a list: "
+        raise RuntimeError("refdml.gpu._support.launch.SIMULATED_LAUNCH_OBSERVERS is not a list: "
                            "count_launches cannot see refdml's CUDA kernel launches")
     return observers
 
@@ -235,7 +235,7 @@ def count_launches() -> Iterator[LaunchCounter]:
       ``_max``, ``_min``): one;
     - a Numba CUDA kernel launched through refdml's ``cuda_launch`` under the simulator: one,
       under the kernel's Python name (an observer in
-      ``refdml._compiled._support.SIMULATED_LAUNCH_OBSERVERS``, registered while a counter
+      ``refdml.gpu._support.launch.SIMULATED_LAUNCH_OBSERVERS``, registered while a counter
       is open).
 
     Zero for what computes nothing: metadata and views (``reshape``, ``transpose``, ``.T``,

@@ -1,4 +1,4 @@
-"""``refdml._compiled._support.cuda_launch``: the one place every CUDA kernel is launched.
+"""``refdml.gpu._support.launch.cuda_launch``: the one place every CUDA kernel is launched.
 
 Under the simulator (CI) the launch hands host arrays to the simulated kernel; on hardware
 it hands device arrays to Numba as non-synchronising views on the arrays' own stream. The
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from refdml._compiled import _support
-from refdml._compiled._support import cuda_launch
+from refdml.gpu._support import launch as _launch
+from refdml.gpu._support.launch import cuda_launch
 
 
 class _DeviceLike:
@@ -52,12 +52,12 @@ def _add_one(x, out):
         out[i] = x[i] + 1.0
 
 
-@pytest.mark.skipif(not _support.cuda_simulator(), reason="needs Numba's CUDA simulator")
+@pytest.mark.skipif(not _launch.cuda_simulator(), reason="needs Numba's CUDA simulator")
 def test_simulator_runs_kernel_on_standin_host_views(monkeypatch):
     # (the simulator swaps the module-level name ``cuda`` inside the kernel: not a local)
     add_one = cuda.jit(_add_one)
     # a throwaway kernel: not in the registry that tests/conftest.py checks launches against
-    monkeypatch.setattr(_support, "SIMULATED_LAUNCH_OBSERVERS", [])
+    monkeypatch.setattr(_launch, "SIMULATED_LAUNCH_OBSERVERS", [])
     monkeypatch.setitem(__import__("sys").modules, "cupy",
                         types.SimpleNamespace(__refdml_standin__=True))
     x = np.arange(5.0)
@@ -67,20 +67,20 @@ def test_simulator_runs_kernel_on_standin_host_views(monkeypatch):
     np.testing.assert_array_equal(out, x + 1.0)
 
 
-@pytest.mark.skipif(not _support.cuda_simulator(), reason="needs Numba's CUDA simulator")
+@pytest.mark.skipif(not _launch.cuda_simulator(), reason="needs Numba's CUDA simulator")
 def test_simulator_refuses_real_device_memory(monkeypatch):
     # A CuPy array under the simulator would be a device pointer read as host memory.
     monkeypatch.setitem(__import__("sys").modules, "cupy", types.SimpleNamespace())
-    monkeypatch.setattr(_support, "SIMULATED_LAUNCH_OBSERVERS", [])
+    monkeypatch.setattr(_launch, "SIMULATED_LAUNCH_OBSERVERS", [])
     kernel = _RecordingKernel()
     with pytest.raises(ValueError, match="simulator .* cannot read device memory"):
         cuda_launch(kernel, 1, 32, _DeviceLike(np.zeros(3)))
     assert kernel.launches == []
 
 
-@pytest.mark.skipif(not _support.cuda_simulator(), reason="needs Numba's CUDA simulator")
+@pytest.mark.skipif(not _launch.cuda_simulator(), reason="needs Numba's CUDA simulator")
 def test_simulator_passes_numpy_and_scalars_unchanged(monkeypatch):
-    monkeypatch.setattr(_support, "SIMULATED_LAUNCH_OBSERVERS", [])
+    monkeypatch.setattr(_launch, "SIMULATED_LAUNCH_OBSERVERS", [])
     kernel = _RecordingKernel()
     x = np.zeros(3)
     cuda_launch(kernel, 2, 32, x, 1.5, 7, True)
@@ -89,14 +89,14 @@ def test_simulator_passes_numpy_and_scalars_unchanged(monkeypatch):
     assert args[0] is x and args[1:] == (1.5, 7, True)
 
 
-@pytest.mark.skipif(not _support.cuda_simulator(), reason="needs Numba's CUDA simulator")
+@pytest.mark.skipif(not _launch.cuda_simulator(), reason="needs Numba's CUDA simulator")
 def test_simulated_launches_are_checked_against_the_compile_registry():
     # tests/conftest.py's observer: a launch with argument types that
     # `refdml gpu-check --compile-only` does not compile (here a strided view where the
     # kernel is registered for C-contiguous rows) fails the test that made it.
-    from refdml._compiled import kcenter_cuda as _nb_kcenter
+    from refdml.gpu.kcenter import _cuda as _nb_kcenter
 
-    assert _support.SIMULATED_LAUNCH_OBSERVERS, "tests/conftest.py registers the check"
+    assert _launch.SIMULATED_LAUNCH_OBSERVERS, "tests/conftest.py registers the check"
     points = np.ones((4, 6))
     with pytest.raises(AssertionError, match="refdml_kcenter_prepare launched with"):
         cuda_launch(_nb_kcenter.refdml_kcenter_prepare, 1, 32, points[:, ::2], np.empty((3, 4)),
@@ -129,7 +129,7 @@ class _FakeCuda:
 @pytest.fixture
 def hardware(monkeypatch):
     """The hardware branch of cuda_launch, with Numba's functions recorded."""
-    from refdml._compiled import _cuda
+    from refdml.gpu._support import cuda as _cuda
 
     fake = _FakeCuda()
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
@@ -170,15 +170,17 @@ def test_implementations_choose_by_mode_and_input(monkeypatch):
     """:class:`Implementations` picks one object per call: "auto" by the measured table,
     forced modes the kernel where the family has one (else the array path), and refuses a
     host kernel on a device array and a CUDA kernel on host memory outside the simulator."""
-    from refdml._compiled._support import Implementations
+    from refdml.gpu._support.modes import Implementations
     from refdml.gpu import use_kernels
 
-    class Device:                     # what refdml._xp takes for a CuPy array
-        __module__ = "cupy"
+    class Device:                     # an array whose backend's kernels are CUDA's
+        pass
 
-    monkeypatch.setattr("refdml._compiled._support.is_cupy_array",
-                        lambda x: isinstance(x, Device))
-    full = Implementations("full", array="A", cpu="C", cuda="K", auto_numpy="array",
+    targets = {True: types.SimpleNamespace(kernel_target="cuda"),
+               False: types.SimpleNamespace(kernel_target="cpu")}
+    monkeypatch.setattr("refdml.gpu._support.modes.get_backend",
+                        lambda x: targets[isinstance(x, Device)])
+    full = Implementations("full", array="A", cpu="C", load_cuda=lambda: "K", auto_numpy="array",
                            auto_cupy="cuda")
     bare = Implementations("bare", array="A", auto_numpy="array", auto_cupy="array")
     host, device = np.zeros(1), Device()
@@ -202,7 +204,7 @@ def test_implementations_choose_by_mode_and_input(monkeypatch):
 
 
 def test_implementations_refuse_an_auto_choice_they_cannot_run():
-    from refdml._compiled._support import Implementations
+    from refdml.gpu._support.modes import Implementations
 
     with pytest.raises(ValueError, match="auto_cupy == 'cpu'"):
         Implementations("x", array="A", cpu="C", auto_cupy="cpu")

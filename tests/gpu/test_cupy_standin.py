@@ -366,12 +366,12 @@ def test_installed_stand_in_is_what_refdml_picks(tmp_path):
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "import cupy_standin; cupy_standin.install(); cupy_standin.install()\n"
         "import cupy, cupyx.scipy.special, cupyx.scipy.linalg\n"
-        "from refdml._xp import array_namespace, is_cupy_array\n"
+        "from refdml._backend import get_backend, is_device_array\n"
         "from refdml.gpu import cupy_available\n"
         "x = cupy.zeros(3)\n"
-        "ns = array_namespace(x)\n"
+        "ns = get_backend(x)\n"
         "assert cupy_standin.installed() and cupy_available()\n"
-        "assert ns.xp is cupy and ns.special is cupyx.scipy.special and is_cupy_array(x)\n"
+        "assert ns.xp is cupy and ns.special is cupyx.scipy.special and is_device_array(x)\n"
         "print('ok')\n"
     )
     done = subprocess.run([sys.executable, "-c", code, str(tests)], capture_output=True,

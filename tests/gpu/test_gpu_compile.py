@@ -24,11 +24,13 @@ import pytest
 
 import refdml.gpu
 from refdml.cli import main
-from refdml._compiled import cuda_families, kcenter_cuda, sinkhorn_cuda
-from refdml.gpu import _cuda_compile
-from refdml._compiled._support import BLOCK
+from refdml.gpu.families import FAMILIES
+from refdml.gpu.kcenter import _cuda as kcenter_cuda
+from refdml.gpu.ot import _cuda as sinkhorn_cuda
+from refdml.gpu import _compile_check as _cuda_compile
+from refdml.gpu._support.launch import BLOCK
 
-COMPILED_SOURCES = Path(cuda_families.__file__).parent
+FAST_PATH = Path(refdml.gpu.__file__).parent
 _NO_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is None
 needs_numba_cuda = pytest.mark.skipif(
     _NO_NUMBA_CUDA and os.environ.get("CI") != "true",
@@ -116,22 +118,24 @@ def test_the_ast_scan_sees_each_way_of_making_a_kernel(tmp_path):
 
 
 def _package_sources():
-    # refdml/_compiled/_cuda.py, the import point, defines the declaring decorator itself
-    root = Path(refdml.gpu.__file__).parents[1]
+    # refdml/gpu/_support/cuda.py, the import point, defines the declaring decorator itself
+    root = FAST_PATH.parent
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts
-                  and p != COMPILED_SOURCES / "_cuda.py")
+                  and p != FAST_PATH / "_support" / "cuda.py")
 
 
 def test_every_cuda_kernel_is_declared_in_a_cuda_family_module():
     """Every ``@cuda.jit`` kernel of refdml (an AST scan of the whole package) is defined
-    in a ``refdml/_compiled/<family>_cuda.py`` module that :mod:`refdml._compiled.cuda_families`
-    imports, and declared there with its launch types (:func:`cuda_kernel`)."""
+    in the ``_cuda.py`` module of a family package ``refdml/gpu/<family>/``, that family is
+    registered in :data:`refdml.gpu.families.FAMILIES` with a CUDA member, and each kernel
+    is declared with its launch types (:func:`cuda_kernel`)."""
     found = {path: _kernels_in(path) for path in _package_sources()}
     outside = {str(p): sorted(k) for p, k in found.items()
-               if k and not (p.parent == COMPILED_SOURCES and p.stem.endswith("_cuda"))}
-    assert outside == {}, "CUDA kernels outside refdml/_compiled/<family>_cuda.py"
-    cuda_files = sorted(p.stem for p in COMPILED_SOURCES.glob("[!_]*_cuda.py"))
-    assert cuda_files == sorted(m.__name__.rpartition(".")[2] for m in cuda_families.FAMILIES)
+               if k and not (p.name == "_cuda.py" and p.parent.parent == FAST_PATH)}
+    assert outside == {}, "CUDA kernels outside refdml/gpu/<family>/_cuda.py"
+    cuda_families = sorted(p.parent.name for p in FAST_PATH.glob("*/_cuda.py"))
+    assert cuda_families == sorted(name for name, family in FAMILIES.items()
+                                   if "cuda" in family.kernel_modes)
     defined = set().union(*found.values())
     registered = set(_cuda_compile.registry())
     assert defined, "the scan found no @cuda.jit kernel"
@@ -228,7 +232,7 @@ def test_parity_json_keeps_a_crash(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- compiled
 @needs_numba_cuda
 def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
-    from refdml.gpu._occupancy import theoretical_occupancy
+    from refdml.gpu._support.occupancy import theoretical_occupancy
 
     out = tmp_path / "compile.json"
     run = _child(["-m", "refdml.cli", "gpu-check", "--compile-only", "--json", str(out)],
@@ -277,7 +281,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
 _CACHE_KEYS = """
 import hashlib, json
 from numba.cuda.dispatcher import CUDACache
-from refdml.gpu import _cuda_compile
+from refdml.gpu import _compile_check as _cuda_compile
 
 class Codegen:
     def magic_tuple(self):
@@ -345,7 +349,7 @@ def _failure_cases(out_dir: Path) -> None:
     import numpy as np
     from numba import cuda, float64
 
-    from refdml.gpu._cuda_compile import Launch, STATIC_SHARED_LIMIT, check_kernel, rows_to_json
+    from refdml.gpu._compile_check import Launch, STATIC_SHARED_LIMIT, check_kernel, rows_to_json
 
     too_big = STATIC_SHARED_LIMIT // 8 + 1
 
@@ -410,7 +414,7 @@ def _failure_cases(out_dir: Path) -> None:
             check_kernel(some_shared, one, "sm_80", shared_limit=2048),
             check_kernel(spilling, two, "sm_80")]
     from refdml import cli
-    from refdml.gpu import _cuda_compile
+    from refdml.gpu import _compile_check as _cuda_compile
 
     _cuda_compile.launches = lambda: [Launch("scratch_kernel", "float64", one, scratch_kernel),
                                       Launch("copy_kernel", "float64", two, copy_kernel)]

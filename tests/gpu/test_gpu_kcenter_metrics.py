@@ -31,7 +31,7 @@ pytestmark = pytest.mark.cpu_exact
 @pytest.fixture(autouse=True, params=["array", "cpu"])
 def kernels(request):
     """Every parity test of this file runs twice: the array path and the compiled CPU twin
-    (refdml._compiled.kcenter / retrieval). The CUDA kernels are held to the array path
+    (refdml.gpu.kcenter._compiled / retrieval). The CUDA kernels are held to the array path
     on tiny inputs under the simulator in tests/gpu/test_gpu_kernels_{kcenter,retrieval}.py."""
     with use_kernels(request.param):
         yield request.param

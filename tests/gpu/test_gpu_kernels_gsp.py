@@ -1,4 +1,4 @@
-"""The GSP Numba kernels (refdml._compiled.gsp, gsp_cuda) against their array-path twin.
+"""The GSP Numba kernels (refdml.gpu.gsp._compiled, gsp_cuda) against their array-path twin.
 
 CPU twin (``use_kernels("cpu")``) and CUDA kernel (``use_kernels("cuda")``: under Numba's
 CUDA simulator on this machine, on CuPy arrays on a GPU) against ``use_kernels("array")``:
@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
 from refdml import gsp as reference
-from refdml._xp import to_numpy
+from refdml._backend import to_numpy
 from refdml.exceptions import ConvergenceWarning
 from refdml.gpu import gsp as fast
 from refdml.gpu import use_kernels
-from refdml._compiled._support import BLOCK
+from refdml.gpu._support.launch import BLOCK
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -238,7 +238,7 @@ def _with_cpu_twin(monkeypatch, **twins):
     """Make ``use_kernels("cpu")`` run the given CPU twins (``pool_backward=...``) in place
     of the kernel table's: a compiled path built on the swapped table, installed as
     :data:`refdml.gpu.gsp.GSP`'s CPU member (the object every public call chooses from)."""
-    from refdml.gpu import _gsp_kernels
+    from refdml.gpu.gsp import _launch as _gsp_kernels
 
     kernels = dataclasses.replace(_gsp_kernels.KERNELS, **{
         name: dataclasses.replace(getattr(_gsp_kernels.KERNELS, name), cpu=twin)
@@ -254,7 +254,7 @@ def _contracting_pool_backward(monkeypatch):
     Returns the list of its calls (one entry per launch), so that a test can see it ran."""
     from _contraction import contracting, rounded
 
-    from refdml._compiled import gsp as _nb_gsp
+    from refdml.gpu.gsp import _compiled as _nb_gsp
 
     for name in _POOL_BACKWARD_HELPERS:
         monkeypatch.setattr(_nb_gsp, name, getattr(_nb_gsp, name).py_func)
@@ -472,8 +472,8 @@ def test_kernel_parameters_are_the_launch_dataclasses_fields():
     # CUDA kernel's scratch).
     import inspect
 
-    from refdml._compiled._cuda import KERNELS as REGISTERED
-    from refdml.gpu import _gsp_kernels
+    from refdml.gpu._support.cuda import KERNELS as REGISTERED
+    from refdml.gpu.gsp import _launch as _gsp_kernels
 
     table = {field.name: getattr(_gsp_kernels.KERNELS, field.name)
              for field in dataclasses.fields(_gsp_kernels.KERNELS)}
@@ -490,8 +490,8 @@ def test_kernel_parameters_are_the_launch_dataclasses_fields():
 
 
 def test_a_launch_refuses_groups_out_of_its_layout():
-    from refdml._compiled.gsp import TransportInput
-    from refdml.gpu import _gsp_kernels
+    from refdml.gpu.gsp._compiled import TransportInput
+    from refdml.gpu.gsp import _launch as _gsp_kernels
 
     kernel = _gsp_kernels.KERNELS.transport
     with pytest.raises(TypeError, match=r"takes \['TransportInput', 'SolverConstants', "

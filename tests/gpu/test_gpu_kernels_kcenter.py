@@ -1,4 +1,4 @@
-"""The greedy k-center kernels (refdml._compiled.kcenter, refdml._compiled.kcenter_cuda) against the
+"""The greedy k-center kernels (refdml.gpu.kcenter._compiled, refdml.gpu.kcenter._cuda) against the
 readable traversal.
 
 The implementations differ only in the order the dot products are summed (the readable
@@ -58,7 +58,7 @@ def twin(points, k, **kwargs):
 def test_compiled_matches_readable(seed, mode, threads, monkeypatch):
     # Both traversals of the twin: one thread below SERIAL_BELOW entries, Numba's threads
     # (one parallel region per pick) above; the threshold is moved to run each here.
-    from refdml._compiled import kcenter as compiled
+    from refdml.gpu.kcenter import _compiled as compiled
 
     monkeypatch.setattr(compiled, "SERIAL_BELOW", 2**62 if threads == "serial" else 0)
     points = _points(seed, 300, 7)   # not a multiple of BLOCK
@@ -128,7 +128,7 @@ def test_mirror_cpu_kernel_matches_array_path(mode, dtype):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("mode", ["rng", "centers"])
 def test_mirror_cuda_kernel_matches_array_path(mode, dtype, cuda_device_array):
-    from refdml._xp import to_numpy
+    from refdml._backend import to_numpy
 
     points = _points(7, 30, 3, dtype)
     kwargs = _kwargs(mode, 7, points)
@@ -153,7 +153,7 @@ def test_bad_input_named_on_the_fast_path():
 
 # ------------------------------------------------------------------ the seam and the kernels
 def test_one_implementations_object_chooses_the_traversal_once_per_call(monkeypatch):
-    from refdml._compiled._support import Implementations, cuda_simulator
+    from refdml.gpu._support.modes import Implementations, cuda_simulator
 
     traversal = fast.TRAVERSAL
     assert isinstance(traversal, Implementations) and traversal.family == "kcenter"
@@ -183,8 +183,8 @@ def test_one_implementations_object_chooses_the_traversal_once_per_call(monkeypa
 def test_step_buffers_are_the_step_kernel_parameters():
     from dataclasses import fields
 
-    from refdml._compiled._cuda import KERNELS
-    from refdml._compiled import kcenter_cuda
+    from refdml.gpu._support.cuda import KERNELS
+    from refdml.gpu.kcenter import _cuda as kcenter_cuda
 
     names = tuple(field.name for field in fields(kcenter_cuda.StepBuffers))
     assert names == KERNELS["refdml_kcenter_step"].parameters
@@ -194,7 +194,7 @@ def test_step_buffers_are_the_step_kernel_parameters():
 
 
 def _simulated_only():
-    from refdml._compiled._support import cuda_simulator
+    from refdml.gpu._support.modes import cuda_simulator
 
     if not cuda_simulator():
         pytest.skip("bit for bit needs the simulator's arithmetic (a GPU may contract to FMA)")
@@ -209,8 +209,8 @@ def test_cuda_kernels_are_the_sequential_arithmetic_bit_for_bit(n, d, k, dtype):
     # Under the simulator the kernels' float64 arithmetic has no FMA: every pick and radius
     # must be the NumPy oracle's (tests/_kcenter_checks.py) exactly.
     from _kcenter_checks import sequential_traversal
-    from refdml._compiled import kcenter_cuda
-    from refdml._compiled._support import BLOCK
+    from refdml.gpu.kcenter import _cuda as kcenter_cuda
+    from refdml.gpu._support.launch import BLOCK
 
     _simulated_only()
     assert n > 2 * BLOCK or d > kcenter_cuda.CENTRE_CHUNK
@@ -231,7 +231,7 @@ def test_cuda_ties_across_blocks_go_to_the_lowest_index(cuda_device_array):
     # equal distances are exactly equal. Copies of the farthest points sit in different
     # blocks (indices 5, 133, 257 share a row; so do 6, 134, 258): the blocks' (max, arg-max)
     # pairs tie and the merge must keep the lowest index, as np.argmax does.
-    from refdml._xp import to_numpy
+    from refdml._backend import to_numpy
 
     rng = np.random.default_rng(4)
     points = rng.integers(-2, 3, (260, 3)).astype(np.float64)
@@ -254,7 +254,7 @@ def test_cuda_ties_across_blocks_go_to_the_lowest_index(cuda_device_array):
 def test_cuda_launches_per_call(monkeypatch, cuda_device_array):
     # One launch to lay out the points, then one per pick (update, block arg-max and pick
     # fused): 1 + k, against 1 + 2 k for the first version's separate pick kernel.
-    from refdml._compiled._support import launch_profile
+    from refdml.gpu._support.profile import launch_profile
 
     monkeypatch.setenv("REFDML_CUDA_PROFILE", "1")
     points = cuda_device_array(_points(2, 200, 4))

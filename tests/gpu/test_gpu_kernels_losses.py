@@ -1,4 +1,4 @@
-"""The masked log-sum-exp Numba kernels (refdml._compiled.losses, losses_cuda) against the array path.
+"""The masked log-sum-exp Numba kernels (refdml.gpu.losses._compiled, losses_cuda) against the array path.
 
 ``masked_logsumexp`` under ``use_kernels("cpu")`` (CPU twin) and ``use_kernels("cuda")``
 (CUDA under the simulator on NumPy arrays, or on a GPU on CuPy arrays: the
@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
-from refdml._xp import array_namespace, to_numpy
+from refdml._backend import get_backend, to_numpy
 from refdml.gpu import use_kernels
-from refdml.gpu._loss_kernels import masked_logsumexp
-from refdml._compiled._support import BLOCK
+from refdml.gpu.losses._launch import masked_logsumexp
+from refdml.gpu._support.launch import BLOCK
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -47,7 +47,7 @@ def _run(kind, z, mask, axis=-1, extra_zero=False, cuda_device_array=lambda x: x
     move = cuda_device_array if kind == "cuda" else (lambda x: x)
     z = move(z)
     with use_kernels(kind):
-        lse, weights = masked_logsumexp(array_namespace(z).xp, z,
+        lse, weights = masked_logsumexp(get_backend(z).xp, z,
                                         None if mask is None else move(mask),
                                         axis=axis, extra_zero=extra_zero)
     return to_numpy(lse), to_numpy(weights)
@@ -139,7 +139,7 @@ def test_cpu_twin_hypothesis(seed, rows, k, scale, extra_zero, dtype):
 def test_auto_keeps_the_array_path_on_numpy(monkeypatch):
     """"auto" on NumPy runs the array path (the CPU twin measured slower); the same patch
     fires under "cpu", so it is read by the call and the first half can fail."""
-    from refdml.gpu import _loss_kernels
+    from refdml.gpu.losses import _launch as _loss_kernels
 
     def fail(self, *args, **kwargs):
         raise AssertionError("a compiled kernel ran")
@@ -158,8 +158,8 @@ def test_one_implementations_object_chooses_by_mode_and_module():
     """MASKED_LSE: the array path, the CPU twin and the CUDA kernel behind one interface;
     "auto" takes the array path on NumPy and the CUDA kernel on CuPy (the choice by module
     itself: tests/gpu/test_cuda_launch.py)."""
-    from refdml._compiled._support import Implementations
-    from refdml.gpu._loss_kernels import MASKED_LSE, ArrayLse, CompiledLse
+    from refdml.gpu._support.modes import Implementations
+    from refdml.gpu.losses._launch import MASKED_LSE, ArrayLse, CompiledLse
 
     assert isinstance(MASKED_LSE, Implementations)
     assert (MASKED_LSE.auto_numpy, MASKED_LSE.auto_cupy) == ("array", "cuda")
@@ -178,9 +178,9 @@ def test_buffers_are_the_cuda_kernels_parameters():
     """The launch's dataclass names the kernel's six parameters, in the kernel's order."""
     from dataclasses import fields
 
-    from refdml._compiled import losses_cuda  # noqa: F401  (registers the kernel)
-    from refdml._compiled._cuda import KERNELS
-    from refdml._compiled.losses import MaskedLseBuffers
+    from refdml.gpu.losses import _cuda as losses_cuda  # noqa: F401  (registers the kernel)
+    from refdml.gpu._support.cuda import KERNELS
+    from refdml.gpu.losses._compiled import MaskedLseBuffers
 
     names = tuple(field.name for field in fields(MaskedLseBuffers))
     assert names == tuple(KERNELS["refdml_loss_masked_lse"].parameters)
@@ -195,8 +195,8 @@ def test_buffers_are_the_cuda_kernels_parameters():
 def test_kernel_launch_receives_named_buffers():
     """CompiledLse hands its launcher one MaskedLseBuffers of contiguous rows along ``axis``
     (a moved axis and a broadcast mask made rows), and reads its results back in place."""
-    from refdml._compiled.losses import MaskedLseBuffers
-    from refdml.gpu._loss_kernels import CompiledLse
+    from refdml.gpu.losses._compiled import MaskedLseBuffers
+    from refdml.gpu.losses._launch import CompiledLse
 
     seen = []
 

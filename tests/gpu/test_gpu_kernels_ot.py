@@ -1,6 +1,6 @@
-"""The small-problem Sinkhorn kernels (refdml/_compiled/sinkhorn.py: the CPU twin;
-refdml/_compiled/sinkhorn_cuda.py: the CUDA kernel) against their array-path twin, and the
-seam that chooses among them (refdml.gpu._ot_sinkhorn.SINKHORN).
+"""The small-problem Sinkhorn kernels (refdml/gpu/ot/_compiled.py: the CPU twin;
+refdml/gpu/ot/_cuda.py: the CUDA kernel) against their array-path twin, and the
+seam that chooses among them (refdml.gpu.ot._sinkhorn.SINKHORN).
 
 The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator on NumPy
 arrays where there is no GPU, on CuPy arrays on a GPU: the ``cuda_device_array`` fixture)
@@ -22,10 +22,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
-from refdml._compiled import sinkhorn as twin
-from refdml._compiled import sinkhorn_cuda as cuda_twin
-from refdml._compiled._cuda import KERNELS
-from refdml._compiled.sinkhorn import (
+from refdml.gpu.ot import _compiled as twin
+from refdml.gpu.ot import _cuda as cuda_twin
+from refdml.gpu._support.cuda import KERNELS
+from refdml.gpu.ot._compiled import (
     MAX_POINTS,
     SmallLaunch,
     SmallPotentials,
@@ -34,10 +34,10 @@ from refdml._compiled.sinkhorn import (
     SmallSettings,
     compiled_pair_sq,
 )
-from refdml._xp import array_namespace, to_numpy
+from refdml._backend import get_backend, to_numpy
 from refdml.exceptions import ConvergenceWarning
 from refdml.gpu import use_kernels
-from refdml.gpu import _ot_sinkhorn as solver
+from refdml.gpu.ot import _sinkhorn as solver
 from refdml.gpu import ot as gpu_ot
 from refdml.gpu.ot import pairwise_sinkhorn_divergence_forward, wtriplet_forward
 
@@ -88,7 +88,7 @@ def _mover(kind, cuda_device_array):
 def _solve(kind, a, b, cost, **kw):
     with use_kernels(kind), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return solver.solve_batch(array_namespace(cost).xp, a, b, cost, small_kernels=True,
+        return solver.solve_batch(get_backend(cost).xp, a, b, cost, small_kernels=True,
                                   **kw)
 
 
@@ -167,7 +167,7 @@ def test_kernel_absorbs_like_the_array_path(kind, cuda_device_array):
 def test_fixed_iterations_and_warning(kind, cuda_device_array, warnings_as_errors):
     move = _mover(kind, cuda_device_array)
     a, b, cost = (move(v) for v in _problems(np.random.default_rng(3), 2, 4, 3))
-    xp = array_namespace(cost).xp
+    xp = get_backend(cost).xp
     with use_kernels(kind), warnings_as_errors():     # tol = 0: no warning
         fixed = solver.solve_batch(xp, a, b, cost, eps=0.05, max_iter=7, tol=0.0,
                                    eps_scaling=None, small_kernels=True)
@@ -202,7 +202,7 @@ def test_cpu_twin_edge_sizes(n, m):
 
 def test_larger_problems_fall_back_to_the_array_path(monkeypatch):
     # The spy sits where every compiled implementation's solve_small goes (the driver of
-    # refdml._compiled.sinkhorn); the small problem shows that it is reached.
+    # refdml.gpu.ot._compiled); the small problem shows that it is reached.
     calls = []
     real = twin.solve_small
     monkeypatch.setattr(twin, "solve_small", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
@@ -280,7 +280,7 @@ def _half_step(kind, scaled, potential, log_weight, move=_on_host):
     with use_kernels(kind):
         impl = solver.SINKHORN.choose(scaled)
     assert impl.kind == kind
-    return to_numpy(impl.lse_half_step(array_namespace(scaled).xp, scaled, potential,
+    return to_numpy(impl.lse_half_step(get_backend(scaled).xp, scaled, potential,
                                        log_weight))
 
 
@@ -492,7 +492,7 @@ def test_pair_costs_come_from_the_chosen_implementation(monkeypatch):
 
 
 def test_small_problem_kernel_is_capped_at_its_register_budget():
-    # The cap that gives four blocks per SM (refdml/_compiled/sinkhorn_cuda.py, "Occupancy"),
+    # The cap that gives four blocks per SM (refdml/gpu/ot/_cuda.py, "Occupancy"),
     # read from the dispatchers numba-cuda builds off the simulator (nothing is compiled;
     # no GPU needed); the compile check (tests/gpu/test_gpu_compile.py) holds it free of
     # spills.
@@ -500,8 +500,8 @@ def test_small_problem_kernel_is_capped_at_its_register_budget():
     import os
     import subprocess
 
-    code = ("import json; from refdml._compiled._cuda import KERNELS; "
-            "import refdml._compiled.sinkhorn_cuda; "
+    code = ("import json; from refdml.gpu._support.cuda import KERNELS; "
+            "import refdml.gpu.ot._cuda; "
             "print(json.dumps([KERNELS['refdml_ot_sinkhorn_small'].build(d).targetoptions"
             ".get('max_registers') for d in ('float32', 'float64')]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

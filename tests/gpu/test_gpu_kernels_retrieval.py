@@ -1,9 +1,9 @@
-"""The retrieval top-K kernels (refdml._compiled.retrieval, refdml._compiled.retrieval_cuda) against
+"""The retrieval top-K kernels (refdml.gpu.metrics._compiled, refdml.gpu.metrics._cuda) against
 the readable ranking.
 
 The compiled CPU twin must return the readable path's neighbours (same indices, same order)
 and therefore equal metrics, asserted with ``==``: its float32 stage is certified by a
-rounding bound and re-ranked in float64 (module docstring of refdml._compiled.retrieval).
+rounding bound and re-ranked in float64 (module docstring of refdml.gpu.metrics._compiled).
 Inputs are generic (Gaussian), so no two float64 distances agree to rounding, plus exact
 duplicates (exact ties, lower index first). The CUDA kernel runs under Numba's CUDA
 simulator on a few points where there is no GPU (every thread is a Python thread), on CuPy
@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
 from refdml import metrics as ref
-from refdml._compiled.retrieval import nearest_cpu
+from refdml.gpu.metrics._compiled import nearest_cpu
 from refdml._numerics import common_scale, ordered_sq_distances, ordered_unit_rows
-from refdml._xp import array_namespace, to_numpy
+from refdml._backend import get_backend, to_numpy
 from refdml.gpu import metrics as fast
 from refdml.gpu import use_kernels
-from refdml._compiled.retrieval_cuda import nearest_cuda
+from refdml.gpu.metrics._cuda import nearest_cuda
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -134,7 +134,7 @@ def test_mirror_cpu_kernel_matches_array_path(same_set, metric, dtype):
 
 
 def _rounding_bound(q, r):
-    """``eta_i`` of refdml._compiled.retrieval: the error bound of one ordered float64 score
+    """``eta_i`` of refdml.gpu.metrics._compiled: the error bound of one ordered float64 score
     ``S_ij`` of query ``q_i``, for every reference row of ``r``, in any summation order, with
     or without FMA."""
     d = q.shape[1]
@@ -204,7 +204,7 @@ def test_mirror_cuda_kernel_matches_array_path(same_set, metric, dtype, cuda_dev
     n_keep = y.shape[0] - 1 if same_set else y.shape[0]
     want = ref._nearest(q64, rows, r64, n_keep, same_set, metric, 64)
     query, reference = cuda_device_array(q), cuda_device_array(r)
-    got = nearest_cuda(array_namespace(query).xp, query, cuda_device_array(rows), reference,
+    got = nearest_cuda(get_backend(query).xp, query, cuda_device_array(rows), reference,
                        n_keep, same_set, metric)
     assert_array_equal(to_numpy(got), want)
     # The public function on both paths (the same neighbours; means to METRIC_RTOL).
@@ -244,7 +244,7 @@ def test_compiled_score_has_the_bits_of_the_ordered_array_score(d):
     # built without fast-math (no reassociation, no FMA). Under NUMBA_CPU_NAME=generic and
     # every OPENBLAS_CORETYPE (scripts/ci_cpu_matrix.sh) it must stay bit-equal.
     from refdml._numerics import ordered_sq_distances
-    from refdml._compiled.retrieval import _score64, _score64_four
+    from refdml.gpu.metrics._compiled import _score64, _score64_four
 
     x, y = _wide_rows(1, 40, d), _wide_rows(2, 50, d)
     want = ordered_sq_distances(x, np.ascontiguousarray(y.T))
@@ -517,9 +517,9 @@ def test_array_path_synchronises_a_fixed_number_of_times(monkeypatch, chunk_size
     import cupy
     import cupy_standin
 
-    from refdml import _validation
+    from refdml import _backend
 
-    monkeypatch.setattr(_validation, "CHECK_FINITE_ON_GPU", False)   # the data checks' reads
+    monkeypatch.setattr(_backend, "_CHECKS_ON_DEVICE", False)   # the data checks' reads
     monkeypatch.setattr(fast, "_REFERENCE_BLOCK", block)
     x, labels = _data(13, 200, 4, 20, np.float32)
     query, query_labels = cupy.asarray(x), cupy.asarray(labels)

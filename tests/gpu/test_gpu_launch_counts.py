@@ -255,21 +255,21 @@ def _add_one(x, out):
 def test_standin_launch_counter_counts_each_simulated_cuda_launch(monkeypatch):
     # refdml's cuda_launch calls SIMULATED_LAUNCH_OBSERVERS once per launch under the
     # simulator; count_launches registers its observer there while a counter is open.
-    from refdml._compiled import _support
+    from refdml.gpu._support import launch as _launch
 
-    if not _support.cuda_simulator():
+    if not _launch.cuda_simulator():
         pytest.skip("needs Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
     # a throwaway kernel: not in the registry that tests/conftest.py checks launches against
-    monkeypatch.setattr(_support, "SIMULATED_LAUNCH_OBSERVERS", [])
+    monkeypatch.setattr(_launch, "SIMULATED_LAUNCH_OBSERVERS", [])
     kernel = cuda.jit(_add_one)
     x, out = np.arange(5.0), np.zeros(5)
     with count_launches() as counter:
         for _ in range(3):
-            _support.cuda_launch(kernel, 1, 8, x, out)
+            _launch.cuda_launch(kernel, 1, 8, x, out)
     assert_array_equal(out, x + 1.0)
     assert dict(counter.by_name) == {"_add_one": 3} and dict(counter.kernels) == {"_add_one": 3}
-    assert _support.SIMULATED_LAUNCH_OBSERVERS == [], "the observer stays registered"
-    _support.cuda_launch(kernel, 1, 8, x, out)        # no counter open: nothing counted
+    assert _launch.SIMULATED_LAUNCH_OBSERVERS == [], "the observer stays registered"
+    _launch.cuda_launch(kernel, 1, 8, x, out)        # no counter open: nothing counted
     assert counter.total == 3
 
 

@@ -13,7 +13,7 @@ from numpy.testing import assert_allclose
 
 from refdml import losses as ref
 from refdml.gpu import losses as fast
-from refdml.gpu._loss_kernels import (
+from refdml.gpu.losses._launch import (
     cosine_bound,
     exp_fits,
     exp_limit,

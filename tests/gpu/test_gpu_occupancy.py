@@ -1,4 +1,4 @@
-"""Theoretical occupancy (``refdml/gpu/_occupancy.py``) against cases worked out by hand.
+"""Theoretical occupancy (``refdml/gpu/_support/occupancy.py``) against cases worked out by hand.
 
 Each case's comment derives it from the per-SM limits (docs: the module docstring): ``w``
 warps a block, blocks allowed by threads/warps ``floor(W_sm / w)``, by the SM's block cap,
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from refdml._compiled._support import BLOCK
-from refdml.gpu import _cuda_compile
-from refdml.gpu._cuda_compile import CompileRow, rows_to_json
-from refdml.gpu._occupancy import ARCH_LIMITS, LIMITS, theoretical_occupancy
+from refdml.gpu._support.launch import BLOCK
+from refdml.gpu import _compile_check as _cuda_compile
+from refdml.gpu._compile_check import CompileRow, rows_to_json
+from refdml.gpu._support.occupancy import ARCH_LIMITS, LIMITS, theoretical_occupancy
 
 # (arch, registers, shared_bytes, block_threads) -> (active blocks, active warps, max warps,
 # limited by)

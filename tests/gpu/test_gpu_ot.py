@@ -11,7 +11,7 @@ from numpy.testing import assert_allclose
 
 from refdml import ot as reference
 from refdml.exceptions import ConvergenceWarning
-from refdml.gpu import _ot_sinkhorn
+from refdml.gpu.ot import _sinkhorn as _ot_sinkhorn
 from refdml.gpu import ot as fast
 
 

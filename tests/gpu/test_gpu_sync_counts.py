@@ -70,7 +70,7 @@ def _catalogue_call(name, kernels="array", dtype=np.float32, seed=0):
 LOSSES = ["contrastive", "contrastive_cosine", "contrastive_no_positive",
           "generalized_contrastive", "multi_similarity", "proxy_anchor", "proxy_nca",
           "soft_triple", "triplet", "triplet_batch_hard"]
-# refdml/gpu/losses.py: "one synchronisation per forward (float(value)). The label bookkeeping of
+# refdml/gpu/losses/__init__.py: "one synchronisation per forward (float(value)). The label bookkeeping of
 # triplet(mining="all") (P) and soft_triple (the classes of the centres) costs one more each".
 EXTRA = {"triplet": 1, "soft_triple": 1}
 
@@ -151,10 +151,10 @@ def test_an_optimiser_step_is_one_copy(optimizer):
 
 @standin
 def test_the_sinkhorn_loop_synchronises_once_per_check():
-    # refdml/gpu/_ot_sinkhorn.py: "Convergence check (the one synchronisation of the loop on
+    # refdml/gpu/ot/_sinkhorn.py: "Convergence check (the one synchronisation of the loop on
     # CuPy): ... every CHECK_EVERY_GPU iterations"; converged problems leave the batch
     # (compaction) without further synchronisation.
-    from refdml.gpu import _ot_sinkhorn as solver
+    from refdml.gpu.ot import _sinkhorn as solver
 
     cupy = _cupy()
     rng = np.random.default_rng(1)
@@ -182,7 +182,7 @@ def test_the_large_eps_finish_adds_no_synchronisation(small_kernels):
     # largest cost are not gathered (a mask index reads its count back): every problem's
     # half steps are computed and kept by where. A batch with and without such problems
     # synchronises alike, and agrees with NumPy's solve, which gathers them.
-    from refdml.gpu import _ot_sinkhorn as solver
+    from refdml.gpu.ot import _sinkhorn as solver
 
     cupy = _cupy()
     rng = np.random.default_rng(4)
@@ -214,7 +214,7 @@ def test_the_large_eps_finish_adds_no_synchronisation(small_kernels):
 
 @standin
 def test_pair_losses_synchronise_for_their_pairs_only():
-    # refdml/gpu/ot.py: "the sizes of the unique pairs (two unique) and the list of triplets (one
+    # refdml/gpu/ot/__init__.py: "the sizes of the unique pairs (two unique) and the list of triplets (one
     # nonzero) of the losses"; the pairs i < j are built on the host, the gradient of the
     # unique pairs is a scatter-add (CuPy's triu_indices and bincount would read counts).
     for name, shape in (("ot.wcontrastive", 2), ("ot.wtriplet", 3),
@@ -225,7 +225,7 @@ def test_pair_losses_synchronise_for_their_pairs_only():
 
 @standin
 def test_retrieval_metrics_synchronisations():
-    # refdml/gpu/metrics.py: K and the check (one transfer), the scored queries (one nonzero), the
+    # refdml/gpu/metrics/__init__.py: K and the check (one transfer), the scored queries (one nonzero), the
     # failed certificates (one nonzero; none here: 30 points, the list holds every reference),
     # the results (one transfer); nothing per block (tests/gpu/test_gpu_kernels_retrieval.py).
     from refdml.gpu import metrics
@@ -244,7 +244,7 @@ def test_retrieval_metrics_synchronisations():
 
 @standin
 def test_k_center_synchronisations():
-    # refdml/gpu/kcenter.py: "initial_radius (a Python float; one sync when initial is given), the
+    # refdml/gpu/kcenter/__init__.py: "initial_radius (a Python float; one sync when initial is given), the
     # range and count checks of an index initial (two syncs)"; none inside the loop.
     from refdml.gpu import kcenter
 
@@ -272,11 +272,11 @@ def test_ridge_and_cross_fit_synchronisations():
 @standin
 @pytest.mark.parametrize("kernels", ["array", "cuda"])
 def test_gsp_synchronisations(kernels):
-    # refdml/gpu/gsp.py: the rows outside the plain norm range (one nonzero per input), the cost
+    # refdml/gpu/gsp/__init__.py: the rows outside the plain norm range (one nonzero per input), the cost
     # map's refinement (one nonzero, two when a pair is refined: array path), the solver's
     # convergence test once per _SWEEPS sweeps (array path) or its counts (the kernel: one
-    # transfer, refdml/gpu/_gsp_kernels.py), and ``converged``.
-    from refdml.gpu import _gsp_transport
+    # transfer, refdml/gpu/gsp/_launch.py), and ``converged``.
+    from refdml.gpu.gsp import _transport as _gsp_transport
 
     _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels=kernels)
     sweeps = ctx.transport.n_iter                  # a Python int, like the reference's
@@ -290,7 +290,7 @@ def test_gsp_synchronisations(kernels):
 def test_true_rows_are_flatnonzero_without_a_count_read(mask):
     # The Sinkhorn loop's gather by index (refdml/gpu/_ot_sinkhorn._true_rows) is flatnonzero
     # given the count, which the loop already has.
-    from refdml.gpu._ot_sinkhorn import _true_rows
+    from refdml.gpu.ot._sinkhorn import _true_rows
 
     mask = np.array(mask)
     got = _true_rows(np, mask, int(np.count_nonzero(mask)))

@@ -1,4 +1,4 @@
-"""scripts/gpu_profile.py and the launch recorder it reads (refdml._compiled._support's
+"""scripts/gpu_profile.py and the launch recorder it reads (refdml.gpu._support.profile's
 ``launch_profile``, inside ``cuda_launch``).
 
 The recorder counts a real refdml kernel's launches under Numba's CUDA simulator; its GPU
@@ -21,12 +21,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from refdml._compiled import _support
-from refdml._compiled._support import cuda_launch, launch_profile
+from refdml.gpu._support import launch as _launch
+from refdml.gpu._support import profile as _profile
+from refdml.gpu._support.launch import cuda_launch
+from refdml.gpu._support.profile import launch_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-simulated = pytest.mark.skipif(not _support.cuda_simulator(), reason="needs Numba's CUDA simulator")
+simulated = pytest.mark.skipif(not _launch.cuda_simulator(), reason="needs Numba's CUDA simulator")
 
 
 def _load_script():
@@ -58,11 +60,12 @@ class _RecordingKernel:
 # --------------------------------------------------------------------------- the recorder
 @pytest.mark.requires_cuda
 def test_recorder_counts_the_gsp_layer_kernels(monkeypatch, cuda_device_array):
-    # refdml/gpu/_gsp_kernels.py: pool_forward launches refdml_gsp_pool_forward once (one block per
+    # refdml/gpu/gsp/_launch.py: pool_forward launches refdml_gsp_pool_forward once (one block per
     # image: cost map, (P2), weights, pooled and z in one kernel); pool_backward launches
     # refdml_gsp_pool_backward once (W and d features), the prototypes' gradient is a GEMM.
     # Finite gradients take no float64 rerun, so exactly one launch each way.
-    from refdml.gpu import gsp, use_kernels
+    from refdml.gpu import use_kernels
+    from refdml.gpu import gsp
 
     monkeypatch.setenv("REFDML_CUDA_PROFILE", "1")
     rng = np.random.default_rng(0)
@@ -78,7 +81,7 @@ def test_recorder_counts_the_gsp_layer_kernels(monkeypatch, cuda_device_array):
     assert dict(backward.launches) == {"refdml_gsp_pool_backward": 1}
     assert dict(both.launches) == {"refdml_gsp_pool_forward": 1, "refdml_gsp_pool_backward": 1}
     assert both.total_launches == 2
-    if _support.cuda_simulator():           # no device clock: counts only
+    if _launch.cuda_simulator():           # no device clock: counts only
         assert not both.timed and both.device_seconds is None
     else:                                   # a GPU: each launch between two CUDA events
         assert both.timed and set(both.device_seconds) == set(both.launches)
@@ -86,16 +89,16 @@ def test_recorder_counts_the_gsp_layer_kernels(monkeypatch, cuda_device_array):
         assert forward.device_seconds.keys() == {"refdml_gsp_pool_forward"}
     assert both.as_dict()["launches"] == {"refdml_gsp_pool_backward": 1,
                                          "refdml_gsp_pool_forward": 1}
-    assert _support._RECORDS == []
+    assert _profile._RECORDS == []
 
 
 @simulated
 def test_recorder_is_off_without_the_switch(monkeypatch):
     monkeypatch.delenv("REFDML_CUDA_PROFILE", raising=False)
-    monkeypatch.setattr(_support, "SIMULATED_LAUNCH_OBSERVERS", [])
+    monkeypatch.setattr(_launch, "SIMULATED_LAUNCH_OBSERVERS", [])
     kernel = _RecordingKernel()
     with launch_profile() as record:
-        assert _support._RECORDS == []           # nothing for cuda_launch to do
+        assert _profile._RECORDS == []           # nothing for cuda_launch to do
         cuda_launch(kernel, 1, 32, np.zeros(3))
     assert kernel.log == [("launch", "refdml_fake_kernel", (1, 32))]
     assert not record.enabled and record.total_launches == 0
@@ -107,7 +110,7 @@ def test_recorder_is_off_without_the_switch(monkeypatch):
 @simulated
 def test_recorder_counts_every_launch_of_its_block_only(monkeypatch):
     monkeypatch.setenv("REFDML_CUDA_PROFILE", "1")
-    monkeypatch.setattr(_support, "SIMULATED_LAUNCH_OBSERVERS", [])
+    monkeypatch.setattr(_launch, "SIMULATED_LAUNCH_OBSERVERS", [])
     first, second = _RecordingKernel("refdml_a"), _RecordingKernel("refdml_b")
     cuda_launch(first, 1, 32)                    # before the block: not counted
     with launch_profile() as record:
@@ -168,8 +171,8 @@ class _DeviceLike:
 @pytest.fixture
 def hardware(monkeypatch):
     """cuda_launch's GPU branch with Numba's functions recorded (the one import point of
-    numba.cuda, refdml._compiled._cuda, made to hand out the fake)."""
-    import refdml._compiled._cuda as cuda_module
+    numba.cuda, refdml.gpu._support.cuda, made to hand out the fake)."""
+    import refdml.gpu._support.cuda as cuda_module
 
     log: list = []
     fake = _FakeCuda(log)

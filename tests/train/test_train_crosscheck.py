@@ -24,7 +24,7 @@ from numpy.testing import assert_allclose
 
 import refdml.kcenter
 from _kcenter_checks import pick_leads
-from refdml._xp import to_numpy
+from refdml._backend import to_numpy
 from refdml.gradcheck import assert_gradients, check_gradients
 from refdml.train import Adam
 from refdml.train.layers import (

@@ -48,7 +48,7 @@ from refdml._validation import (
     check_rng,
     check_scalar,
 )
-from refdml._xp import array_namespace, is_cupy_array, to_numpy
+from refdml._backend import get_backend, is_device_array, to_numpy
 from refdml.kcenter import select_proxies
 from refdml.train._parameter import Parameter
 from refdml.train.objectives._base import Objective, check_d_value, check_positive_int
@@ -129,12 +129,12 @@ class ASAPObjective(Objective):
                              f"{len(self.model_parameters)} model parameters")
         restored = []
         for parameter, value in zip(self.model_parameters, values):
-            value = as_float_array(to_numpy(value) if is_cupy_array(value) else value,
+            value = as_float_array(to_numpy(value) if is_device_array(value) else value,
                                    f"theta* for {parameter.name}", allow_empty=True)
             if value.shape != parameter.shape:
                 raise ValueError(f"theta* for {parameter.name} has shape {value.shape}, "
                                  f"must be {parameter.shape}")
-            xp = array_namespace(parameter.value).xp
+            xp = get_backend(parameter.value).xp
             restored.append(xp.asarray(value, dtype=parameter.value.dtype))
         self.theta_star = restored
 
@@ -167,13 +167,13 @@ class ASAPObjective(Objective):
         """Embeddings (N, dim) as float64 and labels (N,) as int64 on the host, checked
         (real, finite, the proxies' ``dim``; before any cast, so a complex or boolean
         array is refused rather than converted)."""
-        embeddings = as_float_array(to_numpy(embeddings) if is_cupy_array(embeddings)
+        embeddings = as_float_array(to_numpy(embeddings) if is_device_array(embeddings)
                                     else embeddings, "embeddings", ndim=2)
         dim = self.proxies.shape[1]
         if embeddings.shape[1] != dim:
             raise ValueError(f"embeddings has shape {embeddings.shape}, its rows must have the "
                              f"proxies' dimension {dim}")
-        labels = as_label_array(to_numpy(labels) if is_cupy_array(labels) else labels,
+        labels = as_label_array(to_numpy(labels) if is_device_array(labels) else labels,
                                 "labels", length=embeddings.shape[0])
         return embeddings, labels
 
@@ -217,7 +217,7 @@ class ASAPObjective(Objective):
             embeddings, labels,
             to_numpy(self.proxies.value).astype(np.float64), to_numpy(self.proxy_labels),
             budget=self.budget, rng=rng)
-        xp = array_namespace(self.proxies.value).xp
+        xp = get_backend(self.proxies.value).xp
         self.proxies.value[...] = xp.asarray(selection.proxies, dtype=self.proxies.value.dtype)
         self.theta_star = [p.value.copy() for p in self.model_parameters]
         return selection

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from refdml._validation import _describe, check_choice, check_rng, check_scalar
-from refdml._xp import array_namespace
+from refdml._backend import get_backend
 from refdml.train._layer import init_array
 from refdml.train._operators import check_reference, operators
 from refdml.train.objectives._base import (
@@ -167,7 +167,7 @@ class GSPObjective(Objective):
 
 def _zeros_like_shape(like, shape):
     """Zeros of ``shape`` in the module and dtype of ``like``."""
-    return array_namespace(like).xp.zeros(shape, dtype=like.dtype)
+    return get_backend(like).xp.zeros(shape, dtype=like.dtype)
 
 
 class XMLObjective(Objective):

@@ -1,0 +1,218 @@
+"""The backend object: NumPy or CuPy, and everything that differs between them (base layer).
+
+The fast path (:mod:`refdml.gpu`) and the training layers are written once against the array
+library of their inputs, as POT's solvers are written against its backend ``nx``: a
+function asks :func:`get_backend` once for the backend of its arrays and calls it. Every
+difference between NumPy and CuPy is a method or an attribute of :class:`Backend`, so the
+maths never asks which library it runs on (``tests/test_architecture.py`` counts the
+branches on the library outside this module: none). CuPy is never imported unless an input
+already is a CuPy array, so ``import refdml`` works without it.
+
+What differs, and where it lives here:
+
+* the array module ``xp`` and its companions: ``special`` (``scipy.special`` or
+  ``cupyx.scipy.special``) and ``linalg`` (``scipy.linalg`` or ``cupyx.scipy.linalg``);
+* scatter-add with repeated indices (:meth:`Backend.scatter_add`: ``np.add.at`` or
+  ``cupyx.scatter_add``);
+* host transfers (:meth:`Backend.to_numpy`; :func:`to_numpy` for any array);
+* floating-point warnings (:meth:`Backend.errstate`: NumPy warns and is silenced where an
+  overflow is checked afterwards; CuPy never warns);
+* what a host read costs (:meth:`Backend.check_every`, :meth:`Backend.known_equal`,
+  :attr:`Backend.data_checks`): free on NumPy, a synchronisation of the device on CuPy, so
+  a loop tests its convergence every few iterations there and a check of the data runs
+  only while :func:`set_finite_checks` allows it;
+* constants worth caching (:meth:`Backend.cached`: read-only NumPy arrays kept per key;
+  CuPy builds them anew, on the current device);
+* a wait for the device (:meth:`Backend.synchronize`, for timing only).
+
+>>> import numpy as np
+>>> backend = get_backend(np.zeros(3))
+>>> backend.name, backend.xp is np, backend.special.__name__
+('numpy', True, 'scipy.special')
+>>> target = np.zeros(3)
+>>> backend.scatter_add(target, np.array([0, 0, 2]), np.ones(3))
+>>> target.tolist()
+[2.0, 0.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+import scipy.special
+
+__all__ = [
+    "Backend",
+    "get_backend",
+    "is_array",
+    "is_device_array",
+    "as_input_array",
+    "set_finite_checks",
+    "to_numpy",
+]
+
+#: Whether data-dependent checks (finiteness, zero rows, ...) run on CuPy inputs, where
+#: each costs one device-to-host synchronisation (:func:`set_finite_checks`). On NumPy they
+#: always run: a host read there is free.
+_CHECKS_ON_DEVICE = True
+
+
+def set_finite_checks(enabled: bool) -> None:
+    """Turn the data checks of CuPy inputs on or off (each synchronises the device).
+
+    ``refdml.gpu.set_finite_checks`` is this function. NumPy inputs are always checked.
+    """
+    global _CHECKS_ON_DEVICE
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {enabled!r}")
+    _CHECKS_ON_DEVICE = enabled
+
+
+@dataclass(frozen=True, eq=False)
+class Backend:
+    """One array library as the fast path uses it (module docstring).
+
+    ``name``: ``"numpy"`` or ``"cupy"``; ``xp``, ``special``, ``linalg``: its array module,
+    special functions and linear algebra. ``free_host_reads``: whether reading a value to
+    the host costs nothing (NumPy) or synchronises the device (CuPy); the methods below are
+    the only places that read it, and the maths calls the methods. ``kernel_target``: which
+    compiled kernels take its arrays, ``"cpu"`` (Numba's ``@njit`` twins) or ``"cuda"``
+    (``@cuda.jit`` kernels); only the fast path's chooser
+    (:class:`refdml.gpu._support.modes.Implementations`) reads it.
+    """
+
+    name: str
+    xp: ModuleType
+    special: ModuleType
+    linalg: ModuleType
+    free_host_reads: bool
+    kernel_target: str
+    _scatter_add: Callable[[Any, Any, Any], None] = field(repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r})"
+
+    # ---------------------------------------------------------------- operations
+    def scatter_add(self, target: Any, index: Any, values: Any) -> None:
+        """``target[index] += values`` in place, repeated indices summed."""
+        self._scatter_add(target, index, values)
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        """A NumPy array of ``value`` (a copy from the device on CuPy)."""
+        return to_numpy(value)
+
+    def errstate(self, **kwargs: str) -> contextlib.AbstractContextManager:
+        """``numpy.errstate(**kwargs)`` on NumPy; nothing on CuPy, which never warns."""
+        if self.free_host_reads:
+            return np.errstate(**kwargs)
+        return contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        """Wait until the device has done its queued work (timing only; no-op on NumPy)."""
+        if not self.free_host_reads:
+            self.xp.cuda.Device().synchronize()
+
+    @property
+    def on_gpu(self) -> bool:
+        # Transitional (issue 45): the fast path is being moved onto the methods above.
+        return not self.free_host_reads
+
+    # ---------------------------------------------------------------- host reads
+    @property
+    def data_checks(self) -> bool:
+        """Whether data-dependent checks run: always on NumPy, on CuPy while
+        :func:`set_finite_checks` allows them (each synchronises once)."""
+        return self.free_host_reads or _CHECKS_ON_DEVICE
+
+    def check_every(self, iterations: int) -> int:
+        """Iterations between two host reads of a loop's convergence test: every one on
+        NumPy (free), ``iterations`` on CuPy (each read synchronises the device)."""
+        return 1 if self.free_host_reads else iterations
+
+    def known_equal(self, value: Any, constant: float) -> bool:
+        """True where the backend can tell for free that the 0-d ``value`` equals
+        ``constant`` (NumPy); CuPy never reads it (False), so the caller does the work that
+        equality would have spared."""
+        return self.free_host_reads and float(value) == constant
+
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()``, kept read-only per ``key`` on NumPy (at most 64 keys); built anew on
+        CuPy, where an array belongs to the current device and is cheap to make."""
+        if not self.free_host_reads:
+            return build()
+        array = self._cache.get(key)
+        if array is None:
+            array = build()
+            array.flags.writeable = False
+            if len(self._cache) < 64:
+                self._cache[key] = array
+        return array
+
+
+def _numpy_backend() -> Backend:
+    return Backend(name="numpy", xp=np, special=scipy.special, linalg=scipy.linalg,
+                   free_host_reads=True, kernel_target="cpu", _scatter_add=np.add.at)
+
+
+_NUMPY = _numpy_backend()
+_CUPY: Backend | None = None
+
+
+def _cupy_backend() -> Backend:
+    global _CUPY
+    if _CUPY is None:
+        import cupy
+        import cupyx
+        import cupyx.scipy.linalg
+        import cupyx.scipy.special
+
+        _CUPY = Backend(name="cupy", xp=cupy, special=cupyx.scipy.special,
+                        linalg=cupyx.scipy.linalg, free_host_reads=False,
+                        kernel_target="cuda", _scatter_add=cupyx.scatter_add)
+    return _CUPY
+
+
+def is_device_array(value: Any) -> bool:
+    """True for a ``cupy.ndarray`` (checked without importing CuPy)."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(value, cupy.ndarray)
+
+
+def is_array(value: Any) -> bool:
+    """True for a NumPy or a CuPy array."""
+    return isinstance(value, np.ndarray) or is_device_array(value)
+
+
+def as_input_array(value: Any) -> Any:
+    """``value`` itself when it is a CuPy array, else ``numpy.asarray(value)``: an input
+    whose dtype and shape can be checked before it is converted."""
+    return value if is_device_array(value) else np.asarray(value)
+
+
+def get_backend(*arrays: Any) -> Backend:
+    """The backend of the inputs (``None`` and scalars ignored); NumPy when none is an
+    array. Mixing NumPy and CuPy arrays is a ``TypeError``."""
+    kinds = {is_device_array(a) for a in arrays if a is not None and not np.isscalar(a)}
+    if kinds == {True, False}:
+        raise TypeError(
+            "inputs mix NumPy and CuPy arrays; move them to one device first "
+            "(cupy.asarray(x) or cupy.asnumpy(x))"
+        )
+    if kinds == {True}:
+        return _cupy_backend()
+    return _NUMPY
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array (for comparisons with the reference)."""
+    if is_device_array(value):
+        return value.get()
+    return np.asarray(value)
