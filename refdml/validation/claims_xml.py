@@ -217,12 +217,15 @@ def check_lemma_2_1(ctx) -> Finding:
 # --------------------------------------------------------------------------- Eq. (2.4)
 
 
-def _softmax_histogram(V, X, eps):
-    return softmax(eps * V @ X.T, axis=0).mean(axis=1)
+def _softmax_histogram(V, X, inverse_temperature):
+    return softmax(inverse_temperature * V @ X.T, axis=0).mean(axis=1)
 
 
-def _entropic_slsqp(V, X, eps):
-    """Maximise sum s_ij pi_ij - (1/eps) sum pi log pi s.t. sum_i pi_ij = 1/n (generic solver)."""
+def _entropic_slsqp(V, X, inverse_temperature):
+    """Maximise ``sum s_ij pi_ij - (1/ε) sum pi log pi`` s.t. ``sum_i pi_ij = 1/n`` (generic solver).
+
+    ``ε`` is XML's inverse temperature, ``inverse_temperature`` as in ``refdml.histogram``.
+    """
     m, n = V.shape[0], X.shape[0]
     s = (V @ X.T).ravel()
     A = np.zeros((n, m * n))
@@ -230,9 +233,9 @@ def _entropic_slsqp(V, X, eps):
         A[j, j::n] = 1.0
 
     res = minimize(
-        lambda p: float(-s @ p + np.sum(p * np.log(p)) / eps),
+        lambda p: float(-s @ p + np.sum(p * np.log(p)) / inverse_temperature),
         np.full(m * n, 1.0 / (m * n)),
-        jac=lambda p: -s + (np.log(p) + 1.0) / eps,
+        jac=lambda p: -s + (np.log(p) + 1.0) / inverse_temperature,
         method="SLSQP", bounds=[(1e-300, None)] * (m * n),
         constraints=[{"type": "eq", "fun": lambda p: A @ p - 1.0 / n, "jac": lambda p: A}],
         options={"ftol": 1e-16, "maxiter": 1000},
@@ -259,9 +262,9 @@ def _printed_24_feasible(m: int, n: int) -> bool:
     "xml.eq2.4",
     paper="XML Eq. (2.4)",
     statement="(z', pi') = argmax over {sum_ij pi_ij = 1/n, sum_j pi_ij = z_i, z in S^m, pi > 0} of "
-              "sum_ij nu_i^T x_j pi_ij - (1/eps) sum_ij pi_ij log pi_ij admits the softmax solution "
-              "z'_i = (1/n) sum_j exp(eps nu_i^T x_j) / sum_k exp(eps nu_k^T x_j).",
-    hypotheses="eps > 0",
+              "sum_ij nu_i^T x_j pi_ij - (1/ε) sum_ij pi_ij log pi_ij admits the softmax solution "
+              "z'_i = (1/n) sum_j exp(ε nu_i^T x_j) / sum_k exp(ε nu_k^T x_j).",
+    hypotheses="inverse temperature ε > 0",
     operators=("histogram.",),
 )
 def check_eq_2_4(ctx) -> Finding:
@@ -274,13 +277,13 @@ def check_eq_2_4(ctx) -> Finding:
     sizes = [(2, 2), (3, 3), (4, 3)] + ([] if ctx.quick else [(5, 4)])
     slsqp_err, kkt_err = 0.0, 0.0
     for m, n in sizes:
-        for eps in (0.5, 2.0, 10.0):
+        for inverse_temperature in (0.5, 2.0, 10.0):
             V, X = rng.uniform(-1, 1, (m, 2)), rng.uniform(-1, 1, (n, 2))
-            z = _softmax_histogram(V, X, eps)
-            slsqp_err = max(slsqp_err, float(np.max(np.abs(_entropic_slsqp(V, X, eps) - z))))
-            # KKT of the corrected problem: s_ij - (log pi_ij + 1)/eps is constant in i.
-            pi = softmax(eps * V @ X.T, axis=0) / n
-            station = V @ X.T - (np.log(pi) + 1.0) / eps
+            z = _softmax_histogram(V, X, inverse_temperature)
+            slsqp_err = max(slsqp_err, float(np.max(np.abs(_entropic_slsqp(V, X, inverse_temperature) - z))))
+            # KKT of the corrected problem: s_ij - (log pi_ij + 1)/ε is constant in i.
+            pi = softmax(inverse_temperature * V @ X.T, axis=0) / n
+            station = V @ X.T - (np.log(pi) + 1.0) / inverse_temperature
             kkt_err = max(kkt_err, float(np.max(np.ptp(station, axis=0))))
     tol = 1e-6
     V, X = rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (7, 3))
@@ -290,7 +293,7 @@ def check_eq_2_4(ctx) -> Finding:
             Reading(PRINTED, "constraint sum_ij pi_ij = 1/n (as printed)", printed_error, tol,
                     None if cex is None else {"m": cex[0], "n": cex[1], "linprog": "infeasible"}),
             Reading(CORRECTION, "constraint sum_i pi_ij = 1/n (each feature carries mass 1/n); "
-                    "then z'_i = (1/n) sum_j softmax_i(eps nu_i^T x_j)", max(slsqp_err, kkt_err), tol,
+                    "then z'_i = (1/n) sum_j softmax_i(ε nu_i^T x_j)", max(slsqp_err, kkt_err), tol,
                     trials=len(sizes) * 3),
         ),
         key_number=(f"printed infeasible for n={cex[1]}; corrected |z_softmax - z_SLSQP| = {slsqp_err:.1e}"
@@ -301,7 +304,7 @@ def check_eq_2_4(ctx) -> Finding:
             "printed_feasible_by_linprog": feasible_table,
             "max_abs_z_error_vs_SLSQP": slsqp_err,
             "max_KKT_stationarity_spread": kkt_err,
-            "eps_values": [0.5, 2.0, 10.0],
+            "inverse_temperature_values": [0.5, 2.0, 10.0],
             "refdml_histogram_entropic_vs_softmax_formula": cross,
         },
     )
