@@ -364,18 +364,18 @@ def _zs_instance(rng, n_classes=6, per_class=2, m=5, e=4):
     return Z, labels, U, mask
 
 
-def _cross_predictions(Z, labels, U, mask, eps):
-    """A_k = Upsilon_k (Z_k^T Z_k + eps I)^-1 Z_k^T (paper's columns), predictions of the other half."""
+def _cross_predictions(Z, labels, U, mask, ridge):
+    """A_k = Upsilon_k (Z_k^T Z_k + ridge I)^-1 Z_k^T (paper's columns), predictions of the other half."""
     pred = np.zeros((Z.shape[0], U.shape[1]))
     for fit, apply in ((mask, ~mask), (~mask, mask)):
         Zc, Uc = Z[fit].T, U[labels[fit]].T  # m x b_k, e x b_k
-        A = Uc @ np.linalg.solve(Zc.T @ Zc + eps * np.eye(Zc.shape[1]), Zc.T)
+        A = Uc @ np.linalg.solve(Zc.T @ Zc + ridge * np.eye(Zc.shape[1]), Zc.T)
         pred[apply] = (A @ Z[apply].T).T
     return pred
 
 
-def _zs_losses(Z, labels, U, mask, eps=0.05):
-    pred = _cross_predictions(Z, labels, U, mask, eps)
+def _zs_losses(Z, labels, U, mask, ridge=0.05):
+    pred = _cross_predictions(Z, labels, U, mask, ridge)
     scores = pred @ U.T
     rows = np.arange(labels.size)
     ce = -float(np.mean(log_softmax(scores, axis=1)[rows, labels]))  # Algorithm 4
