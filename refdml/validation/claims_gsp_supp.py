@@ -35,9 +35,9 @@ def _iterations_to(cost, mu, inverse_temperature, tols, k_max=3000):
     return out, _rate(ref, mu)
 
 
-def _synthetic_costs(rng, m, n, kind, d=128):
+def _synthetic_costs(rng, m, n, layout, d=128):
     w = _unit_ball(rng, m, d)
-    if kind == "uniform":
+    if layout == "uniform":
         f = _unit_ball(rng, n, d)
     else:  # 30% of the features close to a prototype (foreground), the rest uniform (background)
         f = _unit_ball(rng, n, d)
@@ -59,20 +59,20 @@ def check_sec_1_4(ctx) -> Finding:
     rng = ctx.rng("gsp.sec1.4.convergence")
     tols = (1e-3, 1e-6, 1e-12)
     table, over50 = [], []
-    for kind in ("uniform", "clustered"):
+    for layout in ("uniform", "clustered"):
         for m in (64, 128):
             for inverse_temperature in (0.5, 5.0, 10.0, 20.0):
-                cost = _synthetic_costs(rng, m, 49, kind)
+                cost = _synthetic_costs(rng, m, 49, layout)
                 its, r = _iterations_to(cost, 0.3, inverse_temperature, tols)
-                table.append({"features": kind, "m": m, "inverse_temperature": inverse_temperature, "rate": r,
+                table.append({"features": layout, "m": m, "inverse_temperature": inverse_temperature, "rate": r,
                               **{f"k_to_{t:g}": k for t, k in zip(tols, its)}})
                 over50.append(its[1] is None or its[1] > 50)
     fig = []
-    for kind in ("uniform", "clustered"):
-        rows = [r for r in table if r["features"] == kind and r["m"] == 64]
+    for layout in ("uniform", "clustered"):
+        rows = [r for r in table if r["features"] == layout and r["m"] == 64]
         temperatures = [r["inverse_temperature"] for r in rows]
-        fig.append(series(f"{kind} features, m=64, tol 1e-6", temperatures, [r["k_to_1e-06"] or 3000 for r in rows]))
-        fig.append(series(f"{kind} features, m=64, tol 1e-12", temperatures, [r["k_to_1e-12"] or 3000 for r in rows]))
+        fig.append(series(f"{layout} features, m=64, tol 1e-6", temperatures, [r["k_to_1e-06"] or 3000 for r in rows]))
+        fig.append(series(f"{layout} features, m=64, tol 1e-12", temperatures, [r["k_to_1e-12"] or 3000 for r in rows]))
     worst_k = max((r["k_to_1e-06"] or 3000) for r in table)
     # Outside the paper's data: a worst case in the paper's cost range (costs in [0, 2]).
     probe = ctx.search(st.tuples(arrays((3, 4), 0.0, 2.0), st.sampled_from((5.0, 20.0))),
