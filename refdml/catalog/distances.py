@@ -67,15 +67,15 @@ _COINCIDENT_WHY = {
 }
 
 
-def _reference_inputs(rng: np.random.Generator, *, kind: str) -> tuple[Case, ...]:
+def _reference_inputs(rng: np.random.Generator, *, metric: str) -> tuple[Case, ...]:
     base = _two_sets(rng)
     cases = [
-        Case("a cloud against itself (x == y)", _self_inputs(rng), _COINCIDENT_WHY[kind]),
+        Case("a cloud against itself (x == y)", _self_inputs(rng), _COINCIDENT_WHY[metric]),
         Case("duplicate and coincident points", _duplicates(rng),
              "repeated rows of x and rows of y equal to rows of x off the diagonal: the "
              "same 0 / 0 as x == y, where only some pairs coincide"),
     ]
-    if kind == "sq_euclidean":
+    if metric == "sq_euclidean":
         cases += [
             Case("tiny scale (1e-150)", scaled(base, 1e-150, "x", "y"),
                  "squared distances ~1e-300 are still normal: a forward that rescales "
@@ -95,7 +95,7 @@ def _reference_inputs(rng: np.random.Generator, *, kind: str) -> tuple[Case, ...
                  "squares overflow float64 above ~1e154: a naive norm is inf (and inf - inf "
                  "= NaN in a Gram identity)", dtypes=("float64",)),
         ]
-    if kind != "cosine":
+    if metric != "cosine":
         cases += [
             Case("nearby points (1e-9 apart)", _nearby(rng),
                  "points 1e-9 apart at magnitude 10: the Gram identity cancels ~1e2 to "
@@ -112,7 +112,7 @@ def _reference_inputs(rng: np.random.Generator, *, kind: str) -> tuple[Case, ...
     return tuple(cases)
 
 
-def _error_inputs(rng: np.random.Generator, *, kind: str) -> tuple[ErrorCase, ...]:
+def _error_inputs(rng: np.random.Generator, *, metric: str) -> tuple[ErrorCase, ...]:
     base = _two_sets(rng)
     cases = [
         with_nan(base, "x"),
@@ -125,11 +125,11 @@ def _error_inputs(rng: np.random.Generator, *, kind: str) -> tuple[ErrorCase, ..
                   ValueError, r"^leading dimensions of x .* and y .* do not broadcast"),
         bad_type(base, "y", np.ones((5, 3), dtype=complex), "y complex"),
     ]
-    if kind == "sq_euclidean":
+    if metric == "sq_euclidean":
         cases.append(ErrorCase("squared distances beyond float64",
                                scaled(base, 1e200, "x", "y"), ValueError,
                                r"^x and y: squared distances overflow float64"))
-    if kind == "cosine":
+    if metric == "cosine":
         x = base["x"].copy()
         x[1, 2] = 0.0
         cases.append(ErrorCase("a zero row of x", replaced(base, x=x), ValueError,
@@ -142,14 +142,14 @@ def _coincident(x, y) -> np.ndarray:
     return np.all(x[..., :, None, :] == y[..., None, :, :], axis=-1)
 
 
-def _distance_invariants(inputs, outputs, *, kind: str) -> dict:
+def _distance_invariants(inputs, outputs, *, metric: str) -> dict:
     """Non-negative (similarities in [-1, 1]); 0 (similarity 1) at coincident points,
     relative to the largest distance."""
     x = np.asarray(inputs["x"], dtype=np.float64)
     y = np.asarray(inputs["y"], dtype=np.float64)
     out = np.asarray(outputs[0], dtype=np.float64)
     same = np.broadcast_to(_coincident(x, y), out.shape)
-    if kind == "cosine":
+    if metric == "cosine":
         return {"in [-1, 1]": float(max(0.0, np.max(np.abs(out)) - 1.0)),
                 "1 at coincident points": float(np.max(np.abs(out - 1.0), where=same,
                                                        initial=0.0))}
@@ -162,11 +162,11 @@ OPERATORS = tuple(
     OperatorSpec(
         name=name, forward=forward, backward=backward, make_inputs=_two_sets, paper=paper,
         mirror=mirror, mirror_backward=mirror_backward,
-        reference_inputs=functools.partial(_reference_inputs, kind=kind),
-        error_inputs=functools.partial(_error_inputs, kind=kind),
-        invariants=functools.partial(_distance_invariants, kind=kind),
+        reference_inputs=functools.partial(_reference_inputs, metric=metric),
+        error_inputs=functools.partial(_error_inputs, metric=metric),
+        invariants=functools.partial(_distance_invariants, metric=metric),
     )
-    for name, kind, forward, backward, mirror, mirror_backward, paper in (
+    for name, metric, forward, backward, mirror, mirror_backward, paper in (
         ("distances.euclidean", "euclidean", euclidean_forward, euclidean_backward,
          fast.euclidean_forward, fast.euclidean_backward,
          "GSP Alg. 2 cost map; d_f of ASAP Sec. 3"),

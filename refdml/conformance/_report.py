@@ -168,7 +168,7 @@ class ConformanceReport:
                     lines.append(f"      hint: {f.hint}")
         if self.tolerances:
             lines.append("")
-            lines.append("tolerances (rtol = max(base, 16 eps kappa), kappa the measured "
+            lines.append("tolerances (rtol = max(base, 16 eps_dtype kappa), kappa the measured "
                          "conditioning; the case with the largest kappa still resolved):")
             for quantity, (base, kappa, rtol, case) in self._tolerance_table().items():
                 lines.append(f"  {quantity:<22} base {_num(base, 3):>9}  kappa "
@@ -178,7 +178,7 @@ class ConformanceReport:
         if beyond:
             lines.append("")
             lines.append(f"beyond {self.dtype} (the computation amplifies its roundoff past "
-                         "the size of the result: the entry's roundoff hint times 16 eps "
+                         "the size of the result: the entry's roundoff hint times 16 eps_dtype "
                          "exceeds 1; checked for shape and finiteness only):")
             for case in dict.fromkeys(t.case for t in beyond):
                 lines.append(f"  {case}: " + ", ".join(t.quantity for t in beyond

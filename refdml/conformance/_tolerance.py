@@ -10,7 +10,7 @@ with ``eps_dtype`` the spacing of the format's numbers at 1 (float64 ``2**-52``,
 ``2**-23``, float16 ``2**-10``, bfloat16 ``2**-7``: its 8-bit significand), ``base`` the
 catalogue entry's mirror tolerance for float32 and float64 (how far refdml's own fast path
 may stray) and, in float16 and bfloat16, where no mirror runs and the catalogue states
-none, the rule itself at ``kappa = 1`` (``16 eps``: 1/64 and 1/8), and ``kappa_q`` the
+none, the rule itself at ``kappa = 1`` (``16 eps_dtype``: 1/64 and 1/8), and ``kappa_q`` the
 measured conditioning of ``q``: its relative change when the floating
 inputs move by a random relative ``1e-7`` (two draws, the larger kept), over ``1e-7``,
 floored at 1. A well-conditioned quantity then gets a few units of roundoff, one near a
@@ -65,7 +65,7 @@ def resolution_limit(dtype: str) -> float:
     """The largest relative tolerance that still compares values in ``dtype``:
     :data:`UNRESOLVED` (a tenth), or the tolerance of a quantity of conditioning
     :data:`RESOLVED_KAPPA` where that is larger. The second binds in bfloat16 only, whose
-    8-bit significand gives even a perfectly conditioned quantity ``16 eps = 1/8``: with a
+    8-bit significand gives even a perfectly conditioned quantity ``16 eps_dtype = 1/8``: with a
     tenth as the limit nothing would be compared there. A relative error up to a half still
     tells a wrong sign, a dropped factor or a missing term of comparable size from roundoff.
     """
@@ -74,7 +74,7 @@ def resolution_limit(dtype: str) -> float:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """The tolerance of one quantity in one case: ``rtol = max(base, 16 eps kappa)``."""
+    """The tolerance of one quantity in one case: ``rtol = max(base, 16 eps_dtype kappa)``."""
 
     case: str
     quantity: str
@@ -98,7 +98,7 @@ class Tolerance:
     @property
     def beyond_dtype(self) -> bool:
         """True where the case's base tolerance exceeds 1: the computation amplifies the
-        dtype's roundoff (the entry's ``roundoff`` hint times ``16 eps``) beyond the size
+        dtype's roundoff (the entry's ``roundoff`` hint times ``16 eps_dtype``) beyond the size
         of the quantity, as a Sinkhorn solve at a small eps does in bfloat16. Then no
         value is compared (``rtol`` is inf): shape and finiteness only."""
         return math.isinf(self.rtol) and not math.isinf(self.kappa)
@@ -134,7 +134,7 @@ def round_digits(array: np.ndarray, digits: int) -> np.ndarray:
 def base_tolerance(spec: Any, dtype: str) -> float:
     """The floor of every quantity's tolerance: the entry's mirror tolerance for ``dtype``
     (float32, float64), or, in a format no mirror runs in (float16, bfloat16), the
-    roundoff rule at ``kappa = 1``: ``16 eps`` (see the module docstring)."""
+    roundoff rule at ``kappa = 1``: ``16 eps_dtype`` (see the module docstring)."""
     if dtype in ("float16", "bfloat16"):
         return ROUNDOFF_UNITS * FORMATS[dtype].eps
     return float(spec.mirror_tolerance(dtype))

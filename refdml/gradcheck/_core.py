@@ -603,8 +603,8 @@ def _step(x: np.ndarray, step: float | None) -> float:
         return float(step)
     magnitude = float(np.max(np.abs(x.astype(np.float64))))
     # Below 1e-8 (all-zero or subnormal inputs) a relative step would vanish; use 1.
-    eps = float(np.finfo(x.dtype).eps)
-    return float(np.cbrt(eps) * (magnitude if magnitude > 1e-8 else 1.0))
+    eps_dtype = float(np.finfo(x.dtype).eps)
+    return float(np.cbrt(eps_dtype) * (magnitude if magnitude > 1e-8 else 1.0))
 
 
 class _Differencer:

@@ -55,7 +55,7 @@ from refdml.gpu import cupy_available, use_kernels
 __all__ = [
     "BACKENDS",
     "DTYPES",
-    "KERNELS",
+    "KERNEL_CHOICES",
     "MirroredOperator",
     "ParityResult",
     "available_backends",
@@ -64,7 +64,10 @@ __all__ = [
 
 BACKENDS = ("numpy", "cupy")
 DTYPES = ("float64", "float32")
-KERNELS = ("array", "cpu", "cuda")
+KERNEL_CHOICES = ("array", "cpu", "cuda")
+"""The modes ``check_parity(kernels=...)`` accepts, named as :func:`refdml.gpu.use_kernels`
+names them: the array path, the compiled CPU twin, the CUDA kernel. Modes, not kernels: an
+entry lists the compiled ones it has in ``spec.mirror_kernels``."""
 
 
 class MirroredOperator(Protocol):
@@ -206,7 +209,7 @@ def check_parity(
     dtype_name = check_choice(dtype, "dtype", DTYPES)
     seed = check_scalar(seed, "seed", low=0, integer=True)
     timing_repeats = check_scalar(timing_repeats, "timing_repeats", low=0, integer=True)
-    kernels = check_choice(kernels, "kernels", KERNELS)
+    kernels = check_choice(kernels, "kernels", KERNEL_CHOICES)
     pair = spec.mirror_pair()
     if pair is None:
         raise ValueError(f"{spec.name} has no mirror ({spec.no_mirror or 'and no reason given'})")

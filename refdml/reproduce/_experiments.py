@@ -47,8 +47,9 @@ SETTINGS = {
         "quick": {"epochs": 8}, "full": {"epochs": 20}},
     "collage": {
         # the trunk of refdml.train's digits-collage defaults (docs/train.md says why); GSP at
-        # the paper's Cifar-Collage settings (supp. 2.2: m = 128, mu = 0.2, eps 10, zero-shot
-        # weight 0.5); XML at its paper's (eps 10, lambda 0.01); ASAP at its (8, b = 12)
+        # the paper's Cifar-Collage settings (supp. 2.2: m = 128, mu = 0.2, inverse temperature
+        # 10, zero-shot weight 0.5); XML at its paper's (inverse temperature 10, lambda 0.01);
+        # ASAP at its (8, b = 12)
         "common": {"collages_per_image": 4, "conv_channels": [16, 32, 32],
                    "conv_strides": [1, 2, 1], "local_dim": 64, "embedding_dim": 64,
                    "n_prototypes": 128, "mu": 0.2, "inverse_temperature": 10.0,
@@ -69,8 +70,9 @@ SETTINGS = {
     # 0.55 / 0.15 / 0.30 (about 330 / 90 / 180 classes), one instance per font. docs say why
     # single glyphs rather than glyph collages on the CPU (``--scale large`` has them).
     # GSP, XML and ASAP at their papers' CUB settings (GSP Sec. 4.4 and supp. 1.6.7: m = 64,
-    # mu = 0.3, eps 5 for pair losses and 0.5 for proxy losses (``loss_settings``), zero-shot
-    # weight 0.1; XML Sec. 3.1: eps 10, lambda 0.01; ASAP App. A.2: 8 proxies, b = 12).
+    # mu = 0.3, inverse temperature 5 for pair losses and 0.5 for proxy losses
+    # (``loss_settings``), zero-shot weight 0.1; XML Sec. 3.1: inverse temperature 10, lambda
+    # 0.01; ASAP App. A.2: 8 proxies, b = 12).
     "glyph": {
         "common": {"glyph_size": 16, "max_classes": None, "instances_per_font": 1,
                    "eval_instances_per_font": 1, "conv_channels": [16, 32, 32],

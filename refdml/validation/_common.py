@@ -28,16 +28,17 @@ def rel_err(a, b, floor: float = 1e-6) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor))
 
 
-def ridge_lstsq(blocks, beta: float) -> np.ndarray:
-    """``argmin_V sum_k w_k ||Z_k V - Y_k||^2 + beta ||V||^2`` by ``numpy.linalg.lstsq``.
+def ridge_lstsq(blocks, ridge: float) -> np.ndarray:
+    """``argmin_V sum_k w_k ||Z_k V - Y_k||^2 + ridge ||V||^2`` by ``numpy.linalg.lstsq``.
 
     ``blocks`` is a list of ``(w_k, Z_k (b_k, m), Y_k (b_k, d))``; the stacked system is
-    ``[sqrt(w_k) Z_k; sqrt(beta) I] V = [sqrt(w_k) Y_k; 0]``. Independent of the normal
-    equations the papers print.
+    ``[sqrt(w_k) Z_k; sqrt(ridge) I] V = [sqrt(w_k) Y_k; 0]``. Independent of the normal
+    equations the papers print. ``ridge`` is XML's beta of (2.5) and its ε of (2.8)-(2.9),
+    named as in ``refdml.prototypes``.
     """
     m = blocks[0][1].shape[1]
     d = blocks[0][2].shape[1]
-    lhs = [np.sqrt(w) * Z for w, Z, _ in blocks] + [np.sqrt(beta) * np.eye(m)]
+    lhs = [np.sqrt(w) * Z for w, Z, _ in blocks] + [np.sqrt(ridge) * np.eye(m)]
     rhs = [np.sqrt(w) * Y for w, _, Y in blocks] + [np.zeros((m, d))]
     return np.linalg.lstsq(np.vstack(lhs), np.vstack(rhs), rcond=None)[0]
 

@@ -3,16 +3,21 @@
 * :func:`histogram_lp`: XML (2.1) by ``scipy.optimize.linprog`` (HiGHS).
 * :func:`p1_linprog`: GSP (P1) by ``linprog``.
 * :func:`p2_scalar`: GSP (P2) by ``scipy.optimize.brentq`` on its one-dimensional dual.
-  Stationarity of the Lagrangian of (P2) gives ``rho_j = exp(-eps u_j - 1)`` and
-  ``pi_ij = t exp(-eps c_ij) rho_j``; the column constraints fix ``rho_j = 1 / (n (1 + t s_j))``
-  with ``s_j = sum_i exp(-eps c_ij)``, and the mass constraint leaves one equation in
-  ``tau = log t``: ``(1/n) sum_j sigmoid(tau + l_j) = mu``, ``l_j = logsumexp_i(-eps c_ij)``,
-  increasing in ``tau`` with range ``(0, 1)``: one root for ``0 < mu < 1``.
-  Then ``pi_ij = (1/n) sigmoid(tau + l_j) softmax_i(-eps c_ij)``, computed in that stable form.
+  With ``ε`` the inverse temperature of (P2) (``inverse_temperature``, as in
+  :func:`refdml.gsp.weight_transport`), stationarity of the Lagrangian gives
+  ``rho_j = exp(-ε u_j - 1)`` and ``pi_ij = t exp(-ε c_ij) rho_j``; the column constraints fix
+  ``rho_j = 1 / (n (1 + t s_j))`` with ``s_j = sum_i exp(-ε c_ij)``, and the mass constraint
+  leaves one equation in ``tau = log t``: ``(1/n) sum_j sigmoid(tau + l_j) = mu``,
+  ``l_j = logsumexp_i(-ε c_ij)``, increasing in ``tau`` with range ``(0, 1)``: one root for
+  ``0 < mu < 1``. Then ``pi_ij = (1/n) sigmoid(tau + l_j) softmax_i(-ε c_ij)``, computed in that
+  stable form.
 * :func:`p2_slsqp`: (P2) by a generic constrained solver (SLSQP) on the primal.
 * :func:`prop42_iterate` and :func:`prop42_unrolled_backward`: the iteration of GSP
   Prop. 4.2 exactly as printed, and reverse-mode differentiation through its ``k`` steps
   written out by hand (the "automatic differentiation" of GSP Fig. 9).
+
+Every GSP oracle takes the paper's ε as ``inverse_temperature``: in the rest of refdml ``eps``
+is the entropic regularisation of Sinkhorn, a temperature.
 * :func:`kr_dual_lp`: ``sup_f E_mu f - E_nu f`` over 1-Lipschitz ``f`` (Kantorovich-Rubinstein
   dual, by ``linprog``).
 """
@@ -94,10 +99,10 @@ class P2Solution:
     tau: float  # log t
 
 
-def p2_scalar(cost: np.ndarray, mu: float, eps: float) -> P2Solution:
+def p2_scalar(cost: np.ndarray, mu: float, inverse_temperature: float) -> P2Solution:
     """GSP (P2) for one cost map ``(m, n)`` and ``0 < mu < 1`` via its scalar dual."""
     n = cost.shape[1]
-    scores = -eps * cost
+    scores = -inverse_temperature * cost
     lse = logsumexp(scores, axis=0)  # l_j
     target = logit(mu)
 
@@ -112,7 +117,7 @@ def p2_scalar(cost: np.ndarray, mu: float, eps: float) -> P2Solution:
     return P2Solution(rho=rho, pi=pi, tau=tau)
 
 
-def p2_slsqp(cost: np.ndarray, mu: float, eps: float):
+def p2_slsqp(cost: np.ndarray, mu: float, inverse_temperature: float):
     """GSP (P2) by SLSQP on the primal (tiny instances only). Returns ``(rho, pi)``."""
     m, n = cost.shape
     cbar = np.concatenate([np.zeros(n), cost.ravel()])
@@ -124,10 +129,10 @@ def p2_slsqp(cost: np.ndarray, mu: float, eps: float):
     b = np.concatenate([np.full(n, 1.0 / n), [mu]])
 
     def objective(x):
-        return float(cbar @ x + np.sum(x * np.log(x)) / eps)
+        return float(cbar @ x + np.sum(x * np.log(x)) / inverse_temperature)
 
     def gradient(x):
-        return cbar + (np.log(x) + 1.0) / eps
+        return cbar + (np.log(x) + 1.0) / inverse_temperature
 
     x0 = np.concatenate([np.full(n, (1 - mu) / n), np.full(m * n, mu / (m * n))])
     res = minimize(
@@ -139,13 +144,13 @@ def p2_slsqp(cost: np.ndarray, mu: float, eps: float):
     return res.x[:n], res.x[n:].reshape(m, n)
 
 
-def prop42_iterate(cost: np.ndarray, mu: float, eps: float, k: int, *, reference=None):
+def prop42_iterate(cost: np.ndarray, mu: float, inverse_temperature: float, k: int, *, reference=None):
     """``k`` steps of GSP Prop. 4.2 as printed, from ``t = 1``.
 
     Returns ``(rho, t, pi, errors)`` where ``errors[i]`` is ``n * max_j |rho^(i+1)_j - ref_j|``
     when a reference ``rho`` is given (else an empty array).
     """
-    kappa = np.exp(-eps * cost)
+    kappa = np.exp(-inverse_temperature * cost)
     n = cost.shape[1]
     t = 1.0
     errors = []
@@ -159,14 +164,14 @@ def prop42_iterate(cost: np.ndarray, mu: float, eps: float, k: int, *, reference
     return rho, t, pi, np.array(errors)
 
 
-def prop42_unrolled_backward(cost, mu, eps, k, d_rho, d_pi):
+def prop42_unrolled_backward(cost, mu, inverse_temperature, k, d_rho, d_pi):
     """Gradient w.r.t. ``cost`` of ``<d_rho, rho^(k)> + <d_pi, pi^(k)>``, by reverse mode.
 
     The forward is the printed iteration (each step recomputes ``kappa^T 1`` and
     ``kappa rho`` as an autodiff graph would); every intermediate is kept, so time and
     memory grow linearly with ``k``.
     """
-    kappa = np.exp(-eps * cost)
+    kappa = np.exp(-inverse_temperature * cost)
     n = cost.shape[1]
     ts = [1.0]
     rhos, colsums, masses = [], [], []
@@ -193,17 +198,17 @@ def prop42_unrolled_backward(cost, mu, eps, k, d_rho, d_pi):
         d_t = float(np.sum(d_inner * u))
         d_kappa += (d_inner * t_prev)[None, :]
         d_rho_k = np.zeros_like(rho)
-    return -eps * kappa * d_kappa
+    return -inverse_temperature * kappa * d_kappa
 
 
 READINGS_43 = {
-    "a": "literal: -eps(pi*dpi - n [pi Diag(q - eta/k) rho] 1_n^T), the m-vector broadcast over columns",
-    "b": "-eps(pi*dpi - n pi Diag(q - (eta/k) rho)), rho inside Diag and multiplied by eta/k",
-    "c": "-eps(pi*dpi - n pi Diag(q - eta/k) Diag(rho))",
+    "a": "literal: -ε(pi*dpi - n [pi Diag(q - eta/k) rho] 1_n^T), the m-vector broadcast over columns",
+    "b": "-ε(pi*dpi - n pi Diag(q - (eta/k) rho)), rho inside Diag and multiplied by eta/k",
+    "c": "-ε(pi*dpi - n pi Diag(q - eta/k) Diag(rho))",
 }
 
 
-def prop43_gradient(rho, pi, d_rho, d_pi, mu, eps, reading: str) -> np.ndarray:
+def prop43_gradient(rho, pi, d_rho, d_pi, mu, inverse_temperature, reading: str) -> np.ndarray:
     """GSP Eq. (4.2) under one of the readings in :data:`READINGS_43`."""
     n = rho.shape[0]
     q = rho * d_rho + np.sum(pi * d_pi, axis=0)
@@ -211,11 +216,11 @@ def prop43_gradient(rho, pi, d_rho, d_pi, mu, eps, reading: str) -> np.ndarray:
     kk = 1.0 - mu - n * rho @ rho
     if reading == "a":
         column = pi @ ((q - eta / kk) * rho)
-        return -eps * (pi * d_pi - n * column[:, None])
+        return -inverse_temperature * (pi * d_pi - n * column[:, None])
     if reading == "b":
-        return -eps * (pi * d_pi - n * pi * (q - eta / kk * rho)[None, :])
+        return -inverse_temperature * (pi * d_pi - n * pi * (q - eta / kk * rho)[None, :])
     if reading == "c":
-        return -eps * (pi * d_pi - n * pi * ((q - eta / kk) * rho)[None, :])
+        return -inverse_temperature * (pi * d_pi - n * pi * ((q - eta / kk) * rho)[None, :])
     raise ValueError(f"reading == {reading!r}, must be one of {sorted(READINGS_43)}")
 
 

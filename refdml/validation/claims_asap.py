@@ -376,9 +376,10 @@ def _greedy_cover(x, k):
     "asap.prop4.2",
     paper="ASAP Proposition 4.2 (bound at the end of App. B.3)",
     statement="With probability >= 1 - gamma, |(1/n^2) sum_ij l(z_i, z_j) - (1/(|s| n)) sum_{i in s, j} l(z_i, z_j)| <= "
-              "zeta(3 delta_s + eps(n)) + e(A) + L(sqrt(log(2n/gamma)) + sqrt((2m log 2 + 2 log(1/gamma))/n)) "
+              "zeta(3 delta_s + ε(n)) + e(A) + L(sqrt(log(2n/gamma)) + sqrt((2m log 2 + 2 log(1/gamma))/n)) "
               "(statement: O(zeta delta_s) + O(e(A)) + O(L sqrt(log(1/gamma)/n)))",
-    hypotheses="z_i i.i.d.; s the union of per-class delta_s-covers; l zeta-Lipschitz, bounded by L",
+    hypotheses="z_i i.i.d.; s the union of per-class delta_s-covers; ε(n) the radius within which each class's "
+               "samples cover Z; l zeta-Lipschitz, bounded by L",
 )
 def check_prop_4_2(ctx) -> Finding:
     rng = ctx.rng("asap.prop4.2")
@@ -394,14 +395,14 @@ def check_prop_4_2(ctx) -> Finding:
             per_class = max(1, int(np.sqrt(n) / 2))
             s = np.concatenate([np.flatnonzero(y == k)[_greedy_cover(x[y == k], per_class)] for k in (0, 1)])
             delta_s = max(_class_cover_radius(x[s][y[s] == k], x[y == k]) for k in (0, 1))
-            eps_n = max(_class_cover_radius(x[y == k], _GRID) for k in (0, 1))
+            sample_cover_radius = max(_class_cover_radius(x[y == k], _GRID) for k in (0, 1))  # ε(n)
             pair = _loss(x, y, x, y)
             full, sub = pair.mean(), pair[s].mean()
             e_train = sub  # L3: the training loss over s x [n]
             m = s.size
             tail = _L * np.sqrt((2 * m * np.log(2) + 2 * np.log(1 / _GAMMA)) / n)
-            printed.append(3 * delta_s + eps_n + e_train + _L * np.sqrt(np.log(2 * n / _GAMMA)) + tail)
-            hoeffding.append(3 * delta_s + eps_n + e_train + _L * np.sqrt(np.log(2 / _GAMMA) / (2 * n)) + tail)
+            printed.append(3 * delta_s + sample_cover_radius + e_train + _L * np.sqrt(np.log(2 * n / _GAMMA)) + tail)
+            hoeffding.append(3 * delta_s + sample_cover_radius + e_train + _L * np.sqrt(np.log(2 / _GAMMA) / (2 * n)) + tail)
             gaps.append(abs(full - sub))
         gaps, printed, hoeffding = map(np.array, (gaps, printed, hoeffding))
         cov = float(np.mean(gaps <= printed))

@@ -5,6 +5,9 @@ scalar dual, derived independently in its docstring), itself checked against SLS
 the primal in ``gsp.prop4.2``; every (P1) value from ``linprog`` and POT. refdml's own
 ``refdml.gsp`` is what ``gsp.exact_solver`` and the cross-checks examine.
 
+GSP's ε, the inverse temperature of (P2), is ``inverse_temperature`` here, as in ``refdml.gsp``
+(``eps`` is the entropic regularisation of Sinkhorn elsewhere in refdml).
+
 One self-contained check per claim of the main paper, in its order; the
 supplement's computational claims (Sec. 1.4, Fig. 9) are in :mod:`.claims_gsp_supp`.
 """
@@ -48,9 +51,9 @@ def _cost(rng, m, n, d=8):
 
 
 @st.composite
-def _p2_instance(draw, max_m=4, max_n=5, mu=(0.05, 0.95), eps=(0.1, 20.0)):
+def _p2_instance(draw, max_m=4, max_n=5, mu=(0.05, 0.95), inverse_temperature=(0.1, 20.0)):
     m, n = draw(st.integers(1, max_m)), draw(st.integers(1, max_n))
-    return draw(arrays((m, n), 0.0, 2.0)), draw(floats(*mu)), draw(floats(*eps))
+    return draw(arrays((m, n), 0.0, 2.0)), draw(floats(*mu)), draw(floats(*inverse_temperature))
 
 
 # --------------------------------------------------------------------------- Theorem 4.1
@@ -118,31 +121,32 @@ def _rate(sol: "object", mu: float) -> float:
 @claim(
     "gsp.prop4.2",
     paper="GSP Proposition 4.2 (App. A.2)",
-    statement="From t(0) = 1, rho(k+1) = (1/n)(1 + t(k) exp(-eps c)^T 1_m)^-1, "
-              "t(k+1) = mu (1_m^T exp(-eps c) rho(k+1))^-1 converges to the solution of (P2), "
-              "with pi(k) = t(k) exp(-eps c) Diag(rho(k)).",
-    hypotheses="0 < mu < 1, eps > 0, finite costs",
+    statement="From t(0) = 1, rho(k+1) = (1/n)(1 + t(k) exp(-ε c)^T 1_m)^-1, "
+              "t(k+1) = mu (1_m^T exp(-ε c) rho(k+1))^-1 converges to the solution of (P2), "
+              "with pi(k) = t(k) exp(-ε c) Diag(rho(k)).",
+    hypotheses="0 < mu < 1, inverse temperature ε > 0, finite costs",
     operators=("gsp.weight_transport",),
 )
 def check_prop_4_2(ctx) -> Finding:
     rng = ctx.rng("gsp.prop4.2")
     # The reference itself, against a generic solver (SLSQP on the primal of (P2)).
     oracle_check = 0.0
-    for m, n, mu, eps in ((2, 3, 0.3, 1.0), (3, 4, 0.6, 4.0), (3, 3, 0.1, 10.0)):
+    for m, n, mu, inverse_temperature in ((2, 3, 0.3, 1.0), (3, 4, 0.6, 4.0), (3, 3, 0.1, 10.0)):
         cost = _cost(rng, m, n)
-        ref = p2_scalar(cost, mu, eps)
-        rho, pi = p2_slsqp(cost, mu, eps)
+        ref = p2_scalar(cost, mu, inverse_temperature)
+        rho, pi = p2_slsqp(cost, mu, inverse_temperature)
         oracle_check = max(oracle_check, n * float(np.max(np.abs(rho - ref.rho))), n * float(np.max(np.abs(pi - ref.pi))))
     k_max = ctx.pick(1000, 3000)
     worst, trials, worst_rate = 0.0, 0, 0.0
     rate_pairs = []
-    grid = [(m, n, mu, eps) for m in (4, 16) for n in (9, 49) for mu in (0.1, 0.3, 0.7) for eps in (0.5, 5.0, 20.0)]
+    grid = [(m, n, mu, inverse_temperature) for m in (4, 16) for n in (9, 49) for mu in (0.1, 0.3, 0.7)
+            for inverse_temperature in (0.5, 5.0, 20.0)]
     if ctx.quick:
         grid = grid[::3]
-    for m, n, mu, eps in grid:
+    for m, n, mu, inverse_temperature in grid:
         cost = _cost(rng, m, n)
-        ref = p2_scalar(cost, mu, eps)
-        _, _, _, errors = prop42_iterate(cost, mu, eps, k_max, reference=ref.rho)
+        ref = p2_scalar(cost, mu, inverse_temperature)
+        _, _, _, errors = prop42_iterate(cost, mu, inverse_temperature, k_max, reference=ref.rho)
         r = _rate(ref, mu)
         worst_rate = max(worst_rate, r)
         if r ** k_max < 1e-14:  # iterations enough in theory: the error must be at rounding level
@@ -154,9 +158,9 @@ def check_prop_4_2(ctx) -> Finding:
     tol = 1e-10
 
     def stagnates(inst) -> bool:
-        cost, mu, eps = inst
-        ref = p2_scalar(cost, mu, eps)
-        _, _, _, err = prop42_iterate(cost, mu, eps, 400, reference=ref.rho)
+        cost, mu, inverse_temperature = inst
+        ref = p2_scalar(cost, mu, inverse_temperature)
+        _, _, _, err = prop42_iterate(cost, mu, inverse_temperature, 400, reference=ref.rho)
         return err[-1] > 1e-9 and not err[-1] < err[199] * (1 - 1e-9)
 
     cex = ctx.search(_p2_instance(), stagnates, max_examples=ctx.pick(20, 80))
@@ -168,10 +172,10 @@ def check_prop_4_2(ctx) -> Finding:
     cost = _cost(rng, 64, 49, d=128)
     curves = []
     ks = np.arange(1, 201)
-    for eps in (0.5, 5.0, 20.0):
-        ref = p2_scalar(cost, 0.3, eps)
-        _, _, _, e = prop42_iterate(cost, 0.3, eps, 200, reference=ref.rho)
-        curves.append(series(f"mu=0.3, eps={eps:g} (r={_rate(ref, 0.3):.2f})", ks, np.maximum(e, 1e-17)))
+    for inverse_temperature in (0.5, 5.0, 20.0):
+        ref = p2_scalar(cost, 0.3, inverse_temperature)
+        _, _, _, e = prop42_iterate(cost, 0.3, inverse_temperature, 200, reference=ref.rho)
+        curves.append(series(f"mu=0.3, ε={inverse_temperature:g} (r={_rate(ref, 0.3):.2f})", ks, np.maximum(e, 1e-17)))
     c = _cost(rng, 6, 10)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -180,11 +184,13 @@ def check_prop_4_2(ctx) -> Finding:
     cross = {"same_37th_iterate_rho": rel_err(res.rho[0], mine[0]), "pi": rel_err(res.pi[0], mine[2])}
     return Finding(
         readings=(Reading(PRINTED, f"n max|rho(k) - rho*| -> 0 (measured at k={k_max} where r^k < 1e-14)",
-                          worst, tol, None if cex is None else {**jsonable_arrays(cost=cex[0]), "mu": cex[1], "eps": cex[2]},
+                          worst, tol, None if cex is None else {**jsonable_arrays(cost=cex[0]), "mu": cex[1],
+                                                                "inverse_temperature": cex[2]},
                           trials=trials),),
         key_number=f"error at k={k_max}: {worst:.1e}; observed rate = predicted r (max |diff| "
                    f"{max((abs(a - b) for a, b in rate_pairs), default=float('nan')):.1e})",
-        sizes=[{"m": m, "n": n, "mu": mu, "eps": eps} for m, n, mu, eps in grid],
+        sizes=[{"m": m, "n": n, "mu": mu, "inverse_temperature": inverse_temperature}
+               for m, n, mu, inverse_temperature in grid],
         seeds=[ctx.seed],
         details={
             "oracle": "brentq on (1/n) sum_j sigmoid(tau + l_j) = mu, validated by SLSQP on the primal",
@@ -198,7 +204,7 @@ def check_prop_4_2(ctx) -> Finding:
         },
         figures=(Figure("gsp_prop42_convergence", "Convergence of the printed iteration, mu = 0.3 (m=64, n=49, d=128)",
                         "iteration k", "n max|rho(k) - rho*|", tuple(curves), yscale="log"),
-                 Figure("gsp_prop42_mu1", "Just outside the hypotheses: mu = 1 (m=4, n=9, eps=5), error ~ 1/k",
+                 Figure("gsp_prop42_mu1", "Just outside the hypotheses: mu = 1 (m=4, n=9, ε=5), error ~ 1/k",
                         "iteration k", "n max|rho(k) - 0|", (series("mu = 1", np.arange(1, 1001), err_mu1),),
                         xscale="log", yscale="log")),
         probe={"mu": 1.0, "error_at_k": {"10": float(err_mu1[9]), "100": float(err_mu1[99]), "1000": float(err_mu1[999])}},
@@ -208,47 +214,48 @@ def check_prop_4_2(ctx) -> Finding:
 # --------------------------------------------------------------------------- Proposition 4.3
 
 
-def _prop43_check(cost, mu, eps, reading, seed=0):
+def _prop43_check(cost, mu, inverse_temperature, reading, seed=0):
     def forward(cost):
-        sol = p2_scalar(cost, mu, eps)
+        sol = p2_scalar(cost, mu, inverse_temperature)
         return (sol.rho, sol.pi), sol
 
     def backward(sol, d_rho, d_pi):
-        return {"cost": prop43_gradient(sol.rho, sol.pi, d_rho, d_pi, mu, eps, reading)}
+        return {"cost": prop43_gradient(sol.rho, sol.pi, d_rho, d_pi, mu, inverse_temperature, reading)}
 
     return check_gradients(forward, backward, {"cost": cost}, rng=seed, mode="vjp")
 
 
-def _prop43_error(cost, mu, eps, reading, seed=0) -> float:
-    return _prop43_check(cost, mu, eps, reading, seed).max_rel_error
+def _prop43_error(cost, mu, inverse_temperature, reading, seed=0) -> float:
+    return _prop43_check(cost, mu, inverse_temperature, reading, seed).max_rel_error
 
 
 @claim(
     "gsp.prop4.3",
     paper="GSP Proposition 4.3, Eq. (4.2), Algorithm 3 backward",
-    statement="dL/dc = -eps(pi * dL/dpi - n pi Diag(q - eta/(1 - mu - n rho^T rho)) rho), "
+    statement="dL/dc = -ε(pi * dL/dpi - n pi Diag(q - eta/(1 - mu - n rho^T rho)) rho), "
               "q = rho * dL/drho + (pi * dL/dpi)^T 1_m, eta = (rho * dL/drho)^T 1_n - n q^T rho.",
-    hypotheses="(rho, pi) the solution of (P2), 0 < mu < 1, eps > 0",
+    hypotheses="(rho, pi) the solution of (P2), 0 < mu < 1, inverse temperature ε > 0",
     operators=("gsp.weight_transport",),
 )
 def check_prop_4_3(ctx) -> Finding:
     rng = ctx.rng("gsp.prop4.3")
     errors = {r: 0.0 for r in READINGS_43}
-    cases = [(m, n, mu, eps) for m, n in ((3, 4), (5, 7)) for mu in (0.2, 0.5, 0.8) for eps in (1.0, 5.0)]
+    cases = [(m, n, mu, inverse_temperature) for m, n in ((3, 4), (5, 7)) for mu in (0.2, 0.5, 0.8)
+             for inverse_temperature in (1.0, 5.0)]
     if ctx.quick:
         cases = cases[::2]
-    for i, (m, n, mu, eps) in enumerate(cases):
+    for i, (m, n, mu, inverse_temperature) in enumerate(cases):
         cost = _cost(rng, m, n)
         for r in errors:
-            errors[r] = max(errors[r], _prop43_error(cost, mu, eps, r, seed=i))
+            errors[r] = max(errors[r], _prop43_error(cost, mu, inverse_temperature, r, seed=i))
     tol = 1e-6
     budget = ctx.pick(15, 50)
-    inst = _p2_instance(max_m=3, max_n=4, eps=(0.1, 10.0))
+    inst = _p2_instance(max_m=3, max_n=4, inverse_temperature=(0.1, 10.0))
     # passed() also accepts differences below the finite-difference noise floor, which matters
     # where the true gradient vanishes (m = n = 1: the constraints fix rho and pi).
     cex = {r: ctx.search(inst, lambda a, r=r: not _prop43_check(*a, r).passed(1e-5), max_examples=budget)
            for r in ("a", "b")}
-    as_json = {r: None if c is None else {**jsonable_arrays(cost=c[0]), "mu": c[1], "eps": c[2],
+    as_json = {r: None if c is None else {**jsonable_arrays(cost=c[0]), "mu": c[1], "inverse_temperature": c[2],
                                           "relative_error": _prop43_error(*c, r)} for r, c in cex.items()}
     cost = _cost(rng, 6, 8)
     sol = p2_scalar(cost, 0.3, 5.0)
@@ -264,7 +271,8 @@ def check_prop_4_3(ctx) -> Finding:
             Reading(CORRECTION, "(c) " + READINGS_43["c"], errors["c"], tol, trials=len(cases)),
         ),
         key_number="rel. error vs finite differences: " + ", ".join(f"({r}) {e:.1e}" for r, e in errors.items()),
-        sizes=[{"m": m, "n": n, "mu": mu, "eps": eps} for m, n, mu, eps in cases],
+        sizes=[{"m": m, "n": n, "mu": mu, "inverse_temperature": inverse_temperature}
+               for m, n, mu, inverse_temperature in cases],
         seeds=[ctx.seed],
         details={"max_rel_error_by_reading": errors,
                  "oracle": "central differences (refdml.gradcheck, mode vjp) of the brentq (P2) solution map",
@@ -284,9 +292,9 @@ def _constraint_matrix(m, n):
     return A
 
 
-def _hinv_errors(cost, mu, eps):
+def _hinv_errors(cost, mu, inverse_temperature):
     m, n = cost.shape
-    sol = p2_scalar(cost, mu, eps)
+    sol = p2_scalar(cost, mu, inverse_temperature)
     x = np.concatenate([sol.rho, sol.pi.ravel()])
     A = _constraint_matrix(m, n)
     H = A @ np.diag(x) @ A.T
@@ -312,8 +320,8 @@ def check_app_a3(ctx) -> Finding:
     worst_h, worst_inv, min_k, trials = 0.0, 0.0, np.inf, 0
     for m, n in ((3, 4), (8, 9), (16, 25)):
         for mu in (0.1, 0.5, 0.9):
-            for eps in (0.5, 5.0):
-                eh, ei, k, cond = _hinv_errors(_cost(rng, m, n), mu, eps)
+            for inverse_temperature in (0.5, 5.0):
+                eh, ei, k, cond = _hinv_errors(_cost(rng, m, n), mu, inverse_temperature)
                 worst_h, worst_inv, min_k = max(worst_h, eh), max(worst_inv, ei / cond), min(min_k, k)
                 trials += 1
     tol = 1e-12  # on ||H^-1_printed H - I|| / cond(H): backward-stable level
@@ -333,7 +341,8 @@ def check_app_a3(ctx) -> Finding:
     return Finding(
         readings=(Reading(PRINTED, "printed H and H^-1 (error of H^-1 H - I scaled by 1/cond(H))",
                           max(worst_h, worst_inv), tol,
-                          None if cex is None else {**jsonable_arrays(cost=cex[0]), "mu": cex[1], "eps": cex[2]},
+                          None if cex is None else {**jsonable_arrays(cost=cex[0]), "mu": cex[1],
+                                                    "inverse_temperature": cex[2]},
                           trials=trials),),
         key_number=f"||H_printed - A Diag(x) A^T|| {worst_h:.1e}, ||H^-1 H - I||/cond {worst_inv:.1e}; mu=1: k=0, H singular",
         sizes=[{"m": m, "n": n} for m, n in ((3, 4), (8, 9), (16, 25))],
@@ -355,18 +364,18 @@ def _zs_instance(rng, n_classes=6, per_class=2, m=5, e=4):
     return Z, labels, U, mask
 
 
-def _cross_predictions(Z, labels, U, mask, eps):
-    """A_k = Upsilon_k (Z_k^T Z_k + eps I)^-1 Z_k^T (paper's columns), predictions of the other half."""
+def _cross_predictions(Z, labels, U, mask, ridge):
+    """A_k = Upsilon_k (Z_k^T Z_k + ridge I)^-1 Z_k^T (paper's columns), predictions of the other half."""
     pred = np.zeros((Z.shape[0], U.shape[1]))
     for fit, apply in ((mask, ~mask), (~mask, mask)):
         Zc, Uc = Z[fit].T, U[labels[fit]].T  # m x b_k, e x b_k
-        A = Uc @ np.linalg.solve(Zc.T @ Zc + eps * np.eye(Zc.shape[1]), Zc.T)
+        A = Uc @ np.linalg.solve(Zc.T @ Zc + ridge * np.eye(Zc.shape[1]), Zc.T)
         pred[apply] = (A @ Z[apply].T).T
     return pred
 
 
-def _zs_losses(Z, labels, U, mask, eps=0.05):
-    pred = _cross_predictions(Z, labels, U, mask, eps)
+def _zs_losses(Z, labels, U, mask, ridge=0.05):
+    pred = _cross_predictions(Z, labels, U, mask, ridge)
     scores = pred @ U.T
     rows = np.arange(labels.size)
     ce = -float(np.mean(log_softmax(scores, axis=1)[rows, labels]))  # Algorithm 4
@@ -445,12 +454,12 @@ def _transport_cost(cost, sol):
 @claim(
     "gsp.entropic_limit",
     paper="GSP Sec. 4.2 ((P2) as entropy smoothing of (P1))",
-    statement="(P2) is the entropy-smoothed (P1): as eps grows (less smoothing) its solution tends to that of (P1).",
-    hypotheses="0 < mu < 1, eps -> infinity",
+    statement="(P2) is the entropy-smoothed (P1): as ε grows (less smoothing) its solution tends to that of (P1).",
+    hypotheses="0 < mu < 1, inverse temperature ε -> infinity",
 )
 def check_entropic_limit(ctx) -> Finding:
     rng = ctx.rng("gsp.entropic_limit")
-    eps_grid = np.logspace(-1, 4, ctx.pick(11, 21))
+    inverse_temperature_grid = np.logspace(-1, 4, ctx.pick(11, 21))
     curves, rho_curves, worst, monotone_violations = [], [], 0.0, 0
     lp_vs_pot = 0.0
     instances = [(4, 9, 0.3), (8, 16, 0.5), (16, 49, 0.3)]
@@ -460,32 +469,33 @@ def check_entropic_limit(ctx) -> Finding:
         pot_plan = ot.partial.partial_wasserstein(np.full(n, 1.0 / n), np.full(m, mu), cost.T, m=mu)
         lp_vs_pot = max(lp_vs_pot, abs(float(np.sum(pot_plan * cost.T)) - lp_value))
         gaps, rho_dist = [], []
-        for eps in eps_grid:
-            sol = p2_scalar(cost, mu, eps)
+        for inverse_temperature in inverse_temperature_grid:
+            sol = p2_scalar(cost, mu, inverse_temperature)
             gaps.append(_transport_cost(cost, sol) - lp_value)
             rho_dist.append(float(np.sum(np.abs(sol.rho - lp_rho))))
         gaps = np.array(gaps)
         monotone_violations += int(np.sum(np.diff(gaps) > 1e-12))
         worst = max(worst, gaps[-1] / cost.max())
-        curves.append(series(f"m={m}, n={n}, mu={mu}", eps_grid, np.maximum(gaps / cost.max(), 1e-17)))
-        rho_curves.append(series(f"m={m}, n={n}, mu={mu}", eps_grid, np.maximum(rho_dist, 1e-17)))
+        curves.append(series(f"m={m}, n={n}, mu={mu}", inverse_temperature_grid, np.maximum(gaps / cost.max(), 1e-17)))
+        rho_curves.append(series(f"m={m}, n={n}, mu={mu}", inverse_temperature_grid, np.maximum(rho_dist, 1e-17)))
     tol = 1e-3
     error = worst if monotone_violations == 0 else float("inf")
     return Finding(
-        readings=(Reading(PRINTED, f"cost(P2) - cost(P1) decreases in eps to <= {tol:g} max(c) at eps = {eps_grid[-1]:g}",
+        readings=(Reading(PRINTED, f"cost(P2) - cost(P1) decreases in ε to <= {tol:g} max(c) "
+                                   f"at ε = {inverse_temperature_grid[-1]:g}",
                           error, tol, None if monotone_violations == 0 else {"monotonicity_violations": monotone_violations},
                           trials=len(instances)),),
-        key_number=f"(cost(P2) - LP)/max c = {worst:.1e} at eps = {eps_grid[-1]:.0e} (monotone)",
+        key_number=f"(cost(P2) - LP)/max c = {worst:.1e} at inverse temperature {inverse_temperature_grid[-1]:.0e} (monotone)",
         sizes=[{"m": m, "n": n, "mu": mu} for m, n, mu in instances],
         seeds=[ctx.seed],
         details={"LP_linprog_vs_POT_partial_wasserstein": lp_vs_pot,
-                 "eps_grid": eps_grid.tolist(),
+                 "inverse_temperature_grid": inverse_temperature_grid.tolist(),
                  "monotonicity_violations": monotone_violations},
-        figures=(Figure("gsp_entropic_limit", "(P2) approaching (P1): transport-cost gap vs eps",
-                        "eps (the paper's varepsilon)", "(cost(P2) - cost(P1)) / max c", tuple(curves),
-                        xscale="log", yscale="log", thresholds=((f"tolerance {tol:g} at the largest eps", tol),)),
-                 Figure("gsp_entropic_limit_rho", "(P2) approaching (P1): distance of rho to the LP's rho* vs eps",
-                        "eps (the paper's varepsilon)", "||rho - rho*||_1", tuple(rho_curves),
+        figures=(Figure("gsp_entropic_limit", "(P2) approaching (P1): transport-cost gap vs ε",
+                        "inverse temperature ε", "(cost(P2) - cost(P1)) / max c", tuple(curves),
+                        xscale="log", yscale="log", thresholds=((f"tolerance {tol:g} at the largest ε", tol),)),
+                 Figure("gsp_entropic_limit_rho", "(P2) approaching (P1): distance of rho to the LP's rho* vs ε",
+                        "inverse temperature ε", "||rho - rho*||_1", tuple(rho_curves),
                         xscale="log", yscale="log")),
     )
 
@@ -493,32 +503,33 @@ def check_entropic_limit(ctx) -> Finding:
 @claim(
     "gsp.sec4.2.uniform_limit",
     paper="GSP Sec. 4.2 (text after (P2))",
-    statement="When smoothing is high (eps -> 0), the resulting solution is uniform over features, similar to GAP.",
-    hypotheses="0 < mu < 1, eps -> 0",
+    statement="When smoothing is high (ε -> 0), the resulting solution is uniform over features, similar to GAP.",
+    hypotheses="0 < mu < 1, inverse temperature ε -> 0",
 )
 def check_uniform_limit(ctx) -> Finding:
     rng = ctx.rng("gsp.sec4.2.uniform_limit")
-    eps_grid = np.logspace(-8, 1, 10)
+    inverse_temperature_grid = np.logspace(-8, 1, 10)
     worst_small, curves = 0.0, []
     for m, n, mu in ((4, 9, 0.3), (16, 49, 0.7)):
         cost = _cost(rng, m, n)
         dev = []
-        for eps in eps_grid:
-            sol = p2_scalar(cost, mu, eps)
+        for inverse_temperature in inverse_temperature_grid:
+            sol = p2_scalar(cost, mu, inverse_temperature)
             weights = (1.0 / n - sol.rho) / mu
             dev.append(float(np.max(np.abs(weights - 1.0 / n))) * n)
         worst_small = max(worst_small, dev[0])
-        curves.append(series(f"m={m}, n={n}, mu={mu}", eps_grid, np.maximum(dev, 1e-17)))
+        curves.append(series(f"m={m}, n={n}, mu={mu}", inverse_temperature_grid, np.maximum(dev, 1e-17)))
     tol = 1e-6
     return Finding(
-        readings=(Reading(PRINTED, f"n max|p_j - 1/n| <= {tol:g} at eps = {eps_grid[0]:g}", worst_small, tol, trials=2),),
-        key_number=f"n max|p - 1/n| = {worst_small:.1e} at eps = 1e-8",
+        readings=(Reading(PRINTED, f"n max|p_j - 1/n| <= {tol:g} at ε = {inverse_temperature_grid[0]:g}",
+                          worst_small, tol, trials=2),),
+        key_number=f"n max|p - 1/n| = {worst_small:.1e} at inverse temperature 1e-8",
         sizes=[{"m": 4, "n": 9}, {"m": 16, "n": 49}],
         seeds=[ctx.seed],
-        details={"why": "eps -> 0: l_j -> log m for all j, so every feature keeps rho_j = (1 - mu)/n"},
-        figures=(Figure("gsp_uniform_limit", "(P2) weights vs eps: deviation from GAP's uniform weights",
-                        "eps (the paper's varepsilon)", "n max_j |p_j - 1/n|", tuple(curves),
-                        xscale="log", yscale="log", thresholds=((f"tolerance {tol:g} at the smallest eps", tol),)),),
+        details={"why": "ε -> 0: l_j -> log m for all j, so every feature keeps rho_j = (1 - mu)/n"},
+        figures=(Figure("gsp_uniform_limit", "(P2) weights vs ε: deviation from GAP's uniform weights",
+                        "inverse temperature ε", "n max_j |p_j - 1/n|", tuple(curves),
+                        xscale="log", yscale="log", thresholds=((f"tolerance {tol:g} at the smallest ε", tol),)),),
     )
 
 
@@ -529,39 +540,42 @@ def check_uniform_limit(ctx) -> Finding:
     "gsp.exact_solver",
     paper="refdml.gsp.weight_transport(method='exact') (1-D reduction of (P2))",
     statement="refdml's one-dimensional reduction of (P2) equals the fixed point of Prop. 4.2 (at convergence, 1e-10).",
-    hypotheses="0 < mu < 1, eps > 0",
+    hypotheses="0 < mu < 1, inverse temperature ε > 0",
     operators=("gsp.weight_transport",),
 )
 def check_exact_solver(ctx) -> Finding:
     rng = ctx.rng("gsp.exact_solver")
     worst_fp, worst_oracle, trials = 0.0, 0.0, 0
-    cases = [(m, n, mu, eps) for m, n in ((4, 9), (16, 49), (64, 49)) for mu in (0.1, 0.3, 0.8) for eps in (0.5, 5.0, 20.0)]
+    cases = [(m, n, mu, inverse_temperature) for m, n in ((4, 9), (16, 49), (64, 49)) for mu in (0.1, 0.3, 0.8)
+             for inverse_temperature in (0.5, 5.0, 20.0)]
     if ctx.quick:
         cases = cases[::3]
-    for m, n, mu, eps in cases:
+    for m, n, mu, inverse_temperature in cases:
         cost = _cost(rng, m, n)
-        ref = p2_scalar(cost, mu, eps)
+        ref = p2_scalar(cost, mu, inverse_temperature)
         if _rate(ref, mu) ** 20000 > 1e-14:
             continue  # too slow for the fixed point to reach the fixed point here
-        rho_fp, _, pi_fp, _ = prop42_iterate(cost, mu, eps, 20000 if _rate(ref, mu) > 0.9 else 3000)
-        res = refdml_gsp.weight_transport(cost[None], mu=mu, inverse_temperature=eps, method="exact")
+        rho_fp, _, pi_fp, _ = prop42_iterate(cost, mu, inverse_temperature, 20000 if _rate(ref, mu) > 0.9 else 3000)
+        res = refdml_gsp.weight_transport(cost[None], mu=mu, inverse_temperature=inverse_temperature, method="exact")
         worst_fp = max(worst_fp, n * float(np.max(np.abs(res.rho[0] - rho_fp))), n * float(np.max(np.abs(res.pi[0] - pi_fp))))
         worst_oracle = max(worst_oracle, n * float(np.max(np.abs(res.rho[0] - ref.rho))))
         trials += 1
     tol = 1e-10
 
     def disagrees(inst):
-        cost, mu, eps = inst
-        res = refdml_gsp.weight_transport(cost[None], mu=mu, inverse_temperature=eps, method="exact")
-        return cost.shape[1] * float(np.max(np.abs(res.rho[0] - p2_scalar(cost, mu, eps).rho))) > tol
+        cost, mu, inverse_temperature = inst
+        res = refdml_gsp.weight_transport(cost[None], mu=mu, inverse_temperature=inverse_temperature, method="exact")
+        return cost.shape[1] * float(np.max(np.abs(res.rho[0] - p2_scalar(cost, mu, inverse_temperature).rho))) > tol
 
     cex = ctx.search(_p2_instance(), disagrees, max_examples=ctx.pick(25, 100))
     return Finding(
         readings=(Reading(PRINTED, "n max|rho_exact - rho_fixed_point| <= 1e-10", max(worst_fp, worst_oracle), tol,
-                          None if cex is None else {**jsonable_arrays(cost=cex[0]), "mu": cex[1], "eps": cex[2]},
+                          None if cex is None else {**jsonable_arrays(cost=cex[0]), "mu": cex[1],
+                                                    "inverse_temperature": cex[2]},
                           trials=trials),),
         key_number=f"vs fixed point {worst_fp:.1e}, vs brentq {worst_oracle:.1e}",
-        sizes=[{"m": m, "n": n, "mu": mu, "eps": eps} for m, n, mu, eps in cases],
+        sizes=[{"m": m, "n": n, "mu": mu, "inverse_temperature": inverse_temperature}
+               for m, n, mu, inverse_temperature in cases],
         seeds=[ctx.seed],
         details={"max_vs_fixed_point": worst_fp, "max_vs_brentq_oracle": worst_oracle, "instances_compared": trials},
     )

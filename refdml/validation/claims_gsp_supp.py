@@ -25,9 +25,9 @@ from .claims_gsp import _rate, _unit_ball
 # --------------------------------------------------------------------------- Sec. 1.4 (supplement)
 
 
-def _iterations_to(cost, mu, eps, tols, k_max=3000):
-    ref = p2_scalar(cost, mu, eps)
-    _, _, _, err = prop42_iterate(cost, mu, eps, k_max, reference=ref.rho)
+def _iterations_to(cost, mu, inverse_temperature, tols, k_max=3000):
+    ref = p2_scalar(cost, mu, inverse_temperature)
+    _, _, _, err = prop42_iterate(cost, mu, inverse_temperature, k_max, reference=ref.rho)
     out = []
     for tol in tols:
         hit = np.flatnonzero(err <= tol)
@@ -35,9 +35,9 @@ def _iterations_to(cost, mu, eps, tols, k_max=3000):
     return out, _rate(ref, mu)
 
 
-def _synthetic_costs(rng, m, n, kind, d=128):
+def _synthetic_costs(rng, m, n, layout, d=128):
     w = _unit_ball(rng, m, d)
-    if kind == "uniform":
+    if layout == "uniform":
         f = _unit_ball(rng, n, d)
     else:  # 30% of the features close to a prototype (foreground), the rest uniform (background)
         f = _unit_ball(rng, n, d)
@@ -53,25 +53,26 @@ def _synthetic_costs(rng, m, n, kind, d=128):
     statement="'our problems typically converges for k > 50 and we observe similar performances with k >= 25' "
               "(iterations of Prop. 4.2).",
     hypotheses="the paper's setting: m in {64, 128} prototypes, n = 7x7 = 49 features, mu = 0.3, "
-               "eps in {0.5, 5} (and 10, 20 probed), 128-d features",
+               "inverse temperature ε in {0.5, 5} (and 10, 20 probed), 128-d features",
 )
 def check_sec_1_4(ctx) -> Finding:
     rng = ctx.rng("gsp.sec1.4.convergence")
     tols = (1e-3, 1e-6, 1e-12)
     table, over50 = [], []
-    for kind in ("uniform", "clustered"):
+    for layout in ("uniform", "clustered"):
         for m in (64, 128):
-            for eps in (0.5, 5.0, 10.0, 20.0):
-                cost = _synthetic_costs(rng, m, 49, kind)
-                its, r = _iterations_to(cost, 0.3, eps, tols)
-                table.append({"features": kind, "m": m, "eps": eps, "rate": r,
+            for inverse_temperature in (0.5, 5.0, 10.0, 20.0):
+                cost = _synthetic_costs(rng, m, 49, layout)
+                its, r = _iterations_to(cost, 0.3, inverse_temperature, tols)
+                table.append({"features": layout, "m": m, "inverse_temperature": inverse_temperature, "rate": r,
                               **{f"k_to_{t:g}": k for t, k in zip(tols, its)}})
                 over50.append(its[1] is None or its[1] > 50)
     fig = []
-    for kind in ("uniform", "clustered"):
-        rows = [r for r in table if r["features"] == kind and r["m"] == 64]
-        fig.append(series(f"{kind} features, m=64, tol 1e-6", [r["eps"] for r in rows], [r["k_to_1e-06"] or 3000 for r in rows]))
-        fig.append(series(f"{kind} features, m=64, tol 1e-12", [r["eps"] for r in rows], [r["k_to_1e-12"] or 3000 for r in rows]))
+    for layout in ("uniform", "clustered"):
+        rows = [r for r in table if r["features"] == layout and r["m"] == 64]
+        temperatures = [r["inverse_temperature"] for r in rows]
+        fig.append(series(f"{layout} features, m=64, tol 1e-6", temperatures, [r["k_to_1e-06"] or 3000 for r in rows]))
+        fig.append(series(f"{layout} features, m=64, tol 1e-12", temperatures, [r["k_to_1e-12"] or 3000 for r in rows]))
     worst_k = max((r["k_to_1e-06"] or 3000) for r in table)
     # Outside the paper's data: a worst case in the paper's cost range (costs in [0, 2]).
     probe = ctx.search(st.tuples(arrays((3, 4), 0.0, 2.0), st.sampled_from((5.0, 20.0))),
@@ -94,10 +95,10 @@ def check_sec_1_4(ctx) -> Finding:
                                    "costs ||w_i - f_j||",
                  "error_measure": "n max_j |rho_j(k) - rho*_j| against the brentq solution"},
         figures=(Figure("gsp_sec14_iterations", "Iterations of Prop. 4.2 to a tolerance, synthetic features "
-                        "(m=64, n=49, mu=0.3; 3000 = not reached)", "eps (the paper's varepsilon)",
+                        "(m=64, n=49, mu=0.3; 3000 = not reached)", "inverse temperature ε",
                         "iterations k to n max|rho(k) - rho*| <= tol", tuple(fig), yscale="log",
                         thresholds=(("the paper's 50 iterations", 50.0),)),),
-        probe=None if probe is None else {**jsonable_arrays(cost=probe[0]), "mu": 0.3, "eps": probe[1],
+        probe=None if probe is None else {**jsonable_arrays(cost=probe[0]), "mu": 0.3, "inverse_temperature": probe[1],
                                           "iterations_to_1e-6": _iterations_to(probe[0], 0.3, probe[1], (1e-6,))[0][0]},
         inconclusive=reason,
     )
@@ -185,28 +186,28 @@ def check_fig_9(ctx) -> Finding:
     repeats = ctx.pick(5, 9)
     m, n = 64, 49
     costs = [_synthetic_costs(rng, m, n, "uniform") for _ in range(batch)]
-    mu, eps = 0.3, 5.0
+    mu, inverse_temperature = 0.3, 5.0
     d_rho = [rng.standard_normal(n) for _ in costs]
     d_pi = [rng.standard_normal((m, n)) for _ in costs]
     exact = []
     for c, gr, gp in zip(costs, d_rho, d_pi):
-        sol = p2_scalar(c, mu, eps)
-        exact.append(prop43_gradient(sol.rho, sol.pi, gr, gp, mu, eps, "b"))
+        sol = p2_scalar(c, mu, inverse_temperature)
+        exact.append(prop43_gradient(sol.rho, sol.pi, gr, gp, mu, inverse_temperature, "b"))
     passes_closed, passes_unrolled, err_closed, err_unrolled, timed = [], [], [], [], {}
     for k in ks:
-        iterates = [prop42_iterate(c, mu, eps, k) for c in costs]
+        iterates = [prop42_iterate(c, mu, inverse_temperature, k) for c in costs]
         rho0, _, pi0, _ = iterates[0]
-        passes_closed.append(_count_passes(lambda pi, gp: prop43_gradient(rho0, pi, d_rho[0], gp, mu, eps, "b"),
-                                           m * n, pi0, d_pi[0]))
-        passes_unrolled.append(_count_passes(lambda c, gp: prop42_unrolled_backward(c, mu, eps, k, d_rho[0], gp),
-                                             m * n, costs[0], d_pi[0]))
+        passes_closed.append(_count_passes(
+            lambda pi, gp: prop43_gradient(rho0, pi, d_rho[0], gp, mu, inverse_temperature, "b"), m * n, pi0, d_pi[0]))
+        passes_unrolled.append(_count_passes(
+            lambda c, gp: prop42_unrolled_backward(c, mu, inverse_temperature, k, d_rho[0], gp), m * n, costs[0], d_pi[0]))
 
         def closed(iterates=iterates):
-            return [prop43_gradient(rho, pi, gr, gp, mu, eps, "b")
+            return [prop43_gradient(rho, pi, gr, gp, mu, inverse_temperature, "b")
                     for (rho, _, pi, _), gr, gp in zip(iterates, d_rho, d_pi)]
 
         def unrolled(k=k):
-            return [prop42_unrolled_backward(c, mu, eps, k, gr, gp) for c, gr, gp in zip(costs, d_rho, d_pi)]
+            return [prop42_unrolled_backward(c, mu, inverse_temperature, k, gr, gp) for c, gr, gp in zip(costs, d_rho, d_pi)]
 
         timed[("closed", k)], timed[("unrolled", k)] = closed, unrolled
         err_closed.append(max(rel_err(g, e) for g, e in zip(closed(), exact)))
@@ -223,7 +224,8 @@ def check_fig_9(ctx) -> Finding:
     for k in ks:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            res = refdml_gsp.weight_transport(stacked, mu=mu, inverse_temperature=eps, method="fixed_point", max_iter=k, tol=0.0)
+            res = refdml_gsp.weight_transport(stacked, mu=mu, inverse_temperature=inverse_temperature,
+                                              method="fixed_point", max_iter=k, tol=0.0)
         gr, gp = np.stack(d_rho), np.stack(d_pi)
         refdml_times[str(k)] = {
             "closed_form_s": _best_time(lambda: refdml_gsp.weight_transport_backward(res, gr, gp), repeats),

@@ -4,6 +4,9 @@ The independent engine is POT: ``ot.sinkhorn(..., method="sinkhorn_log")`` for e
 plans, ``ot.emd2`` for exact ``W_p^p``; a generic constrained solver (SLSQP) checks that
 POT's plan minimises Eq. (3) with the KL penalty; ``linprog`` solves the
 Kantorovich-Rubinstein dual. refdml's ``refdml.ot`` is cross-checked against them.
+
+The paper's eta, the entropic regularisation, is ``eps`` in the code and the evidence, as in
+``refdml.ot`` (a temperature); statements and readings keep the paper's eta.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ def _weights(rng, k):
     return w / w.sum()
 
 
-def _pot_plan(a, b, M, eta):
+def _pot_plan(a, b, M, eps):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # POT warns when stopThr is not reached; checked below
-        P = ot.sinkhorn(a, b, M, eta, method="sinkhorn_log", numItermax=20000, stopThr=1e-13)
+        P = ot.sinkhorn(a, b, M, eps, method="sinkhorn_log", numItermax=20000, stopThr=1e-13)
     return P
 
 
@@ -46,14 +49,14 @@ def _kl(P, a, b):
     return float(np.sum(P[positive] * np.log(P[positive] / np.outer(a, b)[positive])))
 
 
-def _entropic_values(a, b, M, eta):
-    """``(<pi, M> + eta KL(pi | a x b), <pi, M>)`` at POT's plan."""
-    P = _pot_plan(a, b, M, eta)
+def _entropic_values(a, b, M, eps):
+    """``(<pi, M> + eps KL(pi | a x b), <pi, M>)`` at POT's plan."""
+    P = _pot_plan(a, b, M, eps)
     transport = float(np.sum(P * M))
-    return transport + eta * _kl(P, a, b), transport
+    return transport + eps * _kl(P, a, b), transport
 
 
-def _slsqp_value(a, b, M, eta):
+def _slsqp_value(a, b, M, eps):
     n, m = M.shape
     A = np.zeros((n + m, n * m))
     for i in range(n):
@@ -65,9 +68,9 @@ def _slsqp_value(a, b, M, eta):
     logab = np.log(np.outer(a, b)).ravel()
     c = M.ravel()
     res = minimize(
-        lambda p: float(c @ p + eta * np.sum(p * (np.log(p) - logab))),
+        lambda p: float(c @ p + eps * np.sum(p * (np.log(p) - logab))),
         np.outer(a, b).ravel(),
-        jac=lambda p: c + eta * (np.log(p) - logab + 1.0),
+        jac=lambda p: c + eps * (np.log(p) - logab + 1.0),
         method="SLSQP", bounds=[(1e-300, None)] * (n * m),
         constraints=[{"type": "eq", "fun": lambda p: A @ p - rhs, "jac": lambda p: A}],
         options={"ftol": 1e-16, "maxiter": 2000},
@@ -79,27 +82,27 @@ def _slsqp_value(a, b, M, eta):
     "wdml.eq3",
     paper="Wasserstein DML Eq. (3)",
     statement="W^p_{p,eta}(mu, nu) = argmin_{pi in Pi(mu, nu)} int ||x - y||^p dpi + eta KL(pi || mu x nu).",
-    hypotheses="eta > 0, discrete measures with positive weights",
+    hypotheses="eta > 0 (the entropic regularisation, refdml's eps), discrete measures with positive weights",
     operators=("ot.",),
 )
 def check_eq3(ctx) -> Finding:
     rng = ctx.rng("wdml.eq3")
     pot_vs_slsqp, refdml_vs_pot, refdml_plan, trials = 0.0, 0.0, 0.0, 0
     for n, m in ((3, 2), (3, 4)):
-        for eta in (0.05, 0.5, 5.0):
+        for eps in (0.05, 0.5, 5.0):
             a, b = _weights(rng, n), _weights(rng, m)
             M = ot.dist(_cloud(rng, n), _cloud(rng, m))  # squared Euclidean: p = 2
-            value, _ = _entropic_values(a, b, M, eta)
-            pot_vs_slsqp = max(pot_vs_slsqp, abs(value - _slsqp_value(a, b, M, eta)) / max(abs(value), 1e-12))
+            value, _ = _entropic_values(a, b, M, eps)
+            pot_vs_slsqp = max(pot_vs_slsqp, abs(value - _slsqp_value(a, b, M, eps)) / max(abs(value), 1e-12))
             trials += 1
     for n, m in ((5, 7), (20, 16)):
-        for eta in (0.01, 0.1, 1.0):
+        for eps in (0.01, 0.1, 1.0):
             a, b = _weights(rng, n), _weights(rng, m)
             M = ot.dist(_cloud(rng, n), _cloud(rng, m))
-            value, transport = _entropic_values(a, b, M, eta)
-            res = refdml_ot.sinkhorn(a, b, M, eps=eta, max_iter=100000, tol=1e-13)
+            value, transport = _entropic_values(a, b, M, eps)
+            res = refdml_ot.sinkhorn(a, b, M, eps=eps, max_iter=100000, tol=1e-13)
             refdml_vs_pot = max(refdml_vs_pot, abs(float(res.value) - value) / abs(value))
-            refdml_plan = max(refdml_plan, float(np.abs(res.plan - _pot_plan(a, b, M, eta)).max()))
+            refdml_plan = max(refdml_plan, float(np.abs(res.plan - _pot_plan(a, b, M, eps)).max()))
     tol = 1e-7
     return Finding(
         readings=(
@@ -121,30 +124,30 @@ def check_eq3(ctx) -> Finding:
 # --------------------------------------------------------------------------- Eq. (4)
 
 
-def _self_entropic(x, a, eta, p, max_iter=5000, tol=1e-13):
-    """``OT_eta(a, a)`` by the symmetric log-domain Sinkhorn iteration ``f <- (f + T(f)) / 2``.
+def _self_entropic(x, a, eps, p, max_iter=5000, tol=1e-13):
+    """``OT_eps(a, a)`` by the symmetric log-domain Sinkhorn iteration ``f <- (f + T(f)) / 2``.
 
     Plain Sinkhorn (POT's included) needs tens of thousands of iterations on the self
-    terms at small eta with the cost ``||x - y||``; the averaged symmetric update
+    terms at small eps with the cost ``||x - y||``; the averaged symmetric update
     converges in a few dozen. With the KL penalty, the optimal potentials satisfy
-    ``f_i = -eta log sum_j a_j exp((f_j - C_ij)/eta)`` and ``OT = 2 <a, f>``.
+    ``f_i = -eps log sum_j a_j exp((f_j - C_ij)/eps)`` and ``OT = 2 <a, f>``.
     Returns ``(regularised value, transport cost)``.
     """
     C = ot.dist(x, x, metric="euclidean") ** p
     log_a = np.log(a)
     f = np.zeros_like(a)
     for _ in range(max_iter):
-        update = -eta * logsumexp(log_a[None, :] + (f[None, :] - C) / eta, axis=1)
+        update = -eps * logsumexp(log_a[None, :] + (f[None, :] - C) / eps, axis=1)
         new = 0.5 * (f + update)
         if np.max(np.abs(new - f)) <= tol * max(1.0, np.max(np.abs(f))):
             f = new
             break
         f = new
-    plan = np.exp(log_a[:, None] + log_a[None, :] + (f[:, None] + f[None, :] - C) / eta)
+    plan = np.exp(log_a[:, None] + log_a[None, :] + (f[:, None] + f[None, :] - C) / eps)
     return 2.0 * float(a @ f), float(np.sum(plan * C))
 
 
-def _sd(x, y, a, b, eta, p, convention):
+def _sd(x, y, a, b, eps, p, convention):
     """Sinkhorn divergence: cross term from POT's plan, self terms by the symmetric iteration.
 
     ``convention``: ``regularized`` (value of Eq. 3), ``root`` (its p-th root, the literal
@@ -155,8 +158,8 @@ def _sd(x, y, a, b, eta, p, convention):
             return transport
         return value ** (1.0 / p) if convention == "root" else value
 
-    cross = pick(*_entropic_values(a, b, ot.dist(x, y, metric="euclidean") ** p, eta))
-    return cross - 0.5 * (pick(*_self_entropic(x, a, eta, p)) + pick(*_self_entropic(y, b, eta, p)))
+    cross = pick(*_entropic_values(a, b, ot.dist(x, y, metric="euclidean") ** p, eps))
+    return cross - 0.5 * (pick(*_self_entropic(x, a, eps, p)) + pick(*_self_entropic(y, b, eps, p)))
 
 
 def _fmt_points(points) -> str:
@@ -164,7 +167,7 @@ def _fmt_points(points) -> str:
 
 
 def _energy_half(x, y, a, b, p):
-    """Limit eta -> inf: <a x b, C> - (<a x a, C> + <b x b, C>)/2 (half the energy distance for p = 1)."""
+    """Limit eps -> inf: <a x b, C> - (<a x a, C> + <b x b, C>)/2 (half the energy distance for p = 1)."""
     C = lambda u, v: ot.dist(u, v, metric="euclidean") ** p
     return float(a @ C(x, y) @ b - 0.5 * (a @ C(x, x) @ a + b @ C(y, y) @ b))
 
@@ -177,13 +180,13 @@ def _two_clouds(draw, powers=(1, 2, 3)):
 
 
 def _uniform_sd(cloud_pair, convention):
-    x, y, eta, p = cloud_pair
-    return _sd(x, y, np.full(len(x), 1 / len(x)), np.full(len(y), 1 / len(y)), eta, p, convention)
+    x, y, eps, p = cloud_pair
+    return _sd(x, y, np.full(len(x), 1 / len(x)), np.full(len(y), 1 / len(y)), eps, p, convention)
 
 
-def _limit_slope(etas, errors) -> float:
-    """Exponent of err ~ eta^s fitted on the grid (the limit is approached iff s has the right sign)."""
-    return float(np.polyfit(np.log(etas), np.log(np.maximum(errors, 1e-300)), 1)[0])
+def _limit_slope(eps_values, errors) -> float:
+    """Exponent of err ~ eps^s fitted on the grid (the limit is approached iff s has the right sign)."""
+    return float(np.polyfit(np.log(eps_values), np.log(np.maximum(errors, 1e-300)), 1)[0])
 
 
 CONVENTIONS = ("regularized", "root", "transport_cost")
@@ -194,7 +197,7 @@ CONVENTIONS = ("regularized", "root", "transport_cost")
     paper="Wasserstein DML Eq. (4)",
     statement="SD_{p,eta}(mu, nu) = W_{p,eta}(mu, nu) - (W_{p,eta}(mu, mu) + W_{p,eta}(nu, nu))/2, used as an "
               "approximation of the Wasserstein distance.",
-    hypotheses="eta > 0, p >= 1; W_{p,eta} from Eq. (3)",
+    hypotheses="eta > 0 (the entropic regularisation, refdml's eps), p >= 1; W_{p,eta} from Eq. (3)",
     operators=("ot.sinkhorn_divergence",),
 )
 def check_eq4(ctx) -> Finding:
@@ -208,27 +211,27 @@ def check_eq4(ctx) -> Finding:
         half_energy = _energy_half(x, y, a, b, p)
         for conv in CONVENTIONS:
             target0 = w_exact ** (1.0 / p) if conv == "root" else w_exact
-            err0 = [abs(_sd(x, y, a, b, eta, p, conv) - target0) for eta in small]
-            entry = {"target_eta_to_0": target0, "errors_small_eta": err0, "slope_small_eta": _limit_slope(small, err0)}
+            err0 = [abs(_sd(x, y, a, b, eps, p, conv) - target0) for eps in small]
+            entry = {"target_eps_to_0": target0, "errors_small_eps": err0, "slope_small_eps": _limit_slope(small, err0)}
             if conv != "root":  # the root of a negative limit is undefined for p = 3
-                errinf = [abs(_sd(x, y, a, b, eta, p, conv) - half_energy) for eta in large]
-                entry.update(target_eta_to_inf=half_energy, errors_large_eta=errinf,
-                             slope_large_eta=_limit_slope(large, errinf))
+                errinf = [abs(_sd(x, y, a, b, eps, p, conv) - half_energy) for eps in large]
+                entry.update(target_eps_to_inf=half_energy, errors_large_eps=errinf,
+                             slope_large_eps=_limit_slope(large, errinf))
             limits[f"p={p},{conv}"] = entry
-    eta_grid = np.logspace(-2, 3, ctx.pick(6, 16))
+    eps_grid = np.logspace(-2, 3, ctx.pick(6, 16))
     sd_figures = []
     for p in (1, 2):  # one figure per p: the same two clouds, a different cost
-        curves = [series(f"SD, {conv} value", eta_grid, [_sd(x, y, a, b, eta, p, conv) for eta in eta_grid])
+        curves = [series(f"SD, {conv} value", eps_grid, [_sd(x, y, a, b, eps, p, conv) for eps in eps_grid])
                   for conv in ("regularized", "transport_cost")]
         w_pp = float(ot.emd2(a, b, ot.dist(x, y, metric="euclidean") ** p))
         sd_figures.append(Figure(
-            f"wdml_sd_vs_eta_p{p}", f"Sinkhorn divergence vs eta, p = {p} (5 vs 6 points in R^2)", "eta",
+            f"wdml_sd_vs_eps_p{p}", f"Sinkhorn divergence vs eps, p = {p} (5 vs 6 points in R^2)", "eps (the paper's eta)",
             f"Sinkhorn divergence (p = {p})", tuple(curves), xscale="log",
-            thresholds=((f"W_{p}^{p} (limit eta -> 0)", w_pp),
-                        ("<a x b, C> - (<a x a, C> + <b x b, C>)/2 (limit eta -> inf)", _energy_half(x, y, a, b, p)))))
+            thresholds=((f"W_{p}^{p} (limit eps -> 0)", w_pp),
+                        ("<a x b, C> - (<a x a, C> + <b x b, C>)/2 (limit eps -> inf)", _energy_half(x, y, a, b, p)))))
     # Identical measures, the cross term solved separately on a shuffled copy.
-    identical = max(abs(_sd(x, x[::-1], a, a[::-1], eta, p, conv))
-                    for eta in (0.5, 2.0) for p in (1, 2) for conv in CONVENTIONS)
+    identical = max(abs(_sd(x, x[::-1], a, a[::-1], eps, p, conv))
+                    for eps in (0.5, 2.0) for p in (1, 2) for conv in CONVENTIONS)
     budget = ctx.pick(20, 80)
     negative = {}
     for label, conv, powers in (("regularized", "regularized", (1, 2, 3)), ("regularized_p12", "regularized", (1, 2)),
@@ -236,30 +239,31 @@ def check_eq4(ctx) -> Finding:
                                 ("transport_cost_p12", "transport_cost", (1, 2))):
         found = ctx.search(_two_clouds(powers), lambda c, conv=conv: _uniform_sd(c, conv) < -1e-9, max_examples=budget)
         if found is None and 3 in powers:
-            # A candidate from the eta -> inf limit: with C = |x - y|^3 the limit
+            # A candidate from the eps -> inf limit: with C = |x - y|^3 the limit
             # <a x b, C> - (<a x a, C> + <b x b, C>)/2 is 1 - 8/4 < 0 for delta_0 against (delta_-1 + delta_1)/2.
             candidate = (np.array([[0.0]]), np.array([[-1.0], [1.0]]), 50.0, 3)
             found = candidate if _uniform_sd(candidate, conv) < -1e-9 else None
-        negative[label] = None if found is None else {**jsonable_arrays(x=found[0], y=found[1]), "eta": found[2],
+        negative[label] = None if found is None else {**jsonable_arrays(x=found[0], y=found[1]), "eps": found[2],
                                                       "p": found[3], "SD": _uniform_sd(found, conv)}
 
     def violations(conv, powers_key) -> int:
         keys = [k for k in limits if k.endswith("," + conv)]
-        limit_ok = all(limits[k]["slope_small_eta"] > 0.25 for k in keys) and all(
-            limits[k].get("slope_large_eta", -1.0) < -0.5 for k in keys)
+        limit_ok = all(limits[k]["slope_small_eps"] > 0.25 for k in keys) and all(
+            limits[k].get("slope_large_eps", -1.0) < -0.5 for k in keys)
         return int(identical > 1e-9) + int(negative[powers_key] is not None) + int(not limit_ok)
 
     cross = {conv: abs(refdml_ot.sinkhorn_divergence(x, y, a, b, eps=0.5, p=2, value=conv, tol=1e-12, max_iter=100000)[0]
                        - _sd(x, y, a, b, 0.5, 2, conv)) for conv in ("regularized", "transport_cost")}
     neg = negative["regularized"]
-    if neg is not None:  # the counterexample, plotted: SD of that pair of measures along eta
+    if neg is not None:  # the counterexample, plotted: SD of that pair of measures along eps
         pair = (np.array(neg["x"], float), np.array(neg["y"], float))
         sd_figures.append(Figure(
             "wdml_eq4_counterexample", f"Counterexample to SD >= 0: p = {neg['p']}, x = {_fmt_points(pair[0])}, "
-            f"y = {_fmt_points(pair[1])} (uniform weights)", "eta", f"Sinkhorn divergence (p = {neg['p']}, regularized value)",
-            (series("SD of the counterexample", eta_grid,
-                    [_uniform_sd((*pair, eta, neg["p"]), "regularized") for eta in eta_grid]),
-             series(f"found: eta = {neg['eta']:.3g}, SD = {neg['SD']:.3g}", [neg["eta"]], [neg["SD"]], style="points")),
+            f"y = {_fmt_points(pair[1])} (uniform weights)", "eps (the paper's eta)",
+            f"Sinkhorn divergence (p = {neg['p']}, regularized value)",
+            (series("SD of the counterexample", eps_grid,
+                    [_uniform_sd((*pair, eps, neg["p"]), "regularized") for eps in eps_grid]),
+             series(f"found: eps = {neg['eps']:.3g}, SD = {neg['SD']:.3g}", [neg["eps"]], [neg["SD"]], style="points")),
             xscale="log", thresholds=(("0 (SD >= 0 claimed)", 0.0),)))
     return Finding(
         readings=(
@@ -273,13 +277,13 @@ def check_eq4(ctx) -> Finding:
         key_number=(f"p=3 gives SD = {neg['SD']:.3g} < 0" if neg else "no negative SD found")
                    + "; p in {1,2}: " + ("SD >= 0, limits hold" if violations("regularized", "regularized_p12") == 0
                                           else "violations found"),
-        sizes=[{"n": 5, "m": 6, "d": 2}, {"search": "n, m <= 3 points in [-1, 1], eta in [0.05, 100], p in {1, 2, 3}"}],
+        sizes=[{"n": 5, "m": 6, "d": 2}, {"search": "n, m <= 3 points in [-1, 1], eps in [0.05, 100], p in {1, 2, 3}"}],
         seeds=[ctx.seed],
         details={"identical_measures_max_abs_SD": identical, "limits": limits,
-                 "limit_test": "error ~ eta^s: s > 0.25 on eta in [0.005, 0.04] (eta -> 0), s < -0.5 on [1e2, 1e4] (eta -> inf)",
+                 "limit_test": "error ~ eps^s: s > 0.25 on eps in [0.005, 0.04] (eps -> 0), s < -0.5 on [1e2, 1e4] (eps -> inf)",
                  "negative_search": negative,
                  "root_reading": "W_{p,eta} = (value of Eq. 3)^{1/p} (Eq. 4 without the power): also >= 0 for p in {1, 2} "
-                                 "(concavity of the root) but tends to W_p only like sqrt(eta) for p = 2 (see limits)",
+                                 "(concavity of the root) but tends to W_p only like sqrt(eps) for p = 2 (see limits)",
                  "transport_convention": "W_{p,eta} = <pi, C> only; see negative_search['transport_cost*']",
                  "refdml_sinkhorn_divergence_vs_POT": cross},
         figures=tuple(sd_figures),
@@ -314,8 +318,8 @@ def _two_measures(draw):
 @claim(
     "wdml.prop1",
     paper="Wasserstein DML Proposition 1 (after Claici et al.)",
-    statement="A sufficient condition for nu to be an eps-coreset for mu and F is W_1(mu, nu) <= eps, i.e. "
-              "|E_mu f - E_nu f| <= eps for all f in F.",
+    statement="A sufficient condition for nu to be an ε-coreset for mu and F is W_1(mu, nu) <= ε, i.e. "
+              "|E_mu f - E_nu f| <= ε for all f in F.",
     hypotheses="F = the 1-Lipschitz functions",
 )
 def check_prop1(ctx) -> Finding:
@@ -349,7 +353,7 @@ def check_prop1(ctx) -> Finding:
         sizes=[{"n": 4, "m": 3, "d": 1}, {"n": 5, "m": 4, "d": 2}, {"n": 6, "m": 6, "d": 3}],
         seeds=[ctx.seed],
         details={"KR_dual_LP_minus_emd2": kr_gap, "max_ratio_random_1_lipschitz": worst_ratio,
-                 "outside": "for L-Lipschitz f with L > 1 the supremum is L W_1 > eps when W_1 = eps: F must be 1-Lipschitz"},
+                 "outside": "for L-Lipschitz f with L > 1 the supremum is L W_1 > ε when W_1 = ε: F must be 1-Lipschitz"},
         probe=None if probe is None else {**jsonable_arrays(x=probe[0], a=probe[1], y=probe[2], b=probe[3]),
                                           "lipschitz_constant": probe[4],
                                           "sup_minus_W1": excess(probe, lipschitz=probe[4])},

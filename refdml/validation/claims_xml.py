@@ -6,6 +6,10 @@ Conventions: the paper stores samples as columns (``Z`` is ``m x b``, ``Y`` is `
 write the paper's formulas with ``Z_paper = Z.T``; then ``R = Z_paper Z_paper^T = Z^T Z``
 and the printed solutions ``R^{-1} Q`` are ``m x d``, prototype per row.
 
+XML writes ε for two quantities: the inverse temperature of (2.4), here ``inverse_temperature``
+as in ``refdml.histogram``, and the ridge of (2.8)-(2.9), here ``ridge`` like the beta of
+(2.5)-(2.7) and as in ``refdml.prototypes`` (``eps`` is Sinkhorn's temperature elsewhere).
+
 One self-contained check per claim of the paper (oracle calls, readings, evidence and
 figures side by side), in the paper's order, so that a reader follows XML from top to bottom.
 """
@@ -217,12 +221,15 @@ def check_lemma_2_1(ctx) -> Finding:
 # --------------------------------------------------------------------------- Eq. (2.4)
 
 
-def _softmax_histogram(V, X, eps):
-    return softmax(eps * V @ X.T, axis=0).mean(axis=1)
+def _softmax_histogram(V, X, inverse_temperature):
+    return softmax(inverse_temperature * V @ X.T, axis=0).mean(axis=1)
 
 
-def _entropic_slsqp(V, X, eps):
-    """Maximise sum s_ij pi_ij - (1/eps) sum pi log pi s.t. sum_i pi_ij = 1/n (generic solver)."""
+def _entropic_slsqp(V, X, inverse_temperature):
+    """Maximise ``sum s_ij pi_ij - (1/ε) sum pi log pi`` s.t. ``sum_i pi_ij = 1/n`` (generic solver).
+
+    ``ε`` is XML's inverse temperature, ``inverse_temperature`` as in ``refdml.histogram``.
+    """
     m, n = V.shape[0], X.shape[0]
     s = (V @ X.T).ravel()
     A = np.zeros((n, m * n))
@@ -230,9 +237,9 @@ def _entropic_slsqp(V, X, eps):
         A[j, j::n] = 1.0
 
     res = minimize(
-        lambda p: float(-s @ p + np.sum(p * np.log(p)) / eps),
+        lambda p: float(-s @ p + np.sum(p * np.log(p)) / inverse_temperature),
         np.full(m * n, 1.0 / (m * n)),
-        jac=lambda p: -s + (np.log(p) + 1.0) / eps,
+        jac=lambda p: -s + (np.log(p) + 1.0) / inverse_temperature,
         method="SLSQP", bounds=[(1e-300, None)] * (m * n),
         constraints=[{"type": "eq", "fun": lambda p: A @ p - 1.0 / n, "jac": lambda p: A}],
         options={"ftol": 1e-16, "maxiter": 1000},
@@ -259,9 +266,9 @@ def _printed_24_feasible(m: int, n: int) -> bool:
     "xml.eq2.4",
     paper="XML Eq. (2.4)",
     statement="(z', pi') = argmax over {sum_ij pi_ij = 1/n, sum_j pi_ij = z_i, z in S^m, pi > 0} of "
-              "sum_ij nu_i^T x_j pi_ij - (1/eps) sum_ij pi_ij log pi_ij admits the softmax solution "
-              "z'_i = (1/n) sum_j exp(eps nu_i^T x_j) / sum_k exp(eps nu_k^T x_j).",
-    hypotheses="eps > 0",
+              "sum_ij nu_i^T x_j pi_ij - (1/ε) sum_ij pi_ij log pi_ij admits the softmax solution "
+              "z'_i = (1/n) sum_j exp(ε nu_i^T x_j) / sum_k exp(ε nu_k^T x_j).",
+    hypotheses="inverse temperature ε > 0",
     operators=("histogram.",),
 )
 def check_eq_2_4(ctx) -> Finding:
@@ -274,13 +281,13 @@ def check_eq_2_4(ctx) -> Finding:
     sizes = [(2, 2), (3, 3), (4, 3)] + ([] if ctx.quick else [(5, 4)])
     slsqp_err, kkt_err = 0.0, 0.0
     for m, n in sizes:
-        for eps in (0.5, 2.0, 10.0):
+        for inverse_temperature in (0.5, 2.0, 10.0):
             V, X = rng.uniform(-1, 1, (m, 2)), rng.uniform(-1, 1, (n, 2))
-            z = _softmax_histogram(V, X, eps)
-            slsqp_err = max(slsqp_err, float(np.max(np.abs(_entropic_slsqp(V, X, eps) - z))))
-            # KKT of the corrected problem: s_ij - (log pi_ij + 1)/eps is constant in i.
-            pi = softmax(eps * V @ X.T, axis=0) / n
-            station = V @ X.T - (np.log(pi) + 1.0) / eps
+            z = _softmax_histogram(V, X, inverse_temperature)
+            slsqp_err = max(slsqp_err, float(np.max(np.abs(_entropic_slsqp(V, X, inverse_temperature) - z))))
+            # KKT of the corrected problem: s_ij - (log pi_ij + 1)/ε is constant in i.
+            pi = softmax(inverse_temperature * V @ X.T, axis=0) / n
+            station = V @ X.T - (np.log(pi) + 1.0) / inverse_temperature
             kkt_err = max(kkt_err, float(np.max(np.ptp(station, axis=0))))
     tol = 1e-6
     V, X = rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (7, 3))
@@ -290,7 +297,7 @@ def check_eq_2_4(ctx) -> Finding:
             Reading(PRINTED, "constraint sum_ij pi_ij = 1/n (as printed)", printed_error, tol,
                     None if cex is None else {"m": cex[0], "n": cex[1], "linprog": "infeasible"}),
             Reading(CORRECTION, "constraint sum_i pi_ij = 1/n (each feature carries mass 1/n); "
-                    "then z'_i = (1/n) sum_j softmax_i(eps nu_i^T x_j)", max(slsqp_err, kkt_err), tol,
+                    "then z'_i = (1/n) sum_j softmax_i(ε nu_i^T x_j)", max(slsqp_err, kkt_err), tol,
                     trials=len(sizes) * 3),
         ),
         key_number=(f"printed infeasible for n={cex[1]}; corrected |z_softmax - z_SLSQP| = {slsqp_err:.1e}"
@@ -301,7 +308,7 @@ def check_eq_2_4(ctx) -> Finding:
             "printed_feasible_by_linprog": feasible_table,
             "max_abs_z_error_vs_SLSQP": slsqp_err,
             "max_KKT_stationarity_spread": kkt_err,
-            "eps_values": [0.5, 2.0, 10.0],
+            "inverse_temperature_values": [0.5, 2.0, 10.0],
             "refdml_histogram_entropic_vs_softmax_formula": cross,
         },
     )
@@ -314,9 +321,9 @@ def _batches(rng, K, b, m, d):
     return [(rng.uniform(0, 1, (b, m)), rng.standard_normal((b, d))) for _ in range(K)]
 
 
-def _rls_formula(batches, alpha, beta):
+def _rls_formula(batches, alpha, ridge):
     K, m = len(batches), batches[0][0].shape[1]
-    R = beta * np.eye(m)
+    R = ridge * np.eye(m)
     Q = np.zeros((m, batches[0][1].shape[1]))
     for i, (Z, Y) in enumerate(batches, start=1):
         R += alpha ** (K - i) * Z.T @ Z
@@ -324,9 +331,9 @@ def _rls_formula(batches, alpha, beta):
     return np.linalg.solve(R, Q), R
 
 
-def _rls_oracle(batches, alpha, beta):
+def _rls_oracle(batches, alpha, ridge):
     K = len(batches)
-    return ridge_lstsq([(alpha ** (K - i), Z, Y) for i, (Z, Y) in enumerate(batches, start=1)], beta)
+    return ridge_lstsq([(alpha ** (K - i), Z, Y) for i, (Z, Y) in enumerate(batches, start=1)], ridge)
 
 
 @st.composite
@@ -336,14 +343,14 @@ def _rls_instance(draw):
     b = draw(st.integers(m + 1, m + 3))  # so that Z^T Z (alpha = 1) is invertible
     K = draw(st.integers(1, 3))
     alpha = draw(floats(0.05, 1.0))
-    beta = draw(floats(0.01, 2.0))
+    ridge = draw(floats(0.01, 2.0))
     batches = [(draw(arrays((b, m), 0.0, 1.0)), draw(arrays((b, d)))) for _ in range(K + 1)]
-    return alpha, beta, batches
+    return alpha, ridge, batches
 
 
-def _well_posed(batches, alpha, beta, limit=1e8) -> bool:
+def _well_posed(batches, alpha, ridge, limit=1e8) -> bool:
     Z = batches[-1][0]
-    R = Z.T @ Z + (1 - alpha) * beta * np.eye(Z.shape[1])
+    R = Z.T @ Z + (1 - alpha) * ridge * np.eye(Z.shape[1])
     return np.linalg.cond(R) < limit
 
 
@@ -352,7 +359,7 @@ def _well_posed(batches, alpha, beta, limit=1e8) -> bool:
     paper="XML Eqs. (2.5)-(2.6)",
     statement="V^(K) = argmin_A sum_i alpha^(K-i) ||A Z_i - Y_i||^2 + beta ||A||^2 = R_K^{-1} Q_K, "
               "R_K = sum_i alpha^(K-i) Z_i Z_i^T + beta I, Q_K = sum_i alpha^(K-i) Z_i Y_i^T.",
-    hypotheses="0 < alpha <= 1, beta > 0",
+    hypotheses="0 < alpha <= 1, ridge beta > 0",
     operators=("prototypes.",),
 )
 def check_eq_2_6(ctx) -> Finding:
@@ -361,19 +368,19 @@ def check_eq_2_6(ctx) -> Finding:
     sizes = [(1, 4, 5, 3), (3, 4, 5, 3), (5, 8, 6, 4)] + ([] if ctx.quick else [(10, 16, 32, 8)])
     for K, b, m, d in sizes:
         for alpha in (1.0, 0.7, 0.3):
-            for beta in (0.1, 1.0):
+            for ridge in (0.1, 1.0):
                 batches = _batches(rng, K, b, m, d)
-                worst = max(worst, rel_err(_rls_formula(batches, alpha, beta)[0],
-                                           _rls_oracle(batches, alpha, beta)))
+                worst = max(worst, rel_err(_rls_formula(batches, alpha, ridge)[0],
+                                           _rls_oracle(batches, alpha, ridge)))
                 trials += 1
     tol = 1e-10
 
     def violates(inst):
-        alpha, beta, batches = inst
-        return rel_err(_rls_formula(batches, alpha, beta)[0], _rls_oracle(batches, alpha, beta)) > 1e-8
+        alpha, ridge, batches = inst
+        return rel_err(_rls_formula(batches, alpha, ridge)[0], _rls_oracle(batches, alpha, ridge)) > 1e-8
 
     cex = ctx.search(_rls_instance(), violates, max_examples=ctx.pick(25, 100))
-    # Outside: beta = 0 and fewer samples than prototypes, R_K is singular.
+    # Outside: ridge = 0 and fewer samples than prototypes, R_K is singular.
     Z = rng.uniform(0, 1, (2, 4))
     rank = int(np.linalg.matrix_rank(Z.T @ Z))
     batches = _batches(rng, 6, 4, 5, 3)
@@ -384,16 +391,16 @@ def check_eq_2_6(ctx) -> Finding:
     return Finding(
         readings=(Reading(PRINTED, "V = R_K^{-1} Q_K (m x d, prototype per row: the transpose of the "
                           "d x m minimiser A of (2.5))", worst, tol,
-                          None if cex is None else {"alpha": cex[0], "beta": cex[1],
+                          None if cex is None else {"alpha": cex[0], "ridge": cex[1],
                                                     "batches": [jsonable_arrays(Z=z, Y=y) for z, y in cex[2]]},
                           trials=trials),),
         key_number=f"max rel. error vs lstsq = {worst:.1e}",
         sizes=[{"K": K, "b": b, "m": m, "d": d} for K, b, m, d in sizes],
         seeds=[ctx.seed],
         details={
-            "oracle": "numpy.linalg.lstsq on the stacked sqrt(alpha^(K-i))-weighted system with sqrt(beta) I rows",
+            "oracle": "numpy.linalg.lstsq on the stacked sqrt(alpha^(K-i))-weighted system with sqrt(ridge) I rows",
             "transpose_convention": "R_K^{-1} Q_K is m x d; the argmin A of (2.5) is d x m; they are transposes",
-            "outside_beta0_rank_of_R_with_b2_m4": rank,
+            "outside_ridge0_rank_of_R_with_b2_m4": rank,
             "refdml_RecursivePrototypes_vs_lstsq": cross,
         },
     )
@@ -405,21 +412,21 @@ def _wk(R_K, R, alpha, reading):
     return alpha * printed if reading == "corrected" else printed
 
 
-def _eq27_error(alpha, beta, batches, reading):
+def _eq27_error(alpha, ridge, batches, reading):
     past, (Z, Y) = batches[:-1], batches[-1]
-    V_K, R_K = _rls_formula(past, alpha, beta)
+    V_K, R_K = _rls_formula(past, alpha, ridge)
     m = Z.shape[1]
     if reading == "literal_R_inverse":
         # "R^{-1} = Z Z^T + (1 - alpha) beta I" taken literally: R is the inverse of that.
-        Rinv = Z.T @ Z + (1 - alpha) * beta * np.eye(m)
+        Rinv = Z.T @ Z + (1 - alpha) * ridge * np.eye(m)
         R = np.linalg.inv(Rinv)
         W = Rinv @ np.linalg.inv(np.linalg.inv(R_K) + alpha * Rinv)
     else:
-        R = Z.T @ Z + (1 - alpha) * beta * np.eye(m)
+        R = Z.T @ Z + (1 - alpha) * ridge * np.eye(m)
         W = _wk(R_K, R, alpha, reading)
     V_batch = np.linalg.solve(R, Z.T @ Y)
     V_next = W @ V_K + (np.eye(m) - W) @ V_batch
-    return rel_err(V_next, _rls_oracle(batches, alpha, beta))
+    return rel_err(V_next, _rls_oracle(batches, alpha, ridge))
 
 
 @claim(
@@ -427,7 +434,7 @@ def _eq27_error(alpha, beta, batches, reading):
     paper="XML Eq. (2.7)",
     statement="V^(K+1) = W_K V^(K) + (I - W_K) V with V = R^{-1} Z Y^T, "
               "'R^{-1} = Z Z^T + (1-alpha) beta I', W_K = R^{-1} (R_K^{-1} + alpha R^{-1})^{-1}.",
-    hypotheses="0 < alpha <= 1, beta > 0, R invertible",
+    hypotheses="0 < alpha <= 1, ridge beta > 0, R invertible",
     operators=("prototypes.",),
 )
 def check_eq_2_7(ctx) -> Finding:
@@ -454,7 +461,7 @@ def check_eq_2_7(ctx) -> Finding:
             lambda inst, r=r: _well_posed(inst[2], inst[0], inst[1]) and _eq27_error(inst[0], inst[1], inst[2], r) > 1e-7,
             max_examples=budget)
         cex[r] = None if found is None else {
-            "alpha": found[0], "beta": found[1],
+            "alpha": found[0], "ridge": found[1],
             "batches": [jsonable_arrays(Z=z, Y=y) for z, y in found[2]],
             "relative_error": _eq27_error(found[0], found[1], found[2], r)}
     alpha1 = by_alpha["printed"][alphas.index(1.0)]
@@ -482,7 +489,7 @@ def check_eq_2_7(ctx) -> Finding:
         details={
             "relative_error_of_V_K+1_by_alpha": {r: dict(zip(map(str, alphas), by_alpha[r])) for r in readings},
             "reading_literal_R_inverse": "R^{-1} := Z Z^T + (1-alpha) beta I literally (fails too)",
-            "beta": 0.5,
+            "ridge": 0.5,
             "oracle": "V^(K+1) by numpy.linalg.lstsq on all K+1 batches",
             "refdml_recursion_weights_vs_formulas": cross,
         },
@@ -499,18 +506,18 @@ def _square_ridge(draw):
     return draw(arrays((m, b))), draw(arrays((m, b))), draw(floats(0.01, 2.0))  # Z_paper, Y_paper (d = m)
 
 
-def _two_forms(Zp, Yp, eps):
+def _two_forms(Zp, Yp, ridge):
     m, b = Zp.shape
-    primal = np.linalg.solve(Zp @ Zp.T + eps * np.eye(m), Zp @ Yp.T)  # (m, d)
-    kernel = Yp @ np.linalg.solve(Zp.T @ Zp + eps * np.eye(b), Zp.T)  # (d, m)
+    primal = np.linalg.solve(Zp @ Zp.T + ridge * np.eye(m), Zp @ Yp.T)  # (m, d)
+    kernel = Yp @ np.linalg.solve(Zp.T @ Zp + ridge * np.eye(b), Zp.T)  # (d, m)
     return primal, kernel
 
 
 @claim(
     "xml.eq2.8",
     paper="XML Eq. (2.8) and Sec. 2.3",
-    statement="V_k = (Z_k Z_k^T + eps I)^{-1} Z_k Y_k^T, 'or equivalently' V_k = Y_k (Z_k^T Z_k + eps I)^{-1} Z_k^T.",
-    hypotheses="eps > 0; paper's convention Z_k: m x b, Y_k: d x b",
+    statement="V_k = (Z_k Z_k^T + ε I)^{-1} Z_k Y_k^T, 'or equivalently' V_k = Y_k (Z_k^T Z_k + ε I)^{-1} Z_k^T.",
+    hypotheses="ridge ε > 0; paper's convention Z_k: m x b, Y_k: d x b",
     operators=("prototypes.",),
 )
 def check_eq_2_8(ctx) -> Finding:
@@ -518,13 +525,13 @@ def check_eq_2_8(ctx) -> Finding:
     literal, transposed, argmin_err, trials = 0.0, 0.0, 0.0, 0
     shapes = []
     for m, b, d in ((4, 6, 4), (6, 3, 6), (5, 8, 3), (8, 4, 2)) + (() if ctx.quick else ((64, 16, 32),)):
-        for eps in (0.05, 1.0):
+        for ridge in (0.05, 1.0):
             Zp, Yp = rng.uniform(0, 1, (m, b)), rng.standard_normal((d, b))
-            primal, kernel = _two_forms(Zp, Yp, eps)
+            primal, kernel = _two_forms(Zp, Yp, ridge)
             if primal.shape == kernel.shape:
                 literal = max(literal, rel_err(kernel, primal))
             transposed = max(transposed, rel_err(kernel.T, primal))
-            A = ridge_lstsq([(1.0, Zp.T, Yp.T)], eps).T  # argmin_A ||A Z - Y||^2 + eps ||A||^2, d x m
+            A = ridge_lstsq([(1.0, Zp.T, Yp.T)], ridge).T  # argmin_A ||A Z - Y||^2 + ridge ||A||^2, d x m
             argmin_err = max(argmin_err, rel_err(kernel, A))
             shapes.append({"m": m, "b": b, "d": d, "primal_shape": list(primal.shape),
                            "kernel_shape": list(kernel.shape)})
@@ -535,8 +542,8 @@ def check_eq_2_8(ctx) -> Finding:
     return Finding(
         readings=(
             Reading(PRINTED, "the two forms are equal", literal, tol,
-                    None if cex is None else {**jsonable_arrays(Z=cex[0], Y=cex[1]), "eps": cex[2]}, trials=trials),
-            Reading(CORRECTION, "(Z Z^T + eps I)^{-1} Z Y^T = (Y (Z^T Z + eps I)^{-1} Z^T)^T: the kernel form is "
+                    None if cex is None else {**jsonable_arrays(Z=cex[0], Y=cex[1]), "ridge": cex[2]}, trials=trials),
+            Reading(CORRECTION, "(Z Z^T + ε I)^{-1} Z Y^T = (Y (Z^T Z + ε I)^{-1} Z^T)^T: the kernel form is "
                     "the d x m minimiser A of (2.8), the primal form its m x d transpose", transposed, tol,
                     trials=trials),
         ),
@@ -552,17 +559,17 @@ def check_eq_2_8(ctx) -> Finding:
 # --------------------------------------------------------------------------- Eq. (2.9)
 
 
-def _eq29_error(Z1, Y1, Z2, Y2, eps, reading):
+def _eq29_error(Z1, Y1, Z2, Y2, ridge, reading):
     m = Z1.shape[1]
-    R1 = Z1.T @ Z1 + eps / 2 * np.eye(m)
-    R2 = Z2.T @ Z2 + eps / 2 * np.eye(m)
+    R1 = Z1.T @ Z1 + ridge / 2 * np.eye(m)
+    R2 = Z2.T @ Z2 + ridge / 2 * np.eye(m)
     V1 = np.linalg.solve(R1, Z1.T @ Y1)
     V2 = np.linalg.solve(R2, Z2.T @ Y2)
     R1i, R2i = np.linalg.inv(R1), np.linalg.inv(R2)
     second = R1i @ R1i if reading == "printed" else R2i
     W = R2i @ np.linalg.inv(R1i + second)
     V = W @ V1 + (np.eye(m) - W) @ V2
-    full = ridge_lstsq([(1.0, np.vstack([Z1, Z2]), np.vstack([Y1, Y2]))], eps)
+    full = ridge_lstsq([(1.0, np.vstack([Z1, Z2]), np.vstack([Y1, Y2]))], ridge)
     return rel_err(V, full)
 
 
@@ -578,9 +585,9 @@ def _two_halves(draw):
 @claim(
     "xml.eq2.9",
     paper="XML Eq. (2.9)",
-    statement="V = W V_1 + (I - W) V_2 with V_k the ridge fits (eps/2) of the halves and "
-              "W = R_2^{-1}(R_1^{-1} + R_1^{-2})^{-1}, R_k = Z_k Z_k^T + (eps/2) I.",
-    hypotheses="eps > 0, the batch split into two halves",
+    statement="V = W V_1 + (I - W) V_2 with V_k the ridge fits (ε/2) of the halves and "
+              "W = R_2^{-1}(R_1^{-1} + R_1^{-2})^{-1}, R_k = Z_k Z_k^T + (ε/2) I.",
+    hypotheses="ridge ε > 0, the batch split into two halves",
     operators=("prototypes.",),
 )
 def check_eq_2_9(ctx) -> Finding:
@@ -588,16 +595,16 @@ def check_eq_2_9(ctx) -> Finding:
     worst = {"printed": 0.0, "corrected": 0.0}
     sizes = [(4, 5, 4, 3), (6, 3, 5, 2), (8, 8, 6, 4)]
     for b1, b2, m, d in sizes:
-        for eps in (0.05, 0.5, 2.0):
+        for ridge in (0.05, 0.5, 2.0):
             args = (rng.uniform(0, 1, (b1, m)), rng.standard_normal((b1, d)),
-                    rng.uniform(0, 1, (b2, m)), rng.standard_normal((b2, d)), eps)
+                    rng.uniform(0, 1, (b2, m)), rng.standard_normal((b2, d)), ridge)
             for r in worst:
                 worst[r] = max(worst[r], _eq29_error(*args, r))
     tol = 1e-9
     budget = ctx.pick(25, 100)
     cex = {r: ctx.search(_two_halves(), lambda a, r=r: _eq29_error(*a, r) > 1e-7, max_examples=budget)
            for r in worst}
-    as_json = {r: None if c is None else {**jsonable_arrays(Z1=c[0], Y1=c[1], Z2=c[2], Y2=c[3]), "eps": c[4],
+    as_json = {r: None if c is None else {**jsonable_arrays(Z1=c[0], Y1=c[1], Z2=c[2], Y2=c[3]), "ridge": c[4],
                                           "relative_error": _eq29_error(*c, r)} for r, c in cex.items()}
     Z1, Y1, Z2, Y2 = rng.uniform(0, 1, (5, 4)), rng.standard_normal((5, 3)), rng.uniform(0, 1, (6, 4)), rng.standard_normal((6, 3))
     full = ridge_lstsq([(1.0, np.vstack([Z1, Z2]), np.vstack([Y1, Y2]))], 0.4)
@@ -613,6 +620,6 @@ def check_eq_2_9(ctx) -> Finding:
         sizes=[{"b1": a, "b2": b, "m": m, "d": d} for a, b, m, d in sizes],
         seeds=[ctx.seed],
         details={"max_rel_error_vs_full_ridge_fit": worst,
-                 "oracle": "ridge fit of the stacked batch with eps by numpy.linalg.lstsq",
+                 "oracle": "ridge fit (ridge ε) of the stacked batch by numpy.linalg.lstsq",
                  "refdml_two_batch_decomposition_vs_lstsq": cross},
     )

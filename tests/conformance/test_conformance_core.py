@@ -141,7 +141,7 @@ def test_independent_loop_implementation_passes(monkeypatch, dtype):
     assert list(report.cases) == expected
     assert report.search is not None and report.search.examples > 0
     assert report.summary().splitlines()[-1].startswith(f"PASS losses.contrastive (numpy, {dtype})")
-    # Every quantity of every case has its tolerance stated: max(base, 16 eps kappa).
+    # Every quantity of every case has its tolerance stated: max(base, 16 eps_dtype kappa).
     eps = float(np.finfo(dtype).eps)
     quantities = {(t.case, t.quantity) for t in report.tolerances}
     assert quantities == {(case, q) for case in report.cases

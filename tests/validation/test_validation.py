@@ -242,18 +242,18 @@ def test_xml_eq27_printed_fails_below_alpha_1_corrected_holds(quick_run):
     _, records, _ = quick_run
     assert by_id(records)["xml.eq2.7"]["verdict"] == "holds-with-correction"
     rng = np.random.default_rng(5)
-    m, d, beta = 4, 3, 0.5
+    m, d, ridge = 4, 3, 0.5
     batches = [(rng.uniform(0, 1, (6, m)), rng.standard_normal((6, d))) for _ in range(4)]
     for alpha in (0.5, 1.0):
         def normal_equations(bs):  # R_K^{-1} Q_K built from scratch (batch-first)
             K = len(bs)
-            R = beta * np.eye(m) + sum(alpha ** (K - i) * Z.T @ Z for i, (Z, _) in enumerate(bs, 1))
+            R = ridge * np.eye(m) + sum(alpha ** (K - i) * Z.T @ Z for i, (Z, _) in enumerate(bs, 1))
             Q = sum(alpha ** (K - i) * Z.T @ Y for i, (Z, Y) in enumerate(bs, 1))
             return np.linalg.solve(R, Q), R
         V_K, R_K = normal_equations(batches[:-1])
         target, _ = normal_equations(batches)
         Z, Y = batches[-1]
-        R = Z.T @ Z + (1 - alpha) * beta * np.eye(m)
+        R = Z.T @ Z + (1 - alpha) * ridge * np.eye(m)
         printed = np.linalg.inv(R) @ np.linalg.inv(np.linalg.inv(R_K) + alpha * np.linalg.inv(R))
         V = np.linalg.solve(R, Z.T @ Y)
         for W, should_match in ((printed, alpha == 1.0), (alpha * printed, True)):

@@ -492,7 +492,7 @@ def _draw(n: int, size: int, d: GlyphDistortion, gen: np.random.Generator) -> di
         "shift": gen.uniform(-d.translation, d.translation, size=(n, 2)) * size,
         "blur": gen.uniform(0.0, d.blur, size=n).astype(np.float32),
         "noise": gen.uniform(0.0, d.noise, size=n).astype(np.float32),
-        "eps": gen.standard_normal((n, size, size), dtype=np.float32),
+        "gaussian": gen.standard_normal((n, size, size), dtype=np.float32),
     }
 
 
@@ -541,7 +541,7 @@ def _apply(masters: np.ndarray, size: int, draws: dict) -> np.ndarray:
         lo = padded[:, :-2] if axis == 1 else padded[:, :, :-2]
         hi = padded[:, 2:] if axis == 1 else padded[:, :, 2:]
         out = (1 - 2 * b) * out + b * (lo + hi)
-    out = out + draws["noise"][:, None, None] * draws["eps"]
+    out = out + draws["noise"][:, None, None] * draws["gaussian"]
     return np.clip(out, 0.0, 1.0).astype(np.float32)
 
 
