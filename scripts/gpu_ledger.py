@@ -510,7 +510,7 @@ def render_section(ledger: Any, digest: str | None = None) -> str:
             f"**GPU ledger: {NEVER}.** No ledger of a GPU machine has been recorded: every "
             "CUDA kernel has run only under Numba's CUDA simulator and every CuPy path only "
             "on NumPy arrays or the CuPy stand-in. `bash scripts/gpu_run.sh` on a GPU "
-            "machine writes one (docs/gpu.md, \"Running on a GPU machine\").", "", ""])
+            "machine writes one (docs/gpu/gpu-machine.md).", "", ""])
     device, versions = ledger.get("device") or {}, ledger.get("versions") or {}
     build = ledger.get("refdml") or {}
     commit = build.get("git_commit")
