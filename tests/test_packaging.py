@@ -31,13 +31,17 @@ def test_the_core_holds_no_extra_package():
     # What `refdml verify` and the operators import; the rest sits in extras.
     core = _names(META["dependencies"])
     assert not core & {"distributed", "dask", "scikit-learn", "matplotlib", "tomli", "jax",
-                       "mpmath", "pytest"}, core
-    assert {"numpy", "scipy", "pot", "numba", "hypothesis", "tqdm", "threadpoolctl"} <= core
+                       "mpmath", "pytest", "numba", "numba-cuda"}, core
+    assert {"numpy", "scipy", "pot", "hypothesis", "tqdm", "threadpoolctl"} <= core
 
 
 def test_each_job_has_its_extra():
-    assert {"plot", "train", "reproduce", "gpu", "docs", "test", "release"} <= set(EXTRAS)
+    assert {"plot", "fast", "train", "reproduce", "gpu", "docs", "test", "release"} <= set(EXTRAS)
     assert "matplotlib" in _names(EXTRAS["plot"])
+    assert _names(EXTRAS["fast"]) == {"numba"}
+    # Training and the CUDA kernels run the fast path's compiled kernels: they bring Numba.
+    for extra in ("train", "gpu"):
+        assert any(r.replace(" ", "") == "refdml[fast]" for r in EXTRAS[extra]), extra
     assert {"scikit-learn", "matplotlib"} <= _names(EXTRAS["train"])
     assert "distributed" in _names(EXTRAS["reproduce"])
     assert any(r.replace(" ", "") == "refdml[train,plot]" for r in EXTRAS["reproduce"])

@@ -22,6 +22,11 @@ one per call; the user steers the choice with :func:`use_kernels` (public as
 The mode is a context variable (thread- and task-safe); its default is the environment
 variable ``REFDML_GPU_KERNELS`` or ``"auto"``.
 
+Numba is the ``fast`` extra (``pip install "refdml[fast]"``; ``train``, ``reproduce`` and
+``gpu`` bring it too). Without it ``"auto"`` runs the array path of every family, and a
+kernel asked for by name (``"cpu"``, ``"cuda"``) is a
+:class:`~refdml.exceptions.MissingExtraError` naming the extra.
+
 >>> with use_kernels("array"):
 ...     kernel_mode()
 'array'
@@ -38,11 +43,12 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from refdml._backend import get_backend
+from refdml.exceptions import MissingExtraError
 
 Impl = TypeVar("Impl")
 
 __all__ = ["Implementations", "KERNEL_MODES", "cuda_simulator", "cuda_unavailable_reason",
-           "kernel_mode", "use_kernels"]
+           "kernel_mode", "numba_installed", "use_kernels"]
 
 KERNEL_MODES = ("auto", "array", "cpu", "cuda")
 
@@ -71,6 +77,16 @@ def use_kernels(mode: str) -> Iterator[None]:
         yield
     finally:
         _MODE.reset(token)
+
+
+@functools.cache
+def numba_installed() -> bool:
+    """Whether Numba can be imported (looked up once, not imported): the ``fast`` extra."""
+    try:
+        MissingExtraError.require("fast", "numba")
+    except MissingExtraError:
+        return False
+    return True
 
 
 def cuda_simulator() -> bool:
@@ -166,20 +182,27 @@ class Implementations(Generic[Impl]):
         mode = kernel_mode()
         on_device = get_backend(x).kernel_target == "cuda"
         if mode == "auto":
-            return self.auto_cupy if on_device else self.auto_numpy
+            kind = self.auto_cupy if on_device else self.auto_numpy
+            return kind if kind == "array" or numba_installed() else "array"
         if mode == "array":
             return "array"
         if mode == "cpu":
             if on_device:
                 raise ValueError("kernel mode 'cpu' cannot take a CuPy array (it would copy "
                                  "to the host)")
-            return "cpu" if self.cpu is not None else "array"
+            if self.cpu is None:
+                return "array"
+            if not numba_installed():
+                raise MissingExtraError("fast", "numba")
+            return "cpu"
         if self.load_cuda is None:      # nothing to run on the device: the array path
             return "array"
         if not on_device and not cuda_simulator():
             raise ValueError(
                 "kernel mode 'cuda' needs CuPy arrays, or NumPy arrays under Numba's CUDA "
                 "simulator (NUMBA_ENABLE_CUDASIM=1)")
+        if not numba_installed():
+            raise MissingExtraError("gpu", "numba")
         return "cuda"
 
     def choose(self, x: Any) -> Impl:
