@@ -180,7 +180,7 @@ def test_implementations_choose_by_mode_and_input(monkeypatch):
                False: types.SimpleNamespace(kernel_target="cpu")}
     monkeypatch.setattr("refdml.gpu._support.modes.get_backend",
                         lambda x: targets[isinstance(x, Device)])
-    full = Implementations("full", array="A", cpu="C", load_cuda=lambda: "K", auto_numpy="array",
+    full = Implementations("full", array="A", load_cpu=lambda: "C", load_cuda=lambda: "K", auto_numpy="array",
                            auto_cupy="cuda")
     bare = Implementations("bare", array="A", auto_numpy="array", auto_cupy="array")
     host, device = np.zeros(1), Device()
@@ -207,6 +207,6 @@ def test_implementations_refuse_an_auto_choice_they_cannot_run():
     from refdml.gpu._support.modes import Implementations
 
     with pytest.raises(ValueError, match="auto_cupy == 'cpu'"):
-        Implementations("x", array="A", cpu="C", auto_cupy="cpu")
+        Implementations("x", array="A", load_cpu=lambda: "C", auto_cupy="cpu")
     with pytest.raises(ValueError, match="'auto' names a kernel the family does not have"):
         Implementations("x", array="A", auto_numpy="cpu")

@@ -1,33 +1,22 @@
-"""Every compiled kernel of refdml, and the Numba support they share (base layer).
+"""What every kernel family of the fast path shares, one module per concern.
 
-One pair of modules per family, side by side: ``<family>.py`` holds the scalar ``@njit``
-maths and the CPU twins, ``<family>_cuda.py`` the ``@cuda.jit`` kernels, which call the same
-scalar functions, so a CUDA kernel and its CPU twin state the maths once
-(:mod:`refdml.gpu._support.scalar` holds what several families share). Families: ``gsp``
-(the GSP layer), ``losses`` (the masked log-sum-exp), ``sinkhorn`` (small problems, the
-log-sum-exp half step, the pair costs), ``retrieval`` (top-K), ``kcenter`` (greedy k-center).
+- :mod:`~refdml.gpu._support.modes`: the kernel modes (``refdml.gpu.use_kernels``) and
+  :class:`~refdml.gpu._support.modes.Implementations`, the object of each family that holds
+  its array path, CPU twin and CUDA kernels, chooses one per call, and loads the compiled
+  ones on first use;
+- :mod:`~refdml.gpu._support.cuda`: the one import point of ``numba.cuda``, and the registry
+  where every ``@cuda.jit`` kernel is declared with the argument types of its launches;
+- :mod:`~refdml.gpu._support.launch`: :func:`~refdml.gpu._support.launch.cuda_launch`, the one
+  launcher of every CUDA kernel, and the launch-size constant ``BLOCK``;
+- :mod:`~refdml.gpu._support.profile`: the launch profile (``REFDML_CUDA_PROFILE``);
+- :mod:`~refdml.gpu._support.threading_layer`: Numba's threading layer and the lock around
+  every parallel CPU twin;
+- :mod:`~refdml.gpu._support.notice`: a line on stderr while a kernel compiles for long;
+- :mod:`~refdml.gpu._support.scalar`: scalar ``@njit`` maths that several families' kernels
+  call (the online log-sum-exp);
+- :mod:`~refdml.gpu._support.occupancy`: a kernel's theoretical occupancy.
 
-Three reference operators run a compiled CPU twin of their readable form by default (each
-checked against it by the tests): :func:`refdml.metrics.retrieval_metrics`
-(:mod:`refdml.gpu.metrics._compiled`), :func:`refdml.kcenter.greedy_k_center`
-(:mod:`refdml.gpu.kcenter._compiled`) and :func:`refdml.ot.pairwise_sinkhorn_divergence_forward`
-(:mod:`refdml.gpu.ot._compiled`). That is why the kernels sit here, below the operators,
-and not in refdml.gpu: the reference must not import the fast path (docs/architecture.md),
-and these are the reference's own algorithms compiled. The other families sit beside them
-so that every family is laid out alike.
-
-Only the ``*_cuda`` modules import ``numba.cuda`` (through :mod:`refdml.gpu._support.cuda`,
-its one import point and the registry where each kernel is declared with its launch
-types), and only the fast path imports them: the reference runs without numba-cuda.
-:mod:`refdml.gpu.families` imports every family for the compile check.
-:mod:`refdml.gpu._support.modes` holds the kernel modes (``refdml.gpu.use_kernels``), the
-:class:`~refdml.gpu._support.modes.Implementations` chooser, the CUDA launch and the
-threading-layer guard; :mod:`refdml.gpu._support.notice` the line on stderr while a kernel
-compiles for longer than a few seconds (installed here, on import).
+Importing the package imports none of them, and nothing here imports Numba until a compiled
+kernel is used: the families (``refdml/gpu/<family>/``) load their ``_compiled`` and ``_cuda``
+modules through their ``Implementations`` object.
 """
-
-from refdml.gpu._support import notice as _notice
-
-# A line on stderr while one of refdml's kernels compiles for more than a few seconds
-# (refdml.gpu._support.notice); nothing where Numba is not installed.
-_notice.install()

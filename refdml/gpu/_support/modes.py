@@ -131,10 +131,11 @@ class Implementations(Generic[Impl]):
 
     ``family``: the family's name, as the reference names it (``"gsp"``, ``"ot"``);
     ``array``: the code written once against the backend (always there, and what the
-    kernels are checked against); ``cpu``: the compiled ``@njit`` CPU twin, or None;
-    ``load_cuda``: builds the ``@cuda.jit`` member, or None, on first use of :attr:`cuda`
-    (its module imports ``numba.cuda``, so nothing loads it until a CUDA kernel runs). The
-    members are objects of one interface that the family defines. ``auto_numpy`` /
+    kernels are checked against); ``load_cpu`` / ``load_cuda``: build the ``@njit`` CPU twin
+    and the ``@cuda.jit`` member (or None where the family has none) on first use of
+    :attr:`cpu` / :attr:`cuda`: their modules import Numba and ``numba.cuda``, so nothing
+    loads them until a compiled kernel runs (the reference, the catalogue and the array paths
+    never do). The members are objects of one interface that the family defines. ``auto_numpy`` /
     ``auto_cupy``: what ``use_kernels("auto")`` runs on NumPy ("array" or "cpu") and on CuPy
     input ("array" or "cuda"): the fastest correct path as measured, ``measured`` naming
     where the measurement is recorded (the page of the docs and the benchmark's command).
@@ -148,7 +149,7 @@ class Implementations(Generic[Impl]):
 
     family: str
     array: Impl
-    cpu: Impl | None = None
+    load_cpu: Callable[[], Impl] | None = field(default=None, repr=False)
     load_cuda: Callable[[], Impl] | None = field(default=None, repr=False)
     auto_numpy: str = "cpu"
     auto_cupy: str = "cuda"
@@ -159,21 +160,26 @@ class Implementations(Generic[Impl]):
                                      ("auto_cupy", self.auto_cupy, ("array", "cuda"))):
             if value not in allowed:
                 raise ValueError(f"{self.family}: {name} == {value!r}, must be one of {allowed}")
-        if (self.auto_numpy == "cpu" and self.cpu is None) or (
+        if (self.auto_numpy == "cpu" and self.load_cpu is None) or (
                 self.auto_cupy == "cuda" and self.load_cuda is None):
             raise ValueError(f"{self.family}: 'auto' names a kernel the family does not have")
 
     @functools.cached_property
+    def cpu(self) -> Impl | None:
+        """The CPU twin, built by ``load_cpu`` on first use (None without one)."""
+        return _loaded(self.load_cpu)
+
+    @functools.cached_property
     def cuda(self) -> Impl | None:
         """The CUDA member, built by ``load_cuda`` on first use (None without one)."""
-        return None if self.load_cuda is None else self.load_cuda()
+        return _loaded(self.load_cuda)
 
     @property
     def kernel_modes(self) -> tuple[str, ...]:
         """The compiled kernels the family has beside its array path (``"cpu"``,
         ``"cuda"``): the kernel variants the catalogue and the parity suite run. Known
         without loading the CUDA member."""
-        return tuple(kind for kind, present in (("cpu", self.cpu is not None),
+        return tuple(kind for kind, present in (("cpu", self.load_cpu is not None),
                                                 ("cuda", self.load_cuda is not None))
                      if present)
 
@@ -190,7 +196,7 @@ class Implementations(Generic[Impl]):
             if on_device:
                 raise ValueError("kernel mode 'cpu' cannot take a CuPy array (it would copy "
                                  "to the host)")
-            if self.cpu is None:
+            if self.load_cpu is None:
                 return "array"
             if not numba_installed():
                 raise MissingExtraError("fast", "numba")
@@ -208,3 +214,14 @@ class Implementations(Generic[Impl]):
     def choose(self, x: Any) -> Impl:
         """The implementation that runs now for input array ``x`` (:meth:`kind`'s)."""
         return {"array": self.array, "cpu": self.cpu, "cuda": self.cuda}[self.kind(x)]
+
+
+def _loaded(load: Callable[[], Any] | None) -> Any:
+    """``load()`` (None for no loader), with the compile notice listening first: the member's
+    modules compile their kernels (:mod:`refdml.gpu._support.notice`)."""
+    if load is None:
+        return None
+    from refdml.gpu._support import notice
+
+    notice.install()
+    return load()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from numba import njit
+from refdml.gpu._support.jit import njit
 
 __all__ = [
     "LSE_EMPTY",

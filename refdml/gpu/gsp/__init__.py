@@ -706,7 +706,7 @@ class _KernelPath:
 #: (:func:`_path`). On NumPy "auto" keeps the array path: the CPU twins measured no faster;
 #: on CuPy it runs the CUDA kernels.
 GSP: Implementations = Implementations(
-    "gsp", array=_ArrayPath(), cpu=_KernelPath(_gsp_kernels.CPU),
+    "gsp", array=_ArrayPath(), load_cpu=lambda: _KernelPath(_gsp_kernels.CPU),
     load_cuda=lambda: _KernelPath(_gsp_kernels.CUDA), auto_numpy="array", auto_cupy="cuda",
     measured=("GSP layer forward + backward at B=256, m=64, n=49, d=128 (docs/gpu.md): "
               "float32 on an H200 (2026-11-28), CUDA kernels 6.21 ms, array path 19.9 ms; "

@@ -122,7 +122,7 @@ class CudaTraversal:
 
 #: The traversals of the fast path, chosen once per call (module docstring).
 TRAVERSAL: Implementations = Implementations(
-    "kcenter", array=ArrayTraversal(), cpu=CpuTraversal(), load_cuda=CudaTraversal,
+    "kcenter", array=ArrayTraversal(), load_cpu=CpuTraversal, load_cuda=CudaTraversal,
     auto_numpy="cpu", auto_cupy="cuda",
     measured=("CuPy: H200, 2026-11-28 (gpu-runs/2026-11-28-h200), 1,000,000 x 128 float32, "
               "k = 1,000: CUDA kernels 739 ms (their first version, two launches per pick), "

@@ -166,7 +166,7 @@ _ARRAY_LSE = ArrayLse()
 MASKED_LSE: Implementations[LseImplementation] = Implementations(
     "losses",
     array=_ARRAY_LSE,
-    cpu=CompiledLse(_launch_cpu_twin),
+    load_cpu=lambda: CompiledLse(_launch_cpu_twin),
     load_cuda=lambda: CompiledLse(_launch_cuda),
     auto_numpy="array",
     auto_cupy="cuda",

@@ -201,7 +201,7 @@ class _CudaKernel:
 
 #: The retrieval family's implementations, and the one chooser among them.
 RETRIEVAL = Implementations(
-    "metrics", array=_ArrayPath(), cpu=_CpuTwin(), load_cuda=_CudaKernel,
+    "metrics", array=_ArrayPath(), load_cpu=_CpuTwin, load_cuda=_CudaKernel,
     auto_numpy="cpu", auto_cupy="array",
     measured=("CuPy: H200, 2026-11-28 (/work/shared/gpu-runs/2026-11-28-h200), 10,000 queries "
               "x 1,000,000 references x 128, float32: array path 3.23 s, CUDA kernel 11.97 s. "

@@ -527,7 +527,7 @@ ARRAY = ArraySinkhorn()
 #: The Sinkhorn family's implementations and the one object that chooses among them
 #: (``impl = SINKHORN.choose(x)`` once per public call of refdml.gpu.ot).
 SINKHORN = Implementations(
-    "ot", array=ARRAY, cpu=_twin.CPU, load_cuda=lambda: _cuda_twin.CUDA,
+    "ot", array=ARRAY, load_cpu=lambda: _twin.CPU, load_cuda=lambda: _cuda_twin.CUDA,
     auto_numpy="cpu", auto_cupy="cuda",
     measured=("NumPy: the CPU twins' all-pairs route 46 ms, the array path 192 ms (64 clouds "
               "of 49 points, eps 0.1, 2 cores, 2026-11-25; docs/gpu.md, 'Numba kernels: "
