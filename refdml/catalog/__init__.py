@@ -33,8 +33,10 @@ from refdml.catalog import (
     train,
 )
 from refdml.catalog._spec import Case, ErrorCase, OperatorSpec
+from refdml.gpu.families import KERNEL_FAMILIES, KernelFamilies
 
-__all__ = ["FAMILIES", "Case", "ErrorCase", "OperatorSpec", "all_operators", "get", "register"]
+__all__ = ["FAMILIES", "Case", "ErrorCase", "OperatorSpec", "all_operators", "get",
+           "kernel_family_problems", "register"]
 
 _FAMILY_MODULES = (normalize, distances, gsp, histogram, losses, prototypes, crossbatch, ot, train)
 
@@ -74,3 +76,16 @@ def get(name: str) -> OperatorSpec:
         raise ValueError(
             f"no operator named {name!r} in the catalogue; known: {sorted(_CATALOGUE)}"
         ) from None
+
+
+def kernel_family_problems(specs: list[OperatorSpec] | None = None,
+                           families: KernelFamilies = KERNEL_FAMILIES) -> list[str]:
+    """Entries whose ``kernel_family`` is not the object registered under its name in the
+    fast path's one registration (:data:`refdml.gpu.families.KERNEL_FAMILIES`): their kernel
+    variants would come from a family the compile check does not compile. ``specs``: the
+    catalogue by default. Empty when every entry's family is registered."""
+    specs = all_operators() if specs is None else specs
+    return [f"{spec.name}: its kernel family {spec.kernel_family.family!r} is not registered "
+            "in refdml.gpu.families.KERNEL_FAMILIES"
+            for spec in specs if spec.kernel_family is not None
+            and families.get(spec.kernel_family.family) is not spec.kernel_family]

@@ -95,7 +95,7 @@ class OperatorSpec:
     kernel_family : Implementations, optional
         The kernel family whose compiled kernels the mirror runs beside its array path (its
         :class:`~refdml.gpu._support.modes.Implementations` object, registered in
-        :data:`refdml.gpu.families.FAMILIES`). :attr:`mirror_kernels` is derived from it.
+        :data:`refdml.gpu.families.KERNEL_FAMILIES`). :attr:`mirror_kernels` is derived from it.
     no_mirror : str, optional
         Why there is no mirror (e.g. ``"validation only"``); the GPU parity suite fails on
         an entry with neither.

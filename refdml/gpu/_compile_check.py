@@ -31,7 +31,7 @@ The registry of launches. Every kernel is declared where it is defined, in
 ``refdml/gpu/<family>/_cuda.py``, with the argument types of its launches for float32
 and float64 inputs (:data:`ANY_DTYPE` where they do not depend on the input dtype):
 :func:`refdml.gpu._support.cuda.cuda_kernel`. :func:`registry` reads those of the families
-registered in :data:`refdml.gpu.families.FAMILIES`, :func:`signatures_of`
+registered in :data:`refdml.gpu.families.KERNEL_FAMILIES`, :func:`signatures_of`
 answers for one kernel, :func:`launches` pairs each signature with its ``@cuda.jit``
 dispatcher (built per dtype where a family builds one kernel per dtype).
 tests/gpu/test_gpu_compile.py checks that every ``@cuda.jit`` kernel is declared.
@@ -55,7 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from refdml.gpu.families import FAMILIES
+from refdml.gpu.families import KERNEL_FAMILIES
 from refdml.gpu._support.notice import compile_notice
 
 __all__ = [
@@ -99,7 +99,8 @@ class ToolchainError(RuntimeError):
 def registry() -> dict[str, dict[str, str]]:
     """Every declared launch: kernel name -> {dtype: Numba signature}, family by family
     (:data:`refdml.gpu._support.cuda.KERNELS`; a name declared twice is refused there)."""
-    return {name: dict(kernel.signatures) for name, kernel in FAMILIES.cuda_kernels().items()}
+    return {name: dict(kernel.signatures)
+            for name, kernel in KERNEL_FAMILIES.cuda_kernels().items()}
 
 
 def signatures_of(name: str) -> list[str]:
@@ -126,7 +127,7 @@ class Launch:
 
 def _dispatchers(dtype: str) -> dict[str, Any]:
     """The ``@cuda.jit`` kernels by name, as built for inputs of ``dtype``."""
-    return {name: kernel.build(dtype) for name, kernel in FAMILIES.cuda_kernels().items()}
+    return {name: kernel.build(dtype) for name, kernel in KERNEL_FAMILIES.cuda_kernels().items()}
 
 
 def launches() -> list[Launch]:

@@ -3,15 +3,15 @@
 A kernel family is a package ``refdml/gpu/<family>/`` (named as the reference names the
 family) with compiled kernels beside its array path, and one
 :class:`~refdml.gpu._support.modes.Implementations` object that holds them and chooses among
-them. :data:`FAMILIES` lists those objects, and nothing else lists families: the catalogue
+them. :data:`KERNEL_FAMILIES` lists those objects, and nothing else lists families: the catalogue
 derives each operator's kernel variants from its family's object (``kernel_family``, then
 :attr:`~refdml.gpu._support.modes.Implementations.kernel_modes`), the parity suite and the
 launch ceilings follow the catalogue, and the compile check compiles the CUDA kernels of the
-registered families (:meth:`FamilyRegistry.cuda_kernels`). A new family is one line here
+registered families (:meth:`KernelFamilies.cuda_kernels`). A new family is one line here
 (tests/gpu/test_families.py registers a synthetic one and watches all of them see it).
 
 Importing this module imports every family but loads no CUDA code: a family's CUDA member
-(and ``numba.cuda``) loads on its first use, or in :meth:`FamilyRegistry.cuda_kernels`.
+(and ``numba.cuda``) loads on its first use, or in :meth:`KernelFamilies.cuda_kernels`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from refdml.gpu import gsp, kcenter, losses, metrics, ot
 from refdml.gpu._support.cuda import CudaKernel
 from refdml.gpu._support.modes import Implementations
 
-__all__ = ["FAMILIES", "FamilyRegistry"]
+__all__ = ["KERNEL_FAMILIES", "KernelFamilies"]
 
 
-class FamilyRegistry(Mapping[str, Implementations]):
+class KernelFamilies(Mapping[str, Implementations]):
     """The registered kernel families by name (a read-only mapping; :meth:`registered`
     adds one for a block, for tests)."""
 
@@ -53,7 +53,7 @@ class FamilyRegistry(Mapping[str, Implementations]):
         return len(self._families)
 
     def __repr__(self) -> str:
-        return f"FamilyRegistry({list(self._families)})"
+        return f"KernelFamilies({list(self._families)})"
 
     @contextlib.contextmanager
     def registered(self, family: Implementations) -> Iterator[Implementations]:
@@ -78,6 +78,6 @@ class FamilyRegistry(Mapping[str, Implementations]):
 
 
 #: The kernel families of refdml.gpu.
-FAMILIES = FamilyRegistry((gsp.IMPLEMENTATIONS, kcenter.IMPLEMENTATIONS,
-                           losses.IMPLEMENTATIONS, metrics.IMPLEMENTATIONS,
-                           ot.IMPLEMENTATIONS))
+KERNEL_FAMILIES = KernelFamilies((gsp.IMPLEMENTATIONS, kcenter.IMPLEMENTATIONS,
+                                 losses.IMPLEMENTATIONS, metrics.IMPLEMENTATIONS,
+                                 ot.IMPLEMENTATIONS))

@@ -60,6 +60,7 @@ __all__ = [
     "ParityResult",
     "available_backends",
     "check_parity",
+    "kernel_cases",
 ]
 
 BACKENDS = ("numpy", "cupy")
@@ -284,3 +285,11 @@ def check_parity(
         gradient_error=gradient_error, tolerance=tolerance, passed=not problems,
         seconds=seconds, problems=tuple(problems), kernels=kernels,
     )
+
+
+def kernel_cases(specs) -> list[tuple[Any, str]]:
+    """``(spec, kernels)`` for every compiled kernel of every mirrored entry of ``specs``
+    (``spec.mirror_kernels``, in order): the rows the parity suite and ``refdml gpu-check``
+    run beside each mirror's array path."""
+    return [(spec, kernels) for spec in specs if spec.mirror is not None
+            for kernels in spec.mirror_kernels]

@@ -24,7 +24,7 @@ import pytest
 
 import refdml.gpu
 from refdml.cli import main
-from refdml.gpu.families import FAMILIES
+from refdml.gpu.families import KERNEL_FAMILIES
 from refdml.gpu.kcenter import _cuda as kcenter_cuda
 from refdml.gpu.ot import _cuda as sinkhorn_cuda
 from refdml.gpu import _compile_check as _cuda_compile
@@ -127,14 +127,14 @@ def _package_sources():
 def test_every_cuda_kernel_is_declared_in_a_cuda_family_module():
     """Every ``@cuda.jit`` kernel of refdml (an AST scan of the whole package) is defined
     in the ``_cuda.py`` module of a family package ``refdml/gpu/<family>/``, that family is
-    registered in :data:`refdml.gpu.families.FAMILIES` with a CUDA member, and each kernel
+    registered in :data:`refdml.gpu.families.KERNEL_FAMILIES` with a CUDA member, and each kernel
     is declared with its launch types (:func:`cuda_kernel`)."""
     found = {path: _kernels_in(path) for path in _package_sources()}
     outside = {str(p): sorted(k) for p, k in found.items()
                if k and not (p.name == "_cuda.py" and p.parent.parent == FAST_PATH)}
     assert outside == {}, "CUDA kernels outside refdml/gpu/<family>/_cuda.py"
     cuda_families = sorted(p.parent.name for p in FAST_PATH.glob("*/_cuda.py"))
-    assert cuda_families == sorted(name for name, family in FAMILIES.items()
+    assert cuda_families == sorted(name for name, family in KERNEL_FAMILIES.items()
                                    if "cuda" in family.kernel_modes)
     defined = set().union(*found.values())
     registered = set(_cuda_compile.registry())

@@ -34,7 +34,7 @@ BACKENDS = [
 
 KERNEL_ROWS = [pytest.param(s, k, id=f"{s.name}-{k}",
                             marks=pytest.mark.requires_cuda if k == "cuda" else ())
-               for s in MIRRORED for k in s.mirror_kernels]
+               for s, k in parity.kernel_cases(SPECS)]
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 # The CuPy stand-in (tests/cupy_standin, REFDML_CUPY_STANDIN=1): CuPy arrays in the simulator.
 STANDIN = getattr(sys.modules.get("cupy"), "__refdml_standin__", False)

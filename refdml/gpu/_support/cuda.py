@@ -103,7 +103,7 @@ class CudaKernel:
     dtype, except where a factory builds one kernel per dtype); ``family``: the kernel
     family it belongs to, by default the package of its module (``refdml.gpu.<family>``):
     the compile check compiles the kernels of the families registered in
-    :data:`refdml.gpu.families.FAMILIES`.
+    :data:`refdml.gpu.families.KERNEL_FAMILIES`.
     """
 
     name: str

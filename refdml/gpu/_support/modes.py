@@ -125,7 +125,7 @@ class Implementations(Generic[Impl]):
     """The implementations of one family of fast-path operators, and the one object that
     chooses among them: ``impl = IMPLEMENTATIONS.choose(x)`` once per call, then
     ``impl.transport(...)`` with no branch on the kind in the maths (as POT's backend ``nx``).
-    Registered in :data:`refdml.gpu.families.FAMILIES`, it is also the family's record: the
+    Registered in :data:`refdml.gpu.families.KERNEL_FAMILIES`, it is also the family's record: the
     catalogue derives its kernel variants from it (:attr:`kernel_modes`) and the compile
     check finds its CUDA kernels through it.
 

@@ -734,5 +734,5 @@ def gsp_pool(
         method=method, max_iter=max_iter, tol=tol,
     )[0]
 
-#: The family's implementations (registered in :data:`refdml.gpu.families.FAMILIES`).
+#: The family's implementations (registered in :data:`refdml.gpu.families.KERNEL_FAMILIES`).
 IMPLEMENTATIONS = GSP

@@ -213,5 +213,5 @@ def greedy_k_center(points, k, *, initial=None, rng=None, chunk_size=8192) -> KC
     indices, radii = traversal.farthest_first(xp, points, k, min_sq, first)
     return KCenterResult(indices=indices, radii=scale * radii, initial_radius=initial_radius)
 
-#: The family's implementations (registered in :data:`refdml.gpu.families.FAMILIES`).
+#: The family's implementations (registered in :data:`refdml.gpu.families.KERNEL_FAMILIES`).
 IMPLEMENTATIONS = TRAVERSAL

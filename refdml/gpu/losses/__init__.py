@@ -783,5 +783,5 @@ def soft_triple(embeddings, labels, *, proxies, proxy_labels=None, lambda_=20.0,
     return value, soft_triple_backward(ctx)
 
 #: The family's implementations: the masked log-sum-exp of the softmax-type losses
-#: (registered in :data:`refdml.gpu.families.FAMILIES`).
+#: (registered in :data:`refdml.gpu.families.KERNEL_FAMILIES`).
 IMPLEMENTATIONS = MASKED_LSE

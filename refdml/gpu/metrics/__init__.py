@@ -562,5 +562,5 @@ def retrieval_metrics(
     result["n_excluded_queries"] = int(query.shape[0] - n_scored)
     return result
 
-#: The family's implementations (registered in :data:`refdml.gpu.families.FAMILIES`).
+#: The family's implementations (registered in :data:`refdml.gpu.families.KERNEL_FAMILIES`).
 IMPLEMENTATIONS = RETRIEVAL

@@ -312,5 +312,5 @@ def sinkhorn_divergence(x, y, a=None, b=None, *, eps, p=2, value="regularized",
     return divergence, sinkhorn_divergence_backward(ctx, 1.0)
 
 #: The family's implementations: the Sinkhorn solver's (registered in
-#: :data:`refdml.gpu.families.FAMILIES`).
+#: :data:`refdml.gpu.families.KERNEL_FAMILIES`).
 IMPLEMENTATIONS = _solver.SINKHORN
