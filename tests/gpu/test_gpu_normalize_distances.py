@@ -70,7 +70,7 @@ def test_backward_does_not_recompute(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the backward recomputed the distances")
 
-    monkeypatch.setattr(distances, "_scaled_sq", boom)
+    monkeypatch.setattr(distances, "scaled_sq", boom)
     # The fast path's normalisation is the reference's xp-generic kernel.
     monkeypatch.setattr(ref_normalize, "_scaled_direction", boom)
     distances.euclidean_backward(ctx, np.ones((4, 5)))
@@ -118,8 +118,8 @@ def test_coincident_and_nearby_pairs_are_the_references_on_numpy(monkeypatch, dt
     # representable. The backward (the reference's formula, w.sum() x - w @ y) cancels
     # at a nearby pair to ~u / offset relative (float32 here against the float64
     # reference: measured 0.17 of that; 0.18 norm-wise without the refinement, either dtype).
-    from refdml.gpu.losses import _launch as _loss_kernels
     from refdml._backend import get_backend
+    from refdml.gpu.losses._pairwise import self_euclidean
 
     rng = np.random.default_rng(80)
     x = (10.0 + 3.0 * rng.standard_normal((6, 4))).astype(dtype)
@@ -145,7 +145,7 @@ def test_coincident_and_nearby_pairs_are_the_references_on_numpy(monkeypatch, dt
     assert nearby <= 64 * u and gradient <= u / offset, (nearby, gradient)
     # The losses' distances of a set with itself: duplicate rows exactly 0 there too.
     duplicated = np.concatenate([x, x[:2]])
-    distance, _, _ = _loss_kernels.self_euclidean(get_backend(duplicated), duplicated)
+    distance, _, _ = self_euclidean(get_backend(duplicated), duplicated)
     assert np.all(distance[[0, 1], [6, 7]] == 0) and np.all(distance[[6, 7], [0, 1]] == 0)
     # Without the refinement the nearby pairs and the gradient fail (the check can fail).
     monkeypatch.setattr(distances, "_REFINE", -1.0)
