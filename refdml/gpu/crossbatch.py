@@ -119,7 +119,8 @@ def _cross_fit_kernel(ns: Backend, Z, targets, mask, ridge: float, Z_name: str =
     scaled[second] = Zs[second] @ fit_first.W
     predictions = _times_pow2(ns, scaled, sc.omega_mantissa, sc.log2_s + sc.omega_exponent,
                               "the cross predictions")
-    ctx = CrossFitContext(first, second, fit_first, fit_second, sc, tuple(predictions.shape))
+    ctx = CrossFitContext(first=first, second=second, fit_first=fit_first, fit_second=fit_second,
+                          scaling=sc, shape=tuple(predictions.shape))
     return predictions, ctx
 
 
@@ -237,7 +238,8 @@ def xml_loss_forward(Z, Y, labels, *, ridge, base_loss=None, base_loss_kwargs=No
         d_Y_dml = (1.0 - lambda_) * dml_grad
     if not np.isfinite(value):
         raise ValueError("the XML loss overflows float64")
-    return value, XMLContext(cross, d_predictions, d_Y_dml, tuple(Z.shape))
+    return value, XMLContext(cross=cross, d_predictions=d_predictions, d_Y_dml=d_Y_dml,
+                             Z_shape=tuple(Z.shape))
 
 
 def xml_loss_backward(ctx: XMLContext, d_value=1.0) -> XMLGrads:
@@ -295,7 +297,9 @@ def zero_shot_loss_forward(Z, labels, class_embeddings, *, ridge: float = 0.05,
     onehot = (labels[:, None] == xp.arange(n_classes)[None, :]).astype(scores.dtype)
     value = float(xp.mean((lse - xp.sum(scores * onehot, axis=1)).astype(xp.float64)))
     d_scores = (softmax - onehot) / b
-    return value, ZeroShotContext(cross, d_scores, scale, predictions, class_embeddings, labels)
+    return value, ZeroShotContext(cross=cross, d_scores=d_scores, scale=scale,
+                                  predictions=predictions, class_embeddings=class_embeddings,
+                                  labels=labels)
 
 
 def zero_shot_loss_backward(ctx: ZeroShotContext, d_value=1.0) -> ZeroShotGrads:

@@ -7,9 +7,9 @@ each divided by a power of two (0-d arrays, exact, no synchronisation); the logi
 ``((inverse_temperature s') s_f) s_p`` as in the reference and the softmax over the
 prototypes is the losses family's masked log-sum-exp (log-domain: finite in float32 at any
 ``inverse_temperature`` whose logits fit the dtype), its implementation chosen once per call
-by :data:`refdml.gpu.losses.IMPLEMENTATIONS` (array path, CPU twin or CUDA kernel). ``ValueError`` where
-the logits overflow the dtype (one synchronisation on CuPy while data checks are on). The
-context keeps the assignment: the backward is matrix products only.
+by :data:`refdml.gpu.losses.IMPLEMENTATIONS` (array path, CPU twin or CUDA kernel).
+``ValueError`` where the logits overflow the dtype (one synchronisation on CuPy while data
+checks are on). The context keeps the assignment: the backward is matrix products only.
 
 The convex combination is the reference's xp-generic kernel (``convex_forward_xp`` /
 ``convex_backward_xp`` of :mod:`refdml._shared.histogram`), and so is the softmax backward
@@ -94,7 +94,9 @@ def histogram_entropic_forward(features, prototypes, *, inverse_temperature):
         )
     _, assignment = MASKED_LSE.choose(logits).masked_logsumexp(logits, axis=1)
     z = xp.mean(assignment, axis=2)
-    return z, HistogramEntropicContext(features, prototypes, assignment, inverse_temperature)
+    return z, HistogramEntropicContext(features=features, prototypes=prototypes,
+                                       assignment=assignment,
+                                       inverse_temperature=inverse_temperature)
 
 
 def histogram_entropic_backward(ctx: HistogramEntropicContext, d_z) -> HistogramGrads:

@@ -132,8 +132,8 @@ def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: f
     else:
         kernel_solution = _cho_solve(ns, factor, Yw)
         W = Zw.T @ kernel_solution
-    return NormalisedFit(Zs, Ys, W.astype(Zs.dtype, copy=False), form, factor,
-                         kernel_solution, omega)
+    return NormalisedFit(Zs=Zs, Ys=Ys, W=W.astype(Zs.dtype, copy=False), form=form,
+                         cholesky=factor, kernel_solution=kernel_solution, omega=omega)
 
 
 def _pow2_scaled(xp: Any, x: Any, log2: int) -> Any:

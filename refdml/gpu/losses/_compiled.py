@@ -4,8 +4,8 @@ and the launch's buffers.
 The CUDA kernel is its twin in :mod:`refdml.gpu.losses._cuda`; the family's one
 ``Implementations`` object (:data:`refdml.gpu.losses.IMPLEMENTATIONS`: ``CpuPath`` and
 ``CudaPath`` in ``_kernels.py``) runs either, or the array path (``ArrayPath`` in
-``_array.py``), which stays the fallback and the twin these kernels are tested against. Both kernels take the six buffers of :class:`MaskedLseBuffers`,
-in its field order. For each row ``r`` of ``z`` (rows, k) with mask ``M`` (rows, k)
+``_array.py``), which stays the fallback and the twin these kernels are tested against.
+Both kernels take the six buffers of :class:`MaskedLseBuffers`, in its field order. For each row ``r`` of ``z`` (rows, k) with mask ``M`` (rows, k)
 (``has_mask`` false: every entry):
 
 .. math::
