@@ -22,7 +22,10 @@ What differs, and where it lives here:
   a loop tests its convergence every few iterations there and a check of the data runs
   only while :func:`set_finite_checks` allows it;
 * constants worth caching (:meth:`Backend.cached`: read-only NumPy arrays kept per key;
-  CuPy builds them anew, on the current device);
+  CuPy builds them anew, on the current device; :meth:`Backend.is_cached` recognises one);
+* optional refinements whose size depends on the data (:meth:`Backend.refine`: run on
+  NumPy, skipped on CuPy, where the size would be a synchronisation), and results known
+  for free (:meth:`Backend.known_true`: a host read on NumPy only);
 * a wait for the device (:meth:`Backend.synchronize`, for timing only).
 
 >>> import numpy as np
@@ -155,6 +158,28 @@ class Backend:
             if len(self._cache) < 64:
                 self._cache[key] = array
         return array
+
+    # ---- for refdml.gpu.losses (and normalize, distances, histogram, prototypes, crossbatch)
+    def is_cached(self, key: Hashable, value: Any) -> bool:
+        """True when ``value`` is the very array :meth:`cached` keeps under ``key`` (an
+        identity test: no data read); always False on CuPy, which keeps none. A caller that
+        recognises its own constant (the fast path's unit scales) skips arithmetic by it."""
+        return value is not None and self._cache.get(key) is value
+
+    def known_true(self, flag: Any) -> bool:
+        """True where the backend can tell for free that the 0-d boolean ``flag`` holds
+        (NumPy); CuPy never reads it (False), so the caller takes the route that is right
+        whatever ``flag`` is (``where`` over both branches) instead of a host read."""
+        return self.free_host_reads and bool(flag)
+
+    def refine(self, step: Callable[..., None], *args: Any) -> None:
+        """Run ``step(*args)``: an optional refinement, in place, of a result that is already
+        right to a stated tolerance, whose work depends on the data (it selects entries by
+        value, so their count is read on the host). NumPy runs it (the read is free); CuPy
+        skips it (the read would synchronise the device on every call), so the result there
+        is the unrefined one, and the caller's docstring states that tolerance."""
+        if self.free_host_reads:
+            step(*args)
 
 
 def _numpy_backend() -> Backend:

@@ -283,7 +283,7 @@ OPERATORS = (
         make_inputs=_zero_shot_inputs,
         paper="GSP Sec. 4.3, (P3) and Algorithm 4 (softmax cross-entropy, scale 9.5)",
         tags=("loss",),
-        # Its softmax runs refdml.gpu.losses._launch.masked_logsumexp (Numba kernels).
+        # Its softmax is the losses family's masked log-sum-exp (Numba kernels).
         kernel_family=fast_losses.IMPLEMENTATIONS,   # the masked log-sum-exp
     ),
     OperatorSpec(

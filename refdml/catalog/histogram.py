@@ -175,7 +175,7 @@ OPERATORS = (
         reference_inputs=_entropic_reference_inputs,
         error_inputs=_entropic_error_inputs,
         invariants=_entropic_invariants,
-        # Its softmax runs refdml.gpu.losses._launch.masked_logsumexp (Numba kernels).
+        # Its softmax is the losses family's masked log-sum-exp (Numba kernels).
         kernel_family=fast_losses.IMPLEMENTATIONS,   # the masked log-sum-exp
     ),
     OperatorSpec(

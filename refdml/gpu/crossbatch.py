@@ -28,7 +28,7 @@ from refdml._validation import (
     _describe, as_fast_array, check_context, check_fast_upstream, check_rng, check_scalar,
     data_checks, fast_labels, result_dtype,
 )
-from refdml._backend import Backend, get_backend, is_device_array, to_numpy
+from refdml._backend import Backend, as_input_array, get_backend, to_numpy
 from refdml._shared.crossbatch import draw_split
 from refdml.crossbatch import (
     DEFAULT_ZERO_SHOT_SCALE,
@@ -39,9 +39,8 @@ from refdml.crossbatch import (
     ZeroShotContext,
     ZeroShotGrads,
 )
-from refdml.gpu.losses._launch import masked_logsumexp
 from refdml.gpu.distances import common_scale
-from refdml.gpu.normalize import _quiet
+from refdml.gpu.losses import IMPLEMENTATIONS as MASKED_LSE
 from refdml.gpu.prototypes import (
     _fit_backward,
     _fit_normalised,
@@ -80,7 +79,7 @@ def _pair(first, second, first_name, second_name):
 
 def _check_mask(ns: Backend, split, n_samples: int) -> Any:
     xp = ns.xp
-    mask = split if is_device_array(split) else np.asarray(split)
+    mask = as_input_array(split)
     if mask.dtype != bool:
         raise TypeError(f"split must be a boolean mask over the batch, got dtype {mask.dtype}")
     if tuple(mask.shape) != (n_samples,):
@@ -120,7 +119,8 @@ def _cross_fit_kernel(ns: Backend, Z, targets, mask, ridge: float, Z_name: str =
     scaled[second] = Zs[second] @ fit_first.W
     predictions = _times_pow2(ns, scaled, sc.omega_mantissa, sc.log2_s + sc.omega_exponent,
                               "the cross predictions")
-    ctx = CrossFitContext(first, second, fit_first, fit_second, sc, tuple(predictions.shape))
+    ctx = CrossFitContext(first=first, second=second, fit_first=fit_first, fit_second=fit_second,
+                          scaling=sc, shape=tuple(predictions.shape))
     return predictions, ctx
 
 
@@ -238,7 +238,8 @@ def xml_loss_forward(Z, Y, labels, *, ridge, base_loss=None, base_loss_kwargs=No
         d_Y_dml = (1.0 - lambda_) * dml_grad
     if not np.isfinite(value):
         raise ValueError("the XML loss overflows float64")
-    return value, XMLContext(cross, d_predictions, d_Y_dml, tuple(Z.shape))
+    return value, XMLContext(cross=cross, d_predictions=d_predictions, d_Y_dml=d_Y_dml,
+                             Z_shape=tuple(Z.shape))
 
 
 def xml_loss_backward(ctx: XMLContext, d_value=1.0) -> XMLGrads:
@@ -285,18 +286,20 @@ def zero_shot_loss_forward(Z, labels, class_embeddings, *, ridge: float = 0.05,
     mask = _check_split(ns, split, labels, rng)
     b = Z.shape[0]
     predictions, cross = _cross_fit_kernel(ns, Z, class_embeddings[labels], mask, ridge)
-    with _quiet(xp):
+    with ns.errstate(over="ignore", divide="ignore"):
         scores = scale * (predictions @ class_embeddings.T)
     if data_checks(ns) and not bool(xp.all(xp.isfinite(scores))):
         raise ValueError(
             "the scores scale * Upsilon_hat Upsilon^T overflow "
             f"{np.dtype(scores.dtype).name} (max |class_embeddings| == "
             f"{float(xp.max(xp.abs(class_embeddings))):.3g})")
-    lse, softmax = masked_logsumexp(xp, scores, axis=1)
+    lse, softmax = MASKED_LSE.choose(scores).masked_logsumexp(scores, axis=1)
     onehot = (labels[:, None] == xp.arange(n_classes)[None, :]).astype(scores.dtype)
     value = float(xp.mean((lse - xp.sum(scores * onehot, axis=1)).astype(xp.float64)))
     d_scores = (softmax - onehot) / b
-    return value, ZeroShotContext(cross, d_scores, scale, predictions, class_embeddings, labels)
+    return value, ZeroShotContext(cross=cross, d_scores=d_scores, scale=scale,
+                                  predictions=predictions, class_embeddings=class_embeddings,
+                                  labels=labels)
 
 
 def zero_shot_loss_backward(ctx: ZeroShotContext, d_value=1.0) -> ZeroShotGrads:

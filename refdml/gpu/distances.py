@@ -5,19 +5,36 @@ three backwards, the cosine forward and the overflow check of ``sq_euclidean`` a
 reference's xp-generic kernels, called on the input's module and dtype. What is this
 module's own is the forward of ``euclidean`` and ``sq_euclidean``, a different algorithm
 from the reference's (below), and its helpers shared by the other mirrors
-(:func:`common_scale`, ``_scaled_sq``). The squared distances
-come from the Gram identity ``|x|^2 + |y|^2 - 2 x y^T`` (one matrix product: the fast
-part) after both sets are divided by one power of two ``s`` held as a 0-d array of the
-input's module (exact, no synchronisation), so the squares stay in range in float32 too.
-The absolute error of ``D_ij^2`` is then ~ ``eps (|x_i|^2 + |y_j|^2)``: relative to the
-largest distance it is at the dtype's precision, but a pair closer than ~ ``sqrt(eps)
-|x|`` is not resolved (coincident rows get ~``sqrt(eps) |x|``, and the gradient
-``(x_i - y_j) / D_ij`` there is O(1) wrong). On NumPy those pairs (``D_ij^2`` below
-``1e-3 (|x_i|^2 + |y_j|^2)``) are recomputed from explicit differences, as the reference
-does (``_refine_nearby``): coincident rows give exactly 0 and nearby ones their digits. On
-CuPy they are not (their count is data-dependent: a synchronisation per call); there
-only the diagonal of a set with itself (``self_pairs=True`` in the private kernels, used
-by the losses) is exactly 0.
+(:func:`common_scale`, :func:`scaled_sq`). The squared distances come from the Gram
+identity ``|x|^2 + |y|^2 - 2 x y^T`` (one matrix product: the fast part) after both sets
+are divided by one power of two ``s`` held as a 0-d array of the input's module (exact, no
+synchronisation), so the squares stay in range in float32 too. The absolute error of
+``D_ij^2`` is then at most ``(2 d + 4) u (|x_i|^2 + |y_j|^2)`` (``d`` the dimension, ``u``
+the dtype's machine epsilon; the rounding bound of the identity): relative to the largest
+distance it is at the dtype's precision, but a pair closer than ~ ``sqrt(u) |x|`` is not
+resolved (coincident rows get ~``sqrt(u) |x|``, and the gradient ``(x_i - y_j) / D_ij``
+there is O(1) wrong).
+
+**Where NumPy and CuPy differ.** The near pairs (``D_ij^2`` below ``1e-3 (|x_i|^2 +
+|y_j|^2)``) are recomputed from explicit differences, as the reference does, where the
+backend refines (:meth:`refdml._backend.Backend.refine`): on NumPy, where coincident rows
+give exactly 0 and nearby ones their digits (relative error ~ ``u``, as the reference).
+On CuPy they are not: which pairs are near is data-dependent, and reading it back costs
+synchronisations (counted on the CuPy stand-in: two per Euclidean loss forward, one per
+``euclidean`` / ``sq_euclidean`` call, and ~20 launches; the losses' one synchronisation
+per forward would become three). There a near pair keeps the identity's value:
+
+* ``|D~_ij^2 - D_ij^2| <= (2 d + 4) u (|x_i|^2 + |y_j|^2)`` for ``sq_euclidean``, and so
+  ``|D~_ij - D_ij| <= sqrt((2 d + 4) u (|x_i|^2 + |y_j|^2))`` for ``euclidean``: for
+  coincident float32 rows of norm ``r`` at ``d = 128``, ``D~`` is up to ``8e-3 r``
+  instead of 0 (typically ~``1e-3 r``); in float64 up to ``3.4e-7 r``;
+* the gradient with respect to such a pair is O(1) wrong in magnitude (``|x_i - y_j| /
+  D~_ij`` in place of 1);
+* only the diagonal of a set with itself (``self_pairs=True`` in the private kernels,
+  used by the losses) is exactly 0.
+
+Everything else is the same computation on both. ``tests/gpu/test_gpu_normalize_distances.py``
+holds the NumPy route to the reference at near pairs and the unrefined route to the bound.
 
 ``sq_euclidean`` raises ``ValueError`` where a squared distance exceeds the dtype's range
 (one synchronisation on CuPy, see :mod:`refdml._validation`); ``cosine`` refuses zero
@@ -43,7 +60,6 @@ from refdml._shared.distances import (
     sq_euclidean_backward_xp,
 )
 from refdml.distances import CosineContext, DistanceGrads, EuclideanContext, SqEuclideanContext
-from refdml.gpu.normalize import _quiet
 
 __all__ = [
     "CosineContext",
@@ -83,16 +99,18 @@ def common_scale(xp: Any, *arrays: Any) -> Any:
     return xp.where(peak > 0, xp.ldexp(one, exponent), one)
 
 
-# NumPy: squared distances below this fraction of |x_i|^2 + |y_j|^2 are recomputed from
-# explicit differences (the reference's threshold, refdml._numerics._REFINE).
+# Squared distances below this fraction of |x_i|^2 + |y_j|^2 are recomputed from explicit
+# differences where the backend refines (the reference's threshold, refdml._numerics._REFINE).
 _REFINE = 1e-3
-# NumPy: most explicit differences (entries) gathered at once while refining.
+# Most explicit differences (entries) gathered at once while refining.
 _REFINE_CHUNK = 1 << 22
 
 
-def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
-    """Gram-identity squared distances of inputs of magnitude at most 1, clipped at 0;
-    on NumPy the nearby pairs refined (:func:`_refine_nearby`)."""
+def scaled_sq(ns: Backend, x: Any, y: Any, self_pairs: bool) -> Any:
+    """Gram-identity squared distances of inputs of magnitude at most 1, clipped at 0; the
+    nearby pairs refined where the backend refines (:func:`_refine_nearby`, module
+    docstring); with ``self_pairs`` (``y`` is ``x``) an exact 0 diagonal."""
+    xp = ns.xp
     x_sq = xp.sum(x * x, axis=-1)
     # ``x is y`` (a set with itself): one norm pass, and ``x @ x.T`` lets BLAS use syrk.
     y_sq = x_sq if y is x else xp.sum(y * y, axis=-1)
@@ -100,8 +118,7 @@ def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
     sq *= sq.dtype.type(-2)
     sq += x_sq[..., :, None]
     sq += y_sq[..., None, :]
-    if xp is np:
-        _refine_nearby(x, y, sq, x_sq, y_sq)
+    ns.refine(_refine_nearby, xp, x, y, sq, x_sq, y_sq)
     sq = xp.maximum(sq, sq.dtype.type(0), out=sq)
     if self_pairs:
         diagonal = xp.arange(sq.shape[-1])
@@ -109,65 +126,73 @@ def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
     return sq
 
 
-def _refine_nearby(x: Any, y: Any, sq: Any, x_sq: Any, y_sq: Any) -> None:
+def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
+    # Transitional (issue 45): the former name and form, kept for refdml.gpu.ot._common
+    # until it calls scaled_sq with its backend.
+    return scaled_sq(get_backend(x, y), x, y, self_pairs)
+
+
+def _refine_nearby(xp: Any, x: Any, y: Any, sq: Any, x_sq: Any, y_sq: Any) -> None:
     """Recompute in place, from explicit differences, the Gram-identity squared distances
-    ``sq`` (NumPy) below ``_REFINE (|x_i|^2 + |y_j|^2)``.
+    ``sq`` below ``_REFINE (|x_i|^2 + |y_j|^2)``.
 
     Why: the identity's absolute error is ~ ``u (|x_i|^2 + |y_j|^2)``, so a pair closer
     than ~ ``sqrt(u) |x|`` has no correct digit (coincident rows get ~``sqrt(u) |x|``, not
     0), and a distance's gradient ``(x_i - y_j) / D_ij`` is then wrong by O(1). The
-    reference refines the same pairs (:func:`refdml._numerics.pairwise_norm`); the pairs'
-    count is data-dependent, which costs nothing on NumPy and a synchronisation on CuPy,
-    where the identity is kept (module docstring).
+    reference refines the same pairs (:func:`refdml._numerics.pairwise_norm`). Which pairs
+    those are is read on the host (two ``nonzero``): free on NumPy, a synchronisation each
+    on CuPy, which is why it runs through :meth:`refdml._backend.Backend.refine`.
     """
     if not sq.size:
         return
     lead = sq.shape[:-2]
-    x_sq = np.broadcast_to(x_sq, sq.shape[:-1])
-    y_sq = np.broadcast_to(y_sq, lead + sq.shape[-1:])
+    x_sq = xp.broadcast_to(x_sq, sq.shape[:-1])
+    y_sq = xp.broadcast_to(y_sq, lead + sq.shape[-1:])
     # Rows that may hold such a pair (a superset: |y_j|^2 <= max |y|^2), by one reduction
     # pass and no (n, m) temporary; the exact test then on those rows only.
-    rows = np.nonzero(sq.min(axis=-1) <= _REFINE * (x_sq + y_sq.max(axis=-1)[..., None]))
+    rows = xp.nonzero(sq.min(axis=-1) <= _REFINE * (x_sq + y_sq.max(axis=-1)[..., None]))
     if not rows[0].shape[0]:
         return
     candidates = sq[rows] <= _REFINE * (x_sq[rows][:, None] + y_sq[rows[:-1]])
-    k, column = np.nonzero(candidates)
+    k, column = xp.nonzero(candidates)
     index = tuple(r[k] for r in rows) + (column,)
     count = column.shape[0]
     if not count:
         return
-    xb = np.broadcast_to(x, lead + x.shape[-2:])
-    yb = np.broadcast_to(y, lead + y.shape[-2:])
-    values = np.empty(count, dtype=sq.dtype)
+    xb = xp.broadcast_to(x, lead + x.shape[-2:])
+    yb = xp.broadcast_to(y, lead + y.shape[-2:])
+    values = xp.empty(count, dtype=sq.dtype)
     step = max(1, _REFINE_CHUNK // max(1, x.shape[-1]))
     for start in range(0, count, step):
         part = tuple(i[start:start + step] for i in index)
         diff = xb[part[:-2] + (part[-2],)] - yb[part[:-2] + (part[-1],)]
-        values[start:start + step] = np.einsum("kd,kd->k", diff, diff)
+        values[start:start + step] = xp.einsum("kd,kd->k", diff, diff)
     sq[index] = values
 
 
-def _pairwise_norm(xp: Any, x: Any, y: Any, self_pairs: bool = False) -> Any:
+def _pairwise_norm(ns: Backend, x: Any, y: Any, self_pairs: bool = False) -> Any:
+    xp = ns.xp
     scale = common_scale(xp, x) if y is x else common_scale(xp, x, y)
     x_scaled = x / scale
     y_scaled = x_scaled if y is x else y / scale
-    with _quiet(xp):
-        distance = xp.sqrt(_scaled_sq(xp, x_scaled, y_scaled, self_pairs))
+    with ns.errstate(over="ignore", divide="ignore"):
+        distance = xp.sqrt(scaled_sq(ns, x_scaled, y_scaled, self_pairs))
         distance *= scale
         return distance
 
 
-def _pairwise_sq(xp: Any, x: Any, y: Any) -> Any:
+def _pairwise_sq(ns: Backend, x: Any, y: Any) -> Any:
+    xp = ns.xp
     scale = common_scale(xp, x, y)
-    with _quiet(xp):
+    with ns.errstate(over="ignore", divide="ignore"):
         # (sq * s) * s: inf only where the true value exceeds the range (sq <= ~4).
-        return _scaled_sq(xp, x / scale, y / scale, False) * scale * scale
+        return scaled_sq(ns, x / scale, y / scale, False) * scale * scale
 
 
 def _euclidean_forward(
     ns: Backend, x: Any, y: Any, self_pairs: bool = False
 ) -> tuple[Any, EuclideanContext]:
-    distance = _pairwise_norm(ns.xp, x, y, self_pairs)
+    distance = _pairwise_norm(ns, x, y, self_pairs)
     return distance, EuclideanContext(x=x, y=y, distance=distance)
 
 
@@ -192,7 +217,7 @@ def euclidean(x, y) -> Any:
 
 def _sq_euclidean_forward(ns: Backend, x: Any, y: Any) -> tuple[Any, SqEuclideanContext]:
     xp = ns.xp
-    distance = _pairwise_sq(xp, x, y)
+    distance = _pairwise_sq(ns, x, y)
     if data_checks(ns):
         check_sq_range(distance, x, y, xp=xp)
     return distance, SqEuclideanContext(x=x, y=y, shape=tuple(distance.shape))

@@ -5,10 +5,11 @@ float64. ``histogram_lp`` and ``histogram_closed_form`` are validation only (no 
 Scores ``s = nu^T x`` are one batched matrix product of the features and the prototypes,
 each divided by a power of two (0-d arrays, exact, no synchronisation); the logits are
 ``((inverse_temperature s') s_f) s_p`` as in the reference and the softmax over the
-prototypes is :func:`refdml.gpu.losses._launch.masked_logsumexp` (log-domain: finite in
-float32 at any ``inverse_temperature`` whose logits fit the dtype). ``ValueError`` where
-the logits overflow the dtype (one synchronisation on CuPy while data checks are on). The
-context keeps the assignment: the backward is matrix products only.
+prototypes is the losses family's masked log-sum-exp (log-domain: finite in float32 at any
+``inverse_temperature`` whose logits fit the dtype), its implementation chosen once per call
+by :data:`refdml.gpu.losses.IMPLEMENTATIONS` (array path, CPU twin or CUDA kernel).
+``ValueError`` where the logits overflow the dtype (one synchronisation on CuPy while data
+checks are on). The context keeps the assignment: the backward is matrix products only.
 
 The convex combination is the reference's xp-generic kernel (``convex_forward_xp`` /
 ``convex_backward_xp`` of :mod:`refdml._shared.histogram`), and so is the softmax backward
@@ -28,9 +29,8 @@ from refdml._validation import (
     as_fast_array, check_context, check_fast_upstream, check_scalar, data_checks, result_dtype,
 )
 from refdml._backend import get_backend
-from refdml.gpu.losses._launch import masked_logsumexp
 from refdml.gpu.distances import common_scale
-from refdml.gpu.normalize import _quiet
+from refdml.gpu.losses import IMPLEMENTATIONS as MASKED_LSE
 from refdml._shared.histogram import (
     convex_backward_xp,
     convex_forward_xp,
@@ -85,16 +85,18 @@ def histogram_entropic_forward(features, prototypes, *, inverse_temperature):
     xp = ns.xp
     scale_f, scale_p = common_scale(xp, features), common_scale(xp, prototypes)
     scaled = (prototypes / scale_p) @ xp.swapaxes(features / scale_f, 1, 2)   # (B, m, n)
-    with _quiet(xp):
+    with ns.errstate(over="ignore", divide="ignore"):
         logits = (inverse_temperature * scaled) * scale_f * scale_p
     if data_checks(ns) and not bool(xp.all(xp.isfinite(logits))):
         raise ValueError(
             f"inverse_temperature * nu^T x overflows {np.dtype(logits.dtype).name} "
             f"(inverse_temperature == {inverse_temperature:g})"
         )
-    _, assignment = masked_logsumexp(xp, logits, axis=1)
+    _, assignment = MASKED_LSE.choose(logits).masked_logsumexp(logits, axis=1)
     z = xp.mean(assignment, axis=2)
-    return z, HistogramEntropicContext(features, prototypes, assignment, inverse_temperature)
+    return z, HistogramEntropicContext(features=features, prototypes=prototypes,
+                                       assignment=assignment,
+                                       inverse_temperature=inverse_temperature)
 
 
 def histogram_entropic_backward(ctx: HistogramEntropicContext, d_z) -> HistogramGrads:

@@ -9,7 +9,9 @@ elementwise or a reduction along the last axis: no loop, no host copy; the zero-
 of ``l2_normalize`` is the only synchronisation (see :mod:`refdml._validation`).
 What is the fast path's own: the checks keep the dtype and the device, the data checks
 can be turned off on CuPy, and the losses' unit scales (:func:`ones_column`) are not
-divided by.
+divided by. The same results on NumPy and on CuPy: nothing here asks which it runs on
+(the unit scales are recognised by the backend, :meth:`refdml._backend.Backend.is_cached`,
+which on CuPy recognises none, and the division by 1 is then exact).
 """
 
 from __future__ import annotations
@@ -49,13 +51,13 @@ def _l2_forward(
     return l2_forward_xp(x, name, why=why, ns=ns)
 
 
-def _l2_backward(xp: Any, ctx: L2NormalizeContext, d_y: Any, name: str | None = None) -> Any:
+def _l2_backward(ns: Backend, ctx: L2NormalizeContext, d_y: Any, name: str | None = None) -> Any:
     """``(I - y y^T) d_y / ||x||``. With ``name``: a gradient beyond the dtype is the
-    reference's ValueError (checked on NumPy, and on CuPy while data checks are on);
-    callers without ``name`` check."""
-    if name is not None and xp is not np and not data_checks(get_backend(ctx.y)):
+    reference's ValueError (checked while data checks run: always on NumPy, on CuPy while
+    enabled); callers without ``name`` check."""
+    if name is not None and not data_checks(ns):
         name = None
-    return l2_backward_xp(xp, ctx, d_y, name, unit_scale=is_ones_column(ctx.scale))
+    return l2_backward_xp(ns.xp, ctx, d_y, name, unit_scale=is_ones_column(ns, ctx.scale))
 
 
 def l2_normalize_forward(x) -> tuple[Any, L2NormalizeContext]:
@@ -73,7 +75,7 @@ def l2_normalize_backward(ctx: L2NormalizeContext, d_y) -> NormalizeGrads:
     check_context(ctx, "ctx", L2NormalizeContext)
     ns = get_backend(ctx.y)
     d_y = check_fast_upstream(d_y, "d_y", ctx.y.shape, ns, ctx.y.dtype)
-    return NormalizeGrads(x=_l2_backward(ns.xp, ctx, d_y, "x"))
+    return NormalizeGrads(x=_l2_backward(ns, ctx, d_y, "x"))
 
 
 def l2_normalize(x) -> Any:
@@ -101,32 +103,18 @@ def clip_normalize(x) -> Any:
     return clip_normalize_forward(x)[0]
 
 
-def ones_column(xp: Any, n: int, dtype: Any) -> Any:
-    """``ones((n, 1), dtype)``: the unit scales of the mirror's contexts; cached read-only
-    per ``(n, dtype)`` on NumPy (a backward recognises them and skips dividing by 1)."""
-    if xp is not np:
-        return xp.ones((n, 1), dtype=dtype)
-    key = (n, np.dtype(dtype))
-    ones = _ONES_CACHE.get(key)
-    if ones is None:
-        ones = np.ones((n, 1), dtype=dtype)
-        ones.flags.writeable = False
-        if len(_ONES_CACHE) < 32:
-            _ONES_CACHE[key] = ones
-    return ones
+def _ones_key(shape: tuple, dtype: Any) -> tuple:
+    return ("refdml.gpu.normalize.ones_column", tuple(shape), np.dtype(dtype))
 
 
-def is_ones_column(a: Any) -> bool:
-    """True for an array returned by :func:`ones_column` on NumPy (identity, no data read)."""
-    return any(a is ones for ones in _ONES_CACHE.values())
+def ones_column(ns: Backend, n: int, dtype: Any) -> Any:
+    """``ones((n, 1), dtype)``: the unit scales of the mirror's contexts, kept read-only per
+    ``(n, dtype)`` where the backend caches constants (:meth:`Backend.cached`, NumPy), so
+    that a backward recognises them (:func:`is_ones_column`) and skips dividing by 1."""
+    return ns.cached(_ones_key((n, 1), dtype), lambda: ns.xp.ones((n, 1), dtype=dtype))
 
 
-_ONES_CACHE: dict[tuple[int, Any], Any] = {}
-
-def _quiet(xp: Any):
-    """``errstate(over="ignore")`` on NumPy; CuPy does not warn."""
-    import contextlib
-
-    import numpy as np
-
-    return np.errstate(over="ignore", divide="ignore") if xp is np else contextlib.nullcontext()
+def is_ones_column(ns: Backend, a: Any) -> bool:
+    """True for an array :func:`ones_column` returned and the backend kept (an identity
+    test, no data read; on CuPy never, and dividing by those ones is exact)."""
+    return ns.is_cached(_ones_key(a.shape, a.dtype), a)

@@ -6,8 +6,9 @@ The same exact power-of-two rescaling as the reference (``refdml/prototypes/_rid
 kernel forms and backward formulas, and the reference's context classes
 (``RidgeContext``, ``NormalisedFit``, ``Scaling``; the private ones shared through
 :mod:`refdml._shared.prototypes`), holding arrays of the input's module.
-The systems are solved by Cholesky through :func:`_cho_solve`, which works for NumPy
-(``scipy.linalg.solve_triangular``) and CuPy (``cupyx.scipy.linalg.solve_triangular``).
+The systems are solved by Cholesky through :func:`_cho_solve`, with the backend's
+``solve_triangular`` (:attr:`refdml._backend.Backend.linalg`: SciPy's or
+``cupyx.scipy.linalg``'s); the same computation on NumPy and on CuPy.
 
 Synchronisations: the forward reads ``max|Z|`` and ``max|Y|`` on the host (the scaling's
 exponents are Python ints, as in the reference's ``Scaling``); with data checks on
@@ -36,7 +37,6 @@ from refdml._validation import (
 )
 from refdml._backend import Backend, get_backend
 from refdml.gpu.distances import common_scale
-from refdml.gpu.normalize import _quiet
 from refdml.prototypes import RidgeContext, RidgeGrads
 from refdml._shared.prototypes import DEFINITE, NormalisedFit, scaling_for
 
@@ -45,17 +45,9 @@ __all__ = ["RidgeContext", "RidgeGrads", "ridge_fit", "ridge_fit_backward", "rid
 _FORMS = ("auto", "primal", "kernel")
 
 
-def _solve_triangular(ns: Backend):
-    if ns.on_gpu:
-        from cupyx.scipy.linalg import solve_triangular
-    else:
-        from scipy.linalg import solve_triangular
-    return solve_triangular
-
-
 def _cho_solve(ns: Backend, lower: Any, rhs: Any) -> Any:
     """``(L L^T)^{-1} rhs`` from the lower Cholesky factor ``L`` (NumPy or CuPy)."""
-    solve = _solve_triangular(ns)
+    solve = ns.linalg.solve_triangular
     half = solve(lower, rhs, lower=True)
     return solve(lower, half, lower=True, trans="T")
 
@@ -74,7 +66,7 @@ def _definite(ns: Backend, matrix: Any, floor: float) -> bool:
 
 def _times_pow2(ns: Backend, x: Any, mantissa: float, exponent: int, what: str) -> Any:
     xp = ns.xp
-    with _quiet(xp):
+    with ns.errstate(over="ignore", divide="ignore"):
         out = xp.ldexp(x * x.dtype.type(mantissa), exponent).astype(x.dtype, copy=False)
     if data_checks(ns) and not bool(xp.all(xp.isfinite(out))):
         raise ValueError(
@@ -140,8 +132,8 @@ def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: f
     else:
         kernel_solution = _cho_solve(ns, factor, Yw)
         W = Zw.T @ kernel_solution
-    return NormalisedFit(Zs, Ys, W.astype(Zs.dtype, copy=False), form, factor,
-                         kernel_solution, omega)
+    return NormalisedFit(Zs=Zs, Ys=Ys, W=W.astype(Zs.dtype, copy=False), form=form,
+                         cholesky=factor, kernel_solution=kernel_solution, omega=omega)
 
 
 def _pow2_scaled(xp: Any, x: Any, log2: int) -> Any:

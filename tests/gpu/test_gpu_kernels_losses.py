@@ -1,4 +1,4 @@
-"""The masked log-sum-exp Numba kernels (refdml.gpu.losses._compiled, losses_cuda) against the array path.
+"""The masked log-sum-exp Numba kernels (refdml.gpu.losses._compiled, _cuda) against the array path.
 
 ``masked_logsumexp`` under ``use_kernels("cpu")`` (CPU twin) and ``use_kernels("cuda")``
 (CUDA under the simulator on NumPy arrays, or on a GPU on CuPy arrays: the
@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 
-from refdml._backend import get_backend, to_numpy
+from refdml._backend import to_numpy
 from refdml.gpu import use_kernels
-from refdml.gpu.losses._launch import masked_logsumexp
+from refdml.gpu.losses._kernels import masked_logsumexp
 from refdml.gpu._support.launch import BLOCK
 
 pytestmark = pytest.mark.cpu_exact
@@ -47,8 +47,7 @@ def _run(kind, z, mask, axis=-1, extra_zero=False, cuda_device_array=lambda x: x
     move = cuda_device_array if kind == "cuda" else (lambda x: x)
     z = move(z)
     with use_kernels(kind):
-        lse, weights = masked_logsumexp(get_backend(z).xp, z,
-                                        None if mask is None else move(mask),
+        lse, weights = masked_logsumexp(z, None if mask is None else move(mask),
                                         axis=axis, extra_zero=extra_zero)
     return to_numpy(lse), to_numpy(weights)
 
@@ -139,34 +138,35 @@ def test_cpu_twin_hypothesis(seed, rows, k, scale, extra_zero, dtype):
 def test_auto_keeps_the_array_path_on_numpy(monkeypatch):
     """"auto" on NumPy runs the array path (the CPU twin measured slower); the same patch
     fires under "cpu", so it is read by the call and the first half can fail."""
-    from refdml.gpu.losses import _launch as _loss_kernels
+    from refdml.gpu.losses._kernels import KernelPath
 
     def fail(self, *args, **kwargs):
         raise AssertionError("a compiled kernel ran")
 
-    monkeypatch.setattr(_loss_kernels.CompiledLse, "masked_logsumexp", fail)
+    monkeypatch.setattr(KernelPath, "masked_logsumexp", fail)
     z = np.array([[0.0, np.log(3.0)], [1.0, 1.0]])
     with use_kernels("auto"):
-        lse, weights = masked_logsumexp(np, z, None)
+        lse, weights = masked_logsumexp(z, None)
     assert_allclose(lse, [np.log(4.0), 1.0 + np.log(2.0)], rtol=1e-15)
     assert_allclose(weights, [[0.25, 0.75], [0.5, 0.5]], rtol=1e-15)
     with use_kernels("cpu"), pytest.raises(AssertionError, match="a compiled kernel ran"):
-        masked_logsumexp(np, z, None)
+        masked_logsumexp(z, None)
 
 
 def test_one_implementations_object_chooses_by_mode_and_module():
-    """MASKED_LSE: the array path, the CPU twin and the CUDA kernel behind one interface;
-    "auto" takes the array path on NumPy and the CUDA kernel on CuPy (the choice by module
-    itself: tests/gpu/test_cuda_launch.py)."""
+    """IMPLEMENTATIONS: the array path, the CPU twin and the CUDA kernel behind one
+    interface; "auto" takes the array path on NumPy and the CUDA kernel on CuPy (the choice
+    by module itself: tests/gpu/test_cuda_launch.py)."""
     from refdml.gpu._support.modes import Implementations
-    from refdml.gpu.losses._launch import MASKED_LSE, ArrayLse, CompiledLse
+    from refdml.gpu.losses import IMPLEMENTATIONS as MASKED_LSE
+    from refdml.gpu.losses._array import ArrayPath
+    from refdml.gpu.losses._kernels import CpuPath, CudaPath
 
-    assert isinstance(MASKED_LSE, Implementations)
+    assert isinstance(MASKED_LSE, Implementations) and MASKED_LSE.family == "losses"
     assert (MASKED_LSE.auto_numpy, MASKED_LSE.auto_cupy) == ("array", "cuda")
     assert "bench_gpu.py --only lse" in MASKED_LSE.measured
-    assert isinstance(MASKED_LSE.array, ArrayLse)
-    assert isinstance(MASKED_LSE.cpu, CompiledLse) and isinstance(MASKED_LSE.cuda, CompiledLse)
-    assert MASKED_LSE.cpu.launch is not MASKED_LSE.cuda.launch
+    assert isinstance(MASKED_LSE.array, ArrayPath)
+    assert isinstance(MASKED_LSE.cpu, CpuPath) and isinstance(MASKED_LSE.cuda, CudaPath)
     z = np.zeros((2, 3))
     for mode, member in (("auto", MASKED_LSE.array), ("array", MASKED_LSE.array),
                          ("cpu", MASKED_LSE.cpu)):
@@ -193,21 +193,24 @@ def test_buffers_are_the_cuda_kernels_parameters():
 
 
 def test_kernel_launch_receives_named_buffers():
-    """CompiledLse hands its launcher one MaskedLseBuffers of contiguous rows along ``axis``
-    (a moved axis and a broadcast mask made rows), and reads its results back in place."""
+    """A kernel member hands its launch one MaskedLseBuffers of contiguous rows along
+    ``axis`` (a moved axis and a broadcast mask made rows), and reads its results back in
+    place."""
     from refdml.gpu.losses._compiled import MaskedLseBuffers
-    from refdml.gpu.losses._launch import CompiledLse
+    from refdml.gpu.losses._kernels import KernelPath
 
     seen = []
 
-    def launch(buffers):
-        seen.append(buffers)
-        buffers.lse[...] = 7.0
-        buffers.weights[...] = np.arange(buffers.weights.size).reshape(buffers.weights.shape)
+    class Recording(KernelPath):
+        def launch(self, buffers):
+            seen.append(buffers)
+            buffers.lse[...] = 7.0
+            buffers.weights[...] = np.arange(buffers.weights.size).reshape(
+                buffers.weights.shape)
 
     z = np.arange(6.0).reshape(3, 2)               # rows along axis 0: two rows of three
     mask = np.array([[True], [False], [True]])     # broadcast over the last axis
-    lse, weights = CompiledLse(launch).masked_logsumexp(np, z, mask, axis=0, extra_zero=True)
+    lse, weights = Recording().masked_logsumexp(z, mask, axis=0, extra_zero=True)
     (buffers,) = seen
     assert isinstance(buffers, MaskedLseBuffers)
     assert buffers.z.flags.c_contiguous and buffers.mask.flags.c_contiguous
@@ -217,5 +220,5 @@ def test_kernel_launch_receives_named_buffers():
     assert_array_equal(lse, [7.0, 7.0])
     assert_array_equal(weights, np.arange(6.0).reshape(2, 3).T)
     # No row to launch over: the array path's answer, no launch.
-    empty_lse, empty_w = CompiledLse(launch).masked_logsumexp(np, np.zeros((0, 3)), None)
+    empty_lse, empty_w = Recording().masked_logsumexp(np.zeros((0, 3)), None)
     assert len(seen) == 1 and empty_lse.shape == (0,) and empty_w.shape == (0, 3)

@@ -70,7 +70,7 @@ def test_backward_does_not_recompute(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the backward recomputed the distances")
 
-    monkeypatch.setattr(distances, "_scaled_sq", boom)
+    monkeypatch.setattr(distances, "scaled_sq", boom)
     # The fast path's normalisation is the reference's xp-generic kernel.
     monkeypatch.setattr(ref_normalize, "_scaled_direction", boom)
     distances.euclidean_backward(ctx, np.ones((4, 5)))
@@ -118,8 +118,8 @@ def test_coincident_and_nearby_pairs_are_the_references_on_numpy(monkeypatch, dt
     # representable. The backward (the reference's formula, w.sum() x - w @ y) cancels
     # at a nearby pair to ~u / offset relative (float32 here against the float64
     # reference: measured 0.17 of that; 0.18 norm-wise without the refinement, either dtype).
-    from refdml.gpu.losses import _launch as _loss_kernels
     from refdml._backend import get_backend
+    from refdml.gpu.losses._pairwise import self_euclidean
 
     rng = np.random.default_rng(80)
     x = (10.0 + 3.0 * rng.standard_normal((6, 4))).astype(dtype)
@@ -145,9 +145,40 @@ def test_coincident_and_nearby_pairs_are_the_references_on_numpy(monkeypatch, dt
     assert nearby <= 64 * u and gradient <= u / offset, (nearby, gradient)
     # The losses' distances of a set with itself: duplicate rows exactly 0 there too.
     duplicated = np.concatenate([x, x[:2]])
-    distance, _, _ = _loss_kernels.self_euclidean(get_backend(duplicated), duplicated)
+    distance, _, _ = self_euclidean(get_backend(duplicated), duplicated)
     assert np.all(distance[[0, 1], [6, 7]] == 0) and np.all(distance[[6, 7], [0, 1]] == 0)
     # Without the refinement the nearby pairs and the gradient fail (the check can fail).
     monkeypatch.setattr(distances, "_REFINE", -1.0)
     _, nearby, gradient = errors()
     assert nearby > 0.1 and gradient > u / offset, (nearby, gradient)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [3, 64])
+def test_unrefined_near_pairs_are_within_the_stated_tolerance(monkeypatch, dtype, d):
+    # What the CuPy backend computes: it skips the near-pair refinement (Backend.refine), so a
+    # near pair keeps the Gram identity's value, within refdml.gpu.distances' stated bound
+    # |D~^2 - D^2| <= (2 d + 4) u (|x_i|^2 + |y_j|^2), and D~ within its square root. Run on
+    # NumPy with the refinement skipped as the CuPy backend skips it; the expected values are
+    # explicit float64 differences of the same (rounded) inputs.
+    from refdml._backend import Backend
+
+    monkeypatch.setattr(Backend, "refine", lambda self, step, *args: None)
+    rng = np.random.default_rng(81)
+    centre = 10.0 * rng.standard_normal(d)
+    x = (centre + rng.standard_normal((24, d))).astype(dtype)
+    y = np.concatenate([x[:12], x[12:18] * (1 + 1e-6 * rng.standard_normal((6, d))),
+                        centre + rng.standard_normal((4, d))]).astype(dtype)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    exact_sq = np.sum((x64[:, None, :] - y64[None, :, :]) ** 2, axis=-1)
+    bound_sq = (2 * d + 4) * float(np.finfo(dtype).eps) * (
+        np.sum(x64 ** 2, axis=1)[:, None] + np.sum(y64 ** 2, axis=1)[None, :])
+    sq = distances.sq_euclidean(x, y).astype(np.float64)
+    distance = distances.euclidean(x, y).astype(np.float64)
+    assert np.all(np.abs(sq - exact_sq) <= bound_sq)
+    # sqrt of the rounded square: one more rounding of the result, u D relative.
+    slack = 2 * float(np.finfo(dtype).eps) * np.sqrt(exact_sq)
+    assert np.all(np.abs(distance - np.sqrt(exact_sq)) <= np.sqrt(bound_sq) + slack)
+    # The route is the unrefined one (coincident rows not all exactly 0; refined they are).
+    coincident = np.arange(12)
+    assert np.any(distance[coincident, coincident] > 0)

@@ -1,11 +1,11 @@
 r"""The masked row-wise log-sum-exp and its softmax, compiled: the scalar maths, the CPU twin
 and the launch's buffers.
 
-The CUDA kernel is its twin in :mod:`refdml.gpu.losses._cuda`; refdml.gpu's masked
-log-sum-exp (``refdml/gpu/losses/_launch.py``: the family's one ``Implementations`` object,
-``MASKED_LSE``) runs either, or its array code, which stays the fallback and the twin these
-kernels are tested against. Both kernels take the six buffers of :class:`MaskedLseBuffers`,
-in its field order. For each row ``r`` of ``z`` (rows, k) with mask ``M`` (rows, k)
+The CUDA kernel is its twin in :mod:`refdml.gpu.losses._cuda`; the family's one
+``Implementations`` object (:data:`refdml.gpu.losses.IMPLEMENTATIONS`: ``CpuPath`` and
+``CudaPath`` in ``_kernels.py``) runs either, or the array path (``ArrayPath`` in
+``_array.py``), which stays the fallback and the twin these kernels are tested against.
+Both kernels take the six buffers of :class:`MaskedLseBuffers`, in its field order. For each row ``r`` of ``z`` (rows, k) with mask ``M`` (rows, k)
 (``has_mask`` false: every entry):
 
 .. math::
@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from numba import njit, prange
+from refdml.gpu._support.jit import njit, prange
 
 from refdml.gpu._support.scalar import lse_push, lse_value
 

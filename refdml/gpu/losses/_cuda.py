@@ -3,9 +3,10 @@
 The maths, its dtype rules and the CPU twin: :mod:`refdml.gpu.losses._compiled`. Launch shape:
 one block of :data:`refdml.gpu._support.launch.BLOCK` threads per row; threads stride over
 the row, their online log-sum-exp states merged by a tree in shared memory (``lse_merge``).
-Launched by refdml.gpu's masked log-sum-exp as ``cuda_launch(refdml_loss_masked_lse, rows,
-BLOCK, *buffers.args())`` with ``buffers`` a :class:`refdml.gpu.losses._compiled.MaskedLseBuffers`
-(its fields are this kernel's parameters, in order).
+Launched by :class:`refdml.gpu.losses._kernels.CudaPath` as ``cuda_launch(refdml_loss_masked_lse,
+rows, BLOCK, *buffers.args())`` with ``buffers`` a
+:class:`refdml.gpu.losses._compiled.MaskedLseBuffers` (its fields are this kernel's parameters,
+in order). Only building that member imports this module (and with it ``numba.cuda``).
 """
 
 from __future__ import annotations
