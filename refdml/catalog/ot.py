@@ -75,6 +75,10 @@ def _divergence_inputs(rng: np.random.Generator) -> dict:
             "eps": 0.5, "p": 2, **_TIGHT}
 
 
+def _divergence_pot_inputs(rng: np.random.Generator) -> dict:
+    return {**_divergence_inputs(rng), "solver": "pot"}
+
+
 def _divergence_transport_inputs(rng: np.random.Generator) -> dict:
     points = _grid(rng, 7)
     return {"x": points[:4], "y": points[4:], "a": rng.uniform(0.5, 1.5, 4),
@@ -289,6 +293,14 @@ def _divergence_error_inputs(rng: np.random.Generator, *, make_inputs) -> tuple[
     )
 
 
+def _divergence_pot_error_inputs(rng: np.random.Generator) -> tuple[ErrorCase, ...]:
+    base = _divergence_pot_inputs(rng)
+    return _divergence_error_inputs(rng, make_inputs=_divergence_pot_inputs) + (
+        ErrorCase("an unknown solver", replaced(base, solver="sinkhorn_log"), ValueError,
+                  r"^solver == 'sinkhorn_log', must be one of \('refdml', 'pot'\)"),
+    )
+
+
 def _pairwise_error_inputs(rng: np.random.Generator) -> tuple[ErrorCase, ...]:
     base = _pairwise_inputs(rng)
     return (
@@ -427,6 +439,20 @@ OPERATORS = (
         reference_inputs=functools.partial(_pairs_reference_inputs,
                                            make_inputs=_divergence_inputs),
         error_inputs=functools.partial(_divergence_error_inputs, make_inputs=_divergence_inputs),
+        invariants=functools.partial(_divergence_invariants, nonnegative=True),
+    ),
+    OperatorSpec(
+        name="ot.sinkhorn_divergence_pot",
+        forward=sinkhorn_divergence_forward,
+        backward=sinkhorn_divergence_backward,
+        make_inputs=_divergence_pot_inputs,
+        paper="Wasserstein DML Eq. (4): SD_{p,eta}, the potentials from POT's log-domain "
+              "Sinkhorn (solver='pot')",
+        no_mirror="the reference's second solver; refdml.gpu.ot mirrors the divergence "
+                  "with refdml's own (entry ot.sinkhorn_divergence)",
+        reference_inputs=functools.partial(_pairs_reference_inputs,
+                                           make_inputs=_divergence_pot_inputs),
+        error_inputs=_divergence_pot_error_inputs,
         invariants=functools.partial(_divergence_invariants, nonnegative=True),
     ),
     OperatorSpec(

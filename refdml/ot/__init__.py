@@ -9,7 +9,9 @@ Wasserstein DML (Dou, Luo & Yang, AAAI 2022 student abstract), Eqs. (1)-(4).
                                                          gradients w.r.t. ``a``, ``b``, ``cost``
                                                          (``_entropic.py``)
 :func:`sinkhorn_divergence_forward` / backward           Eq. (4) between two weighted clouds
-                                                         (``_divergence.py``)
+                                                         (``_divergence.py``), by refdml's
+                                                         solver or POT's (``solver="pot"``,
+                                                         ``_pot.py``)
 :func:`sinkhorn_divergence`                              the same, in one call
 :func:`pairwise_sinkhorn_divergence_forward` / backward  the (B, B) matrix of Eq. (4) between
                                                          uniform clouds, all in one batch

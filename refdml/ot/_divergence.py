@@ -65,6 +65,7 @@ from refdml._validation import (
     check_upstream,
 )
 from refdml.ot._entropic import _ot_vjp
+from refdml.ot._pot import _solve_batch_pot
 from refdml.ot._sinkhorn import (
     VALUES,
     _check_relative_eps,
@@ -89,6 +90,9 @@ __all__ = [
 ]
 
 _COST_NAME = "the largest cost ||x - y||^p"
+#: The solvers of :func:`sinkhorn_divergence_forward`: refdml's own log-domain Sinkhorn
+#: (:func:`refdml.ot._sinkhorn._solve_batch`) or POT's (:mod:`refdml.ot._pot`).
+SOLVERS = ("refdml", "pot")
 
 
 # ----------------------------------------------------------------------------------------
@@ -257,6 +261,7 @@ class SinkhornDivergenceContext:
     xx: _OTBatch
     yy: _OTBatch
     sq_unit: float = 1.0     # the sq_* above are divided by it (_distance_unit; p not 1, 2)
+    solver: str = "refdml"   # which solver produced xy, xx, yy (SOLVERS)
 
 
 def _check_clouds(x, y):
@@ -275,7 +280,7 @@ def _check_weight_vector(w, name: str, size: int):
 
 
 def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regularized",
-                                max_iter=1000, tol=1e-9, eps_scaling=None):
+                                max_iter=1000, tol=1e-9, eps_scaling=None, solver="refdml"):
     """Sinkhorn divergence of Eq. (4) between two weighted point clouds; ``(sd, ctx)``.
 
     .. math::
@@ -292,6 +297,10 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     p : float >= 1, exponent of the ground cost.
     value : ``"regularized"`` (Eq. (3)'s value, the paper's) or ``"transport_cost"``.
     max_iter, tol, eps_scaling : as in :func:`refdml.ot.sinkhorn`.
+    solver : ``"refdml"`` (refdml's own log-domain Sinkhorn, the default) or ``"pot"``
+        (the potentials of the three problems from POT's ``ot.bregman.sinkhorn_log``,
+        :mod:`refdml.ot._pot`; the scaling, the refusals, the value and the backward are
+        the same). docs/ot.md, "Which solver", compares them.
 
     Returns
     -------
@@ -300,6 +309,7 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
         The context of :func:`sinkhorn_divergence_backward`.
     """
     check_choice(value, "value", VALUES)
+    check_choice(solver, "solver", SOLVERS)
     eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)
     p = _check_p(p)
     x, y = _check_clouds(x, y)
@@ -319,16 +329,17 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
     _check_relative_eps(scaled_eps, max(float(c.max()) for c in costs), user_eps=eps,
                         cost_name=_COST_NAME, data_name="x and y", unit=unit, p=p)
     solve = dict(eps=scaled_eps, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit)
-    xy = _solve_batch(a[None], b[None], costs[0], **solve)
-    xx = _solve_batch(a[None], a[None], costs[1], symmetric=True, **solve)
-    yy = _solve_batch(b[None], b[None], costs[2], symmetric=True, **solve)
+    solve_batch = _solve_batch if solver == "refdml" else _solve_batch_pot
+    xy = solve_batch(a[None], b[None], costs[0], **solve)
+    xx = solve_batch(a[None], a[None], costs[1], symmetric=True, **solve)
+    yy = solve_batch(b[None], b[None], costs[2], symmetric=True, **solve)
     terms = [t.value if value == "regularized" else t.transport_cost for t in (xy, xx, yy)]
     divergence = float(terms[0][0] - 0.5 * (terms[1][0] + terms[2][0]))
     _check_output(divergence, "the Sinkhorn divergence")
     ctx = SinkhornDivergenceContext(
         x=xs, y=ys, scale=scale, unit=unit, a=a, b=b, a_mass=a_mass, b_mass=b_mass,
         weights_given=weights_given, p=p, value=value, sq_xy=sq_xy, sq_xx=sq_xx,
-        sq_yy=sq_yy, xy=xy, xx=xx, yy=yy, sq_unit=sq_unit,
+        sq_yy=sq_yy, xy=xy, xx=xx, yy=yy, sq_unit=sq_unit, solver=solver,
     )
     return divergence, ctx
 
@@ -336,7 +347,8 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
 def sinkhorn_divergence_backward(ctx: SinkhornDivergenceContext, d_value) -> SinkhornDivergenceGrads:
     """Gradients of ``d_value * sd`` w.r.t. x, y (and a, b when weights were given).
 
-    ``d_value``: a real number (the upstream gradient of the scalar ``sd``).
+    ``d_value``: a real number (the upstream gradient of the scalar ``sd``). The context
+    of either solver: the gradients are formed from its plans and potentials alike.
     """
     check_context(ctx, "ctx", SinkhornDivergenceContext)
     d_value = float(check_upstream(d_value, "d_value", ()))
@@ -367,7 +379,7 @@ def sinkhorn_divergence_backward(ctx: SinkhornDivergenceContext, d_value) -> Sin
 
 
 def sinkhorn_divergence(x, y, a=None, b=None, *, eps, p=2, value="regularized",
-                        max_iter=1000, tol=1e-9, eps_scaling=None):
+                        max_iter=1000, tol=1e-9, eps_scaling=None, solver="refdml"):
     """``sd, grads`` of the Sinkhorn divergence, Eq. (4): one call of the pair.
 
     See :func:`sinkhorn_divergence_forward`. ``grads.x``, ``grads.y``; ``grads.a``,
@@ -375,7 +387,7 @@ def sinkhorn_divergence(x, y, a=None, b=None, *, eps, p=2, value="regularized",
     """
     divergence, ctx = sinkhorn_divergence_forward(
         x, y, a, b, eps=eps, p=p, value=value, max_iter=max_iter, tol=tol,
-        eps_scaling=eps_scaling,
+        eps_scaling=eps_scaling, solver=solver,
     )
     return divergence, sinkhorn_divergence_backward(ctx, 1.0)
 

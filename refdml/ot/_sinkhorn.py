@@ -392,18 +392,27 @@ def _solve_batch(a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False
     n_iter += it
     f, g, plan = _finish_large_eps(log_a, a, b, cost, eps, f, g, plan)
     converged = err <= tol
-    # tol = 0 asks for a fixed number of iterations: converged only where the residual is
-    # exactly 0, and no warning (the count was asked for). Otherwise the solver stops
-    # only on tol or on max_iter, so the warning below says why it stopped.
+    _warn_unconverged(err, converged, max_iter=max_iter, tol=tol, stacklevel=4)
+    return _OTBatch(a, b, cost, eps, f, g, plan, n_iter, err, converged, unit)
+
+
+def _warn_unconverged(err, converged, *, max_iter, tol, stacklevel) -> None:
+    """The :class:`refdml.ConvergenceWarning` of a batch solve (``err``, ``converged``
+    (P,)), shared by refdml's solver and POT's (:mod:`refdml.ot._pot`); ``stacklevel`` as
+    the caller would give it to ``warnings.warn``.
+
+    tol = 0 asks for a fixed number of iterations: converged only where the residual is
+    exactly 0, and no warning (the count was asked for). Otherwise the solvers stop only
+    on tol or on max_iter, so the warning says why they stopped.
+    """
     if tol > 0.0 and not converged.all():
         warnings.warn(
             f"Sinkhorn stopped at max_iter={max_iter} iterations above tol={tol:g} for "
-            f"{int((~converged).sum())} of {n_problems} problem(s) (largest marginal error "
-            f"{float(err.max()):.3g}); increase max_iter, eps, or use eps_scaling",
+            f"{int((~converged).sum())} of {converged.size} problem(s) (largest marginal "
+            f"error {float(err.max()):.3g}); increase max_iter, eps, or use eps_scaling",
             ConvergenceWarning,
-            stacklevel=4,
+            stacklevel=stacklevel + 1,
         )
-    return _OTBatch(a, b, cost, eps, f, g, plan, n_iter, err, converged, unit)
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Entropic OT, Sinkhorn divergences and Wasserstein losses against POT, LP limits and
 finite differences."""
 
+import functools
 import re
 import warnings
 
@@ -887,19 +888,43 @@ def _catalogue_case(entry, name):
     return dict(case.inputs)
 
 
-def test_large_eps_divergence_matches_a_50_digit_sinkhorn():
-    # The catalogue's case (eps = 1e6 times the largest cost; tol = 1e-12): its weight
-    # gradients were off by up to 1.7e-4 of an entry before the solve ended with exact
-    # log-domain half steps (refdml.ot._sinkhorn._finish_large_eps).
+@functools.cache
+def _large_eps_divergence_case():
+    """The catalogue's case (eps = 1e6 times the largest cost; tol = 1e-12) and its oracle."""
     inputs = _catalogue_case("ot.sinkhorn_divergence", "large eps (1e6 of the largest cost)")
     assert inputs["p"] == 2 and inputs["eps"] > 1e5
     arrays = {name: inputs[name] for name in ("x", "y", "a", "b")}
     with mp.workdps(_MP_DIGITS):
         expected, expected_grads = _mp_value_and_gradients(_mp_divergence, arrays, inputs["eps"])
+    return inputs, expected, expected_grads
+
+
+def test_large_eps_divergence_matches_a_50_digit_sinkhorn():
+    # Its weight gradients were off by up to 1.7e-4 of an entry before the solve ended with
+    # exact log-domain half steps (refdml.ot._sinkhorn._finish_large_eps).
+    inputs, expected, expected_grads = _large_eps_divergence_case()
     upstream = -0.7
     sd, ctx = rot.sinkhorn_divergence_forward(**inputs)
     _assert_matches_oracle(sd, rot.sinkhorn_divergence_backward(ctx, upstream), expected,
                            expected_grads, upstream)
+
+
+def test_large_eps_divergence_by_pot_keeps_fewer_digits_of_the_weight_gradients():
+    # solver="pot" on the same case: POT stops after one iteration, and its potentials,
+    # eps (log_u - log a), are differences of numbers ~log(n) at eps = 1e6 C, an ulp of
+    # which is ~1e-10 of the cost; its stopping rule leaves eps tol more. Measured 9e-8
+    # (a) and 8e-8 (b) of the largest entry, 1e-6 here; the value and the gradients w.r.t.
+    # the points (from the plan, not the potentials) keep the oracle's tolerance.
+    inputs, expected, expected_grads = _large_eps_divergence_case()
+    upstream = -0.7
+    sd, ctx = rot.sinkhorn_divergence_forward(**inputs, solver="pot")
+    grads = rot.sinkhorn_divergence_backward(ctx, upstream)
+    _assert_matches_oracle(sd, grads, expected, {k: expected_grads[k] for k in ("x", "y")},
+                           upstream)
+    for name in ("a", "b"):
+        want = upstream * expected_grads[name]
+        error = np.abs(getattr(grads, name) - want).max() / np.abs(want).max()
+        assert 1e-12 < error <= 1e-6, (name, error)
 
 
 def test_large_eps_entropic_ot_matches_a_50_digit_sinkhorn():
