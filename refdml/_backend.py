@@ -177,6 +177,20 @@ class Backend:
         """
         return self.free_host_reads
 
+    @property
+    def refines_near_pairs(self) -> bool:
+        """Whether squared distances from the Gram identity ``|x|^2 + |y|^2 - 2 <x, y>`` have
+        their near pairs (below ``1e-3 (|x_i|^2 + |y_j|^2)``, where the identity's rounding
+        leaves no correct digit) recomputed from explicit differences, as the reference's
+        are: True on NumPy, where finding those pairs is free; False on CuPy, where their
+        count would be a synchronisation per call.
+
+        Not a speed choice: the results differ at near pairs, by the tolerance that
+        refdml.gpu.ot's docstring states (refdml.gpu.distances follows the same rule,
+        docs/gpu/numerics.md).
+        """
+        return self.free_host_reads
+
 
 def _numpy_backend() -> Backend:
     return Backend(name="numpy", xp=np, special=scipy.special, linalg=scipy.linalg,

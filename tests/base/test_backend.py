@@ -17,3 +17,9 @@ def test_gathers_rows_where_host_reads_are_free():
     assert numpy_backend.gathers_rows is True
     device_like = dataclasses.replace(numpy_backend, free_host_reads=False)
     assert device_like.gathers_rows is False
+
+
+def test_near_pairs_are_refined_where_finding_them_is_free():
+    numpy_backend = get_backend(np.zeros(3))
+    assert numpy_backend.refines_near_pairs is True
+    assert dataclasses.replace(numpy_backend, free_host_reads=False).refines_near_pairs is False

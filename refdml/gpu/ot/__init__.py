@@ -29,13 +29,15 @@ What differs from the reference (and why)
   below ``_PINV_RCOND[dtype]`` of the largest (1e-12 float64, 1e-6 float32).
 * Divergences between point clouds use the Gram identity for the squared distances
   (points scaled by a power of two first): the array path's
-  (:func:`refdml.gpu.distances._scaled_sq`, for the CUDA kernels too) or, on the CPU
+  (:func:`refdml.gpu.ot._common._cross_sq`, for the CUDA kernels too) or, on the CPU
   twins, one compiled pass (:func:`refdml.gpu.ot._kernels.compiled_pair_sq`). Near pairs
   (``D_ij^2 <= 1e-3 (|x_i|^2 + |y_j|^2)``) are recomputed from explicit differences, as
-  the reference's, on NumPy by every implementation; on CuPy they are not (their count
-  would be a synchronisation). The difference and its tolerance: the identity's
-  ``D_ij^2`` carries an absolute error of a few ``u (|x_i|^2 + |y_j|^2)`` (``u`` the
-  dtype's unit roundoff; measured up to ``10 u`` for ``d <= 128``), so on CuPy a pair
+  the reference's, where the backend refines them
+  (:attr:`refdml._backend.Backend.refines_near_pairs`): on NumPy, by every
+  implementation; not on CuPy (their count would be a synchronisation). The difference
+  and its tolerance: the identity's ``D_ij^2`` carries an absolute error of a few
+  ``u (|x_i|^2 + |y_j|^2)`` (``u`` the dtype's unit roundoff; measured up to ``10 u`` for
+  ``d <= 128``), so on CuPy a pair
   nearer than ``~ sqrt(u) |x|`` is not resolved: its cost ``D^p`` is off by up to
   ``(10 u (|x_i|^2 + |y_j|^2))^(p / 2)`` for ``p <= 2`` (``p = 1``: ~``5e-8 |x|`` in
   float64, ~``1e-3 |x|`` in float32; ``p >= 2``: nothing beyond rounding), the

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from refdml._numerics import common_scale
+from refdml._numerics import _REFINE, common_scale
 from refdml._backend import get_backend
 from refdml.gpu.ot import _sinkhorn as _solver
 from refdml._validation import as_fast_array, check_fast_upstream, data_checks, result_dtype
@@ -102,8 +102,9 @@ def _cloud_sq(xp, x, y, self_pairs: bool):
     """``||x_i - y_j||^2`` (P, n, m) of clouds in the unit ball; self: symmetric, 0 diagonal.
 
     The Gram identity of :func:`refdml.gpu.distances._scaled_sq`, with its near-pair rule
-    (the family docstring: recomputed from explicit differences on NumPy, as the
-    reference, not on CuPy)."""
+    (recomputed from explicit differences where the backend refines them, as the
+    reference's: :attr:`refdml._backend.Backend.refines_near_pairs`, the family
+    docstring)."""
     sq = _scaled_sq(xp, x, y, self_pairs)
     if self_pairs:
         sq = 0.5 * (sq + xp.swapaxes(sq, 1, 2))
@@ -119,18 +120,39 @@ def _cross_sq(xp, clouds, first, second):
     two different clouds) of ``clouds`` (B, n, d) in the unit ball: the array path's pair
     costs.
 
-    When the pairs cover at least a quarter of all ``B^2`` and the ``(B n, B n)`` matrix is
-    small, the squared distances of all points at once (one product of all points, the
+    When the pairs cover at least a quarter of all ``B^2`` and the ``(B n, B n)`` Gram
+    matrix is small, one product of all points (the Gram identity as :func:`_cloud_sq`, the
     blocks of the pairs gathered) instead of ``K`` small products of gathered ``(n, d)``
-    clouds: one large GEMM and no (K, n, d) copies. Either way the values are
-    :func:`_cloud_sq`'s, near-pair rule included.
+    clouds: one large GEMM and no (K, n, d) copies; its near pairs are then refined where
+    the backend refines them (:func:`_refine_pairs`), so that either route gives
+    :func:`_cloud_sq`'s values.
     """
     n_clouds, n, d = clouds.shape
     if 4 * first.shape[0] < n_clouds * n_clouds or (n_clouds * n) ** 2 > _GRAM_ENTRIES:
         return _cloud_sq(xp, clouds[first], clouds[second], False)
     flat = clouds.reshape(n_clouds * n, d)
-    sq = _scaled_sq(xp, flat, flat, False).reshape(n_clouds, n, n_clouds, n)
-    return sq[first, :, second, :]                   # (K, n, n): the advanced axis first
+    norms = xp.sum(flat * flat, axis=1).reshape(n_clouds, n)
+    gram = (flat @ flat.T).reshape(n_clouds, n, n_clouds, n)
+    sq = gram[first, :, second, :]                   # (K, n, n): the advanced axis first
+    sq *= -2.0
+    sq += norms[first][:, :, None]
+    sq += norms[second][:, None, :]
+    if get_backend(sq).refines_near_pairs:
+        _refine_pairs(xp, clouds, first, second, sq, norms)
+    return xp.maximum(sq, sq.dtype.type(0), out=sq)
+
+
+def _refine_pairs(xp, clouds, first, second, sq, norms) -> None:
+    """Recompute in place, from explicit differences, the entries of ``sq`` (K, n, n) below
+    ``_REFINE (|x_i|^2 + |y_j|^2)``, ``x = clouds[first[k]]``, ``y = clouds[second[k]]``,
+    ``norms`` (B, n) the squared norms: the reference's near-pair rule (as
+    :func:`refdml.gpu.distances._scaled_sq`'s) on the Gram blocks, without gathering the
+    clouds of every pair. The pairs' count is read on the host."""
+    magnitude = norms[first][:, :, None] + norms[second][:, None, :]
+    k, i, j = xp.nonzero(sq <= _REFINE * magnitude)
+    if k.shape[0]:
+        diff = clouds[first[k], i] - clouds[second[k], j]
+        sq[k, i, j] = xp.einsum("kd,kd->k", diff, diff)
 
 
 def _ground_cost_backward(xp, x, y, sq, p, d_cost):
