@@ -181,6 +181,27 @@ class Backend:
         if self.free_host_reads:
             step(*args)
 
+    # ---- for refdml.gpu.ot
+    @property
+    def gathers_rows(self) -> bool:
+        """Whether work that concerns a data-dependent subset of rows (a mask, the rows
+        whose values left a range) runs on those rows alone, gathered by index: True on
+        NumPy, where the subset is read for free; False on CuPy, where reading it (its
+        count) synchronises the device, so the work runs on every row and is kept by
+        ``where``, or a step that is safe for every row replaces a cheaper one that needs a
+        repair of a few.
+
+        A speed choice: both choices compute the same quantity, to rounding (or, for an
+        iteration, to its stopping tolerance). refdml.gpu.ot takes it three times: the
+        log-sum-exp half step (NumPy: stabilised by the potential it replaces, the rows
+        that leave the normal range recomputed; CuPy: every row's maximum subtracted), the
+        Sinkhorn loop (NumPy: kernel scalings, the problems whose scalings leave range
+        re-absorbed each iteration; CuPy: log-domain half steps, no read per iteration) and
+        the large-eps finish (NumPy: the problems that need it gathered; CuPy: every
+        problem's half steps computed and kept where needed).
+        """
+        return self.free_host_reads
+
 
 def _numpy_backend() -> Backend:
     return Backend(name="numpy", xp=np, special=scipy.special, linalg=scipy.linalg,

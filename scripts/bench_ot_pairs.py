@@ -102,6 +102,7 @@ def _counts(ctx):
 
 def _solver_only(ctx, mode, tol, max_iter):
     """The two solves of the route alone (cross batch, symmetric self batch) on its costs."""
+    from refdml.gpu.ot import IMPLEMENTATIONS
     from refdml.gpu.ot import _sinkhorn as solver
     from refdml.gpu import use_kernels
 
@@ -110,7 +111,8 @@ def _solver_only(ctx, mode, tol, max_iter):
             for batch, symmetric in ((ctx.cross, False), (ctx.self_, True)):
                 solver.solve_batch(np, batch.a, batch.b, batch.cost, eps=batch.eps,
                                    max_iter=max_iter, tol=tol, eps_scaling=None,
-                                   symmetric=symmetric, unit=batch.unit, small_kernels=True)
+                                   symmetric=symmetric, unit=batch.unit, small_kernels=True,
+                                   impl=IMPLEMENTATIONS.choose(batch.cost))
     return run
 
 

@@ -64,3 +64,83 @@ def test_refine_runs_on_numpy_and_is_skipped_where_host_reads_cost():
     assert calls == [5.0] and np.all(target == 5.0)
     _device_like().refine(step, target, 7.0)
     assert calls == [5.0] and np.all(target == 5.0)
+
+
+def test_gathers_rows_where_host_reads_are_free():
+    # NumPy reads a mask's count for free, so a data-dependent subset of rows is gathered;
+    # a backend whose host reads synchronise the device (CuPy) works on every row instead.
+    assert get_backend(np.zeros(3)).gathers_rows is True
+    assert _device_like().gathers_rows is False
+
+
+# ------------------------------------------------------------------ the core methods
+def test_numpy_is_the_backend_of_host_arrays_and_of_no_array():
+    backend = get_backend(np.zeros(2), None, 3.0)
+    assert backend is get_backend() and backend.name == "numpy" and backend.xp is np
+    assert backend.special is scipy.special and backend.linalg is scipy.linalg
+    assert backend.kernel_target == "cpu"
+
+
+def test_scatter_add_sums_repeated_indices_on_both_sides():
+    for backend in (get_backend(np.zeros(1)), _device_like()):
+        target = np.zeros(4)
+        backend.scatter_add(target, np.array([3, 0, 3, 3]), np.array([1.0, 2.0, 4.0, 8.0]))
+        np.testing.assert_array_equal(target, [2.0, 0.0, 0.0, 13.0])
+
+
+def test_errstate_silences_numpy_and_is_nothing_where_the_library_never_warns():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with get_backend(np.zeros(1)).errstate(over="ignore"):
+            assert np.isinf(np.float64(1e300) * np.float64(1e300))
+    with np.errstate(over="raise"):            # the device side leaves NumPy's state alone
+        with _device_like().errstate(over="ignore"):
+            with pytest.raises(FloatingPointError):
+                np.float64(1e300) * np.float64(1e300)
+
+
+def test_host_reads_are_made_only_where_free():
+    host, device = get_backend(np.zeros(1)), _device_like()
+    assert host.check_every(7) == 1 and device.check_every(7) == 7
+    assert host.known_equal(np.float64(1.0), 1.0) and not host.known_equal(np.float64(2.0), 1.0)
+    assert device.known_equal(_Unreadable(), 1.0) is False     # never read
+    host.synchronize()                                          # nothing to wait for
+
+
+def test_cached_keeps_read_only_arrays_on_numpy_and_builds_anew_on_the_device():
+    host, device = get_backend(np.zeros(1)), _device_like()
+    built = []
+
+    def build():
+        built.append(1)
+        return np.arange(3.0)
+
+    first = host.cached(("test_backend", 3), build)
+    assert host.cached(("test_backend", 3), build) is first and len(built) == 1
+    assert not first.flags.writeable
+    assert device.cached(("test_backend", 3), build) is not device.cached(("test_backend", 3), build)
+
+
+def test_data_checks_follow_the_switch_on_the_device_only():
+    from refdml import _backend
+
+    host, device = get_backend(np.zeros(1)), _device_like()
+    try:
+        _backend.set_finite_checks(False)
+        assert host.data_checks and not device.data_checks
+    finally:
+        _backend.set_finite_checks(True)
+    assert device.data_checks
+    with pytest.raises(TypeError, match="enabled must be a bool, got 1"):
+        _backend.set_finite_checks(1)
+
+
+def test_module_functions_without_cupy():
+    from refdml._backend import as_input_array, is_array, is_device_array, to_numpy
+
+    assert is_array(np.zeros(1)) and not is_array([1.0]) and not is_device_array(np.zeros(1))
+    assert isinstance(as_input_array([1, 2]), np.ndarray)
+    values = np.arange(3.0)
+    np.testing.assert_array_equal(to_numpy(values), values)

@@ -44,7 +44,7 @@ class Known:
 
 
 LARGE_EPS = "large eps (1e6 of the largest cost)"
-# refdml/gpu/_ot_sinkhorn._RELATIVE_EPS: float32 resolves eps up to 1e3 of the largest cost;
+# refdml/gpu/ot/_sinkhorn._RELATIVE_EPS: float32 resolves eps up to 1e3 of the largest cost;
 # above, the potentials' rounding eps * 2^-24 exceeds 1e-4 of the cost, and the fast path
 # refuses with a ValueError naming eps (refdml/gpu/ot/__init__.py's docstring). The reference (float64)
 # solves the case.
@@ -53,7 +53,7 @@ _REFUSED = Known(frozenset({("forward", "raised")}),
                  message="above 1000")
 # The transport-cost gradient solves a Schur complement diag(b) - pi^T diag(1/a) pi by a
 # pseudo-inverse that, in float32, drops eigenvalues below 1e-6 of the largest
-# (refdml/gpu/_ot_common._PINV_RCOND; the reference keeps those above 1e-12, refdml/gpu/ot/__init__.py's
+# (refdml/gpu/ot/_common._PINV_RCOND; the reference keeps those above 1e-12, refdml/gpu/ot/__init__.py's
 # docstring). At small eps the plan is nearly a permutation and that matrix is nearly
 # zero, its eigenvalues rounding noise: which survive the cut depends on LAPACK's
 # rounding, hence ``causes``.

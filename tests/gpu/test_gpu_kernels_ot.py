@@ -1,6 +1,7 @@
 """The small-problem Sinkhorn kernels (refdml/gpu/ot/_compiled.py: the CPU twin;
-refdml/gpu/ot/_cuda.py: the CUDA kernel) against their array-path twin, and the
-seam that chooses among them (refdml.gpu.ot._sinkhorn.SINKHORN).
+refdml/gpu/ot/_cuda.py: the CUDA kernel; launched by refdml/gpu/ot/_kernels.py) against
+their array-path twin, and the seam that chooses among them
+(refdml.gpu.ot.IMPLEMENTATIONS).
 
 The CPU twin (compiled) and the ``@cuda.jit`` kernel (under Numba's CUDA simulator on NumPy
 arrays where there is no GPU, on CuPy arrays on a GPU: the ``cuda_device_array`` fixture)
@@ -24,7 +25,9 @@ from numpy.testing import assert_allclose, assert_array_equal
 
 from refdml.gpu.ot import _compiled as twin
 from refdml.gpu.ot import _cuda as cuda_twin
+from refdml.gpu.ot import _kernels, _mirrors
 from refdml.gpu._support.cuda import KERNELS
+from refdml.gpu.ot._array import ArrayPath
 from refdml.gpu.ot._compiled import (
     MAX_POINTS,
     SmallLaunch,
@@ -32,8 +35,8 @@ from refdml.gpu.ot._compiled import (
     SmallProblems,
     SmallResults,
     SmallSettings,
-    compiled_pair_sq,
 )
+from refdml.gpu.ot._kernels import IMPLEMENTATIONS, CpuPath, CudaPath, compiled_pair_sq
 from refdml._backend import get_backend, to_numpy
 from refdml.exceptions import ConvergenceWarning
 from refdml.gpu import use_kernels
@@ -44,8 +47,8 @@ from refdml.gpu.ot import pairwise_sinkhorn_divergence_forward, wtriplet_forward
 pytestmark = pytest.mark.cpu_exact
 
 KINDS = ("cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda))
-# The compiled implementation of each kind (what SINKHORN.choose must return).
-COMPILED = {"cpu": twin.CPU, "cuda": cuda_twin.CUDA}
+# The compiled implementation of each kind (what IMPLEMENTATIONS.choose must return).
+COMPILED = {"cpu": IMPLEMENTATIONS.cpu, "cuda": IMPLEMENTATIONS.cuda}
 # Relative tolerance (max error / max |array path|) of potentials and plans. The kernels and
 # the array path run the same iterations with roundings in other places (summation order;
 # on a GPU, FMA contraction): a few ulps per step, which the contracting iteration does not
@@ -89,7 +92,7 @@ def _solve(kind, a, b, cost, **kw):
     with use_kernels(kind), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         return solver.solve_batch(get_backend(cost).xp, a, b, cost, small_kernels=True,
-                                  **kw)
+                                  impl=IMPLEMENTATIONS.choose(cost), **kw)
 
 
 def _certified(a, b, cost, **kw):
@@ -170,14 +173,15 @@ def test_fixed_iterations_and_warning(kind, cuda_device_array, warnings_as_error
     xp = get_backend(cost).xp
     with use_kernels(kind), warnings_as_errors():     # tol = 0: no warning
         fixed = solver.solve_batch(xp, a, b, cost, eps=0.05, max_iter=7, tol=0.0,
-                                   eps_scaling=None, small_kernels=True)
+                                   eps_scaling=None, small_kernels=True,
+                                   impl=IMPLEMENTATIONS.choose(cost))
     # Exact by construction: tol = 0 stops only at an exact 0 residual, so the count is
     # max_iter on any device.
     assert_array_equal(to_numpy(fixed.n_iter), [7, 7])
     assert not to_numpy(fixed.converged).any()
     with use_kernels(kind), pytest.warns(ConvergenceWarning, match="max_iter=3"):
         solver.solve_batch(xp, a, b, cost, eps=0.05, max_iter=3, tol=1e-9, eps_scaling=None,
-                           small_kernels=True)
+                           small_kernels=True, impl=IMPLEMENTATIONS.choose(cost))
 
 
 @pytest.mark.requires_cuda
@@ -202,19 +206,21 @@ def test_cpu_twin_edge_sizes(n, m):
 
 def test_larger_problems_fall_back_to_the_array_path(monkeypatch):
     # The spy sits where every compiled implementation's solve_small goes (the driver of
-    # refdml.gpu.ot._compiled); the small problem shows that it is reached.
+    # refdml.gpu.ot._kernels); the small problem shows that it is reached.
     calls = []
-    real = twin.solve_small
-    monkeypatch.setattr(twin, "solve_small", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    real = _kernels.solve_small
+    monkeypatch.setattr(_kernels, "solve_small",
+                        lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     kw = dict(eps=0.1, max_iter=5, tol=1e-6, eps_scaling=None)
     _solve("cpu", *_problems(np.random.default_rng(6), 1, 3, MAX_POINTS), **kw)
-    assert calls == [twin.launch_cpu]
+    assert calls == [IMPLEMENTATIONS.cpu.launch_small]
     a, b, cost = _problems(np.random.default_rng(6), 1, 3, MAX_POINTS + 1)
     out = _solve("cpu", a, b, cost, **kw)
-    assert calls == [twin.launch_cpu] and out.plan.shape == (1, 3, MAX_POINTS + 1)
+    assert calls == [IMPLEMENTATIONS.cpu.launch_small]
+    assert out.plan.shape == (1, 3, MAX_POINTS + 1)
     monkeypatch.undo()
     with pytest.raises(ValueError, match="at most 128 points, got 3 x 129"):
-        twin.CPU.solve_small(np, a, b, cost, schedule=[0.1], stage_tol=[1e-6], max_iter=5,
+        IMPLEMENTATIONS.cpu.solve_small(np, a, b, cost, schedule=[0.1], stage_tol=[1e-6], max_iter=5,
                              symmetric=False, tiny=1e-300, high=1e13, low=1e-13)
 
 
@@ -260,9 +266,10 @@ def test_pairwise_divergence_and_losses_use_the_kernel(kind, monkeypatch, cuda_d
         ref, _ = pairwise_sinkhorn_divergence_forward(clouds, **kw)
         ref_loss, _ = wtriplet_forward(clouds, np.array([0, 0, 1]), margin=1.0, **kw)
     calls = []
-    real = twin.solve_small
+    real = _kernels.solve_small
     # the driver every compiled implementation calls, with the launch of its kind
-    monkeypatch.setattr(twin, "solve_small", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(_kernels, "solve_small",
+                        lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     move = _mover(kind, cuda_device_array)
     with use_kernels(kind):
         ours, _ = pairwise_sinkhorn_divergence_forward(move(clouds), **kw)
@@ -278,7 +285,7 @@ def _half_step(kind, scaled, potential, log_weight, move=_on_host):
     inputs, as a NumPy array."""
     scaled, potential, log_weight = move(scaled), move(potential), move(log_weight)
     with use_kernels(kind):
-        impl = solver.SINKHORN.choose(scaled)
+        impl = IMPLEMENTATIONS.choose(scaled)
     assert impl.kind == kind
     return to_numpy(impl.lse_half_step(get_backend(scaled).xp, scaled, potential,
                                        log_weight))
@@ -383,6 +390,60 @@ def test_compiled_self_costs_are_symmetric_with_zero_diagonal():
     assert_allclose(got, _explicit_sq(clouds, selves, selves), rtol=1e-12, atol=1e-15)
 
 
+def _near_pair_clouds(dtype=np.float64):
+    """Clouds in the unit ball with a pair 1e-9 apart across two clouds (unresolved by the
+    Gram identity: its error is ~1e-16 |x|^2) and a coincident pair across two others."""
+    clouds = np.random.default_rng(12).uniform(-0.5, 0.5, (4, 6, 3))
+    clouds[1, 0] = clouds[0, 2] + 1e-9
+    clouds[3, 4] = clouds[2, 5]
+    return clouds.astype(dtype)
+
+
+@pytest.mark.parametrize("mode", ["array", "cpu"])
+def test_pair_costs_on_numpy_refine_near_pairs_in_every_implementation(mode):
+    # On NumPy every implementation recomputes near pairs from explicit differences, as the
+    # reference (the family docstring): the CPU twins' pass, and the array path's both
+    # routes (the Gram matrix of all points when the pairs cover at least a quarter of all
+    # B^2, as the all-pairs divergence; gathered clouds for a few pairs, as the losses).
+    clouds = _near_pair_clouds()
+    impl = getattr(IMPLEMENTATIONS, mode)
+    pairs = np.stack(np.triu_indices(4, k=1), axis=1)
+    for first, second in ((pairs[:, 0], pairs[:, 1]), (np.array([0, 2]), np.array([1, 3]))):
+        got = impl.cross_sq(np, clouds, first, second)
+        want = _explicit_sq(clouds, first, second)
+        assert_allclose(got, want, rtol=0, atol=1e-14 * want.max())
+        for k in range(first.shape[0]):
+            near = {(0, 1): (2, 0), (2, 3): (5, 4)}.get((first[k], second[k]))
+            if near is not None:       # to full relative precision, and 0 where they coincide
+                assert_allclose(got[k][near], want[k][near], rtol=1e-12, atol=0)
+    selves = np.arange(4)
+    own = impl.self_sq(np, clouds, selves)
+    assert_array_equal(own, np.swapaxes(own, 1, 2))
+    assert_array_equal(own[:, np.arange(6), np.arange(6)], 0.0)
+    assert_allclose(own, _explicit_sq(clouds, selves, selves), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.skipif(not getattr(sys.modules.get("cupy"), "__refdml_standin__", False),
+                    reason="CuPy arrays: the CuPy stand-in (REFDML_CUPY_STANDIN=1)")
+@pytest.mark.parametrize("p", [1, 2])
+def test_near_pairs_on_cupy_within_the_stated_tolerance_standin(p):
+    # The family docstring's tolerance for CuPy, where near pairs are not refined: the
+    # regularised divergence within twice the largest cost error (10 u (|x|^2 + |y|^2))^(p/2)
+    # of NumPy's (which refines), beyond the solvers' own agreement (both at tol 1e-13; CuPy
+    # tests convergence every CHECK_EVERY_GPU iterations).
+    import cupy
+
+    clouds = _near_pair_clouds()
+    kw = dict(eps=0.5, p=p, tol=1e-13, max_iter=5000)
+    with use_kernels("array"):
+        want, _ = pairwise_sinkhorn_divergence_forward(clouds, **kw)
+        got, _ = pairwise_sinkhorn_divergence_forward(cupy.asarray(clouds), **kw)
+    norms = np.sum(clouds * clouds, axis=-1).max()
+    u = np.finfo(np.float64).eps / 2
+    cost_error = (10 * u * 2 * norms) ** (p / 2)
+    assert_allclose(to_numpy(got), want, rtol=0, atol=2 * cost_error + 1e-11)
+
+
 # --------------------------------------------------------------------------- the seam
 def test_small_launch_fields_are_the_kernel_parameters():
     # The named buffers of a launch, concatenated field by field, are the parameter list of
@@ -412,23 +473,28 @@ def test_small_launch_arguments_keep_the_kernel_order():
 
 def test_sinkhorn_implementations_by_mode():
     x = np.zeros((1, 2, 2))
-    assert (solver.SINKHORN.array, solver.SINKHORN.cpu, solver.SINKHORN.cuda) == (
-        solver.ARRAY, twin.CPU, cuda_twin.CUDA)
-    expected = {"auto": twin.CPU, "array": solver.ARRAY, "cpu": twin.CPU}
+    assert [type(impl) for impl in (IMPLEMENTATIONS.array, IMPLEMENTATIONS.cpu,
+                                    IMPLEMENTATIONS.cuda)] == [ArrayPath, CpuPath, CudaPath]
+    assert IMPLEMENTATIONS.family == "ot"
+    expected = {"auto": IMPLEMENTATIONS.cpu, "array": IMPLEMENTATIONS.array,
+                "cpu": IMPLEMENTATIONS.cpu}
     for mode, impl in expected.items():
         with use_kernels(mode):
-            assert solver.SINKHORN.choose(x) is impl, mode
-    # The array path has no small-problem solver and no pair costs of its own; the CUDA
-    # kernels compute no pair costs (the array path's run on the device).
-    assert solver.ARRAY.solve_small is None and solver.ARRAY.pair_sq is None
-    assert cuda_twin.CUDA.pair_sq is None and twin.CPU.pair_sq is compiled_pair_sq
+            assert IMPLEMENTATIONS.choose(x) is impl, mode
+    # The array path has no small-problem solver of its own; the CUDA kernels compute no
+    # pair costs (the array path's run on the device); the CPU twins' pass does.
+    assert not IMPLEMENTATIONS.array.takes_small(1, 1)
+    assert IMPLEMENTATIONS.cpu.takes_small(MAX_POINTS, 1) and IMPLEMENTATIONS.cuda.takes_small(1, 1)
+    assert IMPLEMENTATIONS.cuda.kernels.pair_sq is None
+    assert CudaPath.cross_sq is ArrayPath.cross_sq and CudaPath.self_sq is ArrayPath.self_sq
+    assert IMPLEMENTATIONS.cpu.kernels.pair_sq is twin.refdml_ot_pair_sq_cpu
 
 
 @pytest.mark.requires_cuda
 def test_sinkhorn_cuda_mode_chooses_the_cuda_kernels(cuda_device_array):
     x = cuda_device_array(np.zeros((1, 2, 2)))
     with use_kernels("cuda"):
-        assert solver.SINKHORN.choose(x) is cuda_twin.CUDA
+        assert IMPLEMENTATIONS.choose(x) is IMPLEMENTATIONS.cuda
 
 
 @pytest.mark.skipif(not getattr(sys.modules.get("cupy"), "__refdml_standin__", False),
@@ -438,13 +504,13 @@ def test_sinkhorn_on_cupy_auto_is_cuda_and_cpu_is_refused():
 
     x = cupy.zeros((1, 2, 2))
     with use_kernels("auto"):
-        assert solver.SINKHORN.choose(x) is cuda_twin.CUDA
+        assert IMPLEMENTATIONS.choose(x) is IMPLEMENTATIONS.cuda
     with use_kernels("cpu"), pytest.raises(ValueError, match="cannot take a CuPy array"):
         gpu_ot.sinkhorn(cupy.full(2, 0.5), cupy.full(2, 0.5), x[0] + 1.0, eps=0.1)
 
 
 class _CountingChoice:
-    """Stands in for ``SINKHORN``: counts the choices, then chooses as it does."""
+    """Stands in for ``IMPLEMENTATIONS``: counts the choices, then chooses as it does."""
 
     def __init__(self, family):
         self.family, self.calls = family, 0
@@ -465,8 +531,8 @@ class _CountingChoice:
 ], ids=["sinkhorn", "entropic_ot", "divergence", "pairwise", "wcontrastive", "wtriplet"])
 def test_one_choice_per_public_call(call, monkeypatch):
     # The divergence solves three batches and the pairs two (and their costs): one choice.
-    counting = _CountingChoice(solver.SINKHORN)
-    monkeypatch.setattr(solver, "SINKHORN", counting)
+    counting = _CountingChoice(IMPLEMENTATIONS)
+    monkeypatch.setattr(_mirrors, "IMPLEMENTATIONS", counting)
     x = np.random.default_rng(10).uniform(-1, 1, (3, 4, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -476,11 +542,9 @@ def test_one_choice_per_public_call(call, monkeypatch):
 
 def test_pair_costs_come_from_the_chosen_implementation(monkeypatch):
     # The CPU twins' pair costs (one compiled pass) on the all-pairs route; none elsewhere.
-    from dataclasses import replace
-
     calls = []
-    spy = replace(twin.CPU, pair_sq=lambda *a: calls.append(len(a[1])) or compiled_pair_sq(*a))
-    monkeypatch.setattr(solver, "SINKHORN", replace(solver.SINKHORN, cpu=spy))
+    monkeypatch.setattr(_kernels, "compiled_pair_sq",
+                        lambda *a, **k: calls.append(len(a[1])) or compiled_pair_sq(*a, **k))
     clouds = np.random.default_rng(11).uniform(-1, 1, (3, 4, 2))
     with use_kernels("cpu"):
         pairwise_sinkhorn_divergence_forward(clouds, eps=0.5)

@@ -12,6 +12,7 @@ from numpy.testing import assert_allclose
 from refdml import ot as reference
 from refdml.exceptions import ConvergenceWarning
 from refdml.gpu.ot import _sinkhorn as _ot_sinkhorn
+from refdml.gpu.ot import IMPLEMENTATIONS
 from refdml.gpu import ot as fast
 
 
@@ -140,7 +141,8 @@ def test_kernel_scaling_matches_log_domain(monkeypatch, symmetric):
         monkeypatch.setattr(_ot_sinkhorn, "_USE_SCALING", scaling)
         results[scaling] = _ot_sinkhorn.solve_batch(np, a, a, cost, eps=1e-2, max_iter=5000,
                                                     tol=1e-10, eps_scaling=None,
-                                                    symmetric=symmetric)
+                                                    symmetric=symmetric,
+                                                    impl=IMPLEMENTATIONS.choose(cost))
     assert any(absorbed)                          # some problem was re-absorbed
     assert results[True].converged.all() and results[False].converged.all()
     assert_allclose(results[True].f, results[False].f, rtol=0, atol=1e-8)
@@ -427,7 +429,7 @@ def test_large_eps_finish_gathered_or_selected(monkeypatch, dtype):
     monkeypatch.setattr(_ot_sinkhorn, "_finish_large_eps", lambda xp, batch, smallest: batch)
     raw = _quiet_call(lambda: _ot_sinkhorn.solve_batch(
         np, a.astype(dtype), b.astype(dtype), cost.astype(dtype), eps=eps * 0.8,
-        max_iter=20000, tol=1e-12, eps_scaling=None))
+        max_iter=20000, tol=1e-12, eps_scaling=None, impl=IMPLEMENTATIONS.choose(cost)))
     far = raw.eps > np.abs(raw.cost).max(axis=(1, 2))
     assert far.tolist() == [False, True, True]
     gathered = finish(np, raw, None, gather=True)

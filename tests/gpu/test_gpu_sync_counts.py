@@ -154,6 +154,7 @@ def test_the_sinkhorn_loop_synchronises_once_per_check():
     # refdml/gpu/ot/_sinkhorn.py: "Convergence check (the one synchronisation of the loop on
     # CuPy): ... every CHECK_EVERY_GPU iterations"; converged problems leave the batch
     # (compaction) without further synchronisation.
+    from refdml.gpu.ot import IMPLEMENTATIONS
     from refdml.gpu.ot import _sinkhorn as solver
 
     cupy = _cupy()
@@ -165,7 +166,7 @@ def test_the_sinkhorn_loop_synchronises_once_per_check():
     b = np.full((n_problems, m), 1.0 / m)
     batch, counter = _counted(lambda: solver.solve_batch(
         cupy, cupy.asarray(a), cupy.asarray(b), cupy.asarray(cost), eps=0.05, max_iter=400,
-        tol=1e-9, eps_scaling=None))
+        tol=1e-9, eps_scaling=None, impl=IMPLEMENTATIONS.choose(cupy.asarray(cost))))
     n_iter = batch.n_iter.get()
     assert len(set(n_iter.tolist())) > 1, "every problem stopped together: no compaction ran"
     checks = int(n_iter.max()) // solver.CHECK_EVERY_GPU + 1
@@ -178,10 +179,11 @@ def test_the_sinkhorn_loop_synchronises_once_per_check():
 @standin
 @pytest.mark.parametrize("small_kernels", [False, True])
 def test_the_large_eps_finish_adds_no_synchronisation(small_kernels):
-    # refdml/gpu/_ot_sinkhorn._finish_large_eps: on CuPy the problems whose eps exceeds their
+    # refdml/gpu/ot/_sinkhorn._finish_large_eps: on CuPy the problems whose eps exceeds their
     # largest cost are not gathered (a mask index reads its count back): every problem's
     # half steps are computed and kept by where. A batch with and without such problems
     # synchronises alike, and agrees with NumPy's solve, which gathers them.
+    from refdml.gpu.ot import IMPLEMENTATIONS
     from refdml.gpu.ot import _sinkhorn as solver
 
     cupy = _cupy()
@@ -195,10 +197,12 @@ def test_the_large_eps_finish_adds_no_synchronisation(small_kernels):
     for scales in (np.ones(n_problems), np.logspace(0, -8, n_problems)):
         cost = rng.random((n_problems, n, m)) * scales[:, None, None]
         cost /= 1.25 * cost.max()
-        want = solver.solve_batch(np, a, b, cost, **args)
+        want = solver.solve_batch(np, a, b, cost, impl=IMPLEMENTATIONS.choose(cost), **args)
         with use_kernels("cuda" if small_kernels else "array"):
+            device_cost = cupy.asarray(cost)
+            impl = IMPLEMENTATIONS.choose(device_cost)
             got, counter = _counted(lambda: solver.solve_batch(
-                cupy, cupy.asarray(a), cupy.asarray(b), cupy.asarray(cost), **args))
+                cupy, cupy.asarray(a), cupy.asarray(b), device_cost, impl=impl, **args))
         counts.append((counter["float"], counter["shape"], counter.total - counter["int"]))
         # The plan and the value: the potentials' gauge constant differs between the two
         # loops (log domain here, kernel scalings on NumPy) by rounding. Per problem (scales
@@ -288,7 +292,7 @@ def test_gsp_synchronisations(kernels):
 
 @given(st.lists(st.booleans(), min_size=1, max_size=40))
 def test_true_rows_are_flatnonzero_without_a_count_read(mask):
-    # The Sinkhorn loop's gather by index (refdml/gpu/_ot_sinkhorn._true_rows) is flatnonzero
+    # The Sinkhorn loop's gather by index (refdml/gpu/ot/_sinkhorn._true_rows) is flatnonzero
     # given the count, which the loop already has.
     from refdml.gpu.ot._sinkhorn import _true_rows
 

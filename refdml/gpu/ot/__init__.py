@@ -15,17 +15,38 @@ What differs from the reference (and why)
   ``ValueError`` says the dtype cannot resolve the costs. Problems of at most 128 points
   per side (the all-pairs divergence, the losses) run the small-problem kernel instead.
   Each public function chooses the implementation of these steps once
-  (:data:`refdml.gpu.ot._sinkhorn.SINKHORN`: the array path, the CPU twins or the CUDA
-  kernels; :func:`refdml.gpu.use_kernels`).
+  (:data:`IMPLEMENTATIONS`: the array path, the CPU twins or the CUDA kernels;
+  :func:`refdml.gpu.use_kernels`). The two loops (and the array path's half step and
+  large-eps finish, below) are the same maths in the order that is cheaper on each
+  backend (:attr:`refdml._backend.Backend.gathers_rows`): their results agree to the
+  solver's tolerance, and ``n_iter`` counts to the first convergence check that passed
+  (every iteration on NumPy, every :data:`refdml.gpu.ot._sinkhorn.CHECK_EVERY_GPU` on
+  CuPy).
 * float32: a positive ``tol`` below the dtype's residual floor (``u (1 + max C /
   eps)``, :func:`refdml.gpu.ot._sinkhorn.residual_floor`) is raised to it; ``converged``
   and the warning refer to the raised tol.
 * The implicit (``value="transport_cost"``) gradient's pseudo-inverse cuts eigenvalues
   below ``_PINV_RCOND[dtype]`` of the largest (1e-12 float64, 1e-6 float32).
 * Divergences between point clouds use the Gram identity for the squared distances
-  (:func:`refdml.gpu.distances._scaled_sq`, points scaled into the unit ball first; on
-  NumPy its nearby pairs are recomputed from explicit differences as the reference's, on
-  CuPy they are not).
+  (points scaled by a power of two first): the array path's
+  (:func:`refdml.gpu.ot._common._cross_sq`, for the CUDA kernels too) or, on the CPU
+  twins, one compiled pass (:func:`refdml.gpu.ot._kernels.compiled_pair_sq`). Near pairs
+  (``D_ij^2 <= 1e-3 (|x_i|^2 + |y_j|^2)``) are recomputed from explicit differences, as
+  the reference's, where the backend refines them
+  (:meth:`refdml._backend.Backend.refine`): on NumPy, by every
+  implementation; not on CuPy (their count would be a synchronisation). The difference
+  and its tolerance: the identity's ``D_ij^2`` carries an absolute error of a few
+  ``u (|x_i|^2 + |y_j|^2)`` (``u`` the dtype's unit roundoff; measured up to ``10 u`` for
+  ``d <= 128``), so on CuPy a pair
+  nearer than ``~ sqrt(u) |x|`` is not resolved: its cost ``D^p`` is off by up to
+  ``(10 u (|x_i|^2 + |y_j|^2))^(p / 2)`` for ``p <= 2`` (``p = 1``: ~``5e-8 |x|`` in
+  float64, ~``1e-3 |x|`` in float32; ``p >= 2``: nothing beyond rounding), the
+  regularised divergence by at most twice the largest such error (each OT term moves by
+  its plan-weighted cost error, the plan's mass is 1), and for ``p < 2`` the gradient
+  ``p D^(p-1) (x - y) / D`` of such a pair points in an O(1)-wrong direction, weighted by
+  its plan entry. The diagonal of a cloud with itself is 0 on either backend; two
+  coincident points of different clouds are 0 apart on NumPy, up to ``~ sqrt(10 u) |x|``
+  on CuPy.
 * Where ``eps`` exceeds a problem's largest cost the solve ends, as the reference's, with
   three exact log-domain half steps (:func:`refdml.gpu.ot._sinkhorn._finish_large_eps`),
   and the value's mass term is summed through ``expm1``. On CuPy, where the host cannot
@@ -54,52 +75,35 @@ reads its count back: one more synchronisation per array).
 
 from __future__ import annotations
 
-
-import numpy as np
-
-from refdml._validation import (
-    as_fast_array, check_choice, check_context, check_fast_upstream, data_checks, result_dtype,
-)
-from refdml._backend import get_backend
-from refdml._shared.distances import sum_to_shape
-from refdml._shared.ot import (
-    COST_NAME,
-    VALUES,
-    check_output,
-    check_p,
-    check_solver_args,
-    ground_cost,
-    weight_gradient_message,
-)
-from refdml.gpu.ot import _sinkhorn as _solver
-from refdml.ot import EntropicOTContext, OTGrads, PairwiseSinkhornDivergenceContext, PairwiseSinkhornDivergenceGrads, SinkhornDivergenceContext, SinkhornDivergenceGrads, SinkhornResult, WassersteinLossGrads, WContrastiveContext, WTripletContext
-
-from refdml.gpu.ot._common import (
-    _ot_vjp,
-    _as_batch,
-    _cloud_sq,
-    _cost_and_weights,
-    _ground_cost_backward,
-    _scalar_upstream,
-    _scaled_points,
-    _solve_scaled,
-    _sq_and_unit,
-    _term,
-    _to_points,
-    _unbatch,
-    _weight_vector,
-    left_range_message,
-)
-from refdml.gpu.ot._pairs import (
+from refdml.gpu.ot._kernels import IMPLEMENTATIONS
+from refdml.gpu.ot._mirrors import (
+    entropic_ot_backward,
+    entropic_ot_forward,
     pairwise_sinkhorn_divergence,
     pairwise_sinkhorn_divergence_backward,
     pairwise_sinkhorn_divergence_forward,
+    sinkhorn,
+    sinkhorn_divergence,
+    sinkhorn_divergence_backward,
+    sinkhorn_divergence_forward,
     wcontrastive,
     wcontrastive_backward,
     wcontrastive_forward,
     wtriplet,
     wtriplet_backward,
     wtriplet_forward,
+)
+from refdml.ot import (
+    EntropicOTContext,
+    OTGrads,
+    PairwiseSinkhornDivergenceContext,
+    PairwiseSinkhornDivergenceGrads,
+    SinkhornDivergenceContext,
+    SinkhornDivergenceGrads,
+    SinkhornResult,
+    WassersteinLossGrads,
+    WContrastiveContext,
+    WTripletContext,
 )
 
 __all__ = [
@@ -129,188 +133,3 @@ __all__ = [
     "wtriplet_backward",
     "wtriplet_forward",
 ]
-
-# --------------------------------------------------------------------------- Sinkhorn
-def sinkhorn(a, b, cost, *, eps, max_iter=1000, tol=1e-9, eps_scaling=None) -> SinkhornResult:
-    """Entropic OT of Eq. (3), batched, log domain; as :func:`refdml.ot.sinkhorn`.
-
-    Arrays of the result are of the input's module and dtype; ``n_iter`` counts
-    iterations to the first convergence check that passed (every iteration on NumPy,
-    every ``CHECK_EVERY_GPU`` on CuPy). Warns :class:`refdml.ConvergenceWarning` if a
-    problem did not reach ``tol`` (raised to the dtype's floor, see the module docstring).
-    """
-    eps, max_iter, tol, eps_scaling = check_solver_args(eps, max_iter, tol, eps_scaling)
-    xp, a, _, b, _, cost = _cost_and_weights(a, b, cost)
-    a_b, b_b, cost_b, batch_shape = _as_batch(xp, a, b, cost)
-    batch = _solve_scaled(xp, a_b, b_b, cost_b, eps=eps, max_iter=max_iter, tol=tol,
-                          eps_scaling=eps_scaling, impl=_solver.SINKHORN.choose(cost_b))
-    return SinkhornResult(
-        plan=_unbatch(batch.plan, batch_shape),
-        f=_unbatch(batch.unit * batch.f, batch_shape),
-        g=_unbatch(batch.unit * batch.g, batch_shape),
-        value=_unbatch(_solver.batch_value(xp, batch), batch_shape),
-        transport_cost=_unbatch(_solver.batch_transport_cost(xp, batch), batch_shape),
-        n_iter=_unbatch(batch.n_iter, batch_shape),
-        marginal_error=_unbatch(batch.marginal_error, batch_shape),
-        converged=_unbatch(batch.converged, batch_shape),
-        eps=eps,
-    )
-
-
-# --------------------------------------------------------------------------- OT value
-def entropic_ot_forward(a, b, cost, *, eps, value="regularized", max_iter=1000, tol=1e-9,
-                        eps_scaling=None):
-    """Differentiable entropic OT, Eq. (3); ``(out, ctx)`` as :func:`refdml.ot.entropic_ot_forward`."""
-    check_choice(value, "value", VALUES)
-    eps, max_iter, tol, eps_scaling = check_solver_args(eps, max_iter, tol, eps_scaling)
-    xp, a, a_mass, b, b_mass, cost = _cost_and_weights(a, b, cost)
-    a_b, b_b, cost_b, batch_shape = _as_batch(xp, a, b, cost)
-    batch = _solve_scaled(xp, a_b, b_b, cost_b, eps=eps, max_iter=max_iter, tol=tol,
-                          eps_scaling=eps_scaling, impl=_solver.SINKHORN.choose(cost_b))
-    out = (_solver.batch_value(xp, batch) if value == "regularized"
-           else _solver.batch_transport_cost(xp, batch))
-    ctx = EntropicOTContext(
-        batch=batch, value=value,
-        a_mass=xp.broadcast_to(a_mass, batch_shape).reshape(-1),
-        b_mass=xp.broadcast_to(b_mass, batch_shape).reshape(-1),
-        batch_shape=tuple(batch_shape), a_shape=tuple(a.shape), b_shape=tuple(b.shape),
-    )
-    return _unbatch(out, batch_shape), ctx
-
-
-def entropic_ot_backward(ctx: EntropicOTContext, d_value) -> OTGrads:
-    """Gradients of ``<d_value, out>`` w.r.t. ``a``, ``b``, ``cost``; no re-solve."""
-    check_context(ctx, "ctx", EntropicOTContext)
-    batch = ctx.batch
-    ns = get_backend(batch.plan)
-    xp = ns.xp
-    d_value = check_fast_upstream(d_value, "d_value", ctx.batch_shape, ns, batch.plan.dtype)
-    d_value = xp.reshape(xp.asarray(d_value, dtype=batch.plan.dtype), (-1,))
-    d_cost, da, db = _ot_vjp(xp, batch, ctx.value, d_value)
-    da = _weight_gradient(ns, da, ctx.a_mass[:, None], "a")
-    db = _weight_gradient(ns, db, ctx.b_mass[:, None], "b")
-    n, m = d_cost.shape[1:]
-    return OTGrads(
-        a=sum_to_shape(da.reshape(ctx.batch_shape + (n,)), ctx.a_shape),
-        b=sum_to_shape(db.reshape(ctx.batch_shape + (m,)), ctx.b_shape),
-        cost=d_cost.reshape(ctx.batch_shape + (n, m)),
-    )
-
-
-# --------------------------------------------------------------------------- divergence
-def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regularized",
-                                max_iter=1000, tol=1e-9, eps_scaling=None):
-    """Sinkhorn divergence of Eq. (4) between two weighted clouds; ``(sd, ctx)``.
-
-    As :func:`refdml.ot.sinkhorn_divergence_forward`; ``sd`` is a Python float (one sync).
-    """
-    check_choice(value, "value", VALUES)
-    eps, max_iter, tol, eps_scaling = check_solver_args(eps, max_iter, tol, eps_scaling)
-    p = check_p(p)
-    ns = get_backend(x, y, a, b)
-    xp = ns.xp
-    given = [v for v in (a, b) if v is not None]
-    dtype = result_dtype(as_fast_array(x, "x", ndim=2, ns=ns), as_fast_array(y, "y", ndim=2, ns=ns),
-                         *(as_fast_array(v, "a", ns=ns) for v in given))
-    x = as_fast_array(x, "x", ndim=2, dtype=dtype, ns=ns)
-    y = as_fast_array(y, "y", ndim=2, dtype=dtype, ns=ns)
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y must have the same dimension, got {x.shape} and {y.shape}")
-    n, m = x.shape[0], y.shape[0]
-    weights_given = bool(given)
-    a, a_mass = _weight_vector(xp.full(n, 1.0 / n, dtype=dtype) if a is None else a, "a", n, ns, dtype)
-    b, b_mass = _weight_vector(xp.full(m, 1.0 / m, dtype=dtype) if b is None else b, "b", m, ns, dtype)
-    scale, xs, ys = _scaled_points(xp, x, y)
-    unit, sq_unit, sq_xy, sq_xx, sq_yy = _sq_and_unit(
-        p, scale, "x and y", _cloud_sq(xp, xs[None], ys[None], p, False),
-        _cloud_sq(xp, xs[None], xs[None], p, True), _cloud_sq(xp, ys[None], ys[None], p, True),
-    )
-    costs = [ground_cost(sq, p) for sq in (sq_xy, sq_xx, sq_yy)]
-    largests = xp.stack([xp.max(c) for c in costs]).tolist()   # one transfer on CuPy
-    _solver.check_relative_eps(eps / unit, max(largests), dtype, user_eps=eps,
-                               cost_name=COST_NAME, data_name="x and y", unit=unit, p=p)
-    solve = dict(eps=eps / unit, max_iter=max_iter, tol=tol, eps_scaling=eps_scaling, unit=unit,
-                 impl=_solver.SINKHORN.choose(x))
-    xy = _solver.solve_batch(xp, a[None], b[None], costs[0], largest=largests[0], **solve)
-    xx = _solver.solve_batch(xp, a[None], a[None], costs[1], symmetric=True, largest=largests[1],
-                             **solve)
-    yy = _solver.solve_batch(xp, b[None], b[None], costs[2], symmetric=True, largest=largests[2],
-                             **solve)
-    term = _term(xp, value)
-    divergence = term(xy) - 0.5 * (term(xx) + term(yy))
-    check_output(divergence, "the Sinkhorn divergence", xp=xp)
-    ctx = SinkhornDivergenceContext(
-        x=xs, y=ys, scale=scale, unit=unit, a=a, b=b, a_mass=a_mass, b_mass=b_mass,
-        weights_given=weights_given, p=p, value=value, sq_xy=sq_xy, sq_xx=sq_xx,
-        sq_yy=sq_yy, xy=xy, xx=xx, yy=yy, sq_unit=sq_unit,
-    )
-    return float(divergence[0]), ctx
-
-
-def sinkhorn_divergence_backward(ctx: SinkhornDivergenceContext, d_value) -> SinkhornDivergenceGrads:
-    """Gradients of ``d_value * sd`` w.r.t. x, y (and a, b when weights were given)."""
-    check_context(ctx, "ctx", SinkhornDivergenceContext)
-    ns = get_backend(ctx.x)
-    xp = ns.xp
-    one = _scalar_upstream(d_value, ns, ctx.x.dtype)
-    half = -0.5 * one
-    x, y, p = ctx.x[None], ctx.y[None], ctx.p
-    d_cost, da_xy, db_xy = _ot_vjp(xp, ctx.xy, ctx.value, one)
-    dx_xy, dy_xy = _ground_cost_backward(xp, x, y, ctx.sq_xy, p, d_cost)
-    d_cost, da1, da2 = _ot_vjp(xp, ctx.xx, ctx.value, half)
-    dx1, dx2 = _ground_cost_backward(xp, x, x, ctx.sq_xx, p, d_cost)
-    d_cost, db1, db2 = _ot_vjp(xp, ctx.yy, ctx.value, half)
-    dy1, dy2 = _ground_cost_backward(xp, y, y, ctx.sq_yy, p, d_cost)
-    try:
-        return _divergence_grads(ns, ctx, (da_xy, da1, da2), (db_xy, db1, db2),
-                                 (dx_xy, dx1, dx2), (dy_xy, dy1, dy2))
-    except ValueError:
-        # Named after its cause where the transport cost's implicit solve came out NaN
-        # (an overflow of the gradient gives inf; this check runs only on the error path).
-        if ctx.value == "transport_cost" and any(
-                bool(xp.any(xp.isnan(v))) for v in (da_xy, da1, da2, db_xy, db1, db2)):
-            raise ValueError(left_range_message(np.dtype(ctx.x.dtype).name)) from None
-        raise
-
-
-def _divergence_grads(ns, ctx, da, db, dx, dy) -> SinkhornDivergenceGrads:
-    xp, p = ns.xp, ctx.p
-    (da_xy, da1, da2), (db_xy, db1, db2) = da, db
-    (dx_xy, dx1, dx2), (dy_xy, dy1, dy2) = dx, dy
-    grad_a = grad_b = None
-    if ctx.weights_given:
-        grad_a = _weight_gradient(ns, (da_xy + da1 + da2)[0], ctx.a_mass, "a")
-        grad_b = _weight_gradient(ns, (db_xy + db1 + db2)[0], ctx.b_mass, "b")
-    with np.errstate(over="ignore", invalid="ignore"):
-        d_x, d_y = (dx_xy + dx1 + dx2)[0], (dy_xy + dy1 + dy2)[0]
-    factors = (ctx.unit, ctx.scale, ctx.sq_unit)
-    return SinkhornDivergenceGrads(
-        x=_to_points(ns, d_x, *factors, "x", p), y=_to_points(ns, d_y, *factors, "y", p),
-        a=grad_a, b=grad_b,
-    )
-
-
-def _weight_gradient(ns, gradient, mass, name: str):
-    """``gradient / mass`` as the reference's ``_weight_gradient``: its ValueError
-    where that exceeds the dtype (checked on NumPy, on CuPy while data checks are on)."""
-    xp = ns.xp
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        out = gradient / mass
-    if data_checks(ns) and not bool(xp.all(xp.isfinite(out))):
-        raise ValueError(weight_gradient_message(name, float(xp.min(xp.asarray(mass))),
-                                                  np.dtype(out.dtype).name))
-    return out
-
-
-def sinkhorn_divergence(x, y, a=None, b=None, *, eps, p=2, value="regularized",
-                        max_iter=1000, tol=1e-9, eps_scaling=None):
-    """``sd, grads`` of the Sinkhorn divergence: one call of the pair."""
-    divergence, ctx = sinkhorn_divergence_forward(
-        x, y, a, b, eps=eps, p=p, value=value, max_iter=max_iter, tol=tol,
-        eps_scaling=eps_scaling,
-    )
-    return divergence, sinkhorn_divergence_backward(ctx, 1.0)
-
-#: The family's implementations: the Sinkhorn solver's (registered in
-#: :data:`refdml.gpu.families.KERNEL_FAMILIES`).
-IMPLEMENTATIONS = _solver.SINKHORN

@@ -1,4 +1,5 @@
-"""Private helpers of the OT fast path: input checks, the scaled solve, the ground cost."""
+"""Private helpers of the OT fast path's array path: input checks, the scaled solve, the
+ground cost and the pair costs."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import numpy as np
 
-from refdml._numerics import common_scale
+from refdml._numerics import _REFINE, common_scale
 from refdml._backend import get_backend
 from refdml.gpu.ot import _sinkhorn as _solver
 from refdml._validation import as_fast_array, check_fast_upstream, data_checks, result_dtype
@@ -42,7 +43,7 @@ def _weights(w, name: str, size: int, ns, dtype):
     peak = xp.max(w, axis=-1, keepdims=True)
     w = w / peak
     scaled_mass = xp.sum(w, axis=-1)
-    with np.errstate(over="ignore"):
+    with ns.errstate(over="ignore"):
         mass = scaled_mass * peak[..., 0]
     return w / scaled_mass[..., None], mass
 
@@ -77,9 +78,10 @@ def _divided(xp, array, power_of_two: float):
     return xp.ldexp(array, 1 - math.frexp(power_of_two)[1])
 
 
-def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel=5, impl=None):
+def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, impl, stacklevel=5):
     """Solve on the cost divided by one power of two (max |C| in [0.5, 1)); see the reference.
-    ``impl``: the implementation the public function chose (:data:`refdml.gpu.ot._sinkhorn.SINKHORN`).
+    ``impl``: the implementation the public function chose (a member of
+    :data:`refdml.gpu.ot.IMPLEMENTATIONS`).
 
     One transfer on CuPy reads max |C|, max C and the smallest of the problems' max C (the
     solver's ``largest`` and ``smallest``, divided on the host by the power of two: exact).
@@ -96,12 +98,60 @@ def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, stacklevel
 
 
 # --------------------------------------------------------------------------- ground cost
-def _cloud_sq(xp, x, y, p: float, self_pairs: bool):
-    """``||x_i - y_j||^2`` (P, n, m) of clouds in the unit ball; self: symmetric, 0 diagonal."""
+def _cloud_sq(xp, x, y, self_pairs: bool):
+    """``||x_i - y_j||^2`` (P, n, m) of clouds in the unit ball; self: symmetric, 0 diagonal.
+
+    The Gram identity of :func:`refdml.gpu.distances._scaled_sq`, with its near-pair rule
+    (recomputed from explicit differences where the backend refines them, as the
+    reference's: :meth:`refdml._backend.Backend.refine`, the family
+    docstring)."""
     sq = _scaled_sq(xp, x, y, self_pairs)
     if self_pairs:
         sq = 0.5 * (sq + xp.swapaxes(sq, 1, 2))
     return sq
+
+
+# Largest Gram matrix of all points (entries) that _cross_sq builds instead of K small ones.
+_GRAM_ENTRIES = 1 << 24
+
+
+def _cross_sq(xp, clouds, first, second):
+    """``||x_i - y_j||^2`` (K, n, n) for the clouds of every pair (``first[k]``, ``second[k]``,
+    two different clouds) of ``clouds`` (B, n, d) in the unit ball: the array path's pair
+    costs.
+
+    When the pairs cover at least a quarter of all ``B^2`` and the ``(B n, B n)`` Gram
+    matrix is small, one product of all points (the Gram identity as :func:`_cloud_sq`, the
+    blocks of the pairs gathered) instead of ``K`` small products of gathered ``(n, d)``
+    clouds: one large GEMM and no (K, n, d) copies; its near pairs are then refined where
+    the backend refines them (:func:`_refine_pairs`), so that either route gives
+    :func:`_cloud_sq`'s values.
+    """
+    n_clouds, n, d = clouds.shape
+    if 4 * first.shape[0] < n_clouds * n_clouds or (n_clouds * n) ** 2 > _GRAM_ENTRIES:
+        return _cloud_sq(xp, clouds[first], clouds[second], False)
+    flat = clouds.reshape(n_clouds * n, d)
+    norms = xp.sum(flat * flat, axis=1).reshape(n_clouds, n)
+    gram = (flat @ flat.T).reshape(n_clouds, n, n_clouds, n)
+    sq = gram[first, :, second, :]                   # (K, n, n): the advanced axis first
+    sq *= -2.0
+    sq += norms[first][:, :, None]
+    sq += norms[second][:, None, :]
+    get_backend(sq).refine(_refine_pairs, xp, clouds, first, second, sq, norms)
+    return xp.maximum(sq, sq.dtype.type(0), out=sq)
+
+
+def _refine_pairs(xp, clouds, first, second, sq, norms) -> None:
+    """Recompute in place, from explicit differences, the entries of ``sq`` (K, n, n) below
+    ``_REFINE (|x_i|^2 + |y_j|^2)``, ``x = clouds[first[k]]``, ``y = clouds[second[k]]``,
+    ``norms`` (B, n) the squared norms: the reference's near-pair rule (as
+    :func:`refdml.gpu.distances._scaled_sq`'s) on the Gram blocks, without gathering the
+    clouds of every pair. The pairs' count is read on the host."""
+    magnitude = norms[first][:, :, None] + norms[second][:, None, :]
+    k, i, j = xp.nonzero(sq <= _REFINE * magnitude)
+    if k.shape[0]:
+        diff = clouds[first[k], i] - clouds[second[k], j]
+        sq[k, i, j] = xp.einsum("kd,kd->k", diff, diff)
 
 
 def _ground_cost_backward(xp, x, y, sq, p, d_cost):
@@ -125,7 +175,7 @@ def _to_points(ns, gradient, unit: float, scale: float, sq_unit: float, name: st
     factor = points_factor(unit, scale, sq_unit)
     info = np.finfo(gradient.dtype)
     mantissa, exponent = math.frexp(factor)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+    with ns.errstate(over="ignore", invalid="ignore", under="ignore"):
         if factor == 0.0 or info.tiny <= abs(factor) <= info.max or not math.isfinite(factor):
             out = gradient * factor
         else:
@@ -204,7 +254,7 @@ def _transport_cost_vjp(xp, batch: OTBatch):
     # Eigenvalues below the dtype's normal range (float32 at eps ~ C / 100: couplings of
     # e^-94) have no finite inverse: the products come out inf/NaN, and the callers'
     # finiteness checks name it (ValueError) rather than a warning here.
-    with np.errstate(over="ignore", invalid="ignore"):
+    with get_backend(plan).errstate(over="ignore", invalid="ignore"):
         inv = xp.where(keep, 1.0 / xp.where(keep, eigval, 1.0), 0.0).astype(plan.dtype)
         coeff = (xp.swapaxes(eigvec, 1, 2) @ rhs[:, :, None])[:, :, 0]
         z = (eigvec @ (inv * coeff)[:, :, None])[:, :, 0]

@@ -6,8 +6,8 @@ block per problem) runs the solver of :func:`refdml.ot._sinkhorn._stage` (the re
 kernel-scaling iteration, also refdml.gpu's array path ``_stage_scaling``) for every problem
 of a batch, every eps-scaling stage and every iteration without leaving the kernel. Both
 call the scalar functions below (one source of truth), so they take the same steps in the
-same order. The reference's all-pairs divergence runs it by default
-(:func:`refdml.ot.pairwise_sinkhorn_divergence_forward`, through
+same order. refdml.gpu's all-pairs divergence and Wasserstein losses run it (the family's
+:class:`refdml.gpu.ot._kernels.CpuPath`, through
 :func:`refdml.gpu.ot._small.solve_small_batch`).
 
 The iteration (docs/ot.md Sec. 2). Potentials ``phi``, ``psi`` in units of the current
@@ -49,42 +49,32 @@ So do the residuals, and an iteration count (a test ``residual <= tol``) can dif
 between two of them only where a residual lies within that rounding of its threshold:
 tests/gpu/test_gpu_kernels_ot.py compares counts where a margin certifies them.
 
-Also here: the driver of a batch (:func:`solve_small`: the arrays of the state, a launch,
-the results; the CUDA kernel plugs in its own launch), the named buffers of a launch
-(:class:`SmallLaunch`: four small frozen dataclasses whose fields, in order, are the
-kernels' parameters), the interface of a compiled implementation of the family
-(:class:`CompiledSinkhorn`, and :data:`CPU`, this module's instance; refdml.gpu's
-``Implementations`` object chooses between it, the CUDA one and the array path) and the
-pair-cost assembly of the CPU route (:func:`refdml_ot_pair_sq_cpu`, :func:`compiled_pair_sq`).
+Also here: the named buffers of a launch (:class:`SmallLaunch`: four small frozen
+dataclasses whose fields, in order, are the kernels' parameters), the pair-cost pass of the
+CPU route (:func:`refdml_ot_pair_sq_cpu`) and the CPU twin of the log-sum-exp half step
+(:func:`refdml_ot_lse_half_step_cpu`). Their launches, the driver of a batch and the
+family's compiled members are :mod:`refdml.gpu.ot._kernels`'.
 
 Words: ``kernel`` is the Gibbs kernel ``K`` (as in :mod:`refdml.ot`); a schedule's
-``level`` is an ``eps`` (a temperature, in the units of the cost); the kind of
-implementation (``"cpu"`` / ``"cuda"``) is a ``kind``.
+``level`` is an ``eps`` (a temperature, in the units of the cost).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from refdml.gpu._support.jit import njit, prange
 
 from refdml.gpu._support.scalar import lse_push, lse_value
-from refdml.gpu._support.launch import BLOCK
-from refdml.gpu._support.threading_layer import parallel_launch
-from refdml._numerics import _REFINE
+from refdml.gpu.ot._small import MAX_POINTS
 
-__all__ = ["CPU", "MAX_POINTS", "CompiledSinkhorn", "SmallLaunch", "SmallPotentials",
-           "SmallProblems", "SmallResults", "SmallSettings", "compiled_pair_sq",
-           "launch_cpu", "launch_half_step_cpu", "refdml_ot_lse_half_step_cpu",
-           "refdml_ot_pair_sq_cpu", "refdml_ot_sinkhorn_small_cpu", "solve_small",
-           "solve_small_cpu"]
+__all__ = ["MAX_POINTS", "SmallLaunch", "SmallPotentials", "SmallProblems", "SmallResults",
+           "SmallSettings", "refdml_ot_lse_half_step_cpu", "refdml_ot_pair_sq_cpu",
+           "refdml_ot_sinkhorn_small_cpu"]
 
-#: Largest problem (points per side) of the small-problem kernel: one CUDA thread per point.
-MAX_POINTS = BLOCK
 _FASTMATH = {"reassoc", "contract"}
 
 
@@ -266,7 +256,7 @@ def refdml_ot_sinkhorn_small_cpu(cost, a, b, phi_out, psi_out, schedule, stage_t
             psi_out[p, :] = phi_out[p, :]
 
 
-# --------------------------------------------------------------------------- driver
+# --------------------------------------------------------------------------- buffers
 # The named buffers of one launch of the small-problem solver. The kernels take their
 # arguments flat (Numba types each array once, and the compile check and the simulator's
 # launch check read the flat signature); these four parts, concatenated field by field, are
@@ -349,116 +339,6 @@ class SmallLaunch:
         return tuple(values[name] for name in self.parameters())
 
 
-def launch_cpu(launch: SmallLaunch) -> None:
-    """Run :func:`refdml_ot_sinkhorn_small_cpu` on the NumPy buffers of ``launch`` (allocated
-    by :func:`solve_small`)."""
-    cost, plan = launch.problems.cost, launch.results.plan
-    if cost.dtype != np.float64:
-        # One compiled signature (float64; halves the cold compile time): float32
-        # problems are widened on the host and the plan rounded back.
-        wide = np.empty(plan.shape)
-        with parallel_launch():
-            refdml_ot_sinkhorn_small_cpu(*launch.arguments(cost=cost.astype(np.float64),
-                                                           plan=wide))
-        plan[...] = wide
-    else:
-        with parallel_launch():
-            refdml_ot_sinkhorn_small_cpu(*launch.arguments())
-
-
-def solve_small(xp, launch, a, b, cost, *, schedule, stage_tol, max_iter, symmetric, tiny,
-                high, low):
-    """Solve P problems of at most :data:`MAX_POINTS` points per side with ``launch``.
-
-    ``a`` (P, n), ``b`` (P, m) on the simplex, ``cost`` (P, n, m) (arrays of ``xp``);
-    ``schedule`` / ``stage_tol`` the eps levels and their tolerances. ``launch`` (a
-    :class:`SmallLaunch` -> None) runs the problems on the buffers allocated here (float64
-    state, ``plan`` (P, n, m) in the cost's dtype): :func:`launch_cpu`, or the CUDA launch
-    of :mod:`refdml.gpu.ot._cuda`. Returns ``phi``, ``psi`` (input dtype, units
-    of the last level), ``n_iter`` (int64), ``err`` and the plan, all arrays of ``xp``
-    (nothing reaches the host).
-    """
-    n_problems, n, m = cost.shape
-    if max(n, m) > MAX_POINTS:
-        raise ValueError(f"the small-problem kernel takes at most {MAX_POINTS} points, "
-                         f"got {n} x {m}")
-    dtype = cost.dtype
-    problems = SmallProblems(
-        cost=xp.ascontiguousarray(cost), a=xp.ascontiguousarray(a, dtype=xp.float64),
-        b=xp.ascontiguousarray(b, dtype=xp.float64))
-    potentials = SmallPotentials(phi_out=xp.zeros((n_problems, n), dtype=xp.float64),
-                                 psi_out=xp.zeros((n_problems, m), dtype=xp.float64))
-    results = SmallResults(plan=xp.empty((n_problems, n, m), dtype=dtype),
-                           n_iter=xp.zeros(n_problems, dtype=xp.int64),
-                           err=xp.full(n_problems, np.inf, dtype=xp.float64))
-    settings = SmallSettings(
-        schedule=xp.asarray(np.asarray(schedule, dtype=np.float64)),
-        stage_tol=xp.asarray(np.asarray(stage_tol, dtype=np.float64)),
-        max_iter=int(max_iter), symmetric=bool(symmetric), tiny=float(tiny), high=float(high),
-        low=float(low))
-    if n_problems:
-        launch(SmallLaunch(problems, potentials, settings, results))
-    return (potentials.phi_out.astype(dtype, copy=False),
-            potentials.psi_out.astype(dtype, copy=False), results.n_iter,
-            results.err.astype(dtype, copy=False), results.plan)
-
-
-def solve_small_cpu(a, b, cost, **settings):
-    """:func:`solve_small` on NumPy arrays with the CPU twin (keywords as there); the
-    reference's compiled route runs this."""
-    return solve_small(np, launch_cpu, a, b, cost, **settings)
-
-
-# --------------------------------------------------------------------------- the interface
-@dataclass(frozen=True)
-class CompiledSinkhorn:
-    """One compiled implementation of the Sinkhorn family (the CPU twins, :data:`CPU`, or
-    the CUDA kernels, ``refdml.gpu.ot._cuda.CUDA``): the interface that
-    refdml.gpu's batched solver calls on whichever implementation its ``Implementations``
-    object chose, the array path included (``refdml.gpu.ot._sinkhorn``).
-
-    ``kind``: ``"cpu"`` or ``"cuda"``. ``launch_small``: runs a :class:`SmallLaunch`.
-    ``launch_half_step(scaled_cost, weighted_potential, out)``: fills ``out`` (P, n) with
-    ``-LSE_j(w_j - S_ij)``. ``pair_sq(clouds, first, second)``: the pair costs of the
-    all-pairs route where this implementation computes them (:func:`compiled_pair_sq` on
-    the CPU), else None (the array path's).
-    """
-
-    kind: str
-    launch_small: Callable[[SmallLaunch], None]
-    launch_half_step: Callable[[Any, Any, Any], None]
-    pair_sq: Callable[..., Any] | None = None
-
-    def solve_small(self, xp, a, b, cost, **settings):
-        """:func:`solve_small` (same arguments after ``xp``, same results) with this
-        implementation's launch."""
-        return solve_small(xp, self.launch_small, a, b, cost, **settings)
-
-    def lse_half_step(self, xp, scaled_cost, potential, log_weight, previous=None, out=None):
-        r"""``f_i = -LSE_j(log_weight_j + potential_j - S_ij)`` (P, n) for ``S`` (P, n, m):
-        the log-sum-exp half step of refdml.gpu's batched Sinkhorn, by this
-        implementation's kernel. ``previous`` and ``out`` are the array path's stabiliser
-        and work buffer (same interface); a one-pass kernel needs neither.
-
-        One pass over ``S`` with the online log-sum-exp
-        (:func:`refdml.gpu._support.scalar.lse_push`: the running maximum is the stabiliser,
-        so nothing overflows whatever ``S`` is), no (P, n, m) temporary. Accumulates in
-        float64; the result has the input's dtype and module.
-        """
-        n_problems, n, _ = scaled_cost.shape
-        result = xp.empty((n_problems, n), dtype=scaled_cost.dtype)
-        if n_problems * n:
-            weighted = (log_weight + potential).astype(scaled_cost.dtype, copy=False)
-            self.launch_half_step(scaled_cost, weighted, result)
-        return result
-
-
-def launch_half_step_cpu(scaled_cost, weighted_potential, out) -> None:
-    """The half step's CPU launch: :func:`refdml_ot_lse_half_step_cpu`, rows in a prange."""
-    with parallel_launch():
-        refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out)
-
-
 # --------------------------------------------------------------------------- pair costs
 @njit(parallel=True, cache=True)
 def refdml_ot_pair_sq_cpu(points, norms, first, second, refine, out):
@@ -497,32 +377,6 @@ def refdml_ot_pair_sq_cpu(points, norms, first, second, refine, out):
                     out[k, j, i] = mean
 
 
-def compiled_pair_sq(clouds, first, second, refine=_REFINE):
-    """``||x_i - y_j||^2`` (K, n, n) of the clouds of pairs (``first[k]``, ``second[k]``) on
-    the CPU: one compiled pass, a BLAS GEMM per pair inside it
-    (:func:`refdml_ot_pair_sq_cpu`; refdml.gpu's array path gathers, then makes four
-    passes). A pair of a cloud with itself gets the symmetric self costs (0 diagonal).
-    ``refine``: the near-pair refinement threshold, by default the reference's
-    (``refdml._numerics._REFINE``: at p = 1 the gradient ``(x - y) / |x - y|`` of two points
-    2e-4 apart carries the squared distance's relative rounding, 1e-8 unrefined;
-    tests/gpu/test_gpu_ot_pairwise_route.py), negative for none. Clouds scaled to ``|x| < 1``.
-
-    Threads: BLAS is held at one thread for the call; the pairs are spread over Numba's
-    threads. A multi-threaded BLAS call here (one syrk of all points) is faster by itself
-    but leaves OpenBLAS's threads spinning while the solver's ``prange`` runs, which slows
-    the solve down badly on a machine with few cores (docs/gpu.md)."""
-    from threadpoolctl import threadpool_limits
-
-    points = np.ascontiguousarray(clouds)
-    n = points.shape[1]
-    norms = np.einsum("bnd,bnd->bn", points, points)
-    out = np.empty((first.shape[0], n, n), dtype=points.dtype)
-    with parallel_launch(), threadpool_limits(limits=1, user_api="blas"):
-        refdml_ot_pair_sq_cpu(points, norms, np.asarray(first, dtype=np.int64),
-                              np.asarray(second, dtype=np.int64), float(refine), out)
-    return out
-
-
 # --------------------------------------------------------------------------- LSE half step
 @njit(parallel=True, cache=True)
 def refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out):
@@ -534,8 +388,3 @@ def refdml_ot_lse_half_step_cpu(scaled_cost, weighted_potential, out):
         for j in range(m):
             mx, s = lse_push(mx, s, weighted_potential[p, j] - scaled_cost[p, i, j])
         out[p, i] = -lse_value(mx, s)
-
-
-#: The CPU twins of the family, as one implementation (:class:`CompiledSinkhorn`).
-CPU = CompiledSinkhorn(kind="cpu", launch_small=launch_cpu, launch_half_step=launch_half_step_cpu,
-                       pair_sq=compiled_pair_sq)

@@ -1,12 +1,11 @@
 r"""Small-problem Sinkhorn, CUDA kernel: one OT problem of at most 128 x 128 points per block.
 
 The ``@cuda.jit`` kernel (:func:`small_problem_kernel`, one block per problem) of the
-small-problem solver whose iteration, scalar maths (one source for both targets), compiled
-CPU twin and batch driver are in :mod:`refdml.gpu.ot._compiled`; :data:`CUDA` is this
-module's implementation of the family (:class:`refdml.gpu.ot._compiled.CompiledSinkhorn`:
-the driver with this module's launches), beside the twin's ``CPU``. The kernel stores ``K``
-(and the plan) in the input's dtype; the potentials, scalings, sums and the residual are
-float64, as in the twin.
+small-problem solver whose iteration, scalar maths (one source for both targets) and
+compiled CPU twin are in :mod:`refdml.gpu.ot._compiled`; its launch and the family's CUDA
+member (:class:`refdml.gpu.ot._kernels.CudaPath`, which imports this module when it is
+built) are in :mod:`refdml.gpu.ot._kernels`. The kernel stores ``K`` (and the plan) in the
+input's dtype; the potentials, scalings, sums and the residual are float64, as in the twin.
 
 CUDA launch: one block per problem, ``threads = min(BLOCK, 32 ceil(max(n, m) / 32))``
 threads (a warp multiple up to :data:`refdml.gpu._support.launch.BLOCK` = 128 = the largest
@@ -30,7 +29,7 @@ four vectors that only their own thread reads (``lb``, ``psi``, ``row``, ``total
 registers would save 4 KB but adds registers, which are the limit.
 
 Also here: the log-sum-exp half step of the general batched solver (the CUDA kernel
-:func:`refdml_ot_lse_half_step` and its launch; the CPU twin is
+:func:`refdml_ot_lse_half_step`; the CPU twin is
 :func:`refdml.gpu.ot._compiled.refdml_ot_lse_half_step_cpu`).
 """
 
@@ -44,11 +43,9 @@ import numpy as np
 
 from refdml.gpu._support.cuda import CudaKernel, cuda, cuda_kernel, register
 from refdml.gpu._support.scalar import lse_push, lse_value
-from refdml.gpu._support.launch import BLOCK, cuda_launch
+from refdml.gpu._support.launch import BLOCK
 from refdml.gpu._support.modes import cuda_simulator
 from refdml.gpu.ot._compiled import (
-    CompiledSinkhorn,
-    SmallLaunch,
     flush,
     log_kernel_exponent,
     needs_absorb,
@@ -59,8 +56,7 @@ from refdml.gpu.ot._compiled import (
     symmetric_scaling_update,
 )
 
-__all__ = ["CUDA", "MAX_REGISTERS", "TILE_BYTES", "launch_cuda", "launch_half_step_cuda",
-           "refdml_ot_lse_half_step", "small_problem_kernel", "threads_per_problem"]
+__all__ = ["MAX_REGISTERS", "TILE_BYTES", "refdml_ot_lse_half_step", "small_problem_kernel"]
 
 #: Shared memory for the kernel tile per block (the rest of the 48 KB static limit holds
 #: the nine float64 vectors of length BLOCK and three int32 flags).
@@ -271,7 +267,8 @@ def small_problem_kernel(dtype):
 
 def _small_problem_signature(dt):
     """The launch types of :func:`small_problem_kernel` for a cost of dtype ``dt``
-    (:func:`solve_small`: the state float64, the plan flat (P, n m), all C-contiguous)."""
+    (:func:`refdml.gpu.ot._kernels.solve_small`: the state float64, the plan flat (P, n m),
+    all C-contiguous)."""
     f8_1, f8_2 = "float64[::1]", "float64[:, ::1]"
     return (f"void({dt}[:, :, ::1], {f8_2}, {f8_2}, {f8_2}, {f8_2}, {f8_1}, {f8_1}, int64, "
             f"boolean, float64, float64, float64, {dt}[:, ::1], int64[::1], {f8_1})")
@@ -287,30 +284,9 @@ register(CudaKernel(
     build=lambda dtype: small_problem_kernel(np.dtype("float64" if dtype == "any" else dtype))))
 
 
-def threads_per_problem(n: int, m: int) -> int:
-    """Threads of one block: a warp multiple covering every point, at most ``BLOCK``.
-
-    Under Numba's CUDA simulator (every thread a Python thread, warps meaningless) exactly
-    ``max(n, m)`` threads, which keeps CI's simulated runs short.
-    """
-    if cuda_simulator():
-        return max(n, m)
-    return min(BLOCK, 32 * -(-max(n, m) // 32))
-
-
-# --------------------------------------------------------------------------- launcher
-def launch_cuda(launch: SmallLaunch) -> None:
-    """The CUDA launch of :func:`refdml.gpu.ot._compiled.solve_small`: one block per
-    problem, the plan flat (P, n m)."""
-    n_problems, n, m = launch.problems.cost.shape
-    cuda_launch(small_problem_kernel(np.dtype(launch.problems.cost.dtype)), n_problems,
-                threads_per_problem(n, m),
-                *launch.arguments(plan=launch.results.plan.reshape(n_problems, n * m)))
-
-
 # --------------------------------------------------------------------------- LSE half step
-# Launch types (:func:`lse_half_step`; the arrays as refdml.gpu's batched solver passes
-# them, contiguous), by the cost's dtype.
+# Launch types (:meth:`refdml.gpu.ot._kernels.KernelPath.lse_half_step`; the arrays as
+# refdml.gpu's batched solver passes them, contiguous), by the cost's dtype.
 @cuda_kernel(cache=True, signatures={
     dt: f"void({dt}[:, :, ::1], {dt}[:, ::1], {dt}[:, ::1])" for dt in ("float32", "float64")})
 def refdml_ot_lse_half_step(scaled_cost, weighted_potential, out):
@@ -324,18 +300,3 @@ def refdml_ot_lse_half_step(scaled_cost, weighted_potential, out):
     for j in range(m):
         mx, s = lse_push(mx, s, weighted_potential[p, j] - scaled_cost[p, i, j])
     out[p, i] = -lse_value(mx, s)
-
-
-def launch_half_step_cuda(scaled_cost, weighted_potential, out) -> None:
-    """The half step's CUDA launch: one thread per row, ``ceil(P n / BLOCK)`` blocks of
-    BLOCK threads (under the simulator at most ``P n`` threads)."""
-    rows = out.shape[0] * out.shape[1]
-    threads = min(BLOCK, rows) if cuda_simulator() else BLOCK
-    cuda_launch(refdml_ot_lse_half_step, -(-rows // threads), threads, scaled_cost,
-                weighted_potential, out)
-
-
-#: The CUDA kernels of the family, as one implementation
-#: (:class:`refdml.gpu.ot._compiled.CompiledSinkhorn`; the pair costs: the array path's).
-CUDA = CompiledSinkhorn(kind="cuda", launch_small=launch_cuda,
-                        launch_half_step=launch_half_step_cuda)

@@ -10,7 +10,7 @@ and the cost divided by ``eps`` (``S = C / eps``)::
     psi_j <- -log sum_i exp(log a_i + phi_i - S_ij)        (columns exact)
     phi_i <- -log sum_j exp(log b_j + psi_j - S_ij)
 
-Every exponent has its row maximum subtracted (:func:`_lse_half_step`), so nothing
+Every exponent has its row maximum subtracted (:func:`lse_half_step`), so nothing
 overflows or underflows whatever ``eps`` is relative to the cost: float32 stays finite
 down to ``eps = 1e-4`` of the largest cost (the check below refuses less). The residual
 (L1 error of the row marginal of the plan with columns exact) is free: the row sums of
@@ -34,29 +34,28 @@ them (or all) are done, so the batch shrinks as problems converge.
 float32: the marginal error cannot go below the rounding of the exponents,
 ``~ u * max(S)`` (measured: below 0.1 of that); a positive ``tol`` below :func:`residual_floor` is raised to it.
 
-The seam (docs/gpu.md, "Numba kernels: small-problem Sinkhorn and the log-sum-exp half
-step"). :data:`SINKHORN` lists the family's three implementations: the array path
-(:data:`ARRAY`, this module), the CPU twins (:data:`refdml.gpu.ot._compiled.CPU`) and the
-CUDA kernels (:data:`refdml.gpu.ot._cuda.CUDA`), objects of one interface
-(``lse_half_step``; ``solve_small`` and ``pair_sq``, None where the array code runs
-instead). Each public function of refdml.gpu.ot chooses one per call
-(``impl = SINKHORN.choose(x)``) and hands it down; the solver calls ``impl.lse_half_step``
-and never asks which implementation it holds.
+The seam. The family's implementations (:data:`refdml.gpu.ot.IMPLEMENTATIONS`: the array
+path :class:`refdml.gpu.ot._array.ArrayPath`, the CPU twins and the CUDA kernels,
+:class:`refdml.gpu.ot._kernels.CpuPath` and :class:`~refdml.gpu.ot._kernels.CudaPath`) are
+objects of one interface. Each public function of refdml.gpu.ot chooses one per call
+(``impl = IMPLEMENTATIONS.choose(x)``) and hands it down; the solver calls
+``impl.lse_half_step``, ``impl.takes_small`` and ``impl.solve_small`` and never asks which
+implementation it holds. Where NumPy and CuPy take different steps (the stabiliser of the
+array path's half step, the kernel-scaling loop, the large-eps finish, the check cadence),
+the backend says which (:attr:`refdml._backend.Backend.gathers_rows`,
+:meth:`~refdml._backend.Backend.check_every`): the same quantities either way, computed in
+the order that is cheaper there.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from refdml.gpu.ot import _compiled as _twin
-from refdml.gpu.ot import _cuda as _cuda_twin
-from refdml.gpu._support.modes import Implementations
-from refdml.gpu.ot._compiled import MAX_POINTS
+from refdml._backend import get_backend
 from refdml.gpu.ot._small import finish_batch, solve_small_batch
 from refdml._shared.ot import (
     OTBatch,
@@ -66,8 +65,8 @@ from refdml._shared.ot import (
     relative_eps_message,
 )
 
-__all__ = ["ARRAY", "CHECK_EVERY_GPU", "SINKHORN", "check_relative_eps", "residual_floor",
-           "solve_batch"]
+__all__ = ["CHECK_EVERY_GPU", "batch_transport_cost", "batch_value", "check_relative_eps",
+           "lse_half_step", "residual_floor", "solve_batch"]
 
 #: Iterations between two convergence checks on CuPy (each check synchronises once).
 CHECK_EVERY_GPU = 10
@@ -80,7 +79,8 @@ _STAGE_TOL = 1e-3
 _RELATIVE_EPS = {np.dtype(np.float64): (1e-13, 1e12), np.dtype(np.float32): (1e-4, 1e3)}
 # residual_floor = _FLOOR_FACTOR * u * (1 + max S); the computed residual reaches ~0.1 u max(S).
 _FLOOR_FACTOR = 1.0
-# Kernel-scaling path (NumPy): scalings are folded into the potentials once they leave
+# Kernel-scaling loop (where the backend gathers rows, NumPy; a switch for the tests):
+# scalings are folded into the potentials once they leave
 # [e^-B, e^B] (the reference: B = 30 in float64). float32: e^B (1 + n) stays far below its
 # largest value, and below its tiny the products would run on subnormals.
 _USE_SCALING = True
@@ -111,26 +111,30 @@ def check_relative_eps(eps: float, largest_cost: float, dtype: Any, *, user_eps:
         raise ValueError(message)
 
 
-def _lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=None):
+def lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=None):
     """``-log sum_j exp(log_weight_j + potential_j - scaled_cost_ij)``: (P, n) from (P, n, m).
 
     The one fused operation of the solver (a CuPy kernel will replace this array path:
     one read of ``scaled_cost`` per half step). The reduction runs over the last,
     contiguous axis; ``out`` is a (P, n, m) work buffer (or None).
 
-    Stabiliser. On CuPy (and without ``previous``) the row maximum is subtracted, so the
-    sum is in ``[1, m]``. On NumPy, ``previous`` (the potential this step replaces) is
-    added instead, which saves two passes over the (P, n, m) array: when the other
-    marginal is exact, ``exp(log_weight_j + potential_j - S_ij + previous_i)`` is the plan
-    entry over ``a_i``, at most ``1 / a_i``; rows whose sum leaves the normal range
-    (a far-off start, or the symmetric update) are redone with the maximum.
+    Stabiliser. Where the backend gathers rows (NumPy,
+    :attr:`refdml._backend.Backend.gathers_rows`) and ``previous`` (the potential this step
+    replaces) is given, ``previous`` is added to the exponents, which saves two passes over
+    the (P, n, m) array: when the other marginal is exact,
+    ``exp(log_weight_j + potential_j - S_ij + previous_i)`` is the plan entry over ``a_i``,
+    at most ``1 / a_i``; the rows whose sum leaves the normal range (a far-off start, or
+    the symmetric update) are redone with the maximum. Otherwise (CuPy, where those rows'
+    count would be a synchronisation) the row maximum is subtracted, so the sum is in
+    ``[1, m]``. Both give the log-sum-exp to rounding.
 
-    The array path's half step (:data:`ARRAY`); the compiled implementations'
-    (:meth:`refdml.gpu.ot._compiled.CompiledSinkhorn.lse_half_step`: one pass, online
-    log-sum-exp, no temporary) are checked against it.
+    The array path's half step (:meth:`refdml.gpu.ot._array.ArrayPath.lse_half_step`); the
+    compiled implementations' (:meth:`refdml.gpu.ot._kernels.KernelPath.lse_half_step`: one
+    pass, online log-sum-exp, no temporary) are checked against it.
     """
+    backend = get_backend(scaled_cost)
     z = xp.subtract((log_weight + potential)[:, None, :], scaled_cost, out=out)
-    if previous is None or xp is not np:
+    if previous is None or not backend.gathers_rows:
         peak = xp.max(z, axis=2, keepdims=True)
         z -= peak
         xp.exp(z, out=z)
@@ -139,8 +143,8 @@ def _lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=No
     xp.exp(z, out=z)
     total = xp.sum(z, axis=2)
     info = np.finfo(total.dtype)
-    bad = np.flatnonzero(~((total >= info.tiny / info.eps) & (total <= info.max / 2)))
-    with np.errstate(divide="ignore"):
+    bad = xp.flatnonzero(~((total >= info.tiny / info.eps) & (total <= info.max / 2)))
+    with backend.errstate(divide="ignore"):
         result = previous - xp.log(total)
     if bad.size:
         rows = bad // total.shape[1], bad % total.shape[1]
@@ -163,7 +167,7 @@ def _row_error(xp, a, phi, phi_next):
 def _kernel_half_step(xp, kernel, scaling, columns=False):
     """``K s`` (rows) or ``K^T s`` (``columns``): (P, n) or (P, m) from ``kernel`` (P, n, m).
 
-    The kernel-scaling counterpart of :func:`_lse_half_step` (same role: the one pass over
+    The kernel-scaling counterpart of :func:`lse_half_step` (same role: the one pass over
     the (P, n, m) array per half step, the place of a future CuPy kernel): a batched
     matrix-vector product instead of an exponential per entry.
     """
@@ -184,7 +188,8 @@ def _absorbed_kernel(xp, log_a, log_b, scaled, phi, psi, out=None):
 
 def _stage_scaling(xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol,
                    max_iter, symmetric):
-    """:func:`_stage` on kernel scalings (NumPy): same arguments, same results.
+    """:func:`_stage` on kernel scalings (where the backend gathers rows: NumPy); same
+    arguments, same results to the stopping tolerance (the same iteration, other roundings).
 
     The potentials are absorbed into a kernel ``K`` (:func:`_absorbed_kernel`) with the
     columns exact (``psi`` a log-domain half step of ``phi``; symmetric: ``phi`` one
@@ -197,6 +202,7 @@ def _stage_scaling(xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, 
     ``eps`` is. The residual is the reference's: ``sum_i |u_i (K v)_i - a_i|``.
     """
     dtype = scaled.dtype
+    backend = get_backend(scaled)
     tiny = float(np.finfo(dtype).tiny)
     high = float(np.exp(_ABSORB[np.dtype(dtype)]))
     low = 1.0 / high
@@ -244,7 +250,7 @@ def _stage_scaling(xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, 
         n_done = int(xp.count_nonzero(done))
         if n_done:
             rows = index[done]
-            with np.errstate(divide="ignore"):
+            with backend.errstate(divide="ignore"):
                 out_phi[rows] = phi[done] + xp.log(u[done])
                 out_psi[rows] = psi[done] + xp.log(v[done])
             out_iter[rows] = it
@@ -284,7 +290,7 @@ def _true_rows(xp, mask, count: int):
 def _stage(xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max_iter,
            symmetric, check_every):
     """Sinkhorn at one eps for P problems; returns phi, psi, n_iter, error (all (P, ...)).
-    ``impl``: the implementation of the half steps (:data:`SINKHORN`).
+    ``impl``: the implementation of the half steps (an ``IMPLEMENTATIONS`` member).
 
     ``scaled`` = C / eps (P, n, m), ``scaled_t`` its transpose, contiguous (None when
     symmetric). On return ``psi`` is exact for the columns (non-symmetric problems).
@@ -342,7 +348,7 @@ def _stage(xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max
 
 def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
                 unit=1.0, want_plan=True, warn_stacklevel=4, small_kernels=False,
-                largest=None, tol_floor=True, smallest=None, impl=None) -> OTBatch:
+                largest=None, tol_floor=True, smallest=None, impl) -> OTBatch:
     """P problems (a (P, n), b (P, m) on the simplex, cost (P, n, m) in units of ``unit``
     with its largest entry in [0.5, 1), ``eps`` in the same units) in one batch.
 
@@ -350,14 +356,15 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     ``xp`` (potentials ``f = eps phi`` in units of ``unit``). ``tol`` is raised to
     :func:`residual_floor` of the dtype when positive and below it.
 
-    ``impl``: the implementation that runs (an object of :data:`SINKHORN`, chosen once by
-    the public function that calls this; None: ``SINKHORN.choose(cost)`` here). Its
-    ``lse_half_step`` runs the half steps of the loop below. ``small_kernels``: problems of
-    at most :data:`refdml.gpu.ot._compiled.MAX_POINTS` (128) points per side run
-    ``impl.solve_small``, the small-problem Numba kernel (the CPU twin or the ``@cuda.jit``
-    kernel; same iterations, stopping rule and residual as the loop below), through the
-    reference's driver :func:`refdml.gpu.ot._small.solve_small_batch`; larger problems, and
-    the array path (whose ``solve_small`` is None), run the loop below.
+    ``impl``: the implementation that runs (a member of
+    :data:`refdml.gpu.ot.IMPLEMENTATIONS`, chosen once by the public function that calls
+    this). Its ``lse_half_step`` runs the half steps of the loop below. ``small_kernels``:
+    problems that ``impl.takes_small`` (the kernels': at most
+    :data:`refdml.gpu.ot._compiled.MAX_POINTS` = 128 points per side; the array path: none)
+    run ``impl.solve_small``, the small-problem Numba kernel (the CPU twin or the
+    ``@cuda.jit`` kernel; same iterations, stopping rule and residual as the loop below),
+    through the driver :func:`refdml.gpu.ot._small.solve_small_batch`; the others run the
+    loop below.
 
     Both paths end as the reference's solve does where ``eps`` exceeds a problem's largest
     cost (:func:`_finish_large_eps`). ``largest`` (max C over the batch) and ``smallest``
@@ -366,7 +373,8 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     spares CuPy the finish's work where ``eps <= smallest``.
     """
     dtype = cost.dtype
-    check_every = CHECK_EVERY_GPU if xp is not np else 1
+    backend = get_backend(cost)
+    check_every = backend.check_every(CHECK_EVERY_GPU)
     if largest is None:                                   # (the caller may know it)
         largest = float(xp.max(cost)) if cost.size else 0.0   # one synchronisation on CuPy
     if tol > 0.0 and tol_floor:       # (the reference's compiled route keeps the user's tol)
@@ -389,10 +397,7 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
         schedule.append(eps)
     if smallest is None and n_problems == 1:
         smallest = largest                  # max C of the one problem <= its max |C|
-    if impl is None:
-        impl = SINKHORN.choose(cost)
-    if (small_kernels and impl.solve_small is not None and n_problems
-            and max(n, m) <= MAX_POINTS):
+    if small_kernels and n_problems and impl.takes_small(n, m):
         batch = solve_small_batch(
             xp, a, b, cost, schedule=schedule, eps=eps, max_iter=max_iter, tol=tol,
             symmetric=symmetric, unit=unit, absorb=_ABSORB[np.dtype(dtype)],
@@ -407,7 +412,7 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
         scaled = cost * (1.0 / level)
         scaled_t = None if symmetric else xp.ascontiguousarray(xp.swapaxes(scaled, 1, 2))
         stage_tol = tol if last else max(tol, _STAGE_TOL)
-        if xp is np and _USE_SCALING:
+        if _USE_SCALING and backend.gathers_rows:
             phi, psi, it, err = _stage_scaling(
                 xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, tol=stage_tol,
                 max_iter=max_iter, symmetric=symmetric,
@@ -444,19 +449,22 @@ def _finish_large_eps(xp, batch: OTBatch, smallest: float | None, *,
     ``(f - C) / eps``. ``n_iter``, ``marginal_error`` and ``converged`` stay the stopping
     rule's, as the reference's.
 
-    Which problems: NumPy gathers them (free). On CuPy that would read a mask back, so no
-    problem is gathered: where the host knows that none needs it (``eps <= smallest``, the
-    smallest over the problems of their largest cost: a caller's Python float, or
-    ``largest`` for one problem) nothing is computed; otherwise every problem's half steps
-    are computed and kept where ``eps > max |C|`` (``where``; three half steps more work,
-    no synchronisation). ``gather``: None picks by ``xp`` (the tests run both on NumPy).
+    Which problems: where the backend gathers rows (NumPy,
+    :attr:`refdml._backend.Backend.gathers_rows`) they are gathered (free). On CuPy that
+    would read a mask back, so no problem is gathered: where the host knows that none needs
+    it (``eps <= smallest``, the smallest over the problems of their largest cost: a
+    caller's Python float, or ``largest`` for one problem) nothing is computed; otherwise
+    every problem's half steps are computed and kept where ``eps > max |C|`` (``where``;
+    three half steps more work, no synchronisation). ``gather``: None asks the backend
+    (the tests run both choices on NumPy).
     """
     eps, cost = batch.eps, batch.cost
     if batch.cost.shape[0] == 0 or (smallest is not None and eps <= smallest):
         return batch
+    backend = get_backend(cost)
     far = eps > xp.max(xp.abs(cost), axis=(1, 2))
     if gather is None:
-        gather = xp is np
+        gather = backend.gathers_rows
     if gather:
         if not far.any():
             return batch
@@ -464,7 +472,7 @@ def _finish_large_eps(xp, batch: OTBatch, smallest: float | None, *,
     else:
         rows = slice(None)
     a, b, cost = batch.a[rows], batch.b[rows], cost[rows]
-    with np.errstate(divide="ignore"):  # a weight below the dtype's tiny: no mass (reference)
+    with backend.errstate(divide="ignore"):  # a weight below the dtype's tiny: no mass (reference)
         log_a, log_b = xp.log(a), xp.log(b)
 
     f, g, plan = large_eps_half_steps(log_a, a, log_b, b, cost, eps, batch.f[rows],
@@ -501,39 +509,3 @@ def batch_transport_cost(xp, batch: OTBatch):
     flat = batch.plan.shape[0], -1
     # einsum: no (P, n, m) temporary, as multiply-then-sum would make.
     return batch.unit * xp.einsum("pk,pk->p", batch.plan.reshape(flat), batch.cost.reshape(flat))
-
-
-# --------------------------------------------------------------------------- the seam
-@dataclass(frozen=True)
-class ArraySinkhorn:
-    """The array path of the family, as an object of the interface of
-    :class:`refdml.gpu.ot._compiled.CompiledSinkhorn`: the half step is
-    :func:`_lse_half_step`; ``solve_small`` and ``pair_sq`` are None (the batched loop of
-    :func:`solve_batch` and the array path's pair costs run instead)."""
-
-    kind: str = "array"
-    solve_small: Callable[..., Any] | None = None
-    pair_sq: Callable[..., Any] | None = None
-
-    @staticmethod
-    def lse_half_step(xp, scaled_cost, potential, log_weight, previous=None, out=None):
-        """:func:`_lse_half_step`."""
-        return _lse_half_step(xp, scaled_cost, potential, log_weight, previous, out)
-
-
-#: The array path (:class:`ArraySinkhorn`).
-ARRAY = ArraySinkhorn()
-
-#: The Sinkhorn family's implementations and the one object that chooses among them
-#: (``impl = SINKHORN.choose(x)`` once per public call of refdml.gpu.ot).
-SINKHORN = Implementations(
-    "ot", array=ARRAY, load_cpu=lambda: _twin.CPU, load_cuda=lambda: _cuda_twin.CUDA,
-    auto_numpy="cpu", auto_cupy="cuda",
-    measured=("NumPy: the CPU twins' all-pairs route 46 ms, the array path 192 ms (64 clouds "
-              "of 49 points, eps 0.1, 2 cores, 2026-11-25; docs/gpu.md, 'Numba kernels: "
-              "small-problem Sinkhorn'); CuPy: H200, 2026-11-28 (gpu-runs/2026-11-28-h200, "
-              "docs/results/gpu.md): the all-pairs divergence of 1,024 "
-              "clouds of 49 points ran on the CUDA kernels in 288 ms, 3.6x POT's ot.batch; "
-              "the CuPy array path was not timed there, so 'auto' keeps the kernels until "
-              "a GPU run times it"),
-)

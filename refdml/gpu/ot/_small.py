@@ -1,6 +1,6 @@
 """Many small OT problems through the compiled small-problem Sinkhorn: the one driver.
 
-Problems of at most :data:`refdml.gpu.ot._compiled.MAX_POINTS` (128) points per side can
+Problems of at most :data:`MAX_POINTS` (128) points per side can
 run the small-problem kernel, which takes the reference's kernel-scaling iteration
 (:func:`refdml.ot._sinkhorn._stage`) with every eps-scaling stage inside the kernel.
 refdml.gpu's batched solver (``solve_batch(..., small_kernels=True)``, the CPU twin or the
@@ -14,13 +14,33 @@ ConvergenceWarning); the kernel is passed in.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from refdml.exceptions import ConvergenceWarning
 from refdml._shared.ot import STAGE_TOL, OTBatch
+from refdml.exceptions import ConvergenceWarning
+from refdml.gpu._support.launch import BLOCK
 
-__all__ = ["finish_batch", "solve_small_batch"]
+__all__ = ["MAX_POINTS", "SmallSolution", "finish_batch", "solve_small_batch"]
+
+#: Largest problem (points per side) of the small-problem kernel: one CUDA thread per point.
+MAX_POINTS = BLOCK
+
+
+@dataclass(frozen=True)
+class SmallSolution:
+    """What the small-problem kernel returns for P problems, arrays of the input's module:
+    ``phi`` (P, n), ``psi`` (P, m) the potentials in units of the last eps level, in the
+    input's dtype; ``n_iter`` (P,) int64, iterations summed over the levels; ``err`` (P,)
+    the last L1 marginal error; ``plan`` (P, n, m)."""
+
+    phi: Any
+    psi: Any
+    n_iter: Any
+    err: Any
+    plan: Any
 
 
 def solve_small_batch(xp, a, b, cost, *, schedule, eps, max_iter, tol, symmetric, unit,
@@ -32,8 +52,8 @@ def solve_small_batch(xp, a, b, cost, *, schedule, eps, max_iter, tol, symmetric
 
     ``absorb``: scalings leaving ``[e^-absorb, e^absorb]`` are folded into the potentials
     (the reference: 30 in float64). ``solve_small(a, b, cost, *, schedule, stage_tol,
-    max_iter, symmetric, tiny, high, low)`` runs the problems (as
-    :func:`refdml.gpu.ot._compiled.solve_small`).
+    max_iter, symmetric, tiny, high, low)`` runs the problems and returns their
+    :class:`SmallSolution` (as :func:`refdml.gpu.ot._kernels.solve_small`).
     ``warn_stacklevel``: the ConvergenceWarning's stack level as seen from this function.
     """
     dtype = cost.dtype
@@ -42,12 +62,12 @@ def solve_small_batch(xp, a, b, cost, *, schedule, eps, max_iter, tol, symmetric
     tol = min(tol, float(np.finfo(dtype).max))
     stage_tol = [max(tol, STAGE_TOL)] * (len(schedule) - 1) + [tol]
     high = float(np.exp(absorb))
-    phi, psi, n_iter, err, plan = solve_small(
+    solution = solve_small(
         a, b, cost, schedule=schedule, stage_tol=stage_tol, max_iter=max_iter,
         symmetric=symmetric, tiny=float(np.finfo(dtype).tiny), high=high, low=1.0 / high,
     )
-    return finish_batch(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
-                        warn_stacklevel + 1)
+    return finish_batch(xp, a, b, cost, eps, solution.phi, solution.psi, solution.plan,
+                        solution.n_iter, solution.err, tol, max_iter, unit, warn_stacklevel + 1)
 
 
 def finish_batch(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter, unit,
@@ -68,4 +88,5 @@ def finish_batch(xp, a, b, cost, eps, phi, psi, plan, n_iter, err, tol, max_iter
                 ConvergenceWarning,
                 stacklevel=warn_stacklevel,
             )
-    return OTBatch(a, b, cost, eps, eps * phi, eps * psi, plan, n_iter, err, converged, unit)
+    return OTBatch(a=a, b=b, cost=cost, eps=eps, f=eps * phi, g=eps * psi, plan=plan,
+                   n_iter=n_iter, marginal_error=err, converged=converged, unit=unit)
