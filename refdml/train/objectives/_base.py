@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import _describe, check_context
-from refdml._backend import is_device_array
+from refdml._backend import is_array
 from refdml.train._dense import _positive_int
 from refdml.train._layer import OwnerToken, check_owner
 from refdml.train._parameter import Parameter
@@ -61,7 +61,7 @@ def check_positive_int(value, name: str) -> int:
 
 def check_d_value(d_value) -> float:
     """A real, finite scalar (a Python/NumPy number or a 0-d NumPy/CuPy array) as a float."""
-    if is_device_array(d_value) or isinstance(d_value, np.ndarray):
+    if is_array(d_value):
         if d_value.shape != ():
             raise ValueError(f"d_value must be a scalar, got shape {tuple(d_value.shape)}")
         if not np.issubdtype(np.dtype(d_value.dtype), np.floating) and not np.issubdtype(
