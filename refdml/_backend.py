@@ -202,6 +202,15 @@ class Backend:
         """
         return self.free_host_reads
 
+    # ---- for refdml.train
+    def is_own_array(self, value: Any) -> bool:
+        """True for an array of this backend: a ``cupy.ndarray`` on CuPy; on NumPy a
+        ``numpy.ndarray`` or a NumPy scalar, which NumPy's reductions return where CuPy's
+        return 0-d arrays (``x.sum()``). A list, or an array of the other backend, is not."""
+        if self.free_host_reads:
+            return isinstance(value, (np.ndarray, np.generic))
+        return is_device_array(value)
+
 
 def _numpy_backend() -> Backend:
     return Backend(name="numpy", xp=np, special=scipy.special, linalg=scipy.linalg,

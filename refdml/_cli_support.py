@@ -1,11 +1,11 @@
 """What the subcommand modules of ``refdml`` share: argument types, ``--only``, output paths.
 
-Each subcommand lives in its own module (``refdml.catalog._gradcheck_cli``,
-``refdml.catalog._gpu_check_cli``, ``refdml.validation._cli``, ``refdml.train._cli``,
-``refdml.reproduce._cli``) with ``add_arguments(parser)`` and ``run(args) -> int``;
-:mod:`refdml.cli` wires them. The pieces that subcommands of different layers need (the
-catalogue's and ``verify``) sit here, at the bottom of the layers, where each can import
-them. Nothing here imports any other part of refdml but :mod:`refdml._io` (the same layer).
+Each subcommand lives in its own module (``refdml.checks._gradcheck_cli``,
+``refdml.checks._gpu_check_cli``, ``refdml.validation._cli``, ``refdml.train._cli``,
+``refdml.reproduce._cli``, ``refdml.conformance._cli``) with ``add_arguments(parser)`` and
+``run(args) -> int``; :mod:`refdml.cli` wires them. The pieces that subcommands of different
+layers need (``train`` of the training layer, the others of the apps) sit here, at the
+bottom of the layers, where each can import them. Nothing here imports any other part of refdml but :mod:`refdml._io` (the same layer).
 
 Output paths (``--json PATH``, ``--report DIR``) are checked by :func:`check_output_paths`
 before any work, so a path that cannot be written costs no run: the command prints

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml._backend import Backend, get_backend, is_device_array
+from refdml._backend import Backend, as_input_array, get_backend
 
 __all__ = [
     "as_fast_array",
@@ -99,7 +99,7 @@ def _upstream_array(value: Any, name: str, shape: tuple[int, ...]) -> Any:
     if value is None:
         raise TypeError(f"{name} must be an array of shape {shape}, got None")
     _refuse_non_array(value, name, "an array of real numbers")
-    array = value if is_device_array(value) else np.asarray(value)
+    array = as_input_array(value)
     _check_real_dtype(array, name)
     if tuple(array.shape) != tuple(shape):
         raise ValueError(
@@ -390,7 +390,7 @@ def as_fast_array(
     """
     _refuse_non_array(value, name, "an array of real numbers")
     ns = ns if ns is not None else get_backend(value)
-    array = value if is_device_array(value) else np.asarray(value)
+    array = as_input_array(value)
     kind = _check_real_dtype(array, name)
     if dtype is None:
         dtype = kind if kind in _FLOATS else np.dtype(np.float64)
@@ -422,7 +422,7 @@ def check_fast_upstream(value: Any, name: str, shape: tuple[int, ...], ns: Backe
 def fast_labels(value: Any, name: str, ns: Backend, *, length: int | None = None) -> Any:
     """Integer class labels as a 1-d int64 array of ``ns`` (like :func:`as_label_array`)."""
     _refuse_non_array(value, name, "a 1-d array of integer labels")
-    array = value if is_device_array(value) else np.asarray(value)
+    array = as_input_array(value)
     _label_checks(array, name, ns.xp, read_data=data_checks(ns), length=length)
     return ns.xp.asarray(array, dtype=ns.xp.int64)
 

@@ -19,7 +19,7 @@ import argparse
 import sys
 
 import refdml
-from refdml.catalog import _gpu_check_cli, _gradcheck_cli
+from refdml.checks import _gpu_check_cli, _gradcheck_cli
 from refdml.conformance import _cli as _conform_cli
 from refdml.exceptions import MissingExtraError
 from refdml.reproduce import _cli as _reproduce_cli

@@ -286,7 +286,7 @@ def _bench(data: Any) -> dict:
 
 def parity_row(row: dict) -> dict:
     """One ``refdml gpu-check --json`` row (keys in the docstring of
-    ``refdml.catalog._gpu_check_cli.run``) with the ledger's own fields added: ``label``
+    ``refdml.checks._gpu_check_cli.run``) with the ledger's own fields added: ``label``
     (what ran, in words), ``error`` (the larger of the output and gradient errors),
     ``passed`` and ``seconds``, whatever the row's own spelling of them; the row's fields
     are kept as they are."""

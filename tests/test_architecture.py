@@ -39,8 +39,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness", ("refdml.gradcheck",)),
     ("training", ("refdml.train",)),
     ("catalogue", ("refdml.catalog",)),
-    ("apps", ("refdml.validation", "refdml.reproduce", "refdml.conformance", "refdml.cli",
-              "refdml.pytest_plugin")),
+    ("apps", ("refdml.validation", "refdml.reproduce", "refdml.conformance", "refdml.checks",
+              "refdml.cli", "refdml.pytest_plugin")),
 )
 
 # The package's face: ``refdml/__init__.py`` imports nothing at load time and hands out its

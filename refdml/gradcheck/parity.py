@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from refdml._backend import Backend, get_backend, to_numpy
 from refdml._validation import _describe, check_choice, check_scalar
 from refdml.gpu import cupy_available, use_kernels
 
@@ -128,14 +129,15 @@ def available_backends() -> tuple[str, ...]:
     return ("numpy", "cupy") if cupy_available() else ("numpy",)
 
 
-def _module(backend: str) -> Any:
+def _backend_named(backend: str) -> Backend:
+    """The backend named ``backend`` (the user's choice, checked by the caller)."""
     if backend == "numpy":
-        return np
+        return get_backend()
     if not cupy_available():
         raise RuntimeError("backend == 'cupy' needs CuPy and a CUDA device; none here")
     import cupy
 
-    return cupy
+    return get_backend(cupy.empty(0))
 
 
 def _cast(value: Any, xp: Any, dtype: np.dtype) -> Any:
@@ -144,10 +146,6 @@ def _cast(value: Any, xp: Any, dtype: np.dtype) -> Any:
     if isinstance(value, np.ndarray):
         return xp.asarray(value)
     return value
-
-
-def _host(value: Any) -> np.ndarray:
-    return value.get() if hasattr(value, "get") else np.asarray(value)
 
 
 def _fields(grads: Any) -> dict:
@@ -162,17 +160,12 @@ def _as_tuple(outputs: Any) -> tuple:
 
 def _relative_error(actual: Any, expected: Any) -> tuple[float, str | None]:
     """``max|a - e| / max|e|`` and a problem (shape mismatch) or None."""
-    actual = _host(actual).astype(np.float64)
+    actual = to_numpy(actual).astype(np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     if actual.shape != expected.shape:
         return float("inf"), f"shape {actual.shape} != {expected.shape}"
     scale = max(float(np.max(np.abs(expected), initial=0.0)), np.finfo(np.float64).tiny)
     return float(np.max(np.abs(actual - expected), initial=0.0)) / scale, None
-
-
-def _synchronize(xp: Any) -> None:
-    if xp is not np:
-        xp.cuda.Device().synchronize()  # the one host wait: timing only
 
 
 def check_parity(
@@ -217,7 +210,8 @@ def check_parity(
     if kernels != "array" and kernels not in spec.mirror_kernels:
         raise ValueError(f"kernels == {kernels!r}, but {spec.name} has only the array path"
                          + "".join(f" and a {k!r} kernel" for k in spec.mirror_kernels))
-    xp = _module(backend)
+    ns = _backend_named(backend)
+    xp = ns.xp
     forward, backward = pair
 
     rng = np.random.default_rng(seed)
@@ -236,10 +230,10 @@ def check_parity(
             out, ctx = forward(**fast_inputs)
             return out, backward(ctx, *fast_upstream)
 
-    _synchronize(xp)
+    ns.synchronize()
     start = time.perf_counter()
     out, grads = run()
-    _synchronize(xp)
+    ns.synchronize()
     seconds = time.perf_counter() - start
     out, grads = _as_tuple(out), _fields(grads)
 
@@ -274,10 +268,10 @@ def check_parity(
     if timing_repeats:
         times = []
         for _ in range(timing_repeats):
-            _synchronize(xp)
+            ns.synchronize()
             start = time.perf_counter()
             run()
-            _synchronize(xp)
+            ns.synchronize()
             times.append(time.perf_counter() - start)
         seconds = statistics.median(times)
     return ParityResult(

@@ -28,7 +28,7 @@ import numpy as np
 from refdml._validation import (
     _describe, as_inputs, check_context, check_rng, check_scalar, check_upstream_like, data_checks,
 )
-from refdml._backend import get_backend, is_device_array
+from refdml._backend import as_input_array, get_backend
 from refdml.train._layer import Layer, init_array
 
 __all__ = [
@@ -145,7 +145,7 @@ def _as_tokens(tokens, n_rows: int, ns) -> Any:
     xp = ns.xp
     if isinstance(tokens, (str, bytes)) or tokens is None:
         raise TypeError(f"tokens must be an array of integers, got {_describe(tokens)}")
-    array = tokens if is_device_array(tokens) else np.asarray(tokens)
+    array = as_input_array(tokens)
     if np.dtype(array.dtype) == bool or not np.issubdtype(np.dtype(array.dtype), np.integer):
         raise TypeError(f"tokens must be an array of integers, got dtype {array.dtype}")
     array = xp.asarray(array, dtype=xp.int64)
@@ -176,17 +176,10 @@ def embedding_backward(ctx: EmbeddingContext, d_y) -> EmbeddingGrads:
     """Gradient ``.table`` of :func:`embedding_forward`: a scatter-add of ``d_y`` by token."""
     check_context(ctx, "ctx", EmbeddingContext)
     d_y = check_upstream_like(d_y, "d_y", ctx.y_shape, ctx.table)
-    xp = get_backend(d_y).xp
+    ns = get_backend(d_y)
     d = ctx.y_shape[-1]
-    d_table = xp.zeros((ctx.n_rows, d), dtype=d_y.dtype)
-    flat_tokens = ctx.tokens.reshape(-1)
-    flat_d_y = d_y.reshape(-1, d)
-    if is_device_array(d_table):
-        import cupyx
-
-        cupyx.scatter_add(d_table, flat_tokens, flat_d_y)
-    else:
-        np.add.at(d_table, flat_tokens, flat_d_y)
+    d_table = ns.xp.zeros((ctx.n_rows, d), dtype=d_y.dtype)
+    ns.scatter_add(d_table, ctx.tokens.reshape(-1), d_y.reshape(-1, d))
     return EmbeddingGrads(table=d_table)
 
 

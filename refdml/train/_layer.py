@@ -32,7 +32,8 @@ import numpy as np
 from refdml._validation import _describe, check_context, check_float_dtype
 from refdml.train._parameter import Parameter
 
-__all__ = ["Layer", "OwnerToken", "Sequential", "SequentialContext", "check_owner"]
+__all__ = ["Layer", "OwnerToken", "ParameterOwner", "Sequential", "SequentialContext",
+           "check_owner"]
 
 
 class OwnerToken:
@@ -65,20 +66,18 @@ def check_owner(token: Any, owner_token: OwnerToken) -> None:
         )
 
 
-class Layer:
-    """Base class: named parameters, ``forward(x) -> (y, ctx)``, ``backward(ctx, d_y) -> d_x``.
+class ParameterOwner:
+    """What a layer and an objective share: a name, named trainable parameters, an owner token.
 
-    Subclasses register their trainable arrays with :meth:`add_parameter` and implement
-    :meth:`forward` and :meth:`backward`. ``n_outputs`` is 1, or 2 for a layer returning
-    ``(main, side)`` (see the module docstring).
+    :class:`Layer` and :class:`refdml.train.objectives.Objective` both derive from it, so
+    a parameter is registered, listed and cleared one way. ``_owner_token`` is the
+    :class:`OwnerToken` the owner's forward puts in its contexts (:func:`check_owner`).
 
     Parameters
     ----------
     name : str
         Prefix of the parameters' names (``"<name>.weight"``).
     """
-
-    n_outputs: int = 1
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:
@@ -98,18 +97,37 @@ class Layer:
         return parameter
 
     def parameters(self) -> Iterator[Parameter]:
-        """The trainable parameters, in registration order."""
+        """The trainable parameters, in registration order (an owner that holds others, a
+        model its layers or an objective the one it wraps, yields theirs too)."""
         yield from self._parameters.values()
 
     def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
-        """``(parameter.name, parameter)`` pairs, in registration order."""
-        for parameter in self._parameters.values():
+        """``(parameter.name, parameter)`` pairs of :meth:`parameters`, in its order."""
+        for parameter in self.parameters():
             yield parameter.name, parameter
 
     def zero_grad(self) -> None:
         """Clear the accumulated gradient of every parameter."""
         for parameter in self.parameters():
             parameter.zero_grad()
+
+
+class Layer(ParameterOwner):
+    """Base class: named parameters, ``forward(x) -> (y, ctx)``, ``backward(ctx, d_y) -> d_x``.
+
+    Subclasses register their trainable arrays with :meth:`add_parameter` and implement
+    :meth:`forward` and :meth:`backward`. ``n_outputs`` is 1, or 2 for a layer returning
+    ``(main, side)`` (see the module docstring). The parameters' methods
+    (:meth:`add_parameter`, :meth:`parameters`, :meth:`named_parameters`,
+    :meth:`zero_grad`) are :class:`ParameterOwner`'s, shared with the objectives.
+
+    Parameters
+    ----------
+    name : str
+        Prefix of the parameters' names (``"<name>.weight"``).
+    """
+
+    n_outputs: int = 1
 
     def forward(self, x: Any) -> tuple[Any, Any]:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import _describe
-from refdml._backend import get_backend, is_device_array
+from refdml._backend import as_input_array, get_backend
 
 __all__ = ["Parameter"]
 
@@ -37,7 +37,7 @@ class Parameter:
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {_describe(name)}")
         ns = get_backend(value)
-        array = value if is_device_array(value) else np.asarray(value)
+        array = as_input_array(value)
         if np.dtype(array.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise TypeError(f"{name} must be float32 or float64, got dtype {array.dtype}")
         array = ns.xp.array(array, copy=True)
@@ -68,8 +68,7 @@ class Parameter:
         optimiser's step refuses a non-finite gradient.
         """
         # A NumPy scalar is the gradient of a 0-d parameter (x.sum() gives one).
-        allowed = type(self.value) if is_device_array(self.value) else (np.ndarray, np.generic)
-        if not isinstance(grad, allowed):
+        if not get_backend(self.value).is_own_array(grad):
             raise TypeError(f"gradient for {self.name} must be a {type(self.value).__name__} "
                             f"like its value, got {_describe(grad)}")
         kind = np.dtype(grad.dtype)

@@ -7,11 +7,15 @@ and on a GPU through the operators that call these methods.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import scipy.linalg
 import scipy.special
 
+import cupy_standin
+from refdml import _backend
 from refdml._backend import Backend, get_backend
 
 
@@ -124,8 +128,6 @@ def test_cached_keeps_read_only_arrays_on_numpy_and_builds_anew_on_the_device():
 
 
 def test_data_checks_follow_the_switch_on_the_device_only():
-    from refdml import _backend
-
     host, device = get_backend(np.zeros(1)), _device_like()
     try:
         _backend.set_finite_checks(False)
@@ -144,3 +146,42 @@ def test_module_functions_without_cupy():
     assert isinstance(as_input_array([1, 2]), np.ndarray)
     values = np.arange(3.0)
     np.testing.assert_array_equal(to_numpy(values), values)
+
+
+# ------------------------------------------------------------------ on CuPy (the stand-in)
+@pytest.fixture
+def cupy_module(monkeypatch):
+    """A CuPy module that :func:`refdml._backend.get_backend` recognises, for one test.
+
+    The backend object it builds is not kept past the test (``_CUPY`` is restored), so a
+    later test of the session that installs another CuPy module meets a fresh one.
+    """
+    present = sys.modules.get("cupy")
+    if present is not None:
+        return present
+    for name, module in cupy_standin.build_modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(_backend, "_CUPY", None)
+    return sys.modules["cupy"]
+
+
+# ------------------------------------------------------------------ for refdml.train
+def test_is_own_array_on_numpy_takes_arrays_and_numpy_scalars_only(cupy_module):
+    backend = get_backend(np.zeros(2))
+    assert backend.is_own_array(np.zeros((2, 3)))
+    assert backend.is_own_array(np.zeros(3).sum())           # a NumPy scalar, from a reduction
+    assert backend.is_own_array(np.float32(1.5))
+    assert not backend.is_own_array([0.0, 1.0])
+    assert not backend.is_own_array(1.5)
+    assert not backend.is_own_array(None)
+    assert not backend.is_own_array(cupy_module.zeros(3))
+
+
+def test_is_own_array_on_cupy_takes_its_arrays_only(cupy_module):
+    backend = get_backend(cupy_module.zeros(2))
+    assert backend.name == "cupy"
+    assert backend.is_own_array(cupy_module.zeros((2, 3)))
+    assert backend.is_own_array(cupy_module.zeros(3).sum())  # CuPy's reductions give 0-d arrays
+    assert not backend.is_own_array(np.zeros(3))
+    assert not backend.is_own_array(np.float64(1.0))
+    assert not backend.is_own_array([0.0])

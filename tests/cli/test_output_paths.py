@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import refdml.catalog._gpu_check_cli as gpu_check_cli
+import refdml.checks._gpu_check_cli as gpu_check_cli
 import refdml.conformance._cli as conform_cli
 import refdml.reproduce._runner as reproduce_runner
 import refdml.validation._cli as verify_cli

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import _describe, as_fast_array, check_float_dtype, check_rng, check_scalar
-from refdml._backend import get_backend, is_device_array
+from refdml._backend import get_backend, is_array
 
 __all__ = [
     "TOKEN_VALUE_RANGE",
@@ -221,7 +221,7 @@ def clip_token_table(table):
     and clipping an inf would hide a diverged step. On CuPy the finiteness check follows
     :func:`refdml.gpu.set_finite_checks` (it synchronises the device).
     """
-    if not (isinstance(table, np.ndarray) or is_device_array(table)):
+    if not is_array(table):
         raise TypeError(f"table must be the token table, a NumPy or CuPy array clipped in "
                         f"place, got {_describe(table)}")
     if np.dtype(table.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):

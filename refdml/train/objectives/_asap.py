@@ -48,7 +48,7 @@ from refdml._validation import (
     check_rng,
     check_scalar,
 )
-from refdml._backend import get_backend, is_device_array, to_numpy
+from refdml._backend import get_backend, is_array, to_numpy
 from refdml.kcenter import select_proxies
 from refdml.train._parameter import Parameter
 from refdml.train.objectives._base import Objective, check_d_value, check_positive_int
@@ -129,7 +129,7 @@ class ASAPObjective(Objective):
                              f"{len(self.model_parameters)} model parameters")
         restored = []
         for parameter, value in zip(self.model_parameters, values):
-            value = as_float_array(to_numpy(value) if is_device_array(value) else value,
+            value = as_float_array(to_numpy(value) if is_array(value) else value,
                                    f"theta* for {parameter.name}", allow_empty=True)
             if value.shape != parameter.shape:
                 raise ValueError(f"theta* for {parameter.name} has shape {value.shape}, "
@@ -167,13 +167,13 @@ class ASAPObjective(Objective):
         """Embeddings (N, dim) as float64 and labels (N,) as int64 on the host, checked
         (real, finite, the proxies' ``dim``; before any cast, so a complex or boolean
         array is refused rather than converted)."""
-        embeddings = as_float_array(to_numpy(embeddings) if is_device_array(embeddings)
+        embeddings = as_float_array(to_numpy(embeddings) if is_array(embeddings)
                                     else embeddings, "embeddings", ndim=2)
         dim = self.proxies.shape[1]
         if embeddings.shape[1] != dim:
             raise ValueError(f"embeddings has shape {embeddings.shape}, its rows must have the "
                              f"proxies' dimension {dim}")
-        labels = as_label_array(to_numpy(labels) if is_device_array(labels) else labels,
+        labels = as_label_array(to_numpy(labels) if is_array(labels) else labels,
                                 "labels", length=embeddings.shape[0])
         return embeddings, labels
 

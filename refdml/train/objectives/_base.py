@@ -20,17 +20,15 @@ context is the record (two forwards before one backward are fine).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from refdml._validation import _describe, check_context
-from refdml._backend import is_device_array
+from refdml._backend import is_array
 from refdml.train._dense import _positive_int
-from refdml.train._layer import OwnerToken, check_owner
-from refdml.train._parameter import Parameter
+from refdml.train._layer import OwnerToken, ParameterOwner, check_owner
 
 __all__ = ["Objective", "ObjectiveContext"]
 
@@ -61,7 +59,7 @@ def check_positive_int(value, name: str) -> int:
 
 def check_d_value(d_value) -> float:
     """A real, finite scalar (a Python/NumPy number or a 0-d NumPy/CuPy array) as a float."""
-    if is_device_array(d_value) or isinstance(d_value, np.ndarray):
+    if is_array(d_value):
         if d_value.shape != ():
             raise ValueError(f"d_value must be a scalar, got shape {tuple(d_value.shape)}")
         if not np.issubdtype(np.dtype(d_value.dtype), np.floating) and not np.issubdtype(
@@ -79,36 +77,13 @@ def check_d_value(d_value) -> float:
 _SKIP = object()  # marks an attribute that config() does not record (arrays, generators)
 
 
-class Objective:
-    """Base class: named parameters and the context bookkeeping (see the module doc)."""
+class Objective(ParameterOwner):
+    """Base class: named parameters and the context bookkeeping (see the module doc).
 
-    def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {_describe(name)}")
-        self.name = name
-        self._parameters: dict[str, Parameter] = {}
-        self._owner_token = OwnerToken(f"{type(self).__name__} {name!r}")
-
-    def add_parameter(self, key: str, value: Any) -> Parameter:
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"key must be a non-empty str, got {_describe(key)}")
-        if key in self._parameters:
-            raise ValueError(f"{self.name} already has a parameter named {key!r}")
-        parameter = Parameter(value, f"{self.name}.{key}")
-        self._parameters[key] = parameter
-        return parameter
-
-    def parameters(self) -> Iterator[Parameter]:
-        """Its own trainable parameters (those of a wrapped base objective included)."""
-        yield from self._parameters.values()
-
-    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
-        for parameter in self.parameters():
-            yield parameter.name, parameter
-
-    def zero_grad(self) -> None:
-        for parameter in self.parameters():
-            parameter.zero_grad()
+    The parameters' methods (``add_parameter``, ``parameters``, ``named_parameters``,
+    ``zero_grad``) are :class:`~refdml.train._layer.ParameterOwner`'s, shared with the
+    layers; a wrapping objective's :meth:`parameters` yields its base's too.
+    """
 
     def config(self) -> dict:
         """Its hyperparameters as plain JSON values (what ``Trainer`` records and compares).

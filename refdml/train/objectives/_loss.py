@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from refdml._validation import _describe, check_choice, check_rng
-from refdml._backend import get_backend, is_device_array
+from refdml._backend import get_backend, is_array
 from refdml.train._layer import init_array
 from refdml.train._operators import check_reference, operators
 from refdml.train.objectives._base import Objective, check_d_value, check_positive_int
@@ -67,7 +67,7 @@ def check_hyperparameters(forward: Callable, hyperparameters: dict, loss_name: s
 
 
 def _check_output_array(value, name: str, objective: str) -> None:
-    if not (isinstance(value, np.ndarray) or is_device_array(value)):
+    if not is_array(value):
         raise TypeError(f"{objective}: outputs' {name} must be a NumPy or CuPy array (what the "
                         f"model returned), got {_describe(value)}")
 

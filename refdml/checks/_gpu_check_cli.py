@@ -10,10 +10,10 @@ import time
 from importlib.metadata import version
 
 from refdml._cli_support import check_output_paths, seed, text_table, write_outputs
-from refdml.gpu._support import cuda as _cuda
 from refdml._io import write_json_atomic
-from refdml.catalog._gradcheck_cli import select_operators
+from refdml.checks._gradcheck_cli import select_operators
 from refdml.gpu import _compile_check as _cuda_compile
+from refdml.gpu._support import cuda as _cuda
 from refdml.gradcheck import parity
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "run"]
