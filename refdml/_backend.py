@@ -53,6 +53,7 @@ import scipy.special
 
 __all__ = [
     "Backend",
+    "device_memory_on_host",
     "get_backend",
     "is_array",
     "is_device_array",
@@ -239,6 +240,13 @@ def is_device_array(value: Any) -> bool:
     """True for a ``cupy.ndarray`` (checked without importing CuPy)."""
     cupy = sys.modules.get("cupy")
     return cupy is not None and isinstance(value, cupy.ndarray)
+
+
+def device_memory_on_host() -> bool:
+    """Whether the ``cupy`` module is refdml's CuPy stand-in (tests/cupy_standin, a module
+    with ``__refdml_standin__``), whose arrays live in host memory: Numba's CUDA simulator
+    can then run the CUDA kernels on them (a real CuPy array's memory it cannot read)."""
+    return bool(getattr(sys.modules.get("cupy"), "__refdml_standin__", False))
 
 
 def is_array(value: Any) -> bool:

@@ -185,3 +185,11 @@ def test_is_own_array_on_cupy_takes_its_arrays_only(cupy_module):
     assert not backend.is_own_array(np.zeros(3))
     assert not backend.is_own_array(np.float64(1.0))
     assert not backend.is_own_array([0.0])
+
+
+def test_device_memory_is_on_the_host_for_the_stand_in_only(cupy_module, monkeypatch):
+    from refdml._backend import device_memory_on_host
+
+    assert device_memory_on_host() == bool(getattr(cupy_module, "__refdml_standin__", False))
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert device_memory_on_host() is False

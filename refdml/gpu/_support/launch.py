@@ -9,9 +9,9 @@ Inside a :func:`refdml.gpu._support.profile.launch_profile` block each launch is
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
+from refdml._backend import device_memory_on_host
 from refdml.gpu._support import profile
 from refdml.gpu._support.modes import cuda_simulator
 from refdml.gpu._support.notice import watch_cuda_dispatcher
@@ -67,8 +67,7 @@ def _simulator_args(args: tuple) -> tuple:
     indices = _device_arrays(args)
     if not indices:
         return args
-    cupy = sys.modules.get("cupy")
-    if not getattr(cupy, "__refdml_standin__", False):
+    if not device_memory_on_host():
         raise ValueError(
             "Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot read device memory: "
             "unset NUMBA_ENABLE_CUDASIM to run the CUDA kernels on CuPy arrays"
