@@ -12,7 +12,7 @@ metrics in its own order, so it is held to a certificate, not to equality by con
 the same neighbours where every gap of the ranking exceeds the rounding bound (exact ties
 of identical rows excepted, which round alike everywhere), metrics to :data:`METRIC_RTOL`.
 The array path of refdml.gpu.metrics (its group minima, blocks and padding, its certificate
-holding and failing on crowds of near-duplicates, the chooser RETRIEVAL and its
+holding and failing on crowds of near-duplicates, the chooser IMPLEMENTATIONS and its
 synchronisations) is held to the readable ranking with ``==`` on NumPy and on CuPy arrays.
 """
 
@@ -32,7 +32,9 @@ from refdml._numerics import common_scale, ordered_sq_distances, ordered_unit_ro
 from refdml._backend import get_backend, to_numpy
 from refdml.gpu import metrics as fast
 from refdml.gpu import use_kernels
-from refdml.gpu.metrics._cuda import nearest_cuda
+from refdml.gpu.metrics import _array as fast_array
+from refdml.gpu.metrics import _kernels as fast_kernels
+from refdml.gpu.metrics._array import ArrayPath, TopK
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -40,6 +42,17 @@ pytestmark = pytest.mark.cpu_exact
 # devices differ only in the order of those sums (NumPy's pairwise sums, CuPy's reduction
 # tree): a relative error of at most n_queries 2^-53 each, 1e-12 up to ~10^4 queries.
 METRIC_RTOL = 1e-12
+
+
+def _request(query, rows, reference, n_keep, same_set, metric, chunk_size=None):
+    """The family's request for the ``n_keep`` nearest references of ``query[rows]``."""
+    return TopK(backend=get_backend(query), query=query, rows=rows, reference=reference,
+                n_keep=n_keep, same_set=same_set, metric=metric, chunk_size=chunk_size)
+
+
+def _array_nearest(*args, **kwargs):
+    """The array path's answer to :func:`_request`'s request."""
+    return ArrayPath().nearest(_request(*args, **kwargs))
 
 
 def _data(seed, n, d, n_classes, dtype=np.float64, duplicates=3):
@@ -204,8 +217,8 @@ def test_mirror_cuda_kernel_matches_array_path(same_set, metric, dtype, cuda_dev
     n_keep = y.shape[0] - 1 if same_set else y.shape[0]
     want = ref._nearest(q64, rows, r64, n_keep, same_set, metric, 64)
     query, reference = cuda_device_array(q), cuda_device_array(r)
-    got = nearest_cuda(get_backend(query).xp, query, cuda_device_array(rows), reference,
-                       n_keep, same_set, metric)
+    got = fast_kernels.CudaPath().nearest(_request(query, cuda_device_array(rows), reference,
+                                                   n_keep, same_set, metric))
     assert_array_equal(to_numpy(got), want)
     # The public function on both paths (the same neighbours; means to METRIC_RTOL).
     kwargs = {"metric": metric, "k": (1, 2)}
@@ -304,8 +317,6 @@ def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
     # The array path (a matrix product in the data's dtype, then the certified ordered
     # re-rank) returns the readable ranking of the same values exactly: for float32 data,
     # of the float32 values taken into float64.
-    from refdml.gpu.metrics import TopK, _nearest_array
-
     x = _near_ties(3, 300, 6).astype(dtype)
     y = x if same_set else _near_ties(4, 260, 6).astype(dtype)
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
@@ -316,7 +327,7 @@ def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
             y, y64 = x, x64
     rows = np.arange(0, 300, 2)
     want = ref._nearest(x64, rows, y64, 9, same_set, metric, 32)
-    got = _nearest_array(TopK(np, x, rows, y, 9, same_set, metric, 32))
+    got = _array_nearest(x, rows, y, 9, same_set, metric, 32)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(nearest_cpu(x, rows, y, 9, same_set, metric), want)
 
@@ -324,19 +335,17 @@ def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
 def test_array_path_redoes_the_queries_whose_certificate_fails(monkeypatch):
     # Many exact duplicates crowd the K-th score and no spare candidates (EXTRA = 0) can
     # certify it, so the array path scans those queries in full: still the readable answer.
-    from refdml.gpu import metrics as fast_metrics
-
-    monkeypatch.setattr(fast_metrics, "EXTRA", 0)
+    monkeypatch.setattr(fast_array, "EXTRA", 0)
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 4))[rng.integers(6, size=90)]
     x /= common_scale(x)
     scans = []
-    real = fast_metrics.ordered_sq_distances
-    monkeypatch.setattr(fast_metrics, "ordered_sq_distances",
+    real = fast_array.ordered_sq_distances
+    monkeypatch.setattr(fast_array, "ordered_sq_distances",
                         lambda *a, **k: scans.append(1) or real(*a, **k))
     rows = np.arange(90)
-    got = fast_metrics._nearest_array(fast_metrics.TopK(np, x, rows, x, 5, True, "euclidean", 16))
+    got = _array_nearest(x, rows, x, 5, True, "euclidean", 16)
     np.testing.assert_array_equal(got, ref._nearest(x, rows, x, 5, True, "euclidean", 16))
     assert scans
 
@@ -366,8 +375,8 @@ def test_group_minima_keep_the_smallest_entries(backend, width, group, levels, n
     # levels of group minima choose, the kept values are the n smallest of the row.
     xp = _module(backend)
     score = np.random.default_rng(width + n).integers(0, 40, (9, width)).astype(np.float32)
-    values, columns = fast._smallest_entries(xp, xp.asarray(score), n, levels, group,
-                                             xp.arange(group, dtype=xp.int64))
+    values, columns = fast_array._smallest_entries(xp, xp.asarray(score), n, levels, group,
+                                                   xp.arange(group, dtype=xp.int64))
     values, columns = to_numpy(values), to_numpy(columns)
     assert values.shape == columns.shape == (9, min(n, width))
     assert_array_equal(np.sort(values, axis=1), np.sort(score, axis=1)[:, :n])
@@ -394,19 +403,18 @@ def _readable_on(x, y, rows, n_keep, same_set, metric):
 def test_array_path_blocks_levels_and_padding(monkeypatch, backend, dtype, metric, same_set):
     # Small groups and blocks, so that 1,000 references take two blocks, three levels of
     # group minima and padding rows: the neighbours are still the readable ones.
-    monkeypatch.setattr(fast, "_GROUP", 2)
-    monkeypatch.setattr(fast, "_REFERENCE_BLOCK", 512)
+    monkeypatch.setattr(fast_array, "_GROUP", 2)
+    monkeypatch.setattr(fast_array, "_REFERENCE_BLOCK", 512)
     xp = _module(backend)
     x = _near_ties(5, 1000, 6).astype(dtype)
     y = x if same_set else _near_ties(6, 1000, 6).astype(dtype)
     rows = np.arange(0, 1000, 3)
     x, y, want = _readable_on(x, y, rows, 9, same_set, metric)
-    plan = fast._Plan.of(1000, 6, 9, same_set, x.dtype.itemsize, 100)
+    plan = fast_array._Plan.of(1000, 6, 9, same_set, x.dtype.itemsize, 100)
     assert (plan.n_blocks, plan.levels, plan.padded) == (2, 3, 1008), plan  # what is tested
     query = xp.asarray(x)
     reference = query if same_set else xp.asarray(y)
-    got = fast._nearest_array(fast.TopK(xp, query, xp.asarray(rows), reference, 9, same_set,
-                                        metric, 100))
+    got = _array_nearest(query, xp.asarray(rows), reference, 9, same_set, metric, 100)
     assert_array_equal(to_numpy(got), want)
 
 
@@ -429,13 +437,12 @@ def test_certified_rerank_orders_what_float32_cannot(monkeypatch, backend, metri
     # is rescanned.
     xp = _module(backend)
     rescans = []
-    real = fast._rescan
-    monkeypatch.setattr(fast, "_rescan", lambda *a: rescans.append(a) or real(*a))
+    real = fast_array._rescan
+    monkeypatch.setattr(fast_array, "_rescan", lambda *a: rescans.append(a) or real(*a))
     x = _crowds(7, 60, 6, 5, 1e-10)
     rows = np.arange(x.shape[0])
     x, _, want = _readable_on(x, x, rows, 9, True, metric)
-    got = fast._nearest_array(fast.TopK(xp, xp.asarray(x), xp.asarray(rows), xp.asarray(x), 9,
-                                        True, metric))
+    got = _array_nearest(xp.asarray(x), xp.asarray(rows), xp.asarray(x), 9, True, metric)
     assert_array_equal(to_numpy(got), want)
     assert not rescans
     # Not vacuous: ranked by float32 scores (ties by index) the copies come in another order.
@@ -453,19 +460,19 @@ def test_failed_certificates_are_rescanned_exactly(monkeypatch, backend, dtype):
     # rescan gives the readable ranking, ties by index for float32 (the copies round alike).
     xp = _module(backend)
     rescanned = []
-    real = fast._rescan
+    real = fast_array._rescan
 
     def rescan(request, redo):
         rescanned.append(to_numpy(redo))
         return real(request, redo)
 
-    monkeypatch.setattr(fast, "_rescan", rescan)
+    monkeypatch.setattr(fast_array, "_rescan", rescan)
     x = _crowds(8, 4, 50, 3, 1e-10).astype(dtype)
     labels = np.repeat(np.arange(4), 50)
     rows = np.arange(0, 200, 7)
     x, _, want = _readable_on(x, x, rows, 11, True, "euclidean")
-    got = fast._nearest_array(fast.TopK(xp, xp.asarray(x), xp.asarray(rows), xp.asarray(x), 11,
-                                        True, "euclidean", 8))
+    got = _array_nearest(xp.asarray(x), xp.asarray(rows), xp.asarray(x), 11, True, "euclidean",
+                         8)
     assert_array_equal(to_numpy(got), want)
     assert_array_equal(np.concatenate(rescanned), np.arange(rows.size))
     with use_kernels("array"):
@@ -475,9 +482,9 @@ def test_failed_certificates_are_rescanned_exactly(monkeypatch, backend, dtype):
 
 
 def test_large_k_runs_the_array_path_in_cpu_mode(monkeypatch):
-    # K above MAX_KEEP: the CPU twin declines (RETRIEVAL's one fallback) and the array path
+    # K above MAX_KEEP: the CPU twin declines (IMPLEMENTATIONS' one fallback) and the array path
     # answers, the reference's metrics.
-    monkeypatch.setattr(fast, "nearest_cpu", lambda *a: pytest.fail("CPU twin ran"))
+    monkeypatch.setattr(fast_kernels, "nearest_cpu", lambda *a: pytest.fail("CPU twin ran"))
     x, _ = _data(10, 300, 3, 1)
     labels = np.zeros(300, dtype=int)
     with use_kernels("cpu"):
@@ -487,8 +494,8 @@ def test_large_k_runs_the_array_path_in_cpu_mode(monkeypatch):
 
 def test_auto_runs_the_cpu_twin_on_numpy(monkeypatch):
     calls = []
-    real = fast.nearest_cpu
-    monkeypatch.setattr(fast, "nearest_cpu", lambda *a: calls.append(1) or real(*a))
+    real = fast_kernels.nearest_cpu
+    monkeypatch.setattr(fast_kernels, "nearest_cpu", lambda *a: calls.append(1) or real(*a))
     x, labels = _data(11, 60, 4, 5)
     with use_kernels("auto"):
         got = fast.retrieval_metrics(x, labels)
@@ -497,10 +504,11 @@ def test_auto_runs_the_cpu_twin_on_numpy(monkeypatch):
 
 @pytest.mark.requires_cupy
 def test_auto_runs_the_array_path_on_cupy(monkeypatch):
-    # On the H200 the array path beat the CUDA kernel 3.7x (RETRIEVAL.measured).
+    # On the H200 the array path beat the CUDA kernel 3.7x (IMPLEMENTATIONS.measured).
     import cupy
 
-    monkeypatch.setattr(fast, "nearest_cuda", lambda *a: pytest.fail("CUDA kernel ran"))
+    monkeypatch.setattr(fast_kernels.CudaPath, "nearest",
+                        lambda *a: pytest.fail("CUDA kernel ran"))
     x, labels = _data(12, 60, 4, 5)
     with use_kernels("auto"):
         got = fast.retrieval_metrics(cupy.asarray(x), cupy.asarray(labels))
@@ -520,7 +528,7 @@ def test_array_path_synchronises_a_fixed_number_of_times(monkeypatch, chunk_size
     from refdml import _backend
 
     monkeypatch.setattr(_backend, "_CHECKS_ON_DEVICE", False)   # the data checks' reads
-    monkeypatch.setattr(fast, "_REFERENCE_BLOCK", block)
+    monkeypatch.setattr(fast_array, "_REFERENCE_BLOCK", block)
     x, labels = _data(13, 200, 4, 20, np.float32)
     query, query_labels = cupy.asarray(x), cupy.asarray(labels)
     with use_kernels("array"), cupy_standin.count_transfers() as counter:

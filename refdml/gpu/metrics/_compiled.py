@@ -69,13 +69,13 @@ are themselves computed in float64; their relative error, ~``d 2^-53``, is cover
 factors of 2.)
 
 The bounds are :func:`twin_score_bound` (``delta_i``, this twin's float32 form) and
-:func:`rerank_bound` (``eta_i``); refdml.gpu's array path computes its candidates by another
-float32 form (one augmented matrix product) and certifies them with
+:func:`rerank_bound` (``eta_i``); the array path (:mod:`refdml.gpu.metrics._array`) computes
+its candidates by another float32 form (one augmented matrix product) and certifies them with
 :func:`gemm_score_bound` and the same ``eta_i``: the argument above holds for any ``delta_i``
 that bounds the candidate scores' error.
 
 The CUDA kernel of the same ranking (``refdml_retrieval_topk``, an ordered float64 scan per
-query keeping its ``K`` best with :func:`offer`) is refdml.gpu's (:mod:`refdml.gpu.metrics._cuda`).
+query keeping its ``K`` best with :func:`offer`) is in :mod:`refdml.gpu.metrics._cuda`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ TILE = 1024
 EXTRA = 32
 #: Largest ``K`` the CPU twin takes: its sorted lists cost ``O(K)`` per insertion and its
 #: re-rank ``O(K^2)`` per query, right for DML's class sizes (SOP: ``K`` = 11; CUB/Cars test
-#: classes ~60) but not for a class of thousands; callers use the readable / array path above.
+#: classes ~60) but not for a class of thousands: the array path answers beyond
+#: (:class:`refdml.gpu.metrics._kernels.CpuPath` declines).
 MAX_KEEP = 256
 _U32 = 2.0**-24
 _U64 = 2.0**-53
@@ -136,8 +137,8 @@ def offer(best_s, best_j, s, j):
 
 
 # ------------------------------------------------------------------------ the bounds
-# Plain arithmetic on NumPy or CuPy arrays (or floats): the CPU twin and refdml.gpu's array
-# path share them, and the array path keeps them on the device.
+# Plain arithmetic on NumPy or CuPy arrays (or floats): the CPU twin and the array path share
+# them, and the array path keeps them on the device.
 
 
 def twin_score_bound(q_norm, big_r, d):
