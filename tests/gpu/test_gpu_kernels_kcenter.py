@@ -21,8 +21,11 @@ from hypothesis import strategies as st
 
 from _kcenter_checks import assert_same_traversal
 from refdml import kcenter as ref
+from refdml._backend import get_backend
 from refdml.gpu import kcenter as fast
 from refdml.gpu import use_kernels
+from refdml.gpu.kcenter import _kernels as fast_kernels
+from refdml.gpu.kcenter._array import ArrayPath
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -155,15 +158,14 @@ def test_bad_input_named_on_the_fast_path():
 def test_one_implementations_object_chooses_the_traversal_once_per_call(monkeypatch):
     from refdml.gpu._support.modes import Implementations, cuda_simulator
 
-    traversal = fast.TRAVERSAL
+    traversal = fast.IMPLEMENTATIONS
     assert isinstance(traversal, Implementations) and traversal.family == "kcenter"
     # "auto": the paths measured faster (the CPU twin on NumPy, the CUDA kernels on CuPy)
     assert (traversal.auto_numpy, traversal.auto_cupy) == ("cpu", "cuda")
     points = _points(0, 20, 3)
-    expected = {"auto": fast.CpuTraversal, "array": fast.ArrayTraversal,
-                "cpu": fast.CpuTraversal}
+    expected = {"auto": fast_kernels.CpuPath, "array": ArrayPath, "cpu": fast_kernels.CpuPath}
     if cuda_simulator():
-        expected["cuda"] = fast.CudaTraversal
+        expected["cuda"] = fast_kernels.CudaPath
     for mode, kind in expected.items():
         with use_kernels(mode):
             assert type(traversal.choose(points)) is kind, mode
@@ -173,9 +175,11 @@ def test_one_implementations_object_chooses_the_traversal_once_per_call(monkeypa
     class Counting:
         def choose(self, x):
             asked.append(x.shape)
-            return fast.ArrayTraversal()
+            return ArrayPath()
 
-    monkeypatch.setattr(fast, "TRAVERSAL", Counting())
+    from refdml.gpu.kcenter import _mirrors
+
+    monkeypatch.setattr(_mirrors, "IMPLEMENTATIONS", Counting())
     fast.greedy_k_center(points, 5, initial=np.array([1, 2]))
     assert asked == [(20, 3)]
 
@@ -184,13 +188,13 @@ def test_step_buffers_are_the_step_kernel_parameters():
     from dataclasses import fields
 
     from refdml.gpu._support.cuda import KERNELS
-    from refdml.gpu.kcenter import _cuda as kcenter_cuda
+    from refdml.gpu.kcenter import _compiled, _cuda  # noqa: F401  (_cuda declares the kernels)
 
-    names = tuple(field.name for field in fields(kcenter_cuda.StepBuffers))
+    names = tuple(field.name for field in fields(_compiled.StepBuffers))
     assert names == KERNELS["refdml_kcenter_step"].parameters
     assert KERNELS["refdml_kcenter_prepare"].parameters == ("points", "points_t", "sq_norms")
     values = {name: object() for name in names}
-    assert kcenter_cuda.StepBuffers(**values).arguments() == tuple(values[n] for n in names)
+    assert _compiled.StepBuffers(**values).arguments() == tuple(values[n] for n in names)
 
 
 def _simulated_only():
@@ -218,8 +222,9 @@ def test_cuda_kernels_are_the_sequential_arithmetic_bit_for_bit(n, d, k, dtype):
     for first, min_sq in ((3, np.full(n, np.inf, dtype=dtype)),
                           (None, np.linspace(0.0, 2.0, n).astype(dtype)[::-1].copy())):
         want = sequential_traversal(points, k, min_sq, first)
-        got = kcenter_cuda.farthest_first_cuda(
-            np, points, k, min_sq.copy(), None if first is None else np.array([first]))
+        got = fast_kernels.CudaPath().farthest_first(
+            get_backend(points), points, k, min_sq.copy(),
+            None if first is None else np.array([first]))
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
         assert got[1].dtype == dtype
