@@ -164,7 +164,7 @@ class Backend:
         are), or ``2^-10`` on CuPy while the environment variable ``CUPY_TF32`` is set (to
         anything but ``""`` or ``"0"``), where cuBLAS runs float32 products on tensor cores
         and first rounds each input to TF32's 10-bit mantissa. A rounding-error bound of the
-        product takes it (:func:`refdml.gpu.metrics._compiled.gemm_score_bound`)."""
+        product takes it (:func:`refdml.gpu.metrics._certificate.gemm_score_bound`)."""
         if self.name == "cupy" and os.environ.get("CUPY_TF32", "0") not in ("", "0"):
             return 2.0**-10
         return 2.0**-24

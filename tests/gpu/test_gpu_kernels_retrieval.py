@@ -3,7 +3,7 @@ the readable ranking.
 
 The compiled CPU twin must return the readable path's neighbours (same indices, same order)
 and therefore equal metrics, asserted with ``==``: its float32 stage is certified by a
-rounding bound and re-ranked in float64 (module docstring of refdml.gpu.metrics._compiled).
+rounding bound and re-ranked in float64 (module docstring of refdml.gpu.metrics._certificate).
 Inputs are generic (Gaussian), so no two float64 distances agree to rounding, plus exact
 duplicates (exact ties, lower index first). The CUDA kernel runs under Numba's CUDA
 simulator on a few points where there is no GPU (every thread is a Python thread), on CuPy
@@ -18,7 +18,10 @@ synchronisations) is held to the readable ranking with ``==`` on NumPy and on Cu
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -33,6 +36,7 @@ from refdml._backend import get_backend, to_numpy
 from refdml.gpu import metrics as fast
 from refdml.gpu import use_kernels
 from refdml.gpu.metrics import _array as fast_array
+from refdml.gpu.metrics import _compiled as fast_compiled
 from refdml.gpu.metrics import _kernels as fast_kernels
 from refdml.gpu.metrics._array import ArrayPath, TopK
 
@@ -147,7 +151,7 @@ def test_mirror_cpu_kernel_matches_array_path(same_set, metric, dtype):
 
 
 def _rounding_bound(q, r):
-    """``eta_i`` of refdml.gpu.metrics._compiled: the error bound of one ordered float64 score
+    """``eta_i`` of refdml.gpu.metrics._certificate: the error bound of one ordered float64 score
     ``S_ij`` of query ``q_i``, for every reference row of ``r``, in any summation order, with
     or without FMA."""
     d = q.shape[1]
@@ -484,7 +488,7 @@ def test_failed_certificates_are_rescanned_exactly(monkeypatch, backend, dtype):
 def test_large_k_runs_the_array_path_in_cpu_mode(monkeypatch):
     # K above MAX_KEEP: the CPU twin declines (IMPLEMENTATIONS' one fallback) and the array path
     # answers, the reference's metrics.
-    monkeypatch.setattr(fast_kernels, "nearest_cpu", lambda *a: pytest.fail("CPU twin ran"))
+    monkeypatch.setattr(fast_compiled, "nearest_cpu", lambda *a: pytest.fail("CPU twin ran"))
     x, _ = _data(10, 300, 3, 1)
     labels = np.zeros(300, dtype=int)
     with use_kernels("cpu"):
@@ -494,8 +498,8 @@ def test_large_k_runs_the_array_path_in_cpu_mode(monkeypatch):
 
 def test_auto_runs_the_cpu_twin_on_numpy(monkeypatch):
     calls = []
-    real = fast_kernels.nearest_cpu
-    monkeypatch.setattr(fast_kernels, "nearest_cpu", lambda *a: calls.append(1) or real(*a))
+    real = fast_compiled.nearest_cpu
+    monkeypatch.setattr(fast_compiled, "nearest_cpu", lambda *a: calls.append(1) or real(*a))
     x, labels = _data(11, 60, 4, 5)
     with use_kernels("auto"):
         got = fast.retrieval_metrics(x, labels)
@@ -535,3 +539,59 @@ def test_array_path_synchronises_a_fixed_number_of_times(monkeypatch, chunk_size
         result = fast.retrieval_metrics(query, query_labels, chunk_size=chunk_size)
     assert (counter["tolist"], counter["shape"], counter.total) == (2, 2, 4), counter
     _assert_metrics_close(result, ref.retrieval_metrics(x.astype(np.float64), labels))
+
+
+# ------------------------------------------------------------ what importing the family loads
+
+#: A child interpreter's preamble: the top-level modules named in ``sys.argv[1]`` (comma
+#: separated) are refused, as if they were not installed.
+_REFUSING = textwrap.dedent("""
+    import json, sys
+
+    BLOCKED = set(filter(None, sys.argv[1].split(",")))
+
+
+    class Refuse:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+
+    sys.meta_path.insert(0, Refuse)
+""")
+
+
+def _child(body, blocked):
+    done = subprocess.run([sys.executable, "-c", _REFUSING + textwrap.dedent(body), blocked],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_family_loads_no_cuda_and_its_array_path_needs_no_numba():
+    # The CUDA member, its module and numba.cuda load on the member's first use; the CPU
+    # twin's module (and Numba) when the twin first runs. So the package imports where Numba
+    # is absent, and its array path answers: the reference's neighbours.
+    body = """
+        import numpy as np
+        import refdml.gpu.metrics as family
+        from refdml import metrics as ref
+        from refdml._backend import get_backend
+        from refdml.gpu.metrics._array import TopK
+
+        loaded = sorted(m for m in sys.modules if m.startswith(("numba.cuda", "numba_cuda"))
+                        or m.endswith("._cuda") or m == "refdml.gpu._support.cuda")
+        x = np.random.default_rng(0).standard_normal((60, 4)) / 8.0
+        rows = np.arange(0, 60, 2)
+        got = family.IMPLEMENTATIONS.array.nearest(TopK(
+            backend=get_backend(x), query=x, rows=rows, reference=x, n_keep=5, same_set=True,
+            metric="euclidean"))
+        want = ref._nearest(x, rows, x, 5, True, "euclidean", 64)
+        print(json.dumps({"cuda": loaded, "equal": bool(np.array_equal(got, want)),
+                          "numba": "numba" in sys.modules}))
+    """
+    assert _child(body, "")["cuda"] == []
+    assert _child(body, "numba,llvmlite,numba_cuda") == {"cuda": [], "equal": True,
+                                                          "numba": False}

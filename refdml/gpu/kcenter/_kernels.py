@@ -6,7 +6,8 @@
 kernels of :mod:`refdml.gpu.kcenter._cuda`; both have the interface of
 :class:`~refdml.gpu.kcenter._array.ArrayPath` (its docstring states it). The CUDA member is
 built on first use (``load_cuda=CudaPath``): only then are :mod:`refdml.gpu.kcenter._cuda`
-and ``numba.cuda`` imported.
+and ``numba.cuda`` imported. The CPU member imports the twin's module (and Numba) when it
+first runs, so that the array path runs where Numba is not installed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from refdml._backend import Backend
 from refdml.gpu._support.launch import BLOCK, cuda_launch
 from refdml.gpu._support.modes import Implementations
 from refdml.gpu.kcenter._array import ArrayPath
-from refdml.gpu.kcenter._compiled import Q, StepBuffers, farthest_first_cpu
 
 __all__ = ["IMPLEMENTATIONS", "CpuPath", "CudaPath"]
 
@@ -27,7 +27,10 @@ class CpuPath:
     arrays only: one fused update + arg-max pass over the points per pick."""
 
     def farthest_first(self, backend: Backend, points: Any, k: int, min_sq: Any, first: Any):
-        return farthest_first_cpu(points, k, min_sq, None if first is None else int(first[0]))
+        from refdml.gpu.kcenter import _compiled
+
+        return _compiled.farthest_first_cpu(points, k, min_sq,
+                                            None if first is None else int(first[0]))
 
 
 class CudaPath:
@@ -47,6 +50,8 @@ class CudaPath:
         synchronisation: ``first`` None starts from one ``xp.argmax`` left on the device.
         Memory: a transposed copy of the points (``n d`` values) besides the input.
         Launches: 1 + ``k``."""
+        from refdml.gpu.kcenter._compiled import Q, StepBuffers
+
         xp = backend.xp
         n, d = points.shape
         points = xp.ascontiguousarray(points)

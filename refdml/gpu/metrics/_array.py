@@ -45,14 +45,14 @@ rows with the operations of :func:`refdml._numerics.ordered_sq_distances` (one s
 and one product per coordinate over the whole ``(b, K', d)`` block, then the sum in the
 order of ``k``), and ranked by ``(S64, j)``: the reference's ranking of those candidates.
 It is the reference's answer when the list holds every true neighbour, which the
-certificate of :mod:`refdml.gpu.metrics._compiled` shows: ``v_K' > t + 2 (delta_i + eta_i)``,
+certificate of :mod:`refdml.gpu.metrics._certificate` shows: ``v_K' > t + 2 (delta_i + eta_i)``,
 ``t`` and ``v_K'`` the list's ``K``-th and last float32 scores, ``delta_i`` the bound
-:func:`refdml.gpu.metrics._compiled.gemm_score_bound` derives for this GEMM's scores
+:func:`refdml.gpu.metrics._certificate.gemm_score_bound` derives for this GEMM's scores
 (``|fl(q.r) - q.r| <= gamma_{d+1} sum_k |q_k r_k|`` for the float32 dot product, plus the
 inputs' rounding, which the backend states:
 :meth:`refdml._backend.Backend.matmul_input_roundoff`, float32's, or the 10 bits of TF32
 under CuPy's ``CUPY_TF32=1``) and ``eta_i`` the ordered sum's
-(:func:`refdml.gpu.metrics._compiled.rerank_bound`). Candidates with
+(:func:`refdml.gpu.metrics._certificate.rerank_bound`). Candidates with
 ``s32 > t + 2 (delta + eta)`` could be dropped before the re-rank, as they cannot be in the
 answer; fixed shapes make keeping them cheaper than a compaction. Queries whose certificate
 fails (many exact duplicates at the ``K``-th distance, more than ``EXTRA``; or ``K' = K``
@@ -78,7 +78,7 @@ import numpy as np
 
 from refdml._backend import Backend
 from refdml._numerics import ordered_sq_distances, ordered_unit_rows
-from refdml.gpu.metrics._compiled import EXTRA, gemm_score_bound, rerank_bound
+from refdml.gpu.metrics._certificate import EXTRA, gemm_score_bound, rerank_bound
 
 __all__ = ["ArrayPath", "TopK"]
 

@@ -1,7 +1,8 @@
 """Retrieval top-K, CUDA kernel: an ordered float64 scan per query with a running top-K.
 
-What is computed, the order of the ranking and the compiled CPU twin with its float32
-certificate: :mod:`refdml.gpu.metrics._compiled` (:func:`refdml.gpu.metrics._compiled.nearest_cpu`).
+What is computed, the order of the ranking and the compiled CPU twin:
+:mod:`refdml.gpu.metrics._compiled` (:func:`refdml.gpu.metrics._compiled.nearest_cpu`); the
+twin's float32 certificate: :mod:`refdml.gpu.metrics._certificate`.
 
 ``refdml_retrieval_topk``: one thread per query (``BLOCK`` per block), scanning the
 references with the same ordered float64 score and keeping its ``K`` best ``(S, j)`` in

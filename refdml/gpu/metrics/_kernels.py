@@ -6,7 +6,9 @@ and :class:`CudaPath` the CUDA kernel (``refdml_retrieval_topk`` of
 :mod:`refdml.gpu.metrics._cuda`); both answer :class:`~refdml.gpu.metrics._array.TopK` as
 :class:`~refdml.gpu.metrics._array.ArrayPath` does (its docstring states the interface).
 The CUDA member is built on first use (``load_cuda=CudaPath``): only then are
-:mod:`refdml.gpu.metrics._cuda` and ``numba.cuda`` imported.
+:mod:`refdml.gpu.metrics._cuda` and ``numba.cuda`` imported. The CPU member imports the
+twin's module (and Numba) when it first runs, so that the array path runs where Numba is not
+installed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from refdml._numerics import ordered_unit_rows
 from refdml.gpu._support.launch import BLOCK, cuda_launch
 from refdml.gpu._support.modes import Implementations
 from refdml.gpu.metrics._array import ArrayPath, TopK
-from refdml.gpu.metrics._compiled import MAX_KEEP, nearest_cpu
 
 __all__ = ["IMPLEMENTATIONS", "CpuPath", "CudaPath"]
 
@@ -28,11 +29,15 @@ class CpuPath:
     insertion and its re-rank ``O(K^2)`` per query; beyond, the array path answers."""
 
     def takes(self, request: TopK) -> bool:
-        return request.n_keep <= MAX_KEEP
+        from refdml.gpu.metrics import _compiled
+
+        return request.n_keep <= _compiled.MAX_KEEP
 
     def nearest(self, request: TopK) -> Any:
-        return nearest_cpu(request.query, request.rows, request.reference, request.n_keep,
-                           request.same_set, request.metric)
+        from refdml.gpu.metrics import _compiled
+
+        return _compiled.nearest_cpu(request.query, request.rows, request.reference,
+                                     request.n_keep, request.same_set, request.metric)
 
 
 class CudaPath:
