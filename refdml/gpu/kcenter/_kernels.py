@@ -85,5 +85,5 @@ IMPLEMENTATIONS: Implementations = Implementations(
     measured=("docs/gpu/kernels.md, section 'Numba kernels: greedy k-center and retrieval "
               "top-K'; CuPy, the CUDA kernels against the array path: python "
               "scripts/bench_gpu.py --device cuda --only kcenter; NumPy, the CPU twin "
-              "against the readable traversal: python scripts/bench_kcenter.py --only "
-              "threads"))
+              "against the reference's readable traversal: python scripts/bench_gpu.py "
+              "--only kcenter"))

@@ -81,5 +81,5 @@ IMPLEMENTATIONS: Implementations = Implementations(
     measured=("docs/gpu/kernels.md, section 'Numba kernels: greedy k-center and retrieval "
               "top-K'; CuPy, the array path against the CUDA kernel: python "
               "scripts/bench_gpu.py --device cuda --only retrieval; NumPy, the CPU twin "
-              "against its matrix-product bound and the readable ranking: python "
-              "scripts/bench_retrieval.py"))
+              "against the reference's readable ranking: python scripts/bench_gpu.py --only "
+              "metrics"))
