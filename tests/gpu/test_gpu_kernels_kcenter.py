@@ -189,6 +189,16 @@ def test_one_implementations_object_chooses_the_traversal_once_per_call(monkeypa
     assert asked == [(20, 3)]
 
 
+def test_measured_names_where_the_choice_is_recorded():
+    # Where the measurement behind "auto" is recorded and how to rerun it; no numbers, no
+    # machine's paths.
+    measured = fast.IMPLEMENTATIONS.measured
+    assert "docs/gpu/kernels.md" in measured
+    assert "bench_gpu.py --device cuda --only kcenter" in measured
+    assert "bench_gpu.py --only kcenter" in measured
+    assert not any(ch.isdigit() for ch in measured) and "/work" not in measured
+
+
 def test_step_buffers_are_the_step_kernel_parameters():
     from dataclasses import fields
 

@@ -506,9 +506,20 @@ def test_auto_runs_the_cpu_twin_on_numpy(monkeypatch):
     assert calls and got == ref.retrieval_metrics(x, labels)
 
 
+def test_measured_names_where_the_choice_is_recorded():
+    # Where the measurement behind "auto" is recorded and how to rerun it; no numbers, no
+    # machine's paths (they go stale in a docstring-like string nobody reruns).
+    measured = fast.IMPLEMENTATIONS.measured
+    assert "docs/gpu/kernels.md" in measured
+    assert "bench_gpu.py --device cuda --only retrieval" in measured
+    assert "bench_gpu.py --only metrics" in measured
+    assert not any(ch.isdigit() for ch in measured) and "/work" not in measured
+
+
 @pytest.mark.requires_cupy
 def test_auto_runs_the_array_path_on_cupy(monkeypatch):
-    # On the H200 the array path beat the CUDA kernel 3.7x (IMPLEMENTATIONS.measured).
+    # On the H200 the array path beat the CUDA kernel 3.7x (docs/gpu/kernels.md, which
+    # IMPLEMENTATIONS.measured names).
     import cupy
 
     monkeypatch.setattr(fast_kernels.CudaPath, "nearest",
