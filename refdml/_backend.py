@@ -41,6 +41,7 @@ What differs, and where it lives here:
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -211,6 +212,18 @@ class Backend:
         if self.free_host_reads:
             return isinstance(value, (np.ndarray, np.generic))
         return is_device_array(value)
+
+    # ---- for refdml.gpu.metrics
+    def matmul_input_roundoff(self) -> float:
+        """Unit roundoff of the inputs of a float32 matrix product (``xp.matmul``) on this
+        backend: ``2^-24`` (IEEE float32: the product multiplies the float32 values as they
+        are), or ``2^-10`` on CuPy while the environment variable ``CUPY_TF32`` is set (to
+        anything but ``""`` or ``"0"``), where cuBLAS runs float32 products on tensor cores
+        and first rounds each input to TF32's 10-bit mantissa. A rounding-error bound of the
+        product takes it (:func:`refdml.gpu.metrics._certificate.gemm_score_bound`)."""
+        if self.name == "cupy" and os.environ.get("CUPY_TF32", "0") not in ("", "0"):
+            return 2.0**-10
+        return 2.0**-24
 
 
 def _numpy_backend() -> Backend:

@@ -4,8 +4,8 @@
 input's array module and dtype: the distances are the reference's Gram-identity arithmetic,
 operation for operation (exact products and one fixed-order row sum each, no BLAS), so
 that on NumPy float64 the picks and radii are the reference's bit for bit and identical
-points tie exactly on every path. Its compiled CPU twin and CUDA kernels are in
-:mod:`refdml.gpu.kcenter._compiled` / :mod:`refdml.gpu.kcenter._cuda` (base layer).
+points tie exactly on every path. Its compiled CPU twin and CUDA kernels are the fast
+path's own (:mod:`refdml.gpu.kcenter._compiled` / :mod:`refdml.gpu.kcenter._cuda`).
 
 - ``row_dots(rows, vector, *, xp)``: ``<x_i, v>`` for every row, exact products and one
   row sum each (the dot product behind every distance that decides a pick).

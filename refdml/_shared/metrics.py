@@ -4,8 +4,9 @@
   duplicates dropped), so that the mirror accepts and refuses exactly what the reference
   does, with the reference's messages (``refdml.metrics._check_k``).
 
-The ranking itself is not shared from here: both sides call the compiled CPU twin and the
-ordered score of the base layer (:mod:`refdml.gpu.metrics._compiled`, :mod:`refdml._numerics`).
+The ranking itself is not shared from here: both sides rank by the ordered score of the base
+layer (:mod:`refdml._numerics`); the reference by its readable route only, the fast path
+also by its compiled twins (:mod:`refdml.gpu.metrics._compiled`, ``_cuda``).
 """
 
 from __future__ import annotations

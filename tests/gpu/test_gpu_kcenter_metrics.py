@@ -31,8 +31,9 @@ pytestmark = pytest.mark.cpu_exact
 @pytest.fixture(autouse=True, params=["array", "cpu"])
 def kernels(request):
     """Every parity test of this file runs twice: the array path and the compiled CPU twin
-    (refdml.gpu.kcenter._compiled / retrieval). The CUDA kernels are held to the array path
-    on tiny inputs under the simulator in tests/gpu/test_gpu_kernels_{kcenter,retrieval}.py."""
+    (refdml.gpu.kcenter._compiled / refdml.gpu.metrics._compiled). The CUDA kernels are held
+    to the array path on tiny inputs under the simulator in
+    tests/gpu/test_gpu_kernels_{kcenter,retrieval}.py."""
     with use_kernels(request.param):
         yield request.param
 
@@ -214,7 +215,9 @@ def test_metrics_exact_ties_lower_index_first(dtype, metric):
 @pytest.mark.parametrize("block", [1, 7, 64])
 @pytest.mark.parametrize("cross", [False, True])
 def test_metrics_running_top_k_over_reference_blocks(monkeypatch, block, cross):
-    monkeypatch.setattr(fast_metrics, "_REFERENCE_BLOCK", block)
+    from refdml.gpu.metrics import _array
+
+    monkeypatch.setattr(_array, "_REFERENCE_BLOCK", block)
     for dtype in (np.float64, np.float32):
         _metrics_case(4, dtype, n=120, d=4, n_classes=8, cross=cross, chunk_size=13)
         _metrics_case(5, dtype, n=120, d=3, n_classes=5, duplicates=True, cross=cross)

@@ -14,6 +14,11 @@ arrays on a GPU; the bound covers their FMA contraction and summation order too.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,8 +26,11 @@ from hypothesis import strategies as st
 
 from _kcenter_checks import assert_same_traversal
 from refdml import kcenter as ref
+from refdml._backend import get_backend
 from refdml.gpu import kcenter as fast
 from refdml.gpu import use_kernels
+from refdml.gpu.kcenter import _kernels as fast_kernels
+from refdml.gpu.kcenter._array import ArrayPath
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -155,15 +163,14 @@ def test_bad_input_named_on_the_fast_path():
 def test_one_implementations_object_chooses_the_traversal_once_per_call(monkeypatch):
     from refdml.gpu._support.modes import Implementations, cuda_simulator
 
-    traversal = fast.TRAVERSAL
+    traversal = fast.IMPLEMENTATIONS
     assert isinstance(traversal, Implementations) and traversal.family == "kcenter"
     # "auto": the paths measured faster (the CPU twin on NumPy, the CUDA kernels on CuPy)
     assert (traversal.auto_numpy, traversal.auto_cupy) == ("cpu", "cuda")
     points = _points(0, 20, 3)
-    expected = {"auto": fast.CpuTraversal, "array": fast.ArrayTraversal,
-                "cpu": fast.CpuTraversal}
+    expected = {"auto": fast_kernels.CpuPath, "array": ArrayPath, "cpu": fast_kernels.CpuPath}
     if cuda_simulator():
-        expected["cuda"] = fast.CudaTraversal
+        expected["cuda"] = fast_kernels.CudaPath
     for mode, kind in expected.items():
         with use_kernels(mode):
             assert type(traversal.choose(points)) is kind, mode
@@ -173,24 +180,36 @@ def test_one_implementations_object_chooses_the_traversal_once_per_call(monkeypa
     class Counting:
         def choose(self, x):
             asked.append(x.shape)
-            return fast.ArrayTraversal()
+            return ArrayPath()
 
-    monkeypatch.setattr(fast, "TRAVERSAL", Counting())
+    from refdml.gpu.kcenter import _mirrors
+
+    monkeypatch.setattr(_mirrors, "IMPLEMENTATIONS", Counting())
     fast.greedy_k_center(points, 5, initial=np.array([1, 2]))
     assert asked == [(20, 3)]
+
+
+def test_measured_names_where_the_choice_is_recorded():
+    # Where the measurement behind "auto" is recorded and how to rerun it; no numbers, no
+    # machine's paths.
+    measured = fast.IMPLEMENTATIONS.measured
+    assert "docs/gpu/kernels.md" in measured
+    assert "bench_gpu.py --device cuda --only kcenter" in measured
+    assert "bench_gpu.py --only kcenter" in measured
+    assert not any(ch.isdigit() for ch in measured) and "/work" not in measured
 
 
 def test_step_buffers_are_the_step_kernel_parameters():
     from dataclasses import fields
 
     from refdml.gpu._support.cuda import KERNELS
-    from refdml.gpu.kcenter import _cuda as kcenter_cuda
+    from refdml.gpu.kcenter import _compiled, _cuda  # noqa: F401  (_cuda declares the kernels)
 
-    names = tuple(field.name for field in fields(kcenter_cuda.StepBuffers))
+    names = tuple(field.name for field in fields(_compiled.StepBuffers))
     assert names == KERNELS["refdml_kcenter_step"].parameters
     assert KERNELS["refdml_kcenter_prepare"].parameters == ("points", "points_t", "sq_norms")
     values = {name: object() for name in names}
-    assert kcenter_cuda.StepBuffers(**values).arguments() == tuple(values[n] for n in names)
+    assert _compiled.StepBuffers(**values).arguments() == tuple(values[n] for n in names)
 
 
 def _simulated_only():
@@ -218,8 +237,9 @@ def test_cuda_kernels_are_the_sequential_arithmetic_bit_for_bit(n, d, k, dtype):
     for first, min_sq in ((3, np.full(n, np.inf, dtype=dtype)),
                           (None, np.linspace(0.0, 2.0, n).astype(dtype)[::-1].copy())):
         want = sequential_traversal(points, k, min_sq, first)
-        got = kcenter_cuda.farthest_first_cuda(
-            np, points, k, min_sq.copy(), None if first is None else np.array([first]))
+        got = fast_kernels.CudaPath().farthest_first(
+            get_backend(points), points, k, min_sq.copy(),
+            None if first is None else np.array([first]))
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
         assert got[1].dtype == dtype
@@ -261,3 +281,58 @@ def test_cuda_launches_per_call(monkeypatch, cuda_device_array):
     with use_kernels("cuda"), launch_profile(timing=False) as record:
         fast.greedy_k_center(points, 7, rng=0)
     assert dict(record.launches) == {"refdml_kcenter_prepare": 1, "refdml_kcenter_step": 7}
+
+
+# ------------------------------------------------------------ what importing the family loads
+
+#: A child interpreter's preamble: the top-level modules named in ``sys.argv[1]`` (comma
+#: separated) are refused, as if they were not installed.
+_REFUSING = textwrap.dedent("""
+    import json, sys
+
+    BLOCKED = set(filter(None, sys.argv[1].split(",")))
+
+
+    class Refuse:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+
+    sys.meta_path.insert(0, Refuse)
+""")
+
+
+def _child(body, blocked):
+    done = subprocess.run([sys.executable, "-c", _REFUSING + textwrap.dedent(body), blocked],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_family_loads_no_cuda_and_its_array_path_needs_no_numba():
+    # The CUDA member, its module and numba.cuda load on the member's first use; the CPU
+    # twin's module (and Numba) when the twin first runs. So the package imports where Numba
+    # is absent, and its array path answers: on NumPy float64, the reference's picks and
+    # radii bit for bit (the same operations in the same order).
+    body = """
+        import numpy as np
+        import refdml.gpu.kcenter as family
+        from refdml import kcenter as ref
+        from refdml._backend import get_backend
+
+        loaded = sorted(m for m in sys.modules if m.startswith(("numba.cuda", "numba_cuda"))
+                        or m.endswith("._cuda") or m == "refdml.gpu._support.cuda")
+        points = np.random.default_rng(0).standard_normal((50, 3)) / 4.0
+        got = family.IMPLEMENTATIONS.array.farthest_first(
+            get_backend(points), points, 6, np.full(50, np.inf), np.array([7]))
+        want = ref._farthest_first(points, 6, np.full(50, np.inf), 7, 8192)
+        print(json.dumps({"cuda": loaded, "numba": "numba" in sys.modules,
+                          "equal": bool(np.array_equal(got[0], want[0])
+                                        and np.array_equal(got[1], want[1]))}))
+    """
+    assert _child(body, "")["cuda"] == []
+    assert _child(body, "numba,llvmlite,numba_cuda") == {"cuda": [], "equal": True,
+                                                          "numba": False}

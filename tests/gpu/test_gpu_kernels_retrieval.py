@@ -3,7 +3,7 @@ the readable ranking.
 
 The compiled CPU twin must return the readable path's neighbours (same indices, same order)
 and therefore equal metrics, asserted with ``==``: its float32 stage is certified by a
-rounding bound and re-ranked in float64 (module docstring of refdml.gpu.metrics._compiled).
+rounding bound and re-ranked in float64 (module docstring of refdml.gpu.metrics._certificate).
 Inputs are generic (Gaussian), so no two float64 distances agree to rounding, plus exact
 duplicates (exact ties, lower index first). The CUDA kernel runs under Numba's CUDA
 simulator on a few points where there is no GPU (every thread is a Python thread), on CuPy
@@ -12,13 +12,16 @@ metrics in its own order, so it is held to a certificate, not to equality by con
 the same neighbours where every gap of the ranking exceeds the rounding bound (exact ties
 of identical rows excepted, which round alike everywhere), metrics to :data:`METRIC_RTOL`.
 The array path of refdml.gpu.metrics (its group minima, blocks and padding, its certificate
-holding and failing on crowds of near-duplicates, the chooser RETRIEVAL and its
+holding and failing on crowds of near-duplicates, the chooser IMPLEMENTATIONS and its
 synchronisations) is held to the readable ranking with ``==`` on NumPy and on CuPy arrays.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -32,7 +35,10 @@ from refdml._numerics import common_scale, ordered_sq_distances, ordered_unit_ro
 from refdml._backend import get_backend, to_numpy
 from refdml.gpu import metrics as fast
 from refdml.gpu import use_kernels
-from refdml.gpu.metrics._cuda import nearest_cuda
+from refdml.gpu.metrics import _array as fast_array
+from refdml.gpu.metrics import _compiled as fast_compiled
+from refdml.gpu.metrics import _kernels as fast_kernels
+from refdml.gpu.metrics._array import ArrayPath, TopK
 
 pytestmark = pytest.mark.cpu_exact
 
@@ -40,6 +46,17 @@ pytestmark = pytest.mark.cpu_exact
 # devices differ only in the order of those sums (NumPy's pairwise sums, CuPy's reduction
 # tree): a relative error of at most n_queries 2^-53 each, 1e-12 up to ~10^4 queries.
 METRIC_RTOL = 1e-12
+
+
+def _request(query, rows, reference, n_keep, same_set, metric, chunk_size=None):
+    """The family's request for the ``n_keep`` nearest references of ``query[rows]``."""
+    return TopK(backend=get_backend(query), query=query, rows=rows, reference=reference,
+                n_keep=n_keep, same_set=same_set, metric=metric, chunk_size=chunk_size)
+
+
+def _array_nearest(*args, **kwargs):
+    """The array path's answer to :func:`_request`'s request."""
+    return ArrayPath().nearest(_request(*args, **kwargs))
 
 
 def _data(seed, n, d, n_classes, dtype=np.float64, duplicates=3):
@@ -134,7 +151,7 @@ def test_mirror_cpu_kernel_matches_array_path(same_set, metric, dtype):
 
 
 def _rounding_bound(q, r):
-    """``eta_i`` of refdml.gpu.metrics._compiled: the error bound of one ordered float64 score
+    """``eta_i`` of refdml.gpu.metrics._certificate: the error bound of one ordered float64 score
     ``S_ij`` of query ``q_i``, for every reference row of ``r``, in any summation order, with
     or without FMA."""
     d = q.shape[1]
@@ -204,8 +221,8 @@ def test_mirror_cuda_kernel_matches_array_path(same_set, metric, dtype, cuda_dev
     n_keep = y.shape[0] - 1 if same_set else y.shape[0]
     want = ref._nearest(q64, rows, r64, n_keep, same_set, metric, 64)
     query, reference = cuda_device_array(q), cuda_device_array(r)
-    got = nearest_cuda(get_backend(query).xp, query, cuda_device_array(rows), reference,
-                       n_keep, same_set, metric)
+    got = fast_kernels.CudaPath().nearest(_request(query, cuda_device_array(rows), reference,
+                                                   n_keep, same_set, metric))
     assert_array_equal(to_numpy(got), want)
     # The public function on both paths (the same neighbours; means to METRIC_RTOL).
     kwargs = {"metric": metric, "k": (1, 2)}
@@ -304,8 +321,6 @@ def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
     # The array path (a matrix product in the data's dtype, then the certified ordered
     # re-rank) returns the readable ranking of the same values exactly: for float32 data,
     # of the float32 values taken into float64.
-    from refdml.gpu.metrics import TopK, _nearest_array
-
     x = _near_ties(3, 300, 6).astype(dtype)
     y = x if same_set else _near_ties(4, 260, 6).astype(dtype)
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
@@ -316,7 +331,7 @@ def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
             y, y64 = x, x64
     rows = np.arange(0, 300, 2)
     want = ref._nearest(x64, rows, y64, 9, same_set, metric, 32)
-    got = _nearest_array(TopK(np, x, rows, y, 9, same_set, metric, 32))
+    got = _array_nearest(x, rows, y, 9, same_set, metric, 32)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(nearest_cpu(x, rows, y, 9, same_set, metric), want)
 
@@ -324,19 +339,17 @@ def test_array_path_certified_rerank_equals_readable(same_set, metric, dtype):
 def test_array_path_redoes_the_queries_whose_certificate_fails(monkeypatch):
     # Many exact duplicates crowd the K-th score and no spare candidates (EXTRA = 0) can
     # certify it, so the array path scans those queries in full: still the readable answer.
-    from refdml.gpu import metrics as fast_metrics
-
-    monkeypatch.setattr(fast_metrics, "EXTRA", 0)
+    monkeypatch.setattr(fast_array, "EXTRA", 0)
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 4))[rng.integers(6, size=90)]
     x /= common_scale(x)
     scans = []
-    real = fast_metrics.ordered_sq_distances
-    monkeypatch.setattr(fast_metrics, "ordered_sq_distances",
+    real = fast_array.ordered_sq_distances
+    monkeypatch.setattr(fast_array, "ordered_sq_distances",
                         lambda *a, **k: scans.append(1) or real(*a, **k))
     rows = np.arange(90)
-    got = fast_metrics._nearest_array(fast_metrics.TopK(np, x, rows, x, 5, True, "euclidean", 16))
+    got = _array_nearest(x, rows, x, 5, True, "euclidean", 16)
     np.testing.assert_array_equal(got, ref._nearest(x, rows, x, 5, True, "euclidean", 16))
     assert scans
 
@@ -366,8 +379,8 @@ def test_group_minima_keep_the_smallest_entries(backend, width, group, levels, n
     # levels of group minima choose, the kept values are the n smallest of the row.
     xp = _module(backend)
     score = np.random.default_rng(width + n).integers(0, 40, (9, width)).astype(np.float32)
-    values, columns = fast._smallest_entries(xp, xp.asarray(score), n, levels, group,
-                                             xp.arange(group, dtype=xp.int64))
+    values, columns = fast_array._smallest_entries(xp, xp.asarray(score), n, levels, group,
+                                                   xp.arange(group, dtype=xp.int64))
     values, columns = to_numpy(values), to_numpy(columns)
     assert values.shape == columns.shape == (9, min(n, width))
     assert_array_equal(np.sort(values, axis=1), np.sort(score, axis=1)[:, :n])
@@ -394,19 +407,18 @@ def _readable_on(x, y, rows, n_keep, same_set, metric):
 def test_array_path_blocks_levels_and_padding(monkeypatch, backend, dtype, metric, same_set):
     # Small groups and blocks, so that 1,000 references take two blocks, three levels of
     # group minima and padding rows: the neighbours are still the readable ones.
-    monkeypatch.setattr(fast, "_GROUP", 2)
-    monkeypatch.setattr(fast, "_REFERENCE_BLOCK", 512)
+    monkeypatch.setattr(fast_array, "_GROUP", 2)
+    monkeypatch.setattr(fast_array, "_REFERENCE_BLOCK", 512)
     xp = _module(backend)
     x = _near_ties(5, 1000, 6).astype(dtype)
     y = x if same_set else _near_ties(6, 1000, 6).astype(dtype)
     rows = np.arange(0, 1000, 3)
     x, y, want = _readable_on(x, y, rows, 9, same_set, metric)
-    plan = fast._Plan.of(1000, 6, 9, same_set, x.dtype.itemsize, 100)
+    plan = fast_array._Plan.of(1000, 6, 9, same_set, x.dtype.itemsize, 100)
     assert (plan.n_blocks, plan.levels, plan.padded) == (2, 3, 1008), plan  # what is tested
     query = xp.asarray(x)
     reference = query if same_set else xp.asarray(y)
-    got = fast._nearest_array(fast.TopK(xp, query, xp.asarray(rows), reference, 9, same_set,
-                                        metric, 100))
+    got = _array_nearest(query, xp.asarray(rows), reference, 9, same_set, metric, 100)
     assert_array_equal(to_numpy(got), want)
 
 
@@ -429,13 +441,12 @@ def test_certified_rerank_orders_what_float32_cannot(monkeypatch, backend, metri
     # is rescanned.
     xp = _module(backend)
     rescans = []
-    real = fast._rescan
-    monkeypatch.setattr(fast, "_rescan", lambda *a: rescans.append(a) or real(*a))
+    real = fast_array._rescan
+    monkeypatch.setattr(fast_array, "_rescan", lambda *a: rescans.append(a) or real(*a))
     x = _crowds(7, 60, 6, 5, 1e-10)
     rows = np.arange(x.shape[0])
     x, _, want = _readable_on(x, x, rows, 9, True, metric)
-    got = fast._nearest_array(fast.TopK(xp, xp.asarray(x), xp.asarray(rows), xp.asarray(x), 9,
-                                        True, metric))
+    got = _array_nearest(xp.asarray(x), xp.asarray(rows), xp.asarray(x), 9, True, metric)
     assert_array_equal(to_numpy(got), want)
     assert not rescans
     # Not vacuous: ranked by float32 scores (ties by index) the copies come in another order.
@@ -453,19 +464,19 @@ def test_failed_certificates_are_rescanned_exactly(monkeypatch, backend, dtype):
     # rescan gives the readable ranking, ties by index for float32 (the copies round alike).
     xp = _module(backend)
     rescanned = []
-    real = fast._rescan
+    real = fast_array._rescan
 
     def rescan(request, redo):
         rescanned.append(to_numpy(redo))
         return real(request, redo)
 
-    monkeypatch.setattr(fast, "_rescan", rescan)
+    monkeypatch.setattr(fast_array, "_rescan", rescan)
     x = _crowds(8, 4, 50, 3, 1e-10).astype(dtype)
     labels = np.repeat(np.arange(4), 50)
     rows = np.arange(0, 200, 7)
     x, _, want = _readable_on(x, x, rows, 11, True, "euclidean")
-    got = fast._nearest_array(fast.TopK(xp, xp.asarray(x), xp.asarray(rows), xp.asarray(x), 11,
-                                        True, "euclidean", 8))
+    got = _array_nearest(xp.asarray(x), xp.asarray(rows), xp.asarray(x), 11, True, "euclidean",
+                         8)
     assert_array_equal(to_numpy(got), want)
     assert_array_equal(np.concatenate(rescanned), np.arange(rows.size))
     with use_kernels("array"):
@@ -475,9 +486,9 @@ def test_failed_certificates_are_rescanned_exactly(monkeypatch, backend, dtype):
 
 
 def test_large_k_runs_the_array_path_in_cpu_mode(monkeypatch):
-    # K above MAX_KEEP: the CPU twin declines (RETRIEVAL's one fallback) and the array path
+    # K above MAX_KEEP: the CPU twin declines (IMPLEMENTATIONS' one fallback) and the array path
     # answers, the reference's metrics.
-    monkeypatch.setattr(fast, "nearest_cpu", lambda *a: pytest.fail("CPU twin ran"))
+    monkeypatch.setattr(fast_compiled, "nearest_cpu", lambda *a: pytest.fail("CPU twin ran"))
     x, _ = _data(10, 300, 3, 1)
     labels = np.zeros(300, dtype=int)
     with use_kernels("cpu"):
@@ -487,20 +498,32 @@ def test_large_k_runs_the_array_path_in_cpu_mode(monkeypatch):
 
 def test_auto_runs_the_cpu_twin_on_numpy(monkeypatch):
     calls = []
-    real = fast.nearest_cpu
-    monkeypatch.setattr(fast, "nearest_cpu", lambda *a: calls.append(1) or real(*a))
+    real = fast_compiled.nearest_cpu
+    monkeypatch.setattr(fast_compiled, "nearest_cpu", lambda *a: calls.append(1) or real(*a))
     x, labels = _data(11, 60, 4, 5)
     with use_kernels("auto"):
         got = fast.retrieval_metrics(x, labels)
     assert calls and got == ref.retrieval_metrics(x, labels)
 
 
+def test_measured_names_where_the_choice_is_recorded():
+    # Where the measurement behind "auto" is recorded and how to rerun it; no numbers, no
+    # machine's paths (they go stale in a docstring-like string nobody reruns).
+    measured = fast.IMPLEMENTATIONS.measured
+    assert "docs/gpu/kernels.md" in measured
+    assert "bench_gpu.py --device cuda --only retrieval" in measured
+    assert "bench_gpu.py --only metrics" in measured
+    assert not any(ch.isdigit() for ch in measured) and "/work" not in measured
+
+
 @pytest.mark.requires_cupy
 def test_auto_runs_the_array_path_on_cupy(monkeypatch):
-    # On the H200 the array path beat the CUDA kernel 3.7x (RETRIEVAL.measured).
+    # On the H200 the array path beat the CUDA kernel 3.7x (docs/gpu/kernels.md, which
+    # IMPLEMENTATIONS.measured names).
     import cupy
 
-    monkeypatch.setattr(fast, "nearest_cuda", lambda *a: pytest.fail("CUDA kernel ran"))
+    monkeypatch.setattr(fast_kernels.CudaPath, "nearest",
+                        lambda *a: pytest.fail("CUDA kernel ran"))
     x, labels = _data(12, 60, 4, 5)
     with use_kernels("auto"):
         got = fast.retrieval_metrics(cupy.asarray(x), cupy.asarray(labels))
@@ -520,10 +543,66 @@ def test_array_path_synchronises_a_fixed_number_of_times(monkeypatch, chunk_size
     from refdml import _backend
 
     monkeypatch.setattr(_backend, "_CHECKS_ON_DEVICE", False)   # the data checks' reads
-    monkeypatch.setattr(fast, "_REFERENCE_BLOCK", block)
+    monkeypatch.setattr(fast_array, "_REFERENCE_BLOCK", block)
     x, labels = _data(13, 200, 4, 20, np.float32)
     query, query_labels = cupy.asarray(x), cupy.asarray(labels)
     with use_kernels("array"), cupy_standin.count_transfers() as counter:
         result = fast.retrieval_metrics(query, query_labels, chunk_size=chunk_size)
     assert (counter["tolist"], counter["shape"], counter.total) == (2, 2, 4), counter
     _assert_metrics_close(result, ref.retrieval_metrics(x.astype(np.float64), labels))
+
+
+# ------------------------------------------------------------ what importing the family loads
+
+#: A child interpreter's preamble: the top-level modules named in ``sys.argv[1]`` (comma
+#: separated) are refused, as if they were not installed.
+_REFUSING = textwrap.dedent("""
+    import json, sys
+
+    BLOCKED = set(filter(None, sys.argv[1].split(",")))
+
+
+    class Refuse:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+
+    sys.meta_path.insert(0, Refuse)
+""")
+
+
+def _child(body, blocked):
+    done = subprocess.run([sys.executable, "-c", _REFUSING + textwrap.dedent(body), blocked],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_family_loads_no_cuda_and_its_array_path_needs_no_numba():
+    # The CUDA member, its module and numba.cuda load on the member's first use; the CPU
+    # twin's module (and Numba) when the twin first runs. So the package imports where Numba
+    # is absent, and its array path answers: the reference's neighbours.
+    body = """
+        import numpy as np
+        import refdml.gpu.metrics as family
+        from refdml import metrics as ref
+        from refdml._backend import get_backend
+        from refdml.gpu.metrics._array import TopK
+
+        loaded = sorted(m for m in sys.modules if m.startswith(("numba.cuda", "numba_cuda"))
+                        or m.endswith("._cuda") or m == "refdml.gpu._support.cuda")
+        x = np.random.default_rng(0).standard_normal((60, 4)) / 8.0
+        rows = np.arange(0, 60, 2)
+        got = family.IMPLEMENTATIONS.array.nearest(TopK(
+            backend=get_backend(x), query=x, rows=rows, reference=x, n_keep=5, same_set=True,
+            metric="euclidean"))
+        want = ref._nearest(x, rows, x, 5, True, "euclidean", 64)
+        print(json.dumps({"cuda": loaded, "equal": bool(np.array_equal(got, want)),
+                          "numba": "numba" in sys.modules}))
+    """
+    assert _child(body, "")["cuda"] == []
+    assert _child(body, "numba,llvmlite,numba_cuda") == {"cuda": [], "equal": True,
+                                                          "numba": False}

@@ -195,7 +195,7 @@ def _exact_sq_distances(query, reference):
 def test_ranking_agrees_with_exact_arithmetic_up_to_its_rounding(seed):
     # An independent check of the ordered score: the readable ranking against exact
     # rational distances. Pairs in each other's rounding (|S64 - S| <= eta, module docstring
-    # of refdml.gpu.metrics._compiled) may come in either order; any two further apart must be
+    # of refdml.gpu.metrics._certificate) may come in either order; any two further apart must be
     # in the exact order, and nothing left out may be nearer than the last kept by more
     # than 2 eta. Near-ties (relative 1e-15) and exact duplicates make the rule bite.
     rng = np.random.default_rng(seed)

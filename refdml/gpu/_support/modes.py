@@ -213,7 +213,8 @@ class Implementations(Generic[Impl]):
 
     def choose(self, x: Any) -> Impl:
         """The implementation that runs now for input array ``x`` (:meth:`kind`'s)."""
-        return {"array": self.array, "cpu": self.cpu, "cuda": self.cuda}[self.kind(x)]
+        # getattr, not a table of all three: only the chosen member is built (and loaded).
+        return getattr(self, self.kind(x))
 
 
 def _loaded(load: Callable[[], Any] | None) -> Any:

@@ -41,20 +41,25 @@ CPU.
 
 The CUDA kernels of the same traversal (one launch per pick: the update, the blocks'
 arg-max and, in the last block to finish, the pick; they call :func:`sq_to_center` and
-:func:`better`) are in :mod:`refdml.gpu.kcenter._cuda`, launched by refdml.gpu.
+:func:`better`) are in :mod:`refdml.gpu.kcenter._cuda`, launched by
+:class:`refdml.gpu.kcenter._kernels.CudaPath` with the buffers of :class:`StepBuffers`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads
 
+from refdml.gpu._support.jit import njit, prange
 from refdml.gpu._support.launch import BLOCK
 from refdml.gpu._support.threading_layer import parallel_launch
 
-__all__ = ["SERIAL_BELOW", "better", "farthest_first_cpu", "sq_to_center", "sq_to_set_cpu"]
+__all__ = ["ARRIVED", "PICK", "Q", "SERIAL_BELOW", "StepBuffers", "better", "farthest_first_cpu",
+           "sq_to_center", "sq_to_set_cpu"]
 
 
 @njit(cache=True, inline="always")
@@ -72,6 +77,47 @@ def sq_to_center(sq_norm, dot, c_sq):
 def better(value, index, best_value, best_index):
     """True when ``(value, index)`` beats ``(best_value, best_index)`` in ``argmax`` order."""
     return value > best_value or (value == best_value and index < best_index)
+
+
+# ------------------------------------------------------------------- the CUDA step's buffers
+
+#: The slots of the int64 ``state`` vector of :class:`StepBuffers`: the current pick's row,
+#: the blocks that have finished this pass, the number of the current pick.
+Q, ARRIVED, PICK = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class StepBuffers:
+    """The arrays of one call's ``refdml_kcenter_step`` launches
+    (:mod:`refdml.gpu.kcenter._cuda`), named as its parameters (in order; tests hold the
+    two to each other). Made once per call: every pick launches the kernel with the same
+    arguments.
+
+    points : (n, d) the scaled points, C-contiguous (the centre's row is read here).
+    points_t : (d, n) their transposed copy (every point's coordinates, read coalesced).
+    sq_norms : (n,) ``|x_i|^2``, the points' dtype.
+    min_sq : (n,) squared distance to the centres (``-1`` at a centre), updated in place.
+    state : (3,) int64, slots :data:`Q` (the current pick), :data:`ARRIVED` (blocks done
+        in this pass, 0 between launches), :data:`PICK` (the pick's number).
+    block_max, block_arg : (n_blocks,) float64 / int64, each block's (max, arg-max).
+    indices : (k,) int64, the picks (``indices[0]`` set before the first launch).
+    radii_sq : (k,) float64, the squared covering radius after each pick.
+    """
+
+    points: Any
+    points_t: Any
+    sq_norms: Any
+    min_sq: Any
+    state: Any
+    block_max: Any
+    block_arg: Any
+    indices: Any
+    radii_sq: Any
+
+    def arguments(self) -> tuple:
+        """The arrays in the kernel's parameter order (not ``dataclasses.astuple``, which
+        would deep-copy them)."""
+        return tuple(getattr(self, field.name) for field in fields(self))
 
 
 # ------------------------------------------------------------------------------ CPU twin

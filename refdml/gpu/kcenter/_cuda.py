@@ -4,9 +4,10 @@ The traversal, its scalar maths (:func:`refdml.gpu.kcenter._compiled.sq_to_cente
 :func:`refdml.gpu.kcenter._compiled.better`, one source for both targets), the dtype rules
 and the compiled CPU twin: :mod:`refdml.gpu.kcenter._compiled`.
 
-CUDA (:func:`farthest_first_cuda`): one launch per call to lay the points out for the
-picks, then one launch per pick, no host round trip and no argument that changes between
-picks (the pick's state lives on the device, in ``state``).
+Launched by :meth:`refdml.gpu.kcenter._kernels.CudaPath.farthest_first`: one launch per
+call to lay the points out for the picks, then one launch per pick, no host round trip and
+no argument that changes between picks (the pick's state lives on the device, in ``state``;
+the arguments: :class:`refdml.gpu.kcenter._compiled.StepBuffers`).
 
 ``refdml_kcenter_prepare`` (once per call; one thread per point)
     Writes the transposed copy ``points_t`` (d, n) and ``|x_i|^2`` (float64 sum in the
@@ -59,26 +60,18 @@ and two launches per pick instead of one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Any
 
 import numpy as np
 
 from refdml.gpu._support.cuda import cuda, cuda_kernel
-from refdml.gpu._support.launch import BLOCK, cuda_launch
-from refdml.gpu.kcenter._compiled import better, sq_to_center
+from refdml.gpu._support.launch import BLOCK
+from refdml.gpu.kcenter._compiled import ARRIVED, PICK, Q, better, sq_to_center
 
-__all__ = ["ARRIVED", "CENTRE_CHUNK", "PICK", "Q", "StepBuffers", "block_argmax",
-           "farthest_first_cuda", "refdml_kcenter_prepare", "refdml_kcenter_step"]
+__all__ = ["CENTRE_CHUNK", "block_argmax", "refdml_kcenter_prepare", "refdml_kcenter_step"]
 
 #: Coordinates of the centre's row held in shared memory at a time (float64: 2 KiB); a
 #: larger ``d`` is summed chunk after chunk, in the same order.
 CENTRE_CHUNK = 2 * BLOCK
-
-#: The slots of the int64 ``state`` vector of :func:`farthest_first_cuda`: the current
-#: pick's row, the blocks that have finished this pass, the number of the current pick.
-Q, ARRIVED, PICK = 0, 1, 2
-
 
 @cuda.jit(device=True)
 def block_argmax(s_val, s_arg, t, best, arg):
@@ -98,7 +91,8 @@ def block_argmax(s_val, s_arg, t, best, arg):
     return s_val[0], s_arg[0]
 
 
-# Launch types (:func:`farthest_first_cuda`; every array C-contiguous): by the points' dtype.
+# Launch types (:class:`refdml.gpu.kcenter._kernels.CudaPath`; every array C-contiguous): by
+# the points' dtype.
 @cuda_kernel(cache=True, signatures={
     dt: f"void({dt}[:, ::1], {dt}[:, ::1], {dt}[::1])" for dt in ("float32", "float64")})
 def refdml_kcenter_prepare(points, points_t, sq_norms):
@@ -112,39 +106,6 @@ def refdml_kcenter_prepare(points, points_t, sq_norms):
         points_t[j, i] = value
         acc += np.float64(value) * np.float64(value)
     sq_norms[i] = acc                            # rounds to the array's dtype
-
-
-@dataclass(frozen=True)
-class StepBuffers:
-    """The arrays of one call's :func:`refdml_kcenter_step` launches, named as its
-    parameters (in order; tests hold the two to each other). Made once per call: every
-    pick launches the kernel with the same arguments.
-
-    points : (n, d) the scaled points, C-contiguous (the centre's row is read here).
-    points_t : (d, n) their transposed copy (every point's coordinates, read coalesced).
-    sq_norms : (n,) ``|x_i|^2``, the points' dtype.
-    min_sq : (n,) squared distance to the centres (``-1`` at a centre), updated in place.
-    state : (3,) int64, slots :data:`Q` (the current pick), :data:`ARRIVED` (blocks done
-        in this pass, 0 between launches), :data:`PICK` (the pick's number).
-    block_max, block_arg : (n_blocks,) float64 / int64, each block's (max, arg-max).
-    indices : (k,) int64, the picks (``indices[0]`` set before the first launch).
-    radii_sq : (k,) float64, the squared covering radius after each pick.
-    """
-
-    points: Any
-    points_t: Any
-    sq_norms: Any
-    min_sq: Any
-    state: Any
-    block_max: Any
-    block_arg: Any
-    indices: Any
-    radii_sq: Any
-
-    def arguments(self) -> tuple:
-        """The arrays in the kernel's parameter order (not ``dataclasses.astuple``, which
-        would deep-copy them)."""
-        return tuple(getattr(self, field.name) for field in fields(self))
 
 
 @cuda_kernel(cache=True, signatures={
@@ -207,36 +168,3 @@ def refdml_kcenter_step(points, points_t, sq_norms, min_sq, state, block_max, bl
         state[PICK] = pick + 1
         state[ARRIVED] = 0                       # for the next launch (stream-ordered)
 
-
-def farthest_first_cuda(xp, points, k, min_sq, first):
-    """``k`` picks with the CUDA kernels (CuPy arrays on a GPU; NumPy under the simulator).
-
-    ``first``: a (1,) int64 array of the input's module, or None (start from the arg-max of
-    ``min_sq``: one ``xp.argmax``, left on the device). ``min_sq`` is updated in place.
-    Memory: a transposed copy of the points (``n d`` values) besides the input.
-    Returns ``(indices (k,) int64, radii (k,) in the points' dtype)``, arrays of ``xp``; no
-    synchronisation. Launches: 1 + ``k``.
-    """
-    n, d = points.shape
-    points = xp.ascontiguousarray(points)
-    n_blocks = -(-n // BLOCK)
-    points_t = xp.empty((d, n), dtype=points.dtype)
-    sq_norms = xp.empty(n, dtype=points.dtype)
-    cuda_launch(refdml_kcenter_prepare, n_blocks, BLOCK, points, points_t, sq_norms)
-    if first is None:
-        q = xp.asarray(xp.argmax(min_sq, keepdims=True), dtype=xp.int64)
-    else:
-        q = xp.asarray(first, dtype=xp.int64).reshape(1)
-    state = xp.zeros(3, dtype=xp.int64)
-    state[Q:Q + 1] = q                           # on the device: no synchronisation
-    indices = xp.empty(k, dtype=xp.int64)
-    indices[0:1] = q
-    buffers = StepBuffers(
-        points=points, points_t=points_t, sq_norms=sq_norms, min_sq=min_sq, state=state,
-        block_max=xp.empty(n_blocks, dtype=xp.float64),
-        block_arg=xp.empty(n_blocks, dtype=xp.int64),
-        indices=indices, radii_sq=xp.empty(k, dtype=xp.float64))
-    arguments = buffers.arguments()
-    for _ in range(k):
-        cuda_launch(refdml_kcenter_step, n_blocks, BLOCK, *arguments)
-    return indices, xp.sqrt(xp.maximum(buffers.radii_sq, 0.0)).astype(points.dtype)
