@@ -212,8 +212,12 @@ class Implementations(Generic[Impl]):
         return "cuda"
 
     def choose(self, x: Any) -> Impl:
-        """The implementation that runs now for input array ``x`` (:meth:`kind`'s)."""
-        return {"array": self.array, "cpu": self.cpu, "cuda": self.cuda}[self.kind(x)]
+        """The implementation that runs now for input array ``x`` (:meth:`kind`'s); a
+        compiled member is built only where it is the one chosen."""
+        kind = self.kind(x)
+        if kind == "cuda":
+            return self.cuda
+        return self.cpu if kind == "cpu" else self.array
 
 
 def _loaded(load: Callable[[], Any] | None) -> Any:
