@@ -39,7 +39,7 @@ class CostMapGrads:
     prototypes: np.ndarray  # (m, d), summed over the batch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CostMapContext:
     """What :func:`cost_map_backward` needs, nothing recomputed.
 
@@ -68,7 +68,9 @@ def _cost_map_forward(features, prototypes) -> tuple[np.ndarray, CostMapContext]
     # (m, d) against (B, n, d) broadcasts to (B, m, n).
     cost = pairwise_norm(prototypes_bar, features_bar)
     scale = common_scale(prototypes_bar, features_bar)
-    ctx = CostMapContext(features_bar, features_norm, prototypes_bar, prototypes_norm, cost, scale)
+    ctx = CostMapContext(features_bar=features_bar, features_norm=features_norm,
+                         prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
+                         cost=cost, scale=scale)
     return cost, ctx
 
 
