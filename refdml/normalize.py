@@ -117,13 +117,24 @@ def _clip_forward(xp: Any, x: Any) -> tuple[Any, ClipNormalizeContext]:
     return y, ClipNormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm, outside=outside)
 
 
-def _clip_backward(xp: Any, ctx: ClipNormalizeContext, d_y: Any) -> Any:
+def _clip_backward(xp: Any, y: Any, d_y: Any, outside: Any, norm: Any, scale: Any = None) -> Any:
+    """``d u`` from ``d y`` of ``y = u / max(1, ||u||)``, per row: ``(I - y y^T) d_y / ||u||``
+    where ``outside`` (``||u|| > 1``), ``d_y`` inside the ball and on the sphere.
+
+    The one clip-to-ball backward of refdml: :func:`clip_normalize_backward`, the GSP cost
+    map's (:mod:`refdml.gsp`) and the fast path's (through
+    :mod:`refdml._shared.normalize`) call it, on any array module ``xp``. ``y`` is the
+    clipped vector (the forward's output), ``outside``, ``norm`` (and ``scale``) keepdims.
+    ``||u||`` is ``norm``, or ``norm * scale`` where ``scale`` is given: two factors (the
+    normalisation's ``||u / s||`` and ``s``), whose product can overflow or underflow where
+    the gradient itself is representable.
+    """
     # Inside rows take the identity; their (unused) denominators are set to 1.
-    one = xp.ones_like(ctx.scale)
-    scale = xp.where(ctx.outside, ctx.scale, one)
-    scaled_norm = xp.where(ctx.outside, ctx.scaled_norm, one)
-    projected = _tangent(xp, ctx.y, d_y) / scaled_norm / scale
-    return xp.where(ctx.outside, projected, d_y)
+    one = xp.ones_like(norm)
+    projected = _tangent(xp, y, d_y) / xp.where(outside, norm, one)
+    if scale is not None:
+        projected /= xp.where(outside, scale, one)
+    return xp.where(outside, projected, d_y)
 
 
 def clip_normalize_forward(x) -> tuple[np.ndarray, ClipNormalizeContext]:
@@ -142,7 +153,7 @@ def clip_normalize_backward(ctx: ClipNormalizeContext, d_y) -> NormalizeGrads:
     the unit ball, ``d_y`` inside and on the sphere. ``d_y`` must have the shape of ``y``."""
     check_context(ctx, "ctx", ClipNormalizeContext)
     d_y = check_upstream(d_y, "d_y", ctx.y.shape)
-    return NormalizeGrads(x=_clip_backward(np, ctx, d_y))
+    return NormalizeGrads(x=_clip_backward(np, ctx.y, d_y, ctx.outside, ctx.scaled_norm, ctx.scale))
 
 
 def clip_normalize(x) -> np.ndarray:

@@ -119,7 +119,6 @@ def test_the_commands_run_without_numba():
     assert report == {"codes": {"verify": 0, "gradcheck": 0}, "numba": False}
 
 
-@_LAZY
 def test_the_fast_path_without_numba_runs_its_array_path_and_names_the_extra():
     report = _child("""
         import numpy as np

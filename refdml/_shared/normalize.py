@@ -6,8 +6,11 @@ the reference's maths, written against an array namespace, on the input's module
 
 - ``ZERO_WHY``: the reference's reason in the zero-row error of an L2 normalisation, so
   that both paths word it alike.
-- ``clip_forward_xp(xp, x)``, ``clip_backward_xp(xp, ctx, d_y)``: ``x / max(1, ||x||)``
-  by the power-of-two row scaling, and its backward.
+- ``clip_forward_xp(xp, x)``: ``x / max(1, ||x||)`` by the power-of-two row scaling.
+- ``clip_backward_xp(xp, y, d_y, outside, norm, scale=None)``: the one clip-to-ball
+  backward (the normalisation's and GSP's cost map's, reference and fast path), from the
+  clipped ``y``, the rows outside the ball and the norm (as one factor, or as
+  ``norm * scale``).
 - ``l2_forward_xp(x, name, *, why, ns)``: ``x / ||x||`` of a checked array, with the
   reference's zero-row check naming ``name``.
 - ``l2_backward_xp(xp, ctx, d_y, name, *, unit_scale)``: its backward, with the

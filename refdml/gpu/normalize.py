@@ -95,7 +95,8 @@ def clip_normalize_backward(ctx: ClipNormalizeContext, d_y) -> NormalizeGrads:
     check_context(ctx, "ctx", ClipNormalizeContext)
     ns = get_backend(ctx.y)
     d_y = check_fast_upstream(d_y, "d_y", ctx.y.shape, ns, ctx.y.dtype)
-    return NormalizeGrads(x=clip_backward_xp(ns.xp, ctx, d_y))
+    return NormalizeGrads(x=clip_backward_xp(ns.xp, ctx.y, d_y, ctx.outside, ctx.scaled_norm,
+                                             ctx.scale))
 
 
 def clip_normalize(x) -> Any:

@@ -28,6 +28,7 @@ import numpy as np
 
 from refdml._numerics import common_scale, pairwise_norm, row_norm
 from refdml._validation import check_context, check_features_prototypes, check_upstream
+from refdml.normalize import _clip_backward
 
 __all__ = ["CostMapContext", "CostMapGrads", "cost_map", "cost_map_backward", "cost_map_forward"]
 
@@ -38,7 +39,7 @@ class CostMapGrads:
     prototypes: np.ndarray  # (m, d), summed over the batch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CostMapContext:
     """What :func:`cost_map_backward` needs, nothing recomputed.
 
@@ -61,19 +62,15 @@ def _clip(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return u / np.maximum(norm, 1.0), norm
 
 
-def _clip_backward(u_bar: np.ndarray, norm: np.ndarray, d_bar: np.ndarray) -> np.ndarray:
-    radial = np.sum(u_bar * d_bar, axis=-1, keepdims=True)
-    projected = (d_bar - u_bar * radial) / np.maximum(norm, 1.0)
-    return np.where(norm > 1.0, projected, d_bar)
-
-
 def _cost_map_forward(features, prototypes) -> tuple[np.ndarray, CostMapContext]:
     features_bar, features_norm = _clip(features)
     prototypes_bar, prototypes_norm = _clip(prototypes)
     # (m, d) against (B, n, d) broadcasts to (B, m, n).
     cost = pairwise_norm(prototypes_bar, features_bar)
     scale = common_scale(prototypes_bar, features_bar)
-    ctx = CostMapContext(features_bar, features_norm, prototypes_bar, prototypes_norm, cost, scale)
+    ctx = CostMapContext(features_bar=features_bar, features_norm=features_norm,
+                         prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
+                         cost=cost, scale=scale)
     return cost, ctx
 
 
@@ -91,9 +88,13 @@ def _cost_map_backward(ctx: CostMapContext, d_cost: np.ndarray) -> CostMapGrads:
     w_flat = w.transpose(1, 0, 2).reshape(m, batch * n)  # (m, B n)
     d_x = w_flat.sum(axis=1)[:, None] * x - w_flat @ y.reshape(batch * n, -1)
     d_y = w.sum(axis=1)[:, :, None] * y - np.swapaxes(w, 1, 2) @ x
+    # The clip's backward is refdml.normalize's: one for the package, so that the cost map
+    # of the reference and of the fast path and the normalisation cannot drift apart.
     return CostMapGrads(
-        features=_clip_backward(ctx.features_bar, ctx.features_norm, d_y),
-        prototypes=_clip_backward(ctx.prototypes_bar, ctx.prototypes_norm, d_x),
+        features=_clip_backward(np, ctx.features_bar, d_y, ctx.features_norm > 1.0,
+                                ctx.features_norm),
+        prototypes=_clip_backward(np, ctx.prototypes_bar, d_x, ctx.prototypes_norm > 1.0,
+                                  ctx.prototypes_norm),
     )
 
 

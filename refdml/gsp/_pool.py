@@ -88,7 +88,7 @@ class PowerMeanContext:
     mean: Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PoolContext:
     """What :func:`gsp_pool_backward` needs.
 
@@ -204,7 +204,8 @@ def _gsp_pool_forward(features, prototypes, mu, inverse_temperature, p, method, 
     else:
         pooled, power_ctx = power_mean(np, weights, features, p)
     z = result.pi.sum(axis=2) / mu
-    ctx = PoolContext(features, weights, pooled, p, backward, cost_ctx, result, power_ctx)
+    ctx = PoolContext(features=features, weights=weights, pooled=pooled, p=p, backward=backward,
+                      cost=cost_ctx, transport=result, power_mean=power_ctx)
     return (pooled, z), ctx
 
 

@@ -74,7 +74,7 @@ _ULP = np.finfo(np.float64).eps
 _SATURATION = 1024.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WeightTransportResult:
     """Solution of the entropic problem (P2) for each image; the context of its backward.
 

@@ -1,4 +1,4 @@
-"""The GSP Numba kernels (refdml.gpu.gsp._compiled, gsp_cuda) against their array-path twin.
+"""The GSP Numba kernels (refdml.gpu.gsp._compiled, _cuda) against their array-path twin.
 
 CPU twin (``use_kernels("cpu")``) and CUDA kernel (``use_kernels("cuda")``: under Numba's
 CUDA simulator on this machine, on CuPy arrays on a GPU) against ``use_kernels("array")``:
@@ -236,15 +236,25 @@ _POOL_BACKWARD_HELPERS = ("pool_backward_column", "_marginal_centre", "cost_grad
 
 def _with_cpu_twin(monkeypatch, **twins):
     """Make ``use_kernels("cpu")`` run the given CPU twins (``pool_backward=...``) in place
-    of the kernel table's: a compiled path built on the swapped table, installed as
-    :data:`refdml.gpu.gsp.GSP`'s CPU member (the object every public call chooses from)."""
-    from refdml.gpu.gsp import _launch as _gsp_kernels
+    of the kernel table's: a CPU path built on the swapped table, installed as the CPU
+    member of :data:`refdml.gpu.gsp.IMPLEMENTATIONS` (the object every public call chooses
+    from)."""
+    from refdml.gpu.gsp import _kernels as _gsp_kernels
 
-    kernels = dataclasses.replace(_gsp_kernels.KERNELS, **{
-        name: dataclasses.replace(getattr(_gsp_kernels.KERNELS, name), cpu=twin)
+    twins_table = fast.IMPLEMENTATIONS.cpu.table
+    table = dataclasses.replace(twins_table, **{
+        name: dataclasses.replace(getattr(twins_table, name), function=twin)
         for name, twin in twins.items()})
-    path = fast._KernelPath(_gsp_kernels.Compiled(_gsp_kernels.launch_cpu, kernels))
-    monkeypatch.setattr(fast, "GSP", dataclasses.replace(fast.GSP, cpu=path))
+    _install_cpu(monkeypatch, _gsp_kernels.CpuPath(table))
+
+
+def _install_cpu(monkeypatch, path):
+    """Make ``path`` the CPU member of the implementations object the public calls choose
+    from."""
+    from refdml.gpu.gsp import _mirrors
+
+    monkeypatch.setattr(_mirrors, "IMPLEMENTATIONS",
+                        dataclasses.replace(_mirrors.IMPLEMENTATIONS, load_cpu=lambda: path))
 
 
 def _contracting_pool_backward(monkeypatch):
@@ -442,22 +452,24 @@ def _layer_and_transport(features, prototypes):
 
 
 def test_auto_keeps_the_array_path_on_numpy(monkeypatch):
-    # GSP.auto_numpy == "array" (the CPU twins measured no faster): "auto" never asks the
-    # CPU member on NumPy input, while "cpu" does (so the swap below is what calls read).
-    monkeypatch.setattr(fast, "GSP", dataclasses.replace(fast.GSP, cpu=_RefusingPath()))
+    # IMPLEMENTATIONS.auto_numpy == "array" (the CPU twins measured no faster): "auto" never
+    # asks the CPU member on NumPy input, while "cpu" does (so the swap below is what calls
+    # read).
+    _install_cpu(monkeypatch, _RefusingPath())
     features, prototypes = _inputs(np.random.default_rng(13))
     with use_kernels("auto"):
         _layer_and_transport(features, prototypes)
     with use_kernels("cpu"), pytest.raises(AssertionError, match="CPU twins' pool_forward ran"):
         _layer_and_transport(features, prototypes)
-    assert fast.GSP.auto_numpy == "array" and fast.GSP.auto_cupy == "cuda"
+    assert fast.IMPLEMENTATIONS.auto_numpy == "array"
+    assert fast.IMPLEMENTATIONS.auto_cupy == "cuda"
 
 
 @pytest.mark.parametrize("mu", [1.0, 2.0**-101])
 def test_mu_outside_the_kernels_range_takes_the_array_path(mu, monkeypatch):
     # mu = 1 (no solve) and float32 below _SMALL_MU (solved in float64) have the array path
     # only, whatever the mode.
-    monkeypatch.setattr(fast, "GSP", dataclasses.replace(fast.GSP, cpu=_RefusingPath()))
+    _install_cpu(monkeypatch, _RefusingPath())
     features, prototypes = _inputs(np.random.default_rng(13), dtype=np.float32)
     with use_kernels("cpu"):
         (pooled, z), ctx = fast.gsp_pool_forward(features, prototypes, mu=mu,
@@ -473,27 +485,27 @@ def test_kernel_parameters_are_the_launch_dataclasses_fields():
     import inspect
 
     from refdml.gpu._support.cuda import KERNELS as REGISTERED
-    from refdml.gpu.gsp import _launch as _gsp_kernels
 
-    table = {field.name: getattr(_gsp_kernels.KERNELS, field.name)
-             for field in dataclasses.fields(_gsp_kernels.KERNELS)}
+    cpu_table = fast.IMPLEMENTATIONS.cpu.table
+    cuda_table = fast.IMPLEMENTATIONS.cuda.table          # builds the CUDA member: registers
+    names = [field.name for field in dataclasses.fields(cpu_table)]
     registered = {name: k for name, k in REGISTERED.items() if name.startswith("refdml_gsp_")}
-    assert sorted(registered) == sorted(f"refdml_gsp_{name}" for name in table)
-    for name, kernel in table.items():
+    assert sorted(registered) == sorted(f"refdml_gsp_{name}" for name in names)
+    for name in names:
+        cpu_kernel, cuda_kernel = getattr(cpu_table, name), getattr(cuda_table, name)
         cuda_parameters = registered[f"refdml_gsp_{name}"].parameters
-        assert kernel.parameters(cuda=True) == cuda_parameters, name
-        cpu_parameters = tuple(inspect.signature(kernel.cpu.py_func).parameters)
-        assert kernel.parameters(cuda=False) == cpu_parameters, name
+        assert cuda_kernel.parameters() == cuda_parameters, name
+        cpu_parameters = tuple(inspect.signature(cpu_kernel.function.py_func).parameters)
+        assert cpu_kernel.parameters() == cpu_parameters, name
         assert cpu_parameters == tuple(p for p in cuda_parameters if p != "scratch"), name
-        assert ("scratch" in cuda_parameters) == kernel.scratch, name
+        assert ("scratch" in cuda_parameters) == cuda_kernel.scratch, name
         assert not any("eps" in p.split("_") for p in cuda_parameters), name
 
 
 def test_a_launch_refuses_groups_out_of_its_layout():
     from refdml.gpu.gsp._compiled import TransportInput
-    from refdml.gpu.gsp import _launch as _gsp_kernels
 
-    kernel = _gsp_kernels.KERNELS.transport
+    kernel = fast.IMPLEMENTATIONS.cpu.table.transport
     with pytest.raises(TypeError, match=r"takes \['TransportInput', 'SolverConstants', "
                                         r"'ImageOutputs'\], got \['TransportInput'\]"):
         kernel.args((TransportInput(np.zeros((1, 1, 1))),))

@@ -276,10 +276,10 @@ def test_ridge_and_cross_fit_synchronisations():
 @standin
 @pytest.mark.parametrize("kernels", ["array", "cuda"])
 def test_gsp_synchronisations(kernels):
-    # refdml/gpu/gsp/__init__.py: the rows outside the plain norm range (one nonzero per input), the cost
+    # refdml/gpu/gsp/_array.py: the rows outside the plain norm range (one nonzero per input), the cost
     # map's refinement (one nonzero, two when a pair is refined: array path), the solver's
     # convergence test once per _SWEEPS sweeps (array path) or its counts (the kernel: one
-    # transfer, refdml/gpu/gsp/_launch.py), and ``converged``.
+    # transfer, refdml/gpu/gsp/_kernels.py), and ``converged``.
     from refdml.gpu.gsp import _transport as _gsp_transport
 
     _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels=kernels)

@@ -60,7 +60,7 @@ class _RecordingKernel:
 # --------------------------------------------------------------------------- the recorder
 @pytest.mark.requires_cuda
 def test_recorder_counts_the_gsp_layer_kernels(monkeypatch, cuda_device_array):
-    # refdml/gpu/gsp/_launch.py: pool_forward launches refdml_gsp_pool_forward once (one block per
+    # refdml/gpu/gsp/_kernels.py: pool_forward launches refdml_gsp_pool_forward once (one block per
     # image: cost map, (P2), weights, pooled and z in one kernel); pool_backward launches
     # refdml_gsp_pool_backward once (W and d features), the prototypes' gradient is a GEMM.
     # Finite gradients take no float64 rerun, so exactly one launch each way.

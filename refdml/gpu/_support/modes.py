@@ -212,8 +212,8 @@ class Implementations(Generic[Impl]):
         return "cuda"
 
     def choose(self, x: Any) -> Impl:
-        """The implementation that runs now for input array ``x`` (:meth:`kind`'s)."""
-        # getattr, not a table of all three: only the chosen member is built (and loaded).
+        """The implementation that runs now for input array ``x`` (:meth:`kind`'s); a
+        compiled member is built only where it is the one chosen."""
         return getattr(self, self.kind(x))
 
 

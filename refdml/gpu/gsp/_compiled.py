@@ -2,8 +2,9 @@ r"""The GSP layer compiled: (P2) per image, the pooling layer, its closed-form b
 
 The scalar and per-column maths and the CPU twins; the CUDA kernels, which call the same
 maths, are their twins in :mod:`refdml.gpu.gsp._cuda`. refdml.gpu's GSP mirror
-(:data:`refdml.gpu.gsp.GSP`) runs either, or its array path (``refdml/gpu/gsp/_transport.py``),
-which stays the fallback and the twin these kernels are tested against. The maths is the
+(:data:`refdml.gpu.gsp.IMPLEMENTATIONS`) runs either (:mod:`refdml.gpu.gsp._kernels`), or its
+array path (:mod:`refdml.gpu.gsp._array`, :mod:`refdml.gpu.gsp._transport`), which stays the
+fallback and the twin these kernels are tested against. The maths is the
 reference's (docs/gsp.md Secs. 2-3, :mod:`refdml.gsp`); every kernel does, per image ``b``:
 
 * cost map (pool forward only): ``c_ji = s ||fs_j - ws_i||`` from the clipped points divided
@@ -78,9 +79,9 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
-
+from refdml.gpu._support.jit import njit, prange
 from refdml.gpu._support.scalar import lse_push, lse_value
+from refdml.gpu.gsp._transport import stopping_rules
 
 __all__ = [
     "Buffers",
@@ -118,7 +119,6 @@ __all__ = [
     "search_advance",
     "search_query",
     "search_start",
-    "stopping_rules",
     "transport_backward_column",
     "transport_backward_cpu",
     "transport_cpu",
@@ -691,9 +691,10 @@ def transport_backward_cpu(assignment, rho, transported, inverse_temperature, d_
 # --------------------------------------------------------------------------- named parameters
 # What each kernel takes, as small frozen dataclasses whose fields, in order, are the
 # kernel's parameters (its CPU twin's; the CUDA kernel's, plus a trailing ``scratch`` for
-# the backward kernels): a launch flattens them once (:meth:`Buffers.args`), and
-# :data:`LAYOUTS` lists which a kernel takes, so that the names are a checked contract
-# (tests/gpu/test_gpu_kernels_gsp.py holds them to the kernels' signatures).
+# the backward kernels): a launch flattens them once (:meth:`Buffers.args`), and the kernel
+# table (refdml.gpu.gsp._kernels.kernel_table) lists which a kernel takes, so that the names
+# are a checked contract (tests/gpu/test_gpu_kernels_gsp.py holds them to the kernels'
+# signatures).
 class Buffers:
     """Base of the kernels' parameter groups (frozen dataclasses)."""
 
@@ -730,21 +731,13 @@ class SolverConstants(Buffers):
 
     @classmethod
     def of(cls, dtype, mu: float, inverse_temperature: float, max_iter: int) -> SolverConstants:
-        """The constants of a solve in ``dtype`` (the array path's stopping rules)."""
+        """The constants of a solve in ``dtype`` (the array path's stopping rules,
+        :func:`refdml.gpu.gsp._transport.stopping_rules`)."""
         logit_mu = math.log(mu) - math.log1p(-mu)
         ulp, cap, phi_floor = stopping_rules(dtype, logit_mu)
         return cls(inverse_temperature=float(inverse_temperature), mu=float(mu),
                    logit_mu=logit_mu, max_iter=int(max_iter), ulp=ulp, cap=cap,
                    phi_floor=phi_floor)
-
-
-def stopping_rules(dtype, logit_mu: float) -> tuple[float, float, float]:
-    """``(ulp, cap, phi_floor)`` of a solve in ``dtype``: the dtype's machine epsilon, the
-    cap of a Newton step's ``exp`` (below ``log`` of its largest number) and the rounding
-    floor of ``|phi|``, ``16 ulp (1 + |logit mu|)``; one statement for the kernels and the
-    array path (refdml/gpu/gsp/_transport.py), which stop alike."""
-    ulp = float(np.finfo(dtype).eps)
-    return ulp, float(np.log(np.finfo(dtype).max)) - 2.0, 16.0 * ulp * (1.0 + abs(logit_mu))
 
 
 @dataclasses.dataclass(frozen=True)

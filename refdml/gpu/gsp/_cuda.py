@@ -51,7 +51,7 @@ __all__ = ["refdml_gsp_pool_backward", "refdml_gsp_pool_forward", "refdml_gsp_tr
 
 
 def _launch_signatures(dt):
-    """The Numba signature of each kernel's launch (:mod:`refdml.gpu.gsp._launch`) for
+    """The Numba signature of each kernel's launch (:mod:`refdml.gpu.gsp._kernels`) for
     inputs of dtype ``dt``, in the order of its parameter groups (the dataclasses of
     :mod:`refdml.gpu.gsp._compiled`): arrays C-contiguous, ``order`` / ``counts`` int64, the
     scratch float64, Python floats float64, ``max_iter`` int64, ``p_one`` a bool

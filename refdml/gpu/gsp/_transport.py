@@ -13,11 +13,12 @@ is how it is computed:
   ``y + (l_j - l_p)`` in the coordinates of a pivot feature ``p`` (from cost
   differences), ``p`` found by a bisection over the features sorted by their column
   minimum (a fixed ``ceil(log2(n + 1))`` vectorised steps) and a window of
-  ``[-1024, 1024]`` (two more), then vectorised safeguarded-Newton sweeps (``_SWEEPS``
-  per convergence check) on ``phi = logit(g) - logit(mu)`` in that bracket, each image
-  frozen by its own mask once converged. No Python loop over images; on CuPy the
-  "every image converged?" test is one synchronisation per ``_SWEEPS`` sweeps, and
-  ``converged`` (a Python bool, like the reference's) one more.
+  ``[-1024, 1024]`` (two more), then vectorised safeguarded-Newton sweeps on
+  ``phi = logit(g) - logit(mu)`` in that bracket, each image frozen by its own mask once
+  converged. No Python loop over images. The "every image converged?" test runs after
+  every sweep on NumPy and once per ``_SWEEPS`` sweeps on CuPy, where it is one
+  synchronisation (:meth:`refdml._backend.Backend.check_every`); ``converged`` (a Python
+  bool, like the reference's) is one more.
 * dtype. Everything runs in the input's dtype (float32 or float64), in the log domain
   (``exp`` only of non-positive numbers); products with ``inverse_temperature`` go
   through :func:`_times`, so an ε beyond the dtype's range (1e300 on float32) gives
@@ -48,17 +49,39 @@ import math
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
-from refdml._backend import get_backend
-from refdml.gpu.gsp._compiled import stopping_rules
+from refdml._backend import Backend, get_backend
 from refdml.exceptions import ConvergenceWarning
 from refdml.gsp import WeightTransportResult
 
-# Newton sweeps between two "every image converged?" checks (one sync each on CuPy; on
-# NumPy the check is free, so it runs after every sweep).
+# Newton sweeps between two "every image converged?" checks where a check synchronises
+# (CuPy); where it is free (NumPy) it runs after every sweep (Backend.check_every).
 _SWEEPS = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransportArgs:
+    """(P2)'s arguments as the public function checked them
+    (:func:`refdml._shared.gsp.check_transport_args`): ``mu`` in (0, 1],
+    ``inverse_temperature`` (the paper's ε), ``max_iter`` (Newton sweeps), ``tol`` (as
+    given: :func:`transport` raises a positive one to the dtype's :func:`residual_floor`)."""
+
+    mu: float
+    inverse_temperature: float
+    max_iter: int
+    tol: float
+
+
+def stopping_rules(dtype, logit_mu: float) -> tuple[float, float, float]:
+    """``(ulp, cap, phi_floor)`` of a solve in ``dtype``: the dtype's machine epsilon, the
+    cap of a Newton step's ``exp`` (below ``log`` of its largest number) and the rounding
+    floor of ``|phi|``, ``16 ulp (1 + |logit mu|)``; one statement for the array path and
+    the kernels (:class:`refdml.gpu.gsp._compiled.SolverConstants`), which stop alike."""
+    ulp = float(np.finfo(dtype).eps)
+    return ulp, float(np.log(np.finfo(dtype).max)) - 2.0, 16.0 * ulp * (1.0 + abs(logit_mu))
 
 
 def residual_floor(dtype, m: int, n: int) -> float:
@@ -130,14 +153,15 @@ def _relative(xp, column_min, lam, inverse_temperature: float, pivot):
     )
 
 
-def _newton(xp, relative, logit_mu: float, max_iter: int, y, lo, hi):
+def _newton(xp, relative, logit_mu: float, max_iter: int, y, lo, hi, *, check_every: int):
     """Safeguarded Newton on ``phi(y) = logit(g(y)) - logit(mu)`` for every image.
 
     The reference's :func:`refdml.gsp._transport._newton`, vectorised over all images
     with a per-image mask (no compaction, no loop over images): in the bracket
     ``[lo, hi]``, Newton step in logit space, bisection when a step leaves it, an image
     stops when ``|phi|`` reaches its rounding floor or the step or bracket is a few
-    ulps of ``y``. Returns ``(y, sweeps, exhausted)``.
+    ulps of ``y``; "is any image still active?" is read every ``check_every`` sweeps.
+    Returns ``(y, sweeps, exhausted)``.
     """
     # exp(-log_slope) is capped below overflow (cap); such a step leaves the bracket anyway.
     ulp, cap, phi_floor = stopping_rules(relative.dtype, logit_mu)
@@ -147,9 +171,8 @@ def _newton(xp, relative, logit_mu: float, max_iter: int, y, lo, hi):
     active = (hi - lo) > 4.0 * ulp * xp.maximum(1.0, xp.abs(y))
     y = xp.where(active, y, lo)
     sweeps = 0
-    per_check = 1 if xp is np else _SWEEPS
     while sweeps < max_iter:
-        for _ in range(min(per_check, max_iter - sweeps)):
+        for _ in range(min(check_every, max_iter - sweeps)):
             sweeps += 1
             log_sig, log_one_minus = _log_expit_pair(xp, y[:, None] + relative)
             log_g = _lse(xp, log_sig, 1)
@@ -168,7 +191,7 @@ def _newton(xp, relative, logit_mu: float, max_iter: int, y, lo, hi):
             done = level | small | ((hi - lo) <= scale)
             y = xp.where(active & ~level, new, y)
             active = active & ~done
-        if not bool(xp.any(active)):  # one synchronisation per _SWEEPS sweeps on CuPy
+        if not bool(xp.any(active)):  # a synchronisation on CuPy
             return y, sweeps, False
     return y, sweeps, True
 
@@ -193,13 +216,15 @@ def log_kernel(xp, cost_t, inverse_temperature: float):
     return column_min, xp.log(total[:, :, 0]), kernel
 
 
-def solve(xp, column_min, lam, inverse_temperature: float, mu: float, max_iter: int):
+def solve(xp, column_min, lam, args: TransportArgs, *, check_every: int):
     """``(x, log_t, sweeps, exhausted)``: the reference's pivot search and Newton (docs/gsp.md).
 
     ``x = y + (l - l_p)`` (B, n) are the logits at the root, ``log_t = y - l_p`` for the
     cost as given. The search runs a fixed number of vectorised steps for every image
-    (no synchronisation); ``sweeps`` counts them and the Newton sweeps.
+    (no synchronisation); ``sweeps`` counts them and the Newton sweeps (``check_every``:
+    :func:`_newton`'s).
     """
+    inverse_temperature, mu = args.inverse_temperature, args.mu
     batch, n = column_min.shape
     logit_mu = math.log(mu) - math.log1p(-mu)
     order = xp.argsort(column_min, axis=1, kind="stable")
@@ -233,7 +258,8 @@ def solve(xp, column_min, lam, inverse_temperature: float, mu: float, max_iter: 
     lo = xp.where(plateau, window, lo)
     lo = xp.maximum(lo, logit_mu - xp.max(relative, axis=1))
     hi = xp.maximum(xp.minimum(hi, logit_mu - xp.min(relative, axis=1)), lo)
-    y, sweeps, exhausted = _newton(xp, relative, logit_mu, max_iter, xp.zeros_like(lo), lo, hi)
+    y, sweeps, exhausted = _newton(xp, relative, logit_mu, args.max_iter, xp.zeros_like(lo),
+                                   lo, hi, check_every=check_every)
     pivot = xp.where(use_plus, plus, minus)[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
         log_pivot = xp.take_along_axis(lam, pivot, axis=1)[:, 0] - _times(
@@ -243,8 +269,11 @@ def solve(xp, column_min, lam, inverse_temperature: float, mu: float, max_iter: 
     return y[:, None] + relative, log_t, search + 2 + sweeps, exhausted
 
 
-def transport(xp, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTransportResult:
+def transport(backend: Backend, cost_t, args: TransportArgs) -> WeightTransportResult:
     """(P2) for every image from the cost ``(B, n, m)`` in memory (see the module docstring)."""
+    xp = backend.xp
+    mu, inverse_temperature, max_iter, tol = (args.mu, args.inverse_temperature, args.max_iter,
+                                              args.tol)
     batch, n, m = cost_t.shape
     dtype = cost_t.dtype
     column_min, lam, assignment_t = log_kernel(xp, cost_t, inverse_temperature)
@@ -266,7 +295,8 @@ def transport(xp, cost_t, mu, inverse_temperature, max_iter, tol) -> WeightTrans
             residual=residual, converged=True, transported=xp.ones((batch, n), dtype=dtype),
             tau_history=None, **common,
         )
-    x, log_t, sweeps, exhausted = solve(xp, column_min, lam, inverse_temperature, mu, max_iter)
+    x, log_t, sweeps, exhausted = solve(xp, column_min, lam, args,
+                                        check_every=backend.check_every(_SWEEPS))
     transported = _expit(xp, x)
     rho = _expit(xp, -x) * (1.0 / n)
     pi_t = assignment_t * (transported * (1.0 / n))[:, :, None]
