@@ -125,11 +125,6 @@ class Backend:
         if not self.free_host_reads:
             self.xp.cuda.Device().synchronize()
 
-    @property
-    def on_gpu(self) -> bool:
-        # Transitional (issue 45): the fast path is being moved onto the methods above.
-        return not self.free_host_reads
-
     # ---------------------------------------------------------------- host reads
     @property
     def data_checks(self) -> bool:

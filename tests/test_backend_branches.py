@@ -179,7 +179,6 @@ def test_no_backend_branches_outside_the_fast_path():
                          "method of the Backend, or add one):\n" + "\n".join(outside))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 45: the families are being moved onto the backend")
 def test_no_backend_branches_outside_the_backend_module():
     assert not BRANCHES, ("branches on the array library outside refdml/_backend.py (use a "
                           "method of the Backend, or add one):\n" + "\n".join(BRANCHES))

@@ -13,7 +13,7 @@ from refdml._cli_support import check_output_paths, seed, text_table, write_outp
 from refdml._io import write_json_atomic
 from refdml.checks._gradcheck_cli import select_operators
 from refdml.gpu import _compile_check as _cuda_compile
-from refdml.gpu._support import cuda as _cuda
+from refdml.gpu._support.modes import numba_installed
 from refdml.gradcheck import parity
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "run"]
@@ -111,7 +111,11 @@ def run(args: argparse.Namespace) -> int:
               "so no CuPy rows ran")
     rows, records, failures = [], [], 0
     simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-    plan = [(spec, _runs(spec, backends, simulated)) for spec in mirrored]
+    compiled = numba_installed()
+    if not compiled:
+        print('compiled kernels: not checked -- Numba is not installed (the "fast" extra: '
+              'pip install "refdml[fast]"), so only the array paths ran')
+    plan = [(spec, _runs(spec, backends, simulated, compiled)) for spec in mirrored]
     total, done = sum(len(runs) for _, runs in plan) * len(dtypes), 0
 
     def progress(spec_name: str, device: str, dtype: str, verdict: str, seconds: float) -> None:
@@ -175,11 +179,13 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures or not written else 0
 
 
-def _runs(spec, backends: list[str], simulated: bool) -> list[tuple[str, str]]:
+def _runs(spec, backends: list[str], simulated: bool,
+          compiled: bool = True) -> list[tuple[str, str]]:
     """``(backend, kernels)`` pairs a mirrored entry is checked on: the array path on each
-    backend, then each of its compiled kernels where it can run here."""
+    backend, then each of its compiled kernels where it can run here (``compiled``: Numba
+    is installed)."""
     runs = [(backend, "array") for backend in backends]
-    for kernels in spec.mirror_kernels:
+    for kernels in spec.mirror_kernels if compiled else ():
         # The CPU twin takes NumPy arrays; the CUDA kernel CuPy ones (NumPy ones under
         # Numba's simulator). A CUDA kernel with neither a GPU nor the simulator is skipped.
         if kernels == "cpu":
@@ -240,6 +246,8 @@ def _compile_only(args: argparse.Namespace) -> int:
         print(f"refdml gpu-check --compile-only: error: {exc}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - start
+    from refdml.gpu._support import cuda as _cuda     # loaded by the compile check already
+
     print(f"CUDA kernels compiled for {', '.join(archs)} with numba-cuda "
           f"{version('numba-cuda')} (NVVM to LTO-IR, nvJitLink to SASS; no GPU used)")
     print(f"NumPy {version('numpy')}, numba {version('numba')}; compatibility steps taken at "

@@ -126,12 +126,6 @@ def scaled_sq(ns: Backend, x: Any, y: Any, self_pairs: bool) -> Any:
     return sq
 
 
-def _scaled_sq(xp: Any, x: Any, y: Any, self_pairs: bool) -> Any:
-    # Transitional (issue 45): the former name and form, kept for refdml.gpu.ot._common
-    # until it calls scaled_sq with its backend.
-    return scaled_sq(get_backend(x, y), x, y, self_pairs)
-
-
 def _refine_nearby(xp: Any, x: Any, y: Any, sq: Any, x_sq: Any, y_sq: Any) -> None:
     """Recompute in place, from explicit differences, the Gram-identity squared distances
     ``sq`` below ``_REFINE (|x_i|^2 + |y_j|^2)``.

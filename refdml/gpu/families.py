@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from refdml.gpu import gsp, kcenter, losses, metrics, ot
-from refdml.gpu._support.cuda import CudaKernel
 from refdml.gpu._support.modes import Implementations
+
+if TYPE_CHECKING:       # importing it imports numba.cuda: cuda_kernels() does, when asked
+    from refdml.gpu._support.cuda import CudaKernel
 
 __all__ = ["KERNEL_FAMILIES", "KernelFamilies"]
 

@@ -36,7 +36,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 #: Every extra's top-level package: a core-only install has none of them.
-EXTRA_PACKAGES = "distributed,dask,sklearn,matplotlib,tomli,jax,mpmath"
+EXTRA_PACKAGES = "distributed,dask,sklearn,matplotlib,tomli,jax,mpmath,numba,llvmlite,numba_cuda"
 
 
 def _refdml(blocked, *argv, cwd):

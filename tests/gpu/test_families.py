@@ -143,7 +143,6 @@ def test_every_family_package_is_registered_under_its_name():
         assert getattr(refdml.gpu, name).IMPLEMENTATIONS is family
 
 
-@pytest.mark.xfail(strict=True, reason="issue 45: the families' members are being renamed")
 def test_every_family_names_its_members_alike():
     for name, family in KERNEL_FAMILIES.items():
         members = {"array": family.array, "cpu": family.cpu, "cuda": family.cuda}

@@ -11,7 +11,7 @@ from refdml._numerics import _REFINE, common_scale
 from refdml._backend import get_backend
 from refdml.gpu.ot import _sinkhorn as _solver
 from refdml._validation import as_fast_array, check_fast_upstream, data_checks, result_dtype
-from refdml.gpu.distances import _scaled_sq
+from refdml.gpu.distances import scaled_sq
 from refdml._shared.ot import (
     OTBatch,
     batch_shape,
@@ -101,11 +101,11 @@ def _solve_scaled(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, impl, stac
 def _cloud_sq(xp, x, y, self_pairs: bool):
     """``||x_i - y_j||^2`` (P, n, m) of clouds in the unit ball; self: symmetric, 0 diagonal.
 
-    The Gram identity of :func:`refdml.gpu.distances._scaled_sq`, with its near-pair rule
+    The Gram identity of :func:`refdml.gpu.distances.scaled_sq`, with its near-pair rule
     (recomputed from explicit differences where the backend refines them, as the
     reference's: :meth:`refdml._backend.Backend.refine`, the family
     docstring)."""
-    sq = _scaled_sq(xp, x, y, self_pairs)
+    sq = scaled_sq(get_backend(x, y), x, y, self_pairs)
     if self_pairs:
         sq = 0.5 * (sq + xp.swapaxes(sq, 1, 2))
     return sq
@@ -145,7 +145,7 @@ def _refine_pairs(xp, clouds, first, second, sq, norms) -> None:
     """Recompute in place, from explicit differences, the entries of ``sq`` (K, n, n) below
     ``_REFINE (|x_i|^2 + |y_j|^2)``, ``x = clouds[first[k]]``, ``y = clouds[second[k]]``,
     ``norms`` (B, n) the squared norms: the reference's near-pair rule (as
-    :func:`refdml.gpu.distances._scaled_sq`'s) on the Gram blocks, without gathering the
+    :func:`refdml.gpu.distances.scaled_sq`'s) on the Gram blocks, without gathering the
     clouds of every pair. The pairs' count is read on the host."""
     magnitude = norms[first][:, :, None] + norms[second][:, None, :]
     k, i, j = xp.nonzero(sq <= _REFINE * magnitude)
