@@ -16,7 +16,7 @@ reference and the fast path interleaved in one process, so their ratio is compar
 busy machine (the absolute times are not). ``--json PATH`` writes the tables as a document
 of schema ``refdml-bench/1`` (scripts/_bench.py).
 
-``--device cuda`` (issue 21; docs/gpu.md, "GPU benchmarks"): the sections of
+``--device cuda`` (issue 21; docs/gpu/gpu-machine.md, "GPU benchmarks"): the sections of
 ``CUDA_SECTIONS`` on CuPy arrays, each an independent function ``cuda_<name>(run)`` adding
 rows (:class:`Row`) to the run. A time is the wall time of one call between two device
 synchronisations; the first call of each path (compilation, caches) is timed apart; the

@@ -10,10 +10,11 @@ and sorts every row (the memory the chunking avoids). Last, the partition scores
 table; the dense one would be n_classes^2 int64) and ``clustering_metrics`` on a
 smaller set.
 
-Since issue 11 ``retrieval_metrics`` runs the compiled CPU twin, whose tiles do not depend
-on ``chunk_size`` (it sets the readable path's blocks, ``_retrieval_metrics_readable``): the
-chunk rows here time the same computation. scripts/bench_retrieval.py is the issue-11
-benchmark (bounds, faiss, the readable path, RSS peak).
+``retrieval_metrics`` runs its readable ranking only (issue 45), whose score blocks
+``chunk_size`` sets, so the chunk rows here time blocks of different sizes. From issue 11
+until then it ran the compiled CPU twin (now :func:`refdml.gpu.metrics.retrieval_metrics`
+on NumPy), whose tiles do not depend on ``chunk_size``. scripts/bench_retrieval.py is the
+issue-11 benchmark (bounds, faiss, the readable path, RSS peak).
 
     python scripts/bench_metrics.py            # full size (a few minutes on 2 cores)
     python scripts/bench_metrics.py --quick    # 6,000 x 128, 1,131 classes (seconds)

@@ -10,7 +10,7 @@ ratio to ``omp`` (GNU OpenMP: Numba's default on Linux, which a forked child can
 Layers: ``omp``, ``workqueue`` (what refdml picks on Linux without TBB) and ``tbb`` when a
 compatible libtbb loads (the worker says when it does not). The results of every path are
 asserted equal across layers (indices exactly, floats to 1e-12 relative: no refdml kernel
-depends on the schedule, see docs/gpu.md).
+depends on the schedule, see docs/gpu/threading.md).
 
 Paths (small shapes, meant for a shared 2-core machine; ``--scale`` multiplies ``n``):
 

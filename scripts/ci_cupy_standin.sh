@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# refdml's CuPy paths under CuPy's rules, without a GPU (issue 21; docs/gpu.md, "The CuPy
-# stand-in"). REFDML_CUPY_STANDIN=1 makes tests/conftest.py install tests/cupy_standin as
+# refdml's CuPy paths under CuPy's rules, without a GPU (issue 21; docs/gpu/without-a-gpu.md,
+# "The CuPy stand-in"). REFDML_CUPY_STANDIN=1 makes tests/conftest.py install tests/cupy_standin as
 # the module `cupy` (with cupy.cuda, cupyx, cupyx.scipy.special/linalg) before anything
 # imports refdml: a NumPy-backed array that refuses implicit conversion to NumPy as CuPy
 # does (and np.* functions, which CuPy would dispatch) and counts every host transfer.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI's leg on the newest stack: refdml on Python 3.12 and 3.13 with the newest NumPy, numba
-# and numba-cuda the index has (docs/gpu.md, "The CUDA compiler on today's stack"). CI's main
-# leg runs Python 3.11, where NumPy stops at 2.4; NumPy 2.5 (Python >= 3.12) broke every
+# and numba-cuda the index has (docs/gpu/compiler.md, "The CUDA compiler on today's stack").
+# CI's main leg runs Python 3.11, where NumPy stops at 2.4; NumPy 2.5 (Python >= 3.12) broke every
 # CUDA kernel through numba-cuda, and only a GPU run noticed.
 #
 # For each Python (found as pythonX.Y on PATH, else under `pyenv root`), in a fresh venv

@@ -1,5 +1,5 @@
-"""The glyph-collage GSP experiment in one 9-minute GPU command (docs/gpu.md, "The
-glyph-collage run"): one configuration of ``refdml reproduce``'s ``gsp.glyph_collage`` at
+"""The glyph-collage GSP experiment in one 9-minute GPU command (docs/gpu/gpu-machine.md,
+"The glyph-collage run"): one configuration of ``refdml reproduce``'s ``gsp.glyph_collage`` at
 ``--scale large``, sized from the H200 run's measured train step, under a hard wall-clock
 budget.
 
@@ -70,7 +70,7 @@ DRY_RUN_SETTINGS = {"glyph_size": 16, "max_classes": 40, "instances_per_font": 1
 class Costs:
     """What the plan charges, in seconds. The measured figures are the H200 run of
     2026-11-28 (shared/gpu-runs/2026-11-28-h200/README.md); the others are assumptions,
-    each with its reason in docs/gpu.md, "The glyph-collage run"."""
+    each with its reason in docs/gpu/gpu-machine.md, "The glyph-collage run"."""
 
     step_s: float           # one training step (batch 64), measured
     step_margin: float      # planning factor on it (assumed)

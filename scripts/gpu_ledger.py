@@ -1,6 +1,6 @@
 """The GPU ledger of ``scripts/gpu_run.sh``: assemble it, check a step's JUnit XML, and write
-the site's GPU-ledger section from it (docs/results/gpu.md; docs/gpu.md, "Running on a GPU
-machine").
+the site's GPU-ledger section from it (docs/results/gpu.md; docs/gpu/gpu-machine.md, "Running on
+a GPU machine").
 
     python3 scripts/gpu_ledger.py --assemble RUN_DIR --steps RUN_DIR/steps.tsv --out gpu_ledger.json [--dry-run]
     python3 scripts/gpu_ledger.py --junit FILE.xml [--forbid-skip PREFIX ...]

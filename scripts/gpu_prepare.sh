@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Before a GPU call (issue 21; docs/gpu.md, "Running on a GPU machine"): run here, with
+# Before a GPU call (issue 21; docs/gpu/gpu-machine.md, "Running on a GPU machine"): run here, with
 # network, from anywhere in the repository.
 #
 #   bash scripts/gpu_prepare.sh

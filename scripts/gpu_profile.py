@@ -1,6 +1,6 @@
 """Where the time of a GPU call goes: for each workload, the wall time of one call, the
 device time of every kernel it runs, its kernel launches and its host synchronisations
-(docs/gpu.md, "Profiling a GPU run"). A profiler, not a benchmark: scripts/bench_gpu.py
+(docs/gpu/cost-model.md, "Profiling a GPU run"). A profiler, not a benchmark: scripts/bench_gpu.py
 times paths against each other; this says what one call is made of.
 
     python scripts/gpu_profile.py --json gpu_profile.json             # on a GPU machine

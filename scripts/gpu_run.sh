@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a GPU machine (issue 21; docs/gpu.md, "Running on a GPU machine").
+# One command for a GPU machine (issue 21; docs/gpu/gpu-machine.md, "Running on a GPU machine").
 #
 #   bash scripts/gpu_prepare.sh        # here, with network: the wheels, into .whl/
 #   bash scripts/gpu_run.sh            # there, from the repository root, with .whl/ carried
@@ -28,7 +28,7 @@
 # so a second call on the same machine reuses them.
 #
 # REFDML_GPU_GLYPH_COLLAGE=1 makes it a call of its own for the glyph-collage experiment
-# (docs/gpu.md, "The glyph-collage run"): install, smoke, then glyph_collage
+# (docs/gpu/gpu-machine.md, "The glyph-collage run"): install, smoke, then glyph_collage
 # (scripts/gpu_glyph_collage.py, the rest of the budget; --dry-run: its CPU dry run), whose
 # glyph_collage.json and README (glyph_collage_README.md) come back beside the ledger and
 # its figures in the archive. Unset or 0: the steps above, unchanged.

@@ -4,9 +4,10 @@ On NVIDIA GPUs a product followed by an addition or a subtraction is usually exe
 one fused multiply-add: ptxas contracts PTX ``mul``/``add``/``sub`` that carry no rounding
 suffix (what NVVM emits for Numba's ``a * b - c`` without fastmath) into ``fma``, which
 rounds once. The CPU (LLVM without fast-math flags) rounds the product and the sum apart.
-Seen on refdml's kernels (docs/gpu.md, "The six hardware-only failures"): a kernel's
-``d_z_i / mu - d_z_top / mu`` became ``fma(d_z_i, 1/mu, -round(d_z_top / mu))``, which at
-``i = top`` is the product's rounding error instead of 0, and ε = 1e300 multiplied it.
+Seen on refdml's kernels (docs/gpu/hardware-failures.md, "The six hardware-only failures"):
+a kernel's ``d_z_i / mu - d_z_top / mu`` became ``fma(d_z_i, 1/mu, -round(d_z_top / mu))``,
+which at ``i = top`` is the product's rounding error instead of 0, and ε = 1e300 multiplied
+it.
 
 :class:`Contracting` carries a product unrounded until its next use: if that use adds or
 subtracts it, the result is rounded once from the exact value (``Fraction`` arithmetic,

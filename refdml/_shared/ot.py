@@ -17,7 +17,7 @@ The solver's batch and driver (refdml.gpu.ot._sinkhorn):
 - ``relative_eps_message``: the message of an ``eps`` the dtype cannot resolve against
   the costs (the fast path applies it at float32's limits too).
 
-Checks and messages (refdml.gpu.ot, ._ot_common, ._ot_pairs):
+Checks and messages (refdml.gpu.ot, its _common and _pairs modules):
 
 - ``VALUES``: the two OT values (``"regularized"``, ``"transport_cost"``).
 - ``check_solver_args``: the checks of ``eps``, ``max_iter``, ``tol``, ``eps_scaling``.

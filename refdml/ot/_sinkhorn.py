@@ -421,7 +421,7 @@ def _warn_unconverged(err, converged, *, max_iter, tol, stacklevel) -> None:
 
 def _check_solver_args(eps, max_iter, tol, eps_scaling):
     eps = check_scalar(eps, "eps", low=0.0, low_inclusive=False)
-    # The iteration counters are int64 (the compiled solver's too).
+    # The iteration counters are int64 (so are the fast path's compiled solver's).
     max_iter = check_scalar(max_iter, "max_iter", low=1, high=np.iinfo(np.int64).max,
                             integer=True)
     tol = check_scalar(tol, "tol", low=0.0)

@@ -1,8 +1,8 @@
 """Fork safety of the compiled parallel paths (issue 20): Numba's threading layer.
 
 Numba's default layer on Linux, GNU OpenMP, terminates a child forked after a parallel
-region; refdml asks Numba for its "forksafe" layer instead (refdml.gpu._support.modes,
-docs/gpu.md). The runs happen in a fresh interpreter (a threading layer is fixed for the
+region; refdml asks Numba for its "forksafe" layer instead (refdml.gpu._support.threading_layer,
+docs/gpu/threading.md). The runs happen in a fresh interpreter (a threading layer is fixed for the
 life of a process, so this process's own state must not matter): the compiled paths in the
 parent, then in children forked by multiprocessing and by os.fork (one of them while
 another thread holds the launch lock), then in a spawned child, and from three threads at

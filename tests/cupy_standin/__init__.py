@@ -1,5 +1,5 @@
 """A strict NumPy-backed stand-in for CuPy, so that CI without a GPU runs refdml's CuPy
-paths under CuPy's rules (issue 21; docs/gpu.md, "The CuPy stand-in").
+paths under CuPy's rules (issue 21; docs/gpu/without-a-gpu.md, "The CuPy stand-in").
 
 ``REFDML_CUPY_STANDIN=1`` makes tests/conftest.py call :func:`install` before anything
 imports refdml: ``import cupy`` (and ``cupy.cuda``, ``cupyx``, ``cupyx.scipy.special``)

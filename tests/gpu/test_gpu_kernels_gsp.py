@@ -174,7 +174,8 @@ def test_weight_transport_kernel_matches_array_path(kind, dtype, cuda_device_arr
     # d >= 2: at d = 1 a feature and a prototype outside the ball clip to the same pole, the
     # array path's fbar = f * (1 / |f|) rounds to 1 - ulp, c = 1e-16 instead of 0, and the
     # gradient there is rounding noise on every path (the array path is 8e-3 off the
-    # reference there too; docs/gpu.md).
+    # reference there too; docs/gpu/kernels.md, "Numba kernels: GSP per image, masked
+    # log-sum-exp").
     m=st.integers(1, 6), d=st.integers(2, 5), mu=st.floats(0.05, 0.95),
     inverse_temperature=st.floats(0.1, 20.0), p=st.sampled_from([1.0, 2.0]),
 )
@@ -288,8 +289,8 @@ def _contracting_pool_backward(monkeypatch):
 
 @pytest.mark.parametrize("inverse_temperature", HUGE)
 def test_pool_backward_does_not_depend_on_fma_contraction(inverse_temperature, monkeypatch):
-    # The CUDA kernel's d features were 4e-18 ε off on an H200 (docs/gpu.md, "The six
-    # hardware-only failures"): d_z_i / mu - d_z_top / mu, contracted into one FMA, is the
+    # The CUDA kernel's d features were 4e-18 ε off on an H200 (docs/gpu/hardware-failures.md,
+    # "The six hardware-only failures"): d_z_i / mu - d_z_top / mu, contracted into one FMA, is the
     # product's rounding error at i = top instead of 0, and d_cost = -ε A (...) scales it.
     # The kernel and its CPU twin share this source; run on floats that contract as ptxas
     # does, the twin must give what it gives compiled (no contraction) and the array path.

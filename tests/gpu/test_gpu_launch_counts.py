@@ -19,9 +19,9 @@ operator, mode, count, ceiling and the names that launch most; a fall passes wit
 ``CountFellWarning`` that says what to lower the ceiling to. The table is keyed by catalogue
 name and kernel mode only, so that moving or renaming kernels inside refdml.gpu does not
 touch it. The launch model (what counts one, and where real CuPy launches more) is the
-docstring of ``count_launches``; docs/gpu.md, "Costs counted without a GPU", quotes the table's
-headline counts. Counts of the iterative operators (Sinkhorn, GSP's Newton solve) include their loop
-iterations on these inputs.
+docstring of ``count_launches``; docs/gpu/cost-model.md, "Costs counted without a GPU", quotes
+the table's headline counts. Counts of the iterative operators (Sinkhorn, GSP's Newton solve)
+include their loop iterations on these inputs.
 """
 
 from __future__ import annotations

@@ -683,7 +683,7 @@ def test_a_batch_of_weights_that_does_not_fit_the_cost_is_named():
 
 
 def test_a_max_iter_beyond_int64_is_named():
-    # The compiled route of the all-pairs divergence counts iterations in int64.
+    # The solver counts iterations in int64 (refdml.ot._sinkhorn._check_solver_args).
     clouds = np.random.default_rng(43).standard_normal((3, 4, 2))
     with pytest.raises(ValueError, match="max_iter == 1180591620717411303424"):
         rot.pairwise_sinkhorn_divergence(clouds, eps=0.5, max_iter=2**70)

@@ -18,7 +18,7 @@ private placeholder bound to ``numpy.row_stack`` for the duration of the import 
 numba-cuda registers its overload for the placeholder (a function no program can reach),
 and the attribute is deleted again, so NumPy's namespace is as NumPy 2.5 made it and no
 user code sees an alias appear. Under NumPy < 2.5 (the alias exists) and under the CUDA
-simulator (which never types a kernel) nothing is done. docs/gpu.md ("The CUDA compiler on
+simulator (which never types a kernel) nothing is done. docs/gpu/compiler.md ("The CUDA compiler on
 today's stack") records the options measured and why this one was chosen.
 
 :data:`COMPAT_STEPS` names the steps taken in this process (empty where none was needed),

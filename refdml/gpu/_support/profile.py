@@ -1,4 +1,4 @@
-"""Launch profile (docs/gpu.md, "Profiling a GPU run"). With ``REFDML_CUDA_PROFILE=1``,
+"""Launch profile (docs/gpu/cost-model.md, "Profiling a GPU run"). With ``REFDML_CUDA_PROFILE=1``,
 :func:`launch_profile` opens a :class:`LaunchProfile` into which :func:`cuda_launch`
 records every launch while the block runs: the count per kernel name (``refdml_gsp_...``)
 and, on a GPU, its device time by a pair of CUDA events on the launch stream, read after

@@ -1,4 +1,4 @@
-"""Threading layer (docs/gpu.md, "Threading layer: fork safety"). Every call of an
+"""Threading layer (docs/gpu/threading.md, "Threading layer: fork safety"). Every call of an
 ``@njit(parallel=True)`` kernel runs inside :func:`parallel_launch`. Before the first
 parallel region of the process it asks Numba for its ``"forksafe"`` layer
 (:data:`THREADING_LAYER`: TBB where a compatible libtbb loads, else OpenMP off Linux, else

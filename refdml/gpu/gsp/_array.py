@@ -121,8 +121,8 @@ def normalised(backend: Backend, features, prototypes):
     prototypes_norm = _row_norm(xp, prototypes, "prototypes")   # (m, 1)
     # A division, not a product with 1 / max(||f||, 1): that reciprocal is a float32
     # subnormal for ||f|| > 2^126, and CuPy compiles every kernel with -ftz=true (float32
-    # subnormals read and stored as 0), which made fbar = 0 on a GPU (docs/gpu.md, "The
-    # six hardware-only failures").
+    # subnormals read and stored as 0), which made fbar = 0 on a GPU (docs/gpu/hardware-failures.md,
+    # "The six hardware-only failures").
     features_bar = features / xp.maximum(features_norm, 1.0)
     prototypes_bar = prototypes / xp.maximum(prototypes_norm, 1.0)
     f_len = xp.minimum(features_norm, 1.0)[:, :, 0]             # ||fbar|| (B, n)

@@ -297,8 +297,8 @@ def pool_backward_column(features, d_pooled, d_weights_in, assignment, d_z, rho,
     products are rounded; ptxas fuses a product and the subtraction after it into one FMA
     (PTX ``mul``/``sub`` without a rounding suffix may be contracted), which leaves the
     product's rounding error, ~1e-16, where 0 belongs; ``d_cost = -ε A (...)`` multiplied
-    it by ε (the GPU's d features off by ~4e-18 ε: docs/gpu.md, "The six hardware-only
-    failures"). A difference of two equal values is 0 under any contraction.
+    it by ε (the GPU's d features off by ~4e-18 ε: docs/gpu/hardware-failures.md, "The six
+    hardware-only failures"). A difference of two equal values is 0 under any contraction.
     """
     n, d = features.shape[1], features.shape[2]
     m = assignment.shape[2]

@@ -91,7 +91,8 @@ def _signatures(name):
 # (``cache=True``, NUMBA_CACHE_DIR) keys each kernel by its code alone: a kernel built in a
 # factory is keyed by its closure too, and these closures pickle differently in every
 # process (they reach Numba CPU dispatchers, each pickled with a fresh uuid), so the cache
-# never hit and every process compiled the four kernels again (docs/gpu.md).
+# never hit and every process compiled the four kernels again (docs/gpu.md, "First use
+# compiles", says where the cache is; docs/results/gpu.md has its effect on the H200).
 softmax_dev = cuda.jit(device=True)(column_softmax.py_func)
 search_query_dev = cuda.jit(device=True)(search_query.py_func)
 search_advance_dev = cuda.jit(device=True)(search_advance.py_func)

@@ -65,8 +65,8 @@ def _one_blas_thread(fn):
 
     Why: the GEMMs here are small ((B n, d) x (d, m)); with the user's default BLAS threads on
     a busy machine, OpenBLAS's spinning worker threads slow the pooling layer's forward +
-    backward down badly (both paths; docs/gpu.md). On an idle machine one thread costs at
-    most the GEMMs' share of parallel speed-up.
+    backward down badly (both paths; docs/gpu/kernels.md, "Numbers"). On an idle machine one
+    thread costs at most the GEMMs' share of parallel speed-up.
     """
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

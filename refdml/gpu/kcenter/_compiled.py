@@ -24,7 +24,8 @@ CPU twin (:func:`farthest_first_cpu`, ``@njit(parallel=True)``): per pick a ``pr
 chunks' pairs are merged in chunk order with :func:`better`, so the lowest index wins a tie
 exactly as ``np.argmax`` does. No BLAS: a compiled loop reads the points once per pick and
 cannot oversubscribe the cores the way a threaded BLAS mat-vec does beside another busy
-process (docs/gpu.md has the measurement).
+process (docs/gpu/kernels.md, "Numba kernels: greedy k-center and retrieval top-K", has
+the measurement).
 
 dtype: ``points``, ``m`` and the radii stay in the input dtype; the dot product accumulates
 in float64 in the CPU twin and in the CUDA kernels (the CPU twin with ``fastmath={"reassoc",
@@ -177,7 +178,8 @@ def _traverse_cpu(points, sq_norms, min_sq, first, k, n_chunks, indices, radii_s
 
 # The same traversal in one thread, for small inputs: each pick is one parallel region, and a
 # region's launch (a few microseconds under OpenMP, tens under the fork-safe workqueue layer,
-# docs/gpu.md) outweighs a pick's work below ~1e5 multiply-adds. prange runs as range here.
+# docs/gpu/threading.md) outweighs a pick's work below ~1e5 multiply-adds. prange runs as
+# range here.
 _traverse_serial = njit(cache=True, fastmath=_FAST)(_traverse_cpu.py_func)
 #: Below this many entries (n * d) the traversal runs in one thread (:data:`_traverse_serial`).
 SERIAL_BELOW = 2**17

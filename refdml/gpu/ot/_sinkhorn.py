@@ -377,7 +377,9 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     check_every = backend.check_every(CHECK_EVERY_GPU)
     if largest is None:                                   # (the caller may know it)
         largest = float(xp.max(cost)) if cost.size else 0.0   # one synchronisation on CuPy
-    if tol > 0.0 and tol_floor:       # (the reference's compiled route keeps the user's tol)
+    # tol_floor=False keeps the user's tol: the reference's compiled route asked for it until
+    # issue 45 gave the reference its readable route only; no caller passes it now.
+    if tol > 0.0 and tol_floor:
         tol = max(tol, residual_floor(dtype, largest / eps))
     # Every comparison err <= tol casts tol to the dtype: 1e300 overflowed float32 (a
     # RuntimeWarning). A finite err (the L1 marginal error, at most 2) is <= either bound.
