@@ -14,13 +14,14 @@ depends on the schedule, see docs/gpu/threading.md).
 
 Paths (small shapes, meant for a shared 2-core machine; ``--scale`` multiplies ``n``):
 
-* ``kcenter``: ``refdml.kcenter.greedy_k_center``, 20,000 x 64 float64, k = 200 (one
-  parallel region per pick);
+* ``kcenter``: ``refdml.gpu.kcenter.greedy_k_center`` (its CPU twin), 20,000 x 64 float64,
+  k = 200 (one parallel region per pick);
 * ``kcenter_small``: 2,000 x 16, k = 1,000 (``n / 2``; the regions are tiny: launch
   latency);
-* ``retrieval``: ``refdml.metrics.retrieval_metrics``, 6,000 x 64, 1,000 classes, same set;
-* ``ot_pairs``: ``refdml.ot.pairwise_sinkhorn_divergence``, 16 clouds of 49 points in
-  R^32, eps 0.1, tol 1e-6 (the compiled route: pair costs and the small-problem solver).
+* ``retrieval``: ``refdml.gpu.metrics.retrieval_metrics`` (its CPU twin), 6,000 x 64, 1,000
+  classes, same set;
+* ``ot_pairs``: ``refdml.gpu.ot.pairwise_sinkhorn_divergence`` (its CPU twin), 16 clouds of 49
+  points in R^32, eps 0.1, tol 1e-6 (the compiled route: pair costs and the small-problem solver).
 
 Then ``--first-calls`` fresh interpreters per layer (interleaved; warm Numba cache):
 ``import`` of the three modules, and the first call of each path on tiny inputs (which
@@ -52,9 +53,9 @@ _PREFIX = "RESULT "
 
 
 def _paths(scale: float) -> dict:
-    from refdml.kcenter import greedy_k_center
-    from refdml.metrics import retrieval_metrics
-    from refdml.ot import pairwise_sinkhorn_divergence
+    from refdml.gpu.kcenter import greedy_k_center
+    from refdml.gpu.metrics import retrieval_metrics
+    from refdml.gpu.ot import pairwise_sinkhorn_divergence
 
     rng = np.random.default_rng(0)
     big = rng.standard_normal((int(20_000 * scale), 64))
@@ -125,9 +126,9 @@ _FIRST_CALL = """
 import time
 t0 = time.perf_counter()
 import numpy as np
-from refdml.kcenter import greedy_k_center
-from refdml.metrics import retrieval_metrics
-from refdml.ot import pairwise_sinkhorn_divergence
+from refdml.gpu.kcenter import greedy_k_center
+from refdml.gpu.metrics import retrieval_metrics
+from refdml.gpu.ot import pairwise_sinkhorn_divergence
 t1 = time.perf_counter()
 x = np.random.default_rng(0).standard_normal((50, 4))
 greedy_k_center(x, 3, rng=0)

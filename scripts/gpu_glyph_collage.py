@@ -332,7 +332,7 @@ def _run_section(run: dict) -> list[str]:
                   "--dry-run): it checks the code path and the files, and is no result.", ""]
     lines += [f"Budget {run['budget_s']:.0f} s, tasks until {run['task_deadline_s']:.0f} s; "
               f"the whole script took {run['wall_s']:.0f} s. The plan "
-              f"(docs/gpu.md, \"The glyph-collage run\"):", ""]
+              f"(docs/gpu/gpu-machine.md, \"The glyph-collage run\"):", ""]
     lines += [f"- {line}" for line in run["plan_lines"]]
     lines += ["", "| method | seed | status | planned s | seconds | untrained test MAP@R "
               "| test MAP@R | selected epoch | note |", "|---|---|---|---|---|---|---|---|---|"]

@@ -199,7 +199,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     from numba.core.sigutils import normalize_signature as _normalize_signature
 
     from refdml.gpu._support import launch as _launch
-    from refdml.gpu import _compile_check as _cuda_compile
+    from refdml.gpu import _compile_check
 
     def _launch_type(value):
         kind = _typeof(value)
@@ -210,7 +210,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     @functools.cache
     def _registered_types(name):
         return {tuple(_launch_type_of_numba(t) for t in _normalize_signature(sig)[0])
-                for sig in _cuda_compile.signatures_of(name)}
+                for sig in _compile_check.signatures_of(name)}
 
     def _launch_type_of_numba(kind):
         if isinstance(kind, _types.Array):

@@ -12,7 +12,7 @@ from importlib.metadata import version
 from refdml._cli_support import check_output_paths, seed, text_table, write_outputs
 from refdml._io import write_json_atomic
 from refdml.checks._gradcheck_cli import select_operators
-from refdml.gpu import _compile_check as _cuda_compile
+from refdml.gpu import _compile_check
 from refdml.gpu._support.modes import numba_installed
 from refdml.gradcheck import parity
 
@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", nargs="+", type=_arch, metavar="sm_NN",
                         help="with --compile-only: the architectures (default sm_80 sm_90)")
     parser.add_argument("--json", metavar="PATH",
-                        help="also write the rows as JSON (a list of dicts; keys in docs/gpu.md); "
+                        help="also write the rows as JSON (a list of dicts; docs/gpu.md, 'Reading "
+                             "refdml gpu-check', lists the keys); "
                              "checked before the run (exit 2), a failed write exits 1")
     parser.add_argument("--no-progress", action="store_true",
                         help="no line on stderr as each check ends (the table comes at the end; "
@@ -238,11 +239,11 @@ def _compile_only(args: argparse.Namespace) -> int:
             return 2
     if not _json_path_ok(args.json):
         return 2
-    archs = list(dict.fromkeys(args.arch or _cuda_compile.DEFAULT_ARCHS))
+    archs = list(dict.fromkeys(args.arch or _compile_check.DEFAULT_ARCHS))
     start = time.perf_counter()
     try:
-        rows = _cuda_compile.compile_check(archs)
-    except _cuda_compile.ToolchainError as exc:
+        rows = _compile_check.compile_check(archs)
+    except _compile_check.ToolchainError as exc:
         print(f"refdml gpu-check --compile-only: error: {exc}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - start
@@ -272,7 +273,7 @@ def _compile_only(args: argparse.Namespace) -> int:
     print(f"\n{len(rows)} rows ({kernels} kernels, {len(rows) // max(len(archs), 1)} launch "
           f"signatures x {len(archs)} architecture(s)): {len(failed)} failure(s); "
           f"{elapsed:.1f} s")
-    written = _write_json(args.json, _cuda_compile.rows_to_json(rows))
+    written = _write_json(args.json, _compile_check.rows_to_json(rows))
     return 1 if failed or not written else 0
 
 
@@ -283,7 +284,7 @@ def _cell(value: int | None) -> str:
 def _arch(text: str) -> str:
     """``--arch``: ``sm_NN`` for a supported ``NN``."""
     try:
-        _cuda_compile.parse_arch(text)
+        _compile_check.parse_arch(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

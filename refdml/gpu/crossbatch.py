@@ -40,7 +40,7 @@ from refdml.crossbatch import (
     ZeroShotGrads,
 )
 from refdml.gpu.distances import common_scale
-from refdml.gpu.losses import IMPLEMENTATIONS as MASKED_LSE
+from refdml.gpu import losses as _losses
 from refdml.gpu.prototypes import (
     _fit_backward,
     _fit_normalised,
@@ -293,7 +293,7 @@ def zero_shot_loss_forward(Z, labels, class_embeddings, *, ridge: float = 0.05,
             "the scores scale * Upsilon_hat Upsilon^T overflow "
             f"{np.dtype(scores.dtype).name} (max |class_embeddings| == "
             f"{float(xp.max(xp.abs(class_embeddings))):.3g})")
-    lse, softmax = MASKED_LSE.choose(scores).masked_logsumexp(scores, axis=1)
+    lse, softmax = _losses.IMPLEMENTATIONS.choose(scores).masked_logsumexp(scores, axis=1)
     onehot = (labels[:, None] == xp.arange(n_classes)[None, :]).astype(scores.dtype)
     value = float(xp.mean((lse - xp.sum(scores * onehot, axis=1)).astype(xp.float64)))
     d_scores = (softmax - onehot) / b

@@ -30,7 +30,7 @@ from refdml._validation import (
 )
 from refdml._backend import get_backend
 from refdml.gpu.distances import common_scale
-from refdml.gpu.losses import IMPLEMENTATIONS as MASKED_LSE
+from refdml.gpu import losses as _losses
 from refdml._shared.histogram import (
     convex_backward_xp,
     convex_forward_xp,
@@ -92,7 +92,7 @@ def histogram_entropic_forward(features, prototypes, *, inverse_temperature):
             f"inverse_temperature * nu^T x overflows {np.dtype(logits.dtype).name} "
             f"(inverse_temperature == {inverse_temperature:g})"
         )
-    _, assignment = MASKED_LSE.choose(logits).masked_logsumexp(logits, axis=1)
+    _, assignment = _losses.IMPLEMENTATIONS.choose(logits).masked_logsumexp(logits, axis=1)
     z = xp.mean(assignment, axis=2)
     return z, HistogramEntropicContext(features=features, prototypes=prototypes,
                                        assignment=assignment,

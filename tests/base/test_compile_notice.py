@@ -183,9 +183,9 @@ def test_a_cuda_kernel_announces_its_compilation_at_its_first_launch(tmp_path):
 @needs_numba_cuda
 def test_the_compile_check_announces_itself(tmp_path):
     code = r'''
-from refdml.gpu import _compile_check as _cuda_compile
-launch = [l for l in _cuda_compile.launches() if l.kernel == "refdml_loss_masked_lse"][:1]
-rows = _cuda_compile.compile_check(["sm_90"], launch_list=launch)
+from refdml.gpu import _compile_check
+launch = [l for l in _compile_check.launches() if l.kernel == "refdml_loss_masked_lse"][:1]
+rows = _compile_check.compile_check(["sm_90"], launch_list=launch)
 print("rows", len(rows))
 '''
     result = _child(code, tmp_path, NUMBA_ENABLE_CUDASIM="0", **{THRESHOLD_ENV: "0"})

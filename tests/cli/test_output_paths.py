@@ -45,7 +45,7 @@ _COMMANDS = {
     "gpu-check": (["gpu-check", "--only", "distances.euclidean"],
                   (gpu_check_cli.parity, "available_backends"), ("--json",)),
     "gpu-check --compile-only": (["gpu-check", "--compile-only"],
-                                 (gpu_check_cli._cuda_compile, "compile_check"), ("--json",)),
+                                 (gpu_check_cli._compile_check, "compile_check"), ("--json",)),
 }
 _CASES = [(command, flag) for command, (_, _, flags) in _COMMANDS.items() for flag in flags]
 

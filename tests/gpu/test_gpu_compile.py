@@ -27,7 +27,7 @@ from refdml.cli import main
 from refdml.gpu.families import KERNEL_FAMILIES
 from refdml.gpu.kcenter import _cuda as kcenter_cuda
 from refdml.gpu.ot import _cuda as sinkhorn_cuda
-from refdml.gpu import _compile_check as _cuda_compile
+from refdml.gpu import _compile_check
 from refdml.gpu._support.launch import BLOCK
 
 FAST_PATH = Path(refdml.gpu.__file__).parent
@@ -137,7 +137,7 @@ def test_every_cuda_kernel_is_declared_in_a_cuda_family_module():
     assert cuda_families == sorted(name for name, family in KERNEL_FAMILIES.items()
                                    if "cuda" in family.kernel_modes)
     defined = set().union(*found.values())
-    registered = set(_cuda_compile.registry())
+    registered = set(_compile_check.registry())
     assert defined, "the scan found no @cuda.jit kernel"
     assert defined - registered == set(), "kernels without declared launch signatures"
     assert registered - defined == set(), "declared names that no module defines"
@@ -146,25 +146,25 @@ def test_every_cuda_kernel_is_declared_in_a_cuda_family_module():
 def test_every_registered_signature_parses_with_a_dtype_key():
     from numba.core import sigutils, types
 
-    for name, by_dtype in _cuda_compile.registry().items():
+    for name, by_dtype in _compile_check.registry().items():
         # both dtypes, or one set of types that serves both
-        assert set(by_dtype) in ({"float32", "float64"}, {_cuda_compile.ANY_DTYPE}), name
+        assert set(by_dtype) in ({"float32", "float64"}, {_compile_check.ANY_DTYPE}), name
         for dtype, signature in by_dtype.items():
             args, return_type = sigutils.normalize_signature(signature)
             assert return_type == types.void, (name, dtype)
-            if dtype != _cuda_compile.ANY_DTYPE:        # the dtype's arrays are its own
+            if dtype != _compile_check.ANY_DTYPE:        # the dtype's arrays are its own
                 assert any(getattr(a, "dtype", None) == getattr(types, dtype) for a in args)
             if dtype == "float32":      # and only those differ from the float64 launch
                 assert signature.replace("float32", "float64") == by_dtype["float64"], name
 
 
 def test_signatures_of_answers_by_the_python_function_name():
-    assert _cuda_compile.signatures_of("refdml_loss_masked_lse") == [
+    assert _compile_check.signatures_of("refdml_loss_masked_lse") == [
         f"void({dt}[:, ::1], boolean[:, ::1], boolean, boolean, {dt}[::1], {dt}[:, ::1])"
         for dt in ("float32", "float64")]
-    assert len(_cuda_compile.signatures_of("refdml_kcenter_step")) == 2
+    assert len(_compile_check.signatures_of("refdml_kcenter_step")) == 2
     with pytest.raises(KeyError, match="'no_such_kernel' is not a registered CUDA kernel"):
-        _cuda_compile.signatures_of("no_such_kernel")
+        _compile_check.signatures_of("no_such_kernel")
 
 
 # --------------------------------------------------------------------------- the CLI here
@@ -239,13 +239,13 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
                  tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = json.loads(out.read_text())
-    expected = {(name, dtype, arch) for name, by_dtype in _cuda_compile.registry().items()
-                for dtype in by_dtype for arch in _cuda_compile.DEFAULT_ARCHS}
+    expected = {(name, dtype, arch) for name, by_dtype in _compile_check.registry().items()
+                for dtype in by_dtype for arch in _compile_check.DEFAULT_ARCHS}
     assert sorted((r["kernel"], r["signature"], r["arch"]) for r in rows) == sorted(expected)
     for row in rows:
         assert row["status"] == "ok" and row["passed"] and row["problems"] == [], row
         assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
-        assert 0 <= row["shared_bytes"] <= _cuda_compile.STATIC_SHARED_LIMIT, row
+        assert 0 <= row["shared_bytes"] <= _compile_check.STATIC_SHARED_LIMIT, row
         assert 8 <= row["registers"] <= 255, row
         assert row["local_bytes"] >= 0, row
         assert row["kernel"] in run.stdout
@@ -281,14 +281,14 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path):
 _CACHE_KEYS = """
 import hashlib, json
 from numba.cuda.dispatcher import CUDACache
-from refdml.gpu import _compile_check as _cuda_compile
+from refdml.gpu import _compile_check
 
 class Codegen:
     def magic_tuple(self):
         return ("sm_90",)
 
 keys = {}
-for launch in _cuda_compile.launches():
+for launch in _compile_check.launches():
     kernel = launch.dispatcher
     key = CUDACache(kernel.py_func)._index_key(launch.numba_signature, Codegen())
     keys[f"{launch.kernel} {launch.signature}"] = [
@@ -308,7 +308,7 @@ def test_every_kernel_is_cached_on_disk_under_a_key_that_holds_across_processes(
         run = _child(["-c", _CACHE_KEYS], tmp_path)
         assert run.returncode == 0, run.stderr
         runs.append(json.loads(run.stdout.strip().splitlines()[-1]))
-    assert set(runs[0]) == {f"{k} {d}" for k, by in _cuda_compile.registry().items() for d in by}
+    assert set(runs[0]) == {f"{k} {d}" for k, by in _compile_check.registry().items() for d in by}
     for name, (cache, key) in runs[0].items():
         assert cache == "CUDACache", f"{name} is not cached on disk (@cuda.jit(cache=True))"
         assert runs[1][name][1] == key, f"{name}: its cache key differs between processes"
@@ -414,9 +414,9 @@ def _failure_cases(out_dir: Path) -> None:
             check_kernel(some_shared, one, "sm_80", shared_limit=2048),
             check_kernel(spilling, two, "sm_80")]
     from refdml import cli
-    from refdml.gpu import _compile_check as _cuda_compile
+    from refdml.gpu import _compile_check
 
-    _cuda_compile.launches = lambda: [Launch("scratch_kernel", "float64", one, scratch_kernel),
+    _compile_check.launches = lambda: [Launch("scratch_kernel", "float64", one, scratch_kernel),
                                       Launch("copy_kernel", "float64", two, copy_kernel)]
     status = cli.main(["gpu-check", "--compile-only", "--arch", "sm_80", "--json",
                        str(out_dir / "cli.json")])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from refdml.gpu._support.launch import BLOCK
-from refdml.gpu import _compile_check as _cuda_compile
+from refdml.gpu import _compile_check
 from refdml.gpu._compile_check import CompileRow, rows_to_json
 from refdml.gpu._support.occupancy import ARCH_LIMITS, LIMITS, theoretical_occupancy
 
@@ -101,7 +101,7 @@ def test_no_shared_memory_and_no_reservation_is_no_shared_limit():
 
 
 def test_one_row_of_limits_per_supported_architecture():
-    assert tuple(ARCH_LIMITS) == _cuda_compile.SUPPORTED_ARCHS
+    assert tuple(ARCH_LIMITS) == _compile_check.SUPPORTED_ARCHS
     # spot checks of the table against the sources in the module docstring
     facts = {"sm_75": (1024, 16, 64), "sm_80": (2048, 32, 164), "sm_86": (1536, 16, 100),
              "sm_89": (1536, 24, 100), "sm_90": (2048, 32, 228), "sm_120": (1536, 24, 100)}
@@ -144,14 +144,14 @@ def test_a_non_int_count_is_a_type_error(kwargs):
 def test_compile_rows_carry_occupancy_at_block_threads():
     row = CompileRow("k", "float64", "void(float64[::1])", "sm_80", registers=64,
                      spill_store_bytes=0, spill_load_bytes=0, local_bytes=0, shared_bytes=0)
-    filled = _cuda_compile._with_occupancy(row, _cuda_compile._launch_block(None))
+    filled = _compile_check._with_occupancy(row, _compile_check._launch_block(None))
     # 64 registers at BLOCK = 128 threads on sm_80: CASES[1], 50%, registers
     assert BLOCK == 128
     assert (filled.block_threads, filled.occupancy, filled.occupancy_limit) == (
         128, 0.5, "registers")
     failed = CompileRow("k", "float64", "void(float64[::1])", "sm_80",
                         problems=("compile error: ...",))
-    failed = _cuda_compile._with_occupancy(failed, 128)
+    failed = _compile_check._with_occupancy(failed, 128)
     assert (failed.block_threads, failed.occupancy, failed.occupancy_limit) == (128, None, None)
     rows = rows_to_json([filled, failed])
     assert list(rows[0]) == [
@@ -167,4 +167,4 @@ def test_compile_rows_carry_occupancy_at_block_threads():
                                               (128.0, TypeError)])
 def test_the_block_size_of_check_kernel_is_checked(value, error):
     with pytest.raises(error, match="block_threads"):
-        _cuda_compile._launch_block(value)
+        _compile_check._launch_block(value)

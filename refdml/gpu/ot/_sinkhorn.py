@@ -348,7 +348,7 @@ def _stage(xp, impl, a, b, log_a, log_b, scaled, scaled_t, phi, psi, *, tol, max
 
 def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=False,
                 unit=1.0, want_plan=True, warn_stacklevel=4, small_kernels=False,
-                largest=None, tol_floor=True, smallest=None, impl) -> OTBatch:
+                largest=None, smallest=None, impl) -> OTBatch:
     """P problems (a (P, n), b (P, m) on the simplex, cost (P, n, m) in units of ``unit``
     with its largest entry in [0.5, 1), ``eps`` in the same units) in one batch.
 
@@ -360,7 +360,7 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     :data:`refdml.gpu.ot.IMPLEMENTATIONS`, chosen once by the public function that calls
     this). Its ``lse_half_step`` runs the half steps of the loop below. ``small_kernels``:
     problems that ``impl.takes_small`` (the kernels': at most
-    :data:`refdml.gpu.ot._compiled.MAX_POINTS` = 128 points per side; the array path: none)
+    :data:`refdml.gpu.ot._small.MAX_POINTS` = 128 points per side; the array path: none)
     run ``impl.solve_small``, the small-problem Numba kernel (the CPU twin or the
     ``@cuda.jit`` kernel; same iterations, stopping rule and residual as the loop below),
     through the driver :func:`refdml.gpu.ot._small.solve_small_batch`; the others run the
@@ -377,9 +377,7 @@ def solve_batch(xp, a, b, cost, *, eps, max_iter, tol, eps_scaling, symmetric=Fa
     check_every = backend.check_every(CHECK_EVERY_GPU)
     if largest is None:                                   # (the caller may know it)
         largest = float(xp.max(cost)) if cost.size else 0.0   # one synchronisation on CuPy
-    # tol_floor=False keeps the user's tol: the reference's compiled route asked for it until
-    # issue 45 gave the reference its readable route only; no caller passes it now.
-    if tol > 0.0 and tol_floor:
+    if tol > 0.0:
         tol = max(tol, residual_floor(dtype, largest / eps))
     # Every comparison err <= tol casts tol to the dtype: 1e300 overflowed float32 (a
     # RuntimeWarning). A finite err (the L1 marginal error, at most 2) is <= either bound.
