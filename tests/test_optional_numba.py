@@ -170,3 +170,42 @@ def test_the_reference_gradcheck_and_catalogue_import_no_numba_where_it_is_insta
                           "numba": sorted(m for m in sys.modules if m.startswith("numba"))}))
     """, "")
     assert report == {"passed": True, "numba": []}
+
+
+def test_every_family_runs_its_array_path_without_numba_as_the_reference_does():
+    # With Numba refused, "auto" runs each kernel family's array path: on NumPy float64 it
+    # gives the reference's results (k-center's picks and radii and the retrieval metrics
+    # exactly: the same operations in the same order; the others to rounding).
+    report = _child("""
+        import numpy as np
+        import refdml.gsp, refdml.kcenter, refdml.losses, refdml.metrics, refdml.ot
+        import refdml.gpu.gsp, refdml.gpu.kcenter, refdml.gpu.losses, refdml.gpu.metrics
+        import refdml.gpu.ot
+
+        rng = np.random.default_rng(0)
+        points = rng.standard_normal((60, 4))
+        labels = rng.integers(0, 5, 60)
+        features, prototypes = rng.standard_normal((2, 5, 3)), rng.standard_normal((4, 3))
+        clouds = rng.standard_normal((3, 5, 2))
+        gsp = [refdml.gsp.gsp_pool_forward(features, prototypes, mu=0.3,
+                                           inverse_temperature=5.0)[0][0],
+               refdml.gpu.gsp.gsp_pool_forward(features, prototypes, mu=0.3,
+                                               inverse_temperature=5.0)[0][0]]
+        loss = [refdml.losses.multi_similarity(points, labels)[0],
+                refdml.gpu.losses.multi_similarity(points, labels)[0]]
+        ot = [refdml.ot.pairwise_sinkhorn_divergence(clouds, eps=0.5),
+              refdml.gpu.ot.pairwise_sinkhorn_divergence(clouds, eps=0.5)]
+        picks = [refdml.kcenter.greedy_k_center(points, 6, rng=0),
+                 refdml.gpu.kcenter.greedy_k_center(points, 6, rng=0)]
+        metrics = [refdml.metrics.retrieval_metrics(points, labels),
+                   refdml.gpu.metrics.retrieval_metrics(points, labels)]
+        close = lambda a, b: bool(np.allclose(a, b, rtol=1e-10, atol=0))
+        print(json.dumps({
+            "gsp": close(*gsp), "losses": close(*loss), "ot": close(*ot),
+            "kcenter": bool(np.array_equal(picks[0].indices, picks[1].indices)
+                            and np.array_equal(picks[0].radii, picks[1].radii)),
+            "metrics": metrics[0] == metrics[1],
+            "numba": sorted(m for m in sys.modules if m.startswith("numba"))}))
+    """, NO_NUMBA)
+    assert report == {"gsp": True, "losses": True, "ot": True, "kcenter": True,
+                      "metrics": True, "numba": []}

@@ -149,3 +149,42 @@ def test_every_family_names_its_members_alike():
         kinds = {kind: type(member).__name__ for kind, member in members.items()
                  if member is not None}
         assert kinds == {"array": "ArrayPath", "cpu": "CpuPath", "cuda": "CudaPath"}, name
+
+
+def test_every_family_loads_its_compiled_modules_only_when_a_member_is_built():
+    # In a fresh interpreter: importing the families loads no compiled module of theirs (no
+    # Numba at all); building a family's CPU member loads its _compiled module and not its
+    # CUDA kernels; building its CUDA member loads its _cuda module (and numba.cuda).
+    import json
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+from refdml.gpu.families import KERNEL_FAMILIES
+
+def loaded(name):
+    return {"numba": any(m.split(".")[0] == "numba" for m in sys.modules),
+            "compiled": f"refdml.gpu.{name}._compiled" in sys.modules,
+            "cuda": f"refdml.gpu.{name}._cuda" in sys.modules
+                    or any(m.startswith("numba.cuda") for m in sys.modules)}
+
+steps = {"import": {name: loaded(name) for name in KERNEL_FAMILIES}}
+steps["cpu"], steps["cuda"] = {}, {}
+for name, family in KERNEL_FAMILIES.items():
+    family.cpu
+    steps["cpu"][name] = loaded(name)
+for name, family in KERNEL_FAMILIES.items():
+    family.cuda
+    steps["cuda"][name] = loaded(name)
+print(json.dumps(steps))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads(done.stdout.strip().splitlines()[-1])
+    names = sorted(KERNEL_FAMILIES)
+    assert steps["import"] == {n: {"numba": False, "compiled": False, "cuda": False}
+                               for n in names}
+    assert all(s["compiled"] and s["numba"] and not s["cuda"] for s in steps["cpu"].values())
+    assert all(s["compiled"] and s["cuda"] for s in steps["cuda"].values())

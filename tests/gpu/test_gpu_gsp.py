@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -429,35 +428,3 @@ def test_import_without_cupy(tmp_path):
     )
     # cwd outside the checkout: the process imports refdml as installed.
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
-
-
-def test_import_and_numpy_calls_load_no_compiled_code(tmp_path):
-    # The compiled members are built on their first use: importing the package and running
-    # the layer on NumPy under "auto" (the array path) load neither Numba nor the family's
-    # kernels; the CPU member loads the CPU twins (not numba.cuda), the CUDA member the
-    # CUDA kernels.
-    code = (
-        "import sys\n"
-        "import numpy as np\n"
-        "import refdml.gpu.gsp as gsp\n"
-        "from refdml.gpu import use_kernels\n"
-        "def loaded():\n"
-        "    return sorted(m for m in sys.modules if m.split('.')[0] == 'numba'\n"
-        "                  or m in ('refdml.gpu._support.cuda', 'refdml.gpu.gsp._compiled',\n"
-        "                           'refdml.gpu.gsp._cuda'))\n"
-        "assert loaded() == [], loaded()\n"
-        "features, prototypes = np.ones((1, 2, 3)), np.eye(3)\n"
-        "with use_kernels('auto'):\n"
-        "    (p, z), ctx = gsp.gsp_pool_forward(features, prototypes, mu=0.5,"
-        " inverse_temperature=1.0)\n"
-        "    gsp.gsp_pool_backward(ctx, p, z)\n"
-        "assert loaded() == [], loaded()\n"
-        "assert type(gsp.IMPLEMENTATIONS.cpu).__name__ == 'CpuPath'\n"
-        "assert 'refdml.gpu.gsp._compiled' in loaded(), loaded()\n"
-        "assert not any(m.startswith('numba.cuda') or m.endswith('_cuda') for m in loaded()),"
-        " loaded()\n"
-        "assert type(gsp.IMPLEMENTATIONS.cuda).__name__ == 'CudaPath'\n"
-        "assert 'refdml.gpu.gsp._cuda' in loaded(), loaded()\n"
-    )
-    env = {key: value for key, value in os.environ.items() if key != "NUMBA_ENABLE_CUDASIM"}
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env)

@@ -14,11 +14,6 @@ arrays on a GPU; the bound covers their FMA contraction and summation order too.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -281,58 +276,3 @@ def test_cuda_launches_per_call(monkeypatch, cuda_device_array):
     with use_kernels("cuda"), launch_profile(timing=False) as record:
         fast.greedy_k_center(points, 7, rng=0)
     assert dict(record.launches) == {"refdml_kcenter_prepare": 1, "refdml_kcenter_step": 7}
-
-
-# ------------------------------------------------------------ what importing the family loads
-
-#: A child interpreter's preamble: the top-level modules named in ``sys.argv[1]`` (comma
-#: separated) are refused, as if they were not installed.
-_REFUSING = textwrap.dedent("""
-    import json, sys
-
-    BLOCKED = set(filter(None, sys.argv[1].split(",")))
-
-
-    class Refuse:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-
-    sys.meta_path.insert(0, Refuse)
-""")
-
-
-def _child(body, blocked):
-    done = subprocess.run([sys.executable, "-c", _REFUSING + textwrap.dedent(body), blocked],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_importing_the_family_loads_no_cuda_and_its_array_path_needs_no_numba():
-    # The CUDA member, its module and numba.cuda load on the member's first use; the CPU
-    # twin's module (and Numba) when the twin first runs. So the package imports where Numba
-    # is absent, and its array path answers: on NumPy float64, the reference's picks and
-    # radii bit for bit (the same operations in the same order).
-    body = """
-        import numpy as np
-        import refdml.gpu.kcenter as family
-        from refdml import kcenter as ref
-        from refdml._backend import get_backend
-
-        loaded = sorted(m for m in sys.modules if m.startswith(("numba.cuda", "numba_cuda"))
-                        or m.endswith("._cuda") or m == "refdml.gpu._support.cuda")
-        points = np.random.default_rng(0).standard_normal((50, 3)) / 4.0
-        got = family.IMPLEMENTATIONS.array.farthest_first(
-            get_backend(points), points, 6, np.full(50, np.inf), np.array([7]))
-        want = ref._farthest_first(points, 6, np.full(50, np.inf), 7, 8192)
-        print(json.dumps({"cuda": loaded, "numba": "numba" in sys.modules,
-                          "equal": bool(np.array_equal(got[0], want[0])
-                                        and np.array_equal(got[1], want[1]))}))
-    """
-    assert _child(body, "")["cuda"] == []
-    assert _child(body, "numba,llvmlite,numba_cuda") == {"cuda": [], "equal": True,
-                                                          "numba": False}

@@ -18,10 +18,7 @@ synchronisations) is held to the readable ranking with ``==`` on NumPy and on Cu
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -550,59 +547,3 @@ def test_array_path_synchronises_a_fixed_number_of_times(monkeypatch, chunk_size
         result = fast.retrieval_metrics(query, query_labels, chunk_size=chunk_size)
     assert (counter["tolist"], counter["shape"], counter.total) == (2, 2, 4), counter
     _assert_metrics_close(result, ref.retrieval_metrics(x.astype(np.float64), labels))
-
-
-# ------------------------------------------------------------ what importing the family loads
-
-#: A child interpreter's preamble: the top-level modules named in ``sys.argv[1]`` (comma
-#: separated) are refused, as if they were not installed.
-_REFUSING = textwrap.dedent("""
-    import json, sys
-
-    BLOCKED = set(filter(None, sys.argv[1].split(",")))
-
-
-    class Refuse:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-
-    sys.meta_path.insert(0, Refuse)
-""")
-
-
-def _child(body, blocked):
-    done = subprocess.run([sys.executable, "-c", _REFUSING + textwrap.dedent(body), blocked],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_importing_the_family_loads_no_cuda_and_its_array_path_needs_no_numba():
-    # The CUDA member, its module and numba.cuda load on the member's first use; the CPU
-    # twin's module (and Numba) when the twin first runs. So the package imports where Numba
-    # is absent, and its array path answers: the reference's neighbours.
-    body = """
-        import numpy as np
-        import refdml.gpu.metrics as family
-        from refdml import metrics as ref
-        from refdml._backend import get_backend
-        from refdml.gpu.metrics._array import TopK
-
-        loaded = sorted(m for m in sys.modules if m.startswith(("numba.cuda", "numba_cuda"))
-                        or m.endswith("._cuda") or m == "refdml.gpu._support.cuda")
-        x = np.random.default_rng(0).standard_normal((60, 4)) / 8.0
-        rows = np.arange(0, 60, 2)
-        got = family.IMPLEMENTATIONS.array.nearest(TopK(
-            backend=get_backend(x), query=x, rows=rows, reference=x, n_keep=5, same_set=True,
-            metric="euclidean"))
-        want = ref._nearest(x, rows, x, 5, True, "euclidean", 64)
-        print(json.dumps({"cuda": loaded, "equal": bool(np.array_equal(got, want)),
-                          "numba": "numba" in sys.modules}))
-    """
-    assert _child(body, "")["cuda"] == []
-    assert _child(body, "numba,llvmlite,numba_cuda") == {"cuda": [], "equal": True,
-                                                          "numba": False}

@@ -6,8 +6,8 @@
 kernels of :mod:`refdml.gpu.kcenter._cuda`; both have the interface of
 :class:`~refdml.gpu.kcenter._array.ArrayPath` (its docstring states it). The CUDA member is
 built on first use (``load_cuda=CudaPath``): only then are :mod:`refdml.gpu.kcenter._cuda`
-and ``numba.cuda`` imported. The CPU member imports the twin's module (and Numba) when it
-first runs, so that the array path runs where Numba is not installed.
+and ``numba.cuda`` imported; the CPU member, built on first use too (``load_cpu=CpuPath``),
+imports the twin's module (and Numba), so the array path runs where Numba is not installed.
 """
 
 from __future__ import annotations
@@ -24,13 +24,17 @@ __all__ = ["IMPLEMENTATIONS", "CpuPath", "CudaPath"]
 
 class CpuPath:
     """The compiled CPU twin (:func:`refdml.gpu.kcenter._compiled.farthest_first_cpu`), NumPy
-    arrays only: one fused update + arg-max pass over the points per pick."""
+    arrays only: one fused update + arg-max pass over the points per pick. Building it imports
+    the twin's module (and Numba)."""
 
-    def farthest_first(self, backend: Backend, points: Any, k: int, min_sq: Any, first: Any):
+    def __init__(self) -> None:
         from refdml.gpu.kcenter import _compiled
 
-        return _compiled.farthest_first_cpu(points, k, min_sq,
-                                            None if first is None else int(first[0]))
+        self.compiled = _compiled
+
+    def farthest_first(self, backend: Backend, points: Any, k: int, min_sq: Any, first: Any):
+        return self.compiled.farthest_first_cpu(points, k, min_sq,
+                                                None if first is None else int(first[0]))
 
 
 class CudaPath:

@@ -6,9 +6,9 @@ and :class:`CudaPath` the CUDA kernel (``refdml_retrieval_topk`` of
 :mod:`refdml.gpu.metrics._cuda`); both answer :class:`~refdml.gpu.metrics._array.TopK` as
 :class:`~refdml.gpu.metrics._array.ArrayPath` does (its docstring states the interface).
 The CUDA member is built on first use (``load_cuda=CudaPath``): only then are
-:mod:`refdml.gpu.metrics._cuda` and ``numba.cuda`` imported. The CPU member imports the
-twin's module (and Numba) when it first runs, so that the array path runs where Numba is not
-installed.
+:mod:`refdml.gpu.metrics._cuda` and ``numba.cuda`` imported; the CPU member, built on first
+use too (``load_cpu=CpuPath``), imports the twin's module (and Numba), so the array path runs
+where Numba is not installed.
 """
 
 from __future__ import annotations
@@ -26,18 +26,20 @@ __all__ = ["IMPLEMENTATIONS", "CpuPath", "CudaPath"]
 class CpuPath:
     """The compiled CPU twin (:func:`refdml.gpu.metrics._compiled.nearest_cpu`), NumPy arrays
     only. It takes ``K <= MAX_KEEP`` (256) only: its sorted lists cost ``O(K)`` per
-    insertion and its re-rank ``O(K^2)`` per query; beyond, the array path answers."""
+    insertion and its re-rank ``O(K^2)`` per query; beyond, the array path answers. Building
+    it imports the twin's module (and Numba)."""
+
+    def __init__(self) -> None:
+        from refdml.gpu.metrics import _compiled
+
+        self.compiled = _compiled
 
     def takes(self, request: TopK) -> bool:
-        from refdml.gpu.metrics import _compiled
-
-        return request.n_keep <= _compiled.MAX_KEEP
+        return request.n_keep <= self.compiled.MAX_KEEP
 
     def nearest(self, request: TopK) -> Any:
-        from refdml.gpu.metrics import _compiled
-
-        return _compiled.nearest_cpu(request.query, request.rows, request.reference,
-                                     request.n_keep, request.same_set, request.metric)
+        return self.compiled.nearest_cpu(request.query, request.rows, request.reference,
+                                         request.n_keep, request.same_set, request.metric)
 
 
 class CudaPath:
