@@ -5,13 +5,13 @@ plain objects with a value and an accumulated gradient; a model walks its layers
 reverse by hand. No tape, no autodiff. The same code runs on NumPy (CPU) and CuPy (GPU)
 arrays.
 
-So far: parameters, layers and pooling heads (:mod:`refdml.train.layers`), optimisers
-(:mod:`refdml.train.optim`), learning-rate schedules (:mod:`refdml.train.schedules`) and
+Parameters, layers and pooling heads (:mod:`refdml.train.layers`), optimisers
+(:mod:`refdml.train.optim`), learning-rate schedules (:mod:`refdml.train.schedules`),
 data sets, splits and the P x K sampler (:mod:`refdml.train.data`), objectives
-(:mod:`refdml.train.objectives`) and the training loop with checkpoints and resume
+(:mod:`refdml.train.objectives`), the training loop with checkpoints and resume
 (:mod:`refdml.train.trainer`), complete runs of the five studies from a plain config
-(:func:`refdml.train.runs.build_run`; ``refdml train`` and ``scripts/train_*.py`` wrap it).
-The plots come next.
+(:func:`refdml.train.runs.build_run`; ``refdml train`` and ``scripts/train_*.py`` wrap it)
+and the figures of a run (:mod:`refdml.train.plots`).
 """
 
 from refdml.train import layers

@@ -325,11 +325,14 @@ def _check_ceiling(what, parts, ceiling):
 
 def _mirrored_modes():
     """``(name, mode)`` for every catalogue entry with a mirror: "array", and "cuda" where
-    the entry lists CUDA kernels."""
+    its kernel family (the one registration, refdml.gpu.families) has CUDA kernels: the
+    rows the parity suite runs (:func:`refdml.gradcheck.parity.kernel_cases`)."""
     from refdml.catalog import all_operators
+    from refdml.gradcheck.parity import kernel_cases
 
-    return [(spec.name, mode) for spec in all_operators() if spec.mirror is not None
-            for mode in ("array", "cuda") if mode == "array" or "cuda" in spec.mirror_kernels]
+    specs = all_operators()
+    return ([(spec.name, "array") for spec in specs if spec.mirror is not None]
+            + [(spec.name, mode) for spec, mode in kernel_cases(specs) if mode == "cuda"])
 
 
 def test_every_mirrored_operator_has_a_ceiling_on_the_standin():
