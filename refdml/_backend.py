@@ -4,7 +4,7 @@ The fast path (:mod:`refdml.gpu`) and the training layers are written once again
 library of their inputs, as POT's solvers are written against its backend ``nx``: a
 function asks :func:`get_backend` once for the backend of its arrays and calls it. Every
 difference between NumPy and CuPy is a method or an attribute of :class:`Backend`, so the
-maths never asks which library it runs on (``tests/test_architecture.py`` counts the
+maths never asks which library it runs on (``tests/test_backend_branches.py`` counts the
 branches on the library outside this module: none). CuPy is never imported unless an input
 already is a CuPy array, so ``import refdml`` works without it.
 
@@ -17,6 +17,9 @@ What differs, and where it lives here:
 * host transfers (:meth:`Backend.to_numpy`; :func:`to_numpy` for any array);
 * floating-point warnings (:meth:`Backend.errstate`: NumPy warns and is silenced where an
   overflow is checked afterwards; CuPy never warns);
+* what counts as the backend's own array (:meth:`Backend.is_own_array`: NumPy's reductions
+  return NumPy scalars, CuPy's 0-d arrays) and what a float32 matrix product rounds its
+  inputs to (:meth:`Backend.matmul_input_roundoff`: TF32 on CuPy under ``CUPY_TF32``);
 * what a host read costs (:meth:`Backend.check_every`, :meth:`Backend.known_equal`,
   :attr:`Backend.data_checks`): free on NumPy, a synchronisation of the device on CuPy, so
   a loop tests its convergence every few iterations there and a check of the data runs
@@ -24,8 +27,10 @@ What differs, and where it lives here:
 * constants worth caching (:meth:`Backend.cached`: read-only NumPy arrays kept per key;
   CuPy builds them anew, on the current device; :meth:`Backend.is_cached` recognises one);
 * optional refinements whose size depends on the data (:meth:`Backend.refine`: run on
-  NumPy, skipped on CuPy, where the size would be a synchronisation), and results known
-  for free (:meth:`Backend.known_true`: a host read on NumPy only);
+  NumPy, skipped on CuPy, where the size would be a synchronisation), work on a
+  data-dependent subset of rows (:attr:`Backend.gathers_rows`: gathered on NumPy, all rows
+  and ``where`` on CuPy), and results known for free (:meth:`Backend.known_true`: a host
+  read on NumPy only);
 * a wait for the device (:meth:`Backend.synchronize`, for timing only).
 
 >>> import numpy as np
@@ -105,7 +110,6 @@ class Backend:
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"
 
-    # ---------------------------------------------------------------- operations
     def scatter_add(self, target: Any, index: Any, values: Any) -> None:
         """``target[index] += values`` in place, repeated indices summed."""
         self._scatter_add(target, index, values)
@@ -125,7 +129,26 @@ class Backend:
         if not self.free_host_reads:
             self.xp.cuda.Device().synchronize()
 
-    # ---------------------------------------------------------------- host reads
+    def is_own_array(self, value: Any) -> bool:
+        """True for an array of this backend: a ``cupy.ndarray`` on CuPy; on NumPy a
+        ``numpy.ndarray`` or a NumPy scalar, which NumPy's reductions return where CuPy's
+        return 0-d arrays (``x.sum()``). A list, or an array of the other backend, is not."""
+        if self.free_host_reads:
+            return isinstance(value, (np.ndarray, np.generic))
+        return is_device_array(value)
+
+    def matmul_input_roundoff(self) -> float:
+        """Unit roundoff of the inputs of a float32 matrix product (``xp.matmul``) on this
+        backend: ``2^-24`` (IEEE float32: the product multiplies the float32 values as they
+        are), or ``2^-10`` on CuPy while the environment variable ``CUPY_TF32`` is set (to
+        anything but ``""`` or ``"0"``), where cuBLAS runs float32 products on tensor cores
+        and first rounds each input to TF32's 10-bit mantissa. A rounding-error bound of the
+        product takes it (:func:`refdml.gpu.metrics._certificate.gemm_score_bound`)."""
+        if self.name == "cupy" and os.environ.get("CUPY_TF32", "0") not in ("", "0"):
+            return 2.0**-10
+        return 2.0**-24
+
+    # ------------------------------------------ host reads: free on NumPy, a sync on CuPy
     @property
     def data_checks(self) -> bool:
         """Whether data-dependent checks run: always on NumPy, on CuPy while
@@ -143,26 +166,6 @@ class Backend:
         equality would have spared."""
         return self.free_host_reads and float(value) == constant
 
-    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """``build()``, kept read-only per ``key`` on NumPy (at most 64 keys); built anew on
-        CuPy, where an array belongs to the current device and is cheap to make."""
-        if not self.free_host_reads:
-            return build()
-        array = self._cache.get(key)
-        if array is None:
-            array = build()
-            array.flags.writeable = False
-            if len(self._cache) < 64:
-                self._cache[key] = array
-        return array
-
-    # ---- for refdml.gpu.losses (and normalize, distances, histogram, prototypes, crossbatch)
-    def is_cached(self, key: Hashable, value: Any) -> bool:
-        """True when ``value`` is the very array :meth:`cached` keeps under ``key`` (an
-        identity test: no data read); always False on CuPy, which keeps none. A caller that
-        recognises its own constant (the fast path's unit scales) skips arithmetic by it."""
-        return value is not None and self._cache.get(key) is value
-
     def known_true(self, flag: Any) -> bool:
         """True where the backend can tell for free that the 0-d boolean ``flag`` holds
         (NumPy); CuPy never reads it (False), so the caller takes the route that is right
@@ -178,7 +181,6 @@ class Backend:
         if self.free_host_reads:
             step(*args)
 
-    # ---- for refdml.gpu.ot
     @property
     def gathers_rows(self) -> bool:
         """Whether work that concerns a data-dependent subset of rows (a mask, the rows
@@ -199,26 +201,25 @@ class Backend:
         """
         return self.free_host_reads
 
-    # ---- for refdml.train
-    def is_own_array(self, value: Any) -> bool:
-        """True for an array of this backend: a ``cupy.ndarray`` on CuPy; on NumPy a
-        ``numpy.ndarray`` or a NumPy scalar, which NumPy's reductions return where CuPy's
-        return 0-d arrays (``x.sum()``). A list, or an array of the other backend, is not."""
-        if self.free_host_reads:
-            return isinstance(value, (np.ndarray, np.generic))
-        return is_device_array(value)
+    # ---------------------------------------------------------------- constants
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()``, kept read-only per ``key`` on NumPy (at most 64 keys); built anew on
+        CuPy, where an array belongs to the current device and is cheap to make."""
+        if not self.free_host_reads:
+            return build()
+        array = self._cache.get(key)
+        if array is None:
+            array = build()
+            array.flags.writeable = False
+            if len(self._cache) < 64:
+                self._cache[key] = array
+        return array
 
-    # ---- for refdml.gpu.metrics
-    def matmul_input_roundoff(self) -> float:
-        """Unit roundoff of the inputs of a float32 matrix product (``xp.matmul``) on this
-        backend: ``2^-24`` (IEEE float32: the product multiplies the float32 values as they
-        are), or ``2^-10`` on CuPy while the environment variable ``CUPY_TF32`` is set (to
-        anything but ``""`` or ``"0"``), where cuBLAS runs float32 products on tensor cores
-        and first rounds each input to TF32's 10-bit mantissa. A rounding-error bound of the
-        product takes it (:func:`refdml.gpu.metrics._certificate.gemm_score_bound`)."""
-        if self.name == "cupy" and os.environ.get("CUPY_TF32", "0") not in ("", "0"):
-            return 2.0**-10
-        return 2.0**-24
+    def is_cached(self, key: Hashable, value: Any) -> bool:
+        """True when ``value`` is the very array :meth:`cached` keeps under ``key`` (an
+        identity test: no data read); always False on CuPy, which keeps none. A caller that
+        recognises its own constant (the fast path's unit scales) skips arithmetic by it."""
+        return value is not None and self._cache.get(key) is value
 
 
 def _numpy_backend() -> Backend:
