@@ -424,7 +424,7 @@ def table_rows(summary: list[dict]) -> list[list]:
             entry["label"], entry["unit"], entry["rounds"], _fmt(entry["before"], ".4g"),
             _fmt(entry["after"], ".4g"), _fmt(entry["ratio"], ".3f"),
             "" if low_high is None else f"{low_high[0]:.3f}-{low_high[1]:.3f}",
-            _fmt(entry["before_anchor"], ".3f"), _fmt(entry["after_anchor"], ".3f"),
+            _fmt(entry["before_anchor"], ".4g"), _fmt(entry["after_anchor"], ".4g"),
             _fmt(entry["anchor_ratio"], ".3f")])
     return rows
 
@@ -490,6 +490,28 @@ def _values(spec: Spec, cells: dict, rounds: int) -> list[dict]:
                            for role in (("value", "anchor") if measure.anchor else ("value",))}
         out.append(entry)
     return out
+
+
+def _bench_line(bench: Bench, side: str) -> str:
+    """How ``side`` runs ``bench``, for the document's notes: variables, command, and whose
+    script."""
+    env = " ".join(f"{k}={'(unset)' if v is None else v}" for k, v in bench.env[side].items())
+    script_of = bench.script_tree[side]
+    return ((f"{env} " if env else "") + "python " + " ".join(bench.command[side])
+            + ("" if script_of == side else f" (the {script_of} checkout's script)"))
+
+
+def bench_notes(spec: Spec) -> list[str]:
+    """One line per bench saying how it ran: one for both sides where they ran it alike,
+    else one per side."""
+    notes = []
+    for name, bench in spec.benches.items():
+        lines = {side: _bench_line(bench, side) for side in SIDES}
+        if lines["before"] == lines["after"]:
+            notes.append(f"{name}, both sides: {lines['after']}")
+        else:
+            notes += [f"{name}, {side}: {lines[side]}" for side in SIDES]
+    return notes
 
 
 def _shown(path: str, root: Path) -> str:
@@ -565,15 +587,7 @@ def main(argv=None) -> int:
             table.add(*row)
         notes = [f"{os.cpu_count()} cores; load average at the start {start_load}, at the "
                  f"end {end_load}; {len(failed)} of {len(runs)} runs failed"]
-        for name, bench in spec.benches.items():
-            for side in SIDES:
-                script_of = bench.script_tree[side]
-                env = " ".join(f"{k}={'(unset)' if v is None else v}"
-                               for k, v in bench.env[side].items())
-                notes.append(f"{name}, {side}: " + (f"{env} " if env else "")
-                             + "python " + " ".join(bench.command[side])
-                             + ("" if script_of == side else
-                                f" (the {script_of} checkout's script)"))
+        notes += bench_notes(spec)
         root = checkouts["after"].root
         shown_argv = ["--spec", _shown(args.spec, root),
                       "--before", f"<checkout of {checkouts['before'].commit}>",

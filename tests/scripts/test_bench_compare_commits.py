@@ -173,6 +173,18 @@ def test_command_line_and_environment_of_a_side(tmp_path):
     assert env == {"KEEP": "2", "FAKE_MODE": "1"}
 
 
+def test_bench_notes_say_how_each_side_ran_a_bench():
+    spec = copy.deepcopy(SPEC)
+    spec["benches"].append({"name": "same", "command": ["scripts/bench_fake.py", "--x"],
+                            "env": {"A": "1"}})
+    assert compare.bench_notes(compare.parse_spec(spec)) == [
+        "fast, before: FAKE_MODE=1 GONE=(unset) python scripts/bench_fake.py --old",
+        "fast, after: FAKE_MODE=1 GONE=(unset) python scripts/bench_fake.py --size 3",
+        "anchor, before: python scripts/bench_fake.py (the after checkout's script)",
+        "anchor, after: python scripts/bench_fake.py",
+        "same, both sides: A=1 python scripts/bench_fake.py --x"]
+
+
 # --------------------------------------------------------------------------- the summary
 def _cells(values: dict) -> dict:
     """``values[(round, side)] = (twin, anchor)`` -> the driver's cells."""
@@ -218,7 +230,7 @@ def test_table_rows_are_the_printed_cells():
     spec = compare.parse_spec(SPEC)
     cells = _cells({(0, "before"): (10.0, 20.0), (0, "after"): (9.0, 18.0)})
     rows = compare.table_rows(compare.summarise(spec, cells, 1))
-    assert rows[0] == ["twin", "ms", 1, "10", "9", "0.900", "0.900-0.900", "0.500", "0.500",
+    assert rows[0] == ["twin", "ms", 1, "10", "9", "0.900", "0.900-0.900", "0.5", "0.5",
                        "0.900"]
     assert rows[1][-3:] == ["", "", ""]
     text = compare.render(rows)
@@ -269,8 +281,8 @@ def test_end_to_end_each_side_runs_its_own_script_and_the_table_is_written(tmp_p
     twin, bare = table["rows"]
     # before: its own script (VALUE 10, the --old row); after: 8; the anchor reads 20 in
     # both (the after checkout's script, the row it always writes).
-    assert twin[:10] == ["twin", "ms", 2, "10", "8", "0.800", "0.800-0.800", "0.500",
-                         "0.400", "1.000"]
+    assert twin[:10] == ["twin", "ms", 2, "10", "8", "0.800", "0.800-0.800", "0.5",
+                         "0.4", "1.000"]
     assert bare[5] == "0.800"
     assert str(tmp_path) not in json.dumps(doc)             # no checkout paths written
     runs = doc["comparison"]["runs"]
@@ -278,6 +290,7 @@ def test_end_to_end_each_side_runs_its_own_script_and_the_table_is_written(tmp_p
         ["fast", "anchor"], 2)
     assert all(r["error"] is None for r in runs)
     assert doc["comparison"]["values"][0]["before"]["value"] == [10.0, 10.0]
+    assert doc["notes"][1:] == compare.bench_notes(compare.parse_spec(SPEC))
 
 
 def test_end_to_end_a_failed_run_is_reported_and_a_missing_cell_stops(tmp_path):
