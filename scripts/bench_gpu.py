@@ -345,8 +345,9 @@ def bench_ot(repeats: int) -> list[Table]:
           f"(BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
     table = Table(
         f"pairwise_sinkhorn_divergence_forward, {n_clouds} clouds of {n_points} points in "
-        f"R^{dim} (unit norm), p=2, tol={tol:g}: the float64 reference vs the fast path in "
-        f"float64 and float32, medians of {repeats} interleaved repeats (BLAS threads "
+        f"R^{dim} (unit norm), p=2, tol={tol:g}: the float64 reference (its readable form) vs "
+        f"the fast path (its CPU twin) in float64 and float32, medians of {repeats} "
+        "interleaved repeats (BLAS threads "
         f"{os.environ['OPENBLAS_NUM_THREADS']}); ratios: the reference's time / the fast "
         "path's; max|d|: max abs difference of the divergences vs the reference",
         ["eps", "ref f64 ms", "fast f64 ms", "fast f32 ms", "ratio f64", "ratio f32",
@@ -397,8 +398,9 @@ def bench_kcenter(repeats: int) -> list[Table]:
     setting = (f"n={n} d={d} k={k} (median of {repeats}, interleaved; "
                f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
     print(f"\ngreedy k-center, {setting}")
-    table = Table(f"Greedy k-center, {setting}: the float64 reference vs the fast path; ratio: "
-                  "the reference's time / the path's", ["path", "ms", "x the reference"],
+    table = Table(f"Greedy k-center, {setting}: the float64 reference (its readable "
+                  "traversal) vs the fast path (its CPU twin); ratio: the reference's time "
+                  "/ the path's", ["path", "ms", "x the reference"],
                   notes=[_load()])
     reference = medians["reference float64"]
     for name, seconds in medians.items():
@@ -439,8 +441,9 @@ def bench_metrics(repeats: int) -> list[Table]:
     setting = (f"same-set, n={n} d={d}, {n_classes} classes (median of {repeats}, "
                f"interleaved; BLAS threads {os.environ['OPENBLAS_NUM_THREADS']})")
     print(f"\nretrieval metrics, {setting}")
-    table = Table(f"Retrieval metrics (Euclidean), {setting}: the float64 reference vs the fast "
-                  "path; ratio: the reference's time / the path's",
+    table = Table(f"Retrieval metrics (Euclidean), {setting}: the float64 reference (its "
+                  "readable ranking) vs the fast path (its CPU twin); ratio: the "
+                  "reference's time / the path's",
                   ["path", "ms", "x the reference"], notes=[_load()])
     reference = medians["reference float64"]
     for name, seconds in medians.items():
@@ -457,9 +460,70 @@ def bench_metrics(repeats: int) -> list[Table]:
     return [table]
 
 
+def bench_torch_gsp(repeats: int) -> list[Table]:
+    """The PyTorch GSP layer on the CPU (float32, forward + backward), the anchor of the
+    ``gsp`` section's float32 rows: the same sizes and inputs (B = 256 and the B = 4096
+    throughput), at one torch thread and at torch's default, interleaved; its gradients
+    are first checked against refdml's float64 reference (untimed).
+
+    An anchor section runs only when named (``--only torch_gsp``) and alone in its process:
+    torch in the process that times refdml changes NumPy's heap history (glibc's
+    thresholds for handing large blocks back), which doubled the B = 4096 array path's time
+    when they were interleaved; the two are run side by side as processes instead (as
+    scripts/bench_train.py does, and scripts/bench_compare_commits.py alternates them).
+    """
+    anchor = _torch_on_cpu()
+    if anchor.anchors is None:
+        print(f"torch GSP layer: {anchor.note}")
+        return [Table("PyTorch GSP layer on the CPU", ["path"], notes=[anchor.note])]
+    torch_ = anchor.torch
+    default = torch_.get_num_threads()
+    m, n, d = 64, 49, 128
+    table = Table(
+        f"PyTorch GSP layer (scripts/_torch_anchors.py: (P2) by {anchor.anchors.N_ITER} "
+        "fixed-point iterations of Prop. 4.2, the closed-form backward of Prop. 4.3 in a "
+        "custom torch.autograd.Function) forward + backward on the CPU, float32, m=64 n=49 "
+        f"d=128 mu={_GSP_ARGS['mu']} inverse_temperature={_GSP_ARGS['inverse_temperature']}, "
+        f"at 1 torch thread and at torch's default ({default}); median of {repeats} "
+        f"interleaved at B=256, of {max(3, repeats // 3)} at B=4096; rel err: pooled and "
+        "both gradients against refdml's float64 reference, relative to each one's largest "
+        "entry", ["path", "B", "torch threads", "ms", "images/s", "rel err"],
+        notes=[f"{anchor.note}; {_load()}"])
+    print(f"PyTorch GSP layer on the CPU, float32 ({anchor.note}; {_load()})")
+    for batch, rounds in ((256, repeats), (4096, max(3, repeats // 3))):
+        host = _gsp_inputs(batch, m, n, d)
+        layer = _gsp_torch(anchor, host)
+        errors = ""
+        if batch == 256:           # pooled, d_features, d_prototypes (torch: on the CPU)
+            worst = max(float(np.max(np.abs(g.detach().numpy().astype(np.float64) - w)))
+                        / float(np.max(np.abs(w)))
+                        for g, w in zip(layer(), _gsp_reference(host)(), strict=True))
+            errors = f"{worst:.1e}"
+
+        def at(threads):
+            def call():
+                torch_.set_num_threads(threads)
+                try:
+                    return layer()
+                finally:
+                    torch_.set_num_threads(default)
+            return call
+        runs = {threads: at(threads) for threads in sorted({1, default})}
+        medians = interleaved(runs, rounds)
+        for threads, seconds in medians.items():
+            c = table.add("torch GSP layer float32", batch, threads, f"{seconds * 1e3:.2f}",
+                          f"{batch / seconds:.0f}", errors)
+            print(f"  B={c[1]:<5} {c[2]} thread(s) {c[3]:>9} ms {c[4]:>7} images/s"
+                  + (f"  rel err {errors}" if errors else ""))
+    return [table]
+
+
 SECTIONS = {"gsp": bench_gsp, "compile": bench_compile, "lse": bench_lse,
             "losses": bench_losses, "ot": bench_ot,
             "kcenter": bench_kcenter, "metrics": bench_metrics}
+#: Sections that time a PyTorch anchor on the CPU: run only when named, alone (see
+#: :func:`bench_torch_gsp`).
+ANCHOR_SECTIONS = {"torch_gsp": bench_torch_gsp}
 
 
 
@@ -523,7 +587,7 @@ _OT_GOAL = 20.0
 # Largest |difference| of the retrieval metrics between the CUDA kernel and the array path
 # (averages over the queries): 1e-3 is 10 queries in 10,000 whose neighbours differ where
 # the kernel's FMA contraction reorders references whose distances agree to ~1e-16
-# relative (refdml/gpu/metrics/_compiled.py).
+# relative (refdml/gpu/metrics/_cuda.py; the family docstring, refdml/gpu/metrics/__init__.py).
 _RETRIEVAL_PARITY = 1e-3
 _RETRIEVAL_BLOCK = 16384
 # k-center: radii of the CUDA kernel and the array path over their common first picks,
@@ -812,6 +876,19 @@ def _torch_setup(run: _Run) -> _Torch:
     anchors.use_full_float32()
     return _Torch(anchors, torch, device, row_device,
                   f"torch {torch.__version__} on {device}, float32 without TF32")
+
+
+def _torch_on_cpu() -> _Torch:
+    """The PyTorch anchors on the CPU for the ``--device cpu`` sections (float32 at torch's
+    default threads), or why they are skipped."""
+    try:
+        import torch
+    except ImportError as exc:
+        return _Torch(None, None, None, None, f"skipped: torch cannot be imported ({exc})")
+    import _torch_anchors as anchors
+
+    return _Torch(anchors, torch, torch.device("cpu"), "cpu",
+                  f"torch {torch.__version__} on the CPU, {torch.get_num_threads()} threads")
 
 
 def _to_torch(torch_, value, device):
@@ -1679,7 +1756,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: the fast path on NumPy against the reference (default); "
                              "cuda: the CuPy benchmarks of issue 21")
-    parser.add_argument("--only", choices=sorted(set(SECTIONS) | set(CUDA_SECTIONS)),
+    parser.add_argument("--only", choices=sorted(set(SECTIONS) | set(ANCHOR_SECTIONS)
+                                                 | set(CUDA_SECTIONS)),
                         action="append", help="run only these sections (repeatable)")
     parser.add_argument("--quick", action="store_true", help="3 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (median)")
@@ -1697,18 +1775,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats == {args.repeats}, must be at least 1")
     if not args.max_seconds >= 0:
         parser.error(f"--max-seconds == {args.max_seconds}, must be >= 0")
-    sections = SECTIONS if args.device == "cpu" else CUDA_SECTIONS
+    sections = SECTIONS | ANCHOR_SECTIONS if args.device == "cpu" else CUDA_SECTIONS
     for name in args.only or ():
         if name not in sections:
             parser.error(f"--only {name!r} is not a section of --device {args.device}; "
                          f"choose from {', '.join(sections)}")
+    anchors = set(args.only or ()) & set(ANCHOR_SECTIONS)
+    if anchors and len(set(args.only)) > 1:
+        parser.error(f"--only {sorted(anchors)[0]} runs alone (torch in the process would "
+                     "change the other sections' times; see bench_torch_gsp)")
     if args.device == "cpu":
         if args.dry_run:
             parser.error("--dry-run goes with --device cuda")
         repeats = args.repeats or (3 if args.quick else 9)
         tables = []
         for name in args.only or sorted(SECTIONS):
-            tables += SECTIONS[name](repeats)
+            tables += sections[name](repeats)
         if args.json:
             write_json(args.json, script=__file__, argv=argv, tables=tables, notes=[
                 "every timing is the median of interleaved runs in one process: the ratios "

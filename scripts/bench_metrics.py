@@ -16,7 +16,7 @@ until then it ran the compiled CPU twin (now :func:`refdml.gpu.metrics.retrieval
 on NumPy), whose tiles do not depend on ``chunk_size``. scripts/bench_retrieval.py is the
 issue-11 benchmark (bounds, faiss, the readable path, RSS peak).
 
-    python scripts/bench_metrics.py            # full size (a few minutes on 2 cores)
+    python scripts/bench_metrics.py            # full size (slow: the readable ranking)
     python scripts/bench_metrics.py --quick    # 6,000 x 128, 1,131 classes (seconds)
     python scripts/bench_metrics.py --json out.json   # the tables also as JSON (scripts/_bench.py)
 """

@@ -1,21 +1,23 @@
-"""Retrieval metrics at the SOP test split's shape: the compiled path vs its bounds (issue 11).
+"""Retrieval metrics at the SOP test split's shape: the fast path's CPU twin vs its bounds.
 
 60,000 x 128 float32 embeddings (unit rows, class centre + noise; synthetic, seeded) in
 11,316 classes of 2-12 images (2 each plus a multinomial share of the rest, mean 5.3 like
 SOP's test split), same-set mode, Euclidean. In ONE run, interleaved medians
 (scripts/_bench.py) of:
 
-- ``refdml.metrics.retrieval_metrics`` (the compiled CPU twin: float32 tiles, running
-  top-K, certified float64 re-rank);
+- ``refdml.gpu.metrics.retrieval_metrics`` on NumPy input (the fast path's compiled CPU
+  twin, :mod:`refdml.gpu.metrics._compiled`: float32 tiles, running top-K, certified
+  float64 re-rank; issue 11). Since issue 45 the reference ``refdml.metrics.retrieval_metrics``
+  runs its readable ranking only (below), so the twin is timed through the fast path;
 - the bare chunked 60k x 60k x 128 matrix product, float32 and float64 (NumPy at the default
   BLAS threads, 4,096 query rows per chunk, nothing else done): the issue's bound;
 - faiss-cpu's flat index (``IndexFlatL2``, K+1 nearest, self removed) where faiss is
   installed (not a dependency: ``pip install faiss-cpu``), the named alternative;
 
-then once: the readable reference ranking (``refdml.metrics._nearest``: the ordered score
+then once: the reference's readable ranking (``refdml.metrics._nearest``: the ordered score
 without BLAS, ``d`` elementwise passes per score block) on ``--readable-queries`` queries
 drawn at random (all of them with ``--quick``; ``--no-readable`` skips it), whose neighbour
-lists must EQUAL the compiled path's on the same queries (asserted; equal neighbours for
+lists must EQUAL the CPU twin's on the same queries (asserted; equal neighbours for
 every query is what makes the metrics equal).
 Peak memory above the input: resident set size sampled every 2 ms from /proc/self/statm in a
 thread (sees Numba's allocations, which tracemalloc does not), minus the RSS just before the
@@ -44,6 +46,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _bench import Table, interleaved, write_json  # noqa: E402
 
 from refdml import metrics  # noqa: E402
+from refdml.gpu import metrics as fast  # noqa: E402
 
 
 def make_data(n: int, n_classes: int, d: int, seed: int):
@@ -113,7 +116,7 @@ def main(argv=None) -> int:
     print(notes[-1])
 
     t0 = time.perf_counter()
-    metrics.retrieval_metrics(x[:500], labels[:500] % 50)     # compile or load the cache
+    fast.retrieval_metrics(x[:500], labels[:500] % 50)        # compile or load the cache
     notes.append(f"first call (compile or cache load): {time.perf_counter() - t0:.2f} s")
     print(notes[-1])
 
@@ -121,8 +124,9 @@ def main(argv=None) -> int:
         for start in range(0, a.shape[0], 4096):
             a[start:start + 4096] @ a.T
 
+    twin = "refdml.gpu.metrics.retrieval_metrics (CPU twin)"
     runs = {
-        "refdml.metrics.retrieval_metrics": lambda: metrics.retrieval_metrics(x, labels),
+        twin: lambda: fast.retrieval_metrics(x, labels),
         "bare matmul float32": lambda: bare_matmul(x),
         "bare matmul float64": lambda: bare_matmul(x64),
     }
@@ -151,8 +155,8 @@ def main(argv=None) -> int:
         f"Peak memory above the input ({x.nbytes / 2**20:.0f} MiB float32), {setting}: "
         "resident set size sampled every 2 ms, and tracemalloc's peak (NumPy buffers only)",
         ["path", "RSS peak MiB", "tracemalloc peak MiB"])
-    result, rss, traced = peak_memory(runs["refdml.metrics.retrieval_metrics"])
-    c = memory.add("refdml.metrics.retrieval_metrics", f"{rss:.0f}", f"{traced:.0f}")
+    result, rss, traced = peak_memory(runs[twin])
+    c = memory.add(twin, f"{rss:.0f}", f"{traced:.0f}")
     print(f"peak memory above the input ({x.nbytes / 2**20:.0f} MiB float32): "
           f"RSS sampled {c[1]} MiB, tracemalloc {c[2]} MiB; {memory.note(load())}")
     if "faiss-cpu IndexFlatL2" in runs:
@@ -166,15 +170,15 @@ def main(argv=None) -> int:
     medians = interleaved(runs, args.repeats, warmups=0)
     print(f"\nmedian of {args.repeats} interleaved runs ({load()}):")
     times = Table(
-        f"retrieval_metrics (compiled CPU twin), {setting}, Euclidean, against its bound (the "
-        "bare chunked n x n x d matrix product at the default BLAS threads) and faiss-cpu's "
-        f"flat index where installed; median of {args.repeats} interleaved runs; ratios "
-        "against the float32 matmul", ["path", "time s", "x the float32 matmul"],
+        f"retrieval_metrics (the fast path's CPU twin), {setting}, Euclidean, against its "
+        "bound (the bare chunked n x n x d matrix product at the default BLAS threads) and "
+        f"faiss-cpu's flat index where installed; median of {args.repeats} interleaved runs; "
+        "ratios against the float32 matmul", ["path", "time s", "x the float32 matmul"],
         notes=[load()])
     base = medians["bare matmul float32"]
     for name, seconds in medians.items():
         c = times.add(name, f"{seconds:.2f}", f"{seconds / base:.2f}")
-        print(f"  {c[0]:36s} {c[1]:>8} s   {c[2]:>5}x the float32 matmul")
+        print(f"  {c[0]:48s} {c[1]:>8} s   {c[2]:>5}x the float32 matmul")
 
     if not args.no_readable:
         from refdml._numerics import common_scale
@@ -189,13 +193,14 @@ def main(argv=None) -> int:
         readable = metrics._nearest(scaled, rows, scaled, n_keep, True, "euclidean", 256)
         seconds = time.perf_counter() - t0
         compiled = nearest_cpu(scaled, rows, scaled, n_keep, True, "euclidean")
-        print(f"\nreadable ranking (refdml.metrics._nearest) of {n_check} queries, once: "
-              f"{seconds:.1f} s ({load()})")
+        print(f"\nthe reference's readable ranking (refdml.metrics._nearest) of {n_check} "
+              f"queries, once: {seconds:.1f} s ({load()})")
         np.testing.assert_array_equal(compiled, readable)
-        print(f"neighbours of those {n_check} queries equal to the readable ranking's: "
-              "True (asserted)")
-        times.note(f"readable ranking (refdml.metrics._nearest) of {n_check} queries, once: "
-                   f"{seconds:.1f} s; their neighbours equal the compiled path's (asserted)")
+        print(f"neighbours of those {n_check} queries by the CPU twin equal to the readable "
+              "ranking's: True (asserted)")
+        times.note(f"the reference's readable ranking (refdml.metrics._nearest) of {n_check} "
+                   f"queries, once: {seconds:.1f} s; their neighbours equal the CPU twin's "
+                   "(asserted)")
     values = Table(f"retrieval_metrics of the synthetic embeddings ({setting})",
                    ["metric", "value"])
     for k, v in result.items():
