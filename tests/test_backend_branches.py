@@ -29,9 +29,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "refdml"
 #: The one module allowed to ask which library an array belongs to.
 BACKEND_MODULE = PACKAGE / "_backend.py"
-#: Where the branches that issue 45 is removing still are while the families move onto the
-#: backend (refdml.gpu); everywhere else the count is already zero.
-FAST_PATH = PACKAGE / "gpu"
 
 _LIBRARY_NAMES = {"np", "numpy", "cupy"}
 _LIBRARY_STRINGS = {"numpy", "cupy"}
