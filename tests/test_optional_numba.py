@@ -1,7 +1,7 @@
 """The reference is pure NumPy/SciPy; Numba and CuPy load only where a kernel runs (issue 45).
 
 Each check runs in a child interpreter, where a meta-path finder refuses the modules a test
-names, as if they were not installed (as tests/cli/test_extras.py hides the extras):
+names, as if they were not installed (tests/_hidden_modules.py, as the extras' tests do):
 
 - with ``numba`` (and ``llvmlite``, ``numba_cuda``, ``cupy``) refused, every operator of the
   reference runs, and so do ``refdml.gradcheck``, ``refdml.catalog``, ``refdml conform`` on a
@@ -16,36 +16,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 
-
-#: The child's preamble: ``sys.argv[1]`` (comma separated) names the refused top-level
-#: modules; the body after it prints one JSON line.
-_PREAMBLE = textwrap.dedent("""
-    import json, sys
-
-    BLOCKED = set(filter(None, sys.argv[1].split(",")))
-
-
-    class Refuse:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-
-    sys.meta_path.insert(0, Refuse)
-""")
+from _hidden_modules import child_argv
 
 NO_NUMBA = "numba,llvmlite,numba_cuda,cupy,cupyx"
 
 
 def _child(body: str, blocked: str, *args: str) -> dict:
-    """Run ``body`` after the preamble with ``blocked`` refused; its last stdout line, as JSON."""
-    done = subprocess.run([sys.executable, "-c", _PREAMBLE + textwrap.dedent(body), blocked,
-                           *args], capture_output=True, text=True, timeout=600)
+    """Run ``body`` with ``blocked`` refused (``json`` imported for it); its last stdout line, as JSON."""
+    done = subprocess.run(child_argv("import json\n" + textwrap.dedent(body), blocked, *args),
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -7,40 +7,26 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 
 import pytest
+from _hidden_modules import child_argv
 
 from refdml.exceptions import MissingExtraError
 
-#: Run refdml's CLI in a child process with the top-level modules in argv[1] (comma
-#: separated) refused, as a core-only install would.
-_CHILD = textwrap.dedent("""
-    import sys
-
-    BLOCKED = set(sys.argv[1].split(","))
-
-
-    class Refuse:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-
-    sys.meta_path.insert(0, Refuse)
+#: refdml's CLI, run in a child process with the top-level modules in argv[1] (comma
+#: separated) refused, as a core-only install would (tests/_hidden_modules.py).
+_CLI = """
     from refdml.cli import main
 
     sys.exit(main(sys.argv[2:]))
-""")
+"""
 
 #: Every extra's top-level package: a core-only install has none of them.
 EXTRA_PACKAGES = "distributed,dask,sklearn,matplotlib,tomli,jax,mpmath,numba,llvmlite,numba_cuda"
 
 
 def _refdml(blocked, *argv, cwd):
-    return subprocess.run([sys.executable, "-c", _CHILD, blocked, *argv], cwd=cwd,
+    return subprocess.run(child_argv(_CLI, blocked, *argv), cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
 
