@@ -95,8 +95,10 @@ class DeferredReads:
     def read(self) -> None:
         """Read every pending value in one transfer and call the callbacks in order.
 
-        The pending list is emptied first, so a callback that raises leaves nothing behind
-        to be raised again by the next :meth:`read`.
+        Every callback runs, even after one has raised (each may have state to put right:
+        an optimiser rolls back the steps it counted past a failure); the first exception
+        is raised once all have run. The pending list is emptied first, so nothing is
+        raised again by the next :meth:`read`.
         """
         pending, self._pending = self._pending, []
         if not pending:
@@ -109,10 +111,17 @@ class DeferredReads:
                                        dtype=np.float64))
         self.reads += 1
         start = 0
+        first_error: BaseException | None = None
         for values, on_read, where in pending:
             size = sum(int(np.prod(a.shape, dtype=np.int64)) for a in values)
-            on_read(host[start:start + size], where)
+            try:
+                on_read(host[start:start + size], where)
+            except Exception as error:      # noqa: BLE001 - re-raised below, the first one
+                if first_error is None:
+                    first_error = error
             start += size
+        if first_error is not None:
+            raise first_error
 
 
 def current() -> DeferredReads | None:

@@ -37,16 +37,22 @@ def test_read_calls_back_in_order_with_the_values_and_where():
     assert reads.reads == 1
 
 
-def test_a_failed_callback_empties_the_queue_first():
+def test_every_callback_runs_and_the_first_failure_is_raised_once():
     reads = _deferred.DeferredReads()
+    ran = []
 
-    def fail(values, where):
-        raise ValueError("bad")
+    def fail(label):
+        def on_read(values, where):
+            ran.append(label)
+            raise ValueError(label)
+        return on_read
 
-    reads.add(np.zeros(1), fail)
-    with pytest.raises(ValueError, match="bad"):
+    reads.add(np.zeros(1), fail("first"))
+    reads.add(np.zeros(1), lambda values, where: ran.append("between"))
+    reads.add(np.zeros(1), fail("second"))
+    with pytest.raises(ValueError, match="^first$"):
         reads.read()
-    assert len(reads) == 0
+    assert ran == ["first", "between", "second"] and len(reads) == 0
     reads.read()                     # not raised twice
 
 
