@@ -69,11 +69,14 @@ class DeferredReads:
     reads : int
         How many host reads (transfers) :meth:`read` has made: one per call with values
         pending, none for an empty one.
+    failed_where : str or None
+        The ``where`` of the first callback that raised in the last :meth:`read`.
     """
 
     def __init__(self) -> None:
         self.where = ""
         self.reads = 0
+        self.failed_where: str | None = None
         self._pending: list[tuple[Any, OnRead, str]] = []
 
     def __len__(self) -> int:
@@ -101,6 +104,7 @@ class DeferredReads:
         raised again by the next :meth:`read`.
         """
         pending, self._pending = self._pending, []
+        self.failed_where = None
         if not pending:
             return
         arrays = [array for values, _, _ in pending for array in values]
@@ -118,7 +122,7 @@ class DeferredReads:
                 on_read(host[start:start + size], where)
             except Exception as error:      # noqa: BLE001 - re-raised below, the first one
                 if first_error is None:
-                    first_error = error
+                    first_error, self.failed_where = error, where
             start += size
         if first_error is not None:
             raise first_error
