@@ -171,7 +171,13 @@ def check_finite_later(array: Any, name: str) -> Any:
     device (a step folds it into its gate). When read, a non-finite ``array`` raises
     :class:`~refdml.exceptions.NonFiniteGradient` naming ``name``, its first non-finite
     entry's index and where it was recorded. Outside a scope or on NumPy the check runs
-    at once."""
+    at once. A Python or NumPy scalar (already on the host) is checked at once and gives
+    ``True``."""
+    if isinstance(array, (float, int, np.generic)):
+        value = float(array)
+        if not np.isfinite(value):
+            raise NonFiniteGradient(f"{name} == {value}, must be finite")
+        return True
     xp = get_backend(array).xp
     mask = xp.isfinite(array)
     finite = mask.all()
