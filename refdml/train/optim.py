@@ -95,8 +95,8 @@ from refdml import _deferred
 from refdml._validation import _describe, check_scalar
 from refdml._backend import get_backend, to_numpy
 from refdml.exceptions import NonFiniteGradient
-from refdml.gpu.optim import (ACTIVE, BAD_GRAD, BAD_UPDATE, DECAY, GATE, LR, N_COEF, N_SCALARS,
-                              SCALARS, SQRT_BC2, STEP, fused_step)
+from refdml.gpu.optim import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE, LR,
+                              N_COEF, N_PLAN, N_SCALARS, OFFSET, SCALARS, fused_step)
 from refdml.train._parameter import Parameter
 
 __all__ = ["NonFiniteStepError", "Optimizer", "ParamGroup", "SGD", "Adam", "AdamW"]
@@ -223,6 +223,9 @@ class _FlatBuffers:
         self.b2 = xp.zeros(n if len(buffer_names) >= 2 else 1, dtype=self.dtype)
         self.segment = xp.asarray(np.repeat(np.arange(len(params), dtype=np.int32), sizes))
         self.status = xp.asarray(self.clean_status())
+        self.clock = xp.zeros(1, dtype=np.int64)
+        self.coef = xp.zeros((len(params), N_COEF), dtype=self.dtype)
+        self._plan: tuple[np.ndarray, Any] | None = None
         self._views: list[tuple[Any, Any]] = [(None, None)] * len(params)
         self.buffer_views = {
             p.name: {name: flat[a:b].reshape(p.shape)
@@ -250,6 +253,13 @@ class _FlatBuffers:
             grad_view = self.grads[a:b].reshape(param.shape)
             param.value, param.grad = value_view, grad_view
             self._views[index] = (value_view, grad_view)
+
+    def uploaded(self, plan: np.ndarray) -> Any:
+        """``plan`` on the device, copied there again only when it changed (a learning
+        rate, the frozen set, a reset): a step copies nothing to the device."""
+        if self._plan is None or not np.array_equal(self._plan[0], plan):
+            self._plan = (plan, self.xp.asarray(plan))
+        return self._plan[1]
 
     def scalars(self, constants: dict[str, Any]) -> Any:
         """The rule's constants as a device array, uploaded again only when they change."""
@@ -430,18 +440,17 @@ class Optimizer:
         rule = self._rule
         for flat in self._flats:
             flat.bind()
-            coef = np.zeros((len(flat.params), N_COEF), dtype=flat.dtype)
+            plan = np.zeros((len(flat.params), N_PLAN))
             for row, param in enumerate(flat.params):
-                if param.name in self._frozen:
-                    continue
-                coef[row] = self._coefficients(param, n_steps)
+                if param.name not in self._frozen:
+                    plan[row] = self._plan(param)
             constants = self._constants(flat.dtype)
             if gate is not None:
                 # sticky: a failed gate keeps every later step of this status from committing
                 flat.status[GATE:GATE + 1] += self._xp.logical_not(gate)
             fused_step(rule, constants, flat.values, flat.grads, flat.b1, flat.b2,
-                       flat.segment, self._xp.asarray(coef), flat.scalars(constants),
-                       flat.status)
+                       flat.segment, flat.uploaded(plan), flat.coef, flat.scalars(constants),
+                       flat.status, flat.clock)
         offsets = dict(self._step_offsets)
         for name in self._frozen:
             self._step_offsets[name] += 1      # its own step count stays where it was
@@ -470,6 +479,7 @@ class Optimizer:
             self._step_offsets = offsets
         for flat in self._flats:
             flat.status[...] = self._xp.asarray(flat.clean_status())
+            flat.clock[...] = self.n_steps
         flat, status = failure
         kind = type(self).__name__
         at = f" ({where})" if where else ""
@@ -482,11 +492,13 @@ class Optimizer:
         if status[BAD_UPDATE] < n:
             param, index = flat.locate(int(status[BAD_UPDATE]))
             settings = ", ".join(f"{k} == {v!r}" for k, v in hyper.items())
+            # Read at once, the inputs of that entry are still the step's: say which array.
+            what = (self._overflowing(flat, int(status[BAD_UPDATE]), param, n_steps)
+                    if not where else "its new value or a buffer")
             raise NonFiniteStepError(
                 f"{kind} step {n_steps}{at} would make {param.name} not finite at index "
-                f"{index} (its new value or a buffer overflows to NaN or inf; {settings}); no "
-                "parameter was updated: lower lr or weight_decay, or look for exploding "
-                "gradients")
+                f"{index} ({what} overflows to NaN or inf; {settings}); no parameter was "
+                "updated: lower lr or weight_decay, or look for exploding gradients")
         raise NonFiniteStepError(
             f"{kind}: step {n_steps}{at} was refused by the caller's checks of the step (its "
             "loss or gradient is not finite); no parameter was updated")
@@ -521,6 +533,21 @@ class Optimizer:
                     f"gradient of {param.name} has dtype {grad.dtype}, must be {param.dtype}"
                 )
 
+    def _overflowing(self, flat: _FlatBuffers, i: int, param: Parameter, n_steps: int) -> str:
+        """Which array of entry ``i``'s proposal is not finite (the rule on that entry alone,
+        by the per-parameter code: a few host reads, on the refusal's path only)."""
+        xp = self._xp
+        shadow = Parameter(flat.values[i:i + 1], param.name)
+        shadow.grad = flat.grads[i:i + 1]
+        names = self._buffers_for(self._hyperparameters())
+        buffers = {name: buffer[i:i + 1] for name, buffer in zip(names, (flat.b1, flat.b2))}
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            proposal = self._proposal(shadow, buffers, n_steps)
+        for key in proposal:          # the rule's order, as the per-parameter step named it
+            if not bool(to_numpy(xp.isfinite(proposal[key])).all()):
+                return "its new value" if key == "value" else f"its {key} buffer"
+        return "its new value or a buffer"
+
     # -- subclass hooks ------------------------------------------------------------------
     @classmethod
     def _check_hyperparameters(cls, values: dict[str, Any], allow_zero_lr: bool,
@@ -547,8 +574,8 @@ class Optimizer:
     #: The fused step's rule (:data:`refdml.gpu.optim.RULES`).
     _rule = ""
 
-    def _coefficients(self, param: Parameter, n_steps: int) -> list[float]:
-        """The row of ``coef`` for ``param`` at step ``n_steps`` (:mod:`refdml.gpu.optim._layout`)."""
+    def _plan(self, param: Parameter) -> list[float]:
+        """The row of ``plan`` for ``param``, trained (:mod:`refdml.gpu.optim._layout`)."""
         raise NotImplementedError
 
     def _constants(self, dtype: np.dtype) -> dict[str, Any]:
@@ -667,6 +694,8 @@ class Optimizer:
         # Everything checked: now set.
         self._set_hyperparameters(hyper)
         self.n_steps = n_steps
+        for flat in self._flats:
+            flat.clock[...] = n_steps
         self._step_offsets = offsets
         self._frozen = frozen
         for name, buffers in arrays.items():
@@ -766,8 +795,8 @@ class SGD(Optimizer):
 
     _rule = "sgd"
 
-    def _coefficients(self, param: Parameter, n_steps: int) -> list[float]:
-        row = [0.0] * N_COEF
+    def _plan(self, param: Parameter) -> list[float]:
+        row = [0.0] * N_PLAN
         row[ACTIVE], row[LR] = 1.0, self._lr_of(param)
         return row
 
@@ -858,15 +887,12 @@ class Adam(Optimizer):
     def _rule(self) -> str:
         return "adamw" if self._decoupled else "adam"
 
-    def _coefficients(self, param: Parameter, n_steps: int) -> list[float]:
-        beta1, beta2 = self.betas
+    def _plan(self, param: Parameter) -> list[float]:
         lr = self._lr_of(param)
-        t = n_steps - self._step_offsets[param.name]
-        row = [0.0] * N_COEF
-        row[ACTIVE], row[LR] = 1.0, lr
-        row[DECAY] = 1.0 - lr * self.weight_decay
-        row[SQRT_BC2] = math.sqrt(1.0 - beta2**t)
-        row[STEP] = lr / (1.0 - beta1**t)
+        row = [0.0] * N_PLAN
+        row[ACTIVE], row[LR], row[DECAY] = 1.0, lr, 1.0 - lr * self.weight_decay
+        row[OFFSET] = self._step_offsets[param.name]
+        row[BETA1], row[BETA2] = self.betas
         return row
 
     def _constants(self, dtype: np.dtype) -> dict[str, Any]:

@@ -7,12 +7,12 @@ SGD (momentum, Nesterov, decay), Adam (coupled decay) and AdamW, with parameter 
 multipliers, a frozen parameter, a reset (its own step count) and both float dtypes; then
 the all-or-nothing refusals and, on the CuPy stand-in, the deferred ones.
 
-Tolerances: the array path on NumPy makes the per-parameter code's IEEE operations in its
-order on the same values (each Python-float hyperparameter rounded to the dtype once, as
-NumPy rounds a weak scalar), so it is equal bit for bit; the CPU twin and the CUDA kernels
-make the same operations in scalar code, but a compiler may contract a product and a sum
-into an FMA (CUDA does), so they are held to 4 units of roundoff of the dtype, relative
-to the value's magnitude.
+Tolerance: every path makes the per-parameter code's operations in its order, in the
+dtype, but not bit for bit on every machine: the bias corrections ``beta**t`` come from
+the platform's ``pow`` (NumPy's may be SVML's on an AVX-512 host, the kernels' libdevice's),
+within an ulp of Python's, and a compiler may contract a product and a sum into an FMA (CUDA
+does). So each is held to 4 units of roundoff of the dtype, relative to the value's
+magnitude, after 4 steps.
 """
 
 from __future__ import annotations
@@ -118,17 +118,13 @@ def test_the_fused_step_makes_the_per_parameter_rule(mode, kind, dtype):
     expected_values, expected_buffers = _reference_run(kind, dtype, 4)
     values, buffers, opt = _fused_run(kind, dtype, 4, mode, xp)
     assert opt.n_steps == 4
-    exact = mode == "array" and xp is np
     tol = 4 * np.finfo(dtype).eps
     for name in SHAPES:
         pairs = [(values[name], expected_values[name])]
         pairs += [(buffers[name][b], expected_buffers[name][b]) for b in expected_buffers[name]]
         for got, want in pairs:
             assert got.dtype == dtype
-            if exact:
-                assert_array_equal(got, want, err_msg=name)
-            else:
-                assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=name)
+            assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=name)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -3,10 +3,11 @@ written once against the backend (NumPy or CuPy), what the kernels are checked a
 
 The interface of every member (:class:`ArrayPath`, and the compiled ones of
 :mod:`refdml.gpu.optim._kernels`): ``step(backend, rule, hyper, values, grads, b1, b2,
-segment, coef, scalars, status)`` runs the check pass, then the commit pass, on the flat
-buffers in place (nothing is read on the host). ``hyper`` holds the rule's constants as
-host numbers already cast to the buffers' dtype (the array path branches on them on the
-host), ``scalars`` the same constants on the device (the kernels read them there).
+segment, plan, coef, scalars, status, clock)`` runs the preparation, check and commit
+passes on the flat buffers in place (nothing is read on the host). ``hyper`` holds the
+rule's constants as host numbers already cast to the buffers' dtype (the array path
+branches on them on the host), ``scalars`` the same constants on the device (the kernels
+read them there).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from refdml._backend import Backend
-from refdml.gpu.optim._layout import ACTIVE, BAD_GRAD, BAD_UPDATE, DECAY, GATE, LR, SQRT_BC2, STEP
+from refdml.gpu.optim._layout import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE,
+                                      LR, OFFSET, SQRT_BC2, STEP)
 
 __all__ = ["ArrayPath"]
 
@@ -23,9 +25,18 @@ class ArrayPath:
     """The array path (module docstring)."""
 
     def step(self, backend: Backend, rule: int, hyper: dict[str, Any], values: Any, grads: Any,
-             b1: Any, b2: Any, segment: Any, coef: Any, scalars: Any, status: Any) -> None:
+             b1: Any, b2: Any, segment: Any, plan: Any, coef: Any, scalars: Any, status: Any,
+             clock: Any) -> None:
         xp = backend.xp
         n = values.shape[0]
+        # the preparation: each segment's own step t and its bias corrections, in float64
+        t = (clock + 1).astype(xp.float64) - plan[:, OFFSET]
+        with backend.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            prepared = (plan[:, ACTIVE], plan[:, LR], plan[:, DECAY],
+                        xp.sqrt(1.0 - plan[:, BETA2] ** t), plan[:, LR] / (1.0 - plan[:, BETA1] ** t))
+        for column, value in zip((ACTIVE, LR, DECAY, SQRT_BC2, STEP), prepared):
+            coef[:, column] = value           # rounded to the buffers' dtype by the store
+        clock += 1
         per = coef[segment]                       # (n, N_COEF): each element's segment row
         active = per[:, ACTIVE] != 0
         with backend.errstate(over="ignore", invalid="ignore", divide="ignore"):

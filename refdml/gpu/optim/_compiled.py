@@ -19,14 +19,20 @@ corrections) come per segment (one segment per parameter) in ``coef``; the rule'
 constants in ``scalars`` (the layout: :mod:`refdml.gpu.optim._layout`). An element of a frozen segment
 (``coef[s, ACTIVE] == 0``) is neither read nor written.
 
-:func:`check_cpu` and :func:`commit_cpu` are the two passes of a step (the CUDA kernels of
-:mod:`refdml.gpu.optim._cuda` make the same two, one launch each): the first finds the
+A step makes three passes (the CUDA kernels of :mod:`refdml.gpu.optim._cuda` one launch
+each; nothing crosses to or from the host, so a step can be captured and replayed):
+:func:`prepare_cpu` writes ``coef`` from ``plan`` (float64, changed on the host only when a
+learning rate, the frozen set or a step offset changes) and the device's step count
+``clock``: a segment's own step is ``t = clock + 1 - offset``, its bias corrections
+``1 - beta**t`` computed in float64 as the per-parameter code computes them, then
+rounded to the buffers' dtype by the store. :func:`check_cpu` and :func:`commit_cpu` are
+the other two: the first finds the
 first active element whose gradient is not finite (``status[BAD_GRAD]``) and the first
 whose proposed value or buffer is not finite (``status[BAD_UPDATE]``), as flat indices
 (``n`` when there is none; a smaller index found earlier stays: the status is sticky until
-the caller resets it); the second writes every active element's proposal only when the
-status is clean and ``status[GATE] == 0`` (the caller's other checks of the step passed).
-All or nothing, as the per-parameter step.
+the caller resets it); the second counts the step on ``clock`` and writes every active
+element's proposal only when the status is clean and ``status[GATE] == 0`` (the caller's
+other checks of the step passed). All or nothing, as the per-parameter step.
 """
 
 from __future__ import annotations
@@ -34,10 +40,10 @@ from __future__ import annotations
 import math
 
 from refdml.gpu._support.jit import njit
-from refdml.gpu.optim._layout import (ACTIVE, BAD_GRAD, BAD_UPDATE, DECAY, GATE, LR, SQRT_BC2,
-                                      STEP)
+from refdml.gpu.optim._layout import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE,
+                                      LR, OFFSET, SQRT_BC2, STEP)
 
-__all__ = ["check_cpu", "commit_cpu", "propose"]
+__all__ = ["bias_corrections", "check_cpu", "commit_cpu", "prepare_cpu", "propose"]
 
 @njit(cache=True, inline="always")
 def propose(rule, w, g, b1, b2, lr, decay, sqrt_bc2, step, s0, s1, s2, s3, s4, s5):
@@ -74,6 +80,26 @@ def propose(rule, w, g, b1, b2, lr, decay, sqrt_bc2, step, s0, s1, s2, s3, s4, s
     return w - u, b1, b2
 
 
+@njit(cache=True, inline="always")
+def bias_corrections(offset, beta1, beta2, clock):
+    """``(sqrt(1 - beta2**t), 1 - beta1**t)`` of a segment at step ``clock + 1``, in float64."""
+    t = float(clock + 1) - offset
+    return math.sqrt(1.0 - math.pow(beta2, t)), 1.0 - math.pow(beta1, t)
+
+
+@njit(cache=True)
+def prepare_cpu(plan, clock, coef):
+    """The preparation pass, every segment."""
+    for s in range(plan.shape[0]):            # a frozen row too: its ACTIVE becomes 0
+        sqrt_bc2, bc1 = bias_corrections(plan[s, OFFSET], plan[s, BETA1], plan[s, BETA2],
+                                         clock[0])
+        coef[s, ACTIVE] = plan[s, ACTIVE]
+        coef[s, LR] = plan[s, LR]
+        coef[s, DECAY] = plan[s, DECAY]
+        coef[s, SQRT_BC2] = sqrt_bc2
+        coef[s, STEP] = plan[s, LR] / bc1
+
+
 @njit(cache=True)
 def check_cpu(rule, values, grads, b1, b2, segment, coef, scalars, status):
     """The first pass (module docstring): non-finite gradients and proposals into ``status``."""
@@ -101,8 +127,10 @@ def check_cpu(rule, values, grads, b1, b2, segment, coef, scalars, status):
 
 
 @njit(cache=True)
-def commit_cpu(rule, values, grads, b1, b2, segment, coef, scalars, status):
-    """The second pass: write every active element's proposal when ``status`` is clean."""
+def commit_cpu(rule, values, grads, b1, b2, segment, coef, scalars, status, clock):
+    """The last pass: count the step on ``clock``; write every active element's proposal
+    when ``status`` is clean."""
+    clock[0] += 1
     n = values.shape[0]
     if status[BAD_GRAD] < n or status[BAD_UPDATE] < n or status[GATE] != 0:
         return
