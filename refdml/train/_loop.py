@@ -37,15 +37,28 @@ model plus the objective's parameters (the proxies), as Proxy-Anchor's public tr
 code does.
 
 Divergence: a NaN or inf loss is refused before the backward; the objective's gradient
-of the outputs is checked after it (:class:`~refdml.exceptions.NonFiniteGradient`), and
-the optimiser refuses a non-finite gradient or update before touching any parameter
-(:class:`~refdml.train.optim.NonFiniteStepError`, a ``NonFiniteGradient``). The loop turns
-each into :class:`TrainingDiverged` naming the epoch and step; the parameters are those of
-the last good step.
+of the outputs is checked after it (:class:`~refdml.exceptions.NonFiniteGradient`, naming
+the first bad entry), and the optimiser refuses a non-finite gradient or update before
+touching any parameter (:class:`~refdml.train.optim.NonFiniteStepError`, a
+``NonFiniteGradient``). The loop turns each into :class:`TrainingDiverged` naming the
+epoch and step; the parameters are those of the last good step. A batch's floating inputs
+are checked on the host before they go to the device (``ValueError`` naming the step and
+the entry).
 
-On a GPU (``device="cuda"``, with ``progress``) the loop says once per process, on stderr,
-that the first epoch compiles the kernels (or loads them from their caches);
-``REFDML_QUIET=1`` silences it.
+On a GPU (``device="cuda"``) a step reads nothing back (issue 46). It runs inside a
+:func:`refdml._deferred.deferring` scope: the loss stays on the device; the loss and the
+objective's gradient of the outputs are checked there (three launches each, no read) and
+gate the optimiser's fused update, whose own pass checks every parameter gradient and
+update; the operators hand their data checks of the step's intermediates to these (a
+non-finite intermediate reaches the loss or a gradient). Every ``log_every`` steps and at
+the end of the epoch the loop reads, in one transfer, the checks and losses since the last
+read: a failure is raised then, as :class:`TrainingDiverged` naming the epoch and step
+where it happened, the tensor and its first bad entry; the device made no update from that
+step on (the optimiser's status is sticky) and the optimiser's step count is put back, so
+the parameters are still those of the last good step. Nothing is dropped, only read
+later. The progress bar's loss changes at those reads. The loop also says once per
+process, on stderr (with ``progress``), that the first epoch compiles the kernels (or
+loads them from their caches); ``REFDML_QUIET=1`` silences it.
 """
 
 from __future__ import annotations
@@ -269,7 +282,7 @@ class TrainingLoop:
         Required when ``warmup_epochs > 0`` (and refused when it is 0): a non-empty subset
         of the optimiser's parameters.
     log_every : int >= 1, default 20
-        On a GPU, the steps between two host reads of the step's deferred checks and
+        On a GPU, the steps between two host reads of the steps' deferred checks and
         losses (module docstring, "On a GPU"); also how often the progress bar's loss
         changes there. On the CPU every step is read (reads are free).
     """

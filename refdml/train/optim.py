@@ -73,10 +73,25 @@ frozen; :meth:`~Optimizer.load_state_dict` checks them against this optimiser's 
 (names, shapes, dtypes, multipliers) and restores them, so a resumed run is bit-for-bit
 the same as an uninterrupted one.
 
-GPU synchronisation: :meth:`~Optimizer.step` makes one device-to-host copy (booleans: is
-each gradient, each new value and each new buffer finite?) before it commits; nothing
-else syncs. The price of all-or-nothing is one temporary per value and buffer and one
-copy of each new value into place.
+Flat buffers (issue 46). An optimiser keeps its parameters' values, their gradients and
+its buffers in flat arrays, one set per dtype, and every ``Parameter.value`` /
+``Parameter.grad`` becomes a view into them (a parameter whose value or gradient someone
+rebinds is copied back in at the next :meth:`~Optimizer.zero_grad` or
+:meth:`~Optimizer.step`). :meth:`~Optimizer.zero_grad` is one fill; :meth:`~Optimizer.step`
+is :func:`refdml.gpu.optim.fused_step`: a preparation pass (each parameter's rate and bias
+corrections, from per-parameter numbers kept on the device and a step count kept there),
+a check pass (the first non-finite gradient and the first non-finite proposal, as flat
+indices) and a commit pass that writes every proposal only when both are clean: three
+CUDA launches on CuPy whatever the number of parameters, the compiled CPU twin on NumPy.
+The per-parameter rules below (``_proposal``) are the readable form the fused step is
+tested against (tests/train/test_optim_fused.py).
+
+GPU synchronisation: none inside a step run within a
+:func:`refdml._deferred.deferring` scope (the training loop's on a GPU): the refusal is
+read with the scope's other reads, names the step, and puts ``n_steps`` back to the last
+good step (the device made no update from the failed step on: the status is sticky).
+Outside a scope a step on CuPy makes one device-to-host copy (the status) before it
+returns, as before. A step copies nothing to the device.
 
 The shared checkpoint checks and the three rules are kept side by side in this module so
 they can be read against each other.
