@@ -1,5 +1,5 @@
-"""Fused optimiser updates over flat parameter buffers (issue 46): one pass to check, one to
-commit, for every parameter of an optimiser at once.
+"""Fused optimiser updates over flat parameter buffers (issue 46): every parameter of an
+optimiser at once, in three passes (prepare, check, commit).
 
 :class:`refdml.train.optim.Optimizer` keeps its parameters, their gradients and its buffers
 in flat arrays (one per dtype) and calls :func:`fused_step` once per step instead of
