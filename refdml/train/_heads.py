@@ -71,8 +71,8 @@ class PoolingContext:
     """Context of GAP / GMP / GeMean: ``weights`` with ``d_f = d_y[:, None, :] * weights``.
 
     ``weights`` (B, n, d) is the diagonal Jacobian ``dy_bk / df_bjk`` (GAP ``1/n``, GMP
-    the one-hot arg-max, GeMean ``(1/n)(f/y)^(p-1)``); ``kind`` names the pooling, and
-    a context of another kind is refused.
+    the one-hot arg-max, GeMean ``(1/n)(f/y)^(p-1)``; GAP's is a read-only broadcast of
+    one kept column); ``kind`` names the pooling, and a context of another kind is refused.
     """
 
     weights: Any
