@@ -82,29 +82,37 @@ class ClipNormalizeContext:
 
 def _row_scale(xp: Any, x: Any) -> Any:
     """Per-row power of two ``s`` (keepdims, dtype of ``x``) with ``max|u| / s`` in ``[1, 2)``
-    (1 for a zero row).
+    (1/2 for a zero row, which any power of two divides exactly).
 
-    ``2 ** (e - 1)`` rather than ``2 ** e`` (``frexp``'s exponent): for entries near the
-    dtype's maximum ``2 ** e`` would be ``inf``.
+    ``frexp`` writes ``max|u| = m 2^e`` with ``m`` in ``[1/2, 1)``, so ``s = 2^(e - 1)``,
+    formed as ``(1/2) 2^e`` (``2 ** e`` would be ``inf`` for entries near the dtype's
+    maximum). Four element-wise passes on any array module, no branch on the zero rows.
     """
     peak = xp.max(xp.abs(x), axis=-1, keepdims=True)
     exponent = xp.frexp(peak)[1]
-    one = xp.ones_like(peak)
-    return xp.where(peak > 0, xp.ldexp(one, exponent - 1), one)
+    return xp.ldexp(x.dtype.type(0.5), exponent)
 
 
 def _scaled_direction(xp: Any, x: Any) -> tuple[Any, Any, Any]:
     """``(u / s) / ||u / s||`` (0 for a zero row), ``s`` and ``||u / s||``, per row."""
     scale = _row_scale(xp, x)
     scaled = x / scale
-    scaled_norm = xp.sqrt(xp.sum(scaled * scaled, axis=-1, keepdims=True))
-    direction = scaled / xp.where(scaled_norm > 0, scaled_norm, xp.ones_like(scaled_norm))
+    scaled_norm = xp.sqrt(_row_dot(scaled, scaled))
+    # A nonzero row's ||u / s|| is at least its largest entry, in [1, 2): the maximum with 1
+    # is the norm itself there, and 1 for a zero row (whose direction is then 0, not 0/0).
+    direction = scaled / xp.maximum(scaled_norm, 1)
     return direction, scale, scaled_norm
+
+
+def _row_dot(a: Any, b: Any) -> Any:
+    """``<a, b>`` per row (keepdims): ``sum(a * b, axis=-1, keepdims=True)``, as one batched
+    matrix product of (1, d) by (d, 1) (one kernel on a device, not a product and a sum)."""
+    return (a[..., None, :] @ b[..., :, None])[..., 0]
 
 
 def _tangent(xp: Any, y: Any, d_y: Any) -> Any:
     """``(I - y y^T) d_y`` per row: the part of ``d_y`` orthogonal to the unit vector ``y``."""
-    return d_y - y * xp.sum(y * d_y, axis=-1, keepdims=True)
+    return d_y - y * _row_dot(y, d_y)
 
 
 def _clip_forward(xp: Any, x: Any) -> tuple[Any, ClipNormalizeContext]:

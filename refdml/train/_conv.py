@@ -15,8 +15,8 @@ fixed offset, the strided slice ``x~[:, :, i : i + s H_o : s, j : j + s W_o : s]
 column ``(., i, j)`` of every patch at once.
 
 Memory layout (the maths above does not depend on it). The public :func:`im2col` orders
-the columns ``(c, i, j)``, as ``weight.reshape(C_out, -1)``. Inside the layer the patches
-are gathered channels-last: the padded input is copied once to (B, H + 2p, W + 2p, C),
+the columns ``(c, i, j)``, as ``weight.reshape(C_out, -1)``. Inside the layer, on NumPy,
+the patches are gathered channels-last: the padded input is copied once to (B, H + 2p, W + 2p, C),
 the columns are ordered ``(i, j, c)`` and the weight is permuted to match
 (``weight.transpose(0, 2, 3, 1)``), so every copy and every scatter-add moves runs of
 ``C`` or more contiguous numbers (on NumPy the gather is one copy from a window view,
@@ -34,9 +34,23 @@ over locations), ``d_x = col2im(g W)``. The context keeps ``cols`` (the backward
 for ``d_W``; recomputing it from ``x`` would cost a second im2col). col2im is the same
 loop over the kernel offsets with ``+=`` in place of the copy; within one offset no two
 patch entries land on the same pixel, so each ``+=`` is a plain strided add (no
-``np.add.at``). The backward never holds ``g W`` (B H_o W_o, k k C) whole: its column
+``np.add.at``). On NumPy the backward never holds ``g W`` (B H_o W_o, k k C) whole: its column
 block ``(i, j)`` is ``g W[:, :, i, j]``, formed in one reused (B H_o W_o, C) buffer and
 added at offset ``(i, j)`` (:func:`_conv_input_grad`).
+
+On a device (CuPy) the k^2 strided copies and adds would be k^2 kernel launches each
+way. There the gather is one ``take`` by a precomputed index instead: each image is laid
+out flat as its pixels channels-last, then C zeros (the padding's value), and entry
+``(u, v, c, i, j)`` of the index names channel ``c`` of pixel ``(s u + i - p, s v + j - p)``,
+or a zero where that pixel is in the padding. The columns come out in :func:`im2col`'s
+order ``(c, i, j)``, so the weight is its own free (C_out, C k k) view (no permuted copy)
+and ``d_W`` needs none either. col2im is one scatter-add by the same index into zeros
+of that flat layout (the padding's entries are dropped after). The index depends on the
+geometry and the channel count, not on the batch: it is built once on the host and
+uploaded once per device (:mod:`refdml.train._constants`), so a call copies nothing
+from the host. The same numbers are gathered either way; the scatter-add sums colliding
+entries in an unspecified order (atomics on a GPU), so col2im agrees with the loop to
+rounding.
 
 The per-location linear map (a 1x1 convolution) turns a feature map into the local
 features of the pooling heads:
@@ -49,6 +63,7 @@ features of the pooling heads:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +78,7 @@ from refdml._validation import (
     check_upstream_like,
 )
 from refdml._backend import get_backend
+from refdml.train._constants import constant, filled
 from refdml.train._dense import _bounded_int, _positive_int, dense_init
 from refdml.train._layer import Layer, init_array
 
@@ -116,43 +132,95 @@ def im2col(x, kernel_size: int, *, stride: int = 1, padding: int = 0):
     kernel_size, stride, padding = _geometry(kernel_size, stride, padding)
     _, _, a = as_inputs({"x": (x, 4)})
     k, channels = kernel_size, a["x"].shape[1]
-    cols = _im2col(a["x"], k, stride, padding)
+    cols, channels_last = _im2col(a["x"], k, stride, padding)
+    if not channels_last:
+        return cols
     return cols.reshape(-1, k, k, channels).transpose(0, 3, 1, 2).reshape(-1, channels * k * k)
 
 
 def _im2col(x, kernel_size: int, stride: int, padding: int):
-    """Patches of ``x`` (B, C, H, W) as (B H_o W_o, k k C): channels-last (module doc)."""
-    xp = get_backend(x).xp
+    """``(cols, channels_last)``: the patches of ``x`` (B, C, H, W) as (B H_o W_o, k k C),
+    columns ``(i, j, c)`` (``channels_last``: NumPy's window copy), or as (B H_o W_o, C k k),
+    columns ``(c, i, j)`` (a device's gather by index); module doc."""
+    if not isinstance(x, np.ndarray):
+        return _gather_by_index(x, kernel_size, stride, padding), False
     batch, channels, height, width = x.shape
     k, s, p = kernel_size, stride, padding
     h_out = _output_size(height, k, s, p)
     w_out = _output_size(width, k, s, p)
     rows = x.transpose(0, 2, 3, 1)   # free when x is the NCHW view of a conv's output
     if p:
-        padded = xp.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=x.dtype)
+        padded = np.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=x.dtype)
         padded[:, p:p + height, p:p + width, :] = rows
     else:
         padded = rows
-    cols = xp.empty((batch, h_out, w_out, k, k, channels), dtype=x.dtype)
-    if isinstance(padded, np.ndarray):
-        # One copy from the window view: its (j, c) block of k C numbers is contiguous in
-        # the source, where the loop below copies runs of C numbers.
-        windows = np.lib.stride_tricks.sliding_window_view(padded, (k, k), axis=(1, 2))
-        np.copyto(cols, windows[:, ::s, ::s].transpose(0, 1, 2, 4, 5, 3))
-    else:   # CuPy
-        _gather_by_offsets(padded, cols, s)
-    return cols.reshape(batch * h_out * w_out, k * k * channels)
+    cols = np.empty((batch, h_out, w_out, k, k, channels), dtype=x.dtype)
+    # One copy from the window view: its (j, c) block of k C numbers is contiguous in
+    # the source, where a loop over the offsets would copy runs of C numbers.
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (k, k), axis=(1, 2))
+    np.copyto(cols, windows[:, ::s, ::s].transpose(0, 1, 2, 4, 5, 3))
+    return cols.reshape(batch * h_out * w_out, k * k * channels), True
 
 
-def _gather_by_offsets(padded, cols, stride: int) -> None:
-    """``cols[b, u, v, i, j, :] = padded[b, s u + i, s v + j, :]``, one strided copy per
-    kernel offset ``(i, j)`` (any array module)."""
-    _, h_out, w_out, k, _, _ = cols.shape
-    s = stride
-    for i in range(k):
-        for j in range(k):
-            cols[:, :, :, i, j, :] = padded[:, i:i + s * (h_out - 1) + 1:s,
-                                            j:j + s * (w_out - 1) + 1:s, :]
+@functools.lru_cache(maxsize=64)
+def _host_patch_index(height: int, width: int, channels: int, kernel_size: int, stride: int,
+                      padding: int) -> tuple[np.ndarray, bool]:
+    """The gather index of the device path (module doc), flat over ``(u, v, c, i, j)``, into
+    an image flattened as (H W + 1, C) (the last pixel the padding's zeros); and whether
+    any entry names the padding."""
+    k, s, p = kernel_size, stride, padding
+    h_out = _output_size(height, k, s, p)
+    w_out = _output_size(width, k, s, p)
+    rows = s * np.arange(h_out)[:, None] + np.arange(k)[None, :] - p    # (u, i)
+    columns = s * np.arange(w_out)[:, None] + np.arange(k)[None, :] - p  # (v, j)
+    inside = (((rows >= 0) & (rows < height))[:, None, None, :, None]
+              & ((columns >= 0) & (columns < width))[None, :, None, None, :])
+    pixel = np.where(inside, rows[:, None, None, :, None] * width
+                     + columns[None, :, None, None, :], height * width)
+    index = (pixel * channels + np.arange(channels)[None, None, :, None, None]).reshape(-1)
+    index = index.astype(np.intp)
+    index.flags.writeable = False
+    return index, not bool(inside.all())
+
+
+def _patch_index(like, height: int, width: int, channels: int, kernel_size: int, stride: int,
+                 padding: int) -> tuple[Any, bool]:
+    """:func:`_host_patch_index` on ``like``'s module and device, kept (:func:`constant`)."""
+    geometry = (height, width, channels, kernel_size, stride, padding)
+    pads = _host_patch_index(*geometry)[1]
+    return constant(like, ("patch_index",) + geometry,
+                     lambda: _host_patch_index(*geometry)[0]), pads
+
+
+def _gather_by_index(x, kernel_size: int, stride: int, padding: int):
+    """The patches of ``x`` (B, C, H, W) as (B H_o W_o, C k k), columns ``(c, i, j)``, by one
+    gather (module doc; any array module)."""
+    xp = get_backend(x).xp
+    batch, channels, height, width = x.shape
+    h_out = _output_size(height, kernel_size, stride, padding)
+    w_out = _output_size(width, kernel_size, stride, padding)
+    index, pads = _patch_index(x, height, width, channels, kernel_size, stride, padding)
+    # A free view when x is the NCHW view of a conv's output (channels-last in memory).
+    source = x.transpose(0, 2, 3, 1).reshape(batch, height * width * channels)
+    if pads:
+        zeros = xp.broadcast_to(filled(x, 0.0, (1, 1)), (batch, channels))
+        source = xp.concatenate((source, zeros), axis=1)
+    cols = xp.take(source, index, axis=1)   # (B, H_o W_o C k k)
+    return cols.reshape(batch * h_out * w_out, channels * kernel_size * kernel_size)
+
+
+def _scatter_by_index(cols, x_shape: tuple[int, int, int, int], kernel_size: int,
+                      stride: int, padding: int):
+    """The adjoint of :func:`_gather_by_index`: ``cols`` (B H_o W_o, C k k) scatter-added
+    into the NCHW view of a channels-last array of ``x_shape`` (any array module)."""
+    ns = get_backend(cols)
+    batch, channels, height, width = x_shape
+    index, pads = _patch_index(cols, height, width, channels, kernel_size, stride, padding)
+    size = height * width * channels
+    target = ns.xp.zeros((batch, size + pads * channels), dtype=cols.dtype)
+    ns.scatter_add(target, (slice(None), index), cols.reshape(batch, -1))
+    # The last C entries, if any, hold what the padding received: dropped.
+    return target[:, :size].reshape(batch, height, width, channels).transpose(0, 3, 1, 2)
 
 
 def col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, *,
@@ -177,21 +245,22 @@ def col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, *,
         raise ValueError(f"cols has shape {tuple(a['cols'].shape)}, im2col gives {expected} for "
                          f"x_shape {x_shape} and this kernel, stride and padding")
     k = kernel_size
+    if not isinstance(a["cols"], np.ndarray):
+        return _scatter_by_index(a["cols"], x_shape, k, stride, padding)
     channels_last = a["cols"].reshape(-1, channels, k, k).transpose(0, 2, 3, 1)
     return _col2im(channels_last.reshape(-1, k * k * channels), x_shape, k, stride, padding)
 
 
 def _col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, stride: int,
             padding: int):
-    """The adjoint of :func:`_im2col` (columns ``(i, j, c)``); the NCHW view of a
+    """The adjoint of NumPy's :func:`_im2col` (columns ``(i, j, c)``); the NCHW view of a
     channels-last array."""
-    xp = get_backend(cols).xp
     batch, channels, height, width = x_shape
     k, s, p = kernel_size, stride, padding
     h_out = _output_size(height, k, s, p)
     w_out = _output_size(width, k, s, p)
     patches = cols.reshape(batch, h_out, w_out, k, k, channels)
-    padded = xp.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=cols.dtype)
+    padded = np.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=cols.dtype)
     for i in range(k):
         for j in range(k):
             # One offset touches each padded pixel at most once: no collision inside the +=.
@@ -201,24 +270,28 @@ def _col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, stride: 
     return padded[:, p:p + height, p:p + width, :].transpose(0, 3, 1, 2)
 
 
-def _conv_input_grad(g, weight, x_shape: tuple[int, int, int, int], stride: int, padding: int):
-    """``col2im(g W)`` of the convolution (channels-last columns), without forming ``g W``.
+def _conv_input_grad(g, weight_matrix, x_shape: tuple[int, int, int, int], kernel_size: int,
+                     stride: int, padding: int, channels_last: bool):
+    """``col2im(g W)`` of the convolution, ``W`` = ``weight_matrix`` (C_out, k k C) with
+    columns ``(i, j, c)`` where ``channels_last`` (NumPy), else (C_out, C k k), ``(c, i, j)``.
 
-    ``g`` (B H_o W_o, C_out), ``weight`` (C_out, C, k, k). Column block ``(i, j)`` of
-    ``g W`` is ``g W[:, :, i, j]`` (B H_o W_o, C): each is computed into one buffer and
-    added at its offset, so the (B H_o W_o, k k C) product is never held in memory.
+    ``g`` (B H_o W_o, C_out). On a device: one product and one scatter-add (module doc).
+    On NumPy without forming ``g W``: its column block ``(i, j)`` is ``g W[:, (i, j), :]``
+    (B H_o W_o, C), each computed into one buffer and added at its offset, so the
+    (B H_o W_o, k k C) product is never held in memory.
     """
-    xp = get_backend(g).xp
+    if not channels_last:
+        return _scatter_by_index(g @ weight_matrix, x_shape, kernel_size, stride, padding)
     batch, channels, height, width = x_shape
-    k, s, p = weight.shape[-1], stride, padding
+    k, s, p = kernel_size, stride, padding
     h_out = _output_size(height, k, s, p)
     w_out = _output_size(width, k, s, p)
-    per_offset = xp.ascontiguousarray(weight.transpose(2, 3, 0, 1))   # (k, k, C_out, C)
-    padded = xp.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=g.dtype)
-    block = xp.empty((g.shape[0], channels), dtype=g.dtype)
+    per_offset = weight_matrix.reshape(-1, k, k, channels)   # (C_out, k, k, C)
+    padded = np.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=g.dtype)
+    block = np.empty((g.shape[0], channels), dtype=g.dtype)
     for i in range(k):
         for j in range(k):
-            xp.matmul(g, per_offset[i, j], out=block)
+            np.matmul(g, per_offset[:, i, j, :], out=block)
             # One offset touches each padded pixel at most once: no collision inside the +=.
             padded[:, i:i + s * (h_out - 1) + 1:s, j:j + s * (w_out - 1) + 1:s, :] += (
                 block.reshape(batch, h_out, w_out, channels)
@@ -226,19 +299,26 @@ def _conv_input_grad(g, weight, x_shape: tuple[int, int, int, int], stride: int,
     return padded[:, p:p + height, p:p + width, :].transpose(0, 3, 1, 2)
 
 
-def _channels_last_weight(weight):
-    """``weight`` (C_out, C, k, k) as the (C_out, k k C) matrix of :func:`_im2col`'s columns."""
-    return weight.transpose(0, 2, 3, 1).reshape(weight.shape[0], -1)
+def _weight_matrix(weight, channels_last: bool):
+    """``weight`` (C_out, C, k, k) as the matrix of :func:`_im2col`'s columns: (C_out, k k C)
+    where ``channels_last`` (a permuted copy), else (C_out, C k k) (a free view)."""
+    if channels_last:
+        weight = weight.transpose(0, 2, 3, 1)
+    return weight.reshape(weight.shape[0], -1)
 
 
 # --------------------------------------------------------------------------- conv2d
 @dataclass(frozen=True)
 class Conv2dContext:
-    """``cols`` (the input's patches, columns ``(i, j, c)``: see the module doc),
-    ``weight``, ``x_shape``, ``stride``, ``padding``, ``y_shape``."""
+    """``cols`` (the input's patches), ``channels_last`` (their columns are ordered
+    ``(i, j, c)``, else ``(c, i, j)``: see the module doc), ``weight``, ``weight_matrix``
+    (the weight as the matrix of those columns), ``x_shape``, ``stride``, ``padding``,
+    ``y_shape``."""
 
     cols: Any
+    channels_last: bool
     weight: Any
+    weight_matrix: Any
     x_shape: tuple[int, int, int, int]
     stride: int
     padding: int
@@ -274,13 +354,15 @@ def conv2d_forward(x, weight, bias, *, stride: int = 1, padding: int = 1):
     batch, _, height, width = x.shape
     h_out = _output_size(height, k, stride, padding)
     w_out = _output_size(width, k, stride, padding)
-    cols = _im2col(x, k, stride, padding)
-    y = cols @ _channels_last_weight(weight).T
+    cols, channels_last = _im2col(x, k, stride, padding)
+    weight_matrix = _weight_matrix(weight, channels_last)   # kept: the backward's g W uses it
+    y = cols @ weight_matrix.T
     y += bias
     y = y.reshape(batch, h_out, w_out, c_out).transpose(0, 3, 1, 2)
     return y, Conv2dContext(
-        cols=cols, weight=weight, x_shape=tuple(x.shape), stride=stride, padding=padding,
-        y_shape=tuple(y.shape),
+        cols=cols, channels_last=channels_last, weight=weight, weight_matrix=weight_matrix,
+        x_shape=tuple(x.shape),
+        stride=stride, padding=padding, y_shape=tuple(y.shape),
     )
 
 
@@ -289,7 +371,8 @@ def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv
 
     ``input_grad=False`` leaves ``.x`` as None: the first layer of a model, whose input is
     data, needs no input gradient, and it is the costliest of the three (PyTorch skips it
-    for an input that does not require a gradient, likewise).
+    for an input that does not require a gradient, likewise). ``.weight`` may be a
+    non-contiguous view (of the channels-last product).
     """
     check_context(ctx, "ctx", Conv2dContext)
     input_grad = check_flag(input_grad, "input_grad")
@@ -297,16 +380,19 @@ def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv
     c_out = ctx.weight.shape[0]
     k = ctx.weight.shape[-1]
     c_in = ctx.weight.shape[1]
-    xp = get_backend(d_y).xp
     # A free view when d_y is channels-last in memory, as the layers above give it.
     g = d_y.transpose(0, 2, 3, 1).reshape(-1, c_out)
-    d_weight = (g.T @ ctx.cols).reshape(c_out, k, k, c_in).transpose(0, 3, 1, 2)
+    d_weight = g.T @ ctx.cols
+    if ctx.channels_last:
+        d_weight = d_weight.reshape(c_out, k, k, c_in).transpose(0, 3, 1, 2)
+    else:
+        d_weight = d_weight.reshape(c_out, c_in, k, k)
     return Conv2dGrads(
-        x=(_conv_input_grad(g, ctx.weight, ctx.x_shape, ctx.stride, ctx.padding)
-           if input_grad else None),
-        weight=xp.ascontiguousarray(d_weight),
+        x=(_conv_input_grad(g, ctx.weight_matrix, ctx.x_shape, k, ctx.stride, ctx.padding,
+                            ctx.channels_last) if input_grad else None),
+        weight=d_weight,
         # 1^T g: a matrix-vector product, much faster than a reduction over g's long axis.
-        bias=xp.ones(g.shape[0], dtype=g.dtype) @ g,
+        bias=filled(g, 1.0, (g.shape[0],)) @ g,
     )
 
 

@@ -32,6 +32,7 @@ choice is recorded in the context so the matching backward runs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ from refdml._validation import (
     _describe, as_inputs, check_context, check_rng, check_scalar, check_upstream_like, data_checks,
 )
 from refdml._backend import get_backend
+from refdml.train._constants import constant, filled
 from refdml.train._dense import _positive_int
 from refdml.train._layer import Layer, OwnerToken, check_owner, init_array
 from refdml.train._operators import check_reference, operators
@@ -69,8 +71,8 @@ class PoolingContext:
     """Context of GAP / GMP / GeMean: ``weights`` with ``d_f = d_y[:, None, :] * weights``.
 
     ``weights`` (B, n, d) is the diagonal Jacobian ``dy_bk / df_bjk`` (GAP ``1/n``, GMP
-    the one-hot arg-max, GeMean ``(1/n)(f/y)^(p-1)``); ``kind`` names the pooling, and
-    a context of another kind is refused.
+    the one-hot arg-max, GeMean ``(1/n)(f/y)^(p-1)``; GAP's is a read-only broadcast of
+    one kept column); ``kind`` names the pooling, and a context of another kind is refused.
     """
 
     weights: Any
@@ -103,7 +105,8 @@ def gap_forward(features):
     f = _features(features)
     xp = get_backend(f).xp
     y = f.mean(axis=1)
-    weights = xp.full(f.shape, 1.0 / f.shape[1], dtype=f.dtype)
+    # The same 1/n everywhere: a read-only broadcast of one kept column, made once per n.
+    weights = xp.broadcast_to(filled(f, 1.0 / f.shape[1], (1, f.shape[1], 1)), f.shape)
     return y, PoolingContext(weights=weights, kind="gap", y_shape=tuple(y.shape))
 
 
@@ -116,12 +119,21 @@ def gmp_forward(features):
     """Global max pooling (B, n, d) -> (B, d); returns ``(y, ctx)`` (ties: lowest index)."""
     f = _features(features)
     xp = get_backend(f).xp
-    batch, n, d = f.shape
+    n = f.shape[1]
     index = xp.argmax(f, axis=1)  # (B, d), first occurrence of the maximum
-    y = f[xp.arange(batch)[:, None], index, xp.arange(d)[None, :]]
-    weights = xp.zeros(f.shape, dtype=f.dtype)
-    weights[xp.arange(batch)[:, None], index, xp.arange(d)[None, :]] = 1
+    y = f.max(axis=1)             # the value at that index
+    # One-hot at the arg-max: the locations 0..n-1 (kept, made once per n) against it.
+    locations = constant(f, ("refdml.train.gmp.locations", n),
+                         lambda: _host_locations(n))
+    weights = (locations == index[:, None, :]).astype(f.dtype)
     return y, PoolingContext(weights=weights, kind="gmp", y_shape=tuple(y.shape))
+
+
+@functools.lru_cache(maxsize=64)
+def _host_locations(n: int) -> np.ndarray:
+    locations = np.arange(n).reshape(1, n, 1)
+    locations.flags.writeable = False
+    return locations
 
 
 def gmp_backward(ctx: PoolingContext, d_y) -> PoolingGrads:
@@ -143,15 +155,16 @@ def gemean_forward(features, *, p: float = 3.0):
     scale = f.max(axis=1)  # (B, d)
     alive = scale > 0
     safe_scale = xp.where(alive, scale, 1)
-    t = f / safe_scale[:, None, :]           # in [0, 1], the largest exactly 1
+    t = f / safe_scale[:, None, :]           # in [0, 1], the largest exactly 1; 0 if dead
     with np.errstate(under="ignore"):        # t^p of t < 1 is 0 at large p, as it should be
-        mean = (t ** p).mean(axis=1)         # in [1/n, 1] on live columns: no underflow
-        y = xp.where(alive, safe_scale * mean ** (1.0 / p), 0)
-        # dy/df_j = (1/n) (f_j / y)^(p-1) = (1/n) t_j^(p-1) M^(1/p - 1): each factor in [0, 1]
-        # and [1, n]. Not (f / y)^(p-1): the rounding of y would be multiplied by p - 1
-        # (wrong in the first digit from p ~ 1e15).
-        weights = t ** (p - 1) * (xp.where(alive, mean, 1) ** (1.0 / p - 1.0)
-                                  / f.shape[1] * alive)[:, None, :]
+        total = (t ** p).sum(axis=1)         # n M: in [1, n] on live columns, 0 on dead ones
+        root = (total / f.shape[1]) ** (1.0 / p)   # M^(1/p); 0 on a dead column, as is y
+        y = safe_scale * root
+        # dy/df_j = (1/n) (f_j / y)^(p-1) = t_j^(p-1) M^(1/p) / (n M): t_j^(p-1) in [0, 1],
+        # M^(1/p) in [n^(-1/p), 1], n M in [1, n] (taken as 1 on a dead column, where t = 0
+        # and so the weight is 0). Not (f / y)^(p-1): the rounding of y would be multiplied
+        # by p - 1 (wrong in the first digit from p ~ 1e15).
+        weights = t ** (p - 1) * (root / xp.maximum(total, 1))[:, None, :]
     return y, PoolingContext(weights=weights.astype(f.dtype, copy=False), kind="gemean",
                              y_shape=tuple(y.shape))
 

@@ -113,21 +113,54 @@ def test_col2im_counts_the_patches_covering_each_pixel():
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), stride=st.integers(1, 3), padding=st.integers(0, 2),
        kernel_size=st.sampled_from([1, 2, 3]), channels=st.integers(1, 4))
-def test_im2col_offset_loop_gathers_what_the_window_copy_gathers(seed, stride, padding,
-                                                                  kernel_size, channels):
-    # CuPy arrays take the per-offset loop, NumPy arrays the window copy: the same gather.
-    # Both only copy numbers (no arithmetic), so they are equal exactly.
-    from refdml.train._conv import _gather_by_offsets, _im2col
+def test_im2col_gather_by_index_gathers_what_the_window_copy_gathers(seed, stride, padding,
+                                                                      kernel_size, channels):
+    # CuPy arrays take the gather by index (columns (c, i, j)), NumPy arrays the window
+    # copy (columns (i, j, c)): the same patches. Both only copy numbers (no arithmetic),
+    # so they are equal exactly; the padding's entries are zeros.
+    from refdml.train._conv import _gather_by_index, _im2col
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((2, channels, 5, 6))
-    cols = _im2col(x, kernel_size, stride, padding)
+    cols, channels_last = _im2col(x, kernel_size, stride, padding)
+    assert channels_last
+    k = kernel_size
+    gathered = _gather_by_index(x, kernel_size, stride, padding)
+    as_cij = cols.reshape(-1, k, k, channels).transpose(0, 3, 1, 2).reshape(cols.shape)
+    np.testing.assert_array_equal(gathered, as_cij)
+    # ... and what a direct loop over the zero-padded input gathers
     padded = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-    h_out = (5 + 2 * padding - kernel_size) // stride + 1
-    w_out = (6 + 2 * padding - kernel_size) // stride + 1
-    looped = np.full((2, h_out, w_out, kernel_size, kernel_size, channels), np.nan)
-    _gather_by_offsets(padded.transpose(0, 2, 3, 1), looped, stride)
-    np.testing.assert_array_equal(cols, looped.reshape(cols.shape))
+    h_out = (5 + 2 * padding - k) // stride + 1
+    w_out = (6 + 2 * padding - k) // stride + 1
+    looped = np.array([padded[b, :, stride * u:stride * u + k, stride * v:stride * v + k]
+                       for b in range(2) for u in range(h_out) for v in range(w_out)])
+    np.testing.assert_array_equal(gathered, looped.reshape(gathered.shape))
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), stride=st.integers(1, 3), padding=st.integers(0, 2),
+       kernel_size=st.sampled_from([1, 2, 3]), channels=st.integers(1, 4))
+def test_col2im_scatter_by_index_sums_what_the_offset_loop_sums(seed, stride, padding,
+                                                                 kernel_size, channels):
+    # The device's col2im (one scatter-add by the gather's index) against NumPy's loop over
+    # the kernel offsets, and the conv's input gradient on both routes.
+    from refdml.train._conv import _col2im, _conv_input_grad, _scatter_by_index
+
+    rng = np.random.default_rng(seed)
+    x_shape, k = (2, channels, 5, 6), kernel_size
+    h_out = (5 + 2 * padding - k) // stride + 1
+    w_out = (6 + 2 * padding - k) // stride + 1
+    cols = rng.standard_normal((2 * h_out * w_out, channels * k * k))   # columns (c, i, j)
+    channels_last = cols.reshape(-1, channels, k, k).transpose(0, 2, 3, 1).reshape(cols.shape)
+    np.testing.assert_allclose(_scatter_by_index(cols, x_shape, k, stride, padding),
+                               _col2im(channels_last, x_shape, k, stride, padding),
+                               rtol=1e-13, atol=1e-13)
+    g = rng.standard_normal((cols.shape[0], 3))
+    weight = rng.standard_normal((3, channels, k, k))
+    by_index = _conv_input_grad(g, weight.reshape(3, -1), x_shape, k, stride, padding, False)
+    by_offset = _conv_input_grad(g, weight.transpose(0, 2, 3, 1).reshape(3, -1), x_shape, k,
+                                 stride, padding, True)
+    np.testing.assert_allclose(by_index, by_offset, rtol=1e-12, atol=1e-12)
 
 
 def test_conv2d_names_bad_shapes():
