@@ -25,7 +25,8 @@ What differs, and where it lives here:
   a loop tests its convergence every few iterations there and a check of the data runs
   only while :func:`set_finite_checks` allows it;
 * constants worth caching (:meth:`Backend.cached`: read-only NumPy arrays kept per key;
-  CuPy builds them anew, on the current device; :meth:`Backend.is_cached` recognises one);
+  CuPy builds them anew, on the current device; :meth:`Backend.is_cached` recognises one;
+  :meth:`Backend.kept`: built once on the host and, on CuPy, uploaded once per device);
 * optional refinements whose size depends on the data (:meth:`Backend.refine`: run on
   NumPy, skipped on CuPy, where the size would be a synchronisation), work on a
   data-dependent subset of rows (:attr:`Backend.gathers_rows`: gathered on NumPy, all rows
@@ -49,6 +50,7 @@ import contextlib
 import contextvars
 import os
 import sys
+import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -74,6 +76,10 @@ __all__ = [
 #: each costs one device-to-host synchronisation (:func:`set_finite_checks`). On NumPy they
 #: always run: a host read there is free.
 _CHECKS_ON_DEVICE = True
+
+#: Device constants :meth:`Backend.kept` keeps at most, per backend.
+MAX_KEPT = 128
+_KEPT_LOCK = threading.Lock()
 
 #: Inside a training step on a device, the step checks its inputs, loss and gradients on
 #: the device and the operators leave theirs to it (:func:`hand_operator_checks_to_step`).
@@ -202,6 +208,14 @@ class Backend:
             step(*args)
 
     @property
+    def launch_bound(self) -> bool:
+        """Whether every array operation costs a kernel launch (CuPy: False on NumPy). A
+        speed choice for code with two equal forms: one gather or scatter by a kept index
+        (few launches) where True, a loop of cheap host copies where False (the
+        convolution's im2col and col2im, :mod:`refdml.train._conv`)."""
+        return not self.free_host_reads
+
+    @property
     def gathers_rows(self) -> bool:
         """Whether work that concerns a data-dependent subset of rows (a mask, the rows
         whose values left a range) runs on those rows alone, gathered by index: True on
@@ -234,6 +248,25 @@ class Backend:
             if len(self._cache) < 64:
                 self._cache[key] = array
         return array
+
+    def kept(self, key: Hashable, build: Callable[[], np.ndarray], device: Hashable = None) -> Any:
+        """A constant built once on the host by ``build()`` (a NumPy array, the same for the
+        same ``key``) and kept: read-only on NumPy (as :meth:`cached`); on CuPy uploaded
+        once per ``(device, key)`` and kept (at most :data:`MAX_KEPT`, the oldest dropped),
+        so that a later call neither builds nor copies it: a captured step (a CUDA graph)
+        cannot replay a copy from host memory that has since changed. Callers read a kept
+        array and never write into it."""
+        if self.free_host_reads:
+            return self.cached(("kept", key), build)
+        key = (device, key)
+        with _KEPT_LOCK:
+            value = self._cache.get(key)
+            if value is None:
+                value = self.xp.asarray(build())
+                if len(self._cache) >= MAX_KEPT:
+                    del self._cache[next(iter(self._cache))]
+                self._cache[key] = value
+        return value
 
     def is_cached(self, key: Hashable, value: Any) -> bool:
         """True when ``value`` is the very array :meth:`cached` keeps under ``key`` (an

@@ -1,12 +1,12 @@
 """Constant arrays of the layers (patch indices, a row of zeros, a column of ones), kept
-per device so that a call neither builds nor uploads them.
+per device so that a call neither builds nor uploads them (:meth:`refdml._backend.Backend.kept`).
 
 On a device each upload is a host-to-device copy, and each ``ones``/``full`` a kernel
 launch: a layer that made its constants per call would pay one of either every step, and
 a captured step (a CUDA graph) cannot replay a copy from host memory that has since
 changed. So :func:`constant` builds a constant once on the host, uploads it once per
-device and keeps it; later calls get the same device array. On NumPy the host array
-itself is returned (read-only, kept by its builder's own cache where it has one).
+device and keeps it; later calls get the same device array. On NumPy the host array is
+kept read-only.
 
 The kept arrays are shared: callers read them and never write into them.
 """
@@ -14,38 +14,22 @@ The kept arrays are shared: callers read them and never write into them.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from refdml._backend import get_backend
+from refdml._backend import MAX_KEPT, get_backend
 
 __all__ = ["constant", "filled"]
-
-#: Device arrays kept, by ``(device id,) + key``; the oldest goes beyond this many.
-MAX_KEPT = 128
-
-_KEPT: dict[tuple, Any] = {}
-_KEPT_LOCK = threading.Lock()
 
 
 def constant(like: Any, key: tuple, build: Callable[[], np.ndarray]) -> Any:
     """``build()`` (a NumPy array, the same for the same ``key``) on ``like``'s array module
-    and device: ``build()`` itself on NumPy; on a device uploaded once per ``key`` and
-    device, then the kept copy."""
-    if isinstance(like, np.ndarray):
-        return build()
-    key = (like.device.id,) + key
-    with _KEPT_LOCK:
-        value = _KEPT.get(key)
-        if value is None:
-            value = get_backend(like).xp.asarray(build())
-            if len(_KEPT) >= MAX_KEPT:
-                del _KEPT[next(iter(_KEPT))]
-            _KEPT[key] = value
-    return value
+    and device: :meth:`refdml._backend.Backend.kept` (read-only on NumPy; on a device
+    uploaded once per ``key`` and device, then the kept copy)."""
+    return get_backend(like).kept(key, build,
+                                 device=getattr(getattr(like, "device", None), "id", None))
 
 
 @functools.lru_cache(maxsize=MAX_KEPT)

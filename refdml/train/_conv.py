@@ -142,7 +142,7 @@ def _im2col(x, kernel_size: int, stride: int, padding: int):
     """``(cols, channels_last)``: the patches of ``x`` (B, C, H, W) as (B H_o W_o, k k C),
     columns ``(i, j, c)`` (``channels_last``: NumPy's window copy), or as (B H_o W_o, C k k),
     columns ``(c, i, j)`` (a device's gather by index); module doc."""
-    if not isinstance(x, np.ndarray):
+    if get_backend(x).launch_bound:
         return _gather_by_index(x, kernel_size, stride, padding), False
     batch, channels, height, width = x.shape
     k, s, p = kernel_size, stride, padding
@@ -245,7 +245,7 @@ def col2im(cols, x_shape: tuple[int, int, int, int], kernel_size: int, *,
         raise ValueError(f"cols has shape {tuple(a['cols'].shape)}, im2col gives {expected} for "
                          f"x_shape {x_shape} and this kernel, stride and padding")
     k = kernel_size
-    if not isinstance(a["cols"], np.ndarray):
+    if get_backend(a["cols"]).launch_bound:
         return _scatter_by_index(a["cols"], x_shape, k, stride, padding)
     channels_last = a["cols"].reshape(-1, channels, k, k).transpose(0, 2, 3, 1)
     return _col2im(channels_last.reshape(-1, k * k * channels), x_shape, k, stride, padding)
