@@ -27,6 +27,7 @@ ridge 0.05 on concentrated histograms stopped a training run of `refdml reproduc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,8 @@ from refdml._validation import (
     result_dtype,
 )
 from refdml._backend import Backend, get_backend
-from refdml.gpu.distances import common_scale
 from refdml.prototypes import RidgeContext, RidgeGrads
-from refdml._shared.prototypes import DEFINITE, NormalisedFit, scaling_for
+from refdml._shared.prototypes import DEFINITE
 
 __all__ = ["RidgeContext", "RidgeGrads", "ridge_fit", "ridge_fit_backward", "ridge_fit_forward"]
 
@@ -52,11 +52,59 @@ def _cho_solve(ns: Backend, lower: Any, rhs: Any) -> Any:
     return solve(lower, half, lower=True, trans="T")
 
 
-def _definite(ns: Backend, matrix: Any, floor: float) -> bool:
-    """The reference's ``numerically_definite`` at the dtype's machine epsilon."""
+@dataclass(frozen=True)
+class DeviceScaling:
+    """The reference's ``Scaling`` (``refdml/prototypes/_ridge.py``) with its powers of two
+    as 0-d arrays on the data's device, so that no exponent is read back to the host.
+
+    ``neg_log2_t``, ``neg_log2_s``: ``-log2 t``, ``-log2 s`` (int32, what ``ldexp`` of the
+    data takes); ``omega_mantissa``: in the data's dtype (the factor the results are scaled
+    by, as before); ``omega_exponent`` (int32); ``omega`` and ``rho`` in float64 (the
+    system's normalisation ``M_n = omega Zs^T Zs + rho I``).
+    """
+
+    neg_log2_t: Any
+    neg_log2_s: Any
+    omega_mantissa: Any
+    omega_exponent: Any
+    omega: Any
+    rho: Any
+
+    @property
+    def log2_t(self) -> Any:
+        return -self.neg_log2_t
+
+    @property
+    def log2_s(self) -> Any:
+        return -self.neg_log2_s
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A normalised fit ``W_n = M_n^{-1} Zs^T Ys`` (the reference's ``NormalisedFit``),
+    kept in float64 whatever the data's dtype (the module docstring), with that dtype.
+
+    ``Zs``, ``Ys``, ``W`` and the factors are float64, so the backward casts nothing but
+    its results; ``dtype`` is the data's (of the results and of the upstream gradients).
+    """
+
+    Zs: Any
+    Ys: Any
+    W: Any                   # W_n, (m, d), float64
+    form: str                # "primal" or "kernel"
+    cholesky: Any            # lower Cholesky factor of M_n (m x m) or K_n (b x b)
+    kernel_solution: Any     # K_n^{-1} Ys, kernel form only
+    omega: Any               # 0-d float64
+    dtype: Any
+
+
+def _definite(ns: Backend, matrix: Any, floor: Any) -> bool:
+    """The reference's ``numerically_definite`` at float64's machine epsilon (a data check:
+    it reads the trace, and the spectrum when the cheap bound fails)."""
     xp = ns.xp
     n = matrix.shape[0]
     limit = DEFINITE * n * np.finfo(matrix.dtype).eps
+    floor = float(floor)
     if floor > 0.0 and float(xp.trace(matrix)) * limit < floor:
         return True
     eigenvalues = xp.linalg.eigvalsh(matrix)
@@ -64,13 +112,19 @@ def _definite(ns: Backend, matrix: Any, floor: float) -> bool:
     return top > 0.0 and bottom > limit * top
 
 
-def _times_pow2(ns: Backend, x: Any, mantissa: float, exponent: int, what: str) -> Any:
+def _times_pow2(ns: Backend, x: Any, mantissa: Any, exponent: Any, what: str,
+                dtype: Any = None) -> Any:
+    """``mantissa 2**exponent x`` without intermediate overflow, scaled in ``x``'s dtype
+    (float64 here) and rounded once to ``dtype`` (default ``x``'s); ``mantissa`` a 0-d
+    float64, ``exponent`` a 0-d int32 array."""
     xp = ns.xp
     with ns.errstate(over="ignore", divide="ignore"):
-        out = xp.ldexp(x * x.dtype.type(mantissa), exponent).astype(x.dtype, copy=False)
+        out = xp.ldexp(x * mantissa, exponent)
+        if dtype is not None:
+            out = out.astype(dtype, copy=False)
     if data_checks(ns) and not bool(xp.all(xp.isfinite(out))):
         raise ValueError(
-            f"{what} overflows {np.dtype(x.dtype).name} (its entries exceed the dtype's range)"
+            f"{what} overflows {np.dtype(out.dtype).name} (its entries exceed the dtype's range)"
         )
     return out
 
@@ -88,31 +142,71 @@ def _check_fit_inputs(Z, Y, ridge, Z_name="Z", Y_name="Y"):
     return ns, Z, Y, ridge
 
 
-def _scaling(ns: Backend, Z: Any, Y: Any, ridge: float):
-    """The reference's ``Scaling`` of ``(Z, Y, ridge)``: ``max|Z|``, ``max|Y|`` on the host
-    (one synchronisation), then exact powers of two; and ``max|Z|`` for error messages."""
+def _scaling(ns: Backend, Z: Any, Y: Any, ridge: float) -> DeviceScaling:
+    """The reference's ``scaling_for(Z, Y, ridge)``, computed on the device from ``max|Z|``
+    and ``max|Y|`` (no synchronisation; its branch on ``shift`` is a ``where``)."""
     xp = ns.xp
-    peaks = xp.stack([xp.max(xp.abs(Z)), xp.max(xp.abs(Y))]).tolist()   # one transfer
-    return scaling_for(np.asarray(peaks[0]), np.asarray(peaks[1]), ridge), peaks[0]
+    peaks = xp.stack([xp.max(xp.abs(Z)), xp.max(xp.abs(Y))])
+    # common_scale: 2**e with max|a| = f 2**e, f in [0.5, 1), capped at 2**1023; 1 for 0
+    # (and for inf or NaN, where the data checks are off): frexp's exponent of those is 0
+    # (:func:`_neg_log2_scale`, here for both at once).
+    neg_log2 = -xp.minimum(xp.frexp(peaks)[1], 1023).astype(np.int32, copy=False)
+    fraction, exponent = np.frexp(ridge)          # ridge = fraction 2**exponent
+    neg_shift = -2 * neg_log2[0] - int(exponent)  # r' = fraction 2**-neg_shift
+    dominant = neg_shift <= -1                    # r' >= 1: the ridge dominates
+    with ns.errstate(over="ignore", divide="ignore", under="ignore"):
+        # -shift when the ridge dominates, else 0
+        omega_exponent = xp.minimum(neg_shift, 0).astype(np.int32, copy=False)
+        mantissa = xp.where(dominant, 1.0 / float(fraction), 1.0)
+        omega = xp.ldexp(mantissa, omega_exponent)
+        rho = xp.where(dominant, 1.0, xp.ldexp(float(fraction), -neg_shift))
+    return DeviceScaling(neg_log2_t=neg_log2[0], neg_log2_s=neg_log2[1],
+                         omega_mantissa=mantissa, omega_exponent=omega_exponent, omega=omega,
+                         rho=rho)
+
+
+def _neg_log2_scale(ns: Backend, x: Any) -> Any:
+    """``-log2`` of the reference's ``common_scale(x)`` as a 0-d int32 on the device (the
+    exponent of ``max|x|``, capped at 1023; 0 for zeros, inf and NaN, where frexp gives 0)."""
+    xp = ns.xp
+    exponent = xp.minimum(xp.frexp(xp.max(xp.abs(x)))[1], 1023)
+    return (-exponent).astype(np.int32, copy=False)
+
+
+def _peak(ns: Backend, Z: Any) -> float:
+    """``max|Z|`` for an error message (read only when raising)."""
+    return float(ns.xp.max(ns.xp.abs(Z)))
+
+
+def _scaled64(ns: Backend, x: Any, neg_log2: Any) -> Any:
+    """``x / 2**log2`` (exact) in float64, the dtype every fit is solved in."""
+    return ns.xp.ldexp(x.astype(np.float64, copy=False), neg_log2)
+
+
+def _system(ns: Backend, gram: Any, omega: Any, rho: Any) -> Any:
+    """``omega gram + rho I``: the diagonal is a strided view, added in place."""
+    matrix = gram * omega
+    n = matrix.shape[0]
+    matrix.reshape(-1)[::n + 1] += rho
+    return matrix
 
 
 def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: float,
-                    peak: float) -> NormalisedFit:
+                    peak=None, dtype: Any = None) -> Fit:
     """Solve ``M_n W_n = Zs^T Ys`` in the requested form (named ValueError if singular).
 
-    The system is assembled, checked and solved in float64 whatever the data's dtype (module
-    docstring); ``W`` has the data's dtype, the Cholesky factor and the kernel form's
-    solution stay float64 for the backward."""
+    ``Zs``, ``Ys`` float64 (:func:`_scaled64`): the system is assembled, checked and solved
+    in float64 whatever the data's dtype (module docstring), and the fit stays float64 for
+    the backward; ``dtype`` is the data's. ``peak`` (``max|Z|``, or a callable giving it)
+    only names the scale in the error."""
     xp = ns.xp
     b, m = Zs.shape
     if form == "auto":
         form = "primal" if m <= b else "kernel"
-    omega, rho = scaling.omega, scaling.rho
-    Zw, Yw = Zs.astype(xp.float64, copy=False), Ys.astype(xp.float64, copy=False)
-    gram = Zw.T @ Zw if form == "primal" else Zw @ Zw.T
-    matrix = omega * gram + rho * xp.eye(gram.shape[0], dtype=xp.float64)
+    gram = Zs.T @ Zs if form == "primal" else Zs @ Zs.T
+    matrix = _system(ns, gram, scaling.omega, scaling.rho)
     what = f"{name}^T {name} + ridge I" if form == "primal" else f"{name} {name}^T + ridge I"
-    singular = data_checks(ns) and not _definite(ns, matrix, rho)
+    singular = data_checks(ns) and not _definite(ns, matrix, scaling.rho)
     if not singular:
         try:
             factor = xp.linalg.cholesky(matrix)
@@ -120,62 +214,62 @@ def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: f
             singular = True                 # so there only _definite (data checks) refuses;
                                             # with checks off a singular system gives NaN W
     if singular:
+        shown = peak() if callable(peak) else peak
         raise ValueError(
             f"{what} ({form} form) is numerically singular: ridge == {ridge!r} is below the "
-            f"rounding level of the Gram matrix of {name} (max |{name}| == {peak:.3g}) "
+            f"rounding level of the Gram matrix of {name} (max |{name}| == {shown:.3g}) "
             f"and {name} is (numerically) rank deficient, so the ridge fit is not determined "
             f"in float64; use a larger ridge"
         )
     if form == "primal":
-        W = _cho_solve(ns, factor, Zw.T @ Yw)
+        W = _cho_solve(ns, factor, Zs.T @ Ys)
         kernel_solution = None
     else:
-        kernel_solution = _cho_solve(ns, factor, Yw)
-        W = Zw.T @ kernel_solution
-    return NormalisedFit(Zs=Zs, Ys=Ys, W=W.astype(Zs.dtype, copy=False), form=form,
-                         cholesky=factor, kernel_solution=kernel_solution, omega=omega)
-
-
-def _pow2_scaled(xp: Any, x: Any, log2: int) -> Any:
-    return xp.ldexp(x, -log2).astype(x.dtype, copy=False)
+        kernel_solution = _cho_solve(ns, factor, Ys)
+        W = Zs.T @ kernel_solution
+    return Fit(Zs=Zs, Ys=Ys, W=W, form=form, cholesky=factor,
+               kernel_solution=kernel_solution, omega=scaling.omega,
+               dtype=np.dtype(dtype if dtype is not None else Zs.dtype))
 
 
 def _ridge_forward(ns: Backend, Z, Y, ridge: float, form: str, name: str = "Z"):
     """Kernel of :func:`ridge_fit_forward` on checked input."""
-    xp = ns.xp
-    scaling, peak = _scaling(ns, Z, Y, ridge)
-    Zs, Ys = _pow2_scaled(xp, Z, scaling.log2_t), _pow2_scaled(xp, Y, scaling.log2_s)
-    fit = _fit_normalised(ns, Zs, Ys, scaling, form, name, ridge, peak)
+    scaling = _scaling(ns, Z, Y, ridge)
+    Zs, Ys = _scaled64(ns, Z, scaling.neg_log2_t), _scaled64(ns, Y, scaling.neg_log2_s)
+    fit = _fit_normalised(ns, Zs, Ys, scaling, form, name, ridge, lambda: _peak(ns, Z),
+                          dtype=Z.dtype)
     V = _times_pow2(ns, fit.W, scaling.omega_mantissa,
-                    scaling.log2_s - scaling.log2_t + scaling.omega_exponent, "V")
+                    scaling.omega_exponent + scaling.neg_log2_t - scaling.neg_log2_s, "V",
+                    dtype=Z.dtype)
     return V, RidgeContext(fit=fit, scaling=scaling, form=fit.form, shape=tuple(V.shape))
 
 
-def _fit_backward(ns: Backend, fit: NormalisedFit, d_W: Any) -> tuple[Any, Any]:
+def _fit_backward(ns: Backend, fit: Fit, d_W: Any) -> tuple[Any, Any]:
     """The reference's ``fit_normalised_backward`` (formulas in its docstring), in float64
-    with the forward's float64 factor; the gradients in the data's dtype."""
-    xp = ns.xp
-    dtype = fit.Zs.dtype
-    Zs, Ys, W, d_W = (v.astype(xp.float64, copy=False) for v in (fit.Zs, fit.Ys, fit.W, d_W))
+    with the forward's float64 factor and arrays; ``d_W`` any float dtype, the gradients
+    float64 (the caller scales and rounds them once)."""
+    Zs, Ys, W = fit.Zs, fit.Ys, fit.W
+    d_W = d_W.astype(np.float64, copy=False)
     omega = fit.omega
     if fit.form == "primal":
         S = _cho_solve(ns, fit.cholesky, d_W)
-        d_Zs, d_Ys = (Ys - omega * (Zs @ W)) @ S.T - omega * (Zs @ (S @ W.T)), Zs @ S
-    else:
-        U = fit.kernel_solution
-        T = _cho_solve(ns, fit.cholesky, Zs @ d_W)
-        d_Zs, d_Ys = U @ d_W.T - omega * (T @ (U.T @ Zs) + U @ (T.T @ Zs)), T
-    return d_Zs.astype(dtype, copy=False), d_Ys.astype(dtype, copy=False)
+        return (Ys - omega * (Zs @ W)) @ S.T - omega * (Zs @ (S @ W.T)), Zs @ S
+    U = fit.kernel_solution
+    T = _cho_solve(ns, fit.cholesky, Zs @ d_W)
+    return U @ d_W.T - omega * (T @ (U.T @ Zs) + U @ (T.T @ Zs)), T
 
 
 def _ridge_backward(ns: Backend, ctx: RidgeContext, d_V: Any) -> RidgeGrads:
     sc = ctx.scaling
-    g_scale = common_scale(ns.xp, d_V)        # a 0-d power of two, on the device
-    d_Zs, d_Ys = _fit_backward(ns, ctx.fit, d_V / g_scale)
-    d_Z = _times_pow2(ns, d_Zs * g_scale, sc.omega_mantissa,
-                      sc.log2_s + sc.omega_exponent - 2 * sc.log2_t, "the gradient of Z")
-    d_Y = _times_pow2(ns, d_Ys * g_scale, sc.omega_mantissa,
-                      sc.omega_exponent - sc.log2_t, "the gradient of Y")
+    # d_V / g with g = common_scale(d_V), exact; g goes back in through the exponents.
+    neg_log2_g = _neg_log2_scale(ns, d_V)
+    d_Zs, d_Ys = _fit_backward(ns, ctx.fit, ns.xp.ldexp(
+        d_V.astype(np.float64, copy=False), neg_log2_g))
+    exponent_Y = sc.omega_exponent + sc.neg_log2_t - neg_log2_g
+    d_Z = _times_pow2(ns, d_Zs, sc.omega_mantissa, exponent_Y + sc.neg_log2_t - sc.neg_log2_s,
+                      "the gradient of Z", dtype=ctx.fit.dtype)
+    d_Y = _times_pow2(ns, d_Ys, sc.omega_mantissa, exponent_Y, "the gradient of Y",
+                      dtype=ctx.fit.dtype)
     return RidgeGrads(Z=d_Z, Y=d_Y)
 
 
@@ -193,7 +287,7 @@ def ridge_fit_backward(ctx: RidgeContext, d_V) -> RidgeGrads:
     """Gradients ``.Z`` (b, m) and ``.Y`` (b, d) of ``<d_V, V>``; ``d_V`` of shape (m, d)."""
     check_context(ctx, "ctx", RidgeContext)
     ns = get_backend(ctx.fit.W)
-    d_V = check_fast_upstream(d_V, "d_V", ctx.shape, ns, ctx.fit.W.dtype)
+    d_V = check_fast_upstream(d_V, "d_V", ctx.shape, ns, ctx.fit.dtype)
     return _ridge_backward(ns, ctx, d_V)
 
 

@@ -202,16 +202,25 @@ def _check_gradient(ns: Backend, gradient: Any, name: str, why: str | None = Non
                      f"{why}")
 
 
-def _loss_value(value: Any, reduction: str, cause) -> float:
-    """The loss value as a Python float (the one synchronisation of a forward); beyond
-    float64 the reference's ValueError, ``cause()`` naming the parameters."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = float(value)
-    if not np.isfinite(out):
+def _loss_value(value: Any, reduction: str, cause) -> Any:
+    """The loss value: a Python float on NumPy (and where a forward has read it already), a
+    0-d float64 array on CuPy, not read (no synchronisation). Beyond float64 the
+    reference's ValueError, ``cause()`` naming the parameters; on CuPy a data check."""
+    if isinstance(value, float):
+        finite = np.isfinite(value)
+    else:
+        ns = get_backend(value)
+        value = value[()]          # NumPy: a scalar; CuPy: still a 0-d device array
+        if isinstance(value, np.generic):
+            value = float(value)
+            finite = np.isfinite(value)
+        else:
+            finite = not data_checks(ns) or bool(ns.xp.isfinite(value))
+    if not finite:
         raise ValueError(
             f"the loss value (reduction={reduction!r}) exceeds the float64 range: {cause()}"
         )
-    return out
+    return value
 
 
 def _check_finite_loss(ns: Backend, arrays, loss: str, hyperparameters: dict,

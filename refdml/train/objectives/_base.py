@@ -7,7 +7,11 @@ An objective turns what the model returned into a scalar loss, by hand:
 * ``value, ctx = objective.forward(outputs, labels)``: ``outputs`` is the model's output,
   ``y`` (B, d), a pair ``(y, z)`` (a GSP model: the pooled vector and the attribute
   histogram), or local features (B, n, d) for the Wasserstein losses; ``value`` is a
-  Python float (one synchronisation on a GPU); ``ctx`` a frozen :class:`ObjectiveContext`;
+  Python float on NumPy and a 0-d array of the outputs' dtype on CuPy (never read there:
+  the caller reads it when it logs, one synchronisation then); ``labels`` a NumPy or
+  CuPy array (host labels with device outputs are uploaded here, and spare the objectives
+  that need them on the host, for a split, one transfer); ``ctx`` a frozen
+  :class:`ObjectiveContext`;
 * ``d_outputs = objective.backward(ctx, d_value=1.0)``: the gradient of
   ``d_value * value`` w.r.t. ``outputs``, with the same structure (``d_y`` or
   ``(d_y, d_z)``); it ADDS the gradient of its own parameters into their ``.grad``
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import _describe, check_context
-from refdml._backend import is_array
+from refdml._backend import get_backend, is_array, is_device_array, to_numpy
 from refdml.train._dense import _positive_int
 from refdml.train._layer import OwnerToken, ParameterOwner, check_owner
 
@@ -72,6 +76,27 @@ def check_d_value(d_value) -> float:
     if not np.isfinite(d_value):
         raise ValueError(f"d_value == {d_value}, must be finite")
     return d_value
+
+
+def labels_on_device(labels, like):
+    """``labels`` on the module of ``like`` (the outputs): host labels with device outputs
+    are uploaded (no synchronisation); anything else is left to the operators' checks."""
+    if isinstance(labels, np.ndarray) and is_device_array(like):
+        return get_backend(like).xp.asarray(labels)
+    return labels
+
+
+def host_labels(labels) -> np.ndarray:
+    """``labels`` on the host: free for host labels, one transfer for device ones."""
+    return to_numpy(labels)
+
+
+def output_value(value, like):
+    """A loss value as the objectives return it: a 0-d array of ``like``'s dtype where the
+    operators left it on the device (not read), else as it is (a Python float)."""
+    if is_device_array(value):
+        return value.astype(like.dtype, copy=False)
+    return value
 
 
 _SKIP = object()  # marks an attribute that config() does not record (arrays, generators)

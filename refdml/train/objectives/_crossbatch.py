@@ -43,11 +43,15 @@ from refdml._validation import _describe, check_choice, check_rng, check_scalar
 from refdml._backend import get_backend
 from refdml.train._layer import init_array
 from refdml.train._operators import check_reference, operators
+from refdml.crossbatch import class_disjoint_split
 from refdml.train.objectives._base import (
     Objective,
     check_d_value,
     check_positive_int,
+    host_labels,
+    labels_on_device,
     load_rng_state,
+    output_value,
     rng_state,
 )
 from refdml.train.objectives._loss import (
@@ -135,16 +139,25 @@ class GSPObjective(Objective):
     def forward(self, outputs, labels, *, split=None):
         """``(value, ctx)``; ``split`` (bool (B,), class-disjoint) fixes the ZSR halves."""
         y, z = split_outputs(outputs, self.name, pair=True)
-        dml_value, dml_ctx, zsr_value, zsr_ctx = 0.0, None, 0.0, None
+        given, labels = labels, labels_on_device(labels, y)
+        value, dml_ctx, zsr_ctx = None, None, None
         if self.lambda_ < 1.0:
             dml_value, dml_ctx = self.base.loss_forward(y, labels)
+            value = (1.0 - self.lambda_) * dml_value
         if self.lambda_ > 0.0:
+            # The split is drawn here on the host labels (free when the caller gave host
+            # labels), as the operator would draw it from the same generator; the operator
+            # takes the host labels too, so that neither reads the device.
+            on_host = host_labels(given)
+            if split is None:
+                split = class_disjoint_split(on_host, rng=self.rng)
             zsr_value, zsr_ctx = operators(self.reference).zero_shot_loss.forward(
-                z, labels, self.class_embeddings.value, ridge=self.ridge, scale=self.scale,
+                z, on_host, self.class_embeddings.value, ridge=self.ridge, scale=self.scale,
                 split=split, rng=self.rng)
-        value = (1.0 - self.lambda_) * dml_value + self.lambda_ * zsr_value
-        return value, self._context((dml_ctx, zsr_ctx), self.reference,
-                                    (tuple(y.shape), tuple(z.shape)))
+            zsr_value = self.lambda_ * zsr_value
+            value = zsr_value if value is None else value + zsr_value
+        return output_value(value, y), self._context(
+            (dml_ctx, zsr_ctx), self.reference, (tuple(y.shape), tuple(z.shape)))
 
     def backward(self, ctx, d_value=1.0):
         """``(d_y, d_z)``; adds into ``Upsilon``'s (and the base's proxies') ``.grad``."""

@@ -24,7 +24,13 @@ from refdml._validation import _describe, check_choice, check_rng
 from refdml._backend import get_backend, is_array
 from refdml.train._layer import init_array
 from refdml.train._operators import check_reference, operators
-from refdml.train.objectives._base import Objective, check_d_value, check_positive_int
+from refdml.train.objectives._base import (
+    Objective,
+    check_d_value,
+    check_positive_int,
+    labels_on_device,
+    output_value,
+)
 
 __all__ = ["LOSSES", "PROXY_LOSSES", "LossObjective"]
 
@@ -176,7 +182,8 @@ class LossObjective(Objective):
     def forward(self, outputs, labels):
         """``(value, ctx)`` of the loss on ``y`` (``outputs`` is ``y`` or ``(y, z)``)."""
         y, z = split_outputs(outputs, self.name)
-        value, inner = self.loss_forward(y, labels)
+        value, inner = self.loss_forward(y, labels_on_device(labels, y))
+        value = output_value(value, y)
         shapes = (tuple(y.shape),) if z is None else (tuple(y.shape), tuple(z.shape))
         return value, self._context(inner, self.reference, shapes)
 
