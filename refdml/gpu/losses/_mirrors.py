@@ -235,6 +235,7 @@ def _check_finite_loss(ns: Backend, arrays, loss: str, hyperparameters: dict,
 
 
 def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, loss):
+    xp = ns.xp
     n = x.shape[0]
     if form == "euclidean":
         matrix, metric_ctx, scale = self_euclidean(ns, x)
@@ -246,9 +247,10 @@ def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, 
     same = labels[:, None] == labels[None, :]
     dt = terms_dtype(x.dtype, pos_margin, neg_margin).type
     # iota = +1 positives, -1 negatives: pre = sign iota (matrix - margin of the pair), as
-    # sign iota matrix - sign iota margin (multiplications by +-1 and 0 / 1 are exact).
-    signed = same * dt(2 * sign) - dt(sign)
-    signed_margin = same * dt(sign * pos_margin) + (~same) * dt(-sign * neg_margin)
+    # sign iota matrix - sign iota margin (multiplications by +-1 are exact); each factor
+    # one where over the pairs.
+    signed = xp.where(same, dt(sign), dt(-sign))
+    signed_margin = xp.where(same, dt(sign * pos_margin), dt(-sign * neg_margin))
     pre = signed * matrix
     pre -= signed_margin
     active = (pre > 0) & upper
