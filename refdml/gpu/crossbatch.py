@@ -8,11 +8,17 @@ fits are :mod:`refdml.gpu.prototypes`'s normalised fit, on the one exact rescali
 whole batch. The class embeddings' gradient as regression targets is gathered with a
 one-hot matrix product (no ``add.at``).
 
-Synchronisations: the halves' sizes (``flatnonzero`` of the split: two systems of
-data-dependent size), the scaling of the fit (``max|Z|``, ``max|targets|``), the loss
-value (a Python float, like the reference); with data checks on, the class-disjointness
-of a given split and the definiteness of each system. A split drawn from ``rng`` is
-drawn on the host from a copy of ``labels`` (the reference's ``draw_split``).
+The halves are taken from the split on the host (drawn there from the labels, as the
+reference's ``draw_split``, or given), their rows gathered once in one order (half 1,
+then half 2) so that each half is a slice; the contexts are the reference's classes
+extended with that order (and the zero-shot loss's one-hot labels).
+
+Synchronisations: none for labels and split given on the host (a split drawn from
+``rng`` reads host labels); device labels or a device split are read once each. The
+zero-shot value is a 0-d float64 device array on CuPy (a float on NumPy); the XML value is
+read (a Python float, like its base loss's). With data checks on: the labels' range, the
+class-disjointness of a given split (on the host), the definiteness of each system and
+the finiteness of the scores.
 ``xml_loss``'s default base loss is :func:`refdml.gpu.losses.contrastive`; any one-call
 loss returning ``(value, grads)`` with ``grads.embeddings`` on the same device works.
 """

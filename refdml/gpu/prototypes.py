@@ -3,23 +3,24 @@ NumPy or CuPy, float32 or float64.
 
 The same exact power-of-two rescaling as the reference (``refdml/prototypes/_ridge.py``:
 ``Z = 2^a Zs``, ``Y = 2^b Ys``, ``M_n = omega Zs^T Zs + rho I``), the same primal /
-kernel forms and backward formulas, and the reference's context classes
-(``RidgeContext``, ``NormalisedFit``, ``Scaling``; the private ones shared through
-:mod:`refdml._shared.prototypes`), holding arrays of the input's module.
-The systems are solved by Cholesky through :func:`_cho_solve`, with the backend's
-``solve_triangular`` (:attr:`refdml._backend.Backend.linalg`: SciPy's or
-``cupyx.scipy.linalg``'s); the same computation on NumPy and on CuPy.
+kernel forms and backward formulas, and the reference's ``RidgeContext``, holding the
+fast path's own :class:`Fit` (the reference's ``NormalisedFit`` kept in float64, with the
+data's dtype) and :class:`DeviceScaling` (the reference's ``Scaling`` with its powers of
+two as 0-d device arrays). The systems are solved by Cholesky through :func:`_cho_solve`,
+with the backend's ``solve_triangular`` (:attr:`refdml._backend.Backend.linalg`: SciPy's
+or ``cupyx.scipy.linalg``'s); the same computation on NumPy and on CuPy.
 
-Synchronisations: the forward reads ``max|Z|`` and ``max|Y|`` on the host (the scaling's
-exponents are Python ints, as in the reference's ``Scaling``); with data checks on
-(:mod:`refdml._validation`) it also checks that the system is numerically definite
-(the reference's test, eigenvalues when the cheap bound fails) and that ``V`` does not
-overflow. The backward's scaling of ``d_V`` stays on the device.
+Synchronisations: none. The scaling's exponents come from ``max|Z|`` and ``max|Y|`` on
+the device (``frexp``; the reference's branch on the ridge's shift is a ``where``), at the
+cost of about a dozen launches on 0-d arrays. With data checks on
+(:mod:`refdml._validation`) the forward also checks that the system is numerically
+definite (the reference's test, eigenvalues when the cheap bound fails; it reads the
+trace and ``rho``) and that ``V`` does not overflow.
 
 float32: the system ``M_n`` (b x b or m x m, small) is assembled from the float32 data in
 float64, checked for definiteness at float64's epsilon (the reference's test) and factored
-and solved in float64; ``W`` is rounded to float32, and the backward solves with the float64
-factor and rounds the gradients to float32. (The first version did all of it in float32 with
+and solved in float64; the scaled inputs, ``W`` and the factor stay float64 in the context,
+``V`` and the gradients are rounded to float32 once, at the end. (The first version did all of it in float32 with
 the threshold ``1e3 n eps`` at float32's epsilon, which refused systems of condition number
 ~360 at n = 32, where float32 would still give ~4e-5 relative error: a zero-shot loss with
 ridge 0.05 on concentrated histograms stopped a training run of `refdml reproduce`.)

@@ -39,12 +39,14 @@ Differences of implementation, not of result:
   tolerance stated there (the diagonal is exactly 0 on both). Every other result is the
   same computation on NumPy and on CuPy.
 
-Synchronisation on CuPy: the value is accumulated in float64 and returned as a Python
-float, like the reference: **one synchronisation per forward** (``float(value)``). The
-label bookkeeping of ``triplet(mining="all")`` (``P``) and ``soft_triple`` (the classes of
-the centres) costs one more each; the data checks (zero rows, classes without a proxy,
-distances beyond the range) one each while enabled (:mod:`refdml._validation`). The
-backwards none. The CUDA kernel adds none.
+Synchronisation on CuPy: the value is accumulated in float64 and returned as a 0-d
+float64 device array, not read (on NumPy a Python float, like the reference); triplet's
+and soft_triple's forwards read theirs (one synchronisation: triplet retries a float32
+term beyond range in float64), and their label bookkeeping (``P`` of
+``triplet(mining="all")``, the classes of soft_triple's centres) costs one more each; the
+data checks (zero rows, classes without a proxy, distances beyond the range, a value
+beyond float64) one each while enabled (:mod:`refdml._validation`). The backwards none.
+The CUDA kernel adds none.
 """
 
 from refdml.gpu.losses._array import terms_dtype

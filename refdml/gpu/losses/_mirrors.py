@@ -7,8 +7,8 @@ it takes any (``lse = IMPLEMENTATIONS.choose(x)``: array path, CPU twin or CUDA 
 runs all its log-sum-exps on that one, then reads straight through its loss's terms, which
 sit beside it here: the terms are the same maths on every implementation, written once
 against the backend (the pieces they share are in :mod:`refdml.gpu.losses._array` and
-:mod:`refdml.gpu.losses._pairwise`). The value is reduced in float64 and read once
-(:func:`_loss_value`); the context keeps ``d value / d matrix`` for the backward.
+:mod:`refdml.gpu.losses._pairwise`). The value is reduced in float64 and left on the
+device (:func:`_loss_value`); the context keeps ``d value / d matrix`` for the backward.
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def contrastive_forward(
 ) -> tuple[float, PairwiseLossContext]:
     """Contrastive loss (C2 Euclidean or C1 cosine); see :func:`refdml.losses.contrastive_forward`.
 
-    Returns ``(value, ctx)``, ``value`` a Python float (one synchronisation).
+    Returns ``(value, ctx)``, ``value`` a Python float on NumPy, a 0-d float64 array on CuPy.
     """
     ns, x, y = _embeddings_labels(embeddings, labels)
     form = check_choice(form, "form", _FORMS)
