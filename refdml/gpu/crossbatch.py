@@ -49,7 +49,9 @@ from refdml.crossbatch import (
 from refdml.gpu import losses as _losses
 from refdml.gpu.prototypes import (
     _fit_backward,
+    _fit_kernel_pair,
     _fit_normalised,
+    _kernel_pair_backward,
     _neg_log2_scale,
     _peak,
     _scaled64,
@@ -124,6 +126,7 @@ class _CrossFit(CrossFitContext):
 
     order: Any = None
     inverse: Any = None
+    joint: Any = None       # both halves' kernel systems' one factor (None: two systems)
 
 
 def _cross_fit_kernel(ns: Backend, Z, targets, mask: np.ndarray, ridge: float,
@@ -146,10 +149,16 @@ def _cross_fit_kernel(ns: Backend, Z, targets, mask: np.ndarray, ridge: float,
     def peak():
         return _peak(ns, Z)
 
-    fit_first = _fit_normalised(ns, Zs[:n1], Ts[:n1], sc, "auto", f"{Z_name}[split]",
-                                ridge, peak, dtype=Z.dtype)
-    fit_second = _fit_normalised(ns, Zs[n1:], Ts[n1:], sc, "auto", f"{Z_name}[~split]",
-                                 ridge, peak, dtype=Z.dtype)
+    names = (f"{Z_name}[split]", f"{Z_name}[~split]")
+    joint = None
+    if Z.shape[1] > max(n1, b - n1):        # both halves in the kernel form ("auto")
+        (fit_first, fit_second), joint = _fit_kernel_pair(ns, Zs, Ts, n1, sc, names, ridge,
+                                                          peak, Z.dtype)
+    else:
+        fit_first = _fit_normalised(ns, Zs[:n1], Ts[:n1], sc, "auto", names[0], ridge, peak,
+                                    dtype=Z.dtype)
+        fit_second = _fit_normalised(ns, Zs[n1:], Ts[n1:], sc, "auto", names[1], ridge, peak,
+                                     dtype=Z.dtype)
     scaled = xp.empty((b, targets.shape[1]), dtype=np.float64)
     xp.matmul(fit_first.Zs, fit_second.W, out=scaled[:n1])
     xp.matmul(fit_second.Zs, fit_first.W, out=scaled[n1:])
@@ -158,7 +167,7 @@ def _cross_fit_kernel(ns: Backend, Z, targets, mask: np.ndarray, ridge: float,
                               dtype=Z.dtype)
     ctx = _CrossFit(first=order[:n1], second=order[n1:], fit_first=fit_first,
                     fit_second=fit_second, scaling=sc, shape=tuple(predictions.shape),
-                    order=order, inverse=inverse)
+                    order=order, inverse=inverse, joint=joint)
     return predictions, ctx
 
 
@@ -177,8 +186,13 @@ def _cross_fit_backward(ns: Backend, ctx: _CrossFit, d_pred) -> CrossFitGrads:
     D = xp.ldexp(d_pred[ctx.order].astype(np.float64, copy=False), neg_log2_g)
     D1, D2 = D[:n1], D[n1:]
     f1, f2 = ctx.fit_first, ctx.fit_second
-    d_Zs1, d_Ts1 = _fit_backward(ns, f1, f2.Zs.T @ D2)
-    d_Zs2, d_Ts2 = _fit_backward(ns, f2, f1.Zs.T @ D1)
+    d_W1, d_W2 = f2.Zs.T @ D2, f1.Zs.T @ D1
+    if ctx.joint is not None:
+        (d_Zs1, d_Ts1), (d_Zs2, d_Ts2) = _kernel_pair_backward(ns, (f1, f2), ctx.joint,
+                                                               (d_W1, d_W2))
+    else:
+        d_Zs1, d_Ts1 = _fit_backward(ns, f1, d_W1)
+        d_Zs2, d_Ts2 = _fit_backward(ns, f2, d_W2)
     d_Zs = xp.empty((D.shape[0], f1.Zs.shape[1]), dtype=np.float64)
     xp.matmul(D1, f2.W.T, out=d_Zs[:n1])
     xp.matmul(D2, f1.W.T, out=d_Zs[n1:])

@@ -192,6 +192,18 @@ def _system(ns: Backend, gram: Any, omega: Any, rho: Any) -> Any:
     return matrix
 
 
+def _refuse_singular(form: str, name: str, ridge: float, peak) -> None:
+    """The reference's ValueError for a numerically singular system of ``name``."""
+    what = f"{name}^T {name} + ridge I" if form == "primal" else f"{name} {name}^T + ridge I"
+    shown = peak() if callable(peak) else peak
+    raise ValueError(
+        f"{what} ({form} form) is numerically singular: ridge == {ridge!r} is below the "
+        f"rounding level of the Gram matrix of {name} (max |{name}| == {shown:.3g}) "
+        f"and {name} is (numerically) rank deficient, so the ridge fit is not determined "
+        f"in float64; use a larger ridge"
+    )
+
+
 def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: float,
                     peak=None, dtype: Any = None) -> Fit:
     """Solve ``M_n W_n = Zs^T Ys`` in the requested form (named ValueError if singular).
@@ -206,7 +218,6 @@ def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: f
         form = "primal" if m <= b else "kernel"
     gram = Zs.T @ Zs if form == "primal" else Zs @ Zs.T
     matrix = _system(ns, gram, scaling.omega, scaling.rho)
-    what = f"{name}^T {name} + ridge I" if form == "primal" else f"{name} {name}^T + ridge I"
     singular = data_checks(ns) and not _definite(ns, matrix, scaling.rho)
     if not singular:
         try:
@@ -215,13 +226,7 @@ def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: f
             singular = True                 # so there only _definite (data checks) refuses;
                                             # with checks off a singular system gives NaN W
     if singular:
-        shown = peak() if callable(peak) else peak
-        raise ValueError(
-            f"{what} ({form} form) is numerically singular: ridge == {ridge!r} is below the "
-            f"rounding level of the Gram matrix of {name} (max |{name}| == {shown:.3g}) "
-            f"and {name} is (numerically) rank deficient, so the ridge fit is not determined "
-            f"in float64; use a larger ridge"
-        )
+        _refuse_singular(form, name, ridge, peak)
     if form == "primal":
         W = _cho_solve(ns, factor, Zs.T @ Ys)
         kernel_solution = None
@@ -231,6 +236,60 @@ def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: f
     return Fit(Zs=Zs, Ys=Ys, W=W, form=form, cholesky=factor,
                kernel_solution=kernel_solution, omega=scaling.omega,
                dtype=np.dtype(dtype if dtype is not None else Zs.dtype))
+
+
+def _fit_kernel_pair(ns: Backend, Zs, Ys, n1: int, scaling, names: tuple[str, str],
+                     ridge: float, peak, dtype: Any) -> tuple[tuple[Fit, Fit], Any]:
+    """The kernel-form fits of rows ``:n1`` and ``n1:`` (two halves) as one block-diagonal
+    system: one Gram product, one Cholesky, one solve instead of two each.
+
+    The off-diagonal blocks are exact zeros, so the factor is the two halves' factors side
+    by side (each entry of a cross block is a sum of products with a zero factor) and the
+    solution each half's own: the same arithmetic as two systems. Returns the two fits
+    (their factors and solutions are views of the joint ones) and the joint factor."""
+    xp = ns.xp
+    matrix = _system(ns, Zs @ Zs.T, scaling.omega, scaling.rho)
+    matrix[:n1, n1:] = 0.0
+    matrix[n1:, :n1] = 0.0
+    blocks = (slice(0, n1), slice(n1, None))
+    if data_checks(ns):
+        for block, name in zip(blocks, names):
+            if not _definite(ns, matrix[block, block], scaling.rho):
+                _refuse_singular("kernel", name, ridge, peak)
+    try:
+        factor = xp.linalg.cholesky(matrix)
+    except np.linalg.LinAlgError:           # NumPy only (see _fit_normalised): name the half
+        for block, name in zip(blocks, names):
+            try:
+                xp.linalg.cholesky(matrix[block, block])
+            except np.linalg.LinAlgError:
+                _refuse_singular("kernel", name, ridge, peak)
+        raise
+    solution = _cho_solve(ns, factor, Ys)
+    fits = tuple(Fit(Zs=Zs[block], Ys=Ys[block], W=Zs[block].T @ solution[block],
+                     form="kernel", cholesky=factor[block, block],
+                     kernel_solution=solution[block], omega=scaling.omega,
+                     dtype=np.dtype(dtype)) for block in blocks)
+    return fits, factor
+
+
+def _kernel_grads(fit: Fit, d_W: Any, T: Any) -> tuple[Any, Any]:
+    """The kernel form's gradients given ``T = K_n^{-1} Zs d_W`` (reference formulas)."""
+    U, Zs = fit.kernel_solution, fit.Zs
+    return U @ d_W.T - fit.omega * (T @ (U.T @ Zs) + U @ (T.T @ Zs)), T
+
+
+def _kernel_pair_backward(ns: Backend, fits: tuple[Fit, Fit], factor: Any,
+                          d_Ws: tuple[Any, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """:func:`_fit_backward` of the two fits of :func:`_fit_kernel_pair` (float64
+    ``d_Ws``), with one solve by the joint factor."""
+    xp = ns.xp
+    n1 = fits[0].Zs.shape[0]
+    rhs = xp.empty((n1 + fits[1].Zs.shape[0], d_Ws[0].shape[1]), dtype=np.float64)
+    xp.matmul(fits[0].Zs, d_Ws[0], out=rhs[:n1])
+    xp.matmul(fits[1].Zs, d_Ws[1], out=rhs[n1:])
+    T = _cho_solve(ns, factor, rhs)
+    return (_kernel_grads(fits[0], d_Ws[0], T[:n1]), _kernel_grads(fits[1], d_Ws[1], T[n1:]))
 
 
 def _ridge_forward(ns: Backend, Z, Y, ridge: float, form: str, name: str = "Z"):
@@ -255,9 +314,7 @@ def _fit_backward(ns: Backend, fit: Fit, d_W: Any) -> tuple[Any, Any]:
     if fit.form == "primal":
         S = _cho_solve(ns, fit.cholesky, d_W)
         return (Ys - omega * (Zs @ W)) @ S.T - omega * (Zs @ (S @ W.T)), Zs @ S
-    U = fit.kernel_solution
-    T = _cho_solve(ns, fit.cholesky, Zs @ d_W)
-    return U @ d_W.T - omega * (T @ (U.T @ Zs) + U @ (T.T @ Zs)), T
+    return _kernel_grads(fit, d_W, _cho_solve(ns, fit.cholesky, Zs @ d_W))
 
 
 def _ridge_backward(ns: Backend, ctx: RidgeContext, d_V: Any) -> RidgeGrads:

@@ -127,3 +127,28 @@ def test_cross_fit_backward_does_not_refit(monkeypatch):
     monkeypatch.setattr(crossbatch, "_fit_normalised", boom)
     grads = crossbatch.cross_fit_backward(ctx, np.ones_like(P))
     assert grads.Z.shape == Z.shape
+
+
+@pytest.mark.parametrize("n_prototypes, n_first", [(5, 4), (3, 4), (5, 6), (4, 2)])
+def test_cross_fit_matches_reference_in_every_pairing_of_forms(n_prototypes, n_first):
+    """Both halves in the kernel form (one joint block-diagonal system), both in the primal
+    form, and one of each (two systems): the predictions and both gradients are the
+    reference's, in float64 and float32, with the halves interleaved in the batch."""
+    rng = _rng(4)
+    b = 8
+    Z = rng.dirichlet(np.ones(n_prototypes), size=b)
+    T = rng.standard_normal((b, 3))
+    split = np.zeros(b, dtype=bool)
+    split[rng.permutation(b)[:n_first]] = True
+    d_P = rng.standard_normal((b, 3))
+    P_ref, ctx_ref = ref_crossbatch.cross_fit_forward(Z, T, split, ridge=0.2)
+    want = ref_crossbatch.cross_fit_backward(ctx_ref, d_P)
+    for dtype, rtol in ((np.float64, 1e-10), (np.float32, 1e-4)):
+        P, ctx = crossbatch.cross_fit_forward(Z.astype(dtype), T.astype(dtype), split,
+                                              ridge=0.2)
+        grads = crossbatch.cross_fit_backward(ctx, d_P.astype(dtype))
+        assert P.dtype == grads.Z.dtype == grads.targets.dtype == dtype
+        joint = n_prototypes > max(n_first, b - n_first)
+        assert (ctx.joint is not None) == joint
+        for got, ref in ((P, P_ref), (grads.Z, want.Z), (grads.targets, want.targets)):
+            assert_allclose(got, ref, rtol=0, atol=rtol * np.abs(ref).max())
