@@ -332,3 +332,43 @@ def test_true_rows_are_flatnonzero_without_a_count_read(mask):
     mask = np.array(mask)
     got = _true_rows(np, mask, int(np.count_nonzero(mask)))
     np.testing.assert_array_equal(got, np.flatnonzero(mask))
+
+
+@standin
+@pytest.mark.parametrize("checks", [False, True])
+def test_gsp_objective_step_reads_nothing_back_on_host_labels(checks, data_checks_off):
+    # refdml/train/objectives/_base.py: the value stays on the device (a 0-d array of the
+    # outputs' dtype), host labels are uploaded and the split drawn from them on the host;
+    # with data checks on, only the checks read (booleans, and the fits' definiteness).
+    from refdml.train.objectives import GSPObjective
+
+    cupy = _cupy()
+    data_checks_off(checks)
+    rng = np.random.default_rng(5)
+    labels = np.repeat(np.arange(6), 4)
+    y = rng.standard_normal((24, 5)).astype(np.float32)
+    z = rng.dirichlet(np.ones(7), size=24).astype(np.float32)
+
+    def objective(device):
+        return GSPObjective("contrastive", lambda_=0.3, n_classes=6, attribute_dim=5,
+                            rng=1, dtype=np.float32, device=device)
+
+    on_device = objective("cuda")
+    outputs = (cupy.asarray(y), cupy.asarray(z))
+    (value, ctx), fwd = _counted(lambda: on_device.forward(outputs, labels))
+    (d_y, d_z), bwd = _counted(lambda: on_device.backward(ctx, 1.0))
+    if checks:
+        assert set(fwd.by_kind) | set(bwd.by_kind) <= {"bool", "float"}, (fwd, bwd)
+    else:
+        assert fwd.total == 0 and bwd.total == 0, (fwd, bwd)
+    assert value.shape == () and value.dtype == np.float32
+    on_host = objective("cpu")
+    expected, host_ctx = on_host.forward((y, z), labels)
+    want_y, want_z = on_host.backward(host_ctx, 1.0)
+    assert isinstance(expected, float)
+    np.testing.assert_allclose(float(value), expected, rtol=1e-5)
+    np.testing.assert_allclose(d_y.get(), want_y, rtol=0, atol=1e-5 * np.abs(want_y).max())
+    np.testing.assert_allclose(d_z.get(), want_z, rtol=0, atol=1e-5 * np.abs(want_z).max())
+    np.testing.assert_allclose(on_device.class_embeddings.grad.get(),
+                               on_host.class_embeddings.grad, rtol=0,
+                               atol=1e-5 * np.abs(on_host.class_embeddings.grad).max())
