@@ -180,10 +180,12 @@ def _check_fast_cross(cross) -> None:
 def _cross_fit_backward(ns: Backend, ctx: _CrossFit, d_pred) -> CrossFitGrads:
     xp = ns.xp
     sc, n1 = ctx.scaling, ctx.fit_first.Zs.shape[0]
-    # d_pred / g, g = common_scale(d_pred) (a power of two: exact), in float64 and in the
-    # halves' order; g goes back in through the final exponents.
+    # omega_mantissa d_pred / g, g = common_scale(d_pred) (a power of two: exact), in
+    # float64 and in the halves' order: the gradients are linear in d_pred, so the
+    # mantissa is applied once here and g goes back in through the final exponents.
     neg_log2_g = _neg_log2_scale(ns, d_pred)
-    D = xp.ldexp(d_pred[ctx.order].astype(np.float64, copy=False), neg_log2_g)
+    D = xp.ldexp(d_pred[ctx.order].astype(np.float64, copy=False) * sc.omega_mantissa,
+                 neg_log2_g)
     D1, D2 = D[:n1], D[n1:]
     f1, f2 = ctx.fit_first, ctx.fit_second
     d_W1, d_W2 = f2.Zs.T @ D2, f1.Zs.T @ D1
@@ -200,11 +202,10 @@ def _cross_fit_backward(ns: Backend, ctx: _CrossFit, d_pred) -> CrossFitGrads:
     d_Zs[n1:] += d_Zs2
     d_Ts = xp.concatenate([d_Ts1, d_Ts2])[ctx.inverse]
     exponent_T = sc.omega_exponent - neg_log2_g
-    d_Z = _times_pow2(ns, d_Zs[ctx.inverse], sc.omega_mantissa,
+    d_Z = _times_pow2(ns, d_Zs[ctx.inverse], None,
                       exponent_T + sc.neg_log2_t - sc.neg_log2_s, "the gradient of Z",
                       dtype=f1.dtype)
-    d_T = _times_pow2(ns, d_Ts, sc.omega_mantissa, exponent_T, "the gradient of targets",
-                      dtype=f1.dtype)
+    d_T = _times_pow2(ns, d_Ts, None, exponent_T, "the gradient of targets", dtype=f1.dtype)
     return CrossFitGrads(Z=d_Z, targets=d_T)
 
 

@@ -105,8 +105,8 @@ def _definite(ns: Backend, matrix: Any, floor: Any) -> bool:
     xp = ns.xp
     n = matrix.shape[0]
     limit = DEFINITE * n * np.finfo(matrix.dtype).eps
-    floor = float(floor)
-    if floor > 0.0 and float(xp.trace(matrix)) * limit < floor:
+    trace, floor = xp.stack([xp.trace(matrix), floor]).tolist()   # one transfer
+    if floor > 0.0 and trace * limit < floor:
         return True
     eigenvalues = xp.linalg.eigvalsh(matrix)
     top, bottom = float(eigenvalues[-1]), float(eigenvalues[0])
@@ -117,10 +117,10 @@ def _times_pow2(ns: Backend, x: Any, mantissa: Any, exponent: Any, what: str,
                 dtype: Any = None) -> Any:
     """``mantissa 2**exponent x`` without intermediate overflow, scaled in ``x``'s dtype
     (float64 here) and rounded once to ``dtype`` (default ``x``'s); ``mantissa`` a 0-d
-    float64, ``exponent`` a 0-d int32 array."""
+    float64 (None: already applied), ``exponent`` a 0-d int32 array."""
     xp = ns.xp
     with ns.errstate(over="ignore", divide="ignore"):
-        out = xp.ldexp(x * mantissa, exponent)
+        out = xp.ldexp(x if mantissa is None else x * mantissa, exponent)
         if dtype is not None:
             out = out.astype(dtype, copy=False)
     if data_checks(ns) and not bool(xp.all(xp.isfinite(out))):
@@ -319,15 +319,15 @@ def _fit_backward(ns: Backend, fit: Fit, d_W: Any) -> tuple[Any, Any]:
 
 def _ridge_backward(ns: Backend, ctx: RidgeContext, d_V: Any) -> RidgeGrads:
     sc = ctx.scaling
-    # d_V / g with g = common_scale(d_V), exact; g goes back in through the exponents.
+    # omega_mantissa d_V / g with g = common_scale(d_V) (exact): the gradients are linear
+    # in d_V, so the mantissa is applied once here and g goes back in through the exponents.
     neg_log2_g = _neg_log2_scale(ns, d_V)
     d_Zs, d_Ys = _fit_backward(ns, ctx.fit, ns.xp.ldexp(
-        d_V.astype(np.float64, copy=False), neg_log2_g))
+        d_V.astype(np.float64, copy=False) * sc.omega_mantissa, neg_log2_g))
     exponent_Y = sc.omega_exponent + sc.neg_log2_t - neg_log2_g
-    d_Z = _times_pow2(ns, d_Zs, sc.omega_mantissa, exponent_Y + sc.neg_log2_t - sc.neg_log2_s,
+    d_Z = _times_pow2(ns, d_Zs, None, exponent_Y + sc.neg_log2_t - sc.neg_log2_s,
                       "the gradient of Z", dtype=ctx.fit.dtype)
-    d_Y = _times_pow2(ns, d_Ys, sc.omega_mantissa, exponent_Y, "the gradient of Y",
-                      dtype=ctx.fit.dtype)
+    d_Y = _times_pow2(ns, d_Ys, None, exponent_Y, "the gradient of Y", dtype=ctx.fit.dtype)
     return RidgeGrads(Z=d_Z, Y=d_Y)
 
 
