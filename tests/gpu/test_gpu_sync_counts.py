@@ -339,7 +339,7 @@ def test_true_rows_are_flatnonzero_without_a_count_read(mask):
 def test_gsp_objective_step_reads_nothing_back_on_host_labels(checks, data_checks_off):
     # refdml/train/objectives/_base.py: the value stays on the device (a 0-d array of the
     # outputs' dtype), host labels are uploaded and the split drawn from them on the host;
-    # with data checks on, only the checks read (booleans, and the fits' definiteness).
+    # with data checks on, only the checks read.
     from refdml.train.objectives import GSPObjective
 
     cupy = _cupy()
@@ -358,7 +358,9 @@ def test_gsp_objective_step_reads_nothing_back_on_host_labels(checks, data_check
     (value, ctx), fwd = _counted(lambda: on_device.forward(outputs, labels))
     (d_y, d_z), bwd = _counted(lambda: on_device.backward(ctx, 1.0))
     if checks:
-        assert set(fwd.by_kind) | set(bwd.by_kind) <= {"bool", "float"}, (fwd, bwd)
+        # booleans, and each ridge system's definiteness (trace and ridge: one tolist)
+        assert set(fwd.by_kind) | set(bwd.by_kind) <= {"bool", "tolist"}, (fwd, bwd)
+        assert fwd["tolist"] <= 2, fwd
     else:
         assert fwd.total == 0 and bwd.total == 0, (fwd, bwd)
     assert value.shape == () and value.dtype == np.float32
