@@ -50,12 +50,14 @@ class CountFellWarning(UserWarning):
 
 # ------------------------------------------------------------------ the ceilings
 # Forward + backward of each catalogue operator's mirror in float32 (data checks off).
+# (The ridge fit's rose from (54, 1) to (61, 0) with issue 46: its scaling's exponents are
+# computed on the device, in launches on 0-d arrays, instead of read back, one sync.)
 #   (catalogue name,                          kernel mode): (launches, host syncs)
 CEILINGS: dict[tuple[str, str], tuple[int, int]] = {
-    ("crossbatch.cross_fit",                   "array"): (109, 3),
-    ("crossbatch.xml_loss",                    "array"): (297, 6),
-    ("crossbatch.zero_shot_loss",              "array"): (144, 4),
-    ("crossbatch.zero_shot_loss",              "cuda"):  (134, 4),
+    ("crossbatch.cross_fit",                   "array"): (88, 1),
+    ("crossbatch.xml_loss",                    "array"): (264, 5),
+    ("crossbatch.zero_shot_loss",              "array"): (116, 2),
+    ("crossbatch.zero_shot_loss",              "cuda"):  (106, 2),
     ("distances.cosine",                       "array"): (32, 0),
     ("distances.euclidean",                    "array"): (39, 0),
     ("distances.sq_euclidean",                 "array"): (36, 0),
@@ -69,14 +71,14 @@ CEILINGS: dict[tuple[str, str], tuple[int, int]] = {
     ("histogram.convex_combination",           "array"): (3, 0),
     ("histogram.entropic",                     "array"): (46, 0),
     ("histogram.entropic",                     "cuda"):  (37, 0),
-    ("losses.contrastive",                     "array"): (58, 1),
-    ("losses.contrastive_cosine",              "array"): (44, 1),
-    ("losses.contrastive_no_positive",         "array"): (58, 1),
-    ("losses.generalized_contrastive",         "array"): (58, 1),
-    ("losses.multi_similarity",                "array"): (105, 1),
-    ("losses.multi_similarity",                "cuda"):  (77, 1),
-    ("losses.proxy_anchor",                    "array"): (71, 1),
-    ("losses.proxy_nca",                       "array"): (56, 1),
+    ("losses.contrastive",                     "array"): (54, 0),
+    ("losses.contrastive_cosine",              "array"): (40, 0),
+    ("losses.contrastive_no_positive",         "array"): (54, 0),
+    ("losses.generalized_contrastive",         "array"): (54, 0),
+    ("losses.multi_similarity",                "array"): (105, 0),
+    ("losses.multi_similarity",                "cuda"):  (77, 0),
+    ("losses.proxy_anchor",                    "array"): (71, 0),
+    ("losses.proxy_nca",                       "array"): (56, 0),
     ("losses.soft_triple",                     "array"): (121, 2),
     ("losses.soft_triple",                     "cuda"):  (111, 2),
     ("losses.triplet",                         "array"): (67, 2),
@@ -101,8 +103,8 @@ CEILINGS: dict[tuple[str, str], tuple[int, int]] = {
     ("ot.wcontrastive_p1",                     "cuda"):  (260, 8),
     ("ot.wtriplet",                            "array"): (1625, 18),
     ("ot.wtriplet",                            "cuda"):  (292, 9),
-    ("prototypes.ridge_fit_kernel",            "array"): (54, 1),
-    ("prototypes.ridge_fit_primal",            "array"): (54, 1),
+    ("prototypes.ridge_fit_kernel",            "array"): (61, 0),
+    ("prototypes.ridge_fit_primal",            "array"): (61, 0),
     ("train.conv2d",                           "array"): (11, 0),
     ("train.conv2d_strided",                   "array"): (11, 0),
     ("train.embedding",                        "array"): (3, 0),
