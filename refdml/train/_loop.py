@@ -622,7 +622,10 @@ class TrainingLoop:
                     reads.where = where
                     inputs = self.train_x[batch]
                     _check_finite_inputs(inputs, where)
-                    x, labels = self._to_device(inputs, self.train_y[batch])
+                    # the labels stay on the host: the objectives upload them themselves,
+                    # and one that needs them there (GSP's split) reads nothing back
+                    x, _ = self._to_device(inputs, np.zeros(0))
+                    labels = self.train_y[batch]
                     outputs, ctx = self.model.forward(x)
                     value, objective_ctx = self.objective.forward(outputs, labels)
                     if on_device and _is_array(value):

@@ -51,7 +51,8 @@ from refdml._validation import (
 from refdml._backend import get_backend, is_array, to_numpy
 from refdml.kcenter import select_proxies
 from refdml.train._parameter import Parameter
-from refdml.train.objectives._base import Objective, check_d_value, check_positive_int
+from refdml.train.objectives._base import (Objective, check_d_value, check_positive_int,
+                                           labels_on_device)
 from refdml.train.objectives._loss import LossObjective, split_outputs
 
 __all__ = ["ASAPObjective"]
@@ -147,7 +148,7 @@ class ASAPObjective(Objective):
     def forward(self, outputs, labels):
         """``(loss + regulariser, ctx)`` on ``y`` (``outputs`` is ``y`` or ``(y, z)``)."""
         y, z = split_outputs(outputs, self.name)
-        loss_value, inner = self.base.loss_forward(y, labels)
+        loss_value, inner = self.base.loss_forward(y, labels_on_device(labels, y))
         reg_value, differences = self.regularizer() if self.lambda_ > 0.0 else (0.0, [])
         shapes = (tuple(y.shape),) if z is None else (tuple(y.shape), tuple(z.shape))
         return loss_value + reg_value, self._context(inner, self.reference, shapes,

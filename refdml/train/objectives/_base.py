@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import _describe, check_context
-from refdml._backend import get_backend, is_array, is_device_array, to_numpy
+from refdml._backend import get_backend, is_array, to_numpy
 from refdml.train._dense import _positive_int
 from refdml.train._layer import OwnerToken, ParameterOwner, check_owner
 
@@ -81,7 +81,7 @@ def check_d_value(d_value) -> float:
 def labels_on_device(labels, like):
     """``labels`` on the module of ``like`` (the outputs): host labels with device outputs
     are uploaded (no synchronisation); anything else is left to the operators' checks."""
-    if isinstance(labels, np.ndarray) and is_device_array(like):
+    if isinstance(labels, np.ndarray):      # an upload on CuPy, itself on NumPy
         return get_backend(like).xp.asarray(labels)
     return labels
 
@@ -94,9 +94,9 @@ def host_labels(labels) -> np.ndarray:
 def output_value(value, like):
     """A loss value as the objectives return it: a 0-d array of ``like``'s dtype where the
     operators left it on the device (not read), else as it is (a Python float)."""
-    if is_device_array(value):
-        return value.astype(like.dtype, copy=False)
-    return value
+    if isinstance(value, numbers.Real):     # read already (NumPy, or a host float)
+        return value
+    return value.astype(like.dtype, copy=False)
 
 
 _SKIP = object()  # marks an attribute that config() does not record (arrays, generators)

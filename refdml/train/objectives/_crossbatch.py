@@ -233,7 +233,7 @@ class XMLObjective(Objective):
         """``(value, ctx)``; ``split`` (bool (B,), class-disjoint) fixes the halves."""
         y, z = split_outputs(outputs, self.name, pair=True)
         value, inner = operators(self.reference).xml_loss.forward(
-            z, y, labels, ridge=self.ridge, base_loss=self.base_loss,
+            z, y, labels_on_device(labels, y), ridge=self.ridge, base_loss=self.base_loss,
             base_loss_kwargs=self.base_kwargs, split=split, rng=self.rng, lambda_=self.lambda_)
         return value, self._context(inner, self.reference, (tuple(y.shape), tuple(z.shape)))
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from refdml._validation import _describe, check_choice, check_scalar
 from refdml.ot._sinkhorn import VALUES, _check_solver_args
 from refdml.train._operators import check_reference, operators
-from refdml.train.objectives._base import Objective, check_d_value
+from refdml.train.objectives._base import Objective, check_d_value, labels_on_device
 
 __all__ = ["WassersteinObjective"]
 
@@ -66,7 +66,7 @@ class WassersteinObjective(Objective):
                 "model for a Wasserstein objective ends before pooling")
         ops = operators(self.reference)
         forward = (ops.wcontrastive if self.kind == "contrastive" else ops.wtriplet).forward
-        value, inner = forward(outputs, labels, **self.settings)
+        value, inner = forward(outputs, labels_on_device(labels, outputs), **self.settings)
         return value, self._context(inner, self.reference, (tuple(outputs.shape),))
 
     def backward(self, ctx, d_value=1.0):
