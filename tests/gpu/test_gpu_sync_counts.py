@@ -278,16 +278,28 @@ def test_ridge_and_cross_fit_synchronisations():
 def test_gsp_synchronisations(kernels):
     # refdml/gpu/gsp/_array.py: the rows outside the plain norm range (one nonzero per input), the cost
     # map's refinement (one nonzero, two when a pair is refined: array path), the solver's
-    # convergence test once per _SWEEPS sweeps (array path) or its counts (the kernel: one
-    # transfer, refdml/gpu/gsp/_kernels.py), and ``converged``.
+    # convergence test once per _SWEEPS sweeps (array path) and ``converged``. The kernels
+    # (refdml/gpu/gsp/_kernels.py): their (B, 3) counts alone, in one transfer handed to
+    # refdml._deferred.read_later (read at once outside a training step), with the data
+    # checks off; with them on, one more read of the points' checks.
+    from refdml.gpu import set_finite_checks
     from refdml.gpu.gsp import _transport as _gsp_transport
 
     _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels=kernels)
     sweeps = ctx.transport.n_iter                  # a Python int, like the reference's
+    assert isinstance(sweeps, int) and isinstance(ctx.transport.converged, bool), ctx.transport
     assert bwd.total == 0, bwd
     assert set(fwd.by_kind) <= {"shape", "bool", "get"}, fwd
     assert fwd["shape"] <= 4 and fwd["get"] <= 1, fwd
     assert fwd["bool"] <= sweeps // _gsp_transport._SWEEPS + 2, (fwd, sweeps)
+    if kernels == "cuda":
+        assert fwd["get"] == 1 and fwd["shape"] == 0 and fwd["bool"] <= 1, fwd
+        set_finite_checks(False)
+        try:
+            _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels=kernels)
+        finally:
+            set_finite_checks(True)
+        assert (fwd.total, fwd["get"], bwd.total) == (1, 1, 0), (fwd, bwd)
 
 
 @given(st.lists(st.booleans(), min_size=1, max_size=40))
