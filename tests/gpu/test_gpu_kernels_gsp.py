@@ -417,6 +417,43 @@ def test_convergence_warning_and_tol_zero_as_the_array_path():
     assert ctx.transport.tol == 0.0
 
 
+@pytest.mark.parametrize("max_iter", [1, 100])
+def test_the_solve_summary_is_read_when_the_deferral_hook_reads_it(max_iter, monkeypatch):
+    # The kernels hand their (B, 3) counts to read_later (refdml._deferred): inside a training
+    # step the read comes later, and until then the result holds the per-image columns; the
+    # read then gives what an immediate one gives (the n_iter, converged and warning of a
+    # call outside a step), and nothing warns before it.
+    from refdml.gpu.gsp import _kernels
+
+    features, prototypes = _inputs(np.random.default_rng(10))
+    args = dict(mu=0.3, inverse_temperature=5.0, max_iter=max_iter)
+    with use_kernels("cpu"), warnings.catch_warnings(record=True) as now:
+        warnings.simplefilter("always")
+        _, at_once = fast.gsp_pool_forward(features, prototypes, **args)
+    pending = []
+    monkeypatch.setattr(_kernels, "read_later", lambda values, on_read: pending.append(
+        (values, on_read)))
+    with use_kernels("cpu"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, deferred = fast.gsp_pool_forward(features, prototypes, **args)
+    (values, on_read), = pending
+    result = deferred.transport
+    assert values.shape == (features.shape[0], 3) and values.dtype == np.int64
+    assert_allclose(result.n_iter, values[:, 0])
+    assert_allclose(result.converged, values[:, 2])
+    assert np.max(result.n_iter) == at_once.transport.n_iter
+    assert bool(np.all(result.converged)) == at_once.transport.converged
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        on_read(to_numpy(values))
+
+    def messages(caught):
+        return [str(w.message) for w in caught if w.category is ConvergenceWarning]
+
+    assert messages(later) == messages(now)
+    assert bool(messages(now)) == (max_iter == 1)
+
+
 def test_mu_one_runs_the_array_path():
     features, prototypes = _inputs(np.random.default_rng(11))
     with use_kernels("cpu"):
