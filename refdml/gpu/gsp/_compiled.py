@@ -7,9 +7,12 @@ array path (:mod:`refdml.gpu.gsp._array`, :mod:`refdml.gpu.gsp._transport`), whi
 fallback and the twin these kernels are tested against. The maths is the
 reference's (docs/gsp.md Secs. 2-3, :mod:`refdml.gsp`); every kernel does, per image ``b``:
 
+* clip (pool forward only, its own launch): each row's norm ``||u||`` and ``ubar = u /
+  max(||u||, 1)`` (:func:`clip_row`), and the largest ``||ubar||`` of each image and of the
+  prototypes (``peaks``);
 * cost map (pool forward only): ``c_ji = s ||fs_j - ws_i||`` from the clipped points divided
-  by the common power of two ``s`` (``fs = fbar / s`` here, ``ws = wbar / s`` by the caller
-  in the same pass that transposes it; both divisions are exact), by explicit differences
+  by the common power of two ``s`` of the largest of ``peaks`` (:func:`power_of_two_scale`;
+  ``fs = fbar / s``, ``ws = wbar / s``, both divisions exact), by explicit differences
   (no Gram identity, so no refinement step is needed);
 * log kernel: ``cmin_j = min_i c_ji``, ``A_ji = softmax_i(-ε (c_ji - cmin_j))``,
   ``lam_j = log sum_i exp(-ε (c_ji - cmin_j))`` (so ``l_j = lam_j - ε cmin_j``; ``ε`` times a
@@ -48,9 +51,8 @@ columns (the log-sum-exps of ``phi``, max/min of ``l - l_p``, the residual, the 
 same scalar decision (bisection, window, Newton step: identical inputs, so the block stays in
 lock-step without a broadcast). CPU twins: ``prange`` over images, each image sequential.
 
-dtype: arrays in the input's dtype (float32 or float64); the cost's sum of ``d`` squares is
-accumulated in that dtype (relative error <= ~d u), every other reduction and the scalar
-Newton in float64. The stopping rules use the input dtype's ulp (the array path's), so
+dtype: arrays in the input's dtype (float32 or float64); every reduction (the norms' and the
+cost's sums of ``d`` squares among them) and the scalar Newton in float64. The stopping rules use the input dtype's ulp (the array path's), so
 float32 stops where the array path stops; the parity held is 1e-10 (float64) and 1e-4
 (float32) relative to the reference.
 
@@ -68,8 +70,8 @@ dataclasses at the end of this module (:class:`SolverConstants`, :class:`ImageOu
 (:meth:`Buffers.args`); tests/gpu/test_gpu_kernels_gsp.py holds the names to the kernels'.
 
 Where results must reach Python: nothing here synchronises; the caller reads
-``n_iter`` / ``converged`` from the per-image outputs (``log_t``, ``residual`` in the
-input's dtype, ``counts``) and checks the backward's ``d_cost`` for overflow.
+``n_iter`` / ``converged`` from the per-image ``counts`` (evaluations, ``max_iter`` hit,
+residual within ``tol``: one (B, 3) array) and checks the backward's ``d_cost`` for overflow.
 """
 
 from __future__ import annotations

@@ -11,10 +11,14 @@ The results are the reference's dataclasses, exactly as the array path builds th
 tolerance rule (:func:`~refdml.gpu.gsp._transport.residual_floor`), same
 ``ConvergenceWarning``, same ``ValueError`` where a gradient overflows the dtype. ``n_iter``
 is the reference's count: the most evaluations of ``g`` (pivot search and Newton steps) any
-image took (the array path counts its vectorised steps). The clipped points and their scale
-come from the array path's cost map code (:func:`~refdml.gpu.gsp._array.normalised`); the
-kernels do the rest but the prototypes' gradient, a sum over the batch (one GEMM,
-:func:`~refdml.gpu.gsp._array.prototypes_backward`).
+image took (the array path counts its vectorised steps). The layer's forward is two launches:
+:func:`~refdml.gpu.gsp._compiled.normalise_cpu` / ``refdml_gsp_normalise`` (the clipped
+points, their norms and each block's largest norm; the array path's checks of them, with the
+data checks on, in one read) and the forward kernel (the common power of two ``s`` from those
+norms, then the cost map, (P2), weights, pooled, z); its backward three: the backward kernel
+(``W = d_cost / c'``, the features' gradient and each image's column sums of ``W``), the
+prototypes' sum over the batch ``W^T fbar`` as one GEMM, and
+``refdml_gsp_prototypes_backward`` (the rest of the prototypes' gradient and its clip).
 
 Each kernel is one :class:`GspKernel` (its function and the parameter groups it takes:
 frozen dataclasses of :mod:`refdml.gpu.gsp._compiled` whose fields, in order, are its
@@ -33,8 +37,9 @@ use (``.cpu`` / ``.cuda``).
 
 Outputs are allocated with the input's module (NumPy or CuPy) with ``empty``; nothing is
 copied between host and device. What reaches Python: ``n_iter``, "max_iter hit?" and
-``converged``, read together in one transfer (:func:`_result`), and the backward's overflow
-check, as on the array path.
+``converged``, read together in one transfer through :func:`refdml._deferred.read_later`
+(:func:`_result`; later, inside a training step), and the data checks (the points', the
+backward's overflow check), as on the array path.
 """
 
 from __future__ import annotations
