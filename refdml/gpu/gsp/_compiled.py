@@ -52,9 +52,9 @@ same scalar decision (bisection, window, Newton step: identical inputs, so the b
 lock-step without a broadcast). CPU twins: ``prange`` over images, each image sequential.
 
 dtype: arrays in the input's dtype (float32 or float64); every reduction (the norms' and the
-cost's sums of ``d`` squares among them) and the scalar Newton in float64. The stopping rules use the input dtype's ulp (the array path's), so
-float32 stops where the array path stops; the parity held is 1e-10 (float64) and 1e-4
-(float32) relative to the reference.
+cost's sums of ``d`` squares among them) and the scalar Newton in float64. The stopping
+rules use the input dtype's ulp (the array path's), so float32 stops where the array path
+stops; the parity held is 1e-10 (float64) and 1e-4 (float32) relative to the reference.
 
 Each CPU twin and its CUDA kernel are the same computation laid out for two machines: read
 this module beside :mod:`refdml.gpu.gsp._cuda`.
