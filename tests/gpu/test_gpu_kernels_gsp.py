@@ -353,6 +353,44 @@ def test_cpu_twin_at_extreme_scales(scale):
     _compare_pool("cpu", features, prototypes, 1e-10, mu=0.3, inverse_temperature=5.0)
 
 
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("scale", [1e-300, 1e300])
+def test_cuda_kernel_at_extreme_scales(scale, cuda_device_array):
+    # Squares below and beyond float64's range: the clip kernel's rows divided by their
+    # largest entry first (clip_row), the scale s a power of two far from 1.
+    features, prototypes = _inputs(np.random.default_rng(5), scale=scale)
+    _compare_pool("cuda", features, prototypes, 1e-10, cuda_device_array, mu=0.3,
+                  inverse_temperature=5.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_points_the_kernels_cannot_clip_are_named_as_on_the_array_path(kind, cuda_device_array):
+    # The clip kernel stores a norm beyond float32 as inf and the largest norm as a peak; the
+    # data check of both (one read) names them with the array path's messages.
+    features, prototypes = _inputs(np.random.default_rng(16), dtype=np.float32)
+    huge = features.copy()
+    huge[1, 2, :2] = 3e38
+    with warnings.catch_warnings():
+        if kind == "cuda" and SIMULATED:
+            # the device stores the norm beyond float32 as inf silently; the simulator's
+            # NumPy casts warn
+            warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+        with use_kernels(kind), pytest.raises(ValueError, match=r"^features\[\(1, 2\)\] has "
+                                                                r"norm 4.24e\+38, beyond "
+                                                                r"float32's range"):
+            fast.gsp_pool_forward(_device(huge, kind, cuda_device_array),
+                                  _device(prototypes, kind, cuda_device_array), mu=0.3,
+                                  inverse_temperature=5.0)
+    with np.errstate(under="ignore"):
+        tiny_features, tiny_prototypes = (1e-40 * features).astype(np.float32), (
+            1e-40 * prototypes).astype(np.float32)
+    with use_kernels(kind), pytest.raises(ValueError, match=r"^features and prototypes: their "
+                                                            r"largest norm is .*, below float32"):
+        fast.gsp_pool_forward(_device(tiny_features, kind, cuda_device_array),
+                              _device(tiny_prototypes, kind, cuda_device_array), mu=0.3,
+                              inverse_temperature=5.0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_feature_on_a_prototype_takes_the_zero_subgradient(kind, cuda_device_array):
     features, prototypes = _inputs(np.random.default_rng(6))
