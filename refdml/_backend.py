@@ -46,9 +46,10 @@ What differs, and where it lives here:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -61,6 +62,7 @@ __all__ = [
     "Backend",
     "device_memory_on_host",
     "get_backend",
+    "hand_operator_checks_to_step",
     "is_array",
     "is_device_array",
     "as_input_array",
@@ -73,6 +75,11 @@ __all__ = [
 #: always run: a host read there is free.
 _CHECKS_ON_DEVICE = True
 
+#: Inside a training step on a device, the step checks its inputs, loss and gradients on
+#: the device and the operators leave theirs to it (:func:`hand_operator_checks_to_step`).
+_CHECKS_HANDED_TO_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "refdml_checks_handed_to_step", default=False)
+
 
 def set_finite_checks(enabled: bool) -> None:
     """Turn the data checks of CuPy inputs on or off (each synchronises the device).
@@ -83,6 +90,18 @@ def set_finite_checks(enabled: bool) -> None:
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {enabled!r}")
     _CHECKS_ON_DEVICE = enabled
+
+
+@contextlib.contextmanager
+def hand_operator_checks_to_step() -> Iterator[None]:
+    """Within the block, :attr:`Backend.data_checks` is False on CuPy: the enclosing
+    training step checks on the device, without a host read, what the operators would
+    have checked with one (:mod:`refdml._deferred`). NumPy inputs are still checked."""
+    token = _CHECKS_HANDED_TO_STEP.set(True)
+    try:
+        yield
+    finally:
+        _CHECKS_HANDED_TO_STEP.reset(token)
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,8 +171,9 @@ class Backend:
     @property
     def data_checks(self) -> bool:
         """Whether data-dependent checks run: always on NumPy, on CuPy while
-        :func:`set_finite_checks` allows them (each synchronises once)."""
-        return self.free_host_reads or _CHECKS_ON_DEVICE
+        :func:`set_finite_checks` allows them (each synchronises once) and no training step
+        has taken them over (:func:`hand_operator_checks_to_step`)."""
+        return self.free_host_reads or (_CHECKS_ON_DEVICE and not _CHECKS_HANDED_TO_STEP.get())
 
     def check_every(self, iterations: int) -> int:
         """Iterations between two host reads of a loop's convergence test: every one on

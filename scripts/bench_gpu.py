@@ -1104,7 +1104,11 @@ class _TrainStep:
     batch: what :class:`refdml.train.Trainer` does per batch (zero_grad, model forward,
     objective forward and backward, model backward, Adam step), as scripts/bench_train.py's
     ``Step``, with config overrides (the dry run's small batch), under
-    ``use_kernels(kernels)``."""
+    ``use_kernels(kernels)``. On the device it is the loop's step (issue 46): inside a
+    :func:`refdml._deferred.deferring` scope, the loss and gradient checks deferred and
+    read, with the losses, every ``LOG_EVERY`` calls (the loop's default ``log_every``)."""
+
+    LOG_EVERY = 20
 
     def __init__(self, device: str, dtype: str, overrides: dict, out_dir: str,
                  kernels: str = "auto") -> None:
@@ -1118,16 +1122,30 @@ class _TrainStep:
         self.batch_size = len(batch)
         self.x, self.labels = trainer._to_device(trainer.train_x[batch], trainer.train_y[batch])
         self.model, self.objective, self.optimizer = run.model, run.objective, trainer.optimizer
+        self.trainer, self.on_device, self.calls = trainer, device == "cuda", 0
+        from refdml._deferred import DeferredReads
+
+        self.reads = DeferredReads()
 
     def __call__(self):
+        from refdml._deferred import deferring
         from refdml.gpu import use_kernels
 
         with use_kernels(self.kernels):
             self.optimizer.zero_grad()
-            outputs, ctx = self.model.forward(self.x)
-            loss, octx = self.objective.forward(outputs, self.labels)
-            self.model.backward(ctx, self.objective.backward(octx, 1.0))
-            self.optimizer.step()
+            if not self.on_device:
+                outputs, ctx = self.model.forward(self.x)
+                loss, octx = self.objective.forward(outputs, self.labels)
+                self.model.backward(ctx, self.objective.backward(octx, 1.0))
+                self.optimizer.step()
+                return loss
+            with deferring(self.reads):
+                outputs, ctx = self.model.forward(self.x)
+                loss, octx = self.objective.forward(outputs, self.labels)
+                self.trainer._device_step(loss, octx, ctx)
+            self.calls += 1
+            if self.calls % self.LOG_EVERY == 0:
+                self.reads.read()             # the loop's read: raises what failed
         return loss
 
 

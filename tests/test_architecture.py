@@ -31,7 +31,7 @@ SOURCES = {"refdml": REPO / "refdml"}
 # Bottom to top. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("refdml.exceptions", "refdml._validation", "refdml._numerics", "refdml._backend",
-              "refdml._io", "refdml._cli_support")),
+              "refdml._deferred", "refdml._io", "refdml._cli_support")),
     ("operators", ("refdml.normalize", "refdml.distances", "refdml.gsp", "refdml.histogram",
                    "refdml.losses", "refdml.prototypes", "refdml.crossbatch", "refdml.ot",
                    "refdml.kcenter", "refdml.metrics", "refdml.coresets", "refdml._shared")),

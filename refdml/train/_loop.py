@@ -37,19 +37,33 @@ model plus the objective's parameters (the proxies), as Proxy-Anchor's public tr
 code does.
 
 Divergence: a NaN or inf loss is refused before the backward; the objective's gradient
-of the outputs is checked after it (:class:`~refdml.exceptions.NonFiniteGradient`), and
-the optimiser refuses a non-finite gradient or update before touching any parameter
-(:class:`~refdml.train.optim.NonFiniteStepError`, a ``NonFiniteGradient``). The loop turns
-each into :class:`TrainingDiverged` naming the epoch and step; the parameters are those of
-the last good step.
+of the outputs is checked after it (:class:`~refdml.exceptions.NonFiniteGradient`, naming
+the first bad entry), and the optimiser refuses a non-finite gradient or update before
+touching any parameter (:class:`~refdml.train.optim.NonFiniteStepError`, a
+``NonFiniteGradient``). The loop turns each into :class:`TrainingDiverged` naming the
+epoch and step; the parameters are those of the last good step. A batch's floating inputs
+are checked on the host before they go to the device (``ValueError`` naming the step and
+the entry).
 
-On a GPU (``device="cuda"``, with ``progress``) the loop says once per process, on stderr,
-that the first epoch compiles the kernels (or loads them from their caches);
-``REFDML_QUIET=1`` silences it.
+On a GPU (``device="cuda"``) a step reads nothing back (issue 46). It runs inside a
+:func:`refdml._deferred.deferring` scope: the loss stays on the device; the loss and the
+objective's gradient of the outputs are checked there (three launches each, no read) and
+gate the optimiser's fused update, whose own pass checks every parameter gradient and
+update; the operators hand their data checks of the step's intermediates to these (a
+non-finite intermediate reaches the loss or a gradient). Every ``log_every`` steps and at
+the end of the epoch the loop reads, in one transfer, the checks and losses since the last
+read: a failure is raised then, as :class:`TrainingDiverged` naming the epoch and step
+where it happened, the tensor and its first bad entry; the device made no update from that
+step on (the optimiser's status is sticky) and the optimiser's step count is put back, so
+the parameters are still those of the last good step. Nothing is dropped, only read
+later. The progress bar's loss changes at those reads. The loop also says once per
+process, on stderr (with ``progress``), that the first epoch compiles the kernels (or
+loads them from their caches); ``REFDML_QUIET=1`` silences it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -60,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from refdml._deferred import DeferredReads, check_finite_later, deferring
 from refdml.gpu._support.notice import silenced
 from refdml._validation import (_describe, as_label_array, check_choice, check_flag,
                                 check_float_dtype, check_scalar)
@@ -102,6 +117,22 @@ def _note_gpu_compilation() -> None:
           f"caches (CuPy's in {cupy_cache}, Numba's in NUMBA_CACHE_DIR where set, else "
           "the __pycache__ folders of refdml/gpu): it takes longer than the later epochs", file=sys.stderr,
           flush=True)
+
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _check_finite_inputs(inputs: np.ndarray, where: str) -> None:
+    """``ValueError`` naming the step and the first non-finite entry of a batch's floating
+    inputs: checked on the host before they go to the device (free there)."""
+    if not np.issubdtype(inputs.dtype, np.floating):
+        return
+    finite = np.isfinite(inputs)
+    if not finite.all():
+        index = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ValueError(f"the training inputs of {where} are not finite: "
+                         f"{inputs[index]} at index {index} of the batch")
 
 
 class TrainingDiverged(RuntimeError, FloatingPointError):
@@ -250,6 +281,10 @@ class TrainingLoop:
     warmup_params : iterable of Parameter, optional
         Required when ``warmup_epochs > 0`` (and refused when it is 0): a non-empty subset
         of the optimiser's parameters.
+    log_every : int >= 1, default 20
+        On a GPU, the steps between two host reads of the steps' deferred checks and
+        losses (module docstring, "On a GPU"); also how often the progress bar's loss
+        changes there. On the CPU every step is read (reads are free).
     """
 
     def __init__(
@@ -264,7 +299,7 @@ class TrainingLoop:
         evaluate: Callable[[], dict[str, Any]] | None = None,
         select: str | None = "val_map_at_r", select_from: int = 0,
         sink: TrainingSink | None = None, warmup_epochs: int = 0,
-        warmup_params: Any = None,
+        warmup_params: Any = None, log_every: int = 20,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an Optimizer, got {_describe(optimizer)}")
@@ -317,6 +352,7 @@ class TrainingLoop:
         self.dtype = check_float_dtype(dtype)
         self.device = check_choice(device, "device", ("cpu", "cuda"))
         self.progress = check_flag(progress, "progress")
+        self.log_every = check_scalar(log_every, "log_every", low=1, integer=True)
         self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
                                             integer=True)
         self.instance_every = None if instance_every is None else check_scalar(
@@ -556,49 +592,103 @@ class TrainingLoop:
         self.optimizer.zero_grad()
         for p in self.objective.parameters():
             p.zero_grad()
+        on_device = self.device == "cuda"
+        reads = DeferredReads()
+        scope = deferring(reads) if on_device else contextlib.nullcontext()
+        losses: list[Any] = []             # the losses not yet read (on the device)
         total, n_steps = 0.0, 0
         bar = tqdm(total=len(self.train_sampler), desc=f"epoch {epoch}", unit="batch",
                    leave=False, disable=None if self.progress else True)
+
+        def read() -> None:
+            nonlocal total
+            values: list[float] = []
+            if losses:
+                reads.add(self._xp.stack(losses), lambda v, where: values.extend(v.tolist()))
+            try:
+                reads.read()
+            except NonFiniteGradient as error:
+                where = reads.failed_where or f"epoch {epoch}"
+                raise TrainingDiverged(self._diverged_at(where, str(error))) from error
+            losses.clear()
+            total += math.fsum(values)
+            if values:
+                bar.set_postfix(loss=f"{values[-1]:.4g}")
+
         try:
-            for step, batch in enumerate(self.train_sampler, start=1):
-                x, labels = self._to_device(self.train_x[batch], self.train_y[batch])
-                outputs, ctx = self.model.forward(x)
-                value, objective_ctx = self.objective.forward(outputs, labels)
-                value = float(value)
-                if not math.isfinite(value):
-                    raise TrainingDiverged(self._diverged(epoch, step, f"the loss is {value}"))
-                try:
-                    d_outputs = self.objective.backward(objective_ctx, 1.0)
-                    self._check_finite_gradient(d_outputs)
-                    self.model.backward(ctx, d_outputs)
-                    self.optimizer.step()
-                except NonFiniteGradient as error:
-                    raise TrainingDiverged(self._diverged(epoch, step, str(error))) from error
-                if self.after_step is not None:
-                    self.after_step()
-                self.optimizer.zero_grad()
-                total += value
-                n_steps += 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{value:.4g}")
+            with scope:
+                for step, batch in enumerate(self.train_sampler, start=1):
+                    where = f"epoch {epoch}, step {step}"
+                    reads.where = where
+                    inputs = self.train_x[batch]
+                    _check_finite_inputs(inputs, where)
+                    x, labels = self._to_device(inputs, self.train_y[batch])
+                    outputs, ctx = self.model.forward(x)
+                    value, objective_ctx = self.objective.forward(outputs, labels)
+                    if on_device and _is_array(value):
+                        self._device_step(value, objective_ctx, ctx)
+                        losses.append(value)
+                    else:     # the loss is on the host already (the CPU, or a host float)
+                        total += self._host_step(value, objective_ctx, ctx, where)
+                    if self.after_step is not None:
+                        self.after_step()
+                    self.optimizer.zero_grad()
+                    n_steps += 1
+                    bar.update(1)
+                    if on_device and step % self.log_every == 0:
+                        read()
+                read()
         finally:
             bar.close()
         if n_steps == 0:
             raise ValueError(f"train_sampler gave no batch in epoch {epoch}")
         return total / n_steps
 
-    def _check_finite_gradient(self, d_outputs: Any) -> None:
-        """:class:`NonFiniteGradient` unless the objective's gradient of the outputs is finite."""
-        arrays = [a for a in (d_outputs if isinstance(d_outputs, tuple) else (d_outputs,))
-                  if a is not None]
-        xp = self._xp
-        # One device-to-host transfer for all outputs.
-        if not bool(to_numpy(xp.stack([xp.isfinite(a).all() for a in arrays])).all()):
-            raise NonFiniteGradient("the objective's gradient of the outputs is not finite")
+    def _host_step(self, value: Any, objective_ctx: Any, ctx: Any, where: str) -> float:
+        """The rest of a step whose loss is read at once (the CPU: reads are free): the loss
+        refused before the backward, the objective's gradient checked, then the update."""
+        value = float(value)
+        if not math.isfinite(value):
+            raise TrainingDiverged(self._diverged_at(where, f"the loss is {value}"))
+        try:
+            d_outputs = self.objective.backward(objective_ctx, 1.0)
+            gate = self._check_finite_gradient(d_outputs)
+            self.model.backward(ctx, d_outputs)
+            self.optimizer.step(gate=gate)
+        except NonFiniteGradient as error:
+            raise TrainingDiverged(self._diverged_at(where, str(error))) from error
+        return value
 
-    def _diverged(self, epoch: int, step: int, what: str) -> str:
-        return (f"training diverged at epoch {epoch}, step {step} ({what}); stopped without "
-                f"updating the parameters{self.sink.diverged_note(self)}")
+    def _device_step(self, value: Any, objective_ctx: Any, ctx: Any) -> None:
+        """The rest of a step on the device, without a host read: the loss and the
+        objective's gradient are checked there (:func:`refdml._deferred.check_finite_later`)
+        and gate the optimiser's update, whose own check covers every parameter gradient;
+        all are read with the losses every ``log_every`` steps."""
+        gate = check_finite_later(value, "the loss")
+        d_outputs = self.objective.backward(objective_ctx, 1.0)
+        gate = gate & self._check_finite_gradient(d_outputs)
+        self.model.backward(ctx, d_outputs)
+        self.optimizer.step(gate=gate)
+
+    @staticmethod
+    def _check_finite_gradient(d_outputs: Any) -> Any:
+        """The objective's gradient of the outputs checked by
+        :func:`~refdml._deferred.check_finite_later` (at once on the host, deferred on the
+        device): :class:`NonFiniteGradient` naming the output and the first bad entry.
+        Returns the 0-d "all finite" of the arrays' module."""
+        arrays = d_outputs if isinstance(d_outputs, tuple) else (d_outputs,)
+        gate = None
+        for index, array in enumerate(arrays):
+            if array is not None:
+                finite = check_finite_later(
+                    array, "the objective's gradient of the outputs"
+                    + (f" (output {index})" if len(arrays) > 1 else ""))
+                gate = finite if gate is None else gate & finite
+        return gate
+
+    def _diverged_at(self, where: str, what: str) -> str:
+        return (f"training diverged at {where} ({what}); stopped without updating the "
+                f"parameters{self.sink.diverged_note(self)}")
 
     # -- the run -------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:

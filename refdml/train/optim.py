@@ -73,10 +73,25 @@ frozen; :meth:`~Optimizer.load_state_dict` checks them against this optimiser's 
 (names, shapes, dtypes, multipliers) and restores them, so a resumed run is bit-for-bit
 the same as an uninterrupted one.
 
-GPU synchronisation: :meth:`~Optimizer.step` makes one device-to-host copy (booleans: is
-each gradient, each new value and each new buffer finite?) before it commits; nothing
-else syncs. The price of all-or-nothing is one temporary per value and buffer and one
-copy of each new value into place.
+Flat buffers (issue 46). An optimiser keeps its parameters' values, their gradients and
+its buffers in flat arrays, one set per dtype, and every ``Parameter.value`` /
+``Parameter.grad`` becomes a view into them (a parameter whose value or gradient someone
+rebinds is copied back in at the next :meth:`~Optimizer.zero_grad` or
+:meth:`~Optimizer.step`). :meth:`~Optimizer.zero_grad` is one fill; :meth:`~Optimizer.step`
+is :func:`refdml.gpu.optim.fused_step`: a preparation pass (each parameter's rate and bias
+corrections, from per-parameter numbers kept on the device and a step count kept there),
+a check pass (the first non-finite gradient and the first non-finite proposal, as flat
+indices) and a commit pass that writes every proposal only when both are clean: three
+CUDA launches on CuPy whatever the number of parameters, the compiled CPU twin on NumPy.
+The per-parameter rules below (``_proposal``) are the readable form the fused step is
+tested against (tests/train/test_optim_fused.py).
+
+GPU synchronisation: none inside a step run within a
+:func:`refdml._deferred.deferring` scope (the training loop's on a GPU): the refusal is
+read with the scope's other reads, names the step, and puts ``n_steps`` back to the last
+good step (the device made no update from the failed step on: the status is sticky).
+Outside a scope a step on CuPy makes one device-to-host copy (the status) before it
+returns, as before. A step copies nothing to the device.
 
 The shared checkpoint checks and the three rules are kept side by side in this module so
 they can be read against each other.
@@ -91,9 +106,12 @@ from typing import Any
 
 import numpy as np
 
+from refdml import _deferred
 from refdml._validation import _describe, check_scalar
 from refdml._backend import get_backend, to_numpy
 from refdml.exceptions import NonFiniteGradient
+from refdml.gpu.optim import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE, LR,
+                              N_COEF, N_PLAN, N_SCALARS, OFFSET, SCALARS, fused_step)
 from refdml.train._parameter import Parameter
 
 __all__ = ["NonFiniteStepError", "Optimizer", "ParamGroup", "SGD", "Adam", "AdamW"]
@@ -194,6 +212,87 @@ def _parse_groups(params: Any) -> list[tuple[str, float, list[Parameter]]]:
     return groups
 
 
+def _by_dtype(params: list[Parameter]) -> list[list[Parameter]]:
+    """``params`` split by dtype, each list in the order of ``params``."""
+    groups: dict[np.dtype, list[Parameter]] = {}
+    for param in params:
+        groups.setdefault(param.dtype, []).append(param)
+    return list(groups.values())
+
+
+class _FlatBuffers:
+    """The parameters of one dtype, their gradients and the optimiser's buffers, each in one
+    flat array; every ``Parameter.value`` / ``Parameter.grad`` and every buffer the
+    optimiser hands out is a view into them (module docstring, "Flat buffers")."""
+
+    def __init__(self, xp: Any, params: list[Parameter], buffer_names: tuple[str, ...]) -> None:
+        self.xp = xp
+        self.params = params
+        self.dtype = params[0].dtype
+        sizes = [int(np.prod(p.shape, dtype=np.int64)) for p in params]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        n = int(self.starts[-1])
+        self.values = xp.empty(n, dtype=self.dtype)
+        self.grads = xp.empty(n, dtype=self.dtype)
+        self.b1 = xp.zeros(n if len(buffer_names) >= 1 else 1, dtype=self.dtype)
+        self.b2 = xp.zeros(n if len(buffer_names) >= 2 else 1, dtype=self.dtype)
+        self.segment = xp.asarray(np.repeat(np.arange(len(params), dtype=np.int32), sizes))
+        self.status = xp.asarray(self.clean_status())
+        self.clock = xp.zeros(1, dtype=np.int64)
+        self.coef = xp.zeros((len(params), N_COEF), dtype=self.dtype)
+        self._plan: tuple[np.ndarray, Any] | None = None
+        self._views: list[tuple[Any, Any]] = [(None, None)] * len(params)
+        self.buffer_views = {
+            p.name: {name: flat[a:b].reshape(p.shape)
+                     for name, flat in zip(buffer_names, (self.b1, self.b2))}
+            for p, a, b in zip(params, self.starts[:-1], self.starts[1:])}
+        self._scalars: tuple[tuple[Any, ...], Any] | None = None
+        self.bind()
+
+    def clean_status(self) -> np.ndarray:
+        n = self.values.shape[0]
+        return np.array([n, n, 0], dtype=np.int64)
+
+    def bind(self) -> None:
+        """Make every parameter's ``value`` and ``grad`` the views into the flat arrays
+        again where something rebound them (copying what they hold in first): host-side
+        identity checks only, nothing launched when all are bound."""
+        for index, (param, a, b) in enumerate(zip(self.params, self.starts[:-1],
+                                                  self.starts[1:])):
+            value_view, grad_view = self._views[index]
+            if param.value is value_view and param.grad is grad_view:
+                continue
+            self.values[a:b] = param.value.reshape(-1)
+            self.grads[a:b] = param.grad.reshape(-1)
+            value_view = self.values[a:b].reshape(param.shape)
+            grad_view = self.grads[a:b].reshape(param.shape)
+            param.value, param.grad = value_view, grad_view
+            self._views[index] = (value_view, grad_view)
+
+    def uploaded(self, plan: np.ndarray) -> Any:
+        """``plan`` on the device, copied there again only when it changed (a learning
+        rate, the frozen set, a reset): a step copies nothing to the device."""
+        if self._plan is None or not np.array_equal(self._plan[0], plan):
+            self._plan = (plan, self.xp.asarray(plan))
+        return self._plan[1]
+
+    def scalars(self, constants: dict[str, Any]) -> Any:
+        """The rule's constants as a device array, uploaded again only when they change."""
+        key = tuple(constants.values())
+        if self._scalars is None or self._scalars[0] != key:
+            host = np.zeros(N_SCALARS, dtype=self.dtype)
+            host[:len(key)] = key
+            self._scalars = (key, self.xp.asarray(host))
+        return self._scalars[1]
+
+    def locate(self, flat_index: int) -> tuple[Parameter, tuple[int, ...]]:
+        """The parameter and the index within it of element ``flat_index``."""
+        row = int(np.searchsorted(self.starts, flat_index, side="right")) - 1
+        param = self.params[row]
+        local = flat_index - int(self.starts[row])
+        return param, tuple(int(i) for i in np.unravel_index(local, param.shape))
+
+
 class Optimizer:
     """Base class: the parameters and their groups, ``lr``, the step count, freezing,
     gradient checks, state.
@@ -242,13 +341,10 @@ class Optimizer:
         self._check_hyperparameters({**self._hyperparameters(), "lr": self._lr},
                                     allow_zero_lr=False, max_multiplier=self._max_multiplier)
         self.n_steps = 0
+        self._flats = [_FlatBuffers(self._xp, members, self._buffers_for(self._hyperparameters()))
+                       for members in _by_dtype(params)]
         self._buffers: dict[str, dict[str, Any]] = {
-            p.name: {
-                b: self._xp.zeros_like(p.value)
-                for b in self._buffers_for(self._hyperparameters())
-            }
-            for p in params
-        }
+            name: views for flat in self._flats for name, views in flat.buffer_views.items()}
         #: Per parameter, the optimiser steps it did not take: ``n_steps`` at its last
         #: :meth:`reset_state` (0: never reset) plus the steps taken while it was frozen.
         #: Adam's bias correction counts ``n_steps`` less this.
@@ -328,32 +424,99 @@ class Optimizer:
 
     # -- the loop's two calls ----------------------------------------------------------
     def zero_grad(self) -> None:
-        """Clear every parameter's accumulated gradient (in place)."""
-        for param in self.params:
-            param.zero_grad()
+        """Clear every parameter's accumulated gradient (in place: one fill per dtype)."""
+        for flat in self._flats:
+            flat.bind()
+            flat.grads.fill(0)
 
-    def step(self) -> None:
+    def step(self, gate: Any = None) -> None:
         """One update of every parameter that is not frozen, from its ``grad``, all or
-        nothing.
+        nothing: :func:`refdml.gpu.optim.fused_step` over the flat buffers (module
+        docstring, "Flat buffers").
 
-        Raises before anything changes: ``TypeError`` / ``ValueError`` for a gradient of the
-        wrong dtype or shape; :class:`NonFiniteStepError` naming the parameter when its
-        gradient is not finite, or when the update would make its value or a buffer NaN or
-        inf (see the module docstring). Frozen parameters' gradients are not read.
+        ``gate``: None, or a 0-d boolean array of the parameters' module that is False when
+        the caller's own checks of this step failed (the training loop's: the loss and the
+        objective's gradient, :func:`refdml._deferred.check_finite_later`); then nothing is
+        updated either. It is not read on the host.
+
+        Raises ``TypeError`` / ``ValueError`` for a gradient of the wrong dtype or shape,
+        before anything changes. A gradient that is not finite, or an update that would
+        make a value or a buffer NaN or inf, is :class:`NonFiniteStepError` naming the
+        parameter, the step and the first bad entry: at once (NumPy, or CuPy outside a
+        :func:`refdml._deferred.deferring` scope: one host read per step), or, inside a
+        scope on CuPy, when the scope's reads are read; the device then made no update
+        from that step on, and the error puts ``n_steps`` back to the last good step.
+        Frozen parameters' gradients are not read.
         """
         active = [p for p in self.params if p.name not in self._frozen]
         self._check_grad_shapes(active)
         n_steps = self.n_steps + 1
-        # Overflow and NaN are looked for below, in the results: NumPy must not warn first.
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            proposals = [self._proposal(p, self._buffers[p.name], n_steps) for p in active]
-        self._check_finite(active, proposals, n_steps)
-        for param, proposal in zip(active, proposals):
-            self._xp.copyto(param.value, proposal.pop("value"))
-            self._buffers[param.name].update(proposal)
+        hyper = self._hyperparameters()
+        rule = self._rule
+        for flat in self._flats:
+            flat.bind()
+            plan = np.zeros((len(flat.params), N_PLAN))
+            for row, param in enumerate(flat.params):
+                if param.name not in self._frozen:
+                    plan[row] = self._plan(param)
+            constants = self._constants(flat.dtype)
+            if gate is not None:
+                # sticky: a failed gate keeps every later step of this status from committing
+                flat.status[GATE:GATE + 1] += self._xp.logical_not(gate)
+            fused_step(rule, constants, flat.values, flat.grads, flat.b1, flat.b2,
+                       flat.segment, flat.uploaded(plan), flat.coef, flat.scalars(constants),
+                       flat.status, flat.clock)
+        offsets = dict(self._step_offsets)
         for name in self._frozen:
             self._step_offsets[name] += 1      # its own step count stays where it was
         self.n_steps = n_steps
+        statuses = tuple(flat.status.copy() for flat in self._flats)
+        _deferred.read_later(statuses, lambda values, where: self._settle(
+            values, where, n_steps, offsets, hyper))
+
+    def _settle(self, values: np.ndarray, where: str, n_steps: int, offsets: dict[str, int],
+                hyper: dict[str, Any]) -> None:
+        """The read statuses of step ``n_steps``: nothing to do when clean; else the step
+        counts go back to before it, the statuses are cleared and
+        :class:`NonFiniteStepError` names the first bad entry."""
+        start, failure = 0, None
+        for flat in self._flats:
+            status = values[start:start + 3].astype(np.int64)
+            start += 3
+            n = flat.values.shape[0]
+            if failure is None and (status[BAD_GRAD] < n or status[BAD_UPDATE] < n
+                                    or status[GATE] != 0):
+                failure = (flat, status)
+        if failure is None:
+            return
+        if n_steps - 1 < self.n_steps:        # the first failed step read puts the counts back
+            self.n_steps = n_steps - 1
+            self._step_offsets = offsets
+        for flat in self._flats:
+            flat.status[...] = self._xp.asarray(flat.clean_status())
+            flat.clock[...] = self.n_steps
+        flat, status = failure
+        kind = type(self).__name__
+        at = f" ({where})" if where else ""
+        n = flat.values.shape[0]
+        if status[BAD_GRAD] < n:
+            param, index = flat.locate(int(status[BAD_GRAD]))
+            raise NonFiniteStepError(
+                f"{kind}: gradient of {param.name} is not finite (NaN or inf) at index {index}, "
+                f"step {n_steps}{at}; no parameter was updated")
+        if status[BAD_UPDATE] < n:
+            param, index = flat.locate(int(status[BAD_UPDATE]))
+            settings = ", ".join(f"{k} == {v!r}" for k, v in hyper.items())
+            # Read at once, the inputs of that entry are still the step's: say which array.
+            what = (self._overflowing(flat, int(status[BAD_UPDATE]), param, n_steps)
+                    if not where else "its new value or a buffer")
+            raise NonFiniteStepError(
+                f"{kind} step {n_steps}{at} would make {param.name} not finite at index "
+                f"{index} ({what} overflows to NaN or inf; {settings}); no parameter was "
+                "updated: lower lr or weight_decay, or look for exploding gradients")
+        raise NonFiniteStepError(
+            f"{kind}: step {n_steps}{at} was refused by the caller's checks of the step (its "
+            "loss or gradient is not finite); no parameter was updated")
 
     def reset_state(self, params: Iterable[Parameter]) -> None:
         """Forget the state of ``params`` (a subset of :attr:`params`): their buffers
@@ -385,36 +548,20 @@ class Optimizer:
                     f"gradient of {param.name} has dtype {grad.dtype}, must be {param.dtype}"
                 )
 
-    def _check_finite(self, params: list[Parameter], proposals: list[dict[str, Any]],
-                      n_steps: int) -> None:
-        """:class:`NonFiniteStepError` unless the gradient of every one of ``params`` and
-        every proposed array is finite."""
+    def _overflowing(self, flat: _FlatBuffers, i: int, param: Parameter, n_steps: int) -> str:
+        """Which array of entry ``i``'s proposal is not finite (the rule on that entry alone,
+        by the per-parameter code: a few host reads, on the refusal's path only)."""
         xp = self._xp
-        where: list[tuple[Parameter, str | None]] = []
-        flags = []
-        for param, proposal in zip(params, proposals):
-            where.append((param, None))
-            flags.append(xp.isfinite(param.grad).all())
-            for key, array in proposal.items():
-                where.append((param, key))
-                flags.append(xp.isfinite(array).all())
-        # One device-to-host copy for everything (not one sync per array).
-        finite = to_numpy(xp.stack(flags))
-        if finite.all():
-            return
-        kind = type(self).__name__
-        bad_grads = [param for (param, key), ok in zip(where, finite) if key is None and not ok]
-        if bad_grads:
-            raise NonFiniteStepError(
-                f"{kind}: gradient of {bad_grads[0].name} is not finite (NaN or inf) at step "
-                f"{n_steps}; no parameter was updated")
-        param, key = where[int(np.argmin(finite))]
-        what = "its new value" if key == "value" else f"its {key} buffer"
-        settings = ", ".join(f"{k} == {v!r}" for k, v in self._hyperparameters().items())
-        raise NonFiniteStepError(
-            f"{kind} step {n_steps} would make {param.name} not finite ({what} overflows to "
-            f"NaN or inf; {settings}); no parameter was updated: lower lr or weight_decay, "
-            "or look for exploding gradients")
+        shadow = Parameter(flat.values[i:i + 1], param.name)
+        shadow.grad = flat.grads[i:i + 1]
+        names = self._buffers_for(self._hyperparameters())
+        buffers = {name: buffer[i:i + 1] for name, buffer in zip(names, (flat.b1, flat.b2))}
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            proposal = self._proposal(shadow, buffers, n_steps)
+        for key in proposal:          # the rule's order, as the per-parameter step named it
+            if not bool(to_numpy(xp.isfinite(proposal[key])).all()):
+                return "its new value" if key == "value" else f"its {key} buffer"
+        return "its new value or a buffer"
 
     # -- subclass hooks ------------------------------------------------------------------
     @classmethod
@@ -434,7 +581,20 @@ class Optimizer:
             setattr(self, "_lr" if key == "lr" else key, value)
 
     def _proposal(self, param: Parameter, buffers: dict[str, Any], n_steps: int) -> dict:
-        """New arrays ``{"value": ..., <buffer>: ...}`` of step ``n_steps``; changes nothing."""
+        """New arrays ``{"value": ..., <buffer>: ...}`` of step ``n_steps``; changes nothing.
+        The rule written per parameter, readably: the fused step's reference
+        (tests/train/test_optim_fused.py)."""
+        raise NotImplementedError
+
+    #: The fused step's rule (:data:`refdml.gpu.optim.RULES`).
+    _rule = ""
+
+    def _plan(self, param: Parameter) -> list[float]:
+        """The row of ``plan`` for ``param``, trained (:mod:`refdml.gpu.optim._layout`)."""
+        raise NotImplementedError
+
+    def _constants(self, dtype: np.dtype) -> dict[str, Any]:
+        """The rule's constants (:data:`refdml.gpu.optim.SCALARS`) as numbers of ``dtype``."""
         raise NotImplementedError
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -549,11 +709,14 @@ class Optimizer:
         # Everything checked: now set.
         self._set_hyperparameters(hyper)
         self.n_steps = n_steps
+        for flat in self._flats:
+            flat.clock[...] = n_steps
         self._step_offsets = offsets
         self._frozen = frozen
         for name, buffers in arrays.items():
             for buffer_name, host in buffers.items():
-                self._buffers[name][buffer_name] = self._xp.array(host, copy=True)
+                # into the views of the flat buffers the fused step updates
+                self._buffers[name][buffer_name][...] = self._xp.asarray(host)
 
     def _validated_hyperparameters(self, hyper: Any) -> dict[str, Any]:
         if not isinstance(hyper, dict):
@@ -645,6 +808,18 @@ class SGD(Optimizer):
         return {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                 "nesterov": bool(nesterov)}
 
+    _rule = "sgd"
+
+    def _plan(self, param: Parameter) -> list[float]:
+        row = [0.0] * N_PLAN
+        row[ACTIVE], row[LR] = 1.0, self._lr_of(param)
+        return row
+
+    def _constants(self, dtype: np.dtype) -> dict[str, Any]:
+        values = (self.momentum, self.weight_decay, float(self.nesterov),
+                  float(self.momentum > 0))
+        return {key: dtype.type(value) for key, value in zip(SCALARS["sgd"], values)}
+
     def _proposal(self, param: Parameter, buffers: dict[str, Any], n_steps: int) -> dict:
         w = param.value
         g = param.grad
@@ -723,6 +898,23 @@ class Adam(Optimizer):
                 "weight_decay every step")
         return {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
 
+    @property
+    def _rule(self) -> str:
+        return "adamw" if self._decoupled else "adam"
+
+    def _plan(self, param: Parameter) -> list[float]:
+        lr = self._lr_of(param)
+        row = [0.0] * N_PLAN
+        row[ACTIVE], row[LR], row[DECAY] = 1.0, lr, 1.0 - lr * self.weight_decay
+        row[OFFSET] = self._step_offsets[param.name]
+        row[BETA1], row[BETA2] = self.betas
+        return row
+
+    def _constants(self, dtype: np.dtype) -> dict[str, Any]:
+        beta1, beta2 = self.betas
+        values = (beta1, 1.0 - beta1, beta2, 1.0 - beta2, self.eps, self.weight_decay)
+        return {key: dtype.type(value) for key, value in zip(SCALARS["adam"], values)}
+
     def _proposal(self, param: Parameter, buffers: dict[str, Any], n_steps: int) -> dict:
         xp = self._xp
         beta1, beta2 = self.betas
@@ -746,7 +938,7 @@ class Adam(Optimizer):
         update = xp.sqrt(v)
         update /= math.sqrt(bias_correction2)
         update += self.eps
-        xp.divide(m, update, out=update)
+        update = m / update
         update *= lr / bias_correction1
         return {"value": w - update, "exp_avg": m, "exp_avg_sq": v}
 

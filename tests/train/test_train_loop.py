@@ -247,3 +247,91 @@ def test_reproduce_fit_diverges_with_a_floating_point_error():
     assert isinstance(info.value, TrainingDiverged)
     for p, value in zip(model.parameters(), before):
         assert_array_equal(p.value, value)
+
+
+# ------------------------------------------------------------------ checks on a GPU: deferred
+def _device_pieces(seed=0):
+    """_pieces on the device (CuPy: the stand-in in CI), float32."""
+    splits = make_token_splits(rng=seed, n_classes=4, n_train_per_class=16,
+                               n_val_per_class=8, n_test_per_class=8)
+    rng = np.random.default_rng(seed)
+    opts = dict(dtype=np.float32, device="cuda")
+    model = Sequential([Embedding(splits.train.n_tokens, DIM, rng=rng, **opts), GAP(),
+                        Linear(DIM, DIM, rng=rng, **opts), L2Normalize()])
+    optimizer = Adam(model.parameters(), lr=1e-2)
+    sampler = PKBatchSampler(splits.train.labels, n_classes_per_batch=4,
+                             n_samples_per_class=4, rng=seed)
+    return dict(model=model, objective=LossObjective("contrastive"), optimizer=optimizer,
+                train_sampler=sampler, train_data=splits.train, val_data=splits.val,
+                test_data=None, seed=seed, dtype="float32", device="cuda", progress=False)
+
+
+class _PoisonedGradient:
+    """The objective, whose gradient of the outputs is NaN at entry (1, 2) on call ``at``."""
+
+    def __init__(self, objective, at):
+        self.objective, self.at, self.calls = objective, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.objective, name)
+
+    def backward(self, ctx, d_value):
+        self.calls += 1
+        d = self.objective.backward(ctx, d_value)
+        if self.calls == self.at:
+            d = d.copy()
+            d[1, 2] = math.nan
+        return d
+
+
+@pytest.mark.requires_cupy
+@pytest.mark.parametrize("log_every", [1, 3, 50])
+def test_on_the_device_a_nan_at_step_k_is_named_at_the_next_read(log_every):
+    from cupy_standin import count_transfers
+
+    from refdml._backend import to_numpy
+
+    pieces = _device_pieces()
+    pieces["objective"] = _PoisonedGradient(pieces["objective"], at=6)   # epoch 2, step 2
+    kept = {}
+
+    def keep():
+        # the parameters after each step (the hook's host reads are the test's, not the loop's)
+        kept[loop.optimizer.n_steps] = {n: np.array(to_numpy(p.value))
+                                        for n, p in loop.parameters.items()}
+
+    loop = _loop(None, epochs=3, log_every=log_every, after_step=keep, **pieces)
+    with pytest.raises(TrainingDiverged,
+                       match=r"diverged at epoch 2, step 2 \(the objective's gradient of the "
+                             r"outputs is not finite \(NaN or inf\) at index \(1, 2\) at epoch "
+                             r"2, step 2\); stopped without updating") as info:
+        loop.fit()
+    assert isinstance(info.value.__cause__, NonFiniteGradient)
+    assert loop.optimizer.n_steps == 5       # put back to the last good step
+    for name, p in loop.parameters.items():  # and the device updated nothing from step 6 on
+        assert_array_equal(to_numpy(p.value), kept[5][name])
+
+
+@pytest.mark.requires_cupy
+def test_on_the_device_a_step_reads_the_host_once_every_log_every_steps():
+    from cupy_standin import count_transfers
+
+    pieces = _device_pieces()
+    loop = _loop(None, epochs=1, log_every=2, select=None, evaluate=lambda: {"v": 0.0}, **pieces)
+    loop.fit()                               # epoch 0's evaluation and a first epoch
+    with count_transfers() as reads:
+        loss = loop._train_epoch(2)          # 4 steps: reads after steps 2 and 4
+    assert reads.total == 2, reads
+    assert math.isfinite(loss)
+
+
+def test_non_finite_training_inputs_are_named_with_their_step_and_index():
+    pieces = _pieces()
+    loop = _loop(None, epochs=1, evaluate=lambda: {"v": 0.0}, select=None, **pieces)
+    loop.train_x = loop.train_x.astype(np.float64)
+    batch = next(iter(PKBatchSampler(loop.train_y, n_classes_per_batch=4, n_samples_per_class=4,
+                                     rng=0)))
+    loop.train_x[batch[3], 1] = np.inf
+    with pytest.raises(ValueError, match=r"training inputs of epoch 1, step 1 are not finite: "
+                                         r"inf at index \(3, 1\)"):
+        loop.fit()

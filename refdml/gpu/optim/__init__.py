@@ -1,0 +1,64 @@
+"""Fused optimiser updates over flat parameter buffers (issue 46): one pass to check, one to
+commit, for every parameter of an optimiser at once.
+
+:class:`refdml.train.optim.Optimizer` keeps its parameters, their gradients and its buffers
+in flat arrays (one per dtype) and calls :func:`fused_step` once per step instead of
+updating parameter after parameter: on CuPy three kernel launches replace the per-parameter
+code's dozens of launches per parameter and its host read, and nothing is copied to
+the device in a step (the per-parameter numbers wait there, :mod:`._layout`'s ``plan``). The rules (SGD, Adam, AdamW),
+the arguments' layout and the all-or-nothing status: :mod:`refdml.gpu.optim._compiled` and
+:mod:`refdml.gpu.optim._layout`.
+
+The implementations (:data:`IMPLEMENTATIONS`, registered in :mod:`refdml.gpu.families`):
+
+``array`` (:class:`~refdml.gpu.optim._array.ArrayPath`)
+    The three passes as array code (NumPy or CuPy), the kernels' reference.
+``cpu`` (:class:`~refdml.gpu.optim._kernels.CpuPath`)
+    The compiled CPU twins, ``"auto"`` on NumPy.
+``cuda`` (:class:`~refdml.gpu.optim._kernels.CudaPath`)
+    Two CUDA kernels, ``"auto"`` on CuPy.
+
+Precision: every path makes the per-parameter code's operations in its order, in the
+buffers' dtype (no fast-math flags). It is not bit for bit the per-parameter step on
+every machine: the bias corrections ``beta**t`` come from the platform's ``pow`` (NumPy's
+may be SVML's on AVX-512, the kernels' libdevice's), within an ulp of Python's, and CUDA
+contracts a product and a sum into an FMA; tests/train/test_optim_fused.py holds each
+path to the per-parameter step within 4 units of roundoff of the dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refdml._backend import get_backend
+from refdml.gpu.optim._kernels import IMPLEMENTATIONS
+from refdml.gpu.optim._layout import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE,
+                                      LR, N_COEF, N_PLAN, N_SCALARS, OFFSET, RULES, SCALARS,
+                                      SQRT_BC2, STEP)
+
+__all__ = ["ACTIVE", "BAD_GRAD", "BAD_UPDATE", "BETA1", "BETA2", "DECAY", "GATE",
+           "IMPLEMENTATIONS", "LR", "N_COEF", "N_PLAN", "N_SCALARS", "OFFSET", "RULES", "SCALARS",
+           "SQRT_BC2", "STEP", "fused_step"]
+
+
+def fused_step(rule: str, hyper: dict[str, Any], values: Any, grads: Any, b1: Any, b2: Any,
+               segment: Any, plan: Any, coef: Any, scalars: Any, status: Any,
+               clock: Any) -> None:
+    """One step of ``rule`` (``"sgd"``, ``"adam"``, ``"adamw"``) on the flat buffers, in place.
+
+    ``values``, ``grads``: the flat parameters and gradients (n,), one float dtype;
+    ``b1``, ``b2``: the rule's flat buffers (n,), or arrays of one element where the rule
+    keeps none (SGD: ``b2``, and ``b1`` without momentum); ``segment`` (n,) int32: each
+    element's parameter; ``plan`` (P, N_PLAN) float64: per parameter (:mod:`._layout`);
+    ``coef`` (P, N_COEF): a workspace of the dtype, written from ``plan``; ``scalars``
+    (N_SCALARS,) and ``hyper`` (a dict of the same constants as host numbers of the
+    dtype): the rule's constants; ``status`` (3,) int64: read and updated (its ``GATE``
+    slot set by the caller); ``clock`` (1,) int64: the steps counted on the device (one
+    more after the call). All of one module (NumPy or CuPy). Nothing is read on the host:
+    the caller reads ``status``.
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule == {rule!r}, must be one of {tuple(RULES)}")
+    backend = get_backend(values, grads, b1, b2, segment, plan, coef, scalars, status, clock)
+    IMPLEMENTATIONS.choose(values).step(backend, RULES[rule], hyper, values, grads, b1, b2,
+                                        segment, plan, coef, scalars, status, clock)
