@@ -477,13 +477,14 @@ def test_the_solve_summary_is_read_when_the_deferral_hook_reads_it(max_iter, mon
     (values, on_read), = pending
     result = deferred.transport
     assert values.shape == (features.shape[0], 3) and values.dtype == np.int64
+    host = to_numpy(values).astype(np.float64).ravel()   # as refdml._deferred hands them
     assert_allclose(result.n_iter, values[:, 0])
     assert_allclose(result.converged, values[:, 2])
     assert np.max(result.n_iter) == at_once.transport.n_iter
     assert bool(np.all(result.converged)) == at_once.transport.converged
     with warnings.catch_warnings(record=True) as later:
         warnings.simplefilter("always")
-        on_read(to_numpy(values))
+        on_read(host, "epoch 0, step 3")
 
     def messages(caught):
         return [str(w.message) for w in caught if w.category is ConvergenceWarning]

@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from refdml._backend import Backend, to_numpy
+from refdml._backend import Backend
+from refdml._deferred import read_later
 from refdml.gpu._support.launch import BLOCK, cuda_launch
 from refdml.gpu._support.modes import Implementations
 from refdml.gpu._support.threading_layer import parallel_launch
@@ -60,13 +61,6 @@ from refdml.gpu.gsp import _transport as _wt
 from refdml.gpu.gsp._array import ArrayPath, PoolForward
 from refdml.gpu.gsp._transport import TransportArgs
 from refdml.gsp import CostMapContext, PoolContext, PoolGrads, WeightTransportResult
-
-try:
-    from refdml._deferred import read_later
-except ImportError:  # issue 46: until the deferral hook is merged, read at once
-    def read_later(values, on_read) -> None:
-        """Stand-in for :func:`refdml._deferred.read_later`: ``on_read`` of the values now."""
-        on_read(to_numpy(values))
 
 if TYPE_CHECKING:  # the compiled module imports Numba: the members import it when built
     from refdml.gpu.gsp._compiled import Buffers, ImageOutputs, SolverConstants
@@ -161,7 +155,8 @@ def _result(xp, cost_t, out: ImageOutputs, constants: SolverConstants, tol):
     max_iter = constants.max_iter
     summary = {}
 
-    def on_read(counts):
+    def on_read(values, where):
+        counts = np.reshape(values, (-1, 3))    # read_later hands them raveled, as float64
         if counts.shape[0]:
             sweeps, exhausted = int(counts[:, 0].max()), bool(counts[:, 1].any())
             converged = bool(counts[:, 2].all())
@@ -174,7 +169,7 @@ def _result(xp, cost_t, out: ImageOutputs, constants: SolverConstants, tol):
     if batch:
         read_later(out.counts, on_read)
     else:
-        on_read(np.zeros((0, 3), dtype=np.int64))
+        on_read(np.zeros(0), "")
     return WeightTransportResult(
         rho=out.rho, pi=out.pi.transpose(0, 2, 1), t=out.t, log_t=out.log_t,
         n_iter=summary.get("n_iter", out.counts[:, 0]), residual=out.residual,
