@@ -164,7 +164,8 @@ def _result(xp, cost_t, out: ImageOutputs, constants: SolverConstants, tol):
             sweeps, exhausted, converged = 0, False, True
         summary["n_iter"] = sweeps
         summary["converged"] = _wt.report_convergence(xp, out.residual, tol, max_iter, sweeps,
-                                                      exhausted, converged=converged)
+                                                      exhausted, converged=converged,
+                                                      where=where)
 
     if batch:
         read_later(out.counts, on_read)
