@@ -109,10 +109,14 @@ class DeferredReads:
             return
         arrays = [array for values, _, _ in pending for array in values]
         xp = get_backend(*arrays).xp
-        # One launch (a concatenate, which casts) and one transfer, whatever the count;
-        # float64 holds every bool, every index below 2**53 and every float exactly.
-        host = to_numpy(xp.concatenate([xp.reshape(a, (-1,)) for a in arrays],
-                                       dtype=np.float64))
+        # One transfer, whatever the count, after one launch (a concatenate, which casts)
+        # where there are several arrays; float64 holds every bool, every index below
+        # 2**53 and every float exactly.
+        if len(arrays) == 1:
+            host = np.asarray(to_numpy(arrays[0]), dtype=np.float64).reshape(-1)
+        else:
+            host = to_numpy(xp.concatenate([xp.reshape(a, (-1,)) for a in arrays],
+                                           dtype=np.float64))
         self.reads += 1
         start = 0
         first_error: BaseException | None = None

@@ -353,6 +353,44 @@ def test_cpu_twin_at_extreme_scales(scale):
     _compare_pool("cpu", features, prototypes, 1e-10, mu=0.3, inverse_temperature=5.0)
 
 
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("scale", [1e-300, 1e300])
+def test_cuda_kernel_at_extreme_scales(scale, cuda_device_array):
+    # Squares below and beyond float64's range: the clip kernel's rows divided by their
+    # largest entry first (clip_row), the scale s a power of two far from 1.
+    features, prototypes = _inputs(np.random.default_rng(5), scale=scale)
+    _compare_pool("cuda", features, prototypes, 1e-10, cuda_device_array, mu=0.3,
+                  inverse_temperature=5.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_points_the_kernels_cannot_clip_are_named_as_on_the_array_path(kind, cuda_device_array):
+    # The clip kernel stores a norm beyond float32 as inf and the largest norm as a peak; the
+    # data check of both (one read) names them with the array path's messages.
+    features, prototypes = _inputs(np.random.default_rng(16), dtype=np.float32)
+    huge = features.copy()
+    huge[1, 2, :2] = 3e38
+    with warnings.catch_warnings():
+        if kind == "cuda" and SIMULATED:
+            # the device stores the norm beyond float32 as inf silently; the simulator's
+            # NumPy casts warn
+            warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+        with use_kernels(kind), pytest.raises(ValueError, match=r"^features\[\(1, 2\)\] has "
+                                                                r"norm 4.24e\+38, beyond "
+                                                                r"float32's range"):
+            fast.gsp_pool_forward(_device(huge, kind, cuda_device_array),
+                                  _device(prototypes, kind, cuda_device_array), mu=0.3,
+                                  inverse_temperature=5.0)
+    with np.errstate(under="ignore"):
+        tiny_features, tiny_prototypes = (1e-40 * features).astype(np.float32), (
+            1e-40 * prototypes).astype(np.float32)
+    with use_kernels(kind), pytest.raises(ValueError, match=r"^features and prototypes: their "
+                                                            r"largest norm is .*, below float32"):
+        fast.gsp_pool_forward(_device(tiny_features, kind, cuda_device_array),
+                              _device(tiny_prototypes, kind, cuda_device_array), mu=0.3,
+                              inverse_temperature=5.0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_feature_on_a_prototype_takes_the_zero_subgradient(kind, cuda_device_array):
     features, prototypes = _inputs(np.random.default_rng(6))
@@ -415,6 +453,44 @@ def test_convergence_warning_and_tol_zero_as_the_array_path():
         _, ctx = fast.gsp_pool_forward(features, prototypes, mu=0.3, inverse_temperature=5.0,
                                        tol=0.0)
     assert ctx.transport.tol == 0.0
+
+
+@pytest.mark.parametrize("max_iter", [1, 100])
+def test_the_solve_summary_is_read_when_the_deferral_hook_reads_it(max_iter, monkeypatch):
+    # The kernels hand their (B, 3) counts to read_later (refdml._deferred): inside a training
+    # step the read comes later, and until then the result holds the per-image columns; the
+    # read then gives what an immediate one gives (the n_iter, converged and warning of a
+    # call outside a step), and nothing warns before it.
+    from refdml.gpu.gsp import _kernels
+
+    features, prototypes = _inputs(np.random.default_rng(10))
+    args = dict(mu=0.3, inverse_temperature=5.0, max_iter=max_iter)
+    with use_kernels("cpu"), warnings.catch_warnings(record=True) as now:
+        warnings.simplefilter("always")
+        _, at_once = fast.gsp_pool_forward(features, prototypes, **args)
+    pending = []
+    monkeypatch.setattr(_kernels, "read_later", lambda values, on_read: pending.append(
+        (values, on_read)))
+    with use_kernels("cpu"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, deferred = fast.gsp_pool_forward(features, prototypes, **args)
+    (values, on_read), = pending
+    result = deferred.transport
+    assert values.shape == (features.shape[0], 3) and values.dtype == np.int64
+    host = to_numpy(values).astype(np.float64).ravel()   # as refdml._deferred hands them
+    assert_allclose(result.n_iter, values[:, 0])
+    assert_allclose(result.converged, values[:, 2])
+    assert np.max(result.n_iter) == at_once.transport.n_iter
+    assert bool(np.all(result.converged)) == at_once.transport.converged
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        on_read(host, "epoch 0, step 3")
+
+    def messages(caught):
+        return [str(w.message) for w in caught if w.category is ConvergenceWarning]
+
+    assert messages(later) == [f"{text} (at epoch 0, step 3)" for text in messages(now)]
+    assert bool(messages(now)) == (max_iter == 1)
 
 
 def test_mu_one_runs_the_array_path():

@@ -311,16 +311,48 @@ def test_zero_shot_loss_on_host_labels_and_split_does_not_synchronise():
 def test_gsp_synchronisations(kernels):
     # refdml/gpu/gsp/_array.py: the rows outside the plain norm range (one nonzero per input), the cost
     # map's refinement (one nonzero, two when a pair is refined: array path), the solver's
-    # convergence test once per _SWEEPS sweeps (array path) or its counts (the kernel: one
-    # transfer, refdml/gpu/gsp/_kernels.py), and ``converged``.
+    # convergence test once per _SWEEPS sweeps (array path) and ``converged``. The kernels
+    # (refdml/gpu/gsp/_kernels.py): their (B, 3) counts alone, in one transfer handed to
+    # refdml._deferred.read_later (read at once outside a training step), with the data
+    # checks off; with them on, one more read of the points' checks.
     from refdml.gpu.gsp import _transport as _gsp_transport
 
     _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels=kernels)
     sweeps = ctx.transport.n_iter                  # a Python int, like the reference's
+    assert isinstance(sweeps, int) and isinstance(ctx.transport.converged, bool), ctx.transport
     assert bwd.total == 0, bwd
     assert set(fwd.by_kind) <= {"shape", "bool", "get"}, fwd
     assert fwd["shape"] <= 4 and fwd["get"] <= 1, fwd
     assert fwd["bool"] <= sweeps // _gsp_transport._SWEEPS + 2, (fwd, sweeps)
+    if kernels == "cuda":
+        assert fwd["get"] == 1 and fwd["shape"] == 0 and fwd["bool"] <= 1, fwd
+        set_finite_checks(False)
+        try:
+            _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels=kernels)
+        finally:
+            set_finite_checks(True)
+        assert (fwd.total, fwd["get"], bwd.total) == (1, 1, 0), (fwd, bwd)
+
+
+@standin
+def test_gsp_kernels_read_nothing_inside_a_deferring_step():
+    # Inside a training step's scope (refdml._deferred.deferring) the layer on the kernels
+    # reads nothing: its solve summary waits for the step's read, its data checks are the
+    # step's. The read then settles it (one transfer for the scope, no warning: converged).
+    import warnings
+
+    from refdml._deferred import DeferredReads, deferring
+
+    reads = DeferredReads()
+    with deferring(reads), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels="cuda")
+    assert (fwd.total, bwd.total) == (0, 0), (fwd, bwd)
+    assert len(reads) == 1 and not isinstance(ctx.transport.n_iter, int), ctx.transport.n_iter
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, read = _counted(reads.read)
+    assert read.total == 1 and reads.reads == 1, read
 
 
 @given(st.lists(st.booleans(), min_size=1, max_size=40))

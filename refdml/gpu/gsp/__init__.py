@@ -35,7 +35,8 @@ What differs from the reference (and why)
   GeMean is the reference's own ``power_mean`` and its backward (:mod:`refdml._shared.gsp`).
 * Cost map: the Gram identity is refined from explicit differences where the squared
   distance is below ``_REFINE[dtype]`` of ``|x|^2 + |y|^2`` (so a float32 cost keeps
-  ~1e-6 relative accuracy next to a prototype); ``CostMapContext.scale`` is a 0-d array
+  ~1e-6 relative accuracy next to a prototype; the kernels sum the explicit differences'
+  squares in float64 instead); ``CostMapContext.scale`` is a 0-d array
   of the input's module (the common power of two of the clipped points), not a float,
   so that it never leaves the device.
 * The array path's solver tests "every image converged?" after every Newton sweep on
@@ -66,12 +67,17 @@ Synchronisation on CuPy (the results that must reach Python, and the checks): th
 input checks (finiteness, GeMean's sign, the points' largest norm against the dtype's
 normal range, GeMean's result within the dtype, the pooling backward's finiteness (the
 float32 / float64 retries); switched off by
-:func:`refdml.gpu.set_finite_checks`), the rows whose squared norm leaves the
-plain range (one ``nonzero`` for the features, one for the prototypes),
-the refinement of the cost map (one ``nonzero``, two when a pair is refined; array path),
-the solver's "every image converged?" test once per few sweeps and
-``WeightTransportResult.converged`` (a Python bool, like the reference's) on the array
-path; on the kernels, ``n_iter`` and ``converged`` in one read.
+:func:`refdml.gpu.set_finite_checks`). The array path also reads: the rows whose squared
+norm leaves the plain range (one ``nonzero`` for the features, one for the prototypes),
+the refinement of the cost map (one ``nonzero``, two when a pair is refined), the
+solver's "every image converged?" test once per few sweeps and
+``WeightTransportResult.converged`` (a Python bool, like the reference's). The kernels read
+nothing but their solve summary (``n_iter``, ``converged`` and whether ``max_iter`` was hit,
+one (B, 3) array), handed to :func:`refdml._deferred.read_later`: read at once outside a
+training step, with the step's other deferred reads inside one (until then the result holds
+the per-image columns: :func:`refdml.gpu.gsp._kernels._result`). The layer on the kernels is
+five launches, forward and backward: the clip and norms, the forward (scale, cost map, (P2),
+weights, pooled, z), the backward, one GEMM and the prototypes' gradient.
 """
 
 from refdml.gpu.gsp._kernels import IMPLEMENTATIONS

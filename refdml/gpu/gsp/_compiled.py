@@ -7,9 +7,12 @@ array path (:mod:`refdml.gpu.gsp._array`, :mod:`refdml.gpu.gsp._transport`), whi
 fallback and the twin these kernels are tested against. The maths is the
 reference's (docs/gsp.md Secs. 2-3, :mod:`refdml.gsp`); every kernel does, per image ``b``:
 
+* clip (pool forward only, its own launch): each row's norm ``||u||`` and ``ubar = u /
+  max(||u||, 1)`` (:func:`clip_row`), and the largest ``||ubar||`` of each image and of the
+  prototypes (``peaks``);
 * cost map (pool forward only): ``c_ji = s ||fs_j - ws_i||`` from the clipped points divided
-  by the common power of two ``s`` (``fs = fbar / s`` here, ``ws = wbar / s`` by the caller
-  in the same pass that transposes it; both divisions are exact), by explicit differences
+  by the common power of two ``s`` of the largest of ``peaks`` (:func:`power_of_two_scale`;
+  ``fs = fbar / s``, ``ws = wbar / s``, both divisions exact), by explicit differences
   (no Gram identity, so no refinement step is needed);
 * log kernel: ``cmin_j = min_i c_ji``, ``A_ji = softmax_i(-ε (c_ji - cmin_j))``,
   ``lam_j = log sum_i exp(-ε (c_ji - cmin_j))`` (so ``l_j = lam_j - ε cmin_j``; ``ε`` times a
@@ -48,11 +51,10 @@ columns (the log-sum-exps of ``phi``, max/min of ``l - l_p``, the residual, the 
 same scalar decision (bisection, window, Newton step: identical inputs, so the block stays in
 lock-step without a broadcast). CPU twins: ``prange`` over images, each image sequential.
 
-dtype: arrays in the input's dtype (float32 or float64); the cost's sum of ``d`` squares is
-accumulated in that dtype (relative error <= ~d u), every other reduction and the scalar
-Newton in float64. The stopping rules use the input dtype's ulp (the array path's), so
-float32 stops where the array path stops; the parity held is 1e-10 (float64) and 1e-4
-(float32) relative to the reference.
+dtype: arrays in the input's dtype (float32 or float64); every reduction (the norms' and the
+cost's sums of ``d`` squares among them) and the scalar Newton in float64. The stopping
+rules use the input dtype's ulp (the array path's), so float32 stops where the array path
+stops; the parity held is 1e-10 (float64) and 1e-4 (float32) relative to the reference.
 
 Each CPU twin and its CUDA kernel are the same computation laid out for two machines: read
 this module beside :mod:`refdml.gpu.gsp._cuda`.
@@ -68,8 +70,8 @@ dataclasses at the end of this module (:class:`SolverConstants`, :class:`ImageOu
 (:meth:`Buffers.args`); tests/gpu/test_gpu_kernels_gsp.py holds the names to the kernels'.
 
 Where results must reach Python: nothing here synchronises; the caller reads
-``n_iter`` / ``converged`` from the per-image outputs (``log_t``, ``residual`` in the
-input's dtype, ``counts``) and checks the backward's ``d_cost`` for overflow.
+``n_iter`` / ``converged`` from the per-image ``counts`` (evaluations, ``max_iter`` hit,
+residual within ``tol``: one (B, 3) array) and checks the backward's ``d_cost`` for overflow.
 """
 
 from __future__ import annotations
@@ -86,11 +88,16 @@ from refdml.gpu.gsp._transport import stopping_rules
 __all__ = [
     "Buffers",
     "ImageOutputs",
+    "NormaliseInputs",
+    "NormaliseOutputs",
     "PoolGradients",
     "PoolInputs",
     "PoolOutputs",
     "PoolSaved",
     "PoolUpstream",
+    "PrototypesGradient",
+    "PrototypesSaved",
+    "PrototypesUpstream",
     "SATURATION",
     "Scratch",
     "SolverConstants",
@@ -100,20 +107,27 @@ __all__ = [
     "TransportUpstream",
     "bracket",
     "clip_coefficient",
+    "clip_row",
     "column_plan",
     "column_rank",
     "column_softmax",
     "column_terms",
     "cost_gradient",
     "distance_weight",
+    "exp_or_inf",
     "given_log_s",
+    "image_report",
     "log_expit",
     "newton_phi",
     "newton_start",
     "newton_step",
+    "normalise_cpu",
     "pool_backward_column",
     "pool_backward_cpu",
     "pool_forward_cpu",
+    "power_of_two_scale",
+    "prototype_backward_row",
+    "prototypes_backward_cpu",
     "relative_log_s",
     "scaled_gap",
     "search_advance",
@@ -134,6 +148,28 @@ SATURATION = 1024.0
 def log_expit(x):
     """``log sigma(x) = min(x, 0) - log1p(exp(-|x|))`` (finite for every finite x)."""
     return min(x, 0.0) - math.log1p(math.exp(-abs(x)))
+
+
+@njit(cache=True, inline="always")
+def exp_or_inf(x):
+    """``exp(x)`` in ``x``'s dtype, ``inf`` where it overflows (compiled, so that the CUDA
+    simulator overflows silently here as the device does): ``t = exp(tau)``."""
+    return math.exp(x)
+
+
+@njit(cache=True, inline="always")
+def power_of_two_scale(peak):
+    """The cost map's common power of two ``s``: ``peak / s`` in ``(0.5, 1]`` (the array
+    path's ``frexp`` rule, :func:`refdml.gpu.gsp._array.normalised`), 1 where ``peak`` is 0
+    (or not finite: no scaling is then right). Exact: only doublings and halvings."""
+    s = 1.0
+    if not (peak > 0.0 and peak < math.inf):
+        return s
+    while s < peak:
+        s *= 2.0
+    while 0.5 * s >= peak:
+        s *= 0.5
+    return s
 
 
 @njit(cache=True, inline="always")
@@ -248,6 +284,74 @@ def column_softmax(cost_t, inverse_temperature, assignment, column_min, lam, b, 
         assignment[b, j, i] *= inverse
     column_min[b, j] = low
     lam[b, j] = math.log(total)
+
+
+@njit(cache=True, inline="always")
+def clip_row(points, points_bar, points_norm, b, j):
+    """Row ``j`` of image ``b``: ``||u||`` into ``points_norm`` (float64 sums, rounded once to
+    the dtype; rows whose sum of squares leaves float64's plain range divided by their
+    largest magnitude first), ``u / max(||u||, 1)`` into ``points_bar`` (divided by the
+    stored norm: the array path's quotient). Returns ``||ubar|| = min(||u||, 1)`` as stored.
+    A norm beyond the dtype is stored as ``inf`` (its caller names it)."""
+    d = points.shape[2]
+    peak, total = 0.0, 0.0
+    for k in range(d):
+        value = abs(float(points[b, j, k]))
+        peak = max(peak, value)
+        total += value * value
+    if (total >= 2.0**-900 and total <= 2.0**1000) or peak == 0.0:
+        norm = math.sqrt(total)
+    else:  # float64 rows of tiny or huge entries: divided by the largest magnitude first
+        scaled = 0.0
+        for k in range(d):
+            ratio = float(points[b, j, k]) / peak
+            scaled += ratio * ratio
+        norm = math.sqrt(scaled) * peak
+    points_norm[b, j] = norm
+    stored = points_norm[b, j]
+    divisor = max(stored, 1.0)
+    for k in range(d):
+        points_bar[b, j, k] = points[b, j, k] / divisor
+    return min(stored, 1.0)
+
+
+@njit(cache=True, inline="always")
+def prototype_backward_row(prototypes_bar, prototypes_norm, scale, column_sums, product,
+                           d_prototypes, i):
+    """Row ``i`` of the prototypes' gradient: ``d wbar_i = ((sum_bj W_bji) wbar_i - (W^T
+    fbar)_i) / s`` (``column_sums`` (B, m): each image's ``sum_j W_ji``; ``product`` (m, d):
+    ``W^T fbar`` over the batch), then the clip's backward, ``(I - wbar wbar^T) d wbar /
+    ||w||`` where ``||w|| > 1`` (:func:`refdml.normalize._clip_backward`)."""
+    d = prototypes_bar.shape[1]
+    s = float(scale[0])
+    column = 0.0
+    for b in range(column_sums.shape[0]):
+        column += column_sums[b, i]
+    norm = prototypes_norm[i]
+    radial = 0.0
+    if norm > 1.0:
+        for k in range(d):
+            radial += prototypes_bar[i, k] * ((prototypes_bar[i, k] * column - product[i, k])
+                                              / s)
+    for k in range(d):
+        gradient = (prototypes_bar[i, k] * column - product[i, k]) / s
+        if norm > 1.0:
+            gradient = (gradient - prototypes_bar[i, k] * radial) / norm
+        d_prototypes[i, k] = gradient
+
+
+@njit(cache=True, inline="always")
+def image_report(b, tau, column_residual, mass, mu, tol, evaluations, steps, exhausted,
+                 log_t, t, residual, counts):
+    """Image ``b``'s solve summary: ``tau`` (``log_t``), ``t = exp(tau)``, the residual as
+    stored, and ``counts[b] = (evaluations of g, max_iter hit, residual <= tol)`` (the stored
+    residual against ``tol`` as the dtype holds it: the array path's comparison)."""
+    log_t[b] = tau
+    t[b] = exp_or_inf(log_t[b])
+    residual[b] = max(column_residual, abs(mass - mu))
+    counts[b, 0] = evaluations + steps
+    counts[b, 1] = 1 if exhausted else 0
+    counts[b, 2] = 1 if residual[b] <= tol else 0
 
 
 @njit(cache=True, inline="always")
@@ -475,8 +579,8 @@ def _newton_image(inverse_temperature, column_min, lam, b, pivot, lo, hi, logit_
 
 @njit(cache=True)
 def _transport_image(b, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
-                     phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
-                     residual, counts):
+                     phi_floor, tol, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                     t, residual, counts):
     """(P2) of image ``b`` from its cost (n, m); fills its per-image outputs (module docstring).
 
     ``log_s`` holds the column minima until the plan turns them into ``l_j``; ``lam`` keeps
@@ -508,38 +612,67 @@ def _transport_image(b, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp
                                           log_s, lam, assignment, transported, rho, pi, b, j)
         column_residual = max(column_residual, column)
         mass += column_mass
-    log_t[b] = y - given_log_s(inverse_temperature, pivot_min, pivot_lam)
-    residual[b] = max(column_residual, abs(mass - mu))
-    counts[b, 0] = evaluations + steps
-    counts[b, 1] = 1 if exhausted else 0
+    image_report(b, y - given_log_s(inverse_temperature, pivot_min, pivot_lam),
+                 column_residual, mass, mu, tol, evaluations, steps, exhausted, log_t, t,
+                 residual, counts)
 
 
 @njit(parallel=True, cache=True)
 def transport_cpu(cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                  assignment, lam, log_s, rho, transported, pi, order, log_t, residual, counts):
+                  tol, assignment, lam, log_s, rho, transported, pi, order, log_t, t, residual,
+                  counts):
     """``refdml_gsp_transport`` CPU twin: (P2) for every image of ``cost_t`` (B, n, m)."""
     for b in prange(cost_t.shape[0]):
         _transport_image(b, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
-                         phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
-                         residual, counts)
+                         phi_floor, tol, assignment, lam, log_s, rho, transported, pi, order,
+                         log_t, t, residual, counts)
 
 
 @njit(parallel=True, cache=True)
-def pool_forward_cpu(features, features_bar, prototypes_scaled_t, scale, p_one,
-                     inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                     assignment, lam, log_s, rho, transported, pi, order, log_t, residual,
-                     counts, cost_t, weights, pooled, z):
-    """``refdml_gsp_pool_forward`` CPU twin: cost map, (P2), weights, pooled (p = 1) and z.
+def normalise_cpu(features, prototypes, features_bar, features_norm, prototypes_bar,
+                  prototypes_norm, peaks):
+    """``refdml_gsp_normalise`` CPU twin: the clipped points and their norms
+    (:func:`clip_row`), and ``peaks`` (B + 1,): each image's largest ``||fbar||``, then the
+    prototypes' largest ``||wbar||`` (``prototypes`` and theirs as (1, m, ·) views)."""
+    batch = features.shape[0]
+    for b in prange(batch + 1):
+        if b < batch:
+            peak = 0.0
+            for j in range(features.shape[1]):
+                peak = max(peak, clip_row(features, features_bar, features_norm, b, j))
+        else:
+            peak = 0.0
+            for j in range(prototypes.shape[1]):
+                peak = max(peak, clip_row(prototypes, prototypes_bar, prototypes_norm, 0, j))
+        peaks[b] = peak
 
-    ``prototypes_scaled_t`` is ``wbar / s`` transposed (d, m), so the cost's inner loop runs
-    over the prototypes, contiguous (vectorised, no reduction in the inner loop); the
-    features are divided by ``s`` here (exact: a power of two), one row at a time.
+
+@njit(parallel=True, cache=True)
+def pool_forward_cpu(features, features_bar, prototypes_bar, peaks, p_one,
+                     inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor, tol,
+                     assignment, lam, log_s, rho, transported, pi, order, log_t, t, residual,
+                     counts, scale, cost_t, weights, pooled, z):
+    """``refdml_gsp_pool_forward`` CPU twin: the scale, cost map, (P2), weights, pooled
+    (p = 1) and z.
+
+    ``s`` is the power of two of the largest of ``peaks`` (:func:`power_of_two_scale`),
+    written to ``scale`` (1,). The cost's inner loop runs over the prototypes, contiguous in
+    ``wbar / s`` transposed (d, m), formed here once (vectorised, no reduction in the inner
+    loop); the squares are summed in float64 (the CUDA kernel's sums).
     """
     batch, n, d = features_bar.shape
-    m = prototypes_scaled_t.shape[1]
-    s = scale[0]
+    m = prototypes_bar.shape[0]
+    peak = 0.0
+    for k in range(peaks.shape[0]):
+        peak = max(peak, peaks[k])
+    s = power_of_two_scale(peak)
+    scale[0] = s
+    prototypes_scaled_t = np.empty((d, m))
+    for i in range(m):
+        for k in range(d):
+            prototypes_scaled_t[k, i] = prototypes_bar[i, k] / s
     for b in prange(batch):
-        acc = np.zeros(m, dtype=features_bar.dtype)
+        acc = np.zeros(m)
         for j in range(n):
             acc[:] = 0.0
             for k in range(d):
@@ -550,8 +683,8 @@ def pool_forward_cpu(features, features_bar, prototypes_scaled_t, scale, p_one,
             for i in range(m):
                 cost_t[b, j, i] = math.sqrt(acc[i]) * s
         _transport_image(b, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
-                         phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
-                         residual, counts)
+                         phi_floor, tol, assignment, lam, log_s, rho, transported, pi, order,
+                         log_t, t, residual, counts)
         inv_mu = 1.0 / mu
         for j in range(n):
             weights[b, j] = transported[b, j] * inv_mu
@@ -609,8 +742,10 @@ def _marginal_centre(rho, transported, b_values, b):
 @njit(parallel=True, cache=True)
 def pool_backward_cpu(features, features_bar, features_norm, prototypes_bar, scale, assignment,
                       cost_t, rho, transported, weights, inverse_temperature, mu, d_pooled, d_z,
-                      d_weights, direct, p_one, distance_weights, d_features):
-    """``refdml_gsp_pool_backward`` CPU twin: ``W = d_cost / c'`` (B, n, m) and d features.
+                      d_weights, direct, p_one, distance_weights, d_features, column_sums):
+    """``refdml_gsp_pool_backward`` CPU twin: ``W = d_cost / c'`` (B, n, m), d features and
+    each image's ``sum_j W_ji`` (B, m; float64) for the prototypes' gradient
+    (:func:`prototypes_backward_cpu`).
 
     ``p_one``: the direct path is ``w_j d_pooled / n`` (computed here); otherwise
     ``d_weights`` (B, n) and ``direct`` (B, n, d) come from the caller (GeMean).
@@ -633,6 +768,7 @@ def pool_backward_cpu(features, features_bar, features_norm, prototypes_bar, sca
                 inv_n, inv_mu, b, j)
         b_top, mean_offset = _marginal_centre(rho, transported, b_values, b)
         acc = np.zeros(d)
+        column_sums[b, :] = 0.0
         for j in range(n):
             marginal = rho[b, j] * transported[b, j] * ((b_values[j] - b_top) + mean_offset)
             p = transported[b, j] * inv_n
@@ -645,6 +781,7 @@ def pool_backward_cpu(features, features_bar, features_norm, prototypes_bar, sca
                 distance_weights[b, j, i] = distance_weight(gradient, cost_t[b, j, i])
                 w = distance_weights[b, j, i]  # as stored
                 row += w
+                column_sums[b, i] += w
                 for k in range(d):
                     acc[k] -= w * ws[i, k]
             row /= s
@@ -662,6 +799,17 @@ def pool_backward_cpu(features, features_bar, features_norm, prototypes_bar, sca
                     along = direct[b, j, k]
                 d_features[b, j, k] = (acc[k] * inverse + features_bar[b, j, k] * coefficient
                                        + along)
+
+
+@njit(parallel=True, cache=True)
+def prototypes_backward_cpu(prototypes_bar, prototypes_norm, scale, column_sums, product,
+                            d_prototypes):
+    """``refdml_gsp_prototypes_backward`` CPU twin: the prototypes' gradient, row by row
+    (:func:`prototype_backward_row`), from the batch's ``W^T fbar`` (``product``, one GEMM
+    by the caller) and the images' column sums of ``W``."""
+    for i in prange(prototypes_bar.shape[0]):
+        prototype_backward_row(prototypes_bar, prototypes_norm, scale, column_sums, product,
+                               d_prototypes, i)
 
 
 @njit(parallel=True, cache=True)
@@ -719,7 +867,9 @@ class SolverConstants(Buffers):
     """The scalars of the solve: ``inverse_temperature`` (the paper's ε), ``mu``, ``logit_mu
     = log(mu / (1 - mu))``, ``max_iter`` (Newton steps), and the stopping rules in the input
     dtype's terms: ``ulp`` (its machine epsilon), ``cap`` (below ``log`` of its largest
-    number: the cap of a Newton step's ``exp``), ``phi_floor = 16 ulp (1 + |logit mu|)``."""
+    number: the cap of a Newton step's ``exp``), ``phi_floor = 16 ulp (1 + |logit mu|)``;
+    ``tol`` the residual's tolerance as applied, rounded to the dtype (the array path's
+    ``residual <= tol`` compares in the dtype)."""
 
     inverse_temperature: float
     mu: float
@@ -728,16 +878,18 @@ class SolverConstants(Buffers):
     ulp: float
     cap: float
     phi_floor: float
+    tol: float
 
     @classmethod
-    def of(cls, dtype, mu: float, inverse_temperature: float, max_iter: int) -> SolverConstants:
+    def of(cls, dtype, mu: float, inverse_temperature: float, max_iter: int,
+           tol: float) -> SolverConstants:
         """The constants of a solve in ``dtype`` (the array path's stopping rules,
-        :func:`refdml.gpu.gsp._transport.stopping_rules`)."""
+        :func:`refdml.gpu.gsp._transport.stopping_rules`); ``tol`` as applied."""
         logit_mu = math.log(mu) - math.log1p(-mu)
         ulp, cap, phi_floor = stopping_rules(dtype, logit_mu)
         return cls(inverse_temperature=float(inverse_temperature), mu=float(mu),
                    logit_mu=logit_mu, max_iter=int(max_iter), ulp=ulp, cap=cap,
-                   phi_floor=phi_floor)
+                   phi_floor=phi_floor, tol=float(np.dtype(dtype).type(tol)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -745,9 +897,11 @@ class ImageOutputs(Buffers):
     """What the solve writes per image: ``assignment`` (B, n, m) the softmax ``A``, ``lam``
     (B, n), ``log_s`` (B, n) ``l_j`` for the cost as given, ``rho`` (B, n), ``transported``
     (B, n) ``sigma(x_j)``, ``pi`` (B, n, m), ``order`` (B, n) int64 the stable order of the
-    column minima, ``log_t`` (B,) ``tau`` for the cost as given, ``residual`` (B,) of the
-    arrays as stored (all those in the input's dtype) and ``counts`` (B, 2) int64: the
-    evaluations of ``g`` (pivot search and Newton steps) and 1 where ``max_iter`` was hit."""
+    column minima, ``log_t`` (B,) ``tau`` for the cost as given, ``t`` (B,) ``exp(tau)``,
+    ``residual`` (B,) of the arrays as stored (all those in the input's dtype) and
+    ``counts`` (B, 3) int64: the evaluations of ``g`` (pivot search and Newton steps), 1
+    where ``max_iter`` was hit, 1 where the residual is within ``tol`` (what the host reads
+    of the solve, in one transfer: :func:`refdml.gpu.gsp._kernels._result`)."""
 
     assignment: Any
     lam: Any
@@ -757,6 +911,7 @@ class ImageOutputs(Buffers):
     pi: Any
     order: Any
     log_t: Any
+    t: Any
     residual: Any
     counts: Any
 
@@ -768,27 +923,60 @@ class ImageOutputs(Buffers):
             log_s=xp.empty((batch, n), dtype=dtype), rho=xp.empty((batch, n), dtype=dtype),
             transported=xp.empty((batch, n), dtype=dtype), pi=xp.empty((batch, n, m), dtype=dtype),
             order=xp.empty((batch, n), dtype=np.int64), log_t=xp.empty(batch, dtype=dtype),
-            residual=xp.empty(batch, dtype=dtype), counts=xp.empty((batch, 2), dtype=np.int64))
+            t=xp.empty(batch, dtype=dtype), residual=xp.empty(batch, dtype=dtype),
+            counts=xp.empty((batch, 3), dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class NormaliseInputs(Buffers):
+    """The points as given: ``features`` (B, n, d) and ``prototypes`` as a (1, m, d) view."""
+
+    features: Any
+    prototypes: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class NormaliseOutputs(Buffers):
+    """The clipped points and their norms: ``features_bar`` (B, n, d), ``features_norm``
+    (B, n), ``prototypes_bar`` (1, m, d), ``prototypes_norm`` (1, m), and ``peaks`` (B + 1,)
+    the largest ``||fbar||`` of each image and, last, the largest ``||wbar||``: the
+    reduction the forward kernel finishes into the common power of two ``s``."""
+
+    features_bar: Any
+    features_norm: Any
+    prototypes_bar: Any
+    prototypes_norm: Any
+    peaks: Any
+
+    @classmethod
+    def empty(cls, xp, batch: int, n: int, m: int, d: int, dtype) -> NormaliseOutputs:
+        return cls(features_bar=xp.empty((batch, n, d), dtype=dtype),
+                   features_norm=xp.empty((batch, n), dtype=dtype),
+                   prototypes_bar=xp.empty((1, m, d), dtype=dtype),
+                   prototypes_norm=xp.empty((1, m), dtype=dtype),
+                   peaks=xp.empty(batch + 1, dtype=dtype))
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolInputs(Buffers):
     """The pooling layer's forward: ``features`` (B, n, d) as given, ``features_bar`` (B, n, d)
-    the clipped features, ``prototypes_scaled_t`` (d, m) the clipped prototypes divided by
-    ``s`` and transposed, ``scale`` (1,) ``s``, ``p_one`` (pooled formed here: p = 1)."""
+    and ``prototypes_bar`` (m, d) the clipped points, ``peaks`` (B + 1,) their largest
+    norms (:class:`NormaliseOutputs`), ``p_one`` (pooled formed here: p = 1)."""
 
     features: Any
     features_bar: Any
-    prototypes_scaled_t: Any
-    scale: Any
+    prototypes_bar: Any
+    peaks: Any
     p_one: bool
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolOutputs(Buffers):
-    """The pooling layer's own outputs: ``cost_t`` (B, n, m), ``weights`` (B, n), ``pooled``
-    (B, d; written only when ``p_one``), ``z`` (B, m)."""
+    """The pooling layer's own outputs: ``scale`` (1,) the common power of two ``s``,
+    ``cost_t`` (B, n, m), ``weights`` (B, n), ``pooled`` (B, d; written only when
+    ``p_one``), ``z`` (B, m)."""
 
+    scale: Any
     cost_t: Any
     weights: Any
     pooled: Any
@@ -829,10 +1017,37 @@ class PoolUpstream(Buffers):
 
 @dataclasses.dataclass(frozen=True)
 class PoolGradients(Buffers):
-    """``distance_weights`` (B, n, m) ``W = d_cost / c'`` and ``d_features`` (B, n, d)."""
+    """``distance_weights`` (B, n, m) ``W = d_cost / c'``, ``d_features`` (B, n, d) and
+    ``column_sums`` (B, m) float64, each image's ``sum_j W_ji``."""
 
     distance_weights: Any
     d_features: Any
+    column_sums: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PrototypesSaved(Buffers):
+    """The prototypes' side of the cost map's context: ``prototypes_bar`` (m, d),
+    ``prototypes_norm`` (m,), ``scale`` (1,)."""
+
+    prototypes_bar: Any
+    prototypes_norm: Any
+    scale: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PrototypesUpstream(Buffers):
+    """``column_sums`` (B, m) (:class:`PoolGradients`) and ``product`` (m, d) ``W^T fbar``."""
+
+    column_sums: Any
+    product: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PrototypesGradient(Buffers):
+    """``d_prototypes`` (m, d)."""
+
+    d_prototypes: Any
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ from refdml.gpu.gsp._compiled import (
     SEARCH_BOUNDS,
     SEARCH_DONE,
     clip_coefficient,
+    clip_row,
     column_plan,
     column_rank,
     column_softmax,
@@ -35,10 +36,13 @@ from refdml.gpu.gsp._compiled import (
     cost_gradient,
     distance_weight,
     given_log_s,
+    image_report,
     newton_phi,
     newton_start,
     newton_step,
     pool_backward_column,
+    power_of_two_scale,
+    prototype_backward_row,
     relative_log_s,
     search_advance,
     search_query,
@@ -46,7 +50,8 @@ from refdml.gpu.gsp._compiled import (
     transport_backward_column,
 )
 
-__all__ = ["refdml_gsp_pool_backward", "refdml_gsp_pool_forward", "refdml_gsp_transport",
+__all__ = ["refdml_gsp_normalise", "refdml_gsp_pool_backward", "refdml_gsp_pool_forward",
+           "refdml_gsp_prototypes_backward", "refdml_gsp_transport",
            "refdml_gsp_transport_backward"]
 
 
@@ -59,21 +64,27 @@ def _launch_signatures(dt):
     a1, a2, a3 = f"{dt}[::1]", f"{dt}[:, ::1]", f"{dt}[:, :, ::1]"
     count = "int64[:, ::1]"
     scratch = "float64[:, ::1]"
-    # SolverConstants: inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor
-    solver = "float64, float64, float64, int64, float64, float64, float64"
-    # ImageOutputs: assignment, lam, log_s, rho, transported, pi, order, log_t, residual, counts
-    outputs = f"{a3}, {a2}, {a2}, {a2}, {a2}, {a3}, {count}, {a1}, {a1}, {count}"
+    # SolverConstants: inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor, tol
+    solver = "float64, float64, float64, int64, float64, float64, float64, float64"
+    # ImageOutputs: assignment, lam, log_s, rho, transported, pi, order, log_t, t, residual,
+    # counts
+    outputs = f"{a3}, {a2}, {a2}, {a2}, {a2}, {a3}, {count}, {a1}, {a1}, {a1}, {count}"
     # PoolSaved: features, features_bar, features_norm, prototypes_bar, scale, assignment,
     # cost_t, rho, transported, weights, inverse_temperature, mu
     saved = f"{a3}, {a3}, {a2}, {a2}, {a1}, {a3}, {a3}, {a2}, {a2}, {a2}, float64, float64"
     return {
+        # NormaliseInputs, NormaliseOutputs
+        "refdml_gsp_normalise": f"void({a3}, {a3}, {a3}, {a2}, {a3}, {a2}, {a1})",
         "refdml_gsp_transport": f"void({a3}, {solver}, {outputs})",
-        # PoolInputs, SolverConstants, ImageOutputs, PoolOutputs (cost_t, weights, pooled, z)
+        # PoolInputs, SolverConstants, ImageOutputs, PoolOutputs (scale, cost_t, weights,
+        # pooled, z)
         "refdml_gsp_pool_forward": (f"void({a3}, {a3}, {a2}, {a1}, boolean, {solver}, "
-                                    f"{outputs}, {a3}, {a2}, {a2}, {a2})"),
+                                    f"{outputs}, {a1}, {a3}, {a2}, {a2}, {a2})"),
         # PoolSaved, PoolUpstream (d_pooled, d_z, d_weights, direct, p_one), PoolGradients
         "refdml_gsp_pool_backward": (f"void({saved}, {a2}, {a2}, {a2}, {a3}, boolean, "
-                                     f"{a3}, {a3}, {scratch})"),
+                                     f"{a3}, {a3}, {scratch}, {scratch})"),
+        # PrototypesSaved, PrototypesUpstream, PrototypesGradient
+        "refdml_gsp_prototypes_backward": f"void({a2}, {a1}, {a1}, {scratch}, {a2}, {a2})",
         # TransportSaved, TransportUpstream, TransportGradient
         "refdml_gsp_transport_backward": (f"void({a3}, {a2}, {a2}, float64, {a2}, {a3}, "
                                           f"{a3}, {scratch})"),
@@ -100,6 +111,9 @@ rank_dev = cuda.jit(device=True)(column_rank.py_func)
 plan_dev = cuda.jit(device=True)(column_plan.py_func)
 pool_backward_dev = cuda.jit(device=True)(pool_backward_column.py_func)
 transport_backward_dev = cuda.jit(device=True)(transport_backward_column.py_func)
+clip_row_dev = cuda.jit(device=True)(clip_row.py_func)
+prototype_backward_dev = cuda.jit(device=True)(prototype_backward_row.py_func)
+image_report_dev = cuda.jit(device=True)(image_report.py_func)
 
 
 @cuda.jit(device=True)
@@ -252,8 +266,8 @@ def newton_block(sm, b, tid, inverse_temperature, column_min, lam, pivot, lo, hi
 
 @cuda.jit(device=True)
 def transport_block(sm, b, tid, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
-                    phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
-                    residual, counts):
+                    phi_floor, tol, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                    t, residual, counts):
     """The CPU twin's ``_transport_image``, one column per thread (strided): the same pivot
     search (:func:`refdml.gpu.gsp._compiled.search_advance`), each ``phi`` a block reduction;
     every thread takes the same decisions from the block's reductions (lock-step)."""
@@ -297,53 +311,89 @@ def transport_block(sm, b, tid, cost_t, inverse_temperature, mu, logit_mu, max_i
     column_residual, _, mass, _ = block_reduce4(sm, column_residual, 0.0, mass, 0.0, tid,
                                                 tree_width(n))
     if tid == 0:
-        log_t[b] = y - given_log_s(inverse_temperature, pivot_min, pivot_lam)
-        residual[b] = max(column_residual, abs(mass - mu))
-        counts[b, 0] = evaluations + steps
-        counts[b, 1] = 1 if exhausted else 0
+        image_report_dev(b, y - given_log_s(inverse_temperature, pivot_min, pivot_lam),
+                         column_residual, mass, mu, tol, evaluations, steps, exhausted, log_t,
+                         t, residual, counts)
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_transport"))
 def refdml_gsp_transport(cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
-                         phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
-                         residual, counts):
+                         phi_floor, tol, assignment, lam, log_s, rho, transported, pi, order,
+                         log_t, t, residual, counts):
     b = cuda.blockIdx.x
     if b >= cost_t.shape[0]:
         return
     sm = cuda.shared.array((6, BLOCK), float64)
     transport_block(sm, b, cuda.threadIdx.x, cost_t, inverse_temperature, mu, logit_mu,
-                    max_iter, ulp, cap, phi_floor, assignment, lam, log_s, rho, transported, pi,
-                    order, log_t, residual, counts)
+                    max_iter, ulp, cap, phi_floor, tol, assignment, lam, log_s, rho, transported,
+                    pi, order, log_t, t, residual, counts)
+
+
+@cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_normalise"))
+def refdml_gsp_normalise(features, prototypes, features_bar, features_norm, prototypes_bar,
+                         prototypes_norm, peaks):
+    """Blocks ``0..B-1`` clip image ``b``'s features, block ``B`` the prototypes ((1, m, ·)
+    views), one row per thread (:func:`clip_row`); each block's largest ``||bar||`` goes to
+    ``peaks[block]``, which the forward kernel reduces into ``s``."""
+    block = cuda.blockIdx.x
+    batch = features.shape[0]
+    if block > batch:
+        return
+    tid = cuda.threadIdx.x
+    sm = cuda.shared.array((6, BLOCK), float64)
+    peak = 0.0
+    if block < batch:
+        rows = features.shape[1]
+        j = tid
+        while j < rows:
+            peak = max(peak, clip_row_dev(features, features_bar, features_norm, block, j))
+            j += BLOCK
+    else:
+        rows = prototypes.shape[1]
+        j = tid
+        while j < rows:
+            peak = max(peak, clip_row_dev(prototypes, prototypes_bar, prototypes_norm, 0, j))
+            j += BLOCK
+    peak, _, _, _ = block_reduce4(sm, peak, 0.0, 0.0, 0.0, tid, tree_width(rows))
+    if tid == 0:
+        peaks[block] = peak
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_pool_forward"))
-def refdml_gsp_pool_forward(features, features_bar, prototypes_scaled_t, scale, p_one,
+def refdml_gsp_pool_forward(features, features_bar, prototypes_bar, peaks, p_one,
                             inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor,
-                            assignment, lam, log_s, rho, transported, pi, order, log_t,
-                            residual, counts, cost_t, weights, pooled, z):
+                            tol, assignment, lam, log_s, rho, transported, pi, order, log_t, t,
+                            residual, counts, scale, cost_t, weights, pooled, z):
     b = cuda.blockIdx.x
     if b >= features_bar.shape[0]:
         return
     tid = cuda.threadIdx.x
     n, d = features_bar.shape[1], features_bar.shape[2]
-    m = prototypes_scaled_t.shape[1]
-    s = scale[0]
+    m = prototypes_bar.shape[0]
+    # Every block reduces the B + 1 peaks itself (a few hundred reads): no launch between.
+    peak = 0.0
+    for k in range(peaks.shape[0]):
+        peak = max(peak, float(peaks[k]))
+    s = power_of_two_scale(peak)
+    if b == 0 and tid == 0:
+        scale[0] = s
     sm = cuda.shared.array((6, BLOCK), float64)
     pair = tid
     while pair < n * m:
         j, i = pair // m, pair % m
-        # fbar / s in the input's dtype (exact: s is a power of two), as the CPU twin
-        diff = features_bar[b, j, 0] / s - prototypes_scaled_t[0, i]
-        acc = diff * diff  # accumulated in the input's dtype
+        # fbar / s and wbar / s are exact (s a power of two); the squares summed in float64,
+        # as the CPU twin
+        diff = float(features_bar[b, j, 0]) / s - float(prototypes_bar[i, 0]) / s
+        acc = diff * diff
         for k in range(1, d):
-            diff = features_bar[b, j, k] / s - prototypes_scaled_t[k, i]
+            diff = float(features_bar[b, j, k]) / s - float(prototypes_bar[i, k]) / s
             acc += diff * diff
         cost_t[b, j, i] = math.sqrt(acc) * s
         pair += BLOCK
     cuda.syncthreads()
     transport_block(sm, b, tid, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
-                    phi_floor, assignment, lam, log_s, rho, transported, pi, order, log_t,
-                    residual, counts)
+                    phi_floor, tol, assignment, lam, log_s, rho, transported, pi, order, log_t,
+                    t, residual, counts)
     inv_mu = 1.0 / mu
     j = tid
     while j < n:
@@ -372,10 +422,11 @@ def refdml_gsp_pool_forward(features, features_bar, prototypes_scaled_t, scale, 
 def refdml_gsp_pool_backward(features, features_bar, features_norm, prototypes_bar, scale,
                              assignment, cost_t, rho, transported, weights, inverse_temperature,
                              mu, d_pooled, d_z, d_weights, direct, p_one, distance_weights,
-                             d_features, scratch):
+                             d_features, column_sums, scratch):
     """``scratch`` (B, 3n) float64: ``mu r_j`` (:func:`pool_backward_column`),
     ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)`` (docs/gsp.md Sec. 3); the first n
-    slots then hold the clip coefficient."""
+    slots then hold the clip coefficient. ``column_sums`` (B, m) float64: ``sum_j W_ji``
+    (for :func:`refdml_gsp_prototypes_backward`)."""
     b = cuda.blockIdx.x
     if b >= features.shape[0]:
         return
@@ -403,6 +454,13 @@ def refdml_gsp_pool_backward(features, features_bar, features_norm, prototypes_b
         distance_weights[b, j, i] = distance_weight(gradient, cost_t[b, j, i])
         pair += BLOCK
     cuda.syncthreads()
+    i = tid
+    while i < m:
+        column = 0.0
+        for j in range(n):
+            column += distance_weights[b, j, i]
+        column_sums[b, i] = column
+        i += BLOCK
     pair = tid
     while pair < n * d:
         j, k = pair // d, pair % d
@@ -438,6 +496,16 @@ def refdml_gsp_pool_backward(features, features_bar, features_norm, prototypes_b
         d_features[b, j, k] = (d_features[b, j, k] * inverse
                                + features_bar[b, j, k] * scratch[b, j] + along)
         pair += BLOCK
+
+
+@cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_prototypes_backward"))
+def refdml_gsp_prototypes_backward(prototypes_bar, prototypes_norm, scale, column_sums, product,
+                                   d_prototypes):
+    """One prototype per thread (:func:`prototype_backward_row`): ``ceil(m / BLOCK)`` blocks."""
+    i = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
+    if i < prototypes_bar.shape[0]:
+        prototype_backward_dev(prototypes_bar, prototypes_norm, scale, column_sums, product,
+                               d_prototypes, i)
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_transport_backward"))

@@ -11,10 +11,14 @@ The results are the reference's dataclasses, exactly as the array path builds th
 tolerance rule (:func:`~refdml.gpu.gsp._transport.residual_floor`), same
 ``ConvergenceWarning``, same ``ValueError`` where a gradient overflows the dtype. ``n_iter``
 is the reference's count: the most evaluations of ``g`` (pivot search and Newton steps) any
-image took (the array path counts its vectorised steps). The clipped points and their scale
-come from the array path's cost map code (:func:`~refdml.gpu.gsp._array.normalised`); the
-kernels do the rest but the prototypes' gradient, a sum over the batch (one GEMM,
-:func:`~refdml.gpu.gsp._array.prototypes_backward`).
+image took (the array path counts its vectorised steps). The layer's forward is two launches:
+:func:`~refdml.gpu.gsp._compiled.normalise_cpu` / ``refdml_gsp_normalise`` (the clipped
+points, their norms and each block's largest norm; the array path's checks of them, with the
+data checks on, in one read) and the forward kernel (the common power of two ``s`` from those
+norms, then the cost map, (P2), weights, pooled, z); its backward three: the backward kernel
+(``W = d_cost / c'``, the features' gradient and each image's column sums of ``W``), the
+prototypes' sum over the batch ``W^T fbar`` as one GEMM, and
+``refdml_gsp_prototypes_backward`` (the rest of the prototypes' gradient and its clip).
 
 Each kernel is one :class:`GspKernel` (its function and the parameter groups it takes:
 frozen dataclasses of :mod:`refdml.gpu.gsp._compiled` whose fields, in order, are its
@@ -33,8 +37,9 @@ use (``.cpu`` / ``.cuda``).
 
 Outputs are allocated with the input's module (NumPy or CuPy) with ``empty``; nothing is
 copied between host and device. What reaches Python: ``n_iter``, "max_iter hit?" and
-``converged``, read together in one transfer (:func:`_result`), and the backward's overflow
-check, as on the array path.
+``converged``, read together in one transfer through :func:`refdml._deferred.read_later`
+(:func:`_result`; later, inside a training step), and the data checks (the points', the
+backward's overflow check), as on the array path.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from refdml._backend import Backend, to_numpy
+from refdml._backend import Backend
+from refdml._deferred import read_later
 from refdml.gpu._support.launch import BLOCK, cuda_launch
 from refdml.gpu._support.modes import Implementations
 from refdml.gpu._support.threading_layer import parallel_launch
@@ -94,25 +100,32 @@ class GspKernel:
 class GspKernelTable:
     """The family's kernels for one target, one per operation of :class:`KernelPath`."""
 
+    normalise: GspKernel
     transport: GspKernel
     pool_forward: GspKernel
     pool_backward: GspKernel
+    prototypes_backward: GspKernel
     transport_backward: GspKernel
 
 
-def kernel_table(compiled: ModuleType, *, transport: Callable, pool_forward: Callable,
-                 pool_backward: Callable, transport_backward: Callable,
+def kernel_table(compiled: ModuleType, *, normalise: Callable, transport: Callable,
+                 pool_forward: Callable, pool_backward: Callable,
+                 prototypes_backward: Callable, transport_backward: Callable,
                  scratch: bool) -> GspKernelTable:
     """The table of the four kernels of one target, with their layouts (stated here once
     for the CPU twins and the CUDA kernels): the parameter groups of ``compiled``
     (:mod:`refdml.gpu.gsp._compiled`); ``scratch``: the backward kernels take one."""
     c = compiled
     return GspKernelTable(
+        normalise=GspKernel(normalise, (c.NormaliseInputs, c.NormaliseOutputs)),
         transport=GspKernel(transport, (c.TransportInput, c.SolverConstants, c.ImageOutputs)),
         pool_forward=GspKernel(pool_forward, (c.PoolInputs, c.SolverConstants, c.ImageOutputs,
                                               c.PoolOutputs)),
         pool_backward=GspKernel(pool_backward, (c.PoolSaved, c.PoolUpstream, c.PoolGradients),
                                 scratch=scratch),
+        prototypes_backward=GspKernel(prototypes_backward, (c.PrototypesSaved,
+                                                            c.PrototypesUpstream,
+                                                            c.PrototypesGradient)),
         transport_backward=GspKernel(transport_backward, (c.TransportSaved, c.TransportUpstream,
                                                           c.TransportGradient),
                                      scratch=scratch),
@@ -120,31 +133,49 @@ def kernel_table(compiled: ModuleType, *, transport: Callable, pool_forward: Cal
 
 
 # --------------------------------------------------------------------------- helpers
-def _result(xp, cost_t, out: ImageOutputs, constants: SolverConstants, tol):
-    """The array path's tolerance rule, warning and result, from the kernel's outputs.
+def applied_tol(tol: float, dtype, m: int, n: int) -> float:
+    """The tolerance a solve applies: a positive ``tol`` raised to the dtype's
+    :func:`~refdml.gpu.gsp._transport.residual_floor` (the array path's rule)."""
+    return max(tol, _wt.residual_floor(dtype, m, n)) if tol > 0.0 else tol
 
-    One transfer: ``n_iter`` (the most evaluations of ``g``), whether an image hit
-    ``max_iter`` and ``converged`` (every residual within ``tol``), reduced on the device.
+
+def _result(xp, cost_t, out: ImageOutputs, constants: SolverConstants, tol):
+    """The reference's result from the kernel's outputs; its summary read without a wait.
+
+    What must reach the host (``n_iter``, the most evaluations of ``g``; whether an image hit
+    ``max_iter``; ``converged``, every residual within ``tol``) is the kernel's ``counts``
+    (B, 3), read in one transfer by :func:`refdml._deferred.read_later`: at once outside a
+    training step (``n_iter`` an int and ``converged`` a bool, as the reference's, and the
+    ``ConvergenceWarning`` now), or with the step's other deferred reads inside one. Until
+    then the result holds the per-image device columns instead (``n_iter``: each image's
+    evaluations, ``converged``: 1 where its residual is within ``tol``), and the warning
+    comes at the read.
     """
-    dtype = cost_t.dtype
     batch, n, m = cost_t.shape
-    mu, max_iter = constants.mu, constants.max_iter
-    if tol > 0.0:
-        tol = max(tol, _wt.residual_floor(dtype, m, n))
+    max_iter = constants.max_iter
+    summary = {}
+
+    def on_read(values, where):
+        counts = np.reshape(values, (-1, 3))    # read_later hands them raveled, as float64
+        if counts.shape[0]:
+            sweeps, exhausted = int(counts[:, 0].max()), bool(counts[:, 1].any())
+            converged = bool(counts[:, 2].all())
+        else:  # nothing to reduce (max of an empty array): as the array path, vacuously
+            sweeps, exhausted, converged = 0, False, True
+        summary["n_iter"] = sweeps
+        summary["converged"] = _wt.report_convergence(xp, out.residual, tol, max_iter, sweeps,
+                                                      exhausted, converged=converged,
+                                                      where=where)
+
     if batch:
-        within = xp.all(out.residual <= tol)
-        summary = xp.concatenate((xp.max(out.counts, axis=0), within[None]))
-        sweeps, exhausted, converged = (int(c) for c in to_numpy(summary))
-    else:  # nothing to reduce (max of an empty array): as the array path, vacuously
-        sweeps, exhausted, converged = 0, 0, 1
-    converged = _wt.report_convergence(xp, out.residual, tol, max_iter, sweeps,
-                                       bool(exhausted), converged=bool(converged))
-    with np.errstate(over="ignore"):
-        t = xp.exp(out.log_t)
+        read_later(out.counts, on_read)
+    else:
+        on_read(np.zeros(0), "")
     return WeightTransportResult(
-        rho=out.rho, pi=out.pi.transpose(0, 2, 1), t=t, log_t=out.log_t, n_iter=sweeps,
-        residual=out.residual, converged=converged, method="exact", mu=mu,
-        inverse_temperature=constants.inverse_temperature, tol=tol,
+        rho=out.rho, pi=out.pi.transpose(0, 2, 1), t=out.t, log_t=out.log_t,
+        n_iter=summary.get("n_iter", out.counts[:, 0]), residual=out.residual,
+        converged=summary.get("converged", out.counts[:, 2]), method="exact",
+        mu=constants.mu, inverse_temperature=constants.inverse_temperature, tol=tol,
         transported=out.transported, log_s=out.log_s,
         assignment=out.assignment.transpose(0, 2, 1), tau_history=None,
     )
@@ -178,18 +209,19 @@ class KernelPath:
         the width of the (B, ·) scratch of a kernel that takes one)."""
         raise NotImplementedError
 
-    def _constants(self, dtype, args: TransportArgs) -> SolverConstants:
+    def _constants(self, dtype, args: TransportArgs, tol: float) -> SolverConstants:
         return self.compiled.SolverConstants.of(dtype, args.mu, args.inverse_temperature,
-                                                args.max_iter)
+                                                args.max_iter, tol)
 
     def transport(self, backend: Backend, cost_t, args: TransportArgs) -> WeightTransportResult:
         xp, c = backend.xp, self.compiled
         cost_t = xp.ascontiguousarray(cost_t)  # the user's (B, m, n) cost: one copy
         batch, n, m = cost_t.shape
         out = c.ImageOutputs.empty(xp, batch, n, m, cost_t.dtype)
-        constants = self._constants(cost_t.dtype, args)
+        tol = applied_tol(args.tol, cost_t.dtype, m, n)
+        constants = self._constants(cost_t.dtype, args, tol)
         self.launch(xp, self.table.transport, batch, c.TransportInput(cost_t), constants, out)
-        return _result(xp, cost_t, out, constants, args.tol)
+        return _result(xp, cost_t, out, constants, tol)
 
     def transport_backward(self, backend: Backend, result: WeightTransportResult, d_rho, d_pi):
         xp, c = backend.xp, self.compiled
@@ -210,35 +242,53 @@ class KernelPath:
 
     def pool_forward(self, backend: Backend, features, prototypes, args: TransportArgs, *,
                      p_one: bool) -> PoolForward:
-        # The kernel divides the features by the scale ``s`` itself (exact: a power of two);
-        # the prototypes are divided in the pass that transposes them.
+        # Two launches: the clipped points with their norms (and each block's largest norm),
+        # then the rest; the second finishes the largest norm into the power of two s.
         xp, c = backend.xp, self.compiled
-        features_bar, features_norm, prototypes_bar, prototypes_norm, scale = _array.normalised(
-            backend, features, prototypes)
+        features = xp.ascontiguousarray(features)
         batch, n, d = features.shape
-        m = prototypes_bar.shape[0]
+        m = prototypes.shape[0]
         dtype = features.dtype
-        prototypes_scaled_t = xp.empty((d, m), dtype=dtype)
-        xp.divide(prototypes_bar.T, scale, out=prototypes_scaled_t)
-        inputs = c.PoolInputs(features=xp.ascontiguousarray(features),
-                              features_bar=xp.ascontiguousarray(features_bar),
-                              prototypes_scaled_t=prototypes_scaled_t,
-                              scale=_scale_1(xp, scale, dtype), p_one=bool(p_one))
-        constants = self._constants(dtype, args)
+        points = c.NormaliseOutputs.empty(xp, batch, n, m, d, dtype)
+        self.launch(xp, self.table.normalise, batch + 1,
+                    c.NormaliseInputs(features=features,
+                                      prototypes=xp.ascontiguousarray(prototypes)[None]),
+                    points)
+        if backend.data_checks:
+            self._check_points(backend, features, prototypes, points)
+        prototypes_bar = points.prototypes_bar[0]
+        inputs = c.PoolInputs(features=features, features_bar=points.features_bar,
+                              prototypes_bar=prototypes_bar, peaks=points.peaks,
+                              p_one=bool(p_one))
+        tol = applied_tol(args.tol, dtype, m, n)
+        constants = self._constants(dtype, args, tol)
         out = c.ImageOutputs.empty(xp, batch, n, m, dtype)
-        pool = c.PoolOutputs(cost_t=xp.empty((batch, n, m), dtype=dtype),
+        pool = c.PoolOutputs(scale=xp.empty(1, dtype=dtype),
+                             cost_t=xp.empty((batch, n, m), dtype=dtype),
                              weights=xp.empty((batch, n), dtype=dtype),
                              pooled=xp.empty((batch, d), dtype=dtype),
                              z=xp.empty((batch, m), dtype=dtype))
         self.launch(xp, self.table.pool_forward, batch, inputs, constants, out, pool)
         cost_ctx = CostMapContext(
-            features_bar=features_bar, features_norm=features_norm,
-            prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
-            cost=pool.cost_t.transpose(0, 2, 1), scale=scale,
+            features_bar=points.features_bar, features_norm=points.features_norm[:, :, None],
+            prototypes_bar=prototypes_bar, prototypes_norm=points.prototypes_norm[0][:, None],
+            cost=pool.cost_t.transpose(0, 2, 1), scale=pool.scale.reshape(()),
         )
         return PoolForward(cost=cost_ctx, transport=_result(xp, pool.cost_t, out, constants,
-                                                            args.tol),
+                                                            tol),
                            weights=pool.weights, pooled=pool.pooled if p_one else None, z=pool.z)
+
+    @staticmethod
+    def _check_points(backend: Backend, features, prototypes, points) -> None:
+        """The array path's checks of the points (one read on CuPy, a data check): a norm
+        beyond the dtype (stored as inf) and a largest norm below its normal range. Where
+        either fails, the array path's :func:`~refdml.gpu.gsp._array.normalised` names it."""
+        xp = backend.xp
+        tiny = np.finfo(features.dtype).tiny
+        fine = (xp.all(xp.isfinite(points.features_norm))
+                & xp.all(xp.isfinite(points.prototypes_norm)) & (xp.max(points.peaks) >= tiny))
+        if not bool(fine):
+            _array.normalised(backend, features, prototypes)
 
     def pool_backward(self, backend: Backend, ctx: PoolContext, d_pooled, d_z, d_y, *,
                       check: bool) -> PoolGrads:
@@ -275,14 +325,26 @@ class KernelPath:
                                   d_weights=xp.ascontiguousarray(d_weights),
                                   direct=xp.ascontiguousarray(direct), p_one=p_one)
         grads = c.PoolGradients(distance_weights=xp.empty((batch, n, m), dtype=dtype),
-                                d_features=xp.empty((batch, n, d), dtype=dtype))
+                                d_features=xp.empty((batch, n, d), dtype=dtype),
+                                column_sums=xp.empty((batch, m), dtype=np.float64))
         self.launch(xp, self.table.pool_backward, batch, saved, upstream, grads,
                     scratch_columns=3 * n)
         if check:
             _wt.check_gradient(xp, grads.distance_weights, result.inverse_temperature)
-        flat = grads.distance_weights.reshape(batch * n, m)
-        return PoolGrads(features=grads.d_features,
-                         prototypes=_array.prototypes_backward(xp, cost_ctx, flat))
+        # The sum over the whole batch, W^T fbar: one GEMM (cuBLAS / BLAS); the rest of the
+        # prototypes' gradient, with its clip, one more launch.
+        product = grads.distance_weights.reshape(batch * n, m).T @ saved.features_bar.reshape(
+            batch * n, d)
+        gradient = c.PrototypesGradient(d_prototypes=xp.empty((m, d), dtype=dtype))
+        self.launch(xp, self.table.prototypes_backward, -(-m // BLOCK),
+                    c.PrototypesSaved(
+                        prototypes_bar=saved.prototypes_bar,
+                        prototypes_norm=xp.ascontiguousarray(cost_ctx.prototypes_norm[:, 0]),
+                        scale=saved.scale),
+                    c.PrototypesUpstream(column_sums=grads.column_sums,
+                                         product=xp.ascontiguousarray(product)),
+                    gradient)
+        return PoolGrads(features=grads.d_features, prototypes=gradient.d_prototypes)
 
 
 class CpuPath(KernelPath):
@@ -294,9 +356,11 @@ class CpuPath(KernelPath):
         if table is None:
             from refdml.gpu.gsp import _compiled
 
-            table = kernel_table(_compiled, transport=_compiled.transport_cpu,
+            table = kernel_table(_compiled, normalise=_compiled.normalise_cpu,
+                                 transport=_compiled.transport_cpu,
                                  pool_forward=_compiled.pool_forward_cpu,
                                  pool_backward=_compiled.pool_backward_cpu,
+                                 prototypes_backward=_compiled.prototypes_backward_cpu,
                                  transport_backward=_compiled.transport_backward_cpu,
                                  scratch=False)
         super().__init__(table)
@@ -317,9 +381,11 @@ class CudaPath(KernelPath):
         if table is None:
             from refdml.gpu.gsp import _compiled, _cuda
 
-            table = kernel_table(_compiled, transport=_cuda.refdml_gsp_transport,
+            table = kernel_table(_compiled, normalise=_cuda.refdml_gsp_normalise,
+                                 transport=_cuda.refdml_gsp_transport,
                                  pool_forward=_cuda.refdml_gsp_pool_forward,
                                  pool_backward=_cuda.refdml_gsp_pool_backward,
+                                 prototypes_backward=_cuda.refdml_gsp_prototypes_backward,
                                  transport_backward=_cuda.refdml_gsp_transport_backward,
                                  scratch=True)
         super().__init__(table)

@@ -311,11 +311,14 @@ def transport(backend: Backend, cost_t, args: TransportArgs) -> WeightTransportR
     )
 
 
-def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted, converged=None) -> bool:
+def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted, converged=None,
+                       where: str = "") -> bool:
     """``converged`` (a Python bool: the one result that must reach Python) and the warning.
 
     ``converged``: already read (the compiled path reads it with the counts, in one
     transfer); None: read here, ``all(residual <= tol)`` (one synchronisation on CuPy).
+    ``where``: when a deferred read's value was recorded (``"epoch 3, step 17"``), named in
+    the warning.
     """
     if converged is None:
         converged = bool(xp.all(residual <= tol))
@@ -328,8 +331,9 @@ def report_convergence(xp, residual, tol, max_iter, sweeps, exhausted, converged
                 f"stalled after {sweeps} sweeps at the rounding floor of the logits with "
                 f"residual {worst:.3e} > tol == {tol:g}"
             )
+        at = f" (at {where})" if where else ""
         warnings.warn(
-            f"refdml.gpu weight_transport(method='exact') {why}", ConvergenceWarning,
+            f"refdml.gpu weight_transport(method='exact') {why}{at}", ConvergenceWarning,
             stacklevel=_caller_level(),
         )
     return converged
