@@ -63,11 +63,11 @@ CEILINGS: dict[tuple[str, str], tuple[int, int]] = {
     ("distances.sq_euclidean",                 "array"): (36, 0),
     ("gsp.cost_map",                           "array"): (93, 4),
     ("gsp.pool",                               "array"): (686, 6),
-    ("gsp.pool",                               "cuda"):  (6, 1),
+    ("gsp.pool",                               "cuda"):  (5, 1),
     ("gsp.pool_gemean",                        "array"): (702, 5),
-    ("gsp.pool_gemean",                        "cuda"):  (38, 1),
+    ("gsp.pool_gemean",                        "cuda"):  (37, 1),
     ("gsp.weight_transport",                   "array"): (584, 2),
-    ("gsp.weight_transport",                   "cuda"):  (5, 1),
+    ("gsp.weight_transport",                   "cuda"):  (4, 1),
     ("histogram.convex_combination",           "array"): (3, 0),
     ("histogram.entropic",                     "array"): (46, 0),
     ("histogram.entropic",                     "cuda"):  (37, 0),
@@ -434,7 +434,7 @@ def test_a_digits_collage_train_step_on_the_standin_within_ceilings(mode, batch)
         indices = next(batches)
         assert len(indices) == batch, len(indices)
         x = cupy.asarray(trainer.train_x[indices].astype(np.float32))
-        labels = cupy.asarray(trainer.train_y[indices])
+        labels = trainer.train_y[indices]              # on the host, as the loop passes them
         with count_launches() as launches, count_transfers() as syncs:
             trainer.optimizer.zero_grad()
             outputs, ctx = run.model.forward(x)
