@@ -47,7 +47,7 @@ the entry).
 
 On a GPU (``device="cuda"``) a step reads nothing back (issue 46). It runs inside a
 :func:`refdml._deferred.deferring` scope: the loss stays on the device; the loss and the
-objective's gradient of the outputs are checked there (three launches each, no read) and
+objective's gradient of the outputs are checked there (one launch each, no read) and
 gate the optimiser's fused update, whose own pass checks every parameter gradient and
 update; the operators hand their data checks of the step's intermediates to these (a
 non-finite intermediate reaches the loss or a gradient). Every ``log_every`` steps and at
@@ -74,7 +74,8 @@ from typing import Any
 
 import numpy as np
 
-from refdml._deferred import DeferredReads, check_finite_later, deferring
+from refdml._deferred import DeferredReads, check_finite_later, deferring, read_later
+from refdml.gpu.optim import first_nonfinite
 from refdml.gpu._support.notice import silenced
 from refdml._validation import (_describe, as_label_array, check_choice, check_flag,
                                 check_float_dtype, check_scalar)
@@ -353,6 +354,7 @@ class TrainingLoop:
         self.device = check_choice(device, "device", ("cpu", "cuda"))
         self.progress = check_flag(progress, "progress")
         self.log_every = check_scalar(log_every, "log_every", low=1, integer=True)
+        self._slots: dict[int, Any] = {}
         self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
                                             integer=True)
         self.instance_every = None if instance_every is None else check_scalar(
@@ -664,14 +666,42 @@ class TrainingLoop:
 
     def _device_step(self, value: Any, objective_ctx: Any, ctx: Any) -> None:
         """The rest of a step on the device, without a host read: the loss and the
-        objective's gradient are checked there (:func:`refdml._deferred.check_finite_later`)
-        and gate the optimiser's update, whose own check covers every parameter gradient;
-        all are read with the losses every ``log_every`` steps."""
-        gate = check_finite_later(value, "the loss")
+        objective's gradient are checked there (:func:`refdml.gpu.optim.first_nonfinite`:
+        one launch each, into one array of slots) and gate the optimiser's update, whose own
+        check covers every parameter gradient; the slots are read with the losses every
+        ``log_every`` steps and name the first bad entry of what failed."""
         d_outputs = self.objective.backward(objective_ctx, 1.0)
-        gate = gate & self._check_finite_gradient(d_outputs)
+        arrays = d_outputs if isinstance(d_outputs, tuple) else (d_outputs,)
+        checked = [("the objective's gradient of the outputs"
+                    + (f" (output {index})" if len(arrays) > 1 else ""), array)
+                   for index, array in enumerate(arrays) if array is not None]
+        if _is_array(value):
+            checked.insert(0, ("the loss", value))
+        else:                                    # read already: checked at once
+            check_finite_later(value, "the loss")
+        checks = self._check_slots(len(checked))
+        for slot, (_, array) in enumerate(checked):
+            first_nonfinite(array, checks, slot)
+        names = [(name, tuple(array.shape)) for name, array in checked]
+
+        def on_read(values: np.ndarray, where: str) -> None:
+            for (name, shape), first in zip(names, values):
+                if first >= 0:
+                    index = tuple(int(i) for i in np.unravel_index(int(first), shape))
+                    at = f" at {where}" if where else ""
+                    raise NonFiniteGradient(
+                        f"{name} is not finite (NaN or inf) at index {index}{at}")
+
+        read_later(checks.copy(), on_read)
         self.model.backward(ctx, d_outputs)
-        self.optimizer.step(gate=gate)
+        self.optimizer.step(gate=checks)
+
+    def _check_slots(self, count: int) -> Any:
+        """The device array the step's own checks write (one slot each), kept per count."""
+        slots = self._slots.get(count)
+        if slots is None:
+            slots = self._slots[count] = self._xp.zeros(count, dtype=np.int64)
+        return slots
 
     @staticmethod
     def _check_finite_gradient(d_outputs: Any) -> Any:

@@ -341,6 +341,7 @@ class Optimizer:
         self._check_hyperparameters({**self._hyperparameters(), "lr": self._lr},
                                     allow_zero_lr=False, max_multiplier=self._max_multiplier)
         self.n_steps = 0
+        self._no_checks = self._xp.zeros(0, dtype=np.int64)
         self._flats = [_FlatBuffers(self._xp, members, self._buffers_for(self._hyperparameters()))
                        for members in _by_dtype(params)]
         self._buffers: dict[str, dict[str, Any]] = {
@@ -434,10 +435,11 @@ class Optimizer:
         nothing: :func:`refdml.gpu.optim.fused_step` over the flat buffers (module
         docstring, "Flat buffers").
 
-        ``gate``: None, or a 0-d boolean array of the parameters' module that is False when
-        the caller's own checks of this step failed (the training loop's: the loss and the
-        objective's gradient, :func:`refdml._deferred.check_finite_later`); then nothing is
-        updated either. It is not read on the host.
+        ``gate``: the caller's own checks of this step (the training loop's: the loss and
+        the objective's gradient); when one failed, nothing is updated either. None (no
+        checks); a boolean, or a 0-d boolean array of the parameters' module (False: a
+        check failed); or an int64 array of :func:`refdml.gpu.optim.first_nonfinite`'s
+        slots (-1: passed). It is not read on the host.
 
         Raises ``TypeError`` / ``ValueError`` for a gradient of the wrong dtype or shape,
         before anything changes. A gradient that is not finite, or an update that would
@@ -460,12 +462,10 @@ class Optimizer:
                 if param.name not in self._frozen:
                     plan[row] = self._plan(param)
             constants = self._constants(flat.dtype)
-            if gate is not None:
-                # sticky: a failed gate keeps every later step of this status from committing
-                flat.status[GATE:GATE + 1] += self._xp.logical_not(gate)
+            # a failed check closes the gate, sticky: no later step of this status commits
             fused_step(rule, constants, flat.values, flat.grads, flat.b1, flat.b2,
                        flat.segment, flat.uploaded(plan), flat.coef, flat.scalars(constants),
-                       flat.status, flat.clock)
+                       flat.status, flat.clock, self._gate_checks(gate))
         offsets = dict(self._step_offsets)
         for name in self._frozen:
             self._step_offsets[name] += 1      # its own step count stays where it was
@@ -473,6 +473,20 @@ class Optimizer:
         statuses = tuple(flat.status.copy() for flat in self._flats)
         _deferred.read_later(statuses, lambda values, where: self._settle(
             values, where, n_steps, offsets, hyper))
+
+    def _gate_checks(self, gate: Any) -> Any:
+        """``gate`` as :func:`refdml.gpu.optim.fused_step`'s ``checks``: an int64 array of
+        first-bad indices (-1: passed) as :func:`refdml.gpu.optim.first_nonfinite` writes
+        them, taken as it is; a boolean (host, or 0-d on the device) as one slot; None or
+        True as none."""
+        xp = self._xp
+        if gate is None:
+            return self._no_checks
+        if isinstance(gate, (bool, np.bool_)):            # on the host already
+            return self._no_checks if gate else xp.zeros(1, dtype=np.int64)
+        if getattr(gate, "dtype", None) == np.int64 and getattr(gate, "ndim", 0) == 1:
+            return gate
+        return xp.where(gate, -1, 0).astype(np.int64).reshape(1)
 
     def _settle(self, values: np.ndarray, where: str, n_steps: int, offsets: dict[str, int],
                 hyper: dict[str, Any]) -> None:

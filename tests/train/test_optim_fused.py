@@ -228,3 +228,23 @@ def test_inside_a_scope_on_the_device_a_refusal_waits_and_names_its_step():
     assert opt.n_steps == 2                  # back to the last good step
     for name, p in params.items():           # the device made no update from step 3 on
         assert_array_equal(xp.asnumpy(p.value), kept[name])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("bad", [(), (0,), (3,), (700,), (255, 256), (1000, 257)])
+def test_first_nonfinite_finds_the_first_bad_entry(mode, bad):
+    # a readable scan is the oracle; 1003 entries span several strides of the CUDA block
+    from refdml.gpu.optim import first_nonfinite
+
+    xp = _xp()
+    if mode == "cpu" and xp is not np:
+        pytest.skip("the CPU twin takes NumPy arrays (the NumPy session runs it)")
+    host = np.linspace(-1.0, 1.0, 1003).reshape(17, 59)
+    for k, index in enumerate(bad):
+        host.reshape(-1)[index] = (np.nan, np.inf, -np.inf)[k % 3]
+    expected = next((i for i, v in enumerate(host.reshape(-1)) if not np.isfinite(v)), -1)
+    checks = xp.asarray(np.array([7, 7, 7], dtype=np.int64))
+    with use_kernels(mode):
+        first_nonfinite(xp.asarray(host.astype(np.float32)), checks, 1)
+    got = xp.asnumpy(checks) if xp is not np else checks
+    assert got.tolist() == [7, expected, 7]

@@ -38,12 +38,24 @@ from refdml.gpu.optim._layout import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2
 
 __all__ = ["ACTIVE", "BAD_GRAD", "BAD_UPDATE", "BETA1", "BETA2", "DECAY", "GATE",
            "IMPLEMENTATIONS", "LR", "N_COEF", "N_PLAN", "N_SCALARS", "OFFSET", "RULES", "SCALARS",
-           "SQRT_BC2", "STEP", "fused_step"]
+           "SQRT_BC2", "STEP", "first_nonfinite", "fused_step"]
+
+
+def first_nonfinite(array: Any, checks: Any, slot: int) -> None:
+    """``checks[slot]`` (an int64 array of the array's module): the flat index (C order) of
+    ``array``'s first NaN or inf entry, or -1 when all are finite; nothing read on the host
+    (one launch on CuPy under "auto"). A step's own checks, which :func:`fused_step`'s
+    ``checks`` then read to gate the update."""
+    flat = array.reshape(-1)
+    if not flat.flags.c_contiguous:
+        flat = get_backend(array).xp.ascontiguousarray(flat)
+    IMPLEMENTATIONS.choose(flat).first_nonfinite(get_backend(flat, checks), flat, checks,
+                                                 int(slot))
 
 
 def fused_step(rule: str, hyper: dict[str, Any], values: Any, grads: Any, b1: Any, b2: Any,
                segment: Any, plan: Any, coef: Any, scalars: Any, status: Any,
-               clock: Any) -> None:
+               clock: Any, checks: Any) -> None:
     """One step of ``rule`` (``"sgd"``, ``"adam"``, ``"adamw"``) on the flat buffers, in place.
 
     ``values``, ``grads``: the flat parameters and gradients (n,), one float dtype;
@@ -53,12 +65,14 @@ def fused_step(rule: str, hyper: dict[str, Any], values: Any, grads: Any, b1: An
     ``coef`` (P, N_COEF): a workspace of the dtype, written from ``plan``; ``scalars``
     (N_SCALARS,) and ``hyper`` (a dict of the same constants as host numbers of the
     dtype): the rule's constants; ``status`` (3,) int64: read and updated (its ``GATE``
-    slot set by the caller); ``clock`` (1,) int64: the steps counted on the device (one
+    slot closed here when ``checks``, (k,) int64 (:func:`first_nonfinite`'s slots, k may
+    be 0), holds an index); ``clock`` (1,) int64: the steps counted on the device (one
     more after the call). All of one module (NumPy or CuPy). Nothing is read on the host:
     the caller reads ``status``.
     """
     if rule not in RULES:
         raise ValueError(f"rule == {rule!r}, must be one of {tuple(RULES)}")
-    backend = get_backend(values, grads, b1, b2, segment, plan, coef, scalars, status, clock)
+    backend = get_backend(values, grads, b1, b2, segment, plan, coef, scalars, status, clock,
+                          checks)
     IMPLEMENTATIONS.choose(values).step(backend, RULES[rule], hyper, values, grads, b1, b2,
-                                        segment, plan, coef, scalars, status, clock)
+                                        segment, plan, coef, scalars, status, clock, checks)

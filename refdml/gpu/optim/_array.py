@@ -3,8 +3,9 @@ written once against the backend (NumPy or CuPy), what the kernels are checked a
 
 The interface of every member (:class:`ArrayPath`, and the compiled ones of
 :mod:`refdml.gpu.optim._kernels`): ``step(backend, rule, hyper, values, grads, b1, b2,
-segment, plan, coef, scalars, status, clock)`` runs the preparation, check and commit
-passes on the flat buffers in place (nothing is read on the host). ``hyper`` holds the
+segment, plan, coef, scalars, status, clock, checks)`` runs the preparation, check and
+commit passes on the flat buffers in place (nothing is read on the host); and
+``first_nonfinite(backend, flat, checks, slot)`` writes one of the step's own checks. ``hyper`` holds the
 rule's constants as host numbers already cast to the buffers' dtype (the array path
 branches on them on the host), ``scalars`` the same constants on the device (the kernels
 read them there).
@@ -24,11 +25,18 @@ __all__ = ["ArrayPath"]
 class ArrayPath:
     """The array path (module docstring)."""
 
+    def first_nonfinite(self, backend: Backend, flat: Any, checks: Any, slot: int) -> None:
+        xp = backend.xp
+        finite = xp.isfinite(flat)
+        checks[slot:slot + 1] = xp.where(finite.all(), -1, xp.argmin(finite))
+
     def step(self, backend: Backend, rule: int, hyper: dict[str, Any], values: Any, grads: Any,
              b1: Any, b2: Any, segment: Any, plan: Any, coef: Any, scalars: Any, status: Any,
-             clock: Any) -> None:
+             clock: Any, checks: Any) -> None:
         xp = backend.xp
         n = values.shape[0]
+        if checks.shape[0]:
+            status[GATE:GATE + 1] += (checks >= 0).any()
         # the preparation: each segment's own step t and its bias corrections, in float64
         t = (clock + 1).astype(xp.float64) - plan[:, OFFSET]
         with backend.errstate(over="ignore", invalid="ignore", divide="ignore"):

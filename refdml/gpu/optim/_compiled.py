@@ -43,7 +43,8 @@ from refdml.gpu._support.jit import njit
 from refdml.gpu.optim._layout import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE,
                                       LR, OFFSET, SQRT_BC2, STEP)
 
-__all__ = ["bias_corrections", "check_cpu", "commit_cpu", "prepare_cpu", "propose"]
+__all__ = ["bias_corrections", "check_cpu", "commit_cpu", "first_nonfinite_cpu", "prepare_cpu",
+           "propose"]
 
 @njit(cache=True, inline="always")
 def propose(rule, w, g, b1, b2, lr, decay, sqrt_bc2, step, s0, s1, s2, s3, s4, s5):
@@ -88,8 +89,12 @@ def bias_corrections(offset, beta1, beta2, clock):
 
 
 @njit(cache=True)
-def prepare_cpu(plan, clock, coef):
-    """The preparation pass, every segment."""
+def prepare_cpu(plan, clock, coef, checks, status):
+    """The preparation pass, every segment; a failed check of the step (``checks[j] >= 0``)
+    closes the gate (``status[GATE]``, sticky)."""
+    for j in range(checks.shape[0]):
+        if checks[j] >= 0:
+            status[GATE] = 1
     for s in range(plan.shape[0]):            # a frozen row too: its ACTIVE becomes 0
         sqrt_bc2, bc1 = bias_corrections(plan[s, OFFSET], plan[s, BETA1], plan[s, BETA2],
                                          clock[0])
@@ -150,3 +155,14 @@ def commit_cpu(rule, values, grads, b1, b2, segment, coef, scalars, status, cloc
             b1[i] = m
         if has2:
             b2[i] = v
+
+
+@njit(cache=True)
+def first_nonfinite_cpu(flat, checks, slot):
+    """``checks[slot]``: the flat index of the first entry of ``flat`` that is NaN or inf,
+    or -1 when every entry is finite (the step's gate: :func:`refdml.gpu.optim.gate_on_finite`)."""
+    checks[slot] = -1
+    for i in range(flat.shape[0]):
+        if not math.isfinite(flat[i]):
+            checks[slot] = i
+            return

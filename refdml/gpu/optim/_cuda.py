@@ -4,8 +4,11 @@ The rules, their scalar maths (:func:`refdml.gpu.optim._compiled.propose`, one s
 both targets) and the meaning of every argument: :mod:`refdml.gpu.optim._compiled`. One
 thread per element of the flat buffers (``BLOCK`` a block).
 
+``refdml_first_nonfinite``
+    One block: the first non-finite entry of a small array into a slot of ``checks`` (the
+    step's own checks, which gate its update; :func:`refdml.gpu.optim.first_nonfinite`).
 ``refdml_optim_prepare``
-    Thread ``s`` writes row ``s`` of ``coef`` (:func:`~refdml.gpu.optim._compiled.bias_corrections`:
+    Thread 0 closes the gate when a slot of ``checks`` holds an index; thread ``s`` writes row ``s`` of ``coef`` (:func:`~refdml.gpu.optim._compiled.bias_corrections`:
     libdevice's ``pow`` and ``sqrt`` in float64, within an ulp of the host's).
 ``refdml_optim_check``
     Thread ``i`` of an active segment records ``i`` into ``status[BAD_GRAD]`` when its
@@ -25,12 +28,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from refdml.gpu._support.cuda import cuda, cuda_kernel
 from refdml.gpu.optim._compiled import bias_corrections, propose
 from refdml.gpu.optim._layout import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE,
                                       LR, OFFSET, SQRT_BC2, STEP)
 
-__all__ = ["refdml_optim_check", "refdml_optim_commit", "refdml_optim_prepare"]
+__all__ = ["CHECK_BLOCK", "refdml_first_nonfinite", "refdml_optim_check", "refdml_optim_commit",
+           "refdml_optim_prepare"]
+
+#: Threads of the one block of :func:`refdml_first_nonfinite`.
+CHECK_BLOCK = 256
 
 _SIGNATURE = ("void(int64, {dt}[::1], {dt}[::1], {dt}[::1], {dt}[::1], int32[::1], "
               "{dt}[:, ::1], {dt}[::1], int64[::1])")
@@ -40,10 +49,16 @@ _COMMIT_SIGNATURES = {dt: _SIGNATURE.format(dt=dt).replace(")", ", int64[::1])")
 
 
 @cuda_kernel(cache=True, family="optim", signatures={
-    dt: f"void(float64[:, ::1], int64[::1], {dt}[:, ::1])" for dt in ("float32", "float64")})
-def refdml_optim_prepare(plan, clock, coef):
-    """The preparation pass: row ``s`` of ``coef``, one thread per segment."""
+    dt: f"void(float64[:, ::1], int64[::1], {dt}[:, ::1], int64[::1], int64[::1])"
+    for dt in ("float32", "float64")})
+def refdml_optim_prepare(plan, clock, coef, checks, status):
+    """The preparation pass: row ``s`` of ``coef``, one thread per segment; thread 0 closes
+    the gate (``status[GATE] = 1``, sticky) when a check of the step failed."""
     s = cuda.grid(1)
+    if s == 0:
+        for j in range(checks.shape[0]):
+            if checks[j] >= 0:
+                status[GATE] = 1
     if s < plan.shape[0]:                     # a frozen row too: its ACTIVE becomes 0
         sqrt_bc2, bc1 = bias_corrections(plan[s, OFFSET], plan[s, BETA1], plan[s, BETA2],
                                          clock[0])
@@ -101,3 +116,32 @@ def refdml_optim_commit(rule, values, grads, b1, b2, segment, coef, scalars, sta
         b1[i] = m
     if has2:
         b2[i] = v
+
+
+@cuda_kernel(cache=True, family="optim", signatures={
+    dt: f"void({dt}[::1], int64[::1], int64)" for dt in ("float32", "float64")})
+def refdml_first_nonfinite(flat, checks, slot):
+    """``checks[slot]``: the first non-finite entry's flat index, or -1: ONE block of
+    ``CHECK_BLOCK`` threads, each scanning a stride of the array, then a tree minimum in
+    shared memory; thread 0 writes the slot (no other launch sets it first). Meant for the
+    step's small arrays (the loss, the objective's gradient of the outputs)."""
+    s_first = cuda.shared.array(CHECK_BLOCK, dtype=np.int64)
+    t = cuda.threadIdx.x
+    n = flat.shape[0]
+    first = n
+    i = t
+    while i < n:
+        if not math.isfinite(flat[i]):
+            first = i                  # the first of this thread's stride
+            break
+        i += CHECK_BLOCK
+    s_first[t] = first
+    cuda.syncthreads()
+    width = CHECK_BLOCK // 2
+    while width > 0:
+        if t < width and s_first[t + width] < s_first[t]:
+            s_first[t] = s_first[t + width]
+        cuda.syncthreads()
+        width //= 2
+    if t == 0:
+        checks[slot] = -1 if s_first[0] == n else s_first[0]

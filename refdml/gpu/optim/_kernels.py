@@ -28,11 +28,14 @@ class CpuPath:
 
         self.compiled = _compiled
 
+    def first_nonfinite(self, backend: Backend, flat: Any, checks: Any, slot: int) -> None:
+        self.compiled.first_nonfinite_cpu(flat, checks, slot)
+
     def step(self, backend: Backend, rule: int, hyper: dict[str, Any], values: Any, grads: Any,
              b1: Any, b2: Any, segment: Any, plan: Any, coef: Any, scalars: Any, status: Any,
-             clock: Any) -> None:
+             clock: Any, checks: Any) -> None:
         arguments = (rule, values, grads, b1, b2, segment, coef, scalars, status)
-        self.compiled.prepare_cpu(plan, clock, coef)
+        self.compiled.prepare_cpu(plan, clock, coef, checks, status)
         self.compiled.check_cpu(*arguments)
         self.compiled.commit_cpu(*arguments, clock)
 
@@ -44,16 +47,22 @@ class CudaPath:
     def __init__(self) -> None:
         from refdml.gpu.optim import _cuda
 
+        self._first_nonfinite = _cuda.refdml_first_nonfinite
+        self._check_block = _cuda.CHECK_BLOCK
         self._prepare = _cuda.refdml_optim_prepare
         self._check = _cuda.refdml_optim_check
         self._commit = _cuda.refdml_optim_commit
 
+    def first_nonfinite(self, backend: Backend, flat: Any, checks: Any, slot: int) -> None:
+        cuda_launch(self._first_nonfinite, 1, self._check_block, flat, checks, slot)
+
     def step(self, backend: Backend, rule: int, hyper: dict[str, Any], values: Any, grads: Any,
              b1: Any, b2: Any, segment: Any, plan: Any, coef: Any, scalars: Any, status: Any,
-             clock: Any) -> None:
+             clock: Any, checks: Any) -> None:
         n_blocks = max(1, -(-values.shape[0] // BLOCK))
         arguments = (rule, values, grads, b1, b2, segment, coef, scalars, status)
-        cuda_launch(self._prepare, max(1, -(-plan.shape[0] // BLOCK)), BLOCK, plan, clock, coef)
+        cuda_launch(self._prepare, max(1, -(-plan.shape[0] // BLOCK)), BLOCK, plan, clock, coef,
+                    checks, status)
         cuda_launch(self._check, n_blocks, BLOCK, *arguments)
         cuda_launch(self._commit, n_blocks, BLOCK, *arguments, clock)
 
