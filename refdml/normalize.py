@@ -199,11 +199,19 @@ def _l2_backward(
         grad /= ctx.scaled_norm
         if not unit_scale:
             grad /= ctx.scale
-    if name is not None and not bool(xp.all(xp.isfinite(grad))):
+    if name is not None:
+        _check_l2_gradient(xp, grad, ctx, name, unit_scale=unit_scale)
+    return grad
+
+
+def _check_l2_gradient(xp: Any, grad: Any, ctx: L2NormalizeContext, name: str, *,
+                       unit_scale: bool = False) -> None:
+    """``ValueError`` naming ``name`` where the gradient of ``x / ||x||`` is beyond the
+    dtype (one read of the device on CuPy; the fast path's kernels check theirs here too)."""
+    if not bool(xp.all(xp.isfinite(grad))):
         norm = ctx.scaled_norm if unit_scale else ctx.scaled_norm * ctx.scale
         raise ValueError(_l2_overflow_message(to_numpy(grad), to_numpy(norm), name,
                                               np.dtype(grad.dtype).name))
-    return grad
 
 
 def _l2_overflow_message(grad, norm, name: str, dtype_name: str) -> str:

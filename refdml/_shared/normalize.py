@@ -16,6 +16,10 @@ the reference's maths, written against an array namespace, on the input's module
 - ``l2_backward_xp(xp, ctx, d_y, name, *, unit_scale)``: its backward, with the
   reference's overflow check where ``name`` is given; ``unit_scale`` skips dividing by
   the fast path's unit scales.
+- ``l2_direction_xp(xp, x)``: the forward's maths alone, ``(y, s, ||x / s||)`` (no check):
+  the fast path's array member of its ``normalize`` kernel family.
+- ``check_l2_gradient_xp(xp, grad, ctx, name, *, unit_scale)``: the backward's overflow
+  check alone, which the fast path runs on its kernels' gradients too.
 
 The ``_xp`` suffix keeps these apart from the public, validating ``refdml.normalize``
 functions, which run on NumPy only.
@@ -25,10 +29,13 @@ from __future__ import annotations
 
 from refdml.normalize import (
     _ZERO_WHY as ZERO_WHY,
+    _check_l2_gradient as check_l2_gradient_xp,
     _clip_backward as clip_backward_xp,
     _clip_forward as clip_forward_xp,
     _l2_backward as l2_backward_xp,
     _l2_forward as l2_forward_xp,
+    _scaled_direction as l2_direction_xp,
 )
 
-__all__ = ["ZERO_WHY", "clip_backward_xp", "clip_forward_xp", "l2_backward_xp", "l2_forward_xp"]
+__all__ = ["ZERO_WHY", "check_l2_gradient_xp", "clip_backward_xp", "clip_forward_xp",
+           "l2_backward_xp", "l2_direction_xp", "l2_forward_xp"]

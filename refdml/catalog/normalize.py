@@ -140,6 +140,7 @@ OPERATORS = (
         backward=l2_normalize_backward,
         mirror=fast.l2_normalize_forward,
         mirror_backward=fast.l2_normalize_backward,
+        kernel_family=fast.IMPLEMENTATIONS,
         make_inputs=_mixed_norm_vectors,
         paper="L2 normalisation of embeddings",
         reference_inputs=functools.partial(_reference_inputs, clip=False),

@@ -85,6 +85,7 @@ CEILINGS: dict[tuple[str, str], tuple[int, int]] = {
     ("losses.triplet_batch_hard",              "array"): (73, 1),
     ("normalize.clip_normalize",               "array"): (21, 0),
     ("normalize.l2_normalize",                 "array"): (14, 0),
+    ("normalize.l2_normalize",                 "cuda"):  (2, 0),
     ("ot.entropic_ot",                         "array"): (302, 5),
     ("ot.entropic_ot",                         "cuda"):  (148, 5),
     ("ot.entropic_ot_batched",                 "array"): (519, 5),

@@ -182,3 +182,32 @@ def test_unrefined_near_pairs_are_within_the_stated_tolerance(monkeypatch, dtype
     # The route is the unrefined one (coincident rows not all exactly 0; refined they are).
     coincident = np.arange(12)
     assert np.any(distance[coincident, coincident] > 0)
+
+
+@pytest.mark.parametrize("mode", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_l2_members_keep_zero_rows_and_the_power_of_two_scale(mode, dtype):
+    # The family's compiled members (no data check: they see zero rows) against the array
+    # path, member to member: a zero row is y = 0, s = 1/2, ||x / s|| = 0 exactly (the
+    # reference's frexp(0) = (0, 0)); the other rows' s is a power of two with max|x| / s in
+    # [1, 2), at scales whose squares overflow or underflow the dtype.
+    from refdml._backend import get_backend
+    from refdml.gpu import use_kernels
+
+    big, tiny = (1e30, 1e-30) if dtype == np.float32 else (1e300, 1e-300)
+    x = np.array([[0.0, 0.0, 0.0], [3.0, -4.0, 0.0], [big, -big, big / 2],
+                  [tiny, 0.0, -tiny / 4]], dtype=dtype)
+    ns = get_backend(x)
+    array = normalize.IMPLEMENTATIONS.array.l2_forward(ns, x)
+    with use_kernels(mode):
+        y, scale, scaled_norm = normalize.IMPLEMENTATIONS.choose(x).l2_forward(ns, x)
+    assert y.dtype == scale.dtype == scaled_norm.dtype == dtype
+    assert scale.shape == scaled_norm.shape == (4, 1)
+    assert np.all(y[0] == 0) and scale[0, 0] == 0.5 and scaled_norm[0, 0] == 0
+    peak = np.max(np.abs(x[1:]), axis=1, keepdims=True)
+    assert np.all((peak / scale[1:] >= 1) & (peak / scale[1:] < 2))
+    assert np.all(np.log2(scale) == np.round(np.log2(scale)))
+    assert np.array_equal(scale, array[1])
+    assert_allclose(scaled_norm, array[2], rtol=4 * np.finfo(dtype).eps)
+    assert_allclose(y, array[0], rtol=4 * np.finfo(dtype).eps, atol=0)
+    assert_allclose(y[1], [0.6, -0.8, 0.0], rtol=4 * np.finfo(dtype).eps)

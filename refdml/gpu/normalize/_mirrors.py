@@ -12,6 +12,11 @@ can be turned off on CuPy, and the losses' unit scales (:func:`ones_column`) are
 divided by. The same results on NumPy and on CuPy: nothing here asks which it runs on
 (the unit scales are recognised by the backend, :meth:`refdml._backend.Backend.is_cached`,
 which on CuPy recognises none, and the division by 1 is then exact).
+
+The public L2 normalisation (:func:`l2_normalize_forward`, ``_backward``: the training
+layer's) runs the kernel family's chosen member (:mod:`refdml.gpu.normalize`): one launch
+each way on CuPy under ``"auto"``. The distances' and losses' normalisations
+(:func:`_l2_forward`, :func:`_l2_backward`) stay on the array code.
 """
 
 from __future__ import annotations
@@ -20,15 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from refdml._validation import as_fast_array, check_context, check_fast_upstream, data_checks
+from refdml._validation import (
+    as_fast_array, check_context, check_fast_upstream, check_nonzero_rows, data_checks,
+)
 from refdml._backend import Backend, get_backend
 from refdml._shared.normalize import (
     ZERO_WHY,
+    check_l2_gradient_xp,
     clip_backward_xp,
     clip_forward_xp,
     l2_backward_xp,
     l2_forward_xp,
 )
+from refdml.gpu.normalize._kernels import IMPLEMENTATIONS
 from refdml.normalize import ClipNormalizeContext, L2NormalizeContext, NormalizeGrads
 
 __all__ = [
@@ -67,7 +76,9 @@ def l2_normalize_forward(x) -> tuple[Any, L2NormalizeContext]:
     """
     ns = get_backend(x)
     x = as_fast_array(x, "x", min_ndim=1, ns=ns)
-    return _l2_forward(ns, x)
+    check_nonzero_rows(ns.xp, x, "x", why=ZERO_WHY, ns=ns)
+    y, scale, scaled_norm = IMPLEMENTATIONS.choose(x).l2_forward(ns, x)
+    return y, L2NormalizeContext(y=y, scale=scale, scaled_norm=scaled_norm)
 
 
 def l2_normalize_backward(ctx: L2NormalizeContext, d_y) -> NormalizeGrads:
@@ -75,7 +86,11 @@ def l2_normalize_backward(ctx: L2NormalizeContext, d_y) -> NormalizeGrads:
     check_context(ctx, "ctx", L2NormalizeContext)
     ns = get_backend(ctx.y)
     d_y = check_fast_upstream(d_y, "d_y", ctx.y.shape, ns, ctx.y.dtype)
-    return NormalizeGrads(x=_l2_backward(ns, ctx, d_y, "x"))
+    unit_scale = is_ones_column(ns, ctx.scale)
+    grad = IMPLEMENTATIONS.choose(ctx.y).l2_backward(ns, ctx, d_y, unit_scale)
+    if data_checks(ns):
+        check_l2_gradient_xp(ns.xp, grad, ctx, "x", unit_scale=unit_scale)
+    return NormalizeGrads(x=grad)
 
 
 def l2_normalize(x) -> Any:
