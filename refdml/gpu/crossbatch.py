@@ -131,21 +131,28 @@ class _CrossFit(CrossFitContext):
 
 
 def _cross_fit_kernel(ns: Backend, Z, targets, mask: np.ndarray, ridge: float,
-                      Z_name: str = "Z"):
+                      Z_name: str = "Z", target_rows: np.ndarray | None = None):
     """Both halves' fits on the rows gathered once in ``order`` (each half a slice), from
-    the host ``mask``: no size is read back from the device."""
+    the host ``mask``: no size is read back from the device. ``target_rows`` (host
+    integers, one per sample): the targets are those rows of ``targets``, gathered once
+    in that order (their index travels with the order's)."""
     xp = ns.xp
     first, second = np.flatnonzero(mask), np.flatnonzero(~mask)
     if first.size == 0 or second.size == 0:
         raise ValueError("split leaves one half empty; both halves need samples")
     b, n1 = mask.shape[0], first.size
     order_host = np.concatenate([first, second])
-    # One upload: the order, then its inverse.
-    index = xp.asarray(np.concatenate([order_host, np.argsort(order_host)]))
-    order, inverse = index[:b], index[b:]
-    sc = _scaling(ns, Z, targets, ridge)
+    # One upload: the order, its inverse (and the target rows in that order).
+    parts = [order_host, np.argsort(order_host)]
+    if target_rows is not None:
+        parts.append(np.asarray(target_rows, dtype=order_host.dtype)[order_host])
+    index = xp.asarray(np.concatenate(parts))
+    order, inverse = index[:b], index[b:2 * b]
+    ordered_targets = targets[order] if target_rows is None else targets[index[2 * b:]]
+    # max|targets| is that of their rows in any order
+    sc = _scaling(ns, Z, ordered_targets, ridge)
     Zs = _scaled64(ns, Z[order], sc.neg_log2_t)
-    Ts = _scaled64(ns, targets[order], sc.neg_log2_s)
+    Ts = _scaled64(ns, ordered_targets, sc.neg_log2_s)
 
     def peak():
         return _peak(ns, Z)
@@ -185,23 +192,25 @@ def _cross_fit_backward(ns: Backend, ctx: _CrossFit, d_pred) -> CrossFitGrads:
     # float64 and in the halves' order: the gradients are linear in d_pred, so the
     # mantissa is applied once here and g goes back in through the final exponents.
     neg_log2_g = _neg_log2_scale(ns, d_pred)
-    D = xp.ldexp(d_pred[ctx.order].astype(np.float64, copy=False) * sc.omega_mantissa,
+    D = xp.ldexp(xp.multiply(d_pred[ctx.order], sc.omega_mantissa, dtype=np.float64),
                  neg_log2_g)
     D1, D2 = D[:n1], D[n1:]
     f1, f2 = ctx.fit_first, ctx.fit_second
     d_W1, d_W2 = f2.Zs.T @ D2, f1.Zs.T @ D1
     if ctx.joint is not None:
-        (d_Zs1, d_Ts1), (d_Zs2, d_Ts2) = _kernel_pair_backward(ns, (f1, f2), ctx.joint,
-                                                               (d_W1, d_W2))
+        ((d_Zs1, _), (d_Zs2, _)), d_Ts = _kernel_pair_backward(ns, (f1, f2), ctx.joint,
+                                                              (d_W1, d_W2))
     else:
         d_Zs1, d_Ts1 = _fit_backward(ns, f1, d_W1)
         d_Zs2, d_Ts2 = _fit_backward(ns, f2, d_W2)
+        d_Ts = xp.concatenate([d_Ts1, d_Ts2])
     d_Zs = xp.empty((D.shape[0], f1.Zs.shape[1]), dtype=np.float64)
     xp.matmul(D1, f2.W.T, out=d_Zs[:n1])
     xp.matmul(D2, f1.W.T, out=d_Zs[n1:])
-    d_Zs[:n1] += d_Zs1
-    d_Zs[n1:] += d_Zs2
-    d_Ts = xp.concatenate([d_Ts1, d_Ts2])[ctx.inverse]
+    # in place through out=: no copy back through __setitem__
+    xp.add(d_Zs[:n1], d_Zs1, out=d_Zs[:n1])
+    xp.add(d_Zs[n1:], d_Zs2, out=d_Zs[n1:])
+    d_Ts = d_Ts[ctx.inverse]
     exponent_T = sc.omega_exponent - neg_log2_g
     d_Z = _times_pow2(ns, d_Zs[ctx.inverse], None,
                       exponent_T + sc.neg_log2_t - sc.neg_log2_s, "the gradient of Z",
@@ -370,7 +379,8 @@ def zero_shot_loss_forward(Z, labels, class_embeddings, *, ridge: float = 0.05,
     scale = check_scalar(scale, "scale", low=0.0, low_inclusive=False)
     mask = _check_split(ns, split, host_labels, rng)
     b = Z.shape[0]
-    predictions, cross = _cross_fit_kernel(ns, Z, class_embeddings[labels], mask, ridge)
+    predictions, cross = _cross_fit_kernel(ns, Z, class_embeddings, mask, ridge,
+                                           target_rows=host_labels)
     with ns.errstate(over="ignore", divide="ignore"):
         scores = (predictions @ class_embeddings.T) * Z.dtype.type(scale)
     if data_checks(ns) and not bool(xp.all(xp.isfinite(scores))):
@@ -379,7 +389,9 @@ def zero_shot_loss_forward(Z, labels, class_embeddings, *, ridge: float = 0.05,
             f"{np.dtype(scores.dtype).name} (max |class_embeddings| == "
             f"{float(xp.max(xp.abs(class_embeddings))):.3g})")
     lse, softmax = _losses.IMPLEMENTATIONS.choose(scores).masked_logsumexp(scores, axis=1)
-    onehot = (labels[:, None] == xp.arange(n_classes)[None, :]).astype(scores.dtype)
+    # one gather of a kept identity (its rows are the one-hot vectors)
+    onehot = ns.kept(("refdml.gpu.crossbatch.identity", n_classes, np.dtype(scores.dtype).str),
+                     lambda: np.eye(n_classes, dtype=scores.dtype))[labels]
     picked = xp.take_along_axis(scores, labels[:, None], axis=1)[:, 0]
     # float64 mean of the terms; on CuPy a 0-d array (no synchronisation), on NumPy a float
     value = _value(xp.mean(lse - picked, dtype=np.float64))

@@ -87,16 +87,31 @@ def _check_pair(x, y) -> tuple[Backend, Any, Any]:
     return ns, x, y
 
 
+def _scales(dtype: Any) -> np.ndarray:
+    """``2**min(e, top)`` in ``dtype`` (1 for e = 0) in row ``e`` for every exponent ``e``
+    that ``frexp`` gives an entry of ``dtype`` (``|a| = f 2**e``, f in [0.5, 1); 0 for 0, inf
+    and NaN): rows 0 up to the largest, then the negative ones, so that row ``e`` holds
+    ``e`` (a negative ``e`` counted from the end, as integer-array indexing reads it)."""
+    info = np.finfo(dtype)
+    exponents = np.concatenate([np.arange(0, info.maxexp + 1),
+                                np.arange(info.minexp - info.nmant + 1, 0)])
+    return np.ldexp(np.ones((), dtype=dtype), np.minimum(exponents, info.maxexp - 1))
+
+
 def common_scale(xp: Any, *arrays: Any) -> Any:
     """0-d power of two ``s`` (dtype of the arrays) with ``max|a| / s`` in [0.5, 1), 1 for
-    zeros; capped at the top binade like :func:`refdml._numerics.common_scale`."""
-    peak = arrays[0].dtype.type(0)
-    for a in arrays:
+    zeros; capped at the top binade like :func:`refdml._numerics.common_scale`.
+
+    The power is gathered from a kept table by ``frexp``'s exponent of the peak
+    (:func:`_scales`; uploaded once per dtype): one launch instead of the exponent
+    arithmetic on 0-d arrays (their backend keeps the table)."""
+    peak = xp.max(xp.abs(arrays[0]))
+    for a in arrays[1:]:
         peak = xp.maximum(peak, xp.max(xp.abs(a)))
-    top = np.finfo(arrays[0].dtype).maxexp - 1
-    exponent = xp.minimum(xp.frexp(peak)[1], top)
-    one = xp.ones_like(peak)
-    return xp.where(peak > 0, xp.ldexp(one, exponent), one)
+    dtype = np.dtype(arrays[0].dtype)
+    table = get_backend(*arrays).kept(("refdml.gpu.distances.scales", dtype.str),
+                                      lambda: _scales(dtype))
+    return table[xp.frexp(peak)[1]]
 
 
 # Squared distances below this fraction of |x_i|^2 + |y_j|^2 are recomputed from explicit
@@ -120,7 +135,10 @@ def scaled_sq(ns: Backend, x: Any, y: Any, self_pairs: bool) -> Any:
     sq += y_sq[..., None, :]
     ns.refine(_refine_nearby, xp, x, y, sq, x_sq, y_sq)
     sq = xp.maximum(sq, sq.dtype.type(0), out=sq)
-    if self_pairs:
+    if self_pairs and sq.ndim == 2 and sq.flags.c_contiguous:
+        n = sq.shape[-1]
+        sq.reshape(-1)[::n + 1] = 0            # the diagonal as a strided view: no index
+    elif self_pairs:
         diagonal = xp.arange(sq.shape[-1])
         sq[..., diagonal, diagonal] = 0
     return sq

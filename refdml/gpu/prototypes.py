@@ -11,8 +11,9 @@ with the backend's ``solve_triangular`` (:attr:`refdml._backend.Backend.linalg`:
 or ``cupyx.scipy.linalg``'s); the same computation on NumPy and on CuPy.
 
 Synchronisations: none. The scaling's exponents come from ``max|Z|`` and ``max|Y|`` on
-the device (``frexp``; the reference's branch on the ridge's shift is a ``where``), at the
-cost of about a dozen launches on 0-d arrays. With data checks on
+the device (``frexp``), and index a table of the scalings of the ridge for every exponent,
+kept on the device (the reference's branch on the ridge's shift is taken when the table
+is built, once per ridge): one gather instead of arithmetic on 0-d arrays. With data checks on
 (:mod:`refdml._validation`) the forward also checks that the system is numerically
 definite (the reference's test, eigenvalues when the cheap bound fails; it reads the
 trace and ``rho``) and that ``V`` does not overflow.
@@ -59,7 +60,7 @@ class DeviceScaling:
     as 0-d arrays on the data's device, so that no exponent is read back to the host.
 
     ``neg_log2_t``, ``neg_log2_s``: ``-log2 t``, ``-log2 s`` (int32, what ``ldexp`` of the
-    data takes); ``omega_mantissa``: in the data's dtype (the factor the results are scaled
+    data takes); ``omega_mantissa``: float64 (the factor the results are scaled
     by, as before); ``omega_exponent`` (int32); ``omega`` and ``rho`` in float64 (the
     system's normalisation ``M_n = omega Zs^T Zs + rho I``).
     """
@@ -143,35 +144,64 @@ def _check_fit_inputs(Z, Y, ridge, Z_name="Z", Y_name="Y"):
     return ns, Z, Y, ridge
 
 
+#: The exponent of each row of :func:`_scaling_tables`: every exponent ``frexp`` gives a
+#: float64 (``max|x| = f 2**e``, f in [0.5, 1); 0 for 0, inf and NaN), from 0 up to 1024 (the
+#: largest finite), then -1073 (2**-1074) up to -1, so that row ``e`` holds ``e`` (a negative
+#: ``e`` counted from the end, as integer-array indexing reads it on NumPy and CuPy).
+_EXPONENTS = np.concatenate([np.arange(0, 1025), np.arange(-1073, 0)])
+
+
+def _scaling_tables(ridge: float) -> tuple[np.ndarray, np.ndarray]:
+    """The scaling of ``ridge`` for every exponent ``e`` of a peak, in row ``e``
+    (:data:`_EXPONENTS`):
+    int32 ``(-log2 t, omega_exponent)`` and float64 ``(omega_mantissa, omega, rho)`` per
+    row. The reference's ``scaling_for`` depends on the data only through these exponents
+    (``common_scale`` is ``2**min(e, 1023)``, 1 for e = 0), so one gather of a kept table
+    replaces its arithmetic on 0-d device arrays; the rows are computed here with the same
+    NumPy operations the device ran."""
+    e = _EXPONENTS
+    neg_log2 = -np.minimum(e, 1023).astype(np.int32)
+    fraction, exponent = np.frexp(ridge)          # ridge = fraction 2**exponent
+    neg_shift = -2 * neg_log2 - int(exponent)     # r' = fraction 2**-neg_shift
+    dominant = neg_shift <= -1                    # r' >= 1: the ridge dominates
+    with np.errstate(over="ignore", divide="ignore", under="ignore"):
+        # -shift when the ridge dominates, else 0
+        omega_exponent = np.minimum(neg_shift, 0).astype(np.int32)
+        mantissa = np.where(dominant, 1.0 / float(fraction), 1.0)
+        omega = np.ldexp(mantissa, omega_exponent)
+        rho = np.where(dominant, 1.0, np.ldexp(float(fraction), -neg_shift))
+    return (np.stack([neg_log2, omega_exponent], axis=1),
+            np.stack([mantissa, omega, rho], axis=1))
+
+
 def _scaling(ns: Backend, Z: Any, Y: Any, ridge: float) -> DeviceScaling:
-    """The reference's ``scaling_for(Z, Y, ridge)``, computed on the device from ``max|Z|``
-    and ``max|Y|`` (no synchronisation; its branch on ``shift`` is a ``where``)."""
+    """The reference's ``scaling_for(Z, Y, ridge)``, on the device from ``max|Z|`` and
+    ``max|Y|`` (no synchronisation): their exponents index a kept table of the scalings
+    of ``ridge`` (:func:`_scaling_tables`, uploaded once per ridge), so the fields are
+    views of two gathered rows."""
     xp = ns.xp
     peaks = xp.stack([xp.max(xp.abs(Z)), xp.max(xp.abs(Y))])
-    # common_scale: 2**e with max|a| = f 2**e, f in [0.5, 1), capped at 2**1023; 1 for 0
-    # (and for inf or NaN, where the data checks are off): frexp's exponent of those is 0
-    # (:func:`_neg_log2_scale`, here for both at once).
-    neg_log2 = -xp.minimum(xp.frexp(peaks)[1], 1023).astype(np.int32, copy=False)
-    fraction, exponent = np.frexp(ridge)          # ridge = fraction 2**exponent
-    neg_shift = -2 * neg_log2[0] - int(exponent)  # r' = fraction 2**-neg_shift
-    dominant = neg_shift <= -1                    # r' >= 1: the ridge dominates
-    with ns.errstate(over="ignore", divide="ignore", under="ignore"):
-        # -shift when the ridge dominates, else 0
-        omega_exponent = xp.minimum(neg_shift, 0).astype(np.int32, copy=False)
-        mantissa = xp.where(dominant, 1.0 / float(fraction), 1.0)
-        omega = xp.ldexp(mantissa, omega_exponent)
-        rho = xp.where(dominant, 1.0, xp.ldexp(float(fraction), -neg_shift))
-    return DeviceScaling(neg_log2_t=neg_log2[0], neg_log2_s=neg_log2[1],
-                         omega_mantissa=mantissa, omega_exponent=omega_exponent, omega=omega,
-                         rho=rho)
+    exponents = xp.frexp(peaks)[1]
+    ridge = float(ridge)
+    ints_table = ns.kept(("refdml.gpu.prototypes.scaling_ints", ridge),
+                         lambda: _scaling_tables(ridge)[0])
+    floats_table = ns.kept(("refdml.gpu.prototypes.scaling_floats", ridge),
+                           lambda: _scaling_tables(ridge)[1])
+    ints = ints_table[exponents]                  # (2, 2): Z's row, Y's row
+    floats = floats_table[exponents[0]]           # (3,): Z's
+    return DeviceScaling(neg_log2_t=ints[0, 0], neg_log2_s=ints[1, 0],
+                         omega_mantissa=floats[0], omega_exponent=ints[0, 1],
+                         omega=floats[1], rho=floats[2])
 
 
 def _neg_log2_scale(ns: Backend, x: Any) -> Any:
     """``-log2`` of the reference's ``common_scale(x)`` as a 0-d int32 on the device (the
     exponent of ``max|x|``, capped at 1023; 0 for zeros, inf and NaN, where frexp gives 0)."""
     xp = ns.xp
-    exponent = xp.minimum(xp.frexp(xp.max(xp.abs(x)))[1], 1023)
-    return (-exponent).astype(np.int32, copy=False)
+    # row e of the kept table holds -min(e, 1023) (:data:`_EXPONENTS`): one gather
+    table = ns.kept("refdml.gpu.prototypes.neg_log2",
+                    lambda: -np.minimum(_EXPONENTS, 1023).astype(np.int32))
+    return table[xp.frexp(xp.max(xp.abs(x)))[1]]
 
 
 def _peak(ns: Backend, Z: Any) -> float:
@@ -181,14 +211,16 @@ def _peak(ns: Backend, Z: Any) -> float:
 
 def _scaled64(ns: Backend, x: Any, neg_log2: Any) -> Any:
     """``x / 2**log2`` (exact) in float64, the dtype every fit is solved in."""
-    return ns.xp.ldexp(x.astype(np.float64, copy=False), neg_log2)
+    # ldexp's float64 loop casts x (exactly): one launch, no separate astype
+    return ns.xp.ldexp(x, neg_log2, dtype=np.float64)
 
 
 def _system(ns: Backend, gram: Any, omega: Any, rho: Any) -> Any:
     """``omega gram + rho I``: the diagonal is a strided view, added in place."""
     matrix = gram * omega
     n = matrix.shape[0]
-    matrix.reshape(-1)[::n + 1] += rho
+    diagonal = matrix.reshape(-1)[::n + 1]
+    ns.xp.add(diagonal, rho, out=diagonal)      # in place: no copy back through __setitem__
     return matrix
 
 
@@ -248,9 +280,16 @@ def _fit_kernel_pair(ns: Backend, Zs, Ys, n1: int, scaling, names: tuple[str, st
     solution each half's own: the same arithmetic as two systems. Returns the two fits
     (their factors and solutions are views of the joint ones) and the joint factor."""
     xp = ns.xp
-    matrix = _system(ns, Zs @ Zs.T, scaling.omega, scaling.rho)
-    matrix[:n1, n1:] = 0.0
-    matrix[n1:, :n1] = 0.0
+    b = Zs.shape[0]
+
+    def block_diagonal() -> np.ndarray:
+        half = np.arange(b) < n1
+        return half[:, None] == half[None, :]
+
+    # The cross blocks zeroed in one where by a kept mask (a constant per (b, n1)).
+    gram = xp.where(ns.kept(("refdml.gpu.prototypes.block_diagonal", b, n1), block_diagonal),
+                    Zs @ Zs.T, 0.0)
+    matrix = _system(ns, gram, scaling.omega, scaling.rho)
     blocks = (slice(0, n1), slice(n1, None))
     if data_checks(ns):
         for block, name in zip(blocks, names):
@@ -280,16 +319,17 @@ def _kernel_grads(fit: Fit, d_W: Any, T: Any) -> tuple[Any, Any]:
 
 
 def _kernel_pair_backward(ns: Backend, fits: tuple[Fit, Fit], factor: Any,
-                          d_Ws: tuple[Any, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+                          d_Ws: tuple[Any, Any]) -> tuple[tuple[tuple[Any, Any], tuple[Any, Any]], Any]:
     """:func:`_fit_backward` of the two fits of :func:`_fit_kernel_pair` (float64
-    ``d_Ws``), with one solve by the joint factor."""
+    ``d_Ws``), with one solve by the joint factor; also that solve's result, the two
+    gradients of ``Ys`` one above the other (the halves' order)."""
     xp = ns.xp
     n1 = fits[0].Zs.shape[0]
     rhs = xp.empty((n1 + fits[1].Zs.shape[0], d_Ws[0].shape[1]), dtype=np.float64)
     xp.matmul(fits[0].Zs, d_Ws[0], out=rhs[:n1])
     xp.matmul(fits[1].Zs, d_Ws[1], out=rhs[n1:])
     T = _cho_solve(ns, factor, rhs)
-    return (_kernel_grads(fits[0], d_Ws[0], T[:n1]), _kernel_grads(fits[1], d_Ws[1], T[n1:]))
+    return (_kernel_grads(fits[0], d_Ws[0], T[:n1]), _kernel_grads(fits[1], d_Ws[1], T[n1:])), T
 
 
 def _ridge_forward(ns: Backend, Z, Y, ridge: float, form: str, name: str = "Z"):
@@ -323,7 +363,7 @@ def _ridge_backward(ns: Backend, ctx: RidgeContext, d_V: Any) -> RidgeGrads:
     # in d_V, so the mantissa is applied once here and g goes back in through the exponents.
     neg_log2_g = _neg_log2_scale(ns, d_V)
     d_Zs, d_Ys = _fit_backward(ns, ctx.fit, ns.xp.ldexp(
-        d_V.astype(np.float64, copy=False) * sc.omega_mantissa, neg_log2_g))
+        ns.xp.multiply(d_V, sc.omega_mantissa, dtype=np.float64), neg_log2_g))
     exponent_Y = sc.omega_exponent + sc.neg_log2_t - neg_log2_g
     d_Z = _times_pow2(ns, d_Zs, None, exponent_Y + sc.neg_log2_t - sc.neg_log2_s,
                       "the gradient of Z", dtype=ctx.fit.dtype)

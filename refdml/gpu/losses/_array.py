@@ -19,8 +19,8 @@ import numpy as np
 from refdml._backend import Backend, get_backend
 from refdml._shared.losses import TWO_64
 
-__all__ = ["ArrayPath", "cosine_bound", "exclusion", "exp_fits", "exp_limit", "reduce_terms",
-           "terms_dtype", "upper_pairs"]
+__all__ = ["ArrayPath", "cosine_bound", "exclusion", "exp_fits", "exp_limit", "mean_terms",
+           "reduce_terms", "terms_dtype", "upper_pairs", "upper_weights"]
 
 
 class ArrayPath:
@@ -106,13 +106,28 @@ def terms_dtype(dtype: Any, *bounds: float) -> np.dtype:
 
 # --------------------------------------------------------------------------------- masks
 def upper_pairs(ns: Backend, n: int) -> Any:
-    """Boolean ``(n, n)`` mask of the pairs ``i < j``, read-only; kept per ``n`` where the
-    backend keeps constants (:meth:`refdml._backend.Backend.cached`)."""
-    def build() -> Any:
-        index = ns.xp.arange(n)
+    """Boolean ``(n, n)`` mask of the pairs ``i < j``, read-only; built on the host and
+    kept per ``n`` (:meth:`refdml._backend.Backend.kept`: uploaded once on CuPy, where
+    building it would cost two launches a call)."""
+    def build() -> np.ndarray:
+        index = np.arange(n)
         return index[:, None] < index[None, :]
 
-    return ns.cached(("refdml.gpu.losses.upper_pairs", n), build)
+    return ns.kept(("refdml.gpu.losses.upper_pairs", n), build)
+
+
+def upper_weights(ns: Backend, n: int, dtype: Any) -> Any:
+    """``upper_pairs / count`` in ``dtype`` (``count`` the number of pairs ``i < j``, at
+    least 1): d mean / d terms over the pairs, kept like :func:`upper_pairs`. The quotient
+    is rounded once on the host, as a device division ``1 / count`` in ``dtype`` is."""
+    count = max(n * (n - 1) // 2, 1)
+
+    def build() -> np.ndarray:
+        index = np.arange(n)
+        upper = index[:, None] < index[None, :]
+        return upper.astype(dtype) / np.dtype(dtype).type(count)
+
+    return ns.kept(("refdml.gpu.losses.upper_weights", n, np.dtype(dtype).str), build)
 
 
 def exclusion(ns: Backend, keep: Any, dtype: Any) -> Any:
@@ -132,13 +147,13 @@ def reduce_terms(ns: Backend, terms: Any, reduction: str, exists: Any = None) ->
     of strictly positive ones, ``"sum"`` by 1; no term at all gives 0 and zero weights.
     The sum is accumulated in float64 (float32 terms cannot overflow it); float64 terms
     whose sum overflows while their mean does not are reduced as the reference reduces
-    them (:func:`_mean`).
+    them (:func:`mean_terms`).
     """
     xp = ns.xp
     if exists is None and reduction != "mean_nonzero":
         # Every term counts: a constant weight, no mask to build or count.
         count = 1 if reduction == "sum" else max(terms.size, 1)
-        value = _mean(ns, terms, count)
+        value = mean_terms(ns, terms, count)
         return value, xp.full(terms.shape, 1 / count, dtype=terms.dtype)
     weight = terms > 0 if reduction == "mean_nonzero" else exists
     if reduction == "sum":
@@ -146,11 +161,11 @@ def reduce_terms(ns: Backend, terms: Any, reduction: str, exists: Any = None) ->
     else:
         count = xp.maximum(xp.count_nonzero(weight), 1).astype(terms.dtype)
     weight = weight.astype(terms.dtype)
-    value = _mean(ns, terms, count.astype(xp.float64))
+    value = mean_terms(ns, terms, count.astype(xp.float64))
     return value, weight / count
 
 
-def _mean(ns: Backend, terms: Any, count: Any) -> Any:
+def mean_terms(ns: Backend, terms: Any, count: Any) -> Any:
     """``sum(terms) / count`` (0-d float64, not synchronised) without overflow of the sum.
 
     Where the float64 sum overflows, the reference takes ``2^64 (sum(terms / 2^64) /

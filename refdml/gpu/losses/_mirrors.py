@@ -44,9 +44,11 @@ from refdml.gpu.losses._array import (
     exclusion,
     exp_fits,
     exp_limit,
+    mean_terms,
     reduce_terms,
     terms_dtype,
     upper_pairs,
+    upper_weights,
 )
 from refdml.gpu.losses._kernels import IMPLEMENTATIONS
 from refdml.gpu.losses._pairwise import (
@@ -148,7 +150,9 @@ def _pairwise_backward(ctx: PairwiseLossContext, d_value) -> LossGrads:
     # Not finite only where it overflows (inf times 0 included): checked below.
     with ns.errstate(over="ignore", divide="ignore", invalid="ignore"):
         g = upstream * ctx.d_matrix
-        d_x = self_pairwise_backward(ns, ctx.metric_ctx, g) / ctx.row_scale
+        d_x = self_pairwise_backward(ns, ctx.metric_ctx, g)
+        if not is_ones_column(ns, ctx.row_scale):
+            d_x = d_x / ctx.row_scale
     if isinstance(ctx.metric_ctx, CosineContext):
         _check_gradient(ns, d_x, "embeddings", d_value=upstream)
     else:
@@ -256,7 +260,13 @@ def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, 
     active = (pre > 0) & upper
     terms = pre * active
     with ns.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        value, d_terms = reduce_terms(ns, terms, reduction, upper)
+        if reduction == "mean":
+            # The pairs i < j number n (n - 1) / 2, known on the host: no count on the
+            # device, and d mean / d terms is a kept constant.
+            value = mean_terms(ns, terms, float(max(n * (n - 1) // 2, 1)))
+            d_terms = upper_weights(ns, n, terms.dtype)
+        else:
+            value, d_terms = reduce_terms(ns, terms, reduction, upper)
     slope = signed * active
     ctx = PairwiseLossContext(loss=loss, metric_ctx=metric_ctx,
                               d_matrix=(d_terms * slope).astype(x.dtype, copy=False),

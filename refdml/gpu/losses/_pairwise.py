@@ -55,8 +55,8 @@ def self_euclidean(ns: Backend, x: Any) -> tuple[Any, EuclideanContext, Any]:
             "embeddings has pairwise distances beyond the "
             f"{np.dtype(x.dtype).name} range (max |entry| == {float(xp.max(xp.abs(x))):.3g})"
         )
-    ones = xp.ones((x.shape[0], 1), dtype=x.dtype)
-    return distance, EuclideanContext(x=scaled, y=scaled, distance=scaled_distance), ones
+    return (distance, EuclideanContext(x=scaled, y=scaled, distance=scaled_distance),
+            ones_column(ns, x.shape[0], x.dtype))
 
 
 def self_cosine(ns: Backend, x: Any) -> tuple[Any, CosineContext, Any]:
@@ -66,7 +66,7 @@ def self_cosine(ns: Backend, x: Any) -> tuple[Any, CosineContext, Any]:
     similarity = unit @ unit.T
     ctx = CosineContext(x_unit=unit, y_unit=unit, x_norm_ctx=norm_ctx, y_norm_ctx=norm_ctx,
                         shape=tuple(similarity.shape))
-    return similarity, ctx, xp.ones((x.shape[0], 1), dtype=x.dtype)
+    return similarity, ctx, ones_column(ns, x.shape[0], x.dtype)
 
 
 def self_pairwise_backward(ns: Backend, metric_ctx: Any, g: Any) -> Any:
@@ -79,8 +79,13 @@ def self_pairwise_backward(ns: Backend, metric_ctx: Any, g: Any) -> Any:
     # (``sym`` is finite, the denominator never 0) instead of ``where`` (several times slower
     # on NumPy).
     coincident = distance == 0
-    w = sym / (distance + coincident)
-    w *= ~coincident
+    if ns.launch_bound:
+        # one where instead of the mask's three operations (the same weights; a launch each)
+        with ns.errstate(divide="ignore", invalid="ignore"):
+            w = ns.xp.where(coincident, 0, sym / distance)
+    else:
+        w = sym / (distance + coincident)
+        w *= ~coincident
     grad = w @ metric_ctx.x
     return ns.xp.subtract(w.sum(axis=1)[:, None] * metric_ctx.x, grad, out=grad)
 

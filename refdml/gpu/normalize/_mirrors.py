@@ -124,13 +124,15 @@ def _ones_key(shape: tuple, dtype: Any) -> tuple:
 
 
 def ones_column(ns: Backend, n: int, dtype: Any) -> Any:
-    """``ones((n, 1), dtype)``: the unit scales of the mirror's contexts, kept read-only per
-    ``(n, dtype)`` where the backend caches constants (:meth:`Backend.cached`, NumPy), so
-    that a backward recognises them (:func:`is_ones_column`) and skips dividing by 1."""
-    return ns.cached(_ones_key((n, 1), dtype), lambda: ns.xp.ones((n, 1), dtype=dtype))
+    """``ones((n, 1), dtype)``: the unit scales of the mirror's contexts, built on the host
+    and kept per ``(n, dtype)`` (:meth:`Backend.kept`: read-only on NumPy, uploaded once on
+    CuPy), so that a backward recognises them (:func:`is_ones_column`) and skips dividing
+    by 1, and a forward on CuPy launches nothing for them."""
+    dtype = np.dtype(dtype)
+    return ns.kept(_ones_key((n, 1), dtype), lambda: np.ones((n, 1), dtype=dtype))
 
 
 def is_ones_column(ns: Backend, a: Any) -> bool:
-    """True for an array :func:`ones_column` returned and the backend kept (an identity
-    test, no data read; on CuPy never, and dividing by those ones is exact)."""
-    return ns.is_cached(_ones_key(a.shape, a.dtype), a)
+    """True for an array :func:`ones_column` returned (an identity test with the kept
+    constant, no data read; dividing by those ones is exact, so a miss costs a launch)."""
+    return a.ndim == 2 and a.shape[1] == 1 and a is ones_column(ns, a.shape[0], a.dtype)
