@@ -32,13 +32,13 @@ from typing import Any
 
 from refdml._backend import get_backend
 from refdml.gpu.optim._kernels import IMPLEMENTATIONS
-from refdml.gpu.optim._layout import (ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE,
-                                      LR, N_COEF, N_PLAN, N_SCALARS, OFFSET, RULES, SCALARS,
-                                      SQRT_BC2, STEP)
+from refdml.gpu.optim._layout import (  # noqa: F401 - the layout, for refdml.train.optim
+    ACTIVE, BAD_GRAD, BAD_UPDATE, BETA1, BETA2, DECAY, GATE, LR, N_COEF, N_PLAN, N_SCALARS,
+    OFFSET, RULES, SCALARS, SQRT_BC2, STEP)
 
-__all__ = ["ACTIVE", "BAD_GRAD", "BAD_UPDATE", "BETA1", "BETA2", "DECAY", "GATE",
-           "IMPLEMENTATIONS", "LR", "N_COEF", "N_PLAN", "N_SCALARS", "OFFSET", "RULES", "SCALARS",
-           "SQRT_BC2", "STEP", "first_nonfinite", "fused_step"]
+#: The public names; the layout's constants (``ACTIVE``, ``GATE``, ...) are importable from
+#: here too, for the optimiser that fills the arrays (:mod:`refdml.gpu.optim._layout`).
+__all__ = ["IMPLEMENTATIONS", "RULES", "first_nonfinite", "fused_step"]
 
 
 def first_nonfinite(array: Any, checks: Any, slot: int) -> None:
