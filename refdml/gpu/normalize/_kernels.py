@@ -14,6 +14,7 @@ from typing import Any
 from refdml._backend import Backend
 from refdml.gpu._support.launch import BLOCK, cuda_launch
 from refdml.gpu._support.modes import Implementations
+from refdml.gpu._support.threading_layer import parallel_launch
 from refdml.gpu.normalize._array import ArrayPath
 from refdml.normalize import L2NormalizeContext
 
@@ -81,11 +82,13 @@ class CpuPath(_RowKernels):
         self._compiled = _compiled
 
     def _forward(self, rows: int, x: Any, y: Any, scale: Any, scaled_norm: Any) -> None:
-        self._compiled.l2_forward_cpu(x, y, scale, scaled_norm)
+        with parallel_launch():           # the threading layer's guard (fork safety)
+            self._compiled.l2_forward_cpu(x, y, scale, scaled_norm)
 
     def _backward(self, rows: int, y: Any, d_y: Any, scale: Any, scaled_norm: Any,
                   grad: Any) -> None:
-        self._compiled.l2_backward_cpu(y, d_y, scale, scaled_norm, grad)
+        with parallel_launch():
+            self._compiled.l2_backward_cpu(y, d_y, scale, scaled_norm, grad)
 
 
 class CudaPath(_RowKernels):
