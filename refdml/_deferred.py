@@ -1,4 +1,4 @@
-r"""Device reads put off until the caller reads the device anyway (issue 46).
+r"""Device reads put off until the caller reads the device anyway.
 
 On CuPy every host read of a device value (a finiteness check, a solver's convergence
 report, a loss turned into a Python float) stops the host until the device has done all

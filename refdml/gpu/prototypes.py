@@ -59,7 +59,7 @@ class DeviceScaling:
     """The reference's ``Scaling`` (``refdml/prototypes/_ridge.py``) with its powers of two
     as 0-d arrays on the data's device, so that no exponent is read back to the host.
 
-    ``neg_log2_t``, ``neg_log2_s``: ``-log2 t``, ``-log2 s`` (int32, what ``ldexp`` of the
+    ``neg_log2_t``, ``neg_log2_s``: ``-log2(t)``, ``-log2(s)`` (int32, what ``ldexp`` of the
     data takes); ``omega_mantissa``: float64 (the factor the results are scaled
     by, as before); ``omega_exponent`` (int32); ``omega`` and ``rho`` in float64 (the
     system's normalisation ``M_n = omega Zs^T Zs + rho I``).

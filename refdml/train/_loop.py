@@ -45,7 +45,7 @@ epoch and step; the parameters are those of the last good step. A batch's floati
 are checked on the host before they go to the device (``ValueError`` naming the step and
 the entry).
 
-On a GPU (``device="cuda"``) a step reads nothing back (issue 46). It runs inside a
+On a GPU (``device="cuda"``) a step reads nothing back. It runs inside a
 :func:`refdml._deferred.deferring` scope: the loss stays on the device; the loss and the
 objective's gradient of the outputs are checked there (one launch each, no read) and
 gate the optimiser's fused update, whose own pass checks every parameter gradient and

@@ -73,7 +73,7 @@ frozen; :meth:`~Optimizer.load_state_dict` checks them against this optimiser's 
 (names, shapes, dtypes, multipliers) and restores them, so a resumed run is bit-for-bit
 the same as an uninterrupted one.
 
-Flat buffers (issue 46). An optimiser keeps its parameters' values, their gradients and
+Flat buffers. An optimiser keeps its parameters' values, their gradients and
 its buffers in flat arrays, one set per dtype, and every ``Parameter.value`` /
 ``Parameter.grad`` becomes a view into them (a parameter whose value or gradient someone
 rebinds is copied back in at the next :meth:`~Optimizer.zero_grad` or

@@ -60,10 +60,11 @@ class _RecordingKernel:
 # --------------------------------------------------------------------------- the recorder
 @pytest.mark.requires_cuda
 def test_recorder_counts_the_gsp_layer_kernels(monkeypatch, cuda_device_array):
-    # refdml/gpu/gsp/_kernels.py: pool_forward launches refdml_gsp_pool_forward once (one block per
-    # image: cost map, (P2), weights, pooled and z in one kernel); pool_backward launches
-    # refdml_gsp_pool_backward once (W and d features), the prototypes' gradient is a GEMM.
-    # Finite gradients take no float64 rerun, so exactly one launch each way.
+    # refdml/gpu/gsp/_kernels.py: pool_forward launches refdml_gsp_normalise once (the clip and
+    # the norms) and refdml_gsp_pool_forward once (one block per image: cost map, (P2),
+    # weights, pooled and z in one kernel); pool_backward launches refdml_gsp_pool_backward
+    # once (W, d features and the column sums of W) and refdml_gsp_prototypes_backward once
+    # after the GEMM of the prototypes' gradient. Finite gradients take no float64 rerun.
     from refdml.gpu import use_kernels
     from refdml.gpu import gsp
 
@@ -77,18 +78,22 @@ def test_recorder_counts_the_gsp_layer_kernels(monkeypatch, cuda_device_array):
                                                     inverse_temperature=5.0)
         with launch_profile() as backward:
             gsp.gsp_pool_backward(ctx, pooled, z)
-    assert dict(forward.launches) == {"refdml_gsp_pool_forward": 1}
-    assert dict(backward.launches) == {"refdml_gsp_pool_backward": 1}
-    assert dict(both.launches) == {"refdml_gsp_pool_forward": 1, "refdml_gsp_pool_backward": 1}
-    assert both.total_launches == 2
+    assert dict(forward.launches) == {"refdml_gsp_normalise": 1, "refdml_gsp_pool_forward": 1}
+    assert dict(backward.launches) == {"refdml_gsp_pool_backward": 1,
+                                       "refdml_gsp_prototypes_backward": 1}
+    assert dict(both.launches) == {**forward.launches, **backward.launches}
+    assert both.total_launches == 4
     if _launch.cuda_simulator():           # no device clock: counts only
         assert not both.timed and both.device_seconds is None
     else:                                   # a GPU: each launch between two CUDA events
         assert both.timed and set(both.device_seconds) == set(both.launches)
         assert all(seconds > 0 for seconds in both.device_seconds.values())
-        assert forward.device_seconds.keys() == {"refdml_gsp_pool_forward"}
-    assert both.as_dict()["launches"] == {"refdml_gsp_pool_backward": 1,
-                                         "refdml_gsp_pool_forward": 1}
+        assert forward.device_seconds.keys() == {"refdml_gsp_normalise",
+                                                 "refdml_gsp_pool_forward"}
+    assert both.as_dict()["launches"] == {"refdml_gsp_normalise": 1,
+                                         "refdml_gsp_pool_backward": 1,
+                                         "refdml_gsp_pool_forward": 1,
+                                         "refdml_gsp_prototypes_backward": 1}
     assert _profile._RECORDS == []
 
 

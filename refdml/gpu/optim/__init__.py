@@ -1,4 +1,4 @@
-"""Fused optimiser updates over flat parameter buffers (issue 46): every parameter of an
+"""Fused optimiser updates over flat parameter buffers: every parameter of an
 optimiser at once, in three passes (prepare, check, commit).
 
 :class:`refdml.train.optim.Optimizer` keeps its parameters, their gradients and its buffers
