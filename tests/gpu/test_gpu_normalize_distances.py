@@ -184,7 +184,7 @@ def test_unrefined_near_pairs_are_within_the_stated_tolerance(monkeypatch, dtype
     assert np.any(distance[coincident, coincident] > 0)
 
 
-@pytest.mark.parametrize("mode", ["cpu", "cuda"])
+@pytest.mark.parametrize("mode", ["cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_compiled_l2_members_keep_zero_rows_and_the_power_of_two_scale(mode, dtype):
     # The family's compiled members (no data check: they see zero rows) against the array

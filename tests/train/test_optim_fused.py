@@ -27,7 +27,7 @@ from refdml import _deferred
 from refdml.gpu import use_kernels
 from refdml.train import SGD, Adam, AdamW, NonFiniteStepError, Parameter
 
-MODES = ("array", "cpu", "cuda")
+MODES = ("array", "cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda))
 SHAPES = {"w": (3, 4), "b": (4,), "s": (), "p": (2, 5)}
 
 
