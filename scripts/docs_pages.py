@@ -12,8 +12,8 @@ What it writes (a number in the docs is the number a run wrote, never retyped):
   of ``mkdocs.yml``'s nav (between ``# api-nav:start`` and ``# api-nav:end``);
 - ``docs/results/verify.md``: the verdict table of ``refdml verify``, from
   ``docs/results/verify.json`` (written by ``--verify-run``);
-- ``docs/results/reproduce.md``: the comparison table of ``refdml reproduce``, from the JSON of
-  the quick and the default run (``docs/reproduce_quick/results.json``,
+- ``docs/results/reproduce.md``: the trust table of ``refdml reproduce``'s default run and a
+  line on the quick (smoke) run, from their JSON (``docs/reproduce_quick/results.json``,
   ``docs/reproduce_full/results.json``);
 - ``docs/papers/*.md``: each paper's verdicts, of both commands, between the lines
   ``<!-- generated:verdicts:start -->`` and ``<!-- generated:verdicts:end -->``;
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from refdml._io import write_text_atomic
+from refdml.reproduce._report import trust_table
 
 # scripts/ is no package: the benchmarks' helpers are imported from beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -321,85 +322,29 @@ def _number(value: Any, fmt: str = "{:.2g}") -> str:
 # --------------------------------------------------------------------------- refdml reproduce
 
 
-def _effect_cell(c: dict | None) -> tuple[str, str]:
-    """Effect with its interval, and the verdict; an inconclusive one with the bound it
-    sets and the seeds that would decide an effect of the comparison's resolution; one whose
-    baseline did not learn with the baseline's gain over the untrained model."""
-    if c is None:
-        return "-", "-"
-    if c["n"] < 2 or c["low"] is None:
-        return "-", c["verdict"]
-    text = f"{c['effect']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"
-    verdict = c["verdict"]
-    if verdict == "inconclusive":
-        resolution = c.get("resolution", 0.02)
-        if c["bound"] < resolution:
-            verdict = (f"inconclusive: |effect| < {c['bound']:.3f}, an effect of "
-                       f"{resolution:g} ruled out")
-        else:
-            need = c.get("seeds_needed")
-            seeds = "" if need is None else f", ~{need:.0f} seeds would decide {resolution:g}"
-            verdict = f"inconclusive: |effect| < {c['bound']:.3f}{seeds}"
-    elif verdict == "baseline-did-not-learn" and c.get("gate"):
-        verdict = f"baseline-did-not-learn: baseline gain {_gain(c['gate'])}"
-    return text, verdict
+def _only(run: dict, prefix: str | None) -> dict:
+    """``run`` with only the experiments of paper ``prefix`` (all of them for None)."""
+    if prefix is None:
+        return run
+    return {**run, "experiments": [r for r in run["experiments"]
+                                   if r["id"].startswith(prefix + ".")]}
 
 
-def _gain(gate: dict) -> str:
-    """A competence gate's mean gain over the untrained model with its interval."""
-    if gate["n"] < 2 or gate["low"] is None:
-        return f"n/a ({gate['n']} seed{'s' if gate['n'] != 1 else ''})"
-    return f"{gate['gain']:+.3f} [{gate['low']:+.3f}, {gate['high']:+.3f}]"
+def reproduce_rows(full: dict, prefix: str | None = None) -> list[str]:
+    """The trust table of the default run (:func:`refdml.reproduce._report.trust_table`),
+    for the experiments of paper ``prefix`` or all; empty when there are none."""
+    run = _only(full, prefix)
+    return trust_table(run) if run["experiments"] else []
 
 
-def _learned_cell(c: dict | None) -> str:
-    """Whether a comparison's baseline learned (its gain over the untrained model), "—"
-    where the run's JSON has no gate (a run from before the gate, or an ungated
-    comparison)."""
-    if c is None or not c.get("gate"):
-        return "—"
-    gate = c["gate"]
-    return ("yes " if gate["learned"] else "no: ") + _gain(gate)
-
-
-def _gated(*runs: dict) -> bool:
-    """Whether any comparison of ``runs`` carries a competence gate."""
-    return any("gate" in c for run in runs for r in run["experiments"]
-               for c in r["comparisons"])
-
-
-def reproduce_rows(quick: dict, full: dict, prefix: str | None = None) -> list[list[str]]:
-    """One row per comparison of the quick run, beside the default run's; with a column
-    "baseline learned?" (quick / default) once either run's JSON has competence gates
-    (the JSON of runs before the gate has none, and its pages keep their columns)."""
-    by_id = {r["id"]: r for r in full["experiments"]}
-    gated = _gated(quick, full)
-    rows = []
-    for r in quick["experiments"]:
-        if prefix is not None and not r["id"].startswith(prefix + "."):
-            continue
-        other = {c["name"]: c for c in by_id.get(r["id"], {"comparisons": []})["comparisons"]}
-        full_seeds = by_id[r["id"]]["seeds"] if r["id"] in by_id else "-"
-        for i, c in enumerate(r["comparisons"]):
-            q_text, q_verdict = _effect_cell(c)
-            f_text, f_verdict = _effect_cell(other.get(c["name"]))
-            name = f"`{r['id']}` ({r['seeds']} / {full_seeds} seeds)" if i == 0 else ""
-            row = [name, c["name"], q_text, q_verdict, f_text, f_verdict]
-            if gated:
-                row.append(f"{_learned_cell(c)} / {_learned_cell(other.get(c['name']))}")
-            rows.append(row)
-    return rows
-
-
-REPRODUCE_HEADER = ["experiment", "comparison (claimed)", "`--quick`: effect [95 % CI]",
-                    "verdict", "default run: effect [95 % CI]", "verdict"]
-#: The column added once a run's JSON has competence gates.
-GATE_HEADER = "baseline learned? (gain over untrained, `--quick` / default run)"
-
-
-def reproduce_header(quick: dict, full: dict) -> list[str]:
-    """The columns of :func:`reproduce_rows` for these two runs."""
-    return REPRODUCE_HEADER + ([GATE_HEADER] if _gated(quick, full) else [])
+def _smoke_line(quick: dict) -> str:
+    """What the quick run shows: that every experiment ran, not a verdict."""
+    failures = sum(len(r.get("failures") or []) for r in quick["experiments"])
+    comparisons = sum(len(r["comparisons"]) for r in quick["experiments"])
+    return (f"The quick run is a smoke run, not evidence: {len(quick['experiments'])} "
+            f"experiments ({comparisons} comparisons) ran end to end with {failures} failed "
+            "task(s); its verdicts read `smoke` (`docs/reproduce_quick/README.md` shows its "
+            "numbers).")
 
 
 def _run_line(label: str, run: dict) -> str:
@@ -415,8 +360,9 @@ def reproduce_table(quick: dict, full: dict) -> str:
     lines = [GENERATED.replace("; do", " from docs/reproduce_quick/results.json and "
                                "docs/reproduce_full/results.json; do"), "",
              _run_line("`refdml reproduce --quick`", quick),
-             _run_line("`refdml reproduce` (the default run)", full), ""]
-    lines += table(reproduce_header(quick, full), reproduce_rows(quick, full))
+             _run_line("`refdml reproduce` (the default run)", full), "",
+             _smoke_line(quick), ""]
+    lines += reproduce_rows(full)
     return "\n".join(lines) + "\n"
 
 
@@ -437,10 +383,10 @@ def paper_verdicts(paper: str, verify: dict, quick: dict, full: dict) -> str:
         lines += ["", "The corrections and extra hypotheses under which the printed claims "
                   "hold, as `refdml verify` states them:", ""]
         lines += [f"- `{claim}` ({kind}): {cell(text)}" for claim, kind, text in repairs]
-    lines += ["", f"**`refdml reproduce`** ([all experiments and how they were run]"
-              "(../results/reproduce.md)):", ""]
-    rows = reproduce_rows(quick, full, paper)
-    lines += table(reproduce_header(quick, full), rows) if rows else ["(none)"]
+    lines += ["", "**`refdml reproduce`**, the default run ([all experiments, the trust "
+              "table and how they were run](../results/reproduce.md)):", ""]
+    rows = reproduce_rows(full, paper)
+    lines += rows if rows else ["(none)"]
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,7 @@
   :mod:`refdml.train`'s loop, in memory;
 - :mod:`._cache`: finished tasks on disk, keyed by the task and the code version;
 - :mod:`._runner`: :func:`run_tasks` on a Dask LocalCluster or a given scheduler;
-- :mod:`._stats`: summaries, the paired bootstrap and the verdict;
+- :mod:`.stats`: summaries, the paired bootstrap and the verdict;
 - :mod:`._report`: lines, JSON, the Markdown report with figures.
 
 docs/reproduce.md describes the experiments, the settings and the statistics.
@@ -15,7 +15,7 @@ docs/reproduce.md describes the experiments, the settings and the statistics.
 
 from refdml.reproduce._experiments import EXPERIMENTS, Comparison, Experiment, Selection
 from refdml.reproduce._runner import Outcome, run_tasks
-from refdml.reproduce._stats import (
+from refdml.reproduce.stats import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
     REPRODUCED,

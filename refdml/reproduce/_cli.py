@@ -10,15 +10,15 @@ from pathlib import Path
 
 from refdml._cli_support import at_least, check_output_paths, write_outputs
 from refdml.reproduce._experiments import SCALES
-from refdml.reproduce._stats import VERDICT_MEANINGS
+from refdml.reproduce.stats import VERDICT_MEANINGS
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "run"]
 
 HELP = "run the papers' experiments over seeds on Dask, with computed verdicts"
 DESCRIPTION = ("Train the papers' experiments at small scale (refdml.train) over seeds, "
                "on a Dask LocalCluster (or --scheduler), with a disk cache; one line per "
-               "experiment: verdict and the paired effect with its bootstrap interval "
-               "(docs/reproduce.md).")
+               "experiment: verdict and the paired effect with its Student-t interval "
+               "(docs/reproduce.md). --quick is a smoke run: its verdicts are 'smoke'.")
 
 DEFAULT_CACHE = ".refdml-cache/reproduce"
 
@@ -26,7 +26,8 @@ DEFAULT_CACHE = ".refdml-cache/reproduce"
 def _epilog() -> str:
     width = max(map(len, VERDICT_MEANINGS))
     lines = "\n".join(f"  {k:<{width}}  {v}" for k, v in VERDICT_MEANINGS.items())
-    return ("verdicts (computed from a paired bootstrap 95% interval over seeds):\n" + lines
+    return ("verdicts (computed from the paired 95% Student-t interval over seeds, the gates,\n"
+            "the plateau, power and Holm's adjustment; docs/reproduce.md, Statistics):\n" + lines
             + "\n\nexit status:\n  0  every task ran (whatever the verdicts)\n"
             "  1  a task failed (its traceback is printed; the others were kept), or an\n"
             "     output could not be written\n"

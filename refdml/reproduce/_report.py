@@ -1,14 +1,13 @@
 """Turn task results into experiment outcomes, text lines, JSON and a Markdown report.
 
-:func:`evaluate_experiment` collects, for each run of an experiment, its metric per seed,
-the per-run summaries (mean, std) and each comparison's :class:`~._stats.Effect`, and the
-experiment's verdict. A comparison with a ``gate`` is judged only when its baseline learned
-(:func:`~._stats.competence` on the baseline's per-seed ``gate`` and ``untrained_<gate>``);
-otherwise its verdict is ``baseline-did-not-learn``, its effect still shown. The experiment's
-verdict is over the judged comparisons (every one ``reproduced`` -> ``reproduced``; any
-``not-reproduced`` -> ``not-reproduced``; else ``inconclusive``), and
-``baseline-did-not-learn`` when none was judged. Failed tasks simply leave their seed out
-(the comparison pairs the seeds both runs have) and are listed.
+:func:`evaluate_experiment` collects, for each run of an experiment, its metrics per seed
+(a selected run keeps every candidate's), the per-run summaries (mean, std) and each
+comparison's :class:`~.stats.Effect`, gates (:func:`~.stats.competence` of the baseline
+and of the method on their per-seed ``gate`` and ``untrained_<gate>``) and plateau record,
+then judges the experiment's comparisons together (:func:`_judge`: gates, plateau, power,
+Holm; :mod:`refdml.reproduce.stats` gives the rules) and gives the experiment's verdict
+(:func:`_overall`). Failed tasks simply leave their seed out (the comparison pairs the
+seeds both runs have) and are listed.
 """
 
 from __future__ import annotations
@@ -21,22 +20,32 @@ import numpy as np
 
 from refdml._io import save_figure, write_json_atomic, write_text_atomic
 from refdml.reproduce._experiments import Experiment
-from refdml.reproduce._stats import (
+from refdml.reproduce.stats import (
+    ALPHA,
     BASELINE_DID_NOT_LEARN,
     INCONCLUSIVE,
+    JUDGED,
+    METHOD_DID_NOT_LEARN,
+    NOT_JUDGED,
     NOT_REPRODUCED,
     REPRODUCED,
+    SMOKE,
+    STILL_RISING,
+    UNDERPOWERED,
     VERDICT_MEANINGS,
     VERDICTS,
     bound_text,
     compare,
     competence,
     gate_text,
+    holm,
+    pooled_sd,
+    seeds_needed,
     summarise,
 )
 
 __all__ = ["evaluate_experiment", "is_report_folder", "summary_header", "summary_lines",
-           "write_json", "write_report"]
+           "trust_table", "write_json", "write_report"]
 
 _TITLE = "# refdml reproduce"
 
@@ -44,16 +53,21 @@ _TITLE = "# refdml reproduce"
 _VERDICT_WIDTH = max(map(len, VERDICTS)) + 2
 
 
-def _overall(verdicts: list[str]) -> str:
-    """The experiment's verdict over its comparisons' verdicts; the gated-out ones do not
-    count, and when every comparison was gated out that is the verdict."""
-    judged = [v for v in verdicts if v != BASELINE_DID_NOT_LEARN]
-    if verdicts and not judged:
-        return BASELINE_DID_NOT_LEARN
-    if judged and all(v == REPRODUCED for v in judged):
-        return REPRODUCED
+def _overall(verdicts: list[str], smoke: bool = False) -> str:
+    """The experiment's verdict over its comparisons' verdicts: ``smoke`` for a quick run;
+    ``not-reproduced`` when a judged comparison contradicts the claim; ``reproduced`` only
+    when every comparison was judged and reproduced (a claim is not reproduced by the part
+    of it that could be judged); when none was judged, their common reason or
+    ``not-judged``; else ``inconclusive``."""
+    if smoke:
+        return SMOKE
+    judged = [v for v in verdicts if v in JUDGED]
+    if not judged:
+        return verdicts[0] if verdicts and len(set(verdicts)) == 1 else NOT_JUDGED
     if any(v == NOT_REPRODUCED for v in judged):
         return NOT_REPRODUCED
+    if len(judged) == len(verdicts) and all(v == REPRODUCED for v in judged):
+        return REPRODUCED
     return INCONCLUSIVE
 
 
@@ -62,7 +76,7 @@ def _untrained_metric(gate: str) -> str:
     return f"untrained_{gate}"
 
 
-def _gate(run: dict, label: str, gate: str, seed: int) -> dict:
+def _gate(run: dict, label: str, gate: str) -> dict:
     """The competence gate of ``run`` (label ``label``) on metric ``gate``, as a JSON dict.
 
     Raises ValueError when a seed has ``gate`` but not ``untrained_<gate>``: a gate that
@@ -75,8 +89,23 @@ def _gate(run: dict, label: str, gate: str, seed: int) -> dict:
         raise ValueError(
             f"run {label!r}: metric {untrained_key!r} missing for seed(s) {missing} that have "
             f"{gate!r}; the competence gate needs the untrained model's {gate} of every seed")
-    g = competence(trained, untrained, metric=gate, seed=seed)
+    g = competence(trained, untrained, metric=gate)
     return {"run": label, **g.__dict__}
+
+
+def _rising(run: dict) -> list[int]:
+    """``[seeds still rising, seeds]`` of a run: a seed is still rising when its epoch
+    budget, not a plateau, ended it (its ``still_rising`` metric); a run without that
+    record (a result from before it existed) counts 0 of its seeds."""
+    values = run["values"].get("still_rising", {})
+    n = max((len(v) for v in run["values"].values()), default=0)
+    return [int(sum(1 for v in values.values() if v)), int(n)]
+
+
+def _is_rising(counts: list[int]) -> bool:
+    """A run counts as still rising when more than half of its seeds are."""
+    k, n = counts
+    return n > 0 and 2 * k > n
 
 
 def _run(run_tasks, outcome, failures: list, label: str) -> dict:
@@ -109,9 +138,9 @@ def _run(run_tasks, outcome, failures: list, label: str) -> dict:
 def _select(selection, candidates: list) -> dict:
     """Of ``candidates`` (``(value, run)`` pairs in the selection's order), the run with the
     best mean ``selection.metric`` (ties: the earlier value), with a ``selection`` record of
-    every candidate's setting, mean ``selection.metric`` (``validation``) and mean test
-    MAP@R (shown, never used to choose); the seconds of all candidates (the selection's
-    cost) are the run's."""
+    every candidate: its setting, mean ``selection.metric`` (``validation``), mean test
+    MAP@R (shown, never used to choose) and every per-seed value it measured (validation,
+    test, untrained); the seconds of all candidates (the selection's cost) are the run's."""
     means = []
     for _, run in candidates:
         s = run["summary"].get(selection.metric)
@@ -123,14 +152,79 @@ def _select(selection, candidates: list) -> dict:
         "key": selection.key, "metric": selection.metric, "chosen": candidates[best][0],
         "paper": selection.paper,
         "candidates": [{"setting": v, "validation": m if math.isfinite(m) else None,
-                        "test_map_at_r": r["summary"].get("test_map_at_r", {}).get("mean")}
+                        "test_map_at_r": r["summary"].get("test_map_at_r", {}).get("mean"),
+                        "values": r["values"]}
                        for (v, r), m in zip(candidates, means)]}
     return run
 
 
+def _comparison(c, runs: dict) -> dict:
+    """A comparison's entry before judgement: its effect, gates and plateau record."""
+    a = runs[c.run]["values"].get(c.metric, {})
+    b = runs[c.baseline]["values"].get(c.metric, {})
+    effect = compare(a, b, direction=c.direction, resolution=c.resolution)
+    entry = {"name": c.name, "run": c.run, "baseline": c.baseline, "metric": c.metric,
+             "direction": c.direction, **effect.__dict__}
+    entry["interval_verdict"] = entry.pop("verdict")
+    entry["rising"] = {"run": _rising(runs[c.run]), "baseline": _rising(runs[c.baseline])}
+    if c.gate is not None:
+        entry["gate"] = _gate(runs[c.baseline], c.baseline, c.gate)
+        # a method run without untrained values is "not measured" (None) rather than an
+        # error at the end of a long run; it then gates nothing
+        method = runs[c.run]
+        measured = set(method["values"].get(_untrained_metric(c.gate), {}))
+        entry["method_gate"] = (_gate(method, c.run, c.gate)
+                                if measured >= set(method["values"].get(c.gate, {})) else None)
+    return entry
+
+
+def _judge(entries: list[dict], smoke: bool) -> None:
+    """Set each entry's ``verdict`` (:mod:`refdml.reproduce.stats`, "The verdict"): the
+    gates, the plateau, the power at the experiment's pooled spread, then Holm over the
+    comparisons that reach the test. Adds ``pooled_sd``, ``power_alpha``, ``seeds_needed``
+    and ``seeds_for_observed`` (at the pooled spread and ``power_alpha``), ``p_adjusted``
+    and ``family`` (the names Holm adjusted over)."""
+    power_alpha = ALPHA / max(1, len(entries))
+    by_metric: dict[str, list[dict]] = {}
+    for e in entries:
+        by_metric.setdefault(e["metric"], []).append(e)
+    pooled = {m: pooled_sd([e["sd"] for e in es], [e["n"] for e in es])
+              for m, es in by_metric.items()}
+    tested = []
+    for e in entries:
+        sd = pooled[e["metric"]]
+        e["pooled_sd"], e["power_alpha"] = sd, power_alpha
+        e["seeds_needed"] = seeds_needed(sd, e["resolution"], alpha=power_alpha)
+        e["seeds_for_observed"] = (seeds_needed(sd, e["effect"], alpha=power_alpha)
+                                   if math.isfinite(e["effect"]) else math.nan)
+        e["p_adjusted"], e["family"] = math.nan, []
+        gate, method_gate = e.get("gate"), e.get("method_gate")
+        if gate is not None and not gate["learned"]:
+            e["verdict"] = BASELINE_DID_NOT_LEARN
+        elif method_gate is not None and not method_gate["learned"]:
+            e["verdict"] = METHOD_DID_NOT_LEARN
+        elif _is_rising(e["rising"]["run"]) or _is_rising(e["rising"]["baseline"]):
+            e["verdict"] = STILL_RISING
+        elif e["n"] < 2 or not e["n"] >= e["seeds_needed"]:
+            e["verdict"] = UNDERPOWERED
+        else:
+            tested.append(e)
+    family = [e["name"] for e in tested]
+    for e, p in zip(tested, holm([e["p_value"] for e in tested])):
+        e["p_adjusted"], e["family"] = p, family
+        claimed = e["direction"] * e["effect"] > 0
+        e["verdict"] = (INCONCLUSIVE if not p < ALPHA else
+                        REPRODUCED if claimed else NOT_REPRODUCED)
+    if smoke:
+        for e in entries:
+            e["verdict"] = SMOKE
+
+
 def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: int | None = None,
-                        bootstrap_seed: int = 0, scale: str = "small",
-                        device: str = "cpu") -> dict:
+                        scale: str = "small", device: str = "cpu") -> dict:
+    """An experiment's result: its runs (a selection's with every candidate's values), its
+    comparisons judged (:func:`_judge`) and its verdict (:func:`_overall`). A ``quick`` run
+    is a smoke run: every verdict is ``smoke`` (the numbers are computed and shown)."""
     grid = experiment.tasks(mode, seeds, scale=scale, device=device)
     failures: list = []
     entries = {name: _run(run_tasks, outcome, failures, name) for name, run_tasks in grid.items()}
@@ -142,31 +236,15 @@ def evaluate_experiment(experiment: Experiment, mode: str, outcome, *, seeds: in
         else:
             runs[label] = _select(selection, [(v, entries[selection.label(label, v)])
                                               for v in selection.values])
-    comparisons = []
-    for c in experiment.comparisons:
-        a = runs[c.run]["values"].get(c.metric, {})
-        b = runs[c.baseline]["values"].get(c.metric, {})
-        effect = compare(a, b, direction=c.direction, seed=bootstrap_seed,
-                         resolution=c.resolution)
-        entry = {"name": c.name, "run": c.run, "baseline": c.baseline, "metric": c.metric,
-                 "direction": c.direction, **effect.__dict__}
-        if c.gate is not None:
-            # the baseline's gate decides; the method's is reported beside it
-            entry["gate"] = _gate(runs[c.baseline], c.baseline, c.gate, bootstrap_seed)
-            # reported only: a method run without untrained values is "not measured" (None)
-            # rather than an error at the end of a long run
-            method = runs[c.run]
-            measured = set(method["values"].get(_untrained_metric(c.gate), {}))
-            entry["method_gate"] = (
-                _gate(method, c.run, c.gate, bootstrap_seed)
-                if measured >= set(method["values"].get(c.gate, {})) else None)
-            if not entry["gate"]["learned"]:
-                entry["verdict"] = BASELINE_DID_NOT_LEARN
-        comparisons.append(entry)
+    comparisons = [_comparison(c, runs) for c in experiment.comparisons]
+    smoke = mode == "quick"
+    _judge(comparisons, smoke)
     return {"id": experiment.id, "paper": experiment.paper, "claim": experiment.claim,
             "notes": experiment.notes, "mode": mode, "figures": list(experiment.figures),
             "seeds": experiment.seeds[mode] if seeds is None else seeds,
-            "verdict": _overall([c["verdict"] for c in comparisons]),
+            "own_question": experiment.own_question,
+            "deviations": list(experiment.deviations),
+            "verdict": _overall([c["verdict"] for c in comparisons], smoke),
             "comparisons": comparisons, "runs": runs, "failures": failures}
 
 
@@ -174,19 +252,73 @@ def _fmt(x: float | None) -> str:
     return "nan" if x is None or not math.isfinite(x) else f"{x:+.4f}"
 
 
-def _rules_out(c: dict) -> str:
-    """``|d| > bound`` for an inconclusive comparison, else a dash (the interval says it)."""
-    bound = c.get("bound")
-    if c["verdict"] != INCONCLUSIVE or bound is None or not math.isfinite(bound):
-        return "-"
-    return f"\\|effect\\| > {bound:.4f}"
-
-
-def _seeds_to_decide(c: dict) -> str:
+def _seeds_cell(c: dict) -> str:
+    """``run / needed`` seeds: the seeds the comparison paired and those that detect its
+    resolution with 80 % power at the experiment's pooled spread."""
     need = c.get("seeds_needed")
-    if c["verdict"] != INCONCLUSIVE or need is None or not math.isfinite(need):
+    text = "-" if need is None or not math.isfinite(need) else f"{need:.0f}"
+    return f"{c['n']} / {text}"
+
+
+def _gate_cell(gate: dict | None) -> str:
+    """A gate's table cell: ``yes +0.050`` / ``no +0.011 (< 0.02)`` / ``no +0.030 (n.s.)``."""
+    if not gate:
         return "-"
-    return f"~{need:.0f} (for {c.get('resolution', 0.02):g})"
+    gain = _fmt(gate["gain"])
+    if gate["learned"]:
+        return f"yes {gain}"
+    why = [] if gate.get("significant", False) else ["n.s."]
+    if not gate.get("large_enough", False):
+        why.append(f"< {gate.get('min_gain', 0.02):g}")
+    return f"no {gain} ({', '.join(why)})"
+
+
+def _plateau_cell(c: dict) -> str:
+    """How many seeds of each run ended at the budget still rising, ``run / baseline``."""
+    rising = c.get("rising")
+    if not rising:
+        return "-"
+    (k, n), (kb, nb) = rising["run"], rising["baseline"]
+    if k == 0 and kb == 0:
+        return "plateau"
+    return f"rising {k}/{n}, {kb}/{nb}"
+
+
+def _p_cell(c: dict) -> str:
+    p, q = c.get("p_value"), c.get("p_adjusted")
+    if p is None or not math.isfinite(p):
+        return "-"
+    adjusted = "" if q is None or not math.isfinite(q) else f" (Holm {q:.3g})"
+    return f"{p:.3g}{adjusted}"
+
+
+def _reason(c: dict) -> str | None:
+    """Why a comparison has its verdict, in words (None when the line says it)."""
+    v = c["verdict"]
+    if v == BASELINE_DID_NOT_LEARN:
+        return f"baseline {c['baseline']} {gate_text(c['gate'])}"
+    if v == METHOD_DID_NOT_LEARN:
+        return f"method {c['run']} {gate_text(c['method_gate'])}"
+    if v == STILL_RISING:
+        (k, n), (kb, nb) = c["rising"]["run"], c["rising"]["baseline"]
+        return (f"ended at the epoch budget still rising: {c['run']} {k} of {n} seeds, "
+                f"{c['baseline']} {kb} of {nb}")
+    if v == UNDERPOWERED:
+        return (f"{c['n']} seeds, ~{_count(c.get('seeds_needed'))} needed to detect "
+                f"{c['resolution']:g} at the pooled spread {_num(c.get('pooled_sd'))} "
+                f"(80% power, level {c.get('power_alpha', 0.05):.3g}); the interval alone "
+                f"would read {c.get('interval_verdict', '-')}")
+    if v in JUDGED and c["n"] >= 2:
+        return f"{bound_text(c)}; p = {_p_cell(c)}"
+    return None
+
+
+def _count(x) -> str:
+    return "?" if x is None or not math.isfinite(x) else f"{x:.0f}"
+
+
+def _num(x) -> str:
+    return "nan" if x is None or not math.isfinite(x) else f"{x:.4f}"
 
 
 def summary_header() -> list[str]:
@@ -197,13 +329,12 @@ def summary_header() -> list[str]:
 
 def summary_lines(result: dict) -> list[str]:
     """The experiment's line (its overall verdict) and one indented line per comparison, each
-    with that comparison's own verdict, effect and interval; a comparison whose baseline did
-    not learn gets a line with the baseline's gate (trained and untrained means, the gain).
+    with that comparison's own verdict, effect and interval, and a line saying why
+    (the gate that failed, the seeds still rising, the seeds power needs, or the bound and
+    the Holm-adjusted p-value).
 
-    The overall verdict, over the judged comparisons, is `reproduced` when every one is,
-    `not-reproduced` when any contradicts the claim, and `inconclusive` otherwise
-    (`baseline-did-not-learn` when none was judged); printing it beside the first comparison
-    would read as that comparison's verdict, so it gets a line of its own.
+    The overall verdict (:func:`_overall`) gets a line of its own: printed beside the
+    first comparison it would read as that comparison's verdict.
     """
     n = len(result["comparisons"])
     lines = [f"{result['id']:<24}{result['verdict']:<{_VERDICT_WIDTH}}"
@@ -212,11 +343,9 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"{'':<2}{c['verdict']:<{_VERDICT_WIDTH}}{c['name']}: "
                      f"{_fmt(c['effect'])} [{_fmt(c['low'])}, {_fmt(c['high'])}] over "
                      f"{c['n']} seeds")
-        if c["verdict"] == INCONCLUSIVE and c["n"] >= 2:
-            lines.append(f"{'':<{2 + _VERDICT_WIDTH}}{bound_text(c)}")
-        if c["verdict"] == BASELINE_DID_NOT_LEARN:
-            lines.append(f"{'':<{2 + _VERDICT_WIDTH}}baseline {c['baseline']} "
-                         f"{gate_text(c['gate'])}")
+        reason = _reason(c)
+        if reason:
+            lines.append(f"{'':<{2 + _VERDICT_WIDTH}}{reason}")
     chosen = [f"{label} {run['selection']['key']}={run['selection']['chosen']} (paper: "
               f"{_paper_setting(run['selection'])})"
               for label, run in result["runs"].items() if run.get("selection")]
@@ -482,14 +611,26 @@ def _selection_lines(result: dict) -> list[str]:
     return lines
 
 
-def _learned_cell(c: dict) -> str:
-    """The verdict table's "baseline learned?" cell: the baseline's gain over the untrained
-    model with its interval, prefixed "no: " when it did not learn; "-" without a gate."""
-    gate = c.get("gate")
-    if not gate:
-        return "-"
-    text = f"gain {_fmt(gate['gain'])} [{_fmt(gate['low'])}, {_fmt(gate['high'])}]"
-    return text if gate["learned"] else f"no: {text}"
+def trust_table(payload: dict) -> list[str]:
+    """The trust table of a run's verdicts, as Markdown lines: per comparison its effect and
+    interval, the seeds it paired against those power needs, both gates, the plateau, the
+    p-value (Holm-adjusted), the experiment's deviations from its paper and the verdict."""
+    lines = ["| experiment | comparison (claimed) | effect [95% CI] | seeds / needed | "
+             "baseline learned? | method learned? | plateau | p (Holm) | deviations from "
+             "the paper | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in payload["experiments"]:
+        head = f"`{r['id']}`" + (" (the project's own question)"
+                                 if r.get("own_question") else "")
+        deviations = "; ".join(r.get("deviations") or []) or "-"
+        for k, c in enumerate(r["comparisons"]):
+            lines.append(
+                f"| {head if k == 0 else ''} | {c['name']} | {_fmt(c['effect'])} "
+                f"[{_fmt(c['low'])}, {_fmt(c['high'])}] | {_seeds_cell(c)} | "
+                f"{_gate_cell(c.get('gate'))} | {_gate_cell(c.get('method_gate'))} | "
+                f"{_plateau_cell(c)} | {_p_cell(c)} | {deviations if k == 0 else ''} | "
+                f"{c['verdict']} |")
+    return lines
 
 
 def _gate_lines(result: dict) -> list[str]:
@@ -504,15 +645,16 @@ def _gate_lines(result: dict) -> list[str]:
                 rows[(g["run"], g["metric"])] = (role, g)
     if not rows:
         return []
-    lines = ["", "Competence gate: each run's metric against the same network untrained "
-             "(paired by seed; learned when the 95% interval of the gain lies above 0):", "",
+    lines = ["", "Gates: each run's test MAP@R against the same network untrained (paired by "
+             "seed; learned when the 95% interval of the gain lies above 0 and the mean gain "
+             "is at least the minimum):", "",
              "| run | role | metric | trained | untrained | gain [95% CI] | seeds | learned |",
              "|---|---|---|---|---|---|---|---|"]
     for (label, metric), (role, g) in rows.items():
         lines.append(f"| `{label}` | {role} | {metric} | {_mean(g['trained'])} | "
                      f"{_mean(g['untrained'])} | {_fmt(g['gain'])} "
                      f"[{_fmt(g['low'])}, {_fmt(g['high'])}] | {g['n']} | "
-                     f"{'yes' if g['learned'] else 'no'} |")
+                     f"{_gate_cell(g).split(' ')[0]} |")
     return lines
 
 
@@ -557,22 +699,14 @@ def write_report(directory, payload: dict) -> Path:
              "cache).", "",
              "Verdicts (computed, never written by hand):", ""]
     lines += [f"- `{k}`: {v}" for k, v in VERDICT_MEANINGS.items()]
-    lines += ["", "An inconclusive comparison is bounded: with 95% confidence the effect is smaller "
-              "in size than the larger end of its interval (\"rules out\"), and the "
-              "\"seeds to decide\" column estimates the seeds that would decide an effect of "
-              "the comparison's resolution (docs/reproduce.md, Statistics). \"Baseline "
-              "learned?\": the competence gate, the baseline's mean gain over the same network "
-              "untrained with its 95% interval (paired by seed); a comparison is judged only "
-              "when that interval lies above 0, and \"no\" makes its verdict "
-              f"`{BASELINE_DID_NOT_LEARN}` (\"-\": no gate).", "",
-              "| experiment | verdict | comparison | effect | 95% CI | seeds | rules out "
-              "| seeds to decide | baseline learned? |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for r in payload["experiments"]:
-        for c in r["comparisons"]:
-            lines.append(f"| `{r['id']}` | {c['verdict']} | {c['name']} | {_fmt(c['effect'])} "
-                         f"| [{_fmt(c['low'])}, {_fmt(c['high'])}] | {c['n']} | "
-                         f"{_rules_out(c)} | {_seeds_to_decide(c)} | {_learned_cell(c)} |")
+    lines += ["", "Columns: the paired effect (method minus baseline, same seed) with its 95% "
+              "Student-t interval; the seeds paired and those that detect the comparison's "
+              "resolution with 80% power at the experiment's pooled spread; each run's gain "
+              "over the same network untrained (learned: significant and at least the "
+              "minimum gain); whether each run reached a plateau (seeds still rising at the "
+              "epoch budget, method / baseline); the t-test p-value and its Holm adjustment "
+              "over the experiment's judged comparisons (docs/reproduce.md, Statistics).", ""]
+    lines += trust_table(payload)
     for r in payload["experiments"]:
         lines += ["", f"## `{r['id']}`: {r['verdict']}", "", f"*{r['paper']}.* {r['claim']}"]
         if r["notes"]:

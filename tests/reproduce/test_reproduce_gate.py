@@ -1,59 +1,84 @@
-"""The competence gate in refdml reproduce's results: a comparison whose baseline did not
-learn gets the verdict ``baseline-did-not-learn`` (its effect still shown), the experiment's
-verdict counts only the judged comparisons, a missing untrained value is an error, and the
-lines, the JSON, the report and the curves show the gate.
+"""The verdicts in refdml reproduce's results: gates on both sides (significant and large
+enough), the plateau, power, Holm's adjustment over an experiment's comparisons, the smoke
+run, every candidate kept, and the lines, JSON, report, trust table and curves that show
+them.
 
-The per-seed metrics are written by hand into an :class:`Outcome` (no training): with 3
-seeds the bootstrap interval of a mean is [smallest, largest] value (1/27 > 2.5 %, see
-tests/reproduce/test_reproduce_stats.py), so every interval below is read off the numbers."""
+The per-seed metrics are written by hand into an :class:`Outcome` (no training). The
+differences are built so that each verdict is clear-cut; where a number is asserted it is
+recomputed here with SciPy (t interval, t-test) or by hand (Holm)."""
 
 import json
 import math
 
+import numpy as np
 import pytest
 from numpy.testing import assert_allclose
+from scipy import stats as sps
 
 from refdml.reproduce import Comparison, Experiment, Outcome, Selection
 from refdml.reproduce._report import (
     _curves,
+    _overall,
     _untrained_level,
     evaluate_experiment,
     summary_header,
     summary_lines,
+    trust_table,
     write_json,
     write_report,
 )
-from refdml.reproduce._stats import BASELINE_DID_NOT_LEARN, NOT_REPRODUCED, REPRODUCED
+from refdml.reproduce.stats import (
+    BASELINE_DID_NOT_LEARN,
+    INCONCLUSIVE,
+    METHOD_DID_NOT_LEARN,
+    NOT_JUDGED,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    SMOKE,
+    STILL_RISING,
+    UNDERPOWERED,
+)
 
 GATE = "test_map_at_r"
-SEEDS = 3
-UNTRAINED = [0.015, 0.016, 0.017]          # the untrained model's test MAP@R, per seed
+SEEDS = 4
+UNTRAINED = np.array([0.015, 0.016, 0.017, 0.018])    # the untrained model's test MAP@R
+E = np.array([0.0, 0.001, -0.001, 0.0005])            # a small per-seed wobble
 #: each run's gain over the untrained model, per seed
 GAINS = {
-    "good": [0.03, 0.04, 0.05],            # learned: every seed gained (low end 0.03)
-    "flat": [0.002, -0.001, 0.002],        # did not learn: low end -0.001
-    "method": [0.06, 0.07, 0.09],
-    "worse": [0.01, 0.02, 0.02],           # learned, below "good" on every seed
+    "good": 0.06 + E,                                 # learned
+    "flat": np.array([0.002, -0.001, 0.002, 0.001]),  # did not learn: not significant, tiny
+    "method": 0.10 + 2 * E,                           # learned; method - good = 0.04 + E
+    "tiny": 0.006 + E,                                # significant, below the minimum gain
+    "worse": 0.03 + E,                                # learned, below "good" on every seed
+    "noisy": 0.08 + np.array([0.05, -0.03, 0.04, -0.01]),   # learned; noisy against good
+    "nudge1": 0.06 + E + np.array([0.001, 0.005, 0.002, 0.004]),
+    "nudge2": 0.06 + E + np.array([0.004, 0.002, 0.005, 0.001]),
 }
 
 
-def _experiment(comparisons, runs=("good", "flat", "method", "worse"), **kwargs):
+def _experiment(comparisons, runs=tuple(GAINS), **kwargs):
     return Experiment("toy.gate", "none", "method beats its baselines", "toy",
                       {r: ("a", {"tag": r}) for r in runs}, tuple(comparisons),
                       metrics=(GATE,), **kwargs)
 
 
-def _metrics(gains, seed, *, untrained=True):
-    m = {GATE: UNTRAINED[seed] + gains[seed], "val_map_at_r": UNTRAINED[seed] + gains[seed]}
+def _gated(a, b, metric=GATE, direction=+1):
+    return Comparison(a, b, metric, direction, gate=GATE)
+
+
+def _metrics(name, seed, *, untrained=True, rising=()):
+    m = {GATE: UNTRAINED[seed] + GAINS[name][seed],
+         "val_map_at_r": UNTRAINED[seed] + GAINS[name][seed],
+         "still_rising": 1.0 if seed in rising else 0.0}
     if untrained:
         m[f"untrained_{GATE}"] = UNTRAINED[seed]
     return m
 
 
-def _outcome(experiment, metrics_of, seeds=SEEDS):
+def _outcome(experiment, metrics_of, seeds=SEEDS, mode="full"):
     """``metrics_of(grid label, seed)`` -> the metrics dict of that task."""
     out = Outcome()
-    for name, tasks in experiment.tasks("quick", seeds).items():
+    for name, tasks in experiment.tasks(mode, seeds).items():
         for t in tasks:
             m = metrics_of(name, t.seed)
             out.results[t] = {"metrics": m, "seconds": 1.0,
@@ -61,144 +86,229 @@ def _outcome(experiment, metrics_of, seeds=SEEDS):
     return out
 
 
-def _evaluate(experiment, **kwargs):
-    out = _outcome(experiment, lambda name, s: _metrics(GAINS[name], s, **kwargs))
-    return evaluate_experiment(experiment, "quick", out, seeds=SEEDS)
+def _evaluate(experiment, mode="full", **kwargs):
+    out = _outcome(experiment, lambda name, s: _metrics(name, s, **kwargs), mode=mode)
+    return evaluate_experiment(experiment, mode, out, seeds=SEEDS)
 
 
-def test_a_baseline_that_did_not_learn_is_not_judged():
-    experiment = _experiment([Comparison("method", "good", GATE, +1, gate=GATE),
-                              Comparison("method", "flat", GATE, +1, gate=GATE)])
-    result = _evaluate(experiment)
-    judged, gated = result["comparisons"]
-    # method - good = (0.03, 0.03, 0.04): interval [0.03, 0.04], reproduced
+def _payload(result, mode="full"):
+    return {"mode": mode, "wall_seconds": 1.0, "workers": "in this process",
+            "code_version": "x", "tasks": {"computed": 12, "cached": 0},
+            "experiments": [result]}
+
+
+# --------------------------------------------------------------------------- gates
+def test_both_runs_are_gated_on_significance_and_size():
+    experiment = _experiment([_gated("method", "good"), _gated("method", "flat"),
+                              _gated("tiny", "good")])
+    judged, no_baseline, no_method = _evaluate(experiment)["comparisons"]
+    # method - good = 0.04 + E: the t interval, recomputed with SciPy
+    d = 0.04 + E
+    assert_allclose([judged["effect"], judged["low"], judged["high"]],
+                    [d.mean(), *sps.t.interval(0.95, 3, loc=d.mean(), scale=sps.sem(d))],
+                    rtol=1e-9)
     assert judged["verdict"] == REPRODUCED and judged["gate"]["learned"]
-    assert_allclose([judged["gate"]["gain"], judged["gate"]["low"], judged["gate"]["high"]],
-                    [0.04, 0.03, 0.05], rtol=0, atol=1e-12)
-    # method - flat = (0.058, 0.071, 0.088): it would read reproduced; the gate says no
-    assert gated["verdict"] == BASELINE_DID_NOT_LEARN
-    assert_allclose([gated["effect"], gated["low"], gated["high"]],
-                    [0.217 / 3, 0.058, 0.088], rtol=0, atol=1e-12)
-    g = gated["gate"]
-    assert g["run"] == "flat" and g["metric"] == GATE and not g["learned"] and g["n"] == 3
-    assert_allclose([g["trained"], g["untrained"], g["gain"], g["low"], g["high"]],
-                    [0.016 + 0.001, 0.016, 0.001, -0.001, 0.002], rtol=0, atol=1e-12)
-    # the method's own gate is reported beside it (it does not gate)
-    m = gated["method_gate"]
-    assert m["run"] == "method" and m["learned"]
-    assert_allclose(m["gain"], 0.22 / 3, rtol=0, atol=1e-12)
-    # the experiment's verdict counts only the judged comparison
-    assert result["verdict"] == REPRODUCED
-
-
-@pytest.mark.parametrize("pairs, expected", [
-    ((("method", "flat"),), BASELINE_DID_NOT_LEARN),                  # nothing judged
-    ((("worse", "good"), ("method", "flat")), NOT_REPRODUCED),        # judged: contradicted
-    ((("method", "good"), ("method", "worse")), REPRODUCED),
-])
-def test_the_experiment_verdict_counts_only_judged_comparisons(pairs, expected):
-    experiment = _experiment([Comparison(a, b, GATE, +1, gate=GATE) for a, b in pairs])
-    assert _evaluate(experiment)["verdict"] == expected
-
-
-def test_no_gate_keeps_the_old_verdict_and_adds_no_gate_record():
-    experiment = _experiment([Comparison("method", "flat", GATE, +1)])
-    result = _evaluate(experiment, untrained=False)
-    (c,) = result["comparisons"]
-    assert c["verdict"] == REPRODUCED and "gate" not in c and result["verdict"] == REPRODUCED
+    assert judged["method_gate"]["learned"]
+    # flat: gains +0.002 -0.001 +0.002 +0.001, neither significant nor 0.02
+    g = no_baseline["gate"]
+    assert no_baseline["verdict"] == BASELINE_DID_NOT_LEARN and not g["learned"]
+    assert not g["significant"] and not g["large_enough"]
+    assert_allclose(g["gain"], 0.001, rtol=1e-9)
+    # tiny: consistent, significant, but 0.006 < the minimum gain 0.02
+    m = no_method["method_gate"]
+    assert no_method["verdict"] == METHOD_DID_NOT_LEARN
+    assert m["significant"] and not m["large_enough"] and m["run"] == "tiny"
+    # a gated-out comparison is left out of the Holm family
+    assert judged["family"] == [judged["name"]] and no_baseline["family"] == []
 
 
 def test_missing_untrained_values_are_an_error_naming_run_and_metric():
-    experiment = _experiment([Comparison("method", "flat", GATE, +1, gate=GATE)])
+    experiment = _experiment([_gated("method", "flat")])
     with pytest.raises(ValueError, match=r"run 'flat': metric 'untrained_test_map_at_r' "
-                                         r"missing for seed\(s\) \[0, 1, 2\]"):
+                                         r"missing for seed\(s\) \[0, 1, 2, 3\]"):
         _evaluate(experiment, untrained=False)
-    # one seed without it is enough to refuse
-    out = _outcome(experiment, lambda name, s: _metrics(GAINS[name], s, untrained=s != 1))
+    out = _outcome(experiment, lambda name, s: _metrics(name, s, untrained=s != 1))
     with pytest.raises(ValueError, match=r"seed\(s\) \[1\]"):
-        evaluate_experiment(experiment, "quick", out, seeds=SEEDS)
+        evaluate_experiment(experiment, "full", out, seeds=SEEDS)
 
 
 def test_a_baseline_with_no_finished_seed_did_not_learn():
-    experiment = _experiment([Comparison("method", "flat", GATE, +1, gate=GATE)])
-    out = _outcome(experiment, lambda name, s: _metrics(GAINS[name], s))
-    for t in experiment.tasks("quick", SEEDS)["flat"]:
+    experiment = _experiment([_gated("method", "flat")])
+    out = _outcome(experiment, lambda name, s: _metrics(name, s))
+    for t in experiment.tasks("full", SEEDS)["flat"]:
         out.results.pop(t)
         out.failures[t] = "Traceback: on purpose"
-    result = evaluate_experiment(experiment, "quick", out, seeds=SEEDS)
+    result = evaluate_experiment(experiment, "full", out, seeds=SEEDS)
     (c,) = result["comparisons"]
     assert c["verdict"] == BASELINE_DID_NOT_LEARN and c["gate"]["n"] == 0
     assert len(result["failures"]) == SEEDS
 
 
-def test_the_gate_is_on_the_selected_candidate_and_the_paper_setting_is_reported(tmp_path):
-    """The baseline chooses ``lr`` on validation: 2 has the better validation MAP@R and did
-    not learn against its untrained model (1 did): the gate is the chosen one's."""
-    experiment = _experiment([Comparison("method", "base", GATE, +1, gate=GATE)],
-                             runs=("method", "base"),
+def test_a_method_without_untrained_values_gates_nothing():
+    experiment = _experiment([_gated("method", "good")])
+    out = _outcome(experiment, lambda name, s: _metrics(name, s, untrained=name != "method"))
+    (c,) = evaluate_experiment(experiment, "full", out, seeds=SEEDS)["comparisons"]
+    assert c["method_gate"] is None and c["verdict"] == REPRODUCED
+
+
+# --------------------------------------------------------------------------- plateau
+@pytest.mark.parametrize("rising, expected", [((0, 1, 2), STILL_RISING), ((0, 1), REPRODUCED),
+                                              ((), REPRODUCED)])
+def test_runs_still_rising_in_most_seeds_are_not_judged(rising, expected):
+    experiment = _experiment([_gated("method", "good")])
+    (c,) = _evaluate(experiment, rising=rising)["comparisons"]
+    assert c["verdict"] == expected
+    assert c["rising"] == {"run": [len(rising), SEEDS], "baseline": [len(rising), SEEDS]}
+
+
+# --------------------------------------------------------------------------- power
+def test_a_comparison_with_too_few_seeds_for_its_spread_is_underpowered():
+    experiment = _experiment([_gated("noisy", "good")])
+    (c,) = _evaluate(experiment)["comparisons"]
+    d = GAINS["noisy"] - GAINS["good"]
+    # one comparison: the pooled spread is its own, the power level 0.05
+    assert_allclose(c["pooled_sd"], d.std(ddof=1), rtol=1e-9)
+    assert c["power_alpha"] == 0.05 and c["seeds_needed"] > SEEDS
+    assert c["verdict"] == UNDERPOWERED
+    # what the interval alone says is kept beside it
+    low, _ = sps.t.interval(0.95, 3, loc=d.mean(), scale=sps.sem(d))
+    assert c["interval_verdict"] == (REPRODUCED if low > 0 else INCONCLUSIVE)
+    assert "needed to detect 0.02" in "\n".join(summary_lines(_evaluate(experiment)))
+
+
+def test_power_uses_the_pooled_spread_of_the_experiments_comparisons():
+    """The quiet comparison alone would have the power; pooled with a noisy one on the same
+    metric it does not."""
+    alone = _evaluate(_experiment([_gated("method", "good")]))["comparisons"][0]
+    both = _evaluate(_experiment([_gated("method", "good"), _gated("noisy", "good")]))
+    quiet = both["comparisons"][0]
+    sds = [np.std(0.04 + E, ddof=1), np.std(GAINS["noisy"] - GAINS["good"], ddof=1)]
+    assert_allclose(quiet["pooled_sd"], math.sqrt((sds[0] ** 2 + sds[1] ** 2) / 2), rtol=1e-9)
+    assert quiet["power_alpha"] == 0.025
+    assert alone["verdict"] == REPRODUCED and quiet["verdict"] == UNDERPOWERED
+
+
+# --------------------------------------------------------------------------- Holm
+def test_holm_adjusts_over_the_judged_comparisons():
+    """Each nudge alone is significant at 5 % (its interval excludes 0), together Holm's
+    adjusted p-values are 2 x the smaller and then the running maximum: neither is."""
+    experiment = _experiment([_gated("nudge1", "good"), _gated("nudge2", "good")])
+    c1, c2 = _evaluate(experiment)["comparisons"]
+    p1 = sps.ttest_1samp(GAINS["nudge1"] - GAINS["good"], 0.0).pvalue
+    p2 = sps.ttest_1samp(GAINS["nudge2"] - GAINS["good"], 0.0).pvalue
+    assert p1 < 0.05 and p2 < 0.05
+    assert_allclose([c1["p_value"], c2["p_value"]], [p1, p2], rtol=1e-9)
+    small, large = sorted([p1, p2])
+    expected = {small: min(1, 2 * small), large: max(min(1, 2 * small), large)}
+    assert_allclose([c1["p_adjusted"], c2["p_adjusted"]], [expected[p1], expected[p2]],
+                    rtol=1e-9)
+    assert c1["interval_verdict"] == c2["interval_verdict"] == REPRODUCED
+    assert c1["verdict"] == c2["verdict"] == INCONCLUSIVE
+    assert c1["family"] == c2["family"] == [c1["name"], c2["name"]]
+    # alone, the same comparison is reproduced
+    (alone,) = _evaluate(_experiment([_gated("nudge1", "good")]))["comparisons"]
+    assert alone["verdict"] == REPRODUCED and alone["p_adjusted"] == pytest.approx(p1)
+
+
+def test_the_sign_decides_between_reproduced_and_not():
+    experiment = _experiment([_gated("worse", "good"), _gated("worse", "good", direction=-1)])
+    claimed_up, claimed_down = _evaluate(experiment)["comparisons"]
+    assert claimed_up["verdict"] == NOT_REPRODUCED and claimed_down["verdict"] == REPRODUCED
+
+
+# --------------------------------------------------------------------------- smoke, overall
+def test_a_quick_run_is_a_smoke_run():
+    experiment = _experiment([_gated("method", "good"), _gated("method", "flat")])
+    result = _evaluate(experiment, mode="quick")
+    assert result["verdict"] == SMOKE
+    assert [c["verdict"] for c in result["comparisons"]] == [SMOKE, SMOKE]
+    # the numbers are still computed and shown
+    assert result["comparisons"][0]["interval_verdict"] == REPRODUCED
+
+
+@pytest.mark.parametrize("verdicts, expected", [
+    ([REPRODUCED, REPRODUCED], REPRODUCED),
+    ([REPRODUCED, UNDERPOWERED], INCONCLUSIVE),       # half a claim is not a claim
+    ([REPRODUCED, NOT_REPRODUCED], NOT_REPRODUCED),
+    ([NOT_REPRODUCED, BASELINE_DID_NOT_LEARN], NOT_REPRODUCED),
+    ([INCONCLUSIVE, REPRODUCED], INCONCLUSIVE),
+    ([BASELINE_DID_NOT_LEARN, BASELINE_DID_NOT_LEARN], BASELINE_DID_NOT_LEARN),
+    ([UNDERPOWERED, STILL_RISING], NOT_JUDGED),
+    ([], NOT_JUDGED),
+])
+def test_the_experiment_verdict(verdicts, expected):
+    assert _overall(verdicts) == expected
+    assert _overall(verdicts, smoke=True) == SMOKE
+
+
+# --------------------------------------------------------------------------- every candidate
+def test_every_candidate_is_kept_and_the_gate_is_the_chosen_ones(tmp_path):
+    experiment = _experiment([_gated("method", "base")], runs=("method", "base"),
                              select={"base": Selection("lr", (1, 2), paper=0.5),
                                      "method": Selection("mu", (0.1, 0.2))})
     candidate = {"base [lr=1]": "worse", "base [lr=2]": "flat",
                  "method [mu=0.1]": "method", "method [mu=0.2]": "good"}
 
     def metrics(name, s):
-        m = _metrics(GAINS[candidate[name]], s)
+        m = _metrics(candidate[name], s)
         if name == "base [lr=2]":   # the best validation score, a test score that did not learn
             m["val_map_at_r"] = 1.0
         return m
 
-    result = evaluate_experiment(experiment, "quick", _outcome(experiment, metrics),
+    result = evaluate_experiment(experiment, "full", _outcome(experiment, metrics),
                                  seeds=SEEDS)
     base = result["runs"]["base"]
     assert base["selection"]["chosen"] == 2 and base["selection"]["paper"] == 0.5
-    assert result["runs"]["method"]["selection"]["paper"] is None
     (c,) = result["comparisons"]
-    assert c["verdict"] == BASELINE_DID_NOT_LEARN and not c["gate"]["learned"]
-    assert_allclose(c["gate"]["gain"], 0.001, rtol=0, atol=1e-12)
-    lines = summary_lines(result)
-    assert "chosen on validation: method mu=0.1 (paper: not stated), base lr=2 (paper: 0.5)" \
-        in lines[-1]
-    payload = {"mode": "quick", "wall_seconds": 1.0, "workers": "in this process",
-               "code_version": "x", "tasks": {"computed": 12, "cached": 0},
-               "experiments": [result]}
-    text = write_report(tmp_path, payload).read_text()
+    assert c["verdict"] == BASELINE_DID_NOT_LEARN
+    # every candidate keeps its per-seed values: validation, test and untrained
+    first, second = base["selection"]["candidates"]
+    assert first["setting"] == 1 and set(first["values"]) >= {
+        GATE, "val_map_at_r", f"untrained_{GATE}"}
+    assert_allclose([first["values"][GATE][s] for s in range(SEEDS)],
+                    UNTRAINED + GAINS["worse"], rtol=1e-12)
+    assert second["values"]["val_map_at_r"] == {s: 1.0 for s in range(SEEDS)}
+    write_json(tmp_path / "r.json", _payload(result))
+    loaded = json.loads((tmp_path / "r.json").read_text())["experiments"][0]
+    kept = loaded["runs"]["base"]["selection"]["candidates"][0]["values"][GATE]
+    assert_allclose([kept[str(s)] for s in range(SEEDS)], UNTRAINED + GAINS["worse"],
+                    rtol=1e-12)
+    text = write_report(tmp_path / "report", _payload(result)).read_text()
     assert "- `base`: `lr` = 2 (the paper's: 0.5), the best mean val_map_at_r of 1: " in text
-    assert "- `method`: `mu` = 0.1 (the paper's: not stated)" in text
 
 
-def test_lines_json_and_report_show_the_gate(tmp_path):
-    experiment = _experiment([Comparison("method", "good", GATE, +1, gate=GATE),
-                              Comparison("method", "flat", GATE, +1, gate=GATE)])
-    result = _evaluate(experiment)
+# --------------------------------------------------------------------------- what shows it
+def test_lines_json_report_and_trust_table(tmp_path):
+    experiment = _experiment([_gated("method", "good"), _gated("method", "flat"),
+                              _gated("noisy", "good")],
+                             deviations=("toy data",))
+    result = _evaluate(experiment, rising=(0,))
     lines = summary_lines(result)
-    assert lines[0].split()[:2] == ["toy.gate", REPRODUCED]
-    assert lines[2].split()[0] == BASELINE_DID_NOT_LEARN
-    assert lines[3].strip() == ("baseline flat did not learn: test_map_at_r gain +0.0010 "
-                                "[-0.0010, +0.0020] (0.0170 vs untrained 0.0160, 3 seeds)")
-    # the header's columns line up with the comparisons' lines
+    # the noisy comparison's spread, pooled, leaves the quiet one underpowered too
+    assert lines[0].split()[:2] == ["toy.gate", NOT_JUDGED]
+    assert lines[1].split()[0] == UNDERPOWERED
+    text = "\n".join(lines)
+    assert ("baseline flat did not learn (not significant, below the minimum gain 0.02): "
+            "test_map_at_r gain +0.0010") in text
     head = summary_header()
     assert head[1].index("comparison") == lines[1].index("test_map_at_r: method > good")
-    assert head[0].index("verdict") == lines[0].index(REPRODUCED)
-    # JSON: the gate survives the round trip, and the lines read the same from it
-    payload = {"mode": "quick", "wall_seconds": 1.0, "workers": "in this process",
-               "code_version": "x", "tasks": {"computed": 12, "cached": 0},
-               "experiments": [result]}
-    write_json(tmp_path / "r.json", payload)
+    # JSON round trip: the lines read the same from it
+    write_json(tmp_path / "r.json", _payload(result))
     loaded = json.loads((tmp_path / "r.json").read_text())["experiments"][0]
-    assert loaded["comparisons"][1]["gate"]["seeds"] == [0, 1, 2]
-    assert loaded["comparisons"][1]["method_gate"]["learned"] is True
     assert summary_lines(loaded) == lines
-    text = write_report(tmp_path / "report", payload).read_text()
-    assert "| seeds to decide | baseline learned? |" in text
-    assert ("| `toy.gate` | baseline-did-not-learn | test_map_at_r: method > flat | +0.0723 "
-            "| [+0.0580, +0.0880] | 3 | - | - | no: gain +0.0010 [-0.0010, +0.0020] |") in text
-    assert ": method > good | +0.0333 | [+0.0300, +0.0400] | 3 | - | - | gain +0.0400 " \
-           "[+0.0300, +0.0500] |" in text
-    assert f"- `{BASELINE_DID_NOT_LEARN}`: not judged" in text
-    # the gate table: both baselines and the method, once each
-    assert "| `flat` | baseline | test_map_at_r | 0.0170 | 0.0160 | +0.0010 [-0.0010, " \
-           "+0.0020] | 3 | no |" in text
-    assert text.count("| `method` | method | test_map_at_r |") == 1
+    assert loaded["deviations"] == ["toy data"]
+    table = trust_table({"experiments": [loaded]})
+    assert table[0].startswith("| experiment | comparison (claimed) | effect [95% CI] | "
+                               "seeds / needed |")
+    assert len(table) == 2 + 3
+    flat_row = table[3]
+    assert "no +0.0010 (n.s., < 0.02)" in flat_row and flat_row.endswith(
+        f"| {BASELINE_DID_NOT_LEARN} |")
+    assert "rising 1/4, 1/4" in table[2] and "toy data" in table[2]
+    report = write_report(tmp_path / "report", _payload(result)).read_text()
+    assert table[2] in report
+    assert "| `flat` | baseline | test_map_at_r | 0.0175 | 0.0165 | +0.0010" in report
+    assert report.count("| `method` | method | test_map_at_r |") == 1
 
 
 def test_untrained_level_prefers_the_untrained_metric_then_epoch_zero():
@@ -215,7 +325,7 @@ def test_curves_draw_each_runs_untrained_level_in_its_colour(tmp_path, monkeypat
     pytest.importorskip("matplotlib")
     import refdml.reproduce._report as report
 
-    experiment = _experiment([Comparison("method", "flat", GATE, +1, gate=GATE)])
+    experiment = _experiment([_gated("method", "flat")], runs=("method", "flat"))
     result = _evaluate(experiment)
     drawn = {}
     monkeypatch.setattr(report, "save_figure", lambda fig, path, **kw: drawn.update(fig=fig))
@@ -224,11 +334,10 @@ def test_curves_draw_each_runs_untrained_level_in_its_colour(tmp_path, monkeypat
     solid = {line.get_label(): line for line in ax.get_lines() if line.get_linestyle() == "-"}
     dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert set(solid) == set(experiment.runs) and len(dashed) == len(experiment.runs)
-    # every run's untrained level is the same here (the mean of UNTRAINED), in its colour
     assert sorted(line.get_color() for line in dashed) == sorted(
         line.get_color() for line in solid.values())
     for line in dashed:
-        assert_allclose(line.get_ydata(), [0.016, 0.016], rtol=1e-12)
+        assert_allclose(line.get_ydata(), [UNTRAINED.mean()] * 2, rtol=1e-12)
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend.count("untrained (each run's colour)") == 1
     assert ax.get_xlabel() == "epoch (0: untrained)" and ax.get_ylabel() == GATE
@@ -245,52 +354,18 @@ def _docs_pages():
     return module
 
 
-def test_the_results_table_shows_the_gate_and_a_dash_for_json_without_one(tmp_path):
-    """scripts/docs_pages.py: a gated-out verdict carries the baseline's gain; the column
-    "baseline learned?" appears once a run's JSON has gates, with "—" for a run without."""
+def test_the_results_page_shows_the_default_runs_trust_table_and_the_quick_smoke(tmp_path):
     pages = _docs_pages()
-    experiment = _experiment([Comparison("method", "good", GATE, +1, gate=GATE),
-                              Comparison("method", "flat", GATE, +1, gate=GATE)])
-    payload = {"mode": "quick", "wall_seconds": 1.0, "workers": "in this process",
-               "code_version": "x", "tasks": {"computed": 12, "cached": 0},
-               "experiments": [_evaluate(experiment)]}
-    write_json(tmp_path / "r.json", payload)
-    new = json.loads((tmp_path / "r.json").read_text())
-    old = json.loads(json.dumps(new))                   # the same run before the gate
-    for c in old["experiments"][0]["comparisons"]:
-        del c["gate"], c["method_gate"]
-        c["verdict"] = REPRODUCED
-    assert pages.reproduce_header(old, old) == pages.REPRODUCE_HEADER
-    assert [len(row) for row in pages.reproduce_rows(old, old)] == [6, 6]
-    assert pages.reproduce_header(new, old) == pages.REPRODUCE_HEADER + [pages.GATE_HEADER]
-    good, flat = pages.reproduce_rows(new, old)
-    assert good[3] == REPRODUCED and good[6] == "yes +0.040 [+0.030, +0.050] / —"
-    assert flat[2:6] == ["+0.072 [+0.058, +0.088]",
-                         "baseline-did-not-learn: baseline gain +0.001 [-0.001, +0.002]",
-                         "+0.072 [+0.058, +0.088]", REPRODUCED]
-    assert flat[6] == "no: +0.001 [-0.001, +0.002] / —"
-    table = pages.reproduce_table({**new, "scale": "small", "device": "cpu",
-                                   "task_cpu_seconds": 1.0},
-                                  {**old, "scale": "small", "device": "cpu",
-                                   "task_cpu_seconds": 1.0})
-    assert f"| {pages.GATE_HEADER} |" in table
-
-
-def test_a_method_without_untrained_values_is_reported_as_not_measured():
-    """The method's gate only informs: a method run without ``untrained_<gate>`` gets
-    ``method_gate`` None (the report leaves its row out) instead of an error at the end of
-    a long run; the baseline's decides and stays strict (the test above)."""
-    experiment = _experiment([Comparison("method", "good", GATE, +1, gate=GATE)])
-    out = _outcome(experiment, lambda name, s: _metrics(GAINS[name], s,
-                                                        untrained=name != "method"))
-    result = evaluate_experiment(experiment, "quick", out, seeds=SEEDS)
-    (c,) = result["comparisons"]
-    assert c["method_gate"] is None and c["gate"]["learned"] and c["verdict"] == REPRODUCED
-    assert "| `method` | method |" not in "\n".join(_report_lines(result))
-    assert "| `good` | baseline |" in "\n".join(_report_lines(result))
-
-
-def _report_lines(result):
-    from refdml.reproduce._report import _gate_lines
-
-    return _gate_lines(result)
+    experiment = _experiment([_gated("method", "good"), _gated("method", "flat")])
+    full = {**_payload(_evaluate(experiment)), "scale": "small", "device": "cpu",
+            "task_cpu_seconds": 1.0}
+    quick = {**_payload(_evaluate(experiment, mode="quick"), "quick"), "scale": "small",
+             "device": "cpu", "task_cpu_seconds": 1.0}
+    write_json(tmp_path / "f.json", full)
+    full = {**json.loads((tmp_path / "f.json").read_text()), "scale": "small",
+            "device": "cpu", "task_cpu_seconds": 1.0}
+    page = pages.reproduce_table(quick, full)
+    assert "\n".join(trust_table(full)) in page
+    assert "The quick run is a smoke run, not evidence: 1 experiments (2 comparisons)" in page
+    assert pages.reproduce_rows(full, "toy") == trust_table(full)
+    assert pages.reproduce_rows(full, "gsp") == []

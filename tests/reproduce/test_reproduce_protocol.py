@@ -3,9 +3,12 @@
 What the papers state (docs/reproduce.md, "Training protocols"; GSP supp. 1.6.4 and 1.6.7,
 ASAP App. A.2): Adam with moments (0.9, 0.99) and weight decay 1e-4; ProxyNCA++ and
 Proxy-Anchor with 32 classes x 1 sample per batch, the proxies' learning rate 100 times the
-network's and one epoch of warm-up of the embedding layer; the pair losses (and ASAP) with
-4 samples per class in batches of 32. Every run chooses its defining setting on the
-validation split from a grid, and a comparison's baseline gets a grid of the same size.
+network's and one epoch of warm-up of the embedding layer; the pair losses (and ASAP, and
+the pair losses against one proxy per class) with 4 samples per class in batches of 32.
+Digits-collage trains as GSP supp. 2.2 says for Cifar-Collage: default Adam (0.9, 0.999,
+no weight decay), reduce on plateau (factor 0.5, patience 5). Every run chooses its
+defining setting on the validation split from a grid, and a comparison's baseline gets a
+grid of the same size. Every default run stops on a validation plateau within a budget.
 """
 
 import numpy as np
@@ -40,15 +43,19 @@ def test_every_run_trains_with_its_papers_protocol(experiment):
         scale = experiment.scales[0]
         c = experiment.run_settings(label, "full", scale)
         loss = c.get("loss", method)
-        if experiment.study in BATCHES:             # the papers' image benchmarks
+        if experiment.study == "collage":           # GSP supp. 2.2 (Cifar-Collage)
+            assert c["betas"] == [0.9, 0.999] and c["weight_decay"] == 0.0
+            assert (c["plateau_factor"], c["plateau_patience"]) == (0.5, 5)
+        elif experiment.study in BATCHES:           # the papers' CUB protocol
             assert c["betas"] == [0.9, 0.99] and c["weight_decay"] == 1e-4
+        if experiment.study in BATCHES:
             batch = c["n_classes_per_batch"] * c["n_samples_per_class"]
-            if loss in PROXY_LOSSES and method != "asap":
+            if loss in PROXY_LOSSES and method not in ("asap", "proxy"):
                 assert {k: c[k] for k in PROXY_PROTOCOL} == {"proxy_lr_multiplier": 100.0,
                                                             "warmup_epochs": 1}
                 expected = BATCHES[experiment.study]["proxy"]
             else:
-                assert loss in PAIR_LOSSES or method == "asap"
+                assert loss in PAIR_LOSSES or method in ("asap", "proxy")
                 assert "proxy_lr_multiplier" not in c and "warmup_epochs" not in c
                 expected = BATCHES[experiment.study]["pair"]
                 assert c["n_samples_per_class"] == 4
@@ -56,6 +63,11 @@ def test_every_run_trains_with_its_papers_protocol(experiment):
             assert batch == 32          # the papers' batch of 32, for every loss
         else:                                      # tokens and wdml: no proxies, no decay
             assert "proxy_lr_multiplier" not in c and "weight_decay" not in c
+        # to a plateau: early stopping within a budget; ASAP's next instance on a plateau
+        assert 1 <= c["patience"] < c["epochs"]
+        if method == "asap":
+            assert c["instance_patience"] == 3 and c["patience"] == 2 * 3
+            assert "instance_every" not in c
 
 
 def test_proxy_batches_are_32_classes_of_one_sample_where_there_are_enough_classes():

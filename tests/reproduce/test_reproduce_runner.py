@@ -108,14 +108,17 @@ def test_experiment_verdict_from_toy_runs():
         {"a": ("a", {}), "b": ("a", {"shift": 5.0}), "c": ("a", {"shift": -5.0})},
         (Comparison("b", "a", "value", +1), Comparison("c", "a", "value", +1)),
         metrics=("value",))
-    tasks = [t for ts in experiment.tasks("quick", seeds=4).values() for t in ts]
+    tasks = [t for ts in experiment.tasks("full", seeds=4).values() for t in ts]
     out = run_tasks(tasks, in_process=True, progress=False)
-    result = evaluate_experiment(experiment, "quick", out, seeds=4)
+    # the default mode judges (a quick run is a smoke run: test_reproduce_gate.py)
+    result = evaluate_experiment(experiment, "full", out, seeds=4)
     b, c = result["comparisons"]
     assert_allclose([b["effect"], c["effect"]], [5.0, -5.0], rtol=1e-12)   # same draws, shifted
     assert (b["verdict"], c["verdict"], result["verdict"]) == (
         "reproduced", "not-reproduced", "not-reproduced")
-    head, first, second = summary_lines(result)
+    # each comparison's line is followed by one saying why (its interval and p-value)
+    head, first, why, second, _ = summary_lines(result)
+    assert "p = 0 (Holm 0)" in why
     # The experiment's verdict has a line of its own; each comparison line carries its own
     # verdict (the first comparison reproduces although the experiment does not).
     assert head.split()[:2] == ["toy.shift", "not-reproduced"]
@@ -131,10 +134,10 @@ def test_a_setting_chosen_on_the_selection_metric_decides_the_comparison():
         "toy.select", "none", "b is higher than a", "toy",
         {"a": ("a", {}), "b": ("a", {})}, (Comparison("b", "a", "value", +1),),
         metrics=("value",), select={"b": Selection("shift", (-1.0, 3.0, 1.0, 3), "value")})
-    grid = experiment.tasks("quick", seeds=3)
+    grid = experiment.tasks("full", seeds=3)
     assert list(grid) == ["a", "b [shift=-1.0]", "b [shift=3.0]", "b [shift=1.0]", "b [shift=3]"]
     out = run_tasks([t for ts in grid.values() for t in ts], in_process=True, progress=False)
-    result = evaluate_experiment(experiment, "quick", out, seeds=3)
+    result = evaluate_experiment(experiment, "full", out, seeds=3)
     b = result["runs"]["b"]
     # the best mean wins; of the tied 3.0 and 3 the earlier; the run carries its settings
     assert b["selection"]["chosen"] == 3.0 and isinstance(b["selection"]["chosen"], float)
@@ -255,15 +258,17 @@ def test_cli_json_and_report_from_the_cache(tmp_path):
              "--json", "out/r.json", "--report", "out/report")
     assert r.returncode == 0, r.stderr
     stored = sum(map(len, grid.values()))
-    assert "gsp.synthetic           reproduced" in r.stdout
+    # a quick run is a smoke run: its numbers, never a verdict
+    assert "gsp.synthetic           smoke" in r.stdout
     assert f"0 task(s) computed, {stored} from the cache" in r.stdout
     payload = json.loads((tmp_path / "out/r.json").read_text())
     (result,) = payload["experiments"]
-    assert result["verdict"] == "reproduced"
+    assert result["verdict"] == "smoke"
+    assert result["comparisons"][0]["interval_verdict"] == "reproduced"
     assert_allclose(result["comparisons"][0]["effect"], 0.1, rtol=1e-12)
     text = (tmp_path / "out/report/README.md").read_text()
-    assert "| `gsp.synthetic` | reproduced |" in text
-    assert "| rules out | seeds to decide | baseline learned? |" in text
+    assert "| `gsp.synthetic` | test_map_at_r: gsp > gap | +0.1000" in text
+    assert "| seeds / needed | baseline learned? | method learned? | plateau |" in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "out/report/gsp_synthetic_bars.png").stat().st_size > 0
     else:  # the test extra has no matplotlib: the report says how to get the figures
