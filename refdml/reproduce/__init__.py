@@ -7,7 +7,8 @@
   :mod:`refdml.train`'s loop, in memory;
 - :mod:`._cache`: finished tasks on disk, keyed by the task and the code version;
 - :mod:`._runner`: :func:`run_tasks` on a Dask LocalCluster or a given scheduler;
-- :mod:`.stats`: summaries, the paired bootstrap and the verdict;
+- :mod:`.stats` (public): the paired Student-t interval, Holm's adjustment, power, the
+  gates and the verdicts;
 - :mod:`._report`: lines, JSON, the Markdown report with figures.
 
 docs/reproduce.md describes the experiments, the settings and the statistics.
@@ -20,7 +21,9 @@ from refdml.reproduce.stats import (
     NOT_REPRODUCED,
     REPRODUCED,
     compare,
+    holm,
     paired_bootstrap,
+    paired_interval,
     seeds_needed,
     summarise,
     verdict,
@@ -40,7 +43,9 @@ __all__ = [
     "code_version",
     "compare",
     "execute",
+    "holm",
     "paired_bootstrap",
+    "paired_interval",
     "run_tasks",
     "seeds_needed",
     "summarise",
