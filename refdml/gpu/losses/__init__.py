@@ -1,4 +1,4 @@
-"""Fast-path mirror of :mod:`refdml.losses`: the seven DML losses (NumPy or CuPy,
+"""Fast-path mirror of :mod:`refdml.losses`: the nine DML losses (NumPy or CuPy,
 float32 or float64), batched, no loop over the batch.
 
 Same names, signatures, defaults, contexts (``PairwiseLossContext``, ``ProxyLossContext``)
@@ -64,6 +64,12 @@ from refdml.gpu.losses._mirrors import (
     proxy_anchor,
     proxy_anchor_backward,
     proxy_anchor_forward,
+    proxy_contrastive,
+    proxy_contrastive_backward,
+    proxy_contrastive_forward,
+    proxy_multi_similarity,
+    proxy_multi_similarity_backward,
+    proxy_multi_similarity_forward,
     proxy_nca,
     proxy_nca_backward,
     proxy_nca_forward,
@@ -93,6 +99,12 @@ __all__ = [
     "proxy_anchor",
     "proxy_anchor_backward",
     "proxy_anchor_forward",
+    "proxy_contrastive",
+    "proxy_contrastive_backward",
+    "proxy_contrastive_forward",
+    "proxy_multi_similarity",
+    "proxy_multi_similarity_backward",
+    "proxy_multi_similarity_forward",
     "proxy_nca",
     "proxy_nca_backward",
     "proxy_nca_forward",
