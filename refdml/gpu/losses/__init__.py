@@ -7,8 +7,8 @@ rules for degenerate batches are the reference's (see :mod:`refdml.losses`), and
 the checks and error messages (through :mod:`refdml._shared.losses`).
 
 The family's kernels are those of the masked log-sum-exp, the reduction of the
-softmax-type losses (multi-similarity, SoftTriple; Proxy-Anchor and ProxyNCA++ past their
-bound; and of :mod:`refdml.gpu.histogram`'s entropic histogram and
+softmax-type losses (multi-similarity, within a batch or between samples and proxies,
+SoftTriple; Proxy-Anchor and ProxyNCA++ past their bound; and of :mod:`refdml.gpu.histogram`'s entropic histogram and
 :mod:`refdml.gpu.crossbatch`'s zero-shot loss). :data:`IMPLEMENTATIONS` holds its array
 path, its ``@njit`` CPU twin and its ``@cuda.jit`` kernel behind one interface; a forward
 that takes log-sum-exps chooses one once (``IMPLEMENTATIONS.choose(x)``, steered by
