@@ -9,6 +9,8 @@ same inputs with the same ``ValueError``:
   for None, then their ranges.
 - ``check_generalized_margins(alpha, beta)``: ASAP Eq. (4.2)'s ``beta >= alpha > 0``, the
   margins finite.
+- ``check_multi_similarity(alpha, beta, base, mining_margin, reduction, n)``: the
+  multi-similarity hyperparameters, checked, in the order of the forward's arguments.
 - ``check_multi_similarity_scales(alpha, beta, n, dtype)``,
   ``check_proxy_anchor_scales(alpha, delta, n, dtype)``,
   ``check_proxy_nca_temperature(temperature, dtype)``,
@@ -47,7 +49,7 @@ from refdml.losses._common import (
     finite_loss_message,
     hyperparameter_cause,
 )
-from refdml.losses._pair import _hinge_cause as hinge_cause
+from refdml.losses._pair import _hinge_cause as hinge_cause, check_multi_similarity
 from refdml.losses._proxy import _SOFT_TRIPLE_EPS as SOFT_TRIPLE_EPS
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "check_contrastive_margins",
     "check_generalized_margins",
     "check_loss_context",
+    "check_multi_similarity",
     "check_multi_similarity_scales",
     "check_proxy_anchor_scales",
     "check_proxy_nca_temperature",

@@ -1,4 +1,4 @@
-"""Catalogue entries of :mod:`refdml.losses`: the seven losses as forward/backward pairs.
+"""Catalogue entries of :mod:`refdml.losses`: the nine losses as forward/backward pairs.
 
 :func:`refdml.gradcheck.check_gradients` contracts the scalar value with a random upstream
 ``d_value`` (not 1), so each entry also checks that the backward scales by it. The input
@@ -532,6 +532,129 @@ def _soft_triple_errors(rng) -> tuple[ErrorCase, ...]:
         bad_scalar(inputs, "lambda_", -1.0)))
 
 
+# ---------------------------------------------- pair losses between samples and proxies
+_PROXY_LABELS = np.repeat(np.arange(4), 2)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _sample_proxy_distances(x: np.ndarray, p: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(_unit(x)[:, None, :] - _unit(p)[None, :, :], axis=-1)
+
+
+def _sample_proxy_contrastive_gap(x, p, pos_margin, neg_margin) -> float:
+    d = _sample_proxy_distances(x, p)
+    same = _LABELS[:, None] == _PROXY_LABELS[None, :]
+    return float(np.min(np.abs(d - np.where(same, pos_margin, neg_margin))))
+
+
+def _sample_proxy_ms_gap(x, p, mining_margin) -> float:
+    s = _unit(x) @ _unit(p).T
+    same = _LABELS[:, None] == _PROXY_LABELS[None, :]
+    gaps = []
+    for i in range(_LABELS.size):
+        gaps.append(np.abs(s[i, ~same[i]] + mining_margin - s[i, same[i]].min()))
+        gaps.append(np.abs(s[i, same[i]] - mining_margin - s[i, ~same[i]].max()))
+    return float(np.min(np.concatenate(gaps)))
+
+
+def _draw_sample_proxy(rng: np.random.Generator, gap_fn, **hyper) -> dict:
+    """Embeddings and two proxies per class with ``gap_fn(x, p)`` above ``_KINK_GAP`` and
+    no sample within 1e-2 of a proxy's direction (the distance's curvature is 1 / d)."""
+    for _ in range(1000):
+        x = rng.standard_normal((_LABELS.size, 4))
+        p = rng.standard_normal((_PROXY_LABELS.size, 4))
+        if np.min(_sample_proxy_distances(x, p)) > 1e-2 and gap_fn(x, p) > _KINK_GAP:
+            return {"embeddings": x, "labels": _LABELS, "proxies": p,
+                    "proxy_labels": _PROXY_LABELS, **hyper}
+    raise RuntimeError("could not draw inputs away from the kinks in 1000 tries")
+
+
+def _proxy_contrastive_inputs(rng):
+    return _draw_sample_proxy(
+        rng, lambda x, p: _sample_proxy_contrastive_gap(x, p, 0.9, 1.5),
+        pos_margin=0.9, neg_margin=1.5)
+
+
+def _proxy_contrastive_cosine_inputs(rng):
+    def gap(x, p):
+        same = _LABELS[:, None] == _PROXY_LABELS[None, :]
+        return float(np.min(np.abs(_unit(x) @ _unit(p).T - np.where(same, 0.6, -0.1))))
+
+    return _draw_sample_proxy(rng, gap, form="cosine", pos_margin=0.6, neg_margin=-0.1)
+
+
+def _proxy_multi_similarity_inputs(rng):
+    return _draw_sample_proxy(rng, lambda x, p: _sample_proxy_ms_gap(x, p, 0.3),
+                              mining_margin=0.3)
+
+
+def _on_own_proxy(inputs) -> dict:
+    """Sample 0 exactly on proxy 0 (its class's), sample 3 on proxy 2 (its class's)."""
+    x = np.array(inputs["embeddings"], copy=True)
+    x[0], x[3] = 2.0 * inputs["proxies"][0], 0.5 * inputs["proxies"][2]
+    return replaced(inputs, embeddings=x)
+
+
+def _proxy_contrastive_cases(rng) -> tuple[Case, ...]:
+    inputs = _proxy_contrastive_inputs(rng)
+    return (
+        Case("sample on its proxy, positive margin 0",
+             replaced(_on_own_proxy(inputs), pos_margin=0.0),
+             "two samples on their own class's proxy directions (unit-row distance exactly 0) "
+             f"with m+ == 0, so their positive terms are active at d == 0: {_SQRT_AT_ZERO}"),
+        Case("exact ties", replaced(_proxy_basis(inputs), pos_margin=0.0, neg_margin=1.5),
+             "samples and proxies on +-e_k: every unit-row distance is 0, sqrt(2) or 2 "
+             "exactly; the sqrt(2) negatives are all inside the margin and count alike"),
+        Case("one class in the batch", replaced(inputs, labels=np.zeros_like(_LABELS)),
+             "every sample of class 0: the other proxies are all negatives, the loss the "
+             "mean over all n * n_proxies pairs still"),
+        *_scale_cases(inputs, names=("embeddings", "proxies"), cosine=True),
+    )
+
+
+def _proxy_contrastive_errors(rng) -> tuple[ErrorCase, ...]:
+    inputs = _proxy_contrastive_inputs(rng)
+    return _proxy_errors(inputs, (bad_scalar(inputs, "neg_margin", -0.5),
+                                  bad_scalar(inputs, "pos_margin", -0.1),
+                                  _zero_row(inputs, "proxies"),
+                                  ErrorCase("unknown form", replaced(inputs, form="angular"),
+                                            ValueError, r"form == 'angular'")))
+
+
+def _proxy_contrastive_cosine_cases(rng) -> tuple[Case, ...]:
+    inputs = _proxy_contrastive_cosine_inputs(rng)
+    return (
+        Case("exact ties", _proxy_basis(inputs),
+             "every cosine -1, 0 or 1 exactly: tied pairs all count"),
+        *_scale_cases(inputs, names=("embeddings", "proxies"), cosine=True),
+    )
+
+
+def _proxy_multi_similarity_cases(rng) -> tuple[Case, ...]:
+    inputs = _proxy_multi_similarity_inputs(rng)
+    return (
+        Case("large alpha and beta", replaced(inputs, alpha=1e4, beta=1e4),
+             "alpha (s - base) and beta (s - base) reach 1e4: a naive exp overflows; "
+             "log(1 + sum exp) must be a shifted log-sum-exp"),
+        Case("one class of proxies",
+             replaced(inputs, labels=np.zeros_like(_LABELS),
+                      proxy_labels=np.zeros_like(_PROXY_LABELS)),
+             "every proxy of the samples' class: no anchor has a negative, so no term: "
+             "value 0 and zero gradients, not 0/0"),
+        *_proxy_shared_cases(inputs),
+    )
+
+
+def _proxy_multi_similarity_errors(rng) -> tuple[ErrorCase, ...]:
+    inputs = _proxy_multi_similarity_inputs(rng)
+    return _proxy_errors(inputs, (bad_scalar(inputs, "mining_margin", -0.1),
+                                  bad_scalar(inputs, "alpha", 0.0, label="alpha exactly 0"),
+                                  _zero_row(inputs, "proxies")))
+
+
 _REFERENCE_INPUTS = {
     "contrastive": _contrastive_cases,
     "contrastive_cosine": _contrastive_cosine_cases,
@@ -543,6 +666,9 @@ _REFERENCE_INPUTS = {
     "proxy_anchor": _proxy_anchor_cases,
     "proxy_nca": _proxy_nca_cases,
     "soft_triple": _soft_triple_cases,
+    "proxy_contrastive": _proxy_contrastive_cases,
+    "proxy_contrastive_cosine": _proxy_contrastive_cosine_cases,
+    "proxy_multi_similarity": _proxy_multi_similarity_cases,
 }
 _ERROR_INPUTS = {
     "contrastive": _contrastive_errors,
@@ -555,6 +681,11 @@ _ERROR_INPUTS = {
     "proxy_anchor": _proxy_anchor_errors,
     "proxy_nca": _proxy_nca_errors,
     "soft_triple": _soft_triple_errors,
+    "proxy_contrastive": _proxy_contrastive_errors,
+    "proxy_contrastive_cosine": lambda rng: _proxy_errors(
+        _proxy_contrastive_cosine_inputs(rng),
+        (bad_scalar(_proxy_contrastive_cosine_inputs(rng), "neg_margin", 1.0),)),
+    "proxy_multi_similarity": _proxy_multi_similarity_errors,
 }
 
 
@@ -562,7 +693,7 @@ _ERROR_INPUTS = {
 # refdml.gpu.losses.IMPLEMENTATIONS) on these inputs, so its Numba kernels under
 # use_kernels("cpu") / ("cuda"). Proxy-Anchor and ProxyNCA++ reach it only past their exp
 # bound, not on these inputs.
-_THROUGH_MASKED_LSE = {"multi_similarity", "soft_triple"}
+_THROUGH_MASKED_LSE = {"multi_similarity", "soft_triple", "proxy_multi_similarity"}
 
 # name, reference pair, mirror pair, input maker, paper
 _ROWS = (
@@ -601,6 +732,22 @@ _ROWS = (
      fast.soft_triple_forward, fast.soft_triple_backward,
      lambda rng: _proxy_inputs(rng, lambda_=5.0, gamma=0.3, tau=0.5),
      "SoftTriple loss with regulariser, Qian et al. 2019 Eqs. 8-10"),
+    ("proxy_contrastive", losses.proxy_contrastive_forward, losses.proxy_contrastive_backward,
+     fast.proxy_contrastive_forward, fast.proxy_contrastive_backward,
+     _proxy_contrastive_inputs,
+     "C2 contrastive between samples and proxies, on unit rows: C2-ASAP's loss, "
+     "ASAP Eq. (4.11) and Sec. 5.1"),
+    ("proxy_contrastive_cosine", losses.proxy_contrastive_forward,
+     losses.proxy_contrastive_backward,
+     fast.proxy_contrastive_forward, fast.proxy_contrastive_backward,
+     _proxy_contrastive_cosine_inputs,
+     "C1 contrastive on cosine between samples and proxies: C1-ASAP's loss, ASAP Sec. 5.1"),
+    ("proxy_multi_similarity", losses.proxy_multi_similarity_forward,
+     losses.proxy_multi_similarity_backward,
+     fast.proxy_multi_similarity_forward, fast.proxy_multi_similarity_backward,
+     _proxy_multi_similarity_inputs,
+     "multi-similarity with samples as anchors and proxies as pairs: MS-ASAP's loss, "
+     "ASAP Eq. (4.11); Wang et al. 2019 Eqs. 7-9"),
 )
 OPERATORS = tuple(
     OperatorSpec(

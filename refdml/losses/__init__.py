@@ -18,6 +18,8 @@ loss                         term                                               
 ``proxy_anchor``             Kim et al. 2020                                      cosine ``s``
 ``proxy_nca``                ProxyNCA++ (Teh et al. 2020)                         cosine ``s``
 ``soft_triple``              Qian et al. 2019                                     cosine ``s``
+``proxy_contrastive``        C2 / C1 over (sample, proxy) pairs (ASAP)            unit-row ``d``
+``proxy_multi_similarity``   MS, samples as anchors, proxies as pairs (ASAP)      cosine ``s``
 ===========================  ===================================================  ===============
 
 Conventions shared by all losses
@@ -46,7 +48,8 @@ Conventions shared by all losses
 
 The package: ``_common`` (gradients, contexts, reductions, input checks, scale-safe
 kernels), ``_pair`` (contrastive, generalized contrastive, triplet, multi-similarity),
-``_proxy`` (Proxy-Anchor, ProxyNCA++, SoftTriple), ``_hyperparameters``
+``_proxy`` (Proxy-Anchor, ProxyNCA++, SoftTriple), ``_sample_proxy`` (the pair losses
+between samples and proxies that ASAP pairs itself with), ``_hyperparameters``
 (``PAPER_HYPERPARAMETERS``). Their gradient checks are in
 ``refdml/catalog/losses.py``.
 """
@@ -86,6 +89,14 @@ from refdml.losses._proxy import (
     soft_triple_backward,
     soft_triple_forward,
 )
+from refdml.losses._sample_proxy import (
+    proxy_contrastive,
+    proxy_contrastive_backward,
+    proxy_contrastive_forward,
+    proxy_multi_similarity,
+    proxy_multi_similarity_backward,
+    proxy_multi_similarity_forward,
+)
 
 __all__ = [
     "LossGrads",
@@ -106,6 +117,12 @@ __all__ = [
     "proxy_anchor",
     "proxy_anchor_backward",
     "proxy_anchor_forward",
+    "proxy_contrastive",
+    "proxy_contrastive_backward",
+    "proxy_contrastive_forward",
+    "proxy_multi_similarity",
+    "proxy_multi_similarity_backward",
+    "proxy_multi_similarity_forward",
     "proxy_nca",
     "proxy_nca_backward",
     "proxy_nca_forward",

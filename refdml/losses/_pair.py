@@ -71,22 +71,31 @@ def _pair_hinge_forward(
     n = x.shape[0]
     if form == "euclidean":
         matrix, metric_ctx, scale = self_euclidean(x)
-        sign = 1.0          # positives pulled in: [d - m+]_+ ; negatives pushed: [m- - d]_+
     else:
         matrix, metric_ctx, scale = self_cosine(x)
-        sign = -1.0         # [m+ - s]_+ ; [s - m-]_+
     rows, cols = np.triu_indices(n, k=1)
-    same = labels[rows] == labels[cols]
-    values = matrix[rows, cols]
+    value, d_values = hinge_terms(matrix[rows, cols], labels[rows] == labels[cols],
+                                  pos_margin, neg_margin, form, reduction)
+    d_matrix = np.zeros((n, n))
+    d_matrix[rows, cols] = d_values
+    return value, PairwiseLossContext(loss, metric_ctx, d_matrix, scale)
+
+
+def hinge_terms(values: np.ndarray, same: np.ndarray, pos_margin: float, neg_margin: float,
+                form: str, reduction: str) -> tuple[float, np.ndarray]:
+    """The contrastive hinges of the pair ``values`` (distances, or cosines for
+    ``form="cosine"``, where the metric's sign flips), ``same`` marking the positive pairs;
+    returns the reduced value and d value / d values (shape of ``values``)."""
+    sign = 1.0 if form == "euclidean" else -1.0
+    # Euclidean: positives pulled in [d - m+]_+, negatives pushed [m- - d]_+;
+    # cosine: [m+ - s]_+ and [s - m-]_+.
     pre = np.where(same, sign * (values - pos_margin), sign * (neg_margin - values))
     terms = np.maximum(pre, 0.0)
     value, d_terms = reduce_terms(terms, reduction,
                                   lambda: _hinge_cause(values, pos_margin, neg_margin))
-    # d term / d matrix entry: +sign on active positives, -sign on active negatives.
+    # d term / d value: +sign on active positives, -sign on active negatives.
     slope = np.where(pre > 0.0, np.where(same, sign, -sign), 0.0)
-    d_matrix = np.zeros((n, n))
-    d_matrix[rows, cols] = d_terms * slope
-    return value, PairwiseLossContext(loss, metric_ctx, d_matrix, scale)
+    return value, d_terms * slope
 
 
 def _hinge_cause(values: np.ndarray, pos_margin: float, neg_margin: float) -> str:
@@ -301,8 +310,18 @@ def _multi_similarity_forward(
     n = x.shape[0]
     similarity, metric_ctx, scale = self_cosine(x)
     same = labels[:, None] == labels[None, :]
-    positive = same & ~np.eye(n, dtype=bool)
-    negative = ~same
+    value, d_matrix = multi_similarity_terms(similarity, same & ~np.eye(n, dtype=bool), ~same,
+                                             alpha, beta, base, mining_margin, reduction)
+    return value, PairwiseLossContext("multi_similarity", metric_ctx, d_matrix, scale)
+
+
+def multi_similarity_terms(
+    similarity: np.ndarray, positive: np.ndarray, negative: np.ndarray, alpha: float,
+    beta: float, base: float, mining_margin: float, reduction: str,
+) -> tuple[float, np.ndarray]:
+    """Multi-similarity with each row an anchor and ``positive`` / ``negative`` (bool, the
+    shape of ``similarity``) its candidate pairs; returns the reduced value and d value /
+    d similarity. Rows without a positive or without a negative have no term."""
     # Anchors with a positive and a negative: the only ones with a term (module docstring).
     valid = positive.any(axis=1) & negative.any(axis=1)
     s = similarity[valid]
@@ -325,9 +344,9 @@ def _multi_similarity_forward(
         terms, reduction, lambda: f"alpha == {alpha!r} or beta == {beta!r} is too small for a "
         f"sum of {int(keep.sum())} terms log(1 + sum exp(...)) / alpha (or / beta)",
     )
-    d_matrix = np.zeros((n, n))
-    d_matrix[valid] = d_terms[:, None] * (w_neg - w_pos)
-    return value, PairwiseLossContext("multi_similarity", metric_ctx, d_matrix, scale)
+    d_similarity = np.zeros(similarity.shape)
+    d_similarity[valid] = d_terms[:, None] * (w_neg - w_pos)
+    return value, d_similarity
 
 
 def multi_similarity_forward(
@@ -355,14 +374,22 @@ def multi_similarity_forward(
     the scale of each embedding.
     """
     x, y = check_embeddings_labels(embeddings, labels)
+    hyperparameters = check_multi_similarity(alpha, beta, base, mining_margin, reduction,
+                                             x.shape[0])
+    check_cosine_embeddings(x)
+    return _multi_similarity_forward(x, y, *hyperparameters)
+
+
+def check_multi_similarity(alpha, beta, base, mining_margin, reduction, n: int) -> tuple:
+    """The multi-similarity hyperparameters, checked: ``(alpha, beta, base, mining_margin,
+    reduction)``; ``n`` candidates per anchor bound the terms' size."""
     alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
     beta = check_scalar(beta, "beta", low=0.0, low_inclusive=False)
     base = check_scalar(base, "base", low=-1.0, high=1.0)
     mining_margin = check_scalar(mining_margin, "mining_margin", low=0.0)
     reduction = check_reduction(reduction)
-    check_multi_similarity_scales(alpha, beta, x.shape[0])
-    check_cosine_embeddings(x)
-    return _multi_similarity_forward(x, y, alpha, beta, base, mining_margin, reduction)
+    check_multi_similarity_scales(alpha, beta, n)
+    return alpha, beta, base, mining_margin, reduction
 
 
 def multi_similarity_backward(ctx: PairwiseLossContext, d_value=1.0) -> LossGrads:

@@ -187,11 +187,15 @@ def tokens_task(task: Task) -> dict:
 
 
 # --------------------------------------------------------------------------- collage
-#: A collage method's head and objective kinds.
+#: A collage method's head and objective kinds. ``asap``: ASAP around the setting ``loss``
+#: (a pair loss, ``contrastive`` or ``multi_similarity``, between samples and several
+#: proxies per class, as the paper runs it; or a proxy loss); ``proxy``: its counterpart with
+#: one proxy per class, no alternation and no regulariser (the same loss between samples
+#: and proxies); ``gap``: the loss on the batch's own pairs.
 _COLLAGE_METHODS = {"gap": ("gap", "loss"), "gmp": ("gmp", "loss"),
                     "gemean": ("gemean", "loss"), "gsp": ("gsp", "loss"),
                     "gsp_zsr": ("gsp", "zero_shot"), "xml": ("xml", "xml"),
-                    "asap": ("gap", "asap")}
+                    "asap": ("gap", "asap"), "proxy": ("gap", "proxy")}
 
 
 def _collage_configs(method: str, c: dict) -> tuple[HeadConfig, ObjectiveConfig]:
@@ -211,7 +215,8 @@ def _collage_configs(method: str, c: dict) -> tuple[HeadConfig, ObjectiveConfig]
     objective = ObjectiveConfig(
         kind=objective_kind, loss=c["loss"], embedding_dim=c["embedding_dim"], lambda_=lambda_,
         ridge=c.get("ridge"), proxies_per_class=c.get("proxies_per_class"),
-        budget=c.get("budget"), asap_lambda=c.get("asap_lambda"))
+        budget=c.get("budget"), asap_lambda=c.get("asap_lambda"),
+        pos_margin=c.get("pos_margin"), neg_margin=c.get("neg_margin"))
     return head, objective
 
 

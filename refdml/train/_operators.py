@@ -95,6 +95,10 @@ def _table(name: str, *, gsp: ModuleType, histogram: ModuleType, normalize: Modu
             "proxy_anchor": Pair(losses.proxy_anchor_forward, losses.proxy_anchor_backward),
             "proxy_nca": Pair(losses.proxy_nca_forward, losses.proxy_nca_backward),
             "soft_triple": Pair(losses.soft_triple_forward, losses.soft_triple_backward),
+            "proxy_contrastive": Pair(losses.proxy_contrastive_forward,
+                                      losses.proxy_contrastive_backward),
+            "proxy_multi_similarity": Pair(losses.proxy_multi_similarity_forward,
+                                           losses.proxy_multi_similarity_backward),
         }),
         one_call_losses=MappingProxyType({
             "contrastive": losses.contrastive,

@@ -17,7 +17,10 @@ non-negative features, as in the CNNs it comes from, and every trunk's local fea
 negative), ``gsp`` (GSP Alg. 2), ``xml`` (GAP for the embedding beside XML's histogram
 branch, Eq. 2.4, for the cross-batch term: :class:`TwoBranches`).
 
-Objectives (``ObjectiveConfig.kind``): ``loss`` (:class:`LossObjective`), ``zero_shot``
+Objectives (``ObjectiveConfig.kind``): ``loss`` (:class:`LossObjective`), ``proxy`` (the
+loss against one proxy per class: a proxy loss, or a pair loss's form between samples and
+proxies, ``contrastive`` -> :func:`refdml.losses.proxy_contrastive`; no alternation, no
+regulariser: ASAP's one-proxy-per-class counterpart), ``zero_shot``
 (GSP Alg. 1: :class:`GSPObjective`), ``asap`` (ASAP Alg. 1-2: :class:`ASAPObjective`),
 ``xml`` (XML Eqs. 2.10-2.11: :class:`XMLObjective`), ``wasserstein`` (WDML Eqs. 1-2 on local
 features: :class:`WassersteinObjective`, ``loss`` ``contrastive`` or ``triplet``).
@@ -47,6 +50,7 @@ from refdml.train.objectives import (
     Objective,
     WassersteinObjective,
     XMLObjective,
+    proxy_loss_name,
 )
 
 __all__ = ["HEAD_KINDS", "OBJECTIVE_KINDS", "HeadConfig", "ObjectiveConfig", "Placement",
@@ -55,7 +59,7 @@ __all__ = ["HEAD_KINDS", "OBJECTIVE_KINDS", "HeadConfig", "ObjectiveConfig", "Pl
            "run_objective_config", "run_placement", "token_embedding"]
 
 HEAD_KINDS = ("gap", "gmp", "gemean", "gsp", "xml")
-OBJECTIVE_KINDS = ("loss", "zero_shot", "asap", "xml", "wasserstein")
+OBJECTIVE_KINDS = ("loss", "proxy", "zero_shot", "asap", "xml", "wasserstein")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +94,8 @@ class ObjectiveConfig:
 
     ``embedding_dim``: the proxies' and class embeddings' width. ``pos_margin``,
     ``neg_margin``, ``margin``: the loss's own hyperparameters, passed when not ``None``
-    (``margin``: the triplet's, or the Wasserstein losses' ``gamma``). ``lambda_``,
+    (``margin``: the triplet's, or the Wasserstein losses' ``gamma``; ``asap`` and ``proxy``
+    pass them to their loss too). ``lambda_``,
     ``ridge``: ``zero_shot`` and ``xml``; ``zero_shot_scale``: ``zero_shot``;
     ``proxies_per_class``, ``budget``, ``asap_lambda``: ``asap``; ``eps``, ``p``,
     ``max_iter``, ``tol``: ``wasserstein``'s Sinkhorn solver.
@@ -261,23 +266,26 @@ def build_objective(spec: ObjectiveConfig, n_classes: int, *, rng, placement: Pl
     loss, dim = spec.loss, spec.embedding_dim
     on = dict(reference=placement.reference, rng=rng)
     arrays = dict(dtype=placement.dtype, device=placement.device)
+    # The loss's own hyperparameters, where set.
+    kwargs: dict[str, Any] = {name: getattr(spec, name)
+                              for name in ("pos_margin", "neg_margin", "margin")
+                              if getattr(spec, name) is not None}
     if kind == "asap":
         return ASAPObjective(loss, n_classes=n_classes, dim=dim,
                              proxies_per_class=spec.proxies_per_class, budget=spec.budget,
                              lambda_=spec.asap_lambda, model_parameters=list(model_parameters),
-                             **on, **arrays)
+                             **on, **arrays, **kwargs)
     if kind == "xml":
         return XMLObjective(loss, lambda_=spec.lambda_, ridge=spec.ridge, **on)
     if kind == "wasserstein":
         return WassersteinObjective(loss, margin=spec.margin, eps=spec.eps, p=spec.p,
                                     max_iter=spec.max_iter, tol=spec.tol,
                                     reference=placement.reference)
-    kwargs: dict[str, Any] = {}
+    if kind == "proxy":
+        return LossObjective(proxy_loss_name(loss), n_classes=n_classes, dim=dim, **on,
+                             **arrays, **kwargs)
     if loss in PROXY_LOSSES:
         kwargs["dim"] = dim
-    for name in ("pos_margin", "neg_margin", "margin"):
-        if getattr(spec, name) is not None:
-            kwargs[name] = getattr(spec, name)
     if kind == "zero_shot":
         return GSPObjective(loss, lambda_=spec.lambda_, ridge=spec.ridge,
                             scale=spec.zero_shot_scale, n_classes=n_classes,

@@ -68,7 +68,8 @@ def _catalogue_call(name, kernels="array", dtype=np.float32, seed=0):
 
 
 LOSSES = ["contrastive", "contrastive_cosine", "contrastive_no_positive",
-          "generalized_contrastive", "multi_similarity", "proxy_anchor", "proxy_nca",
+          "generalized_contrastive", "multi_similarity", "proxy_anchor", "proxy_contrastive",
+          "proxy_contrastive_cosine", "proxy_multi_similarity", "proxy_nca",
           "soft_triple", "triplet", "triplet_batch_hard"]
 # refdml/gpu/losses/__init__.py: the value stays on the device (a 0-d float64 array, no
 # synchronisation), except triplet's and soft_triple's, read in the forward (one each); "The
@@ -91,7 +92,7 @@ def test_a_loss_forward_synchronises_as_its_docstring_says(loss):
 
 
 @standin
-@pytest.mark.parametrize("loss", ["multi_similarity", "soft_triple"])
+@pytest.mark.parametrize("loss", ["multi_similarity", "proxy_multi_similarity", "soft_triple"])
 def test_a_loss_kernel_forward_synchronises_as_its_array_path(loss):
     # The CUDA kernels (under the simulator, on the stand-in's arrays via cuda_launch) add none.
     _, _, fwd, bwd = _catalogue_call(f"losses.{loss}", kernels="cuda")

@@ -102,17 +102,58 @@ def multi_similarity_loop(x, y, alpha, beta, base, eps, reduction):
     for i in range(n):
         pos = [_cos(x[i], x[k]) for k in range(n) if k != i and y[k] == y[i]]
         neg = [_cos(x[i], x[k]) for k in range(n) if y[k] != y[i]]
-        if not pos or not neg:
-            continue
-        mined_neg = [s for s in neg if s + eps > min(pos)]
-        mined_pos = [s for s in pos if s - eps < max(neg)]
-        gap = min([gap] + [abs(s + eps - min(pos)) for s in neg] + [abs(s - eps - max(neg)) for s in pos])
-        if not mined_neg or not mined_pos:
-            terms.append(0.0)
-            continue
-        term = math.log(1 + sum(math.exp(-alpha * (s - base)) for s in mined_pos)) / alpha
-        term += math.log(1 + sum(math.exp(beta * (s - base)) for s in mined_neg)) / beta
-        terms.append(term)
+        gap = _ms_anchor(pos, neg, alpha, beta, base, eps, terms, gap)
+    if not terms:
+        return 0.0, gap
+    return _reduce_loop(terms, reduction), gap
+
+
+def _ms_anchor(pos, neg, alpha, beta, base, eps, terms, gap):
+    """One anchor's multi-similarity term appended to ``terms`` (none without a positive
+    or a negative); returns ``gap`` updated with its mining thresholds' distances."""
+    if not pos or not neg:
+        return gap
+    mined_neg = [s for s in neg if s + eps > min(pos)]
+    mined_pos = [s for s in pos if s - eps < max(neg)]
+    gap = min([gap] + [abs(s + eps - min(pos)) for s in neg] + [abs(s - eps - max(neg)) for s in pos])
+    if not mined_neg or not mined_pos:
+        terms.append(0.0)
+        return gap
+    term = math.log(1 + sum(math.exp(-alpha * (s - base)) for s in mined_pos)) / alpha
+    term += math.log(1 + sum(math.exp(beta * (s - base)) for s in mined_neg)) / beta
+    terms.append(term)
+    return gap
+
+
+def _unit(a):
+    norm = math.hypot(*a)
+    return [u / norm for u in a]
+
+
+def proxy_contrastive_loop(x, y, proxies, proxy_labels, pos_margin, neg_margin, form, reduction):
+    """ASAP Eq. (4.11) with C2 (C1): one term per (sample, proxy) pair, on unit rows."""
+    terms, gap = [], math.inf
+    for xi, yi in zip(x, y):
+        for p, cls in zip(proxies, proxy_labels):
+            if form == "euclidean":
+                d = _dist(_unit(xi), _unit(p))
+                pre = d - pos_margin if yi == cls else neg_margin - d
+                gap = min(gap, d)          # the distance's own kink at 0
+            else:
+                s = _cos(xi, p)
+                pre = pos_margin - s if yi == cls else s - neg_margin
+            terms.append(max(pre, 0.0))
+            gap = min(gap, abs(pre))
+    return _reduce_loop(terms, reduction), gap
+
+
+def proxy_multi_similarity_loop(x, y, proxies, proxy_labels, alpha, beta, base, eps, reduction):
+    """Multi-similarity with each sample an anchor, its class's proxies its positives."""
+    terms, gap = [], math.inf
+    for xi, yi in zip(x, y):
+        pos = [_cos(xi, p) for p, cls in zip(proxies, proxy_labels) if cls == yi]
+        neg = [_cos(xi, p) for p, cls in zip(proxies, proxy_labels) if cls != yi]
+        gap = _ms_anchor(pos, neg, alpha, beta, base, eps, terms, gap)
     if not terms:
         return 0.0, gap
     return _reduce_loop(terms, reduction), gap
@@ -453,6 +494,101 @@ def test_proxy_losses_normalise_inside(loss, oracle, hyper):
     np.testing.assert_allclose(0.5 * g2.proxies, g1.proxies, rtol=1e-10, atol=1e-14)
 
 
+# ---------------------------------------------- pair losses between samples and proxies
+
+SAMPLE_PROXY_CASES = [
+    (losses.proxy_contrastive, proxy_contrastive_loop,
+     {"pos_margin": 0.0, "neg_margin": 0.3841, "form": "euclidean"}),
+    (losses.proxy_contrastive, proxy_contrastive_loop,
+     {"pos_margin": 0.9, "neg_margin": 1.5, "form": "euclidean"}),
+    (losses.proxy_contrastive, proxy_contrastive_loop,
+     {"pos_margin": 0.6, "neg_margin": -0.1, "form": "cosine"}),
+    (losses.proxy_multi_similarity, proxy_multi_similarity_loop,
+     {"alpha": 2.0, "beta": 40.0, "base": 0.5, "mining_margin": 0.1}),
+    (losses.proxy_multi_similarity, proxy_multi_similarity_loop,
+     {"alpha": 4.0, "beta": 10.0, "base": 0.2, "mining_margin": 0.5}),
+]
+SAMPLE_PROXY_IDS = ["c2-paper", "c2-wide", "c1", "ms-paper", "ms-soft"]
+
+
+@pytest.mark.parametrize(("loss", "oracle", "hyper"), SAMPLE_PROXY_CASES, ids=SAMPLE_PROXY_IDS)
+@pytest.mark.parametrize("reduction", ["mean", "mean_nonzero", "sum"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sample_proxy_losses_match_loop_and_gradcheck(loss, oracle, hyper, reduction, seed):
+    x, y, p, pl = _proxy_batch(seed)
+    value, grads = loss(x, y, proxies=p, proxy_labels=pl, reduction=reduction, **hyper)
+    expected, gap = oracle(x, y, p, pl, *hyper.values(), reduction)
+    np.testing.assert_allclose(value, expected, rtol=1e-11)
+    assert grads.embeddings.shape == x.shape and grads.proxies.shape == p.shape
+    # The fixed batches are away from every hinge and mining threshold (a precondition of
+    # central differences, step ~ 6e-6 |x|).
+    assert gap > KINK, gap
+    _gradcheck(loss, {"embeddings": x, "labels": y, "proxies": p},
+               proxy_labels=pl, reduction=reduction, **hyper)
+
+
+@given(data=st.data())
+@pytest.mark.parametrize(("loss", "oracle", "hyper"), SAMPLE_PROXY_CASES, ids=SAMPLE_PROXY_IDS)
+def test_sample_proxy_losses_hypothesis(loss, oracle, hyper, data):
+    x, y = data.draw(batches(d=4, n_classes=(2, 4), per_class=(1, 3)))
+    n_classes = int(y.max()) + 1
+    per_class = data.draw(st.integers(1, 3))
+    pl = np.repeat(np.arange(n_classes), per_class)
+    p = data.draw(rst.points_on_sphere(pl.size, 4)) * data.draw(st.floats(0.5, 2.0))
+    reduction = data.draw(REDUCTIONS)
+    expected, gap = oracle(x, y, p, pl, *hyper.values(), reduction)
+    assume(gap > KINK)
+    value, _ = loss(x, y, proxies=p, proxy_labels=pl, reduction=reduction, **hyper)
+    np.testing.assert_allclose(value, expected, rtol=1e-11)
+    _gradcheck(loss, {"embeddings": x, "labels": y, "proxies": p}, proxy_labels=pl,
+               reduction=reduction, **hyper)
+
+
+def test_sample_proxy_defaults_are_the_papers_cub_values():
+    x, y, p, pl = _proxy_batch(0)
+    value, _ = losses.proxy_contrastive(x, y, proxies=p, proxy_labels=pl)
+    expected, _ = proxy_contrastive_loop(x, y, p, pl, 0.0, 0.3841, "euclidean", "mean")
+    np.testing.assert_allclose(value, expected, rtol=1e-11)
+    value, _ = losses.proxy_multi_similarity(x, y, proxies=p, proxy_labels=pl)
+    expected, _ = proxy_multi_similarity_loop(x, y, p, pl, 2.0, 40.0, 0.5, 0.1, "mean")
+    np.testing.assert_allclose(value, expected, rtol=1e-11)
+
+
+def test_proxy_contrastive_mean_is_over_every_sample_proxy_pair():
+    # Eq. (4.11)'s 1 / (m |rho|): the mean is the sum over all n * n_proxies pairs divided
+    # by their number, whether or not a term is active.
+    x, y, p, pl = _proxy_batch(1)
+    total, _ = losses.proxy_contrastive(x, y, proxies=p, proxy_labels=pl, reduction="sum")
+    mean, _ = losses.proxy_contrastive(x, y, proxies=p, proxy_labels=pl)
+    np.testing.assert_allclose(mean, total / (x.shape[0] * p.shape[0]), rtol=1e-14)
+
+
+def test_proxy_contrastive_at_a_proxy_takes_the_subgradient_zero():
+    # A sample exactly on its own proxy with m+ = 0: d = 0, where the distance has the unit
+    # ball as subdifferential; the reference takes 0 (as euclidean_backward). Next to the
+    # proxy the gradient stays finite, each active pair's share of norm <= 1 / |x|.
+    x, y, p, pl = _proxy_batch(0)
+    x = np.array(x)
+    own = np.flatnonzero(pl == y[0])
+    x[0] = p[own[0]]
+    _, ctx = losses.proxy_contrastive_forward(x, y, proxies=p, proxy_labels=pl, neg_margin=0.01)
+    assert ctx.d_similarity[0, own[0]] == 0.0
+    x[0] = p[own[0]] + 1e-9 * np.eye(4)[0]
+    _, grads = losses.proxy_contrastive(x, y, proxies=p, proxy_labels=pl, neg_margin=0.01,
+                                        reduction="sum")
+    assert np.all(np.isfinite(grads.embeddings)) and np.all(np.isfinite(grads.proxies))
+    # neg_margin 0.01: no negative is active; m+ = 0: every own-class proxy is.
+    assert np.linalg.norm(grads.embeddings[0]) <= own.size / np.linalg.norm(x[0]) * (1 + 1e-9)
+
+
+def test_proxy_multi_similarity_without_negatives_has_no_term():
+    x, y, p, _ = _proxy_batch(0)
+    value, grads = losses.proxy_multi_similarity(x, np.zeros_like(y), proxies=p,
+                                                 proxy_labels=np.zeros(p.shape[0], dtype=int))
+    assert value == 0.0
+    assert not np.any(grads.embeddings) and not np.any(grads.proxies)
+
+
 def test_default_proxy_labels_are_one_per_class():
     x, y, p, _ = _proxy_batch(0, absent_class=False)
     p = p[:3]
@@ -730,6 +866,15 @@ def _cosine_cases():
         ("proxy_anchor", lambda e, q: losses.proxy_anchor(e, y, proxies=q, proxy_labels=pl), x, p),
         ("proxy_nca", lambda e, q: losses.proxy_nca(e, y, proxies=q, proxy_labels=pl), x, p),
         ("soft_triple", lambda e, q: losses.soft_triple(e, y, proxies=q, proxy_labels=pl), x, p),
+        ("proxy_contrastive",
+         lambda e, q: losses.proxy_contrastive(e, y, proxies=q, proxy_labels=pl, pos_margin=0.5,
+                                               neg_margin=1.4), x, p),
+        ("proxy_contrastive_cosine",
+         lambda e, q: losses.proxy_contrastive(e, y, proxies=q, proxy_labels=pl, form="cosine",
+                                               pos_margin=0.5, neg_margin=0.0), x, p),
+        ("proxy_multi_similarity",
+         lambda e, q: losses.proxy_multi_similarity(e, y, proxies=q, proxy_labels=pl,
+                                                    mining_margin=0.5), x, p),
     ]
 
 
@@ -771,7 +916,8 @@ def _all_forwards():
     return x, y, [
         ("contrastive", {}), ("generalized_contrastive", {"alpha": 0.2, "beta": 0.5}),
         ("triplet", {}), ("multi_similarity", {}), ("proxy_anchor", proxy),
-        ("proxy_nca", proxy), ("soft_triple", proxy),
+        ("proxy_nca", proxy), ("soft_triple", proxy), ("proxy_contrastive", proxy),
+        ("proxy_multi_similarity", proxy),
     ]
 
 
@@ -789,7 +935,8 @@ def test_every_loss_names_a_reduction_typo_and_a_wrong_label_length():
 
 def test_proxy_labels_length_has_its_own_message():
     x, y, p, pl = _proxy_batch(0)
-    for loss in (losses.proxy_anchor, losses.proxy_nca, losses.soft_triple):
+    for loss in (losses.proxy_anchor, losses.proxy_nca, losses.soft_triple,
+                 losses.proxy_contrastive, losses.proxy_multi_similarity):
         with pytest.raises(ValueError, match="proxy_labels has length 5, but there are 6 proxies") as info:
             loss(x, y, proxies=p, proxy_labels=pl[:-1])
         assert "embedding" not in str(info.value)

@@ -11,6 +11,7 @@ from numpy.testing import assert_allclose
 from refdml.crossbatch import zero_shot_loss
 from refdml.gradcheck import assert_gradients, check_gradients
 from refdml.kcenter import select_proxies
+from refdml import losses
 from refdml.losses import proxy_nca
 from refdml.train import Parameter
 from refdml.train.objectives import (
@@ -32,6 +33,16 @@ SMOOTH = {
     "proxy_nca": dict(n_classes=4, dim=5),
     "proxy_anchor": dict(n_classes=4, dim=5, alpha=4.0),
     "soft_triple": dict(n_classes=4, dim=5, proxies_per_class=2),
+    # Unit-row distances are at most 2: every negative hinge active; MS mines every pair.
+    "proxy_contrastive": dict(n_classes=4, dim=5, proxies_per_class=2, pos_margin=0.0,
+                              neg_margin=2.5),
+    "proxy_multi_similarity": dict(n_classes=4, dim=5, proxies_per_class=2, mining_margin=4.0),
+}
+# ASAP's bases with the smooth settings of their loss (the objective supplies n_classes, dim).
+ASAP_SMOOTH = {
+    "proxy_nca": {}, "proxy_anchor": dict(alpha=4.0),
+    "contrastive": dict(pos_margin=0.0, neg_margin=2.5),
+    "multi_similarity": dict(mining_margin=4.0),
 }
 
 
@@ -84,7 +95,7 @@ def _z(seed=2, shape=(8, 6)):
 def test_loss_objective_gradients(loss, reference):
     objective = LossObjective(loss, reference=reference, rng=3, **SMOOTH[loss])
     result = _gradcheck(objective, {"y": _y()})
-    if loss in ("proxy_nca", "proxy_anchor", "soft_triple"):
+    if objective.is_proxy_loss:
         assert result[_key(objective.proxies)].scale > 0
 
 
@@ -117,16 +128,36 @@ def test_wasserstein_objective_gradients(kind, reference):
     _gradcheck(objective, {"features": features}, labels=np.array([0, 0, 1, 1]))
 
 
-@pytest.mark.parametrize("base", ["proxy_nca", "proxy_anchor"])
+@pytest.mark.parametrize("base", sorted(ASAP_SMOOTH))
 @pytest.mark.parametrize("reference", [False, True])
 def test_asap_objective_gradients(base, reference):
     theta = Parameter(_y(6, (3, 2)), "model.weight")
     objective = ASAPObjective(base, n_classes=4, dim=5, proxies_per_class=2, budget=2,
                               lambda_=0.7, model_parameters=[theta], reference=reference,
-                              rng=7)
+                              rng=7, **ASAP_SMOOTH[base])
     theta.value = theta.value + _y(8, (3, 2))          # theta != theta*
     result = _gradcheck(objective, {"y": _y()}, extra=[theta])
     assert result[_key(theta)].scale > 0
+    assert result[_key(objective.proxies)].scale > 0
+
+
+@pytest.mark.parametrize("base, loss", [("contrastive", "proxy_contrastive"),
+                                        ("multi_similarity", "proxy_multi_similarity")])
+def test_asap_pair_bases_are_the_loss_between_samples_and_proxies(base, loss):
+    # Eq. (4.11): the pair loss between every proxy and every batch sample, plus the
+    # regulariser; the loss's hyperparameters pass through.
+    theta = Parameter(np.zeros(3), "w")
+    objective = ASAPObjective(base, n_classes=4, dim=5, proxies_per_class=2, budget=3,
+                              lambda_=0.5, model_parameters=[theta], rng=0, reference=True,
+                              **ASAP_SMOOTH[base])
+    assert objective.base.loss_name == loss
+    theta.value = np.array([1.0, -2.0, 2.0])
+    value, _ = objective.forward(_y(), LABELS)
+    expected, _ = getattr(losses, loss)(_y(), LABELS, proxies=objective.proxies.value,
+                                        proxy_labels=objective.proxy_labels,
+                                        **ASAP_SMOOTH[base])
+    assert_allclose(value, expected + 0.25 * 9.0, rtol=1e-13)
+    assert_allclose(objective.proxy_labels, np.repeat(np.arange(4), 2), rtol=0)
 
 
 def test_asap_regulariser_closed_form():
@@ -169,6 +200,11 @@ def _builders():
     for loss in ("proxy_nca", "proxy_anchor", "soft_triple"):
         yield loss, (lambda ref, loss=loss: LossObjective(loss, reference=ref, rng=1,
                                                           **SMOOTH[loss])), None
+    # rng=1 would draw the proxies as _y()'s rows: every sample on a proxy of its class, at
+    # the distance's kink (d = 0 up to rounding), where the two paths' subgradients differ.
+    for loss in ("proxy_contrastive", "proxy_multi_similarity"):
+        yield loss, (lambda ref, loss=loss: LossObjective(loss, reference=ref, rng=2,
+                                                          **SMOOTH[loss])), None
     yield "gsp", lambda ref: GSPObjective("proxy_nca", n_classes=4, attribute_dim=3, rng=2,
                                           reference=ref, base_kwargs=dict(dim=5)), "pair"
     yield "xml", lambda ref: XMLObjective("triplet", lambda_=0.5, ridge=0.05, rng=3,
@@ -177,6 +213,9 @@ def _builders():
                                                           reference=ref, **TIGHT), "local"
     yield "asap", lambda ref: ASAPObjective(n_classes=4, dim=5, proxies_per_class=2, budget=2,
                                             lambda_=0.1, rng=4, reference=ref), None
+    yield "asap_contrastive", lambda ref: ASAPObjective(
+        "contrastive", n_classes=4, dim=5, proxies_per_class=2, budget=2, lambda_=0.1, rng=4,
+        reference=ref, neg_margin=1.2), None
 
 
 @pytest.mark.parametrize("name, build, kind", list(_builders()), ids=[b[0] for b in _builders()])
@@ -319,3 +358,33 @@ def test_config_is_plain_json_without_object_addresses():
     b = LossObjective("proxy_nca", n_classes=4, dim=8, rng=2, temperature=0.2).config()
     c = LossObjective("proxy_nca", n_classes=4, dim=8, rng=1, temperature=0.3).config()
     assert a == b and a != c
+
+
+# ------------------------------------------------------------- built from a config
+def test_build_objective_proxy_is_the_loss_against_one_proxy_per_class():
+    from refdml.train.models import ObjectiveConfig, Placement, build_objective
+
+    placement = Placement(dtype=np.float64, reference=True)
+    proxy = build_objective(ObjectiveConfig(kind="proxy", loss="contrastive", embedding_dim=5,
+                                            neg_margin=1.2), 4, rng=0, placement=placement)
+    assert isinstance(proxy, LossObjective) and proxy.loss_name == "proxy_contrastive"
+    assert proxy.proxies.shape == (4, 5) and proxy.hyperparameters == {"neg_margin": 1.2}
+    assert_allclose(proxy.proxy_labels, np.arange(4), rtol=0)
+    assert list(proxy.parameters()) == [proxy.proxies]      # no regulariser, no theta*
+    ms = build_objective(ObjectiveConfig(kind="proxy", loss="multi_similarity",
+                                         embedding_dim=5), 4, rng=0, placement=placement)
+    assert ms.loss_name == "proxy_multi_similarity"
+    nca = build_objective(ObjectiveConfig(kind="proxy", loss="proxy_nca", embedding_dim=5), 4,
+                          rng=0, placement=placement)
+    assert nca.loss_name == "proxy_nca"
+    with pytest.raises(ValueError, match="loss == 'triplet'"):
+        build_objective(ObjectiveConfig(kind="proxy", loss="triplet", embedding_dim=5), 4,
+                        rng=0, placement=placement)
+    theta = Parameter(np.zeros(2), "w")
+    asap = build_objective(ObjectiveConfig(kind="asap", loss="contrastive", embedding_dim=5,
+                                           proxies_per_class=2, budget=3, asap_lambda=0.1,
+                                           pos_margin=0.1), 4, rng=0, placement=placement,
+                           model_parameters=[theta])
+    assert isinstance(asap, ASAPObjective) and asap.base.loss_name == "proxy_contrastive"
+    assert asap.base.hyperparameters == {"pos_margin": 0.1}
+    assert asap.model_parameters == [theta]

@@ -1,4 +1,4 @@
-"""Fast-path mirror of :mod:`refdml.losses`: the seven DML losses (NumPy or CuPy,
+"""Fast-path mirror of :mod:`refdml.losses`: the nine DML losses (NumPy or CuPy,
 float32 or float64), batched, no loop over the batch.
 
 Same names, signatures, defaults, contexts (``PairwiseLossContext``, ``ProxyLossContext``)
@@ -7,8 +7,8 @@ rules for degenerate batches are the reference's (see :mod:`refdml.losses`), and
 the checks and error messages (through :mod:`refdml._shared.losses`).
 
 The family's kernels are those of the masked log-sum-exp, the reduction of the
-softmax-type losses (multi-similarity, SoftTriple; Proxy-Anchor and ProxyNCA++ past their
-bound; and of :mod:`refdml.gpu.histogram`'s entropic histogram and
+softmax-type losses (multi-similarity, within a batch or between samples and proxies,
+SoftTriple; Proxy-Anchor and ProxyNCA++ past their bound; and of :mod:`refdml.gpu.histogram`'s entropic histogram and
 :mod:`refdml.gpu.crossbatch`'s zero-shot loss). :data:`IMPLEMENTATIONS` holds its array
 path, its ``@njit`` CPU twin and its ``@cuda.jit`` kernel behind one interface; a forward
 that takes log-sum-exps chooses one once (``IMPLEMENTATIONS.choose(x)``, steered by
@@ -64,6 +64,12 @@ from refdml.gpu.losses._mirrors import (
     proxy_anchor,
     proxy_anchor_backward,
     proxy_anchor_forward,
+    proxy_contrastive,
+    proxy_contrastive_backward,
+    proxy_contrastive_forward,
+    proxy_multi_similarity,
+    proxy_multi_similarity_backward,
+    proxy_multi_similarity_forward,
     proxy_nca,
     proxy_nca_backward,
     proxy_nca_forward,
@@ -93,6 +99,12 @@ __all__ = [
     "proxy_anchor",
     "proxy_anchor_backward",
     "proxy_anchor_forward",
+    "proxy_contrastive",
+    "proxy_contrastive_backward",
+    "proxy_contrastive_forward",
+    "proxy_multi_similarity",
+    "proxy_multi_similarity_backward",
+    "proxy_multi_similarity_forward",
     "proxy_nca",
     "proxy_nca_backward",
     "proxy_nca_forward",

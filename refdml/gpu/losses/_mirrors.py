@@ -1,4 +1,4 @@
-"""The public functions of :mod:`refdml.gpu.losses`: the seven losses' forward / backward
+"""The public functions of :mod:`refdml.gpu.losses`: the nine losses' forward / backward
 pairs and their one-call forms, each a few lines over the family's pieces.
 
 A public forward validates once (the reference's checks and messages, through
@@ -24,7 +24,7 @@ from refdml._shared.losses import (
     check_contrastive_margins,
     check_generalized_margins,
     check_loss_context,
-    check_multi_similarity_scales,
+    check_multi_similarity,
     check_proxy_anchor_scales,
     check_proxy_nca_temperature,
     check_reduction,
@@ -51,6 +51,7 @@ from refdml.gpu.losses._array import (
     upper_weights,
 )
 from refdml.gpu.losses._kernels import IMPLEMENTATIONS
+from refdml.gpu.distances import scaled_sq
 from refdml.gpu.losses._pairwise import (
     cosine_backward_sum,
     cross_cosine,
@@ -74,6 +75,12 @@ __all__ = [
     "proxy_anchor",
     "proxy_anchor_backward",
     "proxy_anchor_forward",
+    "proxy_contrastive",
+    "proxy_contrastive_backward",
+    "proxy_contrastive_forward",
+    "proxy_multi_similarity",
+    "proxy_multi_similarity_backward",
+    "proxy_multi_similarity_forward",
     "proxy_nca",
     "proxy_nca_backward",
     "proxy_nca_forward",
@@ -239,17 +246,31 @@ def _check_finite_loss(ns: Backend, arrays, loss: str, hyperparameters: dict,
 
 
 def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, loss):
-    xp = ns.xp
-    n = x.shape[0]
     if form == "euclidean":
         matrix, metric_ctx, scale = self_euclidean(ns, x)
-        sign = 1.0
     else:
         matrix, metric_ctx, scale = self_cosine(ns, x)
-        sign = -1.0
-    upper = upper_pairs(ns, n)
+    upper = upper_pairs(ns, x.shape[0])
     same = labels[:, None] == labels[None, :]
-    dt = terms_dtype(x.dtype, pos_margin, neg_margin).type
+    value, d_matrix = _hinge_terms(ns, matrix, same, pos_margin, neg_margin, form, reduction,
+                                   x.dtype, pairs=upper)
+    ctx = PairwiseLossContext(loss=loss, metric_ctx=metric_ctx, d_matrix=d_matrix,
+                              row_scale=scale)
+
+    def cause() -> str:
+        return hinge_cause(to_numpy(matrix[upper]), pos_margin, neg_margin)
+
+    return _loss_value(value, reduction, cause), ctx
+
+
+def _hinge_terms(ns, matrix, same, pos_margin, neg_margin, form, reduction, dtype, pairs=None):
+    """The contrastive hinges on ``matrix`` (distances, or cosines for ``form="cosine"``,
+    where the metric's sign flips): the value (not read) and d value / d matrix in
+    ``dtype``. ``pairs``: the upper-triangular mask of a set with itself (its ``(n, n)``
+    matrix holds each pair once above the diagonal); None: every entry is a pair."""
+    xp = ns.xp
+    sign = 1.0 if form == "euclidean" else -1.0
+    dt = terms_dtype(dtype, pos_margin, neg_margin).type
     # iota = +1 positives, -1 negatives: pre = sign iota (matrix - margin of the pair), as
     # sign iota matrix - sign iota margin (multiplications by +-1 are exact); each factor
     # one where over the pairs.
@@ -257,25 +278,20 @@ def _pair_hinge_forward(ns, x, labels, pos_margin, neg_margin, form, reduction, 
     signed_margin = xp.where(same, dt(sign * pos_margin), dt(-sign * neg_margin))
     pre = signed * matrix
     pre -= signed_margin
-    active = (pre > 0) & upper
+    active = pre > 0
+    if pairs is not None:
+        active &= pairs
     terms = pre * active
     with ns.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        if reduction == "mean":
+        if reduction == "mean" and pairs is not None:
             # The pairs i < j number n (n - 1) / 2, known on the host: no count on the
             # device, and d mean / d terms is a kept constant.
+            n = matrix.shape[0]
             value = mean_terms(ns, terms, float(max(n * (n - 1) // 2, 1)))
             d_terms = upper_weights(ns, n, terms.dtype)
         else:
-            value, d_terms = reduce_terms(ns, terms, reduction, upper)
-    slope = signed * active
-    ctx = PairwiseLossContext(loss=loss, metric_ctx=metric_ctx,
-                              d_matrix=(d_terms * slope).astype(x.dtype, copy=False),
-                              row_scale=scale)
-
-    def cause() -> str:
-        return hinge_cause(to_numpy(matrix[upper]), pos_margin, neg_margin)
-
-    return _loss_value(value, reduction, cause), ctx
+            value, d_terms = reduce_terms(ns, terms, reduction, pairs)
+    return value, (d_terms * (signed * active)).astype(dtype, copy=False)
 
 
 def contrastive_forward(
@@ -440,14 +456,25 @@ def triplet(embeddings, labels, *, margin=0.0961, mining="all", reduction="mean"
 def _multi_similarity_forward(ns, lse_impl, x, labels, alpha, beta, base, mining_margin,
                               reduction):
     xp = ns.xp
-    n = x.shape[0]
     s, metric_ctx, scale = self_cosine(ns, x)
     same = labels[:, None] == labels[None, :]
-    positive = same & ~xp.eye(n, dtype=bool)
-    negative = ~same
+    value, d_matrix, cause = _multi_similarity_terms(
+        ns, lse_impl, s, same & ~xp.eye(x.shape[0], dtype=bool), ~same, alpha, beta, base,
+        mining_margin, reduction, x.dtype)
+    ctx = PairwiseLossContext(loss="multi_similarity", metric_ctx=metric_ctx, d_matrix=d_matrix,
+                              row_scale=scale)
+    return _loss_value(value, reduction, cause), ctx
+
+
+def _multi_similarity_terms(ns, lse_impl, s, positive, negative, alpha, beta, base,
+                            mining_margin, reduction, dtype):
+    """Multi-similarity with each row of ``s`` an anchor and ``positive`` / ``negative`` its
+    candidates: the value (not read), d value / d s in ``dtype``, and the cause of a value
+    beyond float64 (for :func:`_loss_value`)."""
+    xp = ns.xp
     valid = xp.any(positive, axis=1) & xp.any(negative, axis=1)
-    hardest_pos = xp.min(s + exclusion(ns, positive, x.dtype), axis=1)
-    hardest_neg = xp.max(s - exclusion(ns, negative, x.dtype), axis=1)
+    hardest_pos = xp.min(s + exclusion(ns, positive, dtype), axis=1)
+    hardest_neg = xp.max(s - exclusion(ns, negative, dtype), axis=1)
     # Cosines lie in [-1, 1] (to rounding): any margin beyond 4 mines every pair, as 4
     # does, and 4 is a number of every dtype (1e300 is not a float32).
     mining_margin = min(mining_margin, 4.0)
@@ -457,7 +484,7 @@ def _multi_similarity_forward(ns, lse_impl, x, labels, alpha, beta, base, mining
     mined_pos &= keep[:, None]
     mined_neg &= keep[:, None]
     # |s - base| <= 2: logits beyond the dtype (float32, alpha > 1.7e38) are taken in float64.
-    logits = s.astype(terms_dtype(x.dtype, 2.0 * alpha, 2.0 * beta), copy=False) - base
+    logits = s.astype(terms_dtype(dtype, 2.0 * alpha, 2.0 * beta), copy=False) - base
     lse_pos, w_pos = lse_impl.masked_logsumexp(-alpha * logits, mined_pos, extra_zero=True)
     lse_neg, w_neg = lse_impl.masked_logsumexp(beta * logits, mined_neg, extra_zero=True)
     with ns.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -466,15 +493,13 @@ def _multi_similarity_forward(ns, lse_impl, x, labels, alpha, beta, base, mining
         terms = xp.where(keep, lse_pos.astype(xp.float64) / alpha
                          + lse_neg.astype(xp.float64) / beta, 0)
         value, d_terms = reduce_terms(ns, terms, reduction, valid)
-    d_matrix = (d_terms[:, None] * (w_neg - w_pos)).astype(x.dtype, copy=False)
-    ctx = PairwiseLossContext(loss="multi_similarity", metric_ctx=metric_ctx, d_matrix=d_matrix,
-                              row_scale=scale)
+    d_s = (d_terms[:, None] * (w_neg - w_pos)).astype(dtype, copy=False)
 
     def cause() -> str:
         return (f"alpha == {alpha!r} or beta == {beta!r} is too small for a sum of "
                 f"{int(xp.sum(keep))} terms log(1 + sum exp(...)) / alpha (or / beta)")
 
-    return _loss_value(value, reduction, cause), ctx
+    return value, d_s, cause
 
 
 def multi_similarity_forward(embeddings, labels, *, alpha=2.0, beta=40.0, base=0.5,
@@ -482,15 +507,10 @@ def multi_similarity_forward(embeddings, labels, *, alpha=2.0, beta=40.0, base=0
     """Multi-similarity loss (Wang et al. 2019); see
     :func:`refdml.losses.multi_similarity_forward`. ``(value, ctx)``."""
     ns, x, y = _embeddings_labels(embeddings, labels)
-    alpha = check_scalar(alpha, "alpha", low=0.0, low_inclusive=False)
-    beta = check_scalar(beta, "beta", low=0.0, low_inclusive=False)
-    base = check_scalar(base, "base", low=-1.0, high=1.0)
-    mining_margin = check_scalar(mining_margin, "mining_margin", low=0.0)
-    reduction = check_reduction(reduction)
-    # float64 as the reference: the terms are float64 in either dtype (the value's range).
-    check_multi_similarity_scales(alpha, beta, x.shape[0], np.float64)
-    return _multi_similarity_forward(ns, IMPLEMENTATIONS.choose(x), x, y, alpha, beta, base,
-                                     mining_margin, reduction)
+    # The reference's checks, its scales' in float64: the terms are float64 in either dtype.
+    hyperparameters = check_multi_similarity(alpha, beta, base, mining_margin, reduction,
+                                             x.shape[0])
+    return _multi_similarity_forward(ns, IMPLEMENTATIONS.choose(x), x, y, *hyperparameters)
 
 
 def multi_similarity_backward(ctx: PairwiseLossContext, d_value=1.0) -> LossGrads:
@@ -754,3 +774,85 @@ def soft_triple(embeddings, labels, *, proxies, proxy_labels=None, lambda_=20.0,
                                      proxy_labels=proxy_labels, lambda_=lambda_, gamma=gamma,
                                      tau=tau, delta=delta, reduction=reduction)
     return value, soft_triple_backward(ctx)
+
+
+# ------------------------------------------------ pair losses between samples and proxies
+
+
+def proxy_contrastive_forward(embeddings, labels, *, proxies, proxy_labels=None,
+                              pos_margin=None, neg_margin=None, form="euclidean",
+                              reduction="mean"):
+    """Contrastive loss over every (sample, proxy) pair, on unit rows; see
+    :func:`refdml.losses.proxy_contrastive_forward`. ``(value, ctx)``."""
+    ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
+    form = check_choice(form, "form", _FORMS)
+    reduction = check_reduction(reduction)
+    pos_margin, neg_margin = check_contrastive_margins(form, pos_margin, neg_margin)
+    similarity, cosine_ctx = cross_cosine(ns, x, p)
+    if form == "cosine":
+        matrix = similarity
+        value, d_similarity = _hinge_terms(ns, similarity, same, pos_margin, neg_margin, form,
+                                           reduction, x.dtype)
+    else:
+        # The unit rows' distances, near pairs refined where the backend refines (as the
+        # reference's); d d / d s = -1 / d, subgradient 0 at d = 0.
+        matrix = ns.xp.sqrt(scaled_sq(ns, cosine_ctx.x_unit, cosine_ctx.y_unit, False))
+        value, d_distance = _hinge_terms(ns, matrix, same, pos_margin, neg_margin, form,
+                                         reduction, x.dtype)
+        coincident = matrix == 0
+        d_similarity = -d_distance / (matrix + coincident)
+        d_similarity *= ~coincident
+
+    def cause() -> str:
+        return hinge_cause(to_numpy(matrix), pos_margin, neg_margin)
+
+    value = _loss_value(value, reduction, cause)
+    return value, _proxy_ctx(ns, "proxy_contrastive", x, p, cosine_ctx, d_similarity)
+
+
+def proxy_contrastive_backward(ctx: ProxyLossContext, d_value=1.0) -> ProxyLossGrads:
+    """Gradients ``.embeddings``, ``.proxies`` of ``d_value * value`` (sample-proxy
+    contrastive)."""
+    ctx = check_loss_context(ctx, ProxyLossContext, "proxy_contrastive")
+    return _proxy_backward(ctx, d_value)
+
+
+def proxy_contrastive(embeddings, labels, *, proxies, proxy_labels=None, pos_margin=None,
+                      neg_margin=None, form="euclidean", reduction="mean"):
+    """Sample-proxy contrastive loss and its gradients; see :func:`proxy_contrastive_forward`."""
+    value, ctx = proxy_contrastive_forward(embeddings, labels, proxies=proxies,
+                                           proxy_labels=proxy_labels, pos_margin=pos_margin,
+                                           neg_margin=neg_margin, form=form,
+                                           reduction=reduction)
+    return value, proxy_contrastive_backward(ctx)
+
+
+def proxy_multi_similarity_forward(embeddings, labels, *, proxies, proxy_labels=None,
+                                   alpha=2.0, beta=40.0, base=0.5, mining_margin=0.1,
+                                   reduction="mean"):
+    """Multi-similarity with the samples as anchors and the proxies as their pairs; see
+    :func:`refdml.losses.proxy_multi_similarity_forward`. ``(value, ctx)``."""
+    ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
+    hyperparameters = check_multi_similarity(alpha, beta, base, mining_margin, reduction,
+                                             p.shape[0])
+    similarity, cosine_ctx = cross_cosine(ns, x, p)
+    value, d_similarity, cause = _multi_similarity_terms(
+        ns, IMPLEMENTATIONS.choose(x), similarity, same, ~same, *hyperparameters, x.dtype)
+    value = _loss_value(value, reduction, cause)
+    return value, _proxy_ctx(ns, "proxy_multi_similarity", x, p, cosine_ctx, d_similarity)
+
+
+def proxy_multi_similarity_backward(ctx: ProxyLossContext, d_value=1.0) -> ProxyLossGrads:
+    """Gradients ``.embeddings``, ``.proxies`` of ``d_value * value`` (sample-proxy MS)."""
+    ctx = check_loss_context(ctx, ProxyLossContext, "proxy_multi_similarity")
+    return _proxy_backward(ctx, d_value)
+
+
+def proxy_multi_similarity(embeddings, labels, *, proxies, proxy_labels=None, alpha=2.0,
+                           beta=40.0, base=0.5, mining_margin=0.1, reduction="mean"):
+    """Sample-proxy multi-similarity loss and its gradients; see
+    :func:`proxy_multi_similarity_forward`."""
+    value, ctx = proxy_multi_similarity_forward(
+        embeddings, labels, proxies=proxies, proxy_labels=proxy_labels, alpha=alpha, beta=beta,
+        base=base, mining_margin=mining_margin, reduction=reduction)
+    return value, proxy_multi_similarity_backward(ctx)

@@ -22,12 +22,14 @@ mirrors of :mod:`refdml.gpu` (NumPy or CuPy, float32 or float64).
 from refdml.train.objectives._asap import ASAPObjective
 from refdml.train.objectives._base import Objective, ObjectiveContext
 from refdml.train.objectives._crossbatch import GSPObjective, XMLObjective
-from refdml.train.objectives._loss import LOSSES, PROXY_LOSSES, LossObjective
+from refdml.train.objectives._loss import (LOSSES, PROXY_LOSSES, SAMPLE_PROXY_LOSSES,
+                                            LossObjective, proxy_loss_name)
 from refdml.train.objectives._wasserstein import WassersteinObjective
 
 __all__ = [
     "LOSSES",
     "PROXY_LOSSES",
+    "SAMPLE_PROXY_LOSSES",
     "ASAPObjective",
     "GSPObjective",
     "LossObjective",
@@ -35,4 +37,5 @@ __all__ = [
     "ObjectiveContext",
     "WassersteinObjective",
     "XMLObjective",
+    "proxy_loss_name",
 ]

@@ -19,8 +19,19 @@ where (derived from Sec. 4.3 and Alg. 1):
 * the proxies ``rho`` are NOT regularised: Alg. 1's ``g_rho`` is the loss gradient alone;
   they are re-initialised at each instance instead.
 
-The loss ``ell`` is a proxy loss with several proxies per class (``proxy_nca`` or
-``proxy_anchor``, the losses ASAP pairs itself with), through :class:`LossObjective`. The
+The loss ``ell`` (``base``), with several proxies per class, through :class:`LossObjective`:
+
+* ``"contrastive"`` and ``"multi_similarity"``: the pair loss of that name between every
+  proxy and every batch sample (:func:`refdml.losses.proxy_contrastive`,
+  :func:`refdml.losses.proxy_multi_similarity`), as the paper runs ASAP: C2-ASAP (and
+  C1-ASAP with ``form="cosine"``) and MS-ASAP of Sec. 5.1 and Table 1; ``"mean"``
+  averages the contrastive terms over the ``m |rho|`` pairs, Eq. (4.11)'s
+  ``1 / (m |rho|)``;
+* ``"proxy_nca"`` and ``"proxy_anchor"``: proxy losses, which the paper does not pair ASAP
+  with; the pairing is this project's own question.
+
+The loss's own hyperparameters (``pos_margin``, ``neg_margin``, ``form``, ``alpha``,
+``beta``, ``base``, ``temperature``, ...) pass through to it. The
 regulariser's gradient ``lambda (theta - theta*)`` is ADDED into each model parameter's
 ``.grad`` by :meth:`backward` (times ``d_value``), besides the proxies' loss gradient;
 Alg. 1 prints ``g_theta <- lambda (theta* - theta) + ...``, the negative of the gradient
@@ -53,11 +64,13 @@ from refdml.kcenter import select_proxies
 from refdml.train._parameter import Parameter
 from refdml.train.objectives._base import (Objective, check_d_value, check_positive_int,
                                            labels_on_device)
-from refdml.train.objectives._loss import LossObjective, split_outputs
+from refdml.train.objectives._loss import (SAMPLE_PROXY_LOSSES, LossObjective,
+                                            split_outputs)
 
 __all__ = ["ASAPObjective"]
 
-BASES = ("proxy_nca", "proxy_anchor")
+#: The bases: the paper's pair losses (between samples and proxies), then the proxy losses.
+BASES = ("contrastive", "multi_similarity", "proxy_nca", "proxy_anchor")
 
 
 class ASAPObjective(Objective):
@@ -65,7 +78,9 @@ class ASAPObjective(Objective):
 
     Parameters
     ----------
-    base : ``"proxy_nca"`` or ``"proxy_anchor"``
+    base : ``"contrastive"``, ``"multi_similarity"``, ``"proxy_nca"`` or ``"proxy_anchor"``
+        The loss between proxies and samples (module doc); a pair loss runs as its
+        sample-proxy form, ``base.loss_name`` ``"proxy_contrastive"`` say.
     n_classes, dim : int
         Classes and embedding dimension of the proxies.
     proxies_per_class : int
@@ -86,7 +101,7 @@ class ASAPObjective(Objective):
                  rng=None, dtype=np.float64, device: str = "cpu", name: str = "asap",
                  **hyperparameters) -> None:
         super().__init__(name)
-        check_choice(base, "base", BASES)
+        loss = SAMPLE_PROXY_LOSSES.get(check_choice(base, "base", BASES), base)
         self.proxies_per_class = check_positive_int(proxies_per_class, "proxies_per_class")
         self.budget = check_positive_int(budget, "budget")
         if self.budget < self.proxies_per_class:
@@ -102,7 +117,7 @@ class ASAPObjective(Objective):
             if not isinstance(parameter, Parameter):
                 raise TypeError(
                     f"model_parameters must hold Parameter objects, got {_describe(parameter)}")
-        self.base = LossObjective(base, reference=reference, n_classes=n_classes, dim=dim,
+        self.base = LossObjective(loss, reference=reference, n_classes=n_classes, dim=dim,
                                   proxies_per_class=self.proxies_per_class, rng=rng,
                                   dtype=dtype, device=device, name=f"{name}.base",
                                   **hyperparameters)
@@ -182,7 +197,7 @@ class ASAPObjective(Objective):
         """``max_i min_{p: class(p) = y_i} ||e_i - p / ||p|| ||``: the largest distance of a
         sample to its nearest own-class proxy (ASAP Prop. 4.2 / App. proof: the radius of
         the smallest balls around the class proxies covering the class's samples), with
-        the proxies L2-normalised (the base losses compare by cosine). ``embeddings``
+        the proxies L2-normalised (every base compares unit rows). ``embeddings``
         (N, dim) as the trainer's ``embed`` gives them (L2-normalised). Host, float64.
         """
         e, y = self._host_pool(embeddings, labels)

@@ -5,7 +5,8 @@ With ``reference=False`` (the default) the loss is the fast-path mirror
 the float64 NumPy reference :mod:`refdml.losses`. Both give the same value and gradients
 (1e-10 relative in float64, ``tests/train/test_train_objectives.py``).
 
-Proxy losses (``proxy_anchor``, ``proxy_nca``, ``soft_triple``) own their proxies as a
+Proxy losses (``proxy_anchor``, ``proxy_nca``, ``soft_triple``, and the pair losses between
+samples and proxies ``proxy_contrastive``, ``proxy_multi_similarity``) own their proxies as a
 :class:`~refdml.train.Parameter` ``"<name>.proxies"`` of shape
 ``(n_classes * proxies_per_class, dim)``, drawn N(0, 1/dim) from ``rng`` (rows of norm
 about 1; the proxy losses are cosine losses, so only directions matter); proxy ``k``
@@ -32,10 +33,22 @@ from refdml.train.objectives._base import (
     output_value,
 )
 
-__all__ = ["LOSSES", "PROXY_LOSSES", "LossObjective"]
+__all__ = ["LOSSES", "PROXY_LOSSES", "SAMPLE_PROXY_LOSSES", "LossObjective", "proxy_loss_name"]
 
-PROXY_LOSSES = ("proxy_anchor", "proxy_nca", "soft_triple")
+PROXY_LOSSES = ("proxy_anchor", "proxy_nca", "soft_triple", "proxy_contrastive",
+                "proxy_multi_similarity")
 LOSSES = ("contrastive", "generalized_contrastive", "multi_similarity", "triplet") + PROXY_LOSSES
+#: The pair losses that have a form between samples and proxies (:mod:`refdml.losses`'s
+#: ``proxy_<name>``), and that form's name.
+SAMPLE_PROXY_LOSSES = {"contrastive": "proxy_contrastive",
+                       "multi_similarity": "proxy_multi_similarity"}
+
+
+def proxy_loss_name(loss) -> str:
+    """The loss with proxies that ``loss`` names: a proxy loss itself, or the
+    sample-proxy form of a pair loss (``"contrastive"`` -> ``"proxy_contrastive"``)."""
+    loss = SAMPLE_PROXY_LOSSES.get(loss, loss) if isinstance(loss, str) else loss
+    return check_choice(loss, "loss", PROXY_LOSSES)
 
 # Keywords of a loss's forward that the objective supplies itself.
 _SUPPLIED = ("embeddings", "labels", "proxies", "proxy_labels")
