@@ -216,7 +216,8 @@ def _collage_configs(method: str, c: dict) -> tuple[HeadConfig, ObjectiveConfig]
         kind=objective_kind, loss=c["loss"], embedding_dim=c["embedding_dim"], lambda_=lambda_,
         ridge=c.get("ridge"), proxies_per_class=c.get("proxies_per_class"),
         budget=c.get("budget"), asap_lambda=c.get("asap_lambda"),
-        pos_margin=c.get("pos_margin"), neg_margin=c.get("neg_margin"))
+        pos_margin=c.get("pos_margin"), neg_margin=c.get("neg_margin"),
+        reduction=c.get("reduction"))
     return head, objective
 
 

@@ -93,9 +93,9 @@ class ObjectiveConfig:
     """An objective: ``kind`` (:data:`OBJECTIVE_KINDS`) around the loss ``loss``.
 
     ``embedding_dim``: the proxies' and class embeddings' width. ``pos_margin``,
-    ``neg_margin``, ``margin``: the loss's own hyperparameters, passed when not ``None``
-    (``margin``: the triplet's, or the Wasserstein losses' ``gamma``; ``asap`` and ``proxy``
-    pass them to their loss too). ``lambda_``,
+    ``neg_margin``, ``margin``, ``reduction``: the loss's own hyperparameters, passed when
+    not ``None`` (``margin``: the triplet's, or the Wasserstein losses' ``gamma``; ``asap``
+    and ``proxy`` pass them to their loss too). ``lambda_``,
     ``ridge``: ``zero_shot`` and ``xml``; ``zero_shot_scale``: ``zero_shot``;
     ``proxies_per_class``, ``budget``, ``asap_lambda``: ``asap``; ``eps``, ``p``,
     ``max_iter``, ``tol``: ``wasserstein``'s Sinkhorn solver.
@@ -107,6 +107,7 @@ class ObjectiveConfig:
     pos_margin: float | None = None
     neg_margin: float | None = None
     margin: float | None = None
+    reduction: str | None = None
     lambda_: float | None = None
     ridge: float | None = None
     zero_shot_scale: float = 9.5
@@ -268,7 +269,7 @@ def build_objective(spec: ObjectiveConfig, n_classes: int, *, rng, placement: Pl
     arrays = dict(dtype=placement.dtype, device=placement.device)
     # The loss's own hyperparameters, where set.
     kwargs: dict[str, Any] = {name: getattr(spec, name)
-                              for name in ("pos_margin", "neg_margin", "margin")
+                              for name in ("pos_margin", "neg_margin", "margin", "reduction")
                               if getattr(spec, name) is not None}
     if kind == "asap":
         return ASAPObjective(loss, n_classes=n_classes, dim=dim,
