@@ -126,11 +126,18 @@ _CHECKPOINT_META = frozenset({"epoch", "best_val_map_at_r", "best_epoch", "stopp
                               "rng", "sampler", "schedule", "objective"})
 
 
+#: Keys of the ``"run"`` entry added after run folders were written; None (their default,
+#: the behaviour before them) compares equal to absent, so such a folder still resumes.
+_LATER_RUN_KEYS = ("instance_patience",)
+
+
 def _without_run_epochs(value: Any, key: str) -> Any:
-    """The ``"run"`` entry of a config less the keys a resume may change."""
+    """The ``"run"`` entry of a config less the keys a resume may change (and the later
+    keys at their default: :data:`_LATER_RUN_KEYS`)."""
     if key != "run" or not isinstance(value, dict):
         return value
-    return {k: v for k, v in value.items() if k not in ("epochs", "progress")}
+    return {k: v for k, v in value.items() if k not in ("epochs", "progress")
+            and not (k in _LATER_RUN_KEYS and v is None)}
 
 
 def _check_out_dir(value: Any, name: str = "out_dir") -> Path:

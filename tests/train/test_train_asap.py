@@ -237,3 +237,30 @@ def test_config_instance_patience_replaces_instance_every():
         effective_config("digits-collage", {"objective": "asap", "instance_every": None})
     with pytest.raises(ValueError, match=r"instance_patience == 0"):
         effective_config("digits-collage", {"objective": "asap", "instance_patience": 0})
+
+
+def test_a_run_folder_from_before_instance_patience_resumes(tmp_path):
+    """config.json written before the key existed (no instance_patience anywhere, no
+    instance bookkeeping in the checkpoint) resumes, its instance starts rebuilt from
+    instance_every, as the uninterrupted run has them."""
+    from refdml.train._checkpoint import load_checkpoint, save_checkpoint
+
+    whole = _tiny(tmp_path / "whole", epochs=4)
+    whole.trainer.fit()
+    part = _tiny(tmp_path / "part", epochs=3)
+    part.trainer.fit()
+    path = tmp_path / "part" / "config.json"
+    config = json.loads(path.read_text())
+    del config["run"]["instance_patience"]
+    path.write_text(json.dumps(config))
+    parameters, optimizer_state, meta = load_checkpoint(tmp_path / "part" / "checkpoint.npz")
+    del meta["instance_starts"]
+    save_checkpoint(tmp_path / "part" / "checkpoint.npz", parameters=parameters,
+                    optimizer_state=optimizer_state, meta=meta)
+    resumed = _tiny(tmp_path / "part", epochs=4)
+    resumed.trainer.resume()
+    assert resumed.trainer.instance_starts == [1, 3]
+    resumed.trainer.fit()
+    assert resumed.trainer.instance_starts == whole.trainer.instance_starts == [1, 3]
+    for name, p in whole.trainer.parameters.items():
+        np.testing.assert_array_equal(p.value, resumed.trainer.parameters[name].value, name)
