@@ -43,7 +43,8 @@ from refdml.train.runs import build_optimizer
 from refdml.train.schedules import ReduceOnPlateau
 from refdml.train.trainer import MemorySink, TrainingLoop
 
-__all__ = ["Fitted", "at_epoch", "fit", "embed", "map_at_r", "map_at_r_from_distances", "covering_radius"]
+__all__ = ["Fitted", "at_epoch", "fit", "embed", "map_at_r", "map_at_r_from_distances",
+           "covering_radius"]
 
 
 def _cast(x: np.ndarray, dtype) -> np.ndarray:

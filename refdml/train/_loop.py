@@ -285,8 +285,8 @@ class TrainingLoop:
         stops exactly when an instance after the first has not beaten the run's best within
         its first k epochs: it started k epochs after the previous instance's best, which
         was the run's last improvement (a previous instance that never beat the run's best
-        ran into the run's patience first). :attr:`instance_starts` lists the epochs that started an
-        instance, and each row's ``instance`` counts them (module docstring).
+        ran into the run's patience first). :attr:`instance_starts` lists the epochs that
+        started an instance, and each row's ``instance`` counts them (module docstring).
     instance_embed : callable, optional
         ``instance_embed() -> embeddings`` of all training samples, given to the objective's
         ``new_problem_instance``; None: :meth:`embed` of the training inputs.

@@ -310,8 +310,8 @@ class Trainer(TrainingLoop):
             early_stopping_target=early_stopping_target, blas_threads=blas_threads,
             seed=seed, dtype=dtype, device=device, progress=progress, after_step=after_step,
             eval_batch_size=eval_batch_size, instance_every=instance_every,
-            instance_patience=instance_patience, select="val_map_at_r", select_from=0, warmup_epochs=warmup_epochs,
-            warmup_params=warmup_params)
+            instance_patience=instance_patience, select="val_map_at_r", select_from=0,
+            warmup_epochs=warmup_epochs, warmup_params=warmup_params)
         self.sink = DiskSink(out_dir)
         self.out_dir = self.sink.out_dir
         if run_config is not None and not isinstance(run_config, dict):
