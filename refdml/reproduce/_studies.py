@@ -9,8 +9,14 @@ training for the collages), curves per epoch and, for seed 0, small artefacts fo
 Every metric is of the model of the epoch with the best validation MAP@R
 (``val_map_at_r``, on a validation split of its own: ``selected_epoch``), as the papers
 recover the parameters with the best validation performance; the curves show every epoch
-trained. A ``patience`` setting (the collage studies' default run) stops a run after that
-many epochs without a new best validation MAP@R; without it every run trains all ``epochs``.
+trained. Every study reads the settings that train to a plateau
+(:func:`~refdml.reproduce._train.fit`): ``patience`` stops a run after that many epochs
+without a new best validation MAP@R, ``plateau_factor`` and ``plateau_patience`` reduce the
+learning rate on a plateau, and ASAP starts its next problem instance every
+``instance_every`` epochs or, with ``instance_patience`` instead, on a validation plateau
+(ASAP Sec. 4.4); without them every run trains all ``epochs`` at one rate. The metrics say
+how each run ended (``epochs_trained``, ``stopped_early``, ``still_rising``; ASAP:
+``instances``).
 The models and objectives come from :mod:`refdml.train.models`, the builders of
 :func:`refdml.train.runs.build_run`; :data:`STUDIES` maps each study's name to its function.
 
@@ -69,7 +75,6 @@ from refdml._io import write_text_atomic
 from refdml._backend import get_backend, to_numpy
 from refdml.reproduce._spec import Task
 from refdml.reproduce._train import (
-    at_epoch,
     covering_radius,
     embed,
     fit,
@@ -145,6 +150,14 @@ def _protocol(c: dict) -> dict:
     return {k: c[k] for k in _PROTOCOL_KEYS if k in c}
 
 
+def _plateau(c: dict) -> dict:
+    """The settings that train to a plateau, as fit's keywords (None where ``c`` does not
+    give one: all epochs, one learning rate, as before): ``patience`` (the early stop),
+    ``plateau_factor`` and ``plateau_patience`` (reduce the rate on a plateau)."""
+    return {"patience": c.get("patience"), "plateau_factor": c.get("plateau_factor"),
+            "plateau_patience": c.get("plateau_patience")}
+
+
 # --------------------------------------------------------------------------- tokens
 def tokens_task(task: Task) -> dict:
     c, seed, on = task.config, task.seed, _On.of(task)
@@ -169,13 +182,13 @@ def tokens_task(task: Task) -> dict:
         return {split: map_at_r(on.embed(model, data.token_ids), data.labels)
                 for split, data in (("val_map_at_r", splits.val), ("test_map_at_r", test))}
 
-    curves, best = fit(model, objective, splits.train.token_ids, splits.train.labels,
-                       epochs=c["epochs"], lr=c["lr"],
-                       n_classes_per_batch=c.get("n_classes_per_batch", 16),
-                       n_samples_per_class=c.get("n_samples_per_class", 4), seed=seed,
-                       dtype=DTYPE, evaluate=evaluate,
-                       after_step=lambda: clip_token_table(emb.table.value),
-                       select="val_map_at_r", device=on.device, **_protocol(c))
+    fitted = fit(model, objective, splits.train.token_ids, splits.train.labels,
+                 epochs=c["epochs"], lr=c["lr"],
+                 n_classes_per_batch=c.get("n_classes_per_batch", 16),
+                 n_samples_per_class=c.get("n_samples_per_class", 4), seed=seed,
+                 dtype=DTYPE, evaluate=evaluate,
+                 after_step=lambda: clip_token_table(emb.table.value),
+                 select="val_map_at_r", device=on.device, **_plateau(c), **_protocol(c))
     background = ~test.foreground
     if task.method == "gsp":
         _, ctx = on.forward(model, test.token_ids)
@@ -183,7 +196,7 @@ def tokens_task(task: Task) -> dict:
     else:
         w = np.ones(background.shape)
     mass = float(((w * background).sum(axis=1) / w.shape[1]).mean())
-    return {"metrics": {**at_epoch(curves, best), "background_mass": mass}, "curves": curves}
+    return {"metrics": {**fitted.metrics(), "background_mass": mass}, "curves": fitted.curves}
 
 
 # --------------------------------------------------------------------------- collage
@@ -329,16 +342,22 @@ def _collage_study(task: Task, data, *, recall: bool = False) -> dict:
                                                      to_numpy(owner.proxy_labels))
         return row
 
-    curves, best = fit(model, objective, data.train.images, train_y, epochs=c["epochs"],
-                       lr=c["lr"], n_classes_per_batch=c.get("n_classes_per_batch", 8),
-                       n_samples_per_class=c.get("n_samples_per_class", 8), seed=seed,
-                       dtype=DTYPE, evaluate=evaluate,
-                       instance_every=c["instance_every"] if method == "asap" else None,
-                       # on the GPU the loop's own embeddings (on the device)
-                       instance_embed=train_embeddings if on.device == "cpu" else None,
-                       select="val_map_at_r", patience=c.get("patience"), device=on.device,
-                       **_protocol(c))
-    metrics = at_epoch(curves, best)           # the model holds the selected epoch's weights
+    asap = method == "asap"
+    if asap and (c.get("instance_every") is None) == (c.get("instance_patience") is None):
+        raise ValueError(f"asap needs exactly one of the settings instance_every == "
+                         f"{c.get('instance_every')!r} and instance_patience == "
+                         f"{c.get('instance_patience')!r} (when a new problem instance starts)")
+    fitted = fit(model, objective, data.train.images, train_y, epochs=c["epochs"],
+                 lr=c["lr"], n_classes_per_batch=c.get("n_classes_per_batch", 8),
+                 n_samples_per_class=c.get("n_samples_per_class", 8), seed=seed,
+                 dtype=DTYPE, evaluate=evaluate,
+                 instance_every=c.get("instance_every") if asap else None,
+                 instance_patience=c.get("instance_patience") if asap else None,
+                 # on the GPU the loop's own embeddings (on the device)
+                 instance_embed=train_embeddings if on.device == "cpu" else None,
+                 select="val_map_at_r", device=on.device, **_plateau(c), **_protocol(c))
+    curves = fitted.curves
+    metrics = fitted.metrics()           # the model holds the selected epoch's weights
     artefacts = {}
     if method in ("gsp", "gsp_zsr"):
         if hasattr(test, "foreground"):      # collages: where the pooling weight goes
@@ -420,13 +439,13 @@ def wdml_task(task: Task) -> dict:
     def evaluate():
         return {"val_map_at_r": score(splits.val), "test_map_at_r": score(splits.test)}
 
-    curves, best = fit(model, objective, splits.train.token_ids, splits.train.labels,
-                       epochs=c["epochs"], lr=c["lr"],
-                       n_classes_per_batch=c["n_classes_per_batch"], n_samples_per_class=4,
-                       seed=seed, dtype=DTYPE, evaluate=evaluate,
-                       after_step=lambda: clip_token_table(emb.table.value),
-                       select="val_map_at_r", device=on.device, **_protocol(c))
-    return {"metrics": at_epoch(curves, best), "curves": curves}
+    fitted = fit(model, objective, splits.train.token_ids, splits.train.labels,
+                 epochs=c["epochs"], lr=c["lr"],
+                 n_classes_per_batch=c["n_classes_per_batch"], n_samples_per_class=4,
+                 seed=seed, dtype=DTYPE, evaluate=evaluate,
+                 after_step=lambda: clip_token_table(emb.table.value),
+                 select="val_map_at_r", device=on.device, **_plateau(c), **_protocol(c))
+    return {"metrics": fitted.metrics(), "curves": fitted.curves}
 
 
 def _wdml_objective(method: str, c: dict) -> ObjectiveConfig:
@@ -495,12 +514,13 @@ def glyph_wdml_task(task: Task) -> dict:
     # The untrained model's test MAP@R: the competence gate's level for the baselines, and
     # for every run the level its learning curve is drawn against.
     untrained = score("test", data.test)
-    curves, best = fit(model, objective, data.train.images, train_y, epochs=c["epochs"],
-                       lr=c["lr"], n_classes_per_batch=c["n_classes_per_batch"],
-                       n_samples_per_class=c["n_samples_per_class"], seed=seed, dtype=DTYPE,
-                       evaluate=lambda: {"val_map_at_r": score("val", data.val)},
-                       select="val_map_at_r", device=on.device, **_protocol(c))
-    metrics = at_epoch(curves, best)
+    fitted = fit(model, objective, data.train.images, train_y, epochs=c["epochs"],
+                 lr=c["lr"], n_classes_per_batch=c["n_classes_per_batch"],
+                 n_samples_per_class=c["n_samples_per_class"], seed=seed, dtype=DTYPE,
+                 evaluate=lambda: {"val_map_at_r": score("val", data.val)},
+                 select="val_map_at_r", device=on.device, **_plateau(c), **_protocol(c))
+    curves = fitted.curves
+    metrics = fitted.metrics()
     metrics["test_map_at_r"] = score("test", data.test)
     metrics["untrained_test_map_at_r"] = untrained
     return {"metrics": metrics, "curves": curves}

@@ -21,7 +21,9 @@ workers wants no files).
 
 A row: ``epoch``, ``train_loss`` (None for epoch 0, the untrained model), ``lr`` (the rate
 the epoch trained with), ``n_steps`` (optimiser steps so far), the evaluation's entries,
-``best_<select>`` (with a ``select``) and ``seconds``. The evaluation is ``evaluate()``
+``best_<select>`` (with a ``select``), with problem instances (``instance_every`` or
+``instance_patience``) ``instance`` (how many instances have started: 0 at epoch 0, 1 from
+epoch 1 on, ...), and ``seconds``. The evaluation is ``evaluate()``
 when given, else the built-in one: MAP@R, P@1 and R@1 of the validation (``val_``) and test
 (``test_``) data and, when the objective has ``covering_radius``, ``proxy_covering_radius``
 on the training embeddings.
@@ -96,7 +98,7 @@ METRIC_KEYS = {
 }
 _INPUT_FIELDS = ("token_ids", "images", "features", "inputs")
 #: Row entries the loop writes itself (an evaluation may not use these names).
-_ROW_KEYS = ("epoch", "train_loss", "lr", "n_steps", "seconds")
+_ROW_KEYS = ("epoch", "train_loss", "lr", "n_steps", "instance", "seconds")
 
 # The first-epoch line on a GPU is printed once per process (_note_gpu_compilation).
 _GPU_NOTE_LOCK = threading.Lock()
@@ -270,6 +272,21 @@ class TrainingLoop:
     select_from : int >= 0, default 0
         The first epoch that may be selected: 0 lets the untrained model be the best (as
         ``best.npz``), 1 selects among trained models only (the papers' protocol).
+    instance_patience : int >= 1, optional
+        Start problem instances on a validation plateau (ASAP Sec. 4.4: "early stopping
+        patience of 3 to pass the next projection") instead of every ``instance_every``
+        epochs (give at most one of the two): the first instance starts at epoch 1, and a
+        new one at the epoch after ``instance_patience`` epochs in a row without a strict
+        improvement of the ``select`` value over the current instance's own best, which
+        starts at the value evaluated just before the instance's first epoch. Needs
+        ``select`` and an objective with ``new_problem_instance``. The run's early stopping
+        is unchanged (over the run's best): with ``instance_patience = k`` and
+        ``early_stopping_patience = 2k`` (and ``early_stopping_min_delta = 0``), the run
+        stops exactly when an instance after the first has not beaten the run's best within
+        its first k epochs: it started k epochs after the previous instance's best, which
+        was the run's last improvement (a previous instance that never beat the run's best
+        ran into the run's patience first). :attr:`instance_starts` lists the epochs that
+        started an instance, and each row's ``instance`` counts them (module docstring).
     instance_embed : callable, optional
         ``instance_embed() -> embeddings`` of all training samples, given to the objective's
         ``new_problem_instance``; None: :meth:`embed` of the training inputs.
@@ -296,7 +313,8 @@ class TrainingLoop:
         early_stopping_target: float | None = None, blas_threads: int | None = 1,
         seed: int, dtype: Any, device: str = "cpu", progress: bool = True,
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
-        instance_every: int | None = None, instance_embed: Callable[[], Any] | None = None,
+        instance_every: int | None = None, instance_patience: int | None = None,
+        instance_embed: Callable[[], Any] | None = None,
         evaluate: Callable[[], dict[str, Any]] | None = None,
         select: str | None = "val_map_at_r", select_from: int = 0,
         sink: TrainingSink | None = None, warmup_epochs: int = 0,
@@ -359,10 +377,17 @@ class TrainingLoop:
                                             integer=True)
         self.instance_every = None if instance_every is None else check_scalar(
             instance_every, "instance_every", low=1, integer=True)
-        if self.instance_every is not None and not callable(
-                getattr(objective, "new_problem_instance", None)):
-            raise TypeError("instance_every needs an objective with new_problem_instance(); "
-                            f"{type(objective).__name__} has none")
+        self.instance_patience = None if instance_patience is None else check_scalar(
+            instance_patience, "instance_patience", low=1, integer=True)
+        if self.instance_every is not None and self.instance_patience is not None:
+            raise ValueError(f"instance_every == {self.instance_every} and instance_patience "
+                             f"== {self.instance_patience}: a run starts its problem "
+                             "instances by one rule; give one of them")
+        for name in ("instance_every", "instance_patience"):
+            if getattr(self, name) is not None and not callable(
+                    getattr(objective, "new_problem_instance", None)):
+                raise TypeError(f"{name} needs an objective with new_problem_instance(); "
+                                f"{type(objective).__name__} has none")
         self._evaluate, self._instance_embed = evaluate, instance_embed
         if select is not None and not isinstance(select, str):
             raise TypeError(f"select must be a str or None, got {_describe(select)}")
@@ -371,6 +396,9 @@ class TrainingLoop:
                                or (schedule is not None and schedule.uses_metric)):
             raise ValueError("select == None, but early stopping and a schedule that uses a "
                              "metric need the metric that select names")
+        if select is None and self.instance_patience is not None:
+            raise ValueError(f"select == None, but instance_patience == "
+                             f"{self.instance_patience} waits on the metric that select names")
         self.select = select
         self.select_from = check_scalar(select_from, "select_from", low=0, integer=True)
         if sink is not None and not isinstance(sink, TrainingSink):
@@ -396,6 +424,14 @@ class TrainingLoop:
         self.improved_metric = -math.inf   # best metric of the epochs that improved by min_delta
         self.improved_epoch = 0
         self.stopped_early = False
+        # Problem instances (instance_every or instance_patience): the epochs that started
+        # one, and for instance_patience the current instance's best select value, the
+        # epoch of that best (the instance's start counts: the epoch before its first) and
+        # the epoch the next instance starts at (None: not due yet).
+        self.instance_starts: list[int] = []
+        self.instance_best_metric = -math.inf
+        self.instance_best_epoch = 0
+        self.next_instance_epoch: int | None = 1 if self.instance_patience is not None else None
         self.evaluation_keys: tuple[str, ...] = ()   # the last evaluation's entries, in order
 
     def _check_warmup(self, warmup_epochs: Any, warmup_params: Any
@@ -452,11 +488,14 @@ class TrainingLoop:
                      **self.optimizer._hyperparameters(), "lr": self.optimizer.lr
                      if self.schedule is None else self.schedule.base_lr}
         # Recorded only when they change the arithmetic, so the config of a run without
-        # them reads (and resumes) as before parameter groups and warm-ups existed.
+        # them reads (and resumes) as before parameter groups, warm-ups and instance
+        # patience existed.
         if any(g.lr_multiplier != 1.0 for g in self.optimizer.param_groups):
             optimizer["param_groups"] = [
                 {"name": g.name, "lr_multiplier": g.lr_multiplier, "params": list(g.params)}
                 for g in self.optimizer.param_groups]
+        patience = ({} if self.instance_patience is None
+                    else {"instance_patience": self.instance_patience})
         warmup = {} if not self.warmup_epochs else {"warmup": {
             "epochs": self.warmup_epochs, "params": [p.name for p in self.warmup_params]}}
         return {
@@ -469,6 +508,7 @@ class TrainingLoop:
             "device": self.device,
             "eval_batch_size": self.eval_batch_size,
             "instance_every": self.instance_every,
+            **patience,
             "after_step": None if self.after_step is None else getattr(
                 self.after_step, "__name__", repr(self.after_step)),
             "model": {"repr": repr(self.model), "parameters": {
@@ -567,10 +607,34 @@ class TrainingLoop:
 
     # -- problem instances ---------------------------------------------------------------
     def instance_due(self, epoch: int) -> bool:
-        """Whether epoch ``epoch`` (1-based) starts a new problem instance."""
+        """Whether epoch ``epoch`` (1-based) starts a new problem instance.
+
+        With ``instance_every`` any epoch's answer is known in advance; with
+        ``instance_patience`` it depends on the metric, so only epochs up to the next one
+        (``self.epoch + 1``) have an answer (the record of :attr:`instance_starts`, then
+        the rule) and a later epoch is a ValueError."""
         epoch = check_scalar(epoch, "epoch", low=0, integer=True)
+        if self.instance_patience is not None:
+            if epoch > self.epoch + 1:
+                raise ValueError(
+                    f"epoch == {epoch}: with instance_patience, whether an epoch starts a "
+                    f"problem instance is known only up to the next epoch ({self.epoch + 1})")
+            if epoch <= self.epoch:
+                return epoch in self.instance_starts
+            return epoch == self.next_instance_epoch
         return self.instance_every is not None and epoch >= 1 and (
             (epoch - 1) % self.instance_every == 0)
+
+    def _update_instance_patience(self, epoch: int, metric: float) -> None:
+        """The instance-patience rule after epoch ``epoch`` evaluated ``metric``: a strict
+        improvement on the current instance's best moves that best; ``instance_patience``
+        epochs since it without one make the next epoch start a new instance, whose best
+        starts at this epoch's value (the metric at its start)."""
+        if epoch == 0 or metric > self.instance_best_metric:
+            self.instance_best_metric, self.instance_best_epoch = metric, epoch
+        elif epoch - self.instance_best_epoch >= self.instance_patience:
+            self.instance_best_metric, self.instance_best_epoch = metric, epoch
+            self.next_instance_epoch = epoch + 1
 
     def new_problem_instance(self, epoch: int) -> Any:
         """Embed the training samples, call the objective's ``new_problem_instance`` with
@@ -746,6 +810,8 @@ class TrainingLoop:
             start = time.perf_counter()
             if self.instance_due(epoch):
                 self.new_problem_instance(epoch)
+                self.instance_starts.append(epoch)
+                self.next_instance_epoch = None
             self._set_warmup(epoch)
             loss = self._train_epoch(epoch)
             rows.append(self._end_epoch(epoch, loss, start))
@@ -775,8 +841,12 @@ class TrainingLoop:
             reached = target is not None and epoch >= 1 and metric >= target
             self.stopped_early = waited or reached
             row[f"best_{self.select}"] = self.best_metric
+            if self.instance_patience is not None:
+                self._update_instance_patience(epoch, metric)
         elif epoch > 0 and self.schedule is not None:
             self.schedule.step()
+        if self.instance_every is not None or self.instance_patience is not None:
+            row["instance"] = len(self.instance_starts)
         self.epoch = epoch
         row["seconds"] = time.perf_counter() - start
         self.sink.end_epoch(self, row)

@@ -44,7 +44,8 @@ GLYPH_STUDIES = ("glyphs", "glyph-collage")
 HEADS = ("gap", "gmp", "gemean", "gsp")
 _LOSSES = ("contrastive", "proxy_nca")
 #: The keys that only objective == "asap" reads.
-ASAP_KEYS = ("proxies_per_class", "budget", "asap_lambda", "instance_every")
+ASAP_KEYS = ("proxies_per_class", "budget", "asap_lambda", "instance_every",
+             "instance_patience")
 
 
 @dataclass(frozen=True)
@@ -237,8 +238,14 @@ KEYS: dict[str, Key] = {
                           "convergence', App. A.2 gives no length; one instance's loss "
                           "flattens after 4-6 epochs; a sweep of 1, 2, 5, 10 differs by "
                           "less than the epoch-to-epoch noise: docs/train.md); glyphs, "
-                          "glyph-collage: 3, refdml reproduce's for its 6-epoch runs",
-                          "int", low=1),
+                          "glyph-collage: 3, refdml reproduce's for its 6-epoch runs; "
+                          "none when instance_patience is given",
+                          "int", low=1, optional=True),
+    "instance_patience": Key({"digits-collage": None, "features": None, **_glyphs(None)},
+                             "paper (ASAP Sec. 4.4: 'early stopping patience of 3 to pass "
+                             "the next projection'); none by default: instances every "
+                             "instance_every epochs, as before",
+                             "int", low=1, optional=True),
     "loss": Key({"tokens": "contrastive", "digits-collage": "contrastive",
                  "features": "contrastive", **_glyphs("contrastive")}, "ours", "str",
                 choices=_LOSSES),
@@ -392,6 +399,16 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
     if asap:
         if "loss" not in given:
             merged["loss"] = "proxy_nca"
+        if "instance_patience" in given:
+            if "instance_every" in given:
+                raise ValueError(
+                    f"instance_every == {config['instance_every']!r} and instance_patience "
+                    f"== {config['instance_patience']!r}: ASAP starts its problem instances "
+                    "by one rule; give one of them")
+            merged["instance_every"] = None
+        elif merged["instance_every"] is None:
+            raise ValueError("objective == 'asap' needs instance_every or instance_patience "
+                             "(when to start a new problem instance); both are None")
         if merged["zero_shot"]:
             raise ValueError("objective == 'asap' has no zero-shot regulariser: leave "
                              "zero_shot out or set it false")
@@ -545,6 +562,7 @@ class RunConfig:
     budget: int | None = None
     asap_lambda: float | None = None
     instance_every: int | None = None
+    instance_patience: int | None = None
     loss: str
     pos_margin: float | None
     neg_margin: float | None

@@ -32,9 +32,10 @@ matplotlib's fonts, split class-disjointly 0.55 / 0.15 / 0.30)
 ``objective = "asap"`` (digits-collage, glyphs, glyph-collage, features): ASAP Alg. 1-2
 (:class:`~refdml.train.objectives.ASAPObjective`) around ``loss`` (default ``proxy_nca``):
 ``proxies_per_class`` proxies per class, ``asap_lambda/2 ||theta - theta*||^2`` on the
-model's parameters, and every ``instance_every`` epochs a new problem instance (proxies by
-greedy k-center on per-class pools of ``budget`` training samples, ``theta* <- theta``,
-the proxies' Adam state reset); the log gains ``proxy_covering_radius``.
+model's parameters, and every ``instance_every`` epochs (or, with ``instance_patience``,
+on a validation plateau: ASAP Sec. 4.4) a new problem instance (proxies by greedy k-center
+on per-class pools of ``budget`` training samples, ``theta* <- theta``, the proxies' Adam
+state reset); the log gains ``proxy_covering_radius`` and ``instance``.
 
 The optimiser (every study): Adam with ``lr``, ``betas`` and (coupled) ``weight_decay``;
 the objective's parameters (proxies, class embeddings), when it has any, form a parameter
@@ -254,7 +255,8 @@ def build_run(study: str, config: dict[str, Any] | RunConfig | None = None, *,
         early_stopping_target=c.early_stopping_target, blas_threads=c.blas_threads,
         seed=seed, dtype=dtype, device=c.device, progress=c.progress, after_step=after_step,
         eval_batch_size=c.eval_batch_size, run_config={"study": study, **c.as_dict()},
-        instance_every=c.instance_every if c.asap else None, warmup_epochs=c.warmup_epochs,
+        instance_every=c.instance_every if c.asap else None,
+        instance_patience=c.instance_patience if c.asap else None, warmup_epochs=c.warmup_epochs,
         warmup_params=warmup_params)
     return Run(study=study, config=c, trainer=trainer, model=model, objective=objective,
                collage=collage, data=collage if data is None else data)

@@ -60,7 +60,10 @@ its first checkpoint starts again from epoch 0.
 
 New problem instances (ASAP Alg. 1's outer loop): when ``instance_every`` is set and the
 objective has ``new_problem_instance(embeddings, labels, rng)``, the trainer calls it at the
-start of epochs ``1, 1 + instance_every, 1 + 2 instance_every, ...``, before the epoch's
+start of epochs ``1, 1 + instance_every, 1 + 2 instance_every, ...`` (with
+``instance_patience`` instead: at epoch 1, then at the epoch after that many epochs without
+a strict improvement of the validation MAP@R over the current instance's best, ASAP Sec.
+4.4's "early stopping patience of 3 to pass the next projection"), before the epoch's
 first step, with the L2-normalised embeddings of ALL training samples (:meth:`embed`, the
 current model), the training labels (on the host) and :attr:`rng` (which draws ASAP's
 per-class pools); then it resets the optimiser's state of the objective's
@@ -68,8 +71,10 @@ per-class pools); then it resets the optimiser's state of the objective's
 bias correction restarted), since the re-initialised values are new parameters. An
 objective cannot do that itself (it does not know the optimiser). Everything the hook
 changes is in the checkpoint (parameter values, optimiser buffers and step offsets,
-the objective's ``state_dict``, e.g. ASAP's ``theta*``, and :attr:`rng`), so a resume
-across an instance boundary is bit-for-bit. When the objective has
+the objective's ``state_dict``, e.g. ASAP's ``theta*``, and :attr:`rng`), and so is
+the instances' bookkeeping (the epochs that started one, and instance patience's best and
+next start), so a resume across an instance boundary is bit-for-bit. Each log row then
+holds ``instance``, the number of instances started so far. When the objective has
 ``covering_radius(embeddings, labels) -> float``, each log row (epoch 0 too) also holds
 ``proxy_covering_radius``, evaluated on the training embeddings after the epoch.
 
@@ -114,17 +119,25 @@ __all__ = ["Trainer", "TrainingDiverged", "METRIC_KEYS", "DiskSink", "MemorySink
 
 # What resume() sets besides the state dicts, the parameters and the Generator.
 _RESUMED_ATTRIBUTES = ("epoch", "best_epoch", "best_metric", "improved_metric",
-                       "improved_epoch", "stopped_early", "started")
+                       "improved_epoch", "stopped_early", "started", "instance_starts",
+                       "instance_best_metric", "instance_best_epoch", "next_instance_epoch")
 #: The entries of a checkpoint's ``meta`` that :meth:`Trainer.resume` reads.
 _CHECKPOINT_META = frozenset({"epoch", "best_val_map_at_r", "best_epoch", "stopped_early",
                               "rng", "sampler", "schedule", "objective"})
 
 
+#: Keys of the ``"run"`` entry added after run folders were written; None (their default,
+#: the behaviour before them) compares equal to absent, so such a folder still resumes.
+_LATER_RUN_KEYS = ("instance_patience",)
+
+
 def _without_run_epochs(value: Any, key: str) -> Any:
-    """The ``"run"`` entry of a config less the keys a resume may change."""
+    """The ``"run"`` entry of a config less the keys a resume may change (and the later
+    keys at their default: :data:`_LATER_RUN_KEYS`)."""
     if key != "run" or not isinstance(value, dict):
         return value
-    return {k: v for k, v in value.items() if k not in ("epochs", "progress")}
+    return {k: v for k, v in value.items() if k not in ("epochs", "progress")
+            and not (k in _LATER_RUN_KEYS and v is None)}
 
 
 def _check_out_dir(value: Any, name: str = "out_dir") -> Path:
@@ -189,11 +202,16 @@ class DiskSink(TrainingSink):
             "improved_val_map_at_r": loop.improved_metric,
             "improved_epoch": loop.improved_epoch,
             "stopped_early": loop.stopped_early,
+            "instance_starts": list(loop.instance_starts),
             "rng": loop.rng.bit_generator.state,
             "sampler": loop.train_sampler.state_dict(),
             "schedule": None if loop.schedule is None else loop.schedule.state_dict(),
             "objective": objective_state,
         }
+        if loop.instance_patience is not None:
+            meta["instance_patience"] = {"best_metric": loop.instance_best_metric,
+                                         "best_epoch": loop.instance_best_epoch,
+                                         "next_epoch": loop.next_instance_epoch}
         save_checkpoint(path, parameters={name: np.array(to_numpy(p.value), copy=True)
                                           for name, p in loop.parameters.items()},
                         optimizer_state=loop.optimizer.state_dict(), meta=meta)
@@ -252,6 +270,11 @@ class Trainer(TrainingLoop):
         Epochs per problem instance: calls the objective's ``new_problem_instance`` at
         the start of epochs 1, 1 + k, 1 + 2k, ... (see the module docstring); needs an
         objective that has that method. ``None``: never.
+    instance_patience : int >= 1, optional
+        Instead of ``instance_every``: a new problem instance at the epoch after that many
+        epochs without a strict improvement of the validation MAP@R over the current
+        instance's own best (:class:`~refdml.train._loop.TrainingLoop`; ASAP Sec. 4.4).
+        The instances' bookkeeping is in the checkpoint, so a resume is bit-for-bit.
     run_config : dict, optional
         The plain config a run was built from (:func:`refdml.train.runs.build_run`),
         recorded as ``"run"`` in ``config.json`` (JSON types only: checked here).
@@ -277,7 +300,7 @@ class Trainer(TrainingLoop):
         device: str = "cpu", progress: bool = True,
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
         run_config: dict[str, Any] | None = None, instance_every: int | None = None,
-        warmup_epochs: int = 0, warmup_params: Any = None,
+        instance_patience: int | None = None, warmup_epochs: int = 0, warmup_params: Any = None,
     ) -> None:
         super().__init__(
             model, objective, optimizer, schedule=schedule, train_sampler=train_sampler,
@@ -287,8 +310,8 @@ class Trainer(TrainingLoop):
             early_stopping_target=early_stopping_target, blas_threads=blas_threads,
             seed=seed, dtype=dtype, device=device, progress=progress, after_step=after_step,
             eval_batch_size=eval_batch_size, instance_every=instance_every,
-            select="val_map_at_r", select_from=0, warmup_epochs=warmup_epochs,
-            warmup_params=warmup_params)
+            instance_patience=instance_patience, select="val_map_at_r", select_from=0,
+            warmup_epochs=warmup_epochs, warmup_params=warmup_params)
         self.sink = DiskSink(out_dir)
         self.out_dir = self.sink.out_dir
         if run_config is not None and not isinstance(run_config, dict):
@@ -396,7 +419,32 @@ class Trainer(TrainingLoop):
         self.improved_metric = float(meta.get("improved_val_map_at_r", self.best_metric))
         self.improved_epoch = int(meta.get("improved_epoch", self.best_epoch))
         self.stopped_early = bool(meta["stopped_early"])
+        self._load_instances(source, meta)
         self.started = True
+
+    def _load_instances(self, source: Path, meta: dict[str, Any]) -> None:
+        """The problem instances' bookkeeping of a read checkpoint. One written before it
+        was saved (an ``instance_every`` run) gets its starts back from the rule."""
+        starts = meta.get("instance_starts")
+        if starts is None:
+            starts = [e for e in range(1, self.epoch + 1) if self.instance_due(e)]
+        if not isinstance(starts, list) or any(
+                isinstance(e, bool) or not isinstance(e, int) or not 1 <= e <= self.epoch
+                for e in starts):
+            raise ValueError(f"cannot resume from {source}: checkpoint.npz has "
+                             f"instance_starts == {starts!r}, not a list of epochs")
+        self.instance_starts = list(starts)
+        if self.instance_patience is None:
+            return
+        state = meta.get("instance_patience")
+        if not isinstance(state, dict) or set(state) != {"best_metric", "best_epoch",
+                                                          "next_epoch"}:
+            raise ValueError(f"cannot resume from {source}: checkpoint.npz lacks the "
+                             "instance_patience state (best_metric, best_epoch, next_epoch)")
+        self.instance_best_metric = float(state["best_metric"])
+        self.instance_best_epoch = int(state["best_epoch"])
+        self.next_instance_epoch = (None if state["next_epoch"] is None
+                                    else int(state["next_epoch"]))
 
     def _resume_snapshot(self) -> dict[str, Any]:
         """Copies of everything :meth:`_load_resumed` sets (state dicts deep-copied: a
@@ -410,7 +458,8 @@ class Trainer(TrainingLoop):
             "objective": copy.deepcopy(self.objective.state_dict()) if stateful else None,
             "parameters": {name: p.value.copy() for name, p in self.parameters.items()},
             "rng": copy.deepcopy(self.rng.bit_generator.state),
-            "attributes": {name: getattr(self, name) for name in _RESUMED_ATTRIBUTES},
+            "attributes": {name: copy.copy(getattr(self, name))
+                           for name in _RESUMED_ATTRIBUTES},
         }
 
     def _restore_snapshot(self, snapshot: dict[str, Any]) -> None:

@@ -112,9 +112,10 @@ def test_fit_keeps_the_parameters_of_the_best_validation_epoch(script, expected)
         seen.append([p.value.copy() for p in model.parameters()])
         return {"val": script[len(seen) - 1], "other": float(len(seen))}
 
-    curves, best = fit(model, LossObjective("contrastive"), x, y, epochs=3, lr=0.1,
-                       n_classes_per_batch=4, n_samples_per_class=4, seed=0,
-                       dtype=np.float64, evaluate=evaluate, select="val")
+    fitted = fit(model, LossObjective("contrastive"), x, y, epochs=3, lr=0.1,
+                 n_classes_per_batch=4, n_samples_per_class=4, seed=0,
+                 dtype=np.float64, evaluate=evaluate, select="val")
+    curves, best = fitted.curves, fitted.selected_epoch
     assert best == expected and curves["val"] == script
     for held, kept in zip(model.parameters(), seen[expected]):
         np.testing.assert_array_equal(held.value, kept)
@@ -153,9 +154,10 @@ def test_fit_with_patience_stops_after_epochs_without_a_new_best(script, patienc
         seen.append([p.value.copy() for p in model.parameters()])
         return {"val": script[len(seen) - 1]}
 
-    curves, best = fit(model, LossObjective("contrastive"), x, y, epochs=5, lr=0.1,
-                       n_classes_per_batch=4, n_samples_per_class=4, seed=0,
-                       dtype=np.float64, evaluate=evaluate, select="val", patience=patience)
+    fitted = fit(model, LossObjective("contrastive"), x, y, epochs=5, lr=0.1,
+                 n_classes_per_batch=4, n_samples_per_class=4, seed=0,
+                 dtype=np.float64, evaluate=evaluate, select="val", patience=patience)
+    curves, best = fitted.curves, fitted.selected_epoch
     assert len(seen) == stop + 1 and curves["val"] == script[:stop + 1]
     assert len(curves["train_loss"]) == stop + 1 and best == expected
     for held, kept in zip(model.parameters(), seen[expected]):

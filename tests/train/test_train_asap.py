@@ -179,3 +179,88 @@ def test_cli_digits_collage_asap(tmp_path):
     assert all(np.isfinite(r["proxy_covering_radius"]) for r in rows)
     config = json.loads((out / "config.json").read_text())
     assert config["instance_every"] == 2 and config["run"]["objective"] == "asap"
+
+
+def _scripted_validation(run, script):
+    """The trainer's validation MAP@R of epoch ``e`` is ``script[e]`` (the epoch evaluated
+    is 0 before the run started, else the last finished one + 1)."""
+    t = run.trainer
+    t._evaluation = lambda: {"val_map_at_r": script[t.epoch + int(t.started)]}
+    return run
+
+
+def test_resume_keeps_the_instance_patience_bookkeeping(tmp_path):
+    """instance_patience = 1 on a scripted validation curve: epoch 2 does not beat epoch 1
+    (instance at 3), 4 ties 3 (instance at 5), 5 falls (instance at 6). The interrupted run
+    stops after epoch 4 with the instance of epoch 5 decided but not started: the resumed
+    run must start it, as the uninterrupted one does."""
+    script = [0.10, 0.20, 0.15, 0.30, 0.30, 0.10, 0.20]
+    kw = dict(instance_every=None, instance_patience=1)
+    whole = _scripted_validation(_tiny(tmp_path / "whole", epochs=6, **kw), script)
+    whole.trainer.fit()
+    assert whole.trainer.instance_starts == [1, 3, 5, 6]
+    part = _scripted_validation(_tiny(tmp_path / "part", epochs=4, **kw), script)
+    part.trainer.fit()
+    assert part.trainer.instance_starts == [1, 3] and part.trainer.next_instance_epoch == 5
+    resumed = _scripted_validation(_tiny(tmp_path / "part", epochs=6, **kw), script)
+    resumed.trainer.resume()
+    assert resumed.trainer.instance_starts == [1, 3]
+    assert (resumed.trainer.instance_best_metric, resumed.trainer.instance_best_epoch,
+            resumed.trainer.next_instance_epoch) == (0.30, 4, 5)
+    resumed.trainer.fit()
+    assert resumed.trainer.instance_starts == [1, 3, 5, 6]
+    for name, p in whole.trainer.parameters.items():
+        np.testing.assert_array_equal(p.value, resumed.trainer.parameters[name].value, name)
+
+    def rows(path):
+        return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+                for line in (path / "log.jsonl").read_text().splitlines()]
+
+    assert rows(tmp_path / "whole") == rows(tmp_path / "part")
+    assert [r["instance"] for r in rows(tmp_path / "whole")] == [0, 1, 1, 2, 2, 3, 4]
+    config = json.loads((tmp_path / "whole" / "config.json").read_text())
+    assert config["instance_patience"] == 1 and config["instance_every"] is None
+    assert config["run"]["instance_patience"] == 1
+
+
+def test_config_instance_patience_replaces_instance_every():
+    c = effective_config("digits-collage", {"objective": "asap", "instance_patience": 3})
+    assert (c["instance_patience"], c["instance_every"]) == (3, None)
+    c = effective_config("glyphs", {"objective": "asap"})
+    assert (c["instance_patience"], c["instance_every"]) == (None, 3)     # as before
+    with pytest.raises(ValueError, match=r"instance_every == 2 and instance_patience == 3"):
+        effective_config("digits-collage", {"objective": "asap", "instance_every": 2,
+                                            "instance_patience": 3})
+    with pytest.raises(ValueError, match="apply to objective == 'asap'"):
+        effective_config("digits-collage", {"instance_patience": 3})
+    with pytest.raises(ValueError, match="instance_every or instance_patience"):
+        effective_config("digits-collage", {"objective": "asap", "instance_every": None})
+    with pytest.raises(ValueError, match=r"instance_patience == 0"):
+        effective_config("digits-collage", {"objective": "asap", "instance_patience": 0})
+
+
+def test_a_run_folder_from_before_instance_patience_resumes(tmp_path):
+    """config.json written before the key existed (no instance_patience anywhere, no
+    instance bookkeeping in the checkpoint) resumes, its instance starts rebuilt from
+    instance_every, as the uninterrupted run has them."""
+    from refdml.train._checkpoint import load_checkpoint, save_checkpoint
+
+    whole = _tiny(tmp_path / "whole", epochs=4)
+    whole.trainer.fit()
+    part = _tiny(tmp_path / "part", epochs=3)
+    part.trainer.fit()
+    path = tmp_path / "part" / "config.json"
+    config = json.loads(path.read_text())
+    del config["run"]["instance_patience"]
+    path.write_text(json.dumps(config))
+    parameters, optimizer_state, meta = load_checkpoint(tmp_path / "part" / "checkpoint.npz")
+    del meta["instance_starts"]
+    save_checkpoint(tmp_path / "part" / "checkpoint.npz", parameters=parameters,
+                    optimizer_state=optimizer_state, meta=meta)
+    resumed = _tiny(tmp_path / "part", epochs=4)
+    resumed.trainer.resume()
+    assert resumed.trainer.instance_starts == [1, 3]
+    resumed.trainer.fit()
+    assert resumed.trainer.instance_starts == whole.trainer.instance_starts == [1, 3]
+    for name, p in whole.trainer.parameters.items():
+        np.testing.assert_array_equal(p.value, resumed.trainer.parameters[name].value, name)
