@@ -13,7 +13,7 @@ from refdml.reproduce._experiments import settings_for
 # The quick glyph settings, shrunk (one epoch, 30 classes of 8 x 8 glyphs, a tiny trunk).
 _TINY = {"epochs": 1, "glyph_size": 8, "max_classes": 30, "conv_channels": [2, 2],
          "conv_strides": [1, 2], "local_dim": 4, "embedding_dim": 4, "proxies_per_class": 2,
-         "budget": 3, "transfer_repeats": 2, "instance_every": 1, "n_classes_per_batch": 4}
+         "budget": 3, "transfer_repeats": 2, "instance_patience": 1, "n_classes_per_batch": 4}
 
 
 @pytest.mark.parametrize("loss", ["contrastive", "multi_similarity"])

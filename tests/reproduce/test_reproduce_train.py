@@ -187,19 +187,19 @@ def test_every_study_passes_the_plateau_settings(monkeypatch, study):
     assert {k: seen[k] for k in _PLATEAU} == _PLATEAU
     if asap:
         assert (seen["instance_patience"], seen["instance_every"]) == (3, None)
-    # absent settings: fit's defaults (all epochs, one rate), as before
-    seen = _fit_keywords(monkeypatch, study)
+    # settings set to None (or absent): fit's defaults (all epochs, one rate), as before;
+    # ASAP then with an instance every given number of epochs
+    unset = {k: None for k in _PLATEAU}
+    every = {"instance_every": 2, "instance_patience": None} if asap else {}
+    seen = _fit_keywords(monkeypatch, study, **unset, **every)
     assert all(seen[k] is None for k in _PLATEAU)
-    if asap:     # the quick settings' instance_every, as before
-        from refdml.reproduce._experiments import settings_for
-
-        every = settings_for(study, "quick")["instance_every"]
-        assert seen["instance_patience"] is None and seen["instance_every"] == every
+    if asap:
+        assert seen["instance_patience"] is None and seen["instance_every"] == 2
 
 
 def test_asap_needs_exactly_one_instance_rule(monkeypatch):
     for both_or_neither in ({"instance_every": 2, "instance_patience": 3},
-                            {"instance_every": None}):
+                            {"instance_every": None, "instance_patience": None}):
         with pytest.raises(ValueError, match="exactly one of the settings instance_every"):
             _fit_keywords(monkeypatch, "collage", **both_or_neither)
     # a method other than asap ignores both (the settings are the study's, shared)
