@@ -614,22 +614,29 @@ def _selection_lines(result: dict) -> list[str]:
 def trust_table(payload: dict) -> list[str]:
     """The trust table of a run's verdicts, as Markdown lines: per comparison its effect and
     interval, the seeds it paired against those power needs, both gates, the plateau, the
-    p-value (Holm-adjusted), the experiment's deviations from its paper and the verdict."""
+    p-value (Holm-adjusted), how many deviations from its paper the experiment has, and the
+    verdict; then the deviations, listed per experiment."""
     lines = ["| experiment | comparison (claimed) | effect [95% CI] | seeds / needed | "
-             "baseline learned? | method learned? | plateau | p (Holm) | deviations from "
-             "the paper | verdict |",
+             "baseline learned? | method learned? | plateau | p (Holm) | deviations | "
+             "verdict |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    listed = []
     for r in payload["experiments"]:
         head = f"`{r['id']}`" + (" (the project's own question)"
                                  if r.get("own_question") else "")
-        deviations = "; ".join(r.get("deviations") or []) or "-"
+        deviations = r.get("deviations") or []
+        if deviations:
+            listed.append(f"- `{r['id']}`: " + "; ".join(deviations) + ".")
         for k, c in enumerate(r["comparisons"]):
             lines.append(
                 f"| {head if k == 0 else ''} | {c['name']} | {_fmt(c['effect'])} "
                 f"[{_fmt(c['low'])}, {_fmt(c['high'])}] | {_seeds_cell(c)} | "
                 f"{_gate_cell(c.get('gate'))} | {_gate_cell(c.get('method_gate'))} | "
-                f"{_plateau_cell(c)} | {_p_cell(c)} | {deviations if k == 0 else ''} | "
+                f"{_plateau_cell(c)} | {_p_cell(c)} | "
+                f"{(str(len(deviations)) if deviations else '-') if k == 0 else ''} | "
                 f"{c['verdict']} |")
+    if listed:
+        lines += ["", "Deviations from the papers, per experiment:", ""] + listed
     return lines
 
 

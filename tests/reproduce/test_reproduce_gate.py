@@ -300,11 +300,12 @@ def test_lines_json_report_and_trust_table(tmp_path):
     table = trust_table({"experiments": [loaded]})
     assert table[0].startswith("| experiment | comparison (claimed) | effect [95% CI] | "
                                "seeds / needed |")
-    assert len(table) == 2 + 3
+    assert len(table) == 2 + 3 + 4          # header, 3 comparisons, the deviations list
     flat_row = table[3]
     assert "no +0.0010 (n.s., < 0.02)" in flat_row and flat_row.endswith(
         f"| {BASELINE_DID_NOT_LEARN} |")
-    assert "rising 1/4, 1/4" in table[2] and "toy data" in table[2]
+    assert "rising 1/4, 1/4" in table[2] and table[2].endswith(f"| 1 | {UNDERPOWERED} |")
+    assert table[-1] == "- `toy.gate`: toy data."
     report = write_report(tmp_path / "report", _payload(result)).read_text()
     assert table[2] in report
     assert "| `flat` | baseline | test_map_at_r | 0.0175 | 0.0165 | +0.0010" in report
