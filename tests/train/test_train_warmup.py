@@ -14,30 +14,15 @@ import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
+from _token_loop import token_loop_pieces
+
 from refdml.train import Adam, Parameter
-from refdml.train.data import PKBatchSampler, make_token_splits
-from refdml.train.layers import GAP, Embedding, L2Normalize, Linear, ReLU, Sequential
+from refdml.train.layers import GAP, L2Normalize, Linear, ReLU, Sequential
 from refdml.train.models import TwoBranches, embedding_layer_parameters
-from refdml.train.objectives import LossObjective
 from refdml.train.trainer import Trainer, TrainingLoop, TrainingSink
 
-DIM = 16
 STEPS_PER_EPOCH = 4        # 64 training samples in 4 x 4 batches
-
-
-def _pieces(seed=0):
-    splits = make_token_splits(rng=seed, n_classes=4, n_train_per_class=16,
-                               n_val_per_class=8, n_test_per_class=8)
-    rng = np.random.default_rng(seed)
-    model = Sequential([Embedding(splits.train.n_tokens, DIM, rng=rng), GAP(),
-                        Linear(DIM, DIM, rng=rng), L2Normalize()])
-    optimizer = Adam(model.parameters(), lr=1e-2)
-    sampler = PKBatchSampler(splits.train.labels, n_classes_per_batch=4,
-                             n_samples_per_class=4, rng=seed)
-    return dict(model=model, objective=LossObjective("contrastive"), optimizer=optimizer,
-                train_sampler=sampler, train_data=splits.train, val_data=splits.val,
-                test_data=splits.test, seed=seed, dtype="float64", progress=False)
-
+_pieces = token_loop_pieces
 
 class Snapshots(TrainingSink):
     """Every parameter's value after every epoch (0: the untrained model)."""
