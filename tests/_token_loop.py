@@ -28,3 +28,26 @@ def token_loop_pieces(seed=0) -> dict:
     return dict(model=model, objective=LossObjective("contrastive"), optimizer=optimizer,
                 train_sampler=sampler, train_data=splits.train, val_data=splits.val,
                 test_data=splits.test, seed=seed, dtype="float64", progress=False)
+
+
+class InstanceRecorder:
+    """The contrastive loss with a ``new_problem_instance`` that records, in ``calls``, the
+    epoch each problem instance starts at (the loop's last finished epoch + 1; set ``loop``
+    to the TrainingLoop), or None without a loop."""
+
+    def __init__(self):
+        self.base = LossObjective("contrastive")
+        self.loop = None
+        self.calls = []
+
+    def parameters(self):
+        return []
+
+    def forward(self, outputs, labels):
+        return self.base.forward(outputs, labels)
+
+    def backward(self, ctx, d_value):
+        return self.base.backward(ctx, d_value)
+
+    def new_problem_instance(self, embeddings, labels, rng):
+        self.calls.append(None if self.loop is None else self.loop.epoch + 1)

@@ -12,29 +12,13 @@ import math
 
 import numpy as np
 import pytest
+from _token_loop import InstanceRecorder
 
 from refdml.reproduce._train import Fitted, at_epoch, fit
 from refdml.train import L2Normalize, Linear, Sequential
 from refdml.train.objectives import LossObjective
 
-
-class _Instances:
-    """The contrastive loss with a ``new_problem_instance`` that only counts its calls."""
-
-    def __init__(self):
-        self.base, self.calls = LossObjective("contrastive"), 0
-
-    def parameters(self):
-        return []
-
-    def forward(self, outputs, labels):
-        return self.base.forward(outputs, labels)
-
-    def backward(self, ctx, d_value):
-        return self.base.backward(ctx, d_value)
-
-    def new_problem_instance(self, embeddings, labels, rng):
-        self.calls += 1
+_Instances = InstanceRecorder
 
 
 def _fit(script, *, epochs=None, objective=None, lrs=None, **kwargs):
@@ -84,7 +68,7 @@ def test_asap_instances_are_counted():
     # 0.2 (instance at 4), 4 beats 0.2: 3 instances, at 1, 3, 4
     objective = _Instances()
     fitted = _fit([0.1, 0.3, 0.2, 0.2, 0.25], objective=objective, instance_patience=1)
-    assert fitted.instance_starts == (1, 3, 4) and objective.calls == 3
+    assert fitted.instance_starts == (1, 3, 4) and len(objective.calls) == 3
     assert fitted.metrics()["instances"] == 3.0
     objective = _Instances()
     fitted = _fit([0.1] * 6, objective=objective, instance_every=2)

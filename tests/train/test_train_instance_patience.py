@@ -17,33 +17,12 @@ import json
 import numpy as np
 import pytest
 
-from _token_loop import token_loop_pieces
+from _token_loop import InstanceRecorder, token_loop_pieces
 
-from refdml.train.objectives import LossObjective
 from refdml.train.trainer import MemorySink, TrainingLoop
 
 _pieces = token_loop_pieces
-
-class Instances:
-    """The contrastive loss, plus a ``new_problem_instance`` that records the loop's epoch."""
-
-    def __init__(self):
-        self.base = LossObjective("contrastive")
-        self.loop = None
-        self.calls = []
-
-    def parameters(self):
-        return []
-
-    def forward(self, outputs, labels):
-        return self.base.forward(outputs, labels)
-
-    def backward(self, ctx, d_value):
-        return self.base.backward(ctx, d_value)
-
-    def new_problem_instance(self, embeddings, labels, rng):
-        # the loop's epoch is the last finished one: the instance starts at the next
-        self.calls.append(self.loop.epoch + 1)
+Instances = InstanceRecorder
 
 
 def _scripted(script, *, epochs=None, sink=None, **kwargs):
