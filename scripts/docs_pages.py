@@ -369,7 +369,7 @@ def reproduce_table(quick: dict, full: dict) -> str:
 # --------------------------------------------------------------------------- papers
 
 
-def paper_verdicts(paper: str, verify: dict, quick: dict, full: dict) -> str:
+def paper_verdicts(paper: str, verify: dict, full: dict) -> str:
     lines = [GENERATED, "", f"**`refdml verify`** ({verify['date']}, commit "
              f"`{verify.get('git_commit') or '?'}`; [all claims](../results/verify.md)):", ""]
     rows = _verify_rows(verify["claims"], paper)
@@ -438,7 +438,7 @@ def pages() -> dict[Path, str]:
     for paper in PAPERS:
         page = DOCS / "papers" / f"{paper}.md"
         out[page] = replace_region(page.read_text(encoding="utf-8"), "verdicts",
-                                   paper_verdicts(paper, verify, quick, full),
+                                   paper_verdicts(paper, verify, full),
                                    shown(page))
     page = DOCS / "benchmarks.md"
     out[page] = replace_region(page.read_text(encoding="utf-8"), "benchmarks",

@@ -255,9 +255,7 @@ def _fmt(x: float | None) -> str:
 def _seeds_cell(c: dict) -> str:
     """``run / needed`` seeds: the seeds the comparison paired and those that detect its
     resolution with 80 % power at the experiment's pooled spread."""
-    need = c.get("seeds_needed")
-    text = "-" if need is None or not math.isfinite(need) else f"{need:.0f}"
-    return f"{c['n']} / {text}"
+    return f"{c['n']} / {_number(c.get('seeds_needed'), '{:.0f}')}"
 
 
 def _gate_cell(gate: dict | None) -> str:
@@ -304,8 +302,8 @@ def _reason(c: dict) -> str | None:
         return (f"ended at the epoch budget still rising: {c['run']} {k} of {n} seeds, "
                 f"{c['baseline']} {kb} of {nb}")
     if v == UNDERPOWERED:
-        return (f"{c['n']} seeds, ~{_count(c.get('seeds_needed'))} needed to detect "
-                f"{c['resolution']:g} at the pooled spread {_num(c.get('pooled_sd'))} "
+        return (f"{c['n']} seeds, ~{_number(c.get('seeds_needed'), '{:.0f}', '?')} needed to detect "
+                f"{c['resolution']:g} at the pooled spread {_number(c.get('pooled_sd'), missing='nan')} "
                 f"(80% power, level {c.get('power_alpha', 0.05):.3g}); the interval alone "
                 f"would read {c.get('interval_verdict', '-')}")
     if v in JUDGED and c["n"] >= 2:
@@ -313,12 +311,10 @@ def _reason(c: dict) -> str | None:
     return None
 
 
-def _count(x) -> str:
-    return "?" if x is None or not math.isfinite(x) else f"{x:.0f}"
-
-
-def _num(x) -> str:
-    return "nan" if x is None or not math.isfinite(x) else f"{x:.4f}"
+def _number(x, fmt: str = "{:.4f}", missing: str = "-") -> str:
+    """``x`` formatted with ``fmt``; ``missing`` for None (NaN in the JSON) or a non-finite
+    value."""
+    return missing if x is None or not math.isfinite(x) else fmt.format(x)
 
 
 def summary_header() -> list[str]:
@@ -665,8 +661,7 @@ def _gate_lines(result: dict) -> list[str]:
     return lines
 
 
-def _mean(x) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.4f}"
+_mean = _number     # a mean in a table cell: 4 decimals, "-" where there is none
 
 
 def is_report_folder(path) -> bool:
