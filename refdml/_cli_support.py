@@ -18,6 +18,7 @@ as a whole (:func:`refdml._io.replaced_folder`).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import tempfile
@@ -26,8 +27,39 @@ from pathlib import Path
 
 from refdml._io import is_protected_folder, is_replaceable_folder, replaced_folder
 
-__all__ = ["at_least", "check_output_paths", "output_file_problem", "output_folder_problem",
+__all__ = ["OneLineParser", "at_least", "check_output_paths", "output_file_problem", "output_folder_problem",
            "report_folder_problem", "seed", "select", "text_table", "write_outputs"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose errors are one line on stderr, exit status 2.
+
+    argparse prints its usage block above every error, which buries the one thing the user
+    needs (which flag, which value) under a dozen lines. Here the error reads
+    ``refdml verify: error: unrecognized arguments: --quik (did you mean --quick?); see
+    refdml verify --help``. Subparsers made by :meth:`add_subparsers` are of the same class.
+    """
+
+    def error(self, message: str) -> None:  # argparse's hook; it must not return
+        self.exit(2, f"{self.prog}: error: {self._suggest(message)}; see {self.prog} --help\n")
+
+    def _suggest(self, message: str) -> str:
+        """``message`` with "did you mean" for each unrecognised flag close to a real one."""
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return message
+        flags = [flag for action in self._actions for flag in action.option_strings]
+        guesses = {}
+        for word in message[len(prefix):].split():
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+                if close:
+                    guesses[word] = close[0]
+        if not guesses:
+            return message
+        return message + " (did you mean " + ", ".join(
+            f"{guess} for {word}" if len(guesses) > 1 else guess
+            for word, guess in guesses.items()) + "?)"
 
 
 def at_least(name: str, low: int = 1, high: int | None = None):

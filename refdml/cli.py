@@ -7,7 +7,8 @@ Each subcommand is one module with the same interface: ``HELP`` (its line in ``r
 table :data:`COMMANDS`.
 
 Exit statuses: 0 success, 1 a failure of refdml's own code (a gradient check, a crashed
-claim check), 2 bad arguments (argparse's convention) or a missing optional extra: a
+claim check), 2 bad arguments (argparse's convention, in one line: :class:`refdml._cli_support.OneLineParser`)
+or a missing optional extra: a
 :class:`refdml.exceptions.MissingExtraError` is one line, ``refdml COMMAND: error: needs the
 "EXTRA" extra (...): pip install "refdml[EXTRA]"``, never a traceback. The extras a command
 needs for the flags it was given are checked before it starts (:func:`_check_extras`).
@@ -19,6 +20,7 @@ import argparse
 import sys
 
 import refdml
+from refdml._cli_support import OneLineParser
 from refdml.checks import _gpu_check_cli, _gradcheck_cli
 from refdml.conformance import _cli as _conform_cli
 from refdml.exceptions import MissingExtraError
@@ -41,7 +43,7 @@ COMMANDS = {
 
 def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser and the parser of each subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="refdml",
         description="Reference operators of four DML papers, and numerical checks of their claims.",
     )
@@ -83,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser, subparsers = _build()
     args, extra = parser.parse_known_args(argv)
     if extra:
-        # argparse reports a subcommand's unknown flag with the top-level usage; show the
-        # usage of the subcommand the user was typing instead (exits with status 2).
+        # argparse reports a subcommand's unknown flag as the top-level parser's; name the
+        # subcommand the user was typing instead (one line, exit status 2).
         target = subparsers.get(getattr(args, "command", None), parser)
         target.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from refdml._cli_support import output_folder_problem
+from refdml._cli_support import OneLineParser, output_folder_problem
 
 __all__ = [
     "DESCRIPTION",
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main_for_study(study: str, argv: list[str] | None = None) -> int:
     """Entry point of ``scripts/train_<study>.py``: ``refdml train``'s flags less ``--study``."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=f"train_{study.replace('-', '_')}.py",
         description=f"Train the {study} study (same flags as `refdml train --study {study}`).")
     add_train_arguments(parser, study=study)

@@ -91,16 +91,60 @@ def test_negative_seed_is_a_named_error(capsys, command):
         main([command, "--seed", "-1"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "seed == -1, must be a non-negative integer" in err and f"usage: refdml {command}" in err
+    assert "seed == -1, must be a non-negative integer" in err and f"refdml {command}: error" in err
+    assert len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("command", ["gradcheck", "verify"])
-def test_mistyped_flag_prints_the_subcommands_usage(capsys, command):
+def test_mistyped_flag_is_one_line_naming_the_subcommand(capsys, command):
     with pytest.raises(SystemExit) as exc:
         main([command, "--qiuck"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert f"usage: refdml {command}" in err and "unrecognized arguments: --qiuck" in err
+    assert err.startswith(f"refdml {command}: error: unrecognized arguments: --qiuck")
+    assert len(err.splitlines()) == 1
+
+
+# Every command's argparse errors: one line on stderr naming the flag and the value, exit 2,
+# never argparse's usage block (README promises one line).
+_ONE_LINE_ERRORS = [
+    (["verify", "--quik"], "unrecognized arguments: --quik (did you mean --quick?)"),
+    (["conform", "m:f", "--op", "normalize.l2_normalize", "--framework", "numpy",
+      "--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+    (["conform", "m:f", "--op", "normalize.l2_normalize", "--framework", "tensorflow"],
+     "argument --framework: invalid choice: 'tensorflow'"),
+    (["gradcheck", "--mode", "quick"], "argument --mode: invalid choice: 'quick'"),
+    (["gpu-check", "--seeed", "1"], "unrecognized arguments: --seeed 1 (did you mean --seed?)"),
+    (["train", "--study", "nope"], "argument --study: invalid choice: 'nope'"),
+    (["reproduce", "--seeds", "0"], "--seeds"),
+    (["verfy"], "invalid choice: 'verfy'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "wanted"), _ONE_LINE_ERRORS, ids=lambda v: " ".join(v)
+                         if isinstance(v, list) else None)
+def test_argparse_errors_are_one_line(capsys, argv, wanted):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    command = argv[0] if argv[0] != "verfy" else None
+    assert lines[0].startswith(f"refdml {command}: error: " if command else "refdml: error: ")
+    assert wanted in lines[0] and "usage:" not in lines[0]
+
+
+def test_a_study_script_parser_is_one_line_too(capsys):
+    from refdml.train._cli import main_for_study
+
+    with pytest.raises(SystemExit) as exc:
+        main_for_study("tokens", ["--out", "unused", "--epochz", "2"])
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train_tokens.py: error: unrecognized")
+    assert "did you mean --epochs?" in lines[0]
 
 
 # --------------------------------------------------------------------------- verify
