@@ -58,9 +58,29 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# The tensors of other array libraries, by the top-level package of their type, and how to
+# hand their data to refdml. Recognised by name, so that checking costs no import of them.
+_FOREIGN_TENSORS = {
+    "torch": ("a torch.Tensor", "{name}.detach().cpu().numpy()"),
+    "jax": ("a jax.Array", "numpy.asarray({name}) outside jax.jit"),
+    "jaxlib": ("a jax.Array", "numpy.asarray({name}) outside jax.jit"),
+    "tensorflow": ("a tensorflow.Tensor", "{name}.numpy()"),
+}
+
+
 def _refuse_non_array(value: Any, name: str, wanted: str) -> None:
     if isinstance(value, (str, bytes)) or value is None:
         raise TypeError(f"{name} must be {wanted}, got {_describe(value)}")
+    foreign = _FOREIGN_TENSORS.get(type(value).__module__.partition(".")[0])
+    if foreign is not None:
+        # NumPy would convert some of these (a CPU tensor without requires_grad) and fail on
+        # others with the library's own message; either way no gradient flows back to the
+        # framework, so the conversion is the caller's, done knowingly.
+        what, how = foreign
+        raise TypeError(
+            f"{name} is {what}; refdml's operators take NumPy arrays (CuPy on the fast path) "
+            f"and return NumPy arrays, without autograd: pass {how.format(name=name)}"
+        )
 
 
 def _check_real_dtype(array: Any, name: str) -> np.dtype:
@@ -446,6 +466,8 @@ def as_inputs(
     The training pairs' entry check: the inputs keep their array module, and their dtype is
     float32 only when all are float32.
     """
+    for name, (value, _) in spec.items():
+        _refuse_non_array(value, name, "an array of real numbers")
     values = [v for v, _ in spec.values()]
     ns = get_backend(*values)
     dtype = result_dtype(*[v for v in values if hasattr(v, "dtype")])

@@ -179,3 +179,39 @@ def test_check_flag_accepts_booleans_as_python_bools(value):
 def test_check_flag_refuses_what_is_not_true_or_false(value):
     with pytest.raises(TypeError, match=r"^progress must be True or False, got "):
         check_flag(value, "progress")
+
+
+# --------------------------------------------------------------------------- foreign tensors
+
+
+def _fake_tensor(module: str, name: str):
+    """An object whose type lives in ``module``, as a torch/JAX/TF tensor's does (those
+    libraries are not installed here; the check reads only the type's module)."""
+    return type(name, (), {"__module__": module, "__array__": lambda self, *a, **k: np.ones(3)})()
+
+
+@pytest.mark.parametrize(("module", "what", "how"), [
+    ("torch", "a torch.Tensor", "x.detach().cpu().numpy()"),
+    ("jaxlib.xla_extension", "a jax.Array", "numpy.asarray(x) outside jax.jit"),
+    ("jax._src.array", "a jax.Array", "numpy.asarray(x) outside jax.jit"),
+    ("tensorflow.python.framework.ops", "a tensorflow.Tensor", "x.numpy()"),
+])
+def test_a_framework_tensor_is_refused_with_the_conversion_to_use(module, what, how):
+    from refdml._validation import as_fast_array, as_inputs, as_label_array
+
+    tensor = _fake_tensor(module, "Tensor")
+    for check in (lambda: as_float_array(tensor, "x"), lambda: as_fast_array(tensor, "x"),
+                  lambda: as_label_array(tensor, "x"), lambda: as_inputs({"x": (tensor, 1)})):
+        with pytest.raises(TypeError) as info:
+            check()
+        message = str(info.value)
+        assert message.startswith(f"x is {what};") and message.endswith(f"pass {how}")
+
+
+def test_a_torch_tensor_reaching_an_operator_is_a_refdml_error():
+    torch = pytest.importorskip("torch")
+    from refdml.normalize import l2_normalize
+
+    x = torch.ones(2, 3, requires_grad=True)
+    with pytest.raises(TypeError, match=r"^x is a torch\.Tensor; .*pass x\.detach\(\)\.cpu\(\)\.numpy\(\)"):
+        l2_normalize(x)
