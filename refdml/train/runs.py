@@ -10,8 +10,9 @@ r"""Complete training runs from a config: the five studies.
     ``L2Normalize``; after every optimiser step the token table is clipped back to
     [-0.3, 0.3] (``after_step``); Adam.
 ``digits-collage`` (GSP supp. Sec. 2.2, rebuilt from 8x8 digits)
-    ``Conv2d(1, c1) -> ReLU -> Conv2d(c1, c2) -> ReLU -> LocalLinear(c2, local_dim)`` (256
-    local features of a 16 x 16 collage) -> head (``gap | gmp | gemean | gsp``) ->
+    ``Conv2d -> ReLU`` per entry of ``conv_channels`` (default three: 16, 32, 32 channels,
+    strides 1, 2, 1) -> ``LocalLinear(c, local_dim)`` (``local_dim`` 64; 64 local features, one
+    per cell of the 8 x 8 grid left of a 16 x 16 collage) -> head (``gap | gmp | gemean | gsp``) ->
     ``Linear(local_dim, embedding_dim) -> L2Normalize``; objective ``contrastive`` or
     ``proxy_nca``, with GSP's zero-shot regulariser (GSP Alg. 1) when ``zero_shot``;
     Adam with reduce-on-plateau.
