@@ -5,10 +5,10 @@ any table of more than ``MAX_TABLE_ROWS`` rows, are CSV files in ``DIR/data`` th
 to the values the claim computed; the rest of a claim's evidence is on ``DIR/claims/<id>.md``.
 
 Before, report.md was 2,989 lines in the default mode, 1,339 of them ``gsp.prop4.2``'s: its
-two figures as a 1,000-row and a 200-row Markdown table. The whole default run (about 35 s
-on an idle machine, 90 s on a busy one) is too slow for the suite; the quick run of every
-claim (tests/validation/test_validation.py) holds report.md under 500 lines, and here the
-default ``gsp.prop4.2`` section is shown to be as long as its quick one.
+two figures as a 1,000-row and a 200-row Markdown table. The whole default run is too slow
+for the suite; the quick run of every claim (tests/validation/test_validation.py) holds
+report.md under 500 lines, and here the default ``gsp.prop4.2`` section is shown to be as
+long as its quick one (a section's length depends on its readings and figures only).
 """
 
 from __future__ import annotations
