@@ -28,7 +28,8 @@ inspect the axes.
     (a uniform map puts 1/4 of it in one cell of the 2 x 2 collage).
 ``plot_embeddings_2d(embeddings, labels, out_path)``
     Test embeddings projected on their first two principal components (:func:`pca_2d`,
-    NumPy's SVD), one colour per class, a legend when there are at most 20 classes.
+    NumPy's SVD); at most ten classes in colour with a legend (with more classes, ten spread
+    evenly over the labels, the rest in grey, and the title says which).
 
 ``gsp_weights(model, ctx)`` reads ``w`` from the context of a forward pass (of a
 :class:`~refdml.train.Sequential` holding a :class:`~refdml.train.layers.GSPHead`, or of
@@ -40,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,8 +68,9 @@ __all__ = [
     "upsample_weights",
 ]
 
-#: At most this many classes get a legend entry (and a distinct qualitative colour).
-MAX_LEGEND_CLASSES = 20
+#: An embedding plot shows at most this many classes in colour, with a legend (tab10's
+#: ten qualitative colours); with more classes, the others are drawn in grey.
+MAX_SHOWN_CLASSES = 10
 
 
 def _figure_class():
@@ -516,12 +519,26 @@ def pca_2d(embeddings) -> tuple[np.ndarray, np.ndarray]:
     return coords, ratio
 
 
+def _shown_classes(classes: np.ndarray) -> np.ndarray:
+    """The classes drawn in colour: all of them up to :data:`MAX_SHOWN_CLASSES`, else that
+    many spread evenly over the ``C`` sorted labels, the first and the last included: the
+    ones at indices ``floor(i (C - 1) / 9)``, ``i = 0 .. 9`` (in integers, so no rounding
+    decides). The same labels give the same classes, whatever the embeddings."""
+    if classes.shape[0] <= MAX_SHOWN_CLASSES:
+        return classes
+    steps = np.arange(MAX_SHOWN_CLASSES, dtype=np.int64)
+    return classes[steps * (classes.shape[0] - 1) // (MAX_SHOWN_CLASSES - 1)]
+
+
 def plot_embeddings_2d(embeddings, labels, out_path, *, class_names=None,
                        title: str = "test embeddings (PCA)"):
     """Scatter of the embeddings' first two principal components, one colour per class.
 
-    A legend (class names via ``class_names``, a callable or mapping) when there are at
-    most 20 classes; otherwise colours from a continuous map and no legend. Returns the Figure.
+    At most :data:`MAX_SHOWN_CLASSES` (10) classes are drawn in colour, with a legend
+    (class names via ``class_names``, a callable or mapping); with more, ten classes spread
+    evenly over the sorted labels (:func:`_shown_classes`) are coloured, the others drawn
+    small in grey, and the title says which: ``10 of 179 classes: 0, 19, ...``. The
+    projection is of all the embeddings. Returns the Figure.
     """
     Figure = _figure_class()
     out_path = _check_out_path(out_path)
@@ -529,25 +546,30 @@ def plot_embeddings_2d(embeddings, labels, out_path, *, class_names=None,
     coords, ratio = pca_2d(embeddings)
     labels = as_label_array(to_numpy(labels), "labels", length=coords.shape[0])
     classes = np.unique(labels)
+    shown = _shown_classes(classes)
+    names = [_class_name(class_names, int(c)) for c in shown]
     fig = Figure(figsize=(6.5, 5), layout="constrained")
     ax = fig.subplots()
-    few = classes.shape[0] <= MAX_LEGEND_CLASSES
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10" if classes.shape[0] <= 10 else "tab20" if few else "viridis"]
-    for k, c in enumerate(classes):
+    cmap = colormaps["tab10"]
+    if shown.shape[0] < classes.shape[0]:
+        rest = ~np.isin(labels, shown)
+        ax.scatter(coords[rest, 0], coords[rest, 1], s=5, color="0.75", alpha=0.5,
+                   label=f"the other {classes.shape[0] - shown.shape[0]} classes")
+    for k, (c, name) in enumerate(zip(shown, names)):
         where = labels == c
-        colour = cmap(k % cmap.N) if few else cmap(k / max(1, classes.shape[0] - 1))
-        name = _class_name(class_names, int(c)) if few else str(c)
-        ax.scatter(coords[where, 0], coords[where, 1], s=14, color=colour, alpha=0.8,
-                   label=f"class {name}" if few else None)
+        ax.scatter(coords[where, 0], coords[where, 1], s=14, color=cmap(k), alpha=0.85,
+                   label=f"class {name}")
     ax.set_xlabel(f"principal component 1 ({ratio[0]:.0%} of variance)")
     ax.set_ylabel(f"principal component 2 ({ratio[1]:.0%} of variance)")
-    ax.set_title(f"{title}: {coords.shape[0]} samples, {classes.shape[0]} classes")
+    heading = f"{title}: {coords.shape[0]} samples, {classes.shape[0]} classes"
+    if shown.shape[0] < classes.shape[0]:
+        which = f"{shown.shape[0]} of {classes.shape[0]} classes: {', '.join(names)}"
+        heading += "\n" + textwrap.shorten(which, 90, placeholder=" ...")
+    ax.set_title(heading, fontsize="medium")
     ax.grid(alpha=0.3)
-    if few:
-        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
-                  title="class")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small", title="class")
     _save(fig, out_path)
     return fig
 

@@ -1,33 +1,59 @@
 """The Markdown report of ``refdml verify --report DIR`` (figures need matplotlib).
 
-The report says what was run and where (refdml's version, the date, the machine and the
-versions of the numerical libraries), what the five verdicts mean, and for every claim its
-readings, counterexamples and evidence as tables, and its figures (PNG, with the table of
-every plotted number underneath, so nothing depends on matplotlib being there).
+A person reads ``DIR/report.md`` top to bottom: what was run and where (refdml's version,
+the date, the machine and the versions of the numerical libraries), what the verdicts mean,
+a summary table, and for every claim a short section: the statement, the readings the
+verdict is computed from (error against tolerance), the counterexample if one was found,
+and the figures. It stays short whatever the sizes of a run (under 500 lines for the 27
+claims of the default run); the rest goes beside it:
+
+``DIR/claims/<claim id>.md``
+    Everything else about one claim: sizes, counterexamples and probes in full, the
+    evidence tables, the self-checks, the figures again.
+``DIR/data/<figure name>.csv``
+    The numbers behind each figure (so nothing depends on matplotlib being there), and
+    ``DIR/data/<claim id>-<name>.csv`` every table of more than :data:`MAX_TABLE_ROWS`
+    rows (its first rows are shown where the table would be). A header row, then one row
+    per point; numbers as ``repr`` of their float64 (they read back exactly), an empty
+    cell where a series has no point at that x, lists as JSON.
+``DIR/figures/<figure name>.png``
+    The figures, when matplotlib is installed.
+
+Every file is written atomically (:mod:`refdml._io`).
 """
 
 from __future__ import annotations
 
+import csv
 import datetime
 import importlib.metadata
+import io
+import json
 import math
+import re
 import os
 import platform
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 from refdml._io import save_figure, write_text_atomic
 
 from ._framework import VERDICT_MEANINGS, ClaimResult, Figure, to_jsonable
 
-__all__ = ["is_report_folder", "machine_lines", "write_report"]
+__all__ = ["MAX_TABLE_ROWS", "is_report_folder", "machine_lines", "write_report"]
 
 _TITLE = "# refdml verify: numerical checks of the claims of the four papers"
 
 _CELL = 160  # longest cell of an evidence table, in characters
 _ITEMS = 12  # numbers of a list shown before "... (N values)"
 _DPI = 110   # of the PNGs: 6.4 x 4.4 inches, 704 x 484 pixels
+
+#: A table of more rows goes to a CSV file in ``data/``; the report shows its first
+#: :data:`_HEAD_ROWS` rows and links the file.
+MAX_TABLE_ROWS = 20
+_HEAD_ROWS = 5
 
 
 def _pyplot():
@@ -140,15 +166,88 @@ def _is_scalar(value) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
 
 
-def _records_table(rows: list[dict]) -> list[str]:
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+def _records_table(rows: list[dict], columns: list[str] | None = None) -> list[str]:
+    columns = columns or list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(_cell(c) for c in columns) + " |", "|---" * len(columns) + "|"]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |")
     return lines
 
 
-def _evidence(values: dict) -> list[str]:
+# --------------------------------------------------------------------------- CSV files
+
+
+def _csv_cell(value) -> str:
+    """A number as the ``repr`` of its float64 (it reads back exactly); None as an empty
+    cell; a list or dict as JSON (whose floats are ``repr`` too)."""
+    if value is None:
+        return ""
+    if isinstance(value, (bool, str)):
+        return str(value)
+    if isinstance(value, (int, float)):
+        return repr(float(value)) if isinstance(value, float) else str(value)
+    return json.dumps(to_jsonable(value), ensure_ascii=False)
+
+
+def _csv_text(header: list[str], rows: list[list]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([_csv_cell(v) for v in row] for row in rows)
+    return buffer.getvalue()
+
+
+def figure_rows(figure: Figure) -> tuple[list[str], list[list]]:
+    """The table behind ``figure``: a header (its x label, then one column per series) and
+    one row per x of any series, in increasing x, None where a series has no point there.
+    A series with several points at one x takes as many rows (its k-th point at x in the
+    k-th), so every point of every series is in the table exactly once."""
+    columns = []
+    for s in figure.series:
+        at: dict[float, list[float]] = {}
+        for x, y in zip(s.x, s.y):
+            at.setdefault(x, []).append(y)
+        columns.append(at)
+    xs = sorted({x for s in figure.series for x in s.x}, key=lambda v: (math.isnan(v), v))
+    rows = []
+    for x in xs:
+        for k in range(max(len(at.get(x, ())) for at in columns)):
+            rows.append([x] + [at[x][k] if k < len(at.get(x, ())) else None for at in columns])
+    return [figure.xlabel] + [s.label for s in figure.series], rows
+
+
+class _DataFiles:
+    """The CSV files of one report, in ``DIR/data``, each under a name of its own."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory / "data"
+        self.used: set[str] = set()
+
+    def write(self, stem: str, header: list[str], rows: list[list]) -> str:
+        """Write ``data/<stem>.csv`` (the stem made safe and unique); returns that path."""
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "table"
+        unique, k = name, 1
+        while unique in self.used:
+            k += 1
+            unique = f"{name}-{k}"
+        self.used.add(unique)
+        self.directory.mkdir(exist_ok=True)
+        write_text_atomic(self.directory / f"{unique}.csv", _csv_text(header, rows))
+        return f"data/{unique}.csv"
+
+
+def _table(rows: list[dict], stem: str, data: _DataFiles, up: str) -> list[str]:
+    """``rows`` as a Markdown table; beyond :data:`MAX_TABLE_ROWS` rows, the whole table as
+    a CSV file and its first rows here. ``up`` leads from the page to the report folder."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    if len(rows) <= MAX_TABLE_ROWS:
+        return _records_table(rows, columns)
+    path = data.write(stem, columns, [[row.get(c) for c in columns] for row in rows])
+    return _records_table(rows[:_HEAD_ROWS], columns) + [
+        "", f"The first {_HEAD_ROWS} of {len(rows)} rows; all of them: [{path}]({up}{path})."]
+
+
+def _evidence(values: dict, stem: str, data: _DataFiles, up: str) -> list[str]:
     """A dict as tables: scalars in one key/value table, each list of records or dict of
     records in a table of its own, short lists and small dicts as one readable cell."""
     values = to_jsonable(values)
@@ -156,10 +255,10 @@ def _evidence(values: dict) -> list[str]:
     for key, value in values.items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value) \
                 and all(_is_scalar(x) or isinstance(x, list) for v in value for x in v.values()):
-            tables += [f"*{key}*", ""] + _records_table(value) + [""]
+            tables += [f"*{key}*", ""] + _table(value, f"{stem}-{key}", data, up) + [""]
         elif isinstance(value, dict) and len(value) > 1 and all(isinstance(v, dict) for v in value.values()):
             rows = [{"": k, **v} for k, v in value.items()]
-            tables += [f"*{key}*", ""] + _records_table(rows) + [""]
+            tables += [f"*{key}*", ""] + _table(rows, f"{stem}-{key}", data, up) + [""]
         else:
             plain.append((key, value))
     lines = []
@@ -168,23 +267,6 @@ def _evidence(values: dict) -> list[str]:
         lines += [f"| {_cell(key)} | {_cell(value)} |" for key, value in plain]
         lines.append("")
     return lines + tables
-
-
-def _figure_table(figure: Figure) -> list[str]:
-    xs = sorted({x for s in figure.series for x in s.x})
-    lines = [
-        f"| {figure.xlabel} | " + " | ".join(_cell(s.label) for s in figure.series) + " |",
-        "|---" * (len(figure.series) + 1) + "|",
-    ]
-    for x in xs:
-        cells = []
-        for s in figure.series:
-            ys = [y for xx, y in zip(s.x, s.y) if xx == x]
-            cells.append(f"{ys[0]:.4g}" if ys else "")
-        lines.append(f"| {x:.4g} | " + " | ".join(cells) + " |")
-    if figure.thresholds:
-        lines += ["", "Reference lines: " + "; ".join(f"{label} = {y:.4g}" for label, y in figure.thresholds)]
-    return lines
 
 
 # --------------------------------------------------------------------------- sections
@@ -221,19 +303,121 @@ def _verdict_lines() -> list[str]:
     return lines
 
 
-def _claim_section(result: ClaimResult, figdir: Path, plt) -> list[str]:
-    out = [f"## `{result.id}`: {result.verdict}", ""]
-    out += [f"**Paper:** {result.paper}  ", f"**Statement (as printed):** {result.statement}  ",
-            f"**Hypotheses:** {result.hypotheses}  ", f"**Key number:** {result.key_number}", ""]
+@dataclass(frozen=True)
+class _Drawn:
+    """Where one figure went: its PNG (None without matplotlib) and its CSV, relative to
+    the report folder."""
+
+    figure: Figure
+    png: str | None
+    csv: str
+    rows: int
+
+
+def _figures(result: ClaimResult, directory: Path, plt, data: _DataFiles) -> list[_Drawn]:
+    drawn = []
+    for figure in result.figures:
+        header, rows = figure_rows(figure)
+        path = data.write(figure.name, header, rows)
+        png = None
+        if plt is not None:
+            png = f"figures/{figure.name}.png"
+            _draw(plt, figure, result, directory / png)
+        drawn.append(_Drawn(figure, png, path, len(rows)))
+    return drawn
+
+
+def _figure_lines(drawn: list[_Drawn], up: str) -> list[str]:
+    out = []
+    for d in drawn:
+        lines = "" if not d.figure.thresholds else "; reference lines " + ", ".join(
+            f"{label} = {y:.4g}" for label, y in d.figure.thresholds)
+        numbers = f"[{d.csv}]({up}{d.csv}) ({d.rows} rows{lines})"
+        if d.png is not None:   # the title is drawn on the figure
+            out += [f"![{d.figure.title}]({up}{d.png})  ", f"The numbers behind it: {numbers}.", ""]
+        else:
+            out += [f"*Figure (not drawn): {d.figure.title}.* The numbers behind it: {numbers}.", ""]
+    return out
+
+
+def _deciding(result: ClaimResult) -> int | None:
+    """The index of the reading that carries the verdict (:func:`refdml.validation.decide`)."""
+    kind = {"holds-with-correction": "correction",
+            "holds-under-extra-hypothesis": "extra-hypothesis"}.get(result.verdict, "printed")
+    for i, r in enumerate(result.readings):
+        if r["kind"] == kind and (kind == "printed" or r["passed"]):
+            return i
+    return None
+
+
+def _readings(result: ClaimResult) -> list[str]:
+    if len(result.readings) == 1:
+        r = result.readings[0]
+        found = "a counterexample found" if r["counterexample"] is not None else "no counterexample"
+        return [f"**Reading** ({r['kind']}: {_cell(r['statement'])}): error {_fmt(r['error'])} against "
+                f"tolerance {_fmt(r['tolerance'])}, {found} in {r['trials']} trials: "
+                f"{'passes' if r['passed'] else 'does not pass'}.", ""]
+    deciding = _deciding(result)
+    out = ["| reading | statement | error | tolerance | counterexample | passes | trials |",
+           "|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(result.readings):
+        kind = f"**{r['kind']}** (decides)" if i == deciding else r["kind"]
+        out.append(f"| {kind} | {_cell(r['statement'])} | {_fmt(r['error'])} | {_fmt(r['tolerance'])} | "
+                   f"{'none' if r['counterexample'] is None else 'found'} | {r['passed']} | {r['trials']} |")
+    return out + [""]
+
+
+def _head(result: ClaimResult, page: str | None = None) -> list[str]:
+    out = [f"**Paper:** {result.paper}  ", f"**Statement (as printed):** {result.statement}  ",
+           f"**Hypotheses:** {result.hypotheses}  ", f"**Key number:** {result.key_number}"]
+    if page is not None:
+        out[-1] += "  "
+        out.append(f"**In full:** [{page}]({page}): sizes, evidence, {_self_check_summary(result)}; "
+                   f"seeds {_cell(list(result.seeds))}; {result.runtime_s:.2f} s")
+    out.append("")
+    repairs = [f"**{title}:** {text}  " for title, text in (
+        ("Correction (holds)", result.correction),
+        ("Extra hypothesis needed", result.extra_hypothesis),
+        ("Why inconclusive", result.inconclusive_reason)) if text]
+    if repairs:
+        out += repairs + [""]
+    return out
+
+
+def _self_check_summary(result: ClaimResult) -> str:
+    if not result.self_checks:
+        return "no self-checks"
+    passed = sum(bool(row["passed"]) for row in result.self_checks)
+    return f"self-checks: {passed} of {len(result.self_checks)} passed"
+
+
+_EXAMPLES = (("Counterexample to the printed claim (smallest found)", "counterexample"),
+             ("Probe just outside the hypotheses", "probe_counterexample"))
+
+
+def _report_section(result: ClaimResult, drawn: list[_Drawn], page: str) -> list[str]:
+    """The claim's section of report.md: a fixed handful of lines whatever the sizes of the
+    run (the evidence in full is on ``page``)."""
+    out = [f"## `{result.id}`: {result.verdict}", ""] + _head(result, page)
     if result.crashed:
-        out += ["The check crashed:", "", "```", result.crash or "", "```", ""]
-        return out
-    if result.correction:
-        out += [f"**Correction (holds):** {result.correction}", ""]
-    if result.extra_hypothesis:
-        out += [f"**Extra hypothesis needed:** {result.extra_hypothesis}", ""]
-    if result.inconclusive_reason:
-        out += [f"**Why inconclusive:** {result.inconclusive_reason}", ""]
+        last = (result.crash or "").strip().splitlines()[-1:] or [""]
+        return out + [f"The check crashed: `{_cell(last[0])}` (the traceback is on its page).", ""]
+    out += _readings(result)
+    examples = [f"**{title}:** `{_fmt(getattr(result, name), 2 * _CELL)}`  "
+                for title, name in _EXAMPLES if getattr(result, name) is not None]
+    if examples:
+        out += examples + [""]
+    return out + _figure_lines(drawn, "")
+
+
+def _claim_page(result: ClaimResult, drawn: list[_Drawn], data: _DataFiles) -> list[str]:
+    """``claims/<id>.md``: everything the report holds about one claim."""
+    up = "../"
+    stem = result.id
+    out = [f"# `{result.id}`: {result.verdict}", "", f"[Back to the report]({up}report.md)", ""]
+    out += _head(result)
+    if result.crashed:
+        return out + ["The check crashed:", "", "```", result.crash or "", "```", ""]
     out += [
         "| error (deciding reading) | tolerance | error as printed | seeds | runtime |",
         "|---|---|---|---|---|",
@@ -248,31 +432,25 @@ def _claim_section(result: ClaimResult, figdir: Path, plt) -> list[str]:
                    f"{'none' if r['counterexample'] is None else 'found'} | {r['passed']} | {r['trials']} |")
     out.append("")
     if result.sizes:
-        out += ["Sizes:", ""] + (_records_table(list(to_jsonable(result.sizes)))
+        out += ["Sizes:", ""] + (_table(list(to_jsonable(result.sizes)), f"{stem}-sizes", data, up)
                                  if all(isinstance(s, dict) for s in result.sizes)
                                  else [_cell(list(result.sizes))]) + [""]
-    for title, example in (("Counterexample to the printed claim (smallest found)", result.counterexample),
-                           ("Probe just outside the hypotheses", result.probe_counterexample)):
+    for title, name in _EXAMPLES:
+        example = getattr(result, name)
         if example is not None:
             out += [f"{title}:", ""]
-            out += _evidence(example) if isinstance(example, dict) else [f"`{_fmt(example)}`", ""]
+            out += (_evidence(example, f"{stem}-{name}", data, up) if isinstance(example, dict)
+                    else [f"`{_fmt(example)}`", ""])
     if result.details:
-        out += ["Evidence:", ""] + _evidence(result.details)
+        out += ["Evidence:", ""] + _evidence(result.details, stem, data, up)
     if result.self_checks:
-        out += ["Self-checks (gradient checks of refdml operators this claim uses):", "",
-                "| operator | seed | max rel error | rtol | passed |", "|---|---|---|---|---|"]
-        for row in result.self_checks:
-            out.append(f"| {row['name']} | {row.get('seed', '-')} | {_fmt(row.get('max_rel_error'))} | "
-                       f"{_fmt(row.get('rtol'))} | {row['passed']} {_cell(row.get('error', row.get('note', '')))} |")
-        out.append("")
-    for figure in result.figures:
-        out += [f"### Figure: {figure.title}", ""]
-        if plt is not None:
-            path = figdir / f"{figure.name}.png"
-            _draw(plt, figure, result, path)
-            out += [f"![{figure.title}](figures/{path.name})", ""]
-        out += _figure_table(figure) + [""]
-    return out
+        rows = [{"operator": row["name"], "seed": row.get("seed", "-"),
+                 "max rel error": row.get("max_rel_error"), "rtol": row.get("rtol"),
+                 "passed": f"{row['passed']} {row.get('error', row.get('note', ''))}".strip()}
+                for row in result.self_checks]
+        out += ["Self-checks (gradient checks of refdml operators this claim uses):", ""]
+        out += _table(rows, f"{stem}-self_checks", data, up) + [""]
+    return out + _figure_lines(drawn, up)
 
 
 def _first_line(path: Path) -> str:
@@ -302,12 +480,18 @@ def is_report_folder(path) -> bool:
     return True
 
 
+def _page_name(claim_id: str) -> str:
+    return "claims/" + (re.sub(r"[^A-Za-z0-9._-]+", "_", claim_id).strip("._") or "claim") + ".md"
+
+
 def write_report(results: list[ClaimResult], directory, *, quick: bool, seed: int, runtime_s: float) -> Path:
-    """Write ``DIR/report.md`` (and ``DIR/figures/*.png`` when matplotlib is installed)."""
+    """Write ``DIR/report.md``, ``DIR/claims/<id>.md``, ``DIR/data/*.csv`` and (when
+    matplotlib is installed) ``DIR/figures/*.png``; returns the path of report.md."""
     directory = Path(directory)
-    figdir = directory / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
+    (directory / "figures").mkdir(parents=True, exist_ok=True)
+    (directory / "claims").mkdir(exist_ok=True)
     plt = _pyplot()
+    data = _DataFiles(directory)
     lines = [
         _TITLE,
         "",
@@ -319,15 +503,27 @@ def write_report(results: list[ClaimResult], directory, *, quick: bool, seed: in
         "## What the verdicts mean",
         "",
         *_verdict_lines(),
+        "Each claim below has its statement, its readings, any counterexample and its figures; "
+        "its sizes, evidence tables and self-checks are on a page of its own in `claims/`, and the "
+        "numbers behind every figure (and every table of more than "
+        f"{MAX_TABLE_ROWS} rows) in a CSV file in `data/`.",
+        "",
     ]
     if plt is None:
         lines += ["> matplotlib is not installed (`pip install refdml[plot]`): figures are not drawn; "
-                  "every number behind them is in the tables below.", ""]
+                  "the numbers behind each are in the CSV file linked in its place.", ""]
     lines += ["## Summary", "", "| claim | verdict | key number |", "|---|---|---|"]
     for r in results:
         flag = " (self-check FAILED)" if r.self_check_failed else ""
         lines.append(f"| `{r.id}` | {r.verdict}{flag} | {_cell(r.key_number)} |")
     lines.append("")
+    pages = set()
     for r in results:
-        lines += _claim_section(r, figdir, plt)
+        page = _page_name(r.id)
+        if page in pages:   # ids that differ only in unsafe characters
+            page = page[:-3] + f"-{len(pages)}.md"
+        pages.add(page)
+        drawn = [] if r.crashed else _figures(r, directory, plt, data)
+        write_text_atomic(directory / page, "\n".join(_claim_page(r, drawn, data)))
+        lines += _report_section(r, drawn, page)
     return write_text_atomic(directory / "report.md", "\n".join(lines))

@@ -158,6 +158,52 @@ def test_plot_embeddings_2d(tmp_path):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"class {c}" for c in range(4)]
     coords, _ = pca_2d(y)
     assert_allclose(ax.collections[0].get_offsets(), coords[labels == 0], rtol=1e-12)
-    many = np.arange(40) % 25
-    fig = plot_embeddings_2d(y, many, tmp_path / "many.png")
-    assert fig.axes[0].get_legend() is None  # 25 classes: no legend
+
+
+def _legend(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_an_embedding_plot_of_many_classes_shows_ten_and_says_which(tmp_path):
+    """179 classes in viridis could not be told apart (issue 48): ten classes spread evenly
+    over the sorted labels are coloured (tab10) and named in the legend and the title; the
+    others are grey. The labels are not 0..C-1, so the choice must go by rank."""
+    rng = np.random.default_rng(7)
+    n_classes = 179
+    ranks = np.repeat(np.arange(n_classes), 2)
+    labels = 1000 + 3 * ranks
+    y = rng.standard_normal((ranks.size, 5))
+    fig = plot_embeddings_2d(y, labels, tmp_path / "many.png", class_names=lambda c: f"g{c}")
+    (ax,) = fig.axes
+    # ranks floor(i * 178 / 9): 178 / 9 = 19.78, so 0, 19, 39, 59, 79, 98, 118, 138, 158, 178
+    picked = [0, 19, 39, 59, 79, 98, 118, 138, 158, 178]
+    names = [f"g{1000 + 3 * r}" for r in picked]
+    assert _legend(ax) == [f"the other {n_classes - 10} classes"] + [f"class {n}" for n in names]
+    assert f"{ranks.size} samples, {n_classes} classes" in ax.get_title()
+    assert f"10 of {n_classes} classes: " + ", ".join(names) in ax.get_title().replace("\n", " ")
+    grey, *coloured = ax.collections
+    coords, _ = pca_2d(y)
+    for collection, rank in zip(coloured, picked):
+        assert_allclose(collection.get_offsets(), coords[ranks == rank], rtol=1e-12)
+    palette = [matplotlib.colors.to_rgba(c)[:3] for c in matplotlib.colormaps["tab10"].colors]
+    assert [tuple(c.get_facecolor()[0][:3]) for c in coloured] == palette   # ten distinct hues
+    assert len(grey.get_offsets()) == ranks.size - 2 * 10
+    # another draw of the same labels (other embeddings) picks the same classes
+    again = plot_embeddings_2d(rng.standard_normal((ranks.size, 5)), labels, tmp_path / "b.png",
+                               class_names=lambda c: f"g{c}")
+    assert _legend(again.axes[0]) == _legend(ax)
+
+
+@pytest.mark.parametrize("n_classes,picked", [
+    (10, list(range(10))),                       # ten or fewer: every class, no grey
+    (11, [0, 1, 2, 3, 4, 5, 6, 7, 8, 10]),       # floor(i * 10 / 9)
+    (12, [0, 1, 2, 3, 4, 6, 7, 8, 9, 11]),       # floor(i * 11 / 9)
+    (19, list(range(0, 19, 2))),                 # floor(i * 18 / 9) = 2 i
+])
+def test_the_coloured_classes_are_spread_evenly_first_and_last_included(tmp_path, n_classes, picked):
+    labels = np.arange(2 * n_classes) % n_classes
+    y = np.random.default_rng(n_classes).standard_normal((labels.size, 3))
+    ax = plot_embeddings_2d(y, labels, tmp_path / "e.png").axes[0]
+    grey = [] if n_classes <= 10 else [f"the other {n_classes - 10} classes"]
+    assert _legend(ax) == grey + [f"class {c}" for c in picked]
+    assert ("of %d classes" % n_classes in ax.get_title()) == (n_classes > 10)

@@ -32,7 +32,9 @@ def test_a_rerun_leaves_no_stale_figure(tmp_path):
     linked = _linked(report)
     assert linked == ["figures/gsp_uniform_limit.png"]
     assert all((report / name).is_file() for name in linked)
-    assert sorted(p.name for p in report.iterdir()) == [FOLDER_MARKER, "figures", "report.md"]
+    assert sorted(p.name for p in report.iterdir()) == [FOLDER_MARKER, "claims", "data", "figures",
+                                                        "report.md"]
+    assert sorted(p.name for p in (report / "data").iterdir()) == ["gsp_uniform_limit.csv"]
     assert [p.name for p in tmp_path.iterdir()] == ["report"]     # no staging folder left
 
 

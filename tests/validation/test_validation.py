@@ -5,6 +5,7 @@ verdicts recomputes the finding it pins with plain numpy, independently of the c
 """
 
 import json
+import re
 import sys
 from argparse import Namespace
 from unittest import mock
@@ -87,15 +88,25 @@ def test_report_without_matplotlib_has_every_number(quick_run):
     assert not list((report_dir / "figures").glob("*.png"))
     for r in records:
         assert f"`{r['id']}`" in text
-    # figure data are tabulated even without figures
-    assert "### Figure: Convergence of the printed iteration" in text and "| iteration k |" in text
+    # the numbers behind a figure are in a CSV file even without figures
+    assert "*Figure (not drawn): Convergence of the printed iteration" in text
+    assert "[data/gsp_prop42_mu1.csv](data/gsp_prop42_mu1.csv)" in text
+    header = (report_dir / "data" / "gsp_prop42_mu1.csv").read_text().splitlines()[0]
+    assert header == "iteration k,mu = 1"
     # what was run and where, and what the verdicts mean
     assert "- refdml " in text and "- date: " in text and "CPUs" in text and "numpy " in text
     for verdict in VERDICTS:
         assert f"| `{verdict}` |" in text
-    # evidence as tables, not long JSON lines
-    assert "| evidence | value |" in text
-    assert max(len(line) for line in text.splitlines() if not line.startswith("| ") ) < 700
+    # evidence as tables on each claim's page, not long JSON lines
+    page = (report_dir / "claims" / "xml.claim2.1.md").read_text()
+    assert "| evidence | value |" in page
+    for body in (text, page):
+        assert max(len(line) for line in body.splitlines() if not line.startswith("| ")) < 700
+    # a report a person reads: every claim in under 500 lines (the sections do not grow
+    # with the sizes of a run: tests/validation/test_report_layout.py)
+    assert len(text.splitlines()) < 500
+    for link in re.findall(r"\]\(([^)#]+)\)", text):
+        assert (report_dir / link).is_file(), link
 
 
 def test_report_with_matplotlib_draws_pngs(tmp_path):
