@@ -157,7 +157,8 @@ def _cut(text: str, chars: int) -> str:
 
 
 def _wrap(text: str, width: int, indent: int, first: str = "") -> list[str]:
-    return textwrap.wrap(" ".join(text.split()), width, initial_indent=" " * indent + first,
+    return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False,
+                         initial_indent=" " * indent + first,
                          subsequent_indent=" " * (indent + len(first)))
 
 
