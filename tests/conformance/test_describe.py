@@ -9,6 +9,8 @@ The wrong implementations are NumPy pairs, so that these tests run in the lean i
 from __future__ import annotations
 
 import json
+import pathlib
+import re
 import warnings
 
 import numpy as np
@@ -230,3 +232,12 @@ def test_conform_help_points_to_describe(capsys):
     shown = _flat(capsys.readouterr().out)
     assert "--describe OP" in shown and "refdml conform --describe gsp.pool" in shown
     assert "refdml gradcheck" not in shown
+
+
+def test_the_docs_show_the_real_describe_output():
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "conformance.md").read_text(
+        encoding="utf-8")
+    shown = re.search(r"```text\n(normalize\.l2_normalize: .*?)```", page, re.S)
+    assert shown, "docs/conformance.md lost its --describe example"
+    # Regenerate with: refdml conform --describe normalize.l2_normalize
+    assert shown.group(1) == str(describe("normalize.l2_normalize")) + "\n"
