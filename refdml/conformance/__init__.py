@@ -7,8 +7,8 @@ hard reference inputs and a hypothesis search, compares every output and every g
 with the float64 reference at a tolerance derived from the dtype (float64, float32,
 float16, or bfloat16 for PyTorch and JAX) and the measured conditioning, and says where
 and why they disagree; :func:`describe` says what it will call, compare and allow for one
-operator (``refdml conform --describe OP``). In a pytest suite, the ``refdml_conform`` marker and fixture
-(:mod:`refdml.pytest_plugin`) run it as one test item per case:
+operator (``refdml conform --describe OP``). In a pytest suite, the ``refdml_conform``
+marker and fixture (:mod:`refdml.pytest_plugin`) run it as one test item per case:
 
 >>> import numpy as np
 >>> from refdml.catalog import get
