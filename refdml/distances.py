@@ -148,6 +148,13 @@ def euclidean_forward(x, y) -> tuple[np.ndarray, EuclideanContext]:
 
     ``x (..., n, d)``, ``y (..., m, d)`` -> ``D (..., n, m)``. GSP Alg. 2 cost map,
     ASAP Sec. 3 ``d_f``. Right for any finite input (no overflow at 1e300).
+
+    Parameters
+    ----------
+    x : float array (..., n, d)
+        The first points, one per row.
+    y : float array (..., m, d)
+        The second points, one per row: the same ``d`` and leading dimensions as ``x``.
     """
     x, y = _check_pair(x, y)
     return _euclidean_forward(x, y)
@@ -199,6 +206,13 @@ def sq_euclidean_forward(x, y) -> tuple[np.ndarray, SqEuclideanContext]:
 
     ``x (..., n, d)``, ``y (..., m, d)`` -> ``D (..., n, m)``. ``ValueError`` where a
     squared distance exceeds float64 (use :func:`euclidean` there).
+
+    Parameters
+    ----------
+    x : float array (..., n, d)
+        The first points, one per row.
+    y : float array (..., m, d)
+        The second points, one per row: the same ``d`` and leading dimensions as ``x``.
     """
     x, y = _check_pair(x, y)
     return _sq_euclidean_forward(x, y)
@@ -245,6 +259,13 @@ def cosine_forward(x, y) -> tuple[np.ndarray, CosineContext]:
 
     ``x (..., n, d)``, ``y (..., m, d)`` -> ``S (..., n, m)``; the same at any scale of
     ``x`` or ``y``. ``ValueError`` naming ``x`` or ``y`` and the row of a zero vector.
+
+    Parameters
+    ----------
+    x : float array (..., n, d)
+        The first points, one per row.
+    y : float array (..., m, d)
+        The second points, one per row: the same ``d`` and leading dimensions as ``x``.
     """
     x, y = _check_pair(x, y)
     return _cosine_forward(x, y)

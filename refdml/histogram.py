@@ -299,6 +299,13 @@ def convex_combination_forward(z, prototypes) -> tuple[np.ndarray, ConvexCombina
     ``z`` is (B, m), usually a histogram; any real weights are accepted. A ``y_hat`` beyond
     float64 is a ValueError naming it (for a histogram ``z`` it never is: ``|y_hat| <= max
     |nu|``); one whose intermediate sums alone overflow is computed (module docstring).
+
+    Parameters
+    ----------
+    z : float array (B, m)
+        Weights of the prototypes for each sample, usually a histogram (any real weights).
+    prototypes : float array (m, d)
+        The prototypes ``nu_k``, one per row.
     """
     z = as_float_array(z, "z", ndim=2)
     prototypes = as_float_array(prototypes, "prototypes", ndim=2)

@@ -151,6 +151,12 @@ def clip_normalize_forward(x) -> tuple[np.ndarray, ClipNormalizeContext]:
     .. math:: y = \\frac{x}{\\max(1, \\lVert x \\rVert_2)}
 
     ``x`` of shape ``(..., d)``; ``y`` has the same shape. GSP Alg. 2, ASAP Sec. 4.4.
+
+    Parameters
+    ----------
+    x : float array (..., d)
+        Vectors along the last axis (any leading dimensions); those of norm above 1 are
+        scaled onto the unit sphere, the others kept.
     """
     x = as_float_array(x, "x", min_ndim=1)
     return _clip_forward(np, x)
@@ -232,6 +238,11 @@ def l2_normalize_forward(x) -> tuple[np.ndarray, L2NormalizeContext]:
 
     ``x`` of shape ``(..., d)``; ``y`` has the same shape. ``ValueError`` naming the
     first zero row of ``x`` (a row of tiny but nonzero entries, e.g. 1e-300, is fine).
+
+    Parameters
+    ----------
+    x : float array (..., d)
+        Vectors along the last axis (any leading dimensions), none of them zero.
     """
     x = as_float_array(x, "x", min_ndim=1)
     return _l2_forward(x)

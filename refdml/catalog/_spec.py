@@ -9,10 +9,14 @@ from typing import Any
 import numpy as np
 
 from refdml._validation import check_rng
+from refdml.catalog._docs import parameter_docs
 from refdml.gpu._support.modes import Implementations
 from refdml.gradcheck import check_gradients
 
-__all__ = ["Case", "ErrorCase", "OperatorSpec"]
+__all__ = ["DEFAULT_MIRROR_RTOL", "Case", "ErrorCase", "OperatorSpec"]
+
+#: The mirror's relative tolerance against the reference where an entry states none.
+DEFAULT_MIRROR_RTOL = {"float64": 1e-10, "float32": 1e-4}
 
 
 @dataclass(frozen=True)
@@ -182,8 +186,40 @@ class OperatorSpec:
 
     def mirror_tolerance(self, dtype_name: str) -> float:
         """Relative tolerance of the mirror against the reference for ``dtype_name``."""
-        defaults = {"float64": 1e-10, "float32": 1e-4}
-        return dict(defaults, **(self.mirror_rtol or {}))[dtype_name]
+        return dict(DEFAULT_MIRROR_RTOL, **(self.mirror_rtol or {}))[dtype_name]
+
+    def parameter_docs(self) -> dict[str, str]:
+        """The meaning of each parameter of ``forward``, ``{name: "type: description"}``,
+        from the ``Parameters`` section of its docstring (references such as ``As in
+        :func:`weight_transport``` followed; see :mod:`refdml.catalog._docs`)."""
+        return parameter_docs(self.forward)
+
+    def __repr__(self) -> str:
+        parts = [repr(self.name), f"forward={_callable_name(self.forward)}",
+                 f"paper={self.paper!r}"]
+        if self.mirror is not None:
+            parts.append(f"mirror={_callable_name(self.mirror)}")
+        else:
+            parts.append(f"no_mirror={self.no_mirror!r}")
+        if self.tags:
+            parts.append(f"tags={self.tags!r}")
+        return f"OperatorSpec({', '.join(parts)})"
+
+    def __str__(self) -> str:
+        """A few readable lines: the operator, its paper, its forward with the meaning of
+        each keyword argument ``make_inputs`` passes, and where the rest is."""
+        lines = [f"{self.name}: {self.paper}",
+                 f"  forward:  {_callable_name(self.forward)}",
+                 f"  backward: {_callable_name(self.backward)}",
+                 "  mirror:   " + (_callable_name(self.mirror) if self.mirror is not None
+                                   else f"none ({self.no_mirror})")]
+        docs = self.parameter_docs()
+        lines.append("  keyword arguments:")
+        for name in self.make_inputs(np.random.default_rng(0)):
+            meaning = " ".join(docs.get(name, "(not documented)").split())
+            lines.append(f"    {name}: {meaning if len(meaning) <= 90 else meaning[:86] + ' ...'}")
+        lines.append(f"  cases, tolerances and error inputs: refdml conform --describe {self.name}")
+        return "\n".join(lines)
 
     def check(self, rng: Any = None, mode: str | None = None):
         """Run the gradient check on freshly made inputs (in ``mode``, default the entry's);
@@ -194,3 +230,16 @@ class OperatorSpec:
             self.forward, self.backward, inputs, wrt=self.wrt,
             mode=self.mode if mode is None else mode, rng=rng,
         )
+
+
+def _callable_name(function: Any) -> str:
+    """``module.qualname`` of a function, ``functools.partial`` keywords shown."""
+    keywords: dict[str, Any] = {}
+    while hasattr(function, "func") and hasattr(function, "keywords"):   # functools.partial
+        keywords = {**function.keywords, **keywords}
+        function = function.func
+    name = (f"{getattr(function, '__module__', '?')}."
+            f"{getattr(function, '__qualname__', type(function).__name__)}")
+    if keywords:
+        name += "(" + ", ".join(f"{k}={v!r}" for k, v in keywords.items()) + ")"
+    return name

@@ -308,6 +308,8 @@ def _pool_residuals(inputs, outputs, *, convex: bool) -> dict:
 
 
 def _wt_forward(cost, **hyperparameters):
+    """:func:`weight_transport` as a forward, ``((rho, pi), result)``; parameters as in
+    :func:`weight_transport`."""
     result = weight_transport(cost, **hyperparameters)
     return (result.rho, result.pi), result
 

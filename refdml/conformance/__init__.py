@@ -6,8 +6,9 @@ catalogue entry (:mod:`refdml.catalog`) on the entry's inputs over several seeds
 hard reference inputs and a hypothesis search, compares every output and every gradient
 with the float64 reference at a tolerance derived from the dtype (float64, float32,
 float16, or bfloat16 for PyTorch and JAX) and the measured conditioning, and says where
-and why they disagree. In a pytest suite, the ``refdml_conform`` marker and fixture
-(:mod:`refdml.pytest_plugin`) run it as one test item per case:
+and why they disagree; :func:`describe` says what it will call, compare and allow for one
+operator (``refdml conform --describe OP``). In a pytest suite, the ``refdml_conform``
+marker and fixture (:mod:`refdml.pytest_plugin`) run it as one test item per case:
 
 >>> import numpy as np
 >>> from refdml.catalog import get
@@ -22,6 +23,7 @@ True
 from __future__ import annotations
 
 from refdml.conformance._check import check_implementation
+from refdml.conformance._describe import OperatorDescription, describe
 from refdml.conformance._frameworks import FRAMEWORKS, Evaluation, Framework, get_framework
 from refdml.conformance._report import (
     CAUSES,
@@ -40,8 +42,10 @@ __all__ = [
     "Evaluation",
     "Failure",
     "Framework",
+    "OperatorDescription",
     "SearchOutcome",
     "Tolerance",
     "check_implementation",
+    "describe",
     "get_framework",
 ]

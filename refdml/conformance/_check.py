@@ -22,7 +22,13 @@ from refdml.conformance._frameworks import (
     named_gradient,
 )
 from refdml.conformance._formats import DTYPES, FORMATS, unsupported
-from refdml.conformance._report import ConformanceReport, ErrorOutcome, Failure
+from refdml.conformance._report import (
+    ConformanceReport,
+    ErrorOutcome,
+    Failure,
+    seed_reason,
+    with_reason,
+)
 from refdml.conformance._tolerance import (
     Tolerance,
     base_tolerance,
@@ -154,13 +160,15 @@ def check_settings(op, *, framework, dtype, seeds, reference_cases, error_cases,
 class PlannedCase:
     """One input case of a check: its inputs, the seed of the generator that draws its
     cotangents and perturbations, and (``skip``) why it is not compared in this dtype,
-    where that is known before running anything."""
+    where that is known before running anything; ``why`` says why the case exists (set on
+    its failures)."""
 
     name: str
     inputs: Mapping[str, Any]
     seed: int
     scale_inputs: Mapping[str, Any] | None = None
     skip: str | None = None
+    why: str = ""
 
 
 class Conformance:
@@ -203,9 +211,11 @@ class Conformance:
     def check_case(self, case: PlannedCase) -> CaseResult:
         if case.skip is not None:
             return CaseResult(case.name, case.inputs, skipped=case.skip)
-        return self.checker.check(case.name, dict(case.inputs),
-                                  np.random.default_rng(case.seed),
-                                  scale_inputs=case.scale_inputs)
+        result = self.checker.check(case.name, dict(case.inputs),
+                                    np.random.default_rng(case.seed),
+                                    scale_inputs=case.scale_inputs)
+        result.failures[:] = with_reason(result.failures, case.why)
+        return result
 
     def error_outcomes(self) -> tuple[ErrorOutcome, ...]:
         if self.spec.error_inputs is None:
@@ -250,16 +260,17 @@ def plan_cases(spec, dtype: str, seeds: int, reference_cases: bool,
     stated for another range, inputs the dtype cannot hold). One seed is drawn for every
     case in order, admitted or not, so that a case gets the same cotangents however many
     of the others run (one pytest item per case runs exactly what the full check runs)."""
-    named: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None, str | None]] = [
-        (f"seed {k}", dict(spec.make_inputs(np.random.default_rng(k))), None, None)
+    named: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None, str | None, str]] = [
+        (f"seed {k}", dict(spec.make_inputs(np.random.default_rng(k))), None, None,
+         seed_reason(k))
         for k in range(seeds)]
     if reference_cases and spec.reference_inputs is not None:
         named += [(case.name, dict(case.inputs), case.scale_inputs,
-                   _not_admitted(case.dtypes, dtype))
+                   _not_admitted(case.dtypes, dtype), case.why)
                   for case in spec.reference_inputs(np.random.default_rng(0))]
     return [PlannedCase(name, inputs, int(generator.integers(2**63)), scale,
-                        skip or unrepresentable(inputs, dtype))
-            for name, inputs, scale, skip in named]
+                        skip or unrepresentable(inputs, dtype), why)
+            for name, inputs, scale, skip, why in named]
 
 
 def _not_admitted(case_dtypes: tuple[str, ...] | None, dtype: str) -> str | None:

@@ -26,7 +26,7 @@ from refdml._cli_support import at_least, check_output_paths, write_outputs
 from refdml._io import write_json_atomic
 from refdml._validation import _describe
 from refdml.catalog import all_operators
-from refdml.conformance import check_implementation
+from refdml.conformance import check_implementation, describe
 from refdml.conformance._check import MAX_EXAMPLES, MAX_SEEDS
 from refdml.conformance._formats import DTYPES, unsupported
 from refdml.conformance._frameworks import FRAMEWORKS, get_framework
@@ -41,10 +41,12 @@ DESCRIPTION = (
     "disagreement; its error inputs are reported. Each failure names the input case, the "
     "output or gradient, the worst element and the tolerance. Exit status 0 pass, "
     "1 a failure (or a --json that could not be written), 2 bad arguments (a --json "
-    "path that cannot be written among them, found before the check)."
+    "path that cannot be written among them, found before the check). "
+    "--describe OP lists an operator's keyword arguments, outputs, cases and tolerances."
 )
 EPILOG = """\
 examples:
+  refdml conform --describe gsp.pool
   refdml conform mylib.layers:gsp_pool --op gsp.pool --framework torch --dtype float32
   refdml conform mylosses:contrastive --op losses.contrastive --framework jax --json report.json
   refdml conform mypairs:forward --backward mypairs:backward --op losses.triplet --framework numpy
@@ -71,16 +73,24 @@ class UsageError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``refdml conform``."""
-    parser.add_argument("implementation", metavar="IMPLEMENTATION",
+    # IMPLEMENTATION, --op and --framework are required unless --describe is given, and
+    # the choices are checked by run(): one line naming the flag and the value, with
+    # "did you mean", instead of argparse's usage block.
+    parser.add_argument("implementation", metavar="IMPLEMENTATION", nargs="?",
                         help="your implementation, PACKAGE.MODULE:CALLABLE")
-    parser.add_argument("--op", required=True, metavar="NAME",
+    parser.add_argument("--op", metavar="NAME",
                         help="the catalogued operator it implements, e.g. 'gsp.pool', "
-                             "'losses.contrastive' (`refdml gradcheck` lists them)")
-    parser.add_argument("--framework", required=True, choices=FRAMEWORKS,
+                             "'losses.contrastive' (`refdml conform --describe NAME` shows "
+                             "its keyword arguments, cases and tolerances)")
+    parser.add_argument("--framework", metavar="{" + ",".join(FRAMEWORKS) + "}",
                         help="the framework it is written in")
-    parser.add_argument("--dtype", choices=DTYPES, default=None,
+    parser.add_argument("--dtype", metavar="{" + ",".join(DTYPES) + "}", default=None,
                         help="the floating dtype of its inputs; bfloat16 with torch and jax "
                              f"only (default: {_DEFAULTS['dtype']})")
+    parser.add_argument("--describe", metavar="OP",
+                        help="print what a check of the operator OP calls, compares and "
+                             "allows (keyword arguments and their meaning, outputs, every "
+                             "case with its reason, tolerances per dtype), and exit")
     parser.add_argument("--backward", metavar="PACKAGE.MODULE:CALLABLE",
                         help="the backward of a numpy or cupy pair, backward(ctx, *cotangents)")
     parser.add_argument("--adapter", metavar="PACKAGE.MODULE:CALLABLE",
@@ -147,14 +157,41 @@ def _suggestion(name: str, choices: list[str]) -> str:
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
-def _check_operator(name: str) -> None:
+def _check_operator(name: str, flag: str = "--op", listing: bool = True) -> None:
     names = [spec.name for spec in all_operators()]
     if name in names:
         return
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise UsageError(f"--op {name!r} is not a catalogued operator{hint}; the operators are:\n"
+    if not listing:
+        raise UsageError(f"{flag} {name!r} is not a catalogued operator{hint}")
+    raise UsageError(f"{flag} {name!r} is not a catalogued operator{hint}; the operators are:\n"
                      + "\n".join(f"  {n}" for n in names))
+
+
+def _check_choice(flag: str, value: str | None, choices: tuple[str, ...]) -> None:
+    if value is None or value in choices:
+        return
+    close = difflib.get_close_matches(value, choices, n=2, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    raise UsageError(f"{flag} {value!r} is not one of {', '.join(choices)}{hint}")
+
+
+#: The flags --describe does not take, with the attribute argparse stores them in.
+_CHECK_FLAGS = {"IMPLEMENTATION": "implementation", "--op": "op", "--framework": "framework",
+                "--dtype": "dtype", "--backward": "backward", "--adapter": "adapter",
+                "--device": "device", "--seeds": "seeds", "--max-examples": "max_examples",
+                "--json": "json", "--no-search": "no_search"}
+
+
+def _describe_text(args: argparse.Namespace) -> str:
+    """``--describe OP``'s text, or ``UsageError`` (an unknown OP, a flag of a check)."""
+    given = [flag for flag, attr in _CHECK_FLAGS.items() if getattr(args, attr, None)]
+    if given:
+        raise UsageError(f"--describe {args.describe} takes no other argument; drop "
+                         f"{', '.join(given)} (they are for a check)")
+    _check_operator(args.describe, "--describe", listing=False)
+    return str(describe(args.describe))
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,6 +207,16 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything :func:`check_implementation` takes, or ``UsageError``."""
+    # A value given wrong first: it is what the user typed last and wants to hear about.
+    _check_choice("--framework", args.framework, FRAMEWORKS)
+    _check_choice("--dtype", args.dtype, DTYPES)
+    if args.implementation is None:
+        raise UsageError("IMPLEMENTATION is missing: give your implementation as "
+                         "PACKAGE.MODULE:CALLABLE (or --describe OP to read about an operator)")
+    for flag, value in (("--op", args.op), ("--framework", args.framework)):
+        if value is None:
+            raise UsageError(f"{flag} is missing: refdml conform IMPLEMENTATION --op NAME "
+                             "--framework {" + ",".join(FRAMEWORKS) + "}")
     _check_operator(args.op)
     refused = unsupported(args.framework, args.dtype or _DEFAULTS["dtype"])
     if refused is not None:
@@ -209,6 +256,14 @@ def _check_framework(name: str, backward: Any, device: str | None) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``refdml conform``; exit status 0 pass, 1 a failure or a failed write, 2 bad
     arguments (found before any work)."""
+    if args.describe is not None:
+        try:
+            text = _describe_text(args)
+        except UsageError as error:
+            print(f"refdml conform: error: {error}", file=sys.stderr)
+            return 2
+        print(text)
+        return 0
     here = os.getcwd()
     added = here not in sys.path and "" not in sys.path
     if added:

@@ -12,7 +12,8 @@ import numpy as np
 from refdml._io import to_jsonable
 from refdml.conformance._tolerance import Tolerance
 
-__all__ = ["CAUSES", "ConformanceReport", "ErrorOutcome", "Failure", "SearchOutcome"]
+__all__ = ["CAUSES", "REASON_WIDTH", "ConformanceReport", "ErrorOutcome", "Failure",
+           "SearchOutcome", "search_reason", "seed_reason", "short_reason", "with_reason"]
 
 #: Why a case failed, in the order the summary lists them.
 CAUSES = ("raised", "structure", "non-finite", "missing gradient", "value", "gradient",
@@ -32,7 +33,9 @@ class Failure:
     one for ``cause == "non-finite"``), ``impl_value``/``ref_value`` the two values there,
     ``error`` the norm-wise relative error and ``tolerance`` the bound it broke (NaN where
     the cause has none). ``hint`` is a guess at the reason (``"not converged"``: the value
-    agrees far better with the reference stopped at a loose tolerance).
+    agrees far better with the reference stopped at a loose tolerance). ``reason`` is why
+    the case exists (the catalogue's :attr:`refdml.catalog.Case.why`, or what a seed or
+    search case is), so that a failure can be read without the catalogue's source.
     """
 
     case: str
@@ -45,17 +48,60 @@ class Failure:
     tolerance: float
     message: str
     hint: str | None = None
+    reason: str = ""
 
     def line(self) -> str:
         """The failure located on one line: case, quantity, cause, worst element and both
-        values there, then the message (and the hint)."""
+        values there, then the message (and the hint); directly under it, indented, why the
+        case exists (:func:`short_reason`), where it is known."""
         where = "" if self.index is None else f" at {tuple(self.index)}"
         values = ("" if math.isnan(self.impl_value) and math.isnan(self.ref_value) else
                   f" (implementation {_num(self.impl_value)}, reference "
                   f"{_num(self.ref_value)})")
         hint = f"; hint: {self.hint}" if self.hint else ""
-        return (f"{self.case}: {self.quantity}: {self.cause}{where}{values}: "
-                f"{self.message}{hint}")
+        text = f"{self.case}: {self.quantity}: {self.cause}{where}{values}: {self.message}{hint}"
+        if self.reason:
+            text += f"\n    why this case: {short_reason(self.reason)}"
+        return text
+
+
+#: The widest a case's reason is shown under a failure; the full text is in the JSON report
+#: and in :func:`refdml.conformance.describe`.
+REASON_WIDTH = 110
+
+
+def short_reason(reason: str, width: int = REASON_WIDTH) -> str:
+    """``reason`` on one line of at most ``width`` characters: whitespace collapsed, and a
+    longer one cut after its last clause (at ``"; "``, ``": "``, ``", "``) or word that
+    fits, marked ``...``: the catalogue's reasons say first what makes the case hard."""
+    text = " ".join(reason.split())
+    if len(text) <= width:
+        return text
+    room = text[: width - 4]
+    for stop in ("; ", ": ", ", ", " "):
+        cut = room.rfind(stop)
+        if cut >= width // 2:
+            return room[:cut].rstrip(";:, ") + " ..."
+    return room + " ..."
+
+
+def seed_reason(k: int) -> str:
+    """Why the seed case ``"seed k"`` exists."""
+    return (f"ordinary inputs: the entry's make_inputs(default_rng({k})), well-conditioned "
+            "and away from kinks, where a wrong formula shows as a plain value or gradient "
+            "error")
+
+
+def search_reason(seed: int, digits: int) -> str:
+    """Why the search's minimal case exists."""
+    return (f"the hypothesis search's smallest disagreement: make_inputs(default_rng({seed})) "
+            f"with its floating inputs rounded to {digits} significant digits (rounding makes "
+            "ties, duplicates and exact zeros)")
+
+
+def with_reason(failures, reason: str) -> list[Failure]:
+    """``failures`` with ``reason`` (why their case exists) set on each."""
+    return [f if f.reason else Failure(**dict(vars(f), reason=reason)) for f in failures]
 
 
 @dataclass(frozen=True)
@@ -166,6 +212,8 @@ class ConformanceReport:
                 lines.append(f"      {f.message}")
                 if f.hint:
                     lines.append(f"      hint: {f.hint}")
+                if f.reason:
+                    lines.append(f"      why this case: {short_reason(f.reason)}")
         if self.tolerances:
             lines.append("")
             lines.append("tolerances (rtol = max(base, 16 eps_dtype kappa), kappa the measured "

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml.conformance._report import SearchOutcome
+from refdml.conformance._report import SearchOutcome, search_reason, with_reason
 from refdml.conformance._tolerance import is_floating_array, round_digits
 from refdml.validation._framework import find_counterexample
 
@@ -63,5 +63,6 @@ def run_search(checker, make_inputs, max_examples: int):
         return SearchOutcome(examples=compared, note=note), None
     seed, digits = found
     result = check(seed, digits)
+    result.failures[:] = with_reason(result.failures, search_reason(seed, digits))
     return SearchOutcome(examples=compared, seed=seed, digits=digits,
                          inputs=dict(result.inputs), failures=tuple(result.failures)), result

@@ -104,6 +104,17 @@ def cross_fit_forward(Z, targets, split, *, ridge) -> tuple[np.ndarray, CrossFit
     i.e. ``V_k = ridge_fit(Z[half k], targets[half k], ridge=ridge)``; half 1 is
     ``split`` (a boolean mask, both halves non-empty; class-disjointness is the caller's
     business). ``ridge`` is the paper's ϵ (epsilon) of XML Eq. (2.8) / GSP (P3).
+
+    Parameters
+    ----------
+    Z : float array (b, m)
+        The batch's features (histograms), one row per sample.
+    targets : float array (b, d)
+        What each half's ridge fit predicts from ``Z``, one row per sample.
+    split : bool array (b,)
+        ``True`` for half 1; both halves non-empty.
+    ridge : float > 0
+        Ridge weight of each half's fit, the paper's ϵ (epsilon).
     """
     Z = as_float_array(Z, "Z", ndim=2)
     targets = as_float_array(targets, "targets", ndim=2)

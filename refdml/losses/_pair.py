@@ -138,6 +138,19 @@ def contrastive_forward(
     form is invariant to the scale of each embedding (same value at 1e-300 and 1e300);
     the Euclidean form is right at any scale where the distances are finite, and raises
     ``ValueError`` where they are not.
+
+    Parameters
+    ----------
+    embeddings : float array (n, d)
+        One embedding per row.
+    labels : int array (n,)
+        Class label of each embedding.
+    pos_margin, neg_margin : float, optional
+        The margins ``m+`` and ``m-`` (defaults by ``form``, above).
+    form : {"euclidean", "cosine"}
+        C2 on Euclidean distances or C1 on cosine similarities.
+    reduction : {"mean", "sum", "mean_nonzero"}
+        How the terms are reduced (see above).
     """
     x, y = check_embeddings_labels(embeddings, labels)
     form = check_choice(form, "form", _FORMS)
@@ -196,6 +209,19 @@ def generalized_contrastive_forward(
     condition under which Markov's inequality gives the chance-constraint bound). It is
     C2 with ``m+ = beta - alpha`` and ``m- = beta + alpha``; the reduction runs over all
     unordered pairs, with or without a positive pair in the batch.
+
+    Parameters
+    ----------
+    embeddings : float array (n, d)
+        One embedding per row.
+    labels : int array (n,)
+        Class label of each embedding.
+    alpha : float > 0
+        The hinge's offset ``alpha``, at most ``beta``.
+    beta : float >= alpha
+        The distance threshold ``beta``.
+    reduction : {"mean", "sum", "mean_nonzero"}
+        How the terms are reduced (see above).
     """
     x, y = check_embeddings_labels(embeddings, labels)
     reduction = check_reduction(reduction)
@@ -278,6 +304,19 @@ def triplet_forward(
     Default margin 0.0961 (CUB-200, GSP supp. 1.6.7; Cars196 0.1190, In-shop and SOP
     0.0451). No valid triplet: value 0, zero gradient. Right at any scale where the
     distances are finite (at 1e160 the margin is negligible); ``ValueError`` beyond.
+
+    Parameters
+    ----------
+    embeddings : float array (n, d)
+        One embedding per row.
+    labels : int array (n,)
+        Class label of each embedding.
+    margin : float >= 0
+        The margin of ``[d_ap - d_an + margin]_+`` (default 0.0961).
+    mining : {"all", "batch_hard"}
+        Every valid triplet, or each anchor's farthest positive and nearest negative.
+    reduction : {"mean", "sum", "mean_nonzero"}
+        How the terms are reduced (see above).
     """
     x, y = check_embeddings_labels(embeddings, labels)
     margin = check_scalar(margin, "margin", low=0.0, low_inclusive=False)
@@ -372,6 +411,21 @@ def multi_similarity_forward(
     (8.49, 57.38, 0.41)); mining margin 0.1 as in the paper. The mined sets are piecewise
     constant in the embeddings: the gradient is that of the selected terms. Invariant to
     the scale of each embedding.
+
+    Parameters
+    ----------
+    embeddings : float array (n, d)
+        One embedding per row.
+    labels : int array (n,)
+        Class label of each embedding.
+    alpha, beta : float > 0
+        Scales of the positive and the negative terms (defaults 2 and 40).
+    base : float
+        The similarity offset, the paper's ``lambda`` (default 0.5).
+    mining_margin : float >= 0
+        The mining margin, the paper's ``epsilon`` (default 0.1).
+    reduction : {"mean", "sum", "mean_nonzero"}
+        How the terms are reduced (see above).
     """
     x, y = check_embeddings_labels(embeddings, labels)
     hyperparameters = check_multi_similarity(alpha, beta, base, mining_margin, reduction,

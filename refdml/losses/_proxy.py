@@ -86,6 +86,23 @@ def proxy_anchor_forward(
 
     ``proxies`` has shape (n_proxies, d); ``proxy_labels`` (default ``arange(n_proxies)``,
     proxy ``k`` for class ``k``) gives each proxy's class.
+
+    Parameters
+    ----------
+    embeddings : float array (n, d)
+        One embedding per row.
+    labels : int array (n,)
+        Class label of each embedding.
+    proxies : float array (n_proxies, d)
+        The learnable proxies, one per row.
+    proxy_labels : int array (n_proxies,), optional
+        Each proxy's class; default ``arange(n_proxies)`` (proxy ``k`` for class ``k``).
+    delta : float
+        The margin ``delta`` (default 0.1).
+    alpha : float > 0
+        The scale ``alpha`` (default 32).
+    reduction : {"mean", "sum", "mean_nonzero"}
+        How the terms are reduced (see above).
     """
     x, y, p, p_labels = check_proxy_inputs(embeddings, labels, proxies, proxy_labels)
     delta = check_scalar(delta, "delta", low=0.0)
@@ -149,6 +166,21 @@ def proxy_nca_forward(
     ``T = 0.11`` (GSP supp. 1.6.7; ASAP App. A.2 prints 0.1; the ProxyNCA++ paper's
     1/9 rounds to 0.11). Only the ProxyNCA++ loss is implemented; its other components
     (fast-moving proxies, global max pooling, normalised layer) are training choices.
+
+    Parameters
+    ----------
+    embeddings : float array (n, d)
+        One embedding per row.
+    labels : int array (n,)
+        Class label of each embedding.
+    proxies : float array (n_proxies, d)
+        The learnable proxies, one per row.
+    proxy_labels : int array (n_proxies,), optional
+        Each proxy's class; default ``arange(n_proxies)`` (proxy ``k`` for class ``k``).
+    temperature : float > 0
+        The softmax temperature ``T`` dividing the squared distances (default 0.11).
+    reduction : {"mean", "sum", "mean_nonzero"}
+        How the terms are reduced (see above).
     """
     x, y, p, p_labels = check_proxy_inputs(embeddings, labels, proxies, proxy_labels)
     temperature = check_scalar(temperature, "temperature", low=0.0, low_inclusive=False)
@@ -256,6 +288,27 @@ def soft_triple_forward(
     Defaults (20, 0.1, 0.2, 0.01) are the CUB-200 and In-shop values of ASAP App. A.2
     (Cars196 (17.69, 19.18, 0.0669, 0.3588), SOP (100, 47.9, 0.2, 0.3145)).
     ``lambda_`` is spelled with an underscore because ``lambda`` is a Python keyword.
+
+    Parameters
+    ----------
+    embeddings : float array (n, d)
+        One embedding per row.
+    labels : int array (n,)
+        Class label of each embedding.
+    proxies : float array (n_proxies, d)
+        The learnable proxies, one per row.
+    proxy_labels : int array (n_proxies,), optional
+        Each proxy's class; default ``arange(n_proxies)`` (proxy ``k`` for class ``k``).
+    lambda_ : float > 0
+        The scale ``lambda`` of the class logits (default 20).
+    gamma : float > 0
+        The softmax temperature over a class's centres (default 0.1).
+    tau : float >= 0
+        The weight of the centre-spreading regulariser ``R`` (default 0.2).
+    delta : float
+        The margin subtracted from the true class's similarity (default 0.01).
+    reduction : {"mean", "sum", "mean_nonzero"}
+        How the terms are reduced (see above).
     """
     x, y, p, p_labels = check_proxy_inputs(embeddings, labels, proxies, proxy_labels)
     lambda_ = check_scalar(lambda_, "lambda_", low=0.0, low_inclusive=False)

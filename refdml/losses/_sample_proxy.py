@@ -192,6 +192,25 @@ def proxy_multi_similarity_forward(
     and ``1 / beta`` cancel the logits' slopes); the mined sets are piecewise constant, so
     their derivative is 0. The cosine's backward carries ``d value / d s`` to the
     embeddings and the proxies, as for the other proxy losses.
+
+    Parameters
+    ----------
+    embeddings : float array (n, d)
+        One embedding per row.
+    labels : int array (n,)
+        Class label of each embedding.
+    proxies : float array (n_proxies, d)
+        The learnable proxies, one per row.
+    proxy_labels : int array (n_proxies,), optional
+        Each proxy's class; default ``arange(n_proxies)`` (proxy ``k`` for class ``k``).
+    alpha, beta : float > 0
+        Scales of the positive and the negative terms (defaults 2 and 40).
+    base : float
+        The similarity offset, the paper's ``lambda`` (default 0.5).
+    mining_margin : float >= 0
+        The mining margin, the paper's ``epsilon`` (default 0.1).
+    reduction : {"mean", "sum", "mean_nonzero"}
+        How the terms are reduced (see above).
     """
     x, y, p, p_labels = check_proxy_inputs(embeddings, labels, proxies, proxy_labels)
     hyperparameters = check_multi_similarity(alpha, beta, base, mining_margin, reduction,

@@ -290,8 +290,10 @@ def sinkhorn_divergence_forward(x, y, a=None, b=None, *, eps, p=2, value="regula
 
     Parameters
     ----------
-    x : (n, d), y : (m, d) point clouds (any finite scale, see the module docstring).
-    a : (n,), b : (m,) positive weights, normalised to sum 1 inside; uniform when None.
+    x, y : float arrays (n, d) and (m, d)
+        Point clouds (any finite scale, see the module docstring).
+    a, b : float arrays (n,) and (m,), optional
+        Positive weights, normalised to sum 1 inside; uniform when None.
     eps : float > 0, the entropic regularisation, in the units of the cost ``||x - y||^p``
         (scaling the clouds by ``s`` and ``eps`` by ``s^p`` scales ``sd`` by ``s^p``).
     p : float >= 1, exponent of the ground cost.
@@ -515,6 +517,13 @@ def pairwise_sinkhorn_divergence_forward(clouds, *, eps, p=2, value="regularized
     :func:`refdml.gpu.ot.pairwise_sinkhorn_divergence` computes the same matrix with the
     compiled small-problem Sinkhorn (its CPU twin on NumPy, its CUDA kernel on CuPy), held
     to this function by tests/gpu/test_gpu_kernels_ot.py and the parity suite.
+
+    Parameters
+    ----------
+    clouds : float array (B, n, d)
+        ``B`` point clouds of ``n`` points each, uniform weights.
+    eps, p, value, max_iter, tol, eps_scaling
+        As in :func:`sinkhorn_divergence_forward`.
     """
     check_choice(value, "value", VALUES)
     eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)

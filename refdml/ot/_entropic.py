@@ -149,6 +149,11 @@ def entropic_ot_forward(a, b, cost, *, eps, value="regularized", max_iter=1000, 
     (..., n, m), broadcast over leading batch dimensions); ``value`` is
     ``"regularized"`` (the paper's) or ``"transport_cost"``. ``out`` has the batch shape
     (a float for one problem).
+
+    Parameters
+    ----------
+    value : {"regularized", "transport_cost"}
+        The regularised value of Eq. (3) (the paper's) or ``<pi*, C>``.
     """
     check_choice(value, "value", VALUES)
     eps, max_iter, tol, eps_scaling = _check_solver_args(eps, max_iter, tol, eps_scaling)

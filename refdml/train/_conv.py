@@ -337,6 +337,19 @@ def conv2d_forward(x, weight, bias, *, stride: int = 1, padding: int = 1):
 
     ``weight`` (C_out, C, k, k) with a square kernel, ``bias`` (C_out). Returns
     ``(y (B, C_out, H_o, W_o), ctx)``.
+
+    Parameters
+    ----------
+    x : float array (B, C, H, W)
+        The input images.
+    weight : float array (C_out, C, k, k)
+        The square kernels.
+    bias : float array (C_out,)
+        One bias per output channel.
+    stride : int >= 1
+        The step between output positions (default 1).
+    padding : int >= 0
+        Zeros added on each side of ``H`` and ``W`` (default 1).
     """
     stride = _positive_int(stride, "stride")
     padding = _nonnegative_int(padding, "padding")
@@ -418,6 +431,15 @@ def local_linear_forward(x, weight, bias):
     """Per-location linear map (1x1 conv): ``x`` (B, C, H, W) -> local features (B, H W, d).
 
     ``weight`` (d, C), ``bias`` (d); location ``j = h W + w``. Returns ``(f, ctx)``.
+
+    Parameters
+    ----------
+    x : float array (B, C, H, W)
+        The feature maps.
+    weight : float array (d, C)
+        The per-location linear map.
+    bias : float array (d,)
+        Its bias.
     """
     _, _, a = as_inputs({"x": (x, 4), "weight": (weight, 2), "bias": (bias, 1)})
     x, weight, bias = a["x"], a["weight"], a["bias"]

@@ -68,7 +68,17 @@ class LinearGrads:
 
 
 def linear_forward(x, weight, bias) -> tuple[Any, LinearContext]:
-    """``y = x W^T + b`` over the last axis of ``x``; returns ``(y, ctx)`` (see module doc)."""
+    """``y = x W^T + b`` over the last axis of ``x``; returns ``(y, ctx)`` (see module doc).
+
+    Parameters
+    ----------
+    x : float array (..., d_in)
+        Inputs along the last axis.
+    weight : float array (d_out, d_in)
+        The weight ``W``.
+    bias : float array (d_out,)
+        The bias ``b``.
+    """
     _, _, a = as_inputs({"x": (x, None), "weight": (weight, 2), "bias": (bias, 1)})
     x, weight, bias = a["x"], a["weight"], a["bias"]
     if x.ndim < 1 or x.shape[-1] != weight.shape[1]:
@@ -110,7 +120,13 @@ class ReluGrads:
 
 
 def relu_forward(x) -> tuple[Any, ReluContext]:
-    """``y = max(x, 0)``; returns ``(y, ctx)``."""
+    """``y = max(x, 0)``; returns ``(y, ctx)``.
+
+    Parameters
+    ----------
+    x : float array (any shape)
+        The pre-activations.
+    """
     _, _, a = as_inputs({"x": (x, None)})
     x = a["x"]
     active = x > 0
@@ -162,6 +178,13 @@ def embedding_forward(tokens, table) -> tuple[Any, EmbeddingContext]:
 
     ``tokens`` holds integers in ``[0, V)``; ``table`` is ``(V, d)``. Checking the range
     reads the tokens (one device synchronisation on CuPy while data checks are on).
+
+    Parameters
+    ----------
+    tokens : int array (any shape)
+        Indices into ``table``, in ``[0, V)``.
+    table : float array (V, d)
+        One embedding per token.
     """
     ns, _, a = as_inputs({"table": (table, 2)})
     table = a["table"]

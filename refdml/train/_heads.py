@@ -101,7 +101,13 @@ def _pool_backward(ctx: PoolingContext, d_y, kind: str) -> PoolingGrads:
 
 
 def gap_forward(features):
-    """Global average pooling (B, n, d) -> (B, d); returns ``(y, ctx)``."""
+    """Global average pooling (B, n, d) -> (B, d); returns ``(y, ctx)``.
+
+    Parameters
+    ----------
+    features : float array (B, n, d)
+        ``n`` local features of dimension ``d`` per sample.
+    """
     f = _features(features)
     xp = get_backend(f).xp
     y = f.mean(axis=1)
@@ -116,7 +122,13 @@ def gap_backward(ctx: PoolingContext, d_y) -> PoolingGrads:
 
 
 def gmp_forward(features):
-    """Global max pooling (B, n, d) -> (B, d); returns ``(y, ctx)`` (ties: lowest index)."""
+    """Global max pooling (B, n, d) -> (B, d); returns ``(y, ctx)`` (ties: lowest index).
+
+    Parameters
+    ----------
+    features : float array (B, n, d)
+        ``n`` local features of dimension ``d`` per sample.
+    """
     f = _features(features)
     xp = get_backend(f).xp
     n = f.shape[1]
@@ -142,7 +154,15 @@ def gmp_backward(ctx: PoolingContext, d_y) -> PoolingGrads:
 
 
 def gemean_forward(features, *, p: float = 3.0):
-    """Generalised mean pooling, ``p > 1``, non-negative features; returns ``(y, ctx)``."""
+    """Generalised mean pooling, ``p > 1``, non-negative features; returns ``(y, ctx)``.
+
+    Parameters
+    ----------
+    features : float array (B, n, d)
+        ``n`` local features of dimension ``d`` per sample, non-negative.
+    p : float > 1
+        The exponent of the generalised mean (default 3).
+    """
     p = check_scalar(p, "p", low=1.0, low_inclusive=False)
     f = _features(features)
     ns = get_backend(f)
