@@ -110,9 +110,9 @@ def test_mistyped_flag_is_one_line_naming_the_subcommand(capsys, command):
 _ONE_LINE_ERRORS = [
     (["verify", "--quik"], "unrecognized arguments: --quik (did you mean --quick?)"),
     (["conform", "m:f", "--op", "normalize.l2_normalize", "--framework", "numpy",
-      "--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+      "--dtype", "float8"], "--dtype 'float8' is not one of"),
     (["conform", "m:f", "--op", "normalize.l2_normalize", "--framework", "tensorflow"],
-     "argument --framework: invalid choice: 'tensorflow'"),
+     "--framework 'tensorflow' is not one of"),
     (["gradcheck", "--mode", "quick"], "argument --mode: invalid choice: 'quick'"),
     (["gpu-check", "--seeed", "1"], "unrecognized arguments: --seeed 1 (did you mean --seed?)"),
     (["train", "--study", "nope"], "argument --study: invalid choice: 'nope'"),
@@ -124,9 +124,11 @@ _ONE_LINE_ERRORS = [
 @pytest.mark.parametrize(("argv", "wanted"), _ONE_LINE_ERRORS, ids=lambda v: " ".join(v)
                          if isinstance(v, list) else None)
 def test_argparse_errors_are_one_line(capsys, argv, wanted):
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
+    try:  # argparse exits; a command that checks a flag itself returns the status
+        status = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    assert status == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()
