@@ -36,7 +36,8 @@ HELP = ("train a study (tokens, digits-collage, glyphs, glyph-collage, features)
 DESCRIPTION = ("Train one of the studies of refdml.train with hand-written backward "
                "passes: flags override the --config TOML, which overrides the study's "
                "defaults (docs/train.md, 'Running a training'). Writes config.json (the "
-               "effective config), log.jsonl, checkpoint.npz and best.npz to --out. Exit "
+               "effective config), log.jsonl, checkpoint.npz and best.npz to --out (default "
+               "runs/<study>-<UTC time>). Exit "
                "status 0 done, 1 the run diverged, 2 bad arguments, config or device.")
 EPILOG = None
 

@@ -228,3 +228,38 @@ def test_the_trainer_refuses_a_run_folder_name_too_long(tmp_path):
         _check_out_dir(tmp_path / ("z" * 300))
     with pytest.raises(ValueError, match=r"^out_dir .*too long"):
         _check_out_dir(tmp_path / ("z" * 300) / "run")
+
+
+# ``refdml train`` without ``--out`` (issue 48, item 4): runs/<study>-<UTC time>.
+def test_train_without_out_writes_to_a_new_folder_under_runs(tmp_path, monkeypatch, capsys):
+    import time
+
+    from refdml.train._cli import default_out
+
+    seen = {}
+
+    def record(study, config, *, out_dir):
+        seen["out_dir"] = out_dir
+        raise _WorkStarted
+
+    monkeypatch.setattr(train_runs, "build_run", record)
+    monkeypatch.chdir(tmp_path)
+    before = time.time()
+    with pytest.raises(_WorkStarted):
+        main(["train", "--study", "tokens", "--epochs", "1"])
+    after = time.time()
+    out = Path(seen["out_dir"])
+    assert out.parent == Path("runs") and out.name.startswith("tokens-")
+    # the name is the UTC time of the start, to the second
+    assert out.name in {f"tokens-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(t))}"
+                        for t in (before, after)}
+    assert f"writing the run to {out}" in capsys.readouterr().out
+    assert default_out("glyphs", now=0.0) == str(Path("runs") / "glyphs-19700101-000000")
+
+
+def test_train_resume_without_out_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(train_runs, "build_run", _started)
+    monkeypatch.chdir(tmp_path)
+    status = main(["train", "--study", "tokens", "--resume"])
+    assert "--resume needs --out" in _refused(status, capsys.readouterr().err, "--out")
+    assert list(tmp_path.iterdir()) == []
