@@ -7,8 +7,13 @@ Each subcommand lives in its own module (``refdml.checks._gradcheck_cli``,
 layers need (``train`` of the training layer, the others of the apps) sit here, at the
 bottom of the layers, where each can import them. Nothing here imports any other part of refdml but :mod:`refdml._io` (the same layer).
 
-Output paths (``--json PATH``, ``--report DIR``) are checked by :func:`check_output_paths`
-before any work, so a path that cannot be written costs no run: the command prints
+Every path a command takes (``--json``, ``--report``, ``--out``, ``--cache``, ``--config``,
+``--features``) first passes :func:`path_problem`, the one check of a path as such: a
+component longer than the file system allows, or a ``stat`` that fails for another reason
+than a missing name (a loop of links, no permission), is refused in one line naming the
+flag and the value (shortened by :func:`shown` when long), where pathlib's own
+``exists()`` would raise on Python 3.11. Output paths (``--json PATH``, ``--report DIR``)
+are checked by :func:`check_output_paths` before any work, so a path that cannot be written costs no run: the command prints
 ``refdml CMD: error: <the problem>`` and exits 2. The writes then go through
 :func:`write_outputs`, which turns an ``OSError`` at write time (a full disk, a folder
 removed meanwhile) into one line and ``False`` (exit status 1), and writes a report folder
@@ -25,10 +30,23 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from refdml._io import is_protected_folder, is_replaceable_folder, replaced_folder
+from refdml._io import (
+    is_protected_folder,
+    is_replaceable_folder,
+    replaced_folder,
+    special_file_kind,
+)
 
-__all__ = ["OneLineParser", "at_least", "check_output_paths", "output_file_problem", "output_folder_problem",
-           "report_folder_problem", "seed", "select", "text_table", "write_outputs"]
+__all__ = ["OneLineParser", "at_least", "check_output_paths", "input_file_problem",
+           "output_file_problem", "output_folder_problem", "path_problem", "report_folder_problem", "seed", "select",
+           "shown", "text_table", "writable_folder_problem", "write_outputs"]
+
+#: A value longer than this is shortened in messages (a 4,000-character path in one line
+#: of an error hides the error).
+_SHOWN_CHARS = 80
+#: The longest file name when the file system does not say (``NAME_MAX`` of Linux,
+#: macOS, Windows).
+_NAME_MAX = 255
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -118,6 +136,78 @@ def select(names: Iterable[str], patterns: Iterable[str]) -> tuple[list[str], li
     return [n for n in names if n in chosen], unmatched
 
 
+def shown(value: object) -> str:
+    """``value`` as text for a message: whole up to 80 characters, else its start and end
+    around ``...`` and its length."""
+    text = str(value)
+    if len(text) <= _SHOWN_CHARS:
+        return text
+    return f"{text[:48]}...{text[-20:]} ({len(text)} characters)"
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (AttributeError, ValueError, OSError):  # Windows has no pathconf
+        return _NAME_MAX
+
+
+def path_problem(flag: str, value: object) -> str | None:
+    """Why ``value`` of ``flag`` cannot name a path here, or None.
+
+    Refused: an empty value; a NUL character; an existing part of the path whose ``stat``
+    fails other than by not existing (too long, a loop of symbolic links, a folder that
+    may not be searched); a part that does not exist yet and is longer than the file
+    system's longest name (``NAME_MAX``, usually 255 bytes; the kernel reports only the
+    missing parent for it, and the write would fail after the work). After this check,
+    pathlib's ``exists``/``is_dir``/``is_file`` on the path do not raise. Creates nothing.
+    """
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        return f"{flag} {shown(value)!r}: must be a path"
+    if not text:
+        return f"{flag} '': is empty, must name a path"
+    if "\0" in text:
+        return f"{flag} {shown(text)!r}: holds a NUL character, which no path may hold"
+    path = Path(text).absolute()
+    existing = Path(path.anchor)
+    missing: tuple[str, ...] = ()
+    for i, part in enumerate(path.parts[1:], start=1):
+        candidate = existing / part
+        try:
+            os.stat(candidate)
+        except (FileNotFoundError, NotADirectoryError):
+            missing = path.parts[i:]   # the rest is created by the command, or refused later
+            break
+        except OSError as exc:
+            return f"{flag} {shown(text)}: cannot be used ({exc.strerror or exc})"
+        existing = candidate
+    limit = _name_max(existing)
+    for part in missing:
+        size = len(os.fsencode(part))
+        if size > limit:
+            return (f"{flag} {shown(text)}: a name in it is {size} bytes long, longer than "
+                    f"the {limit} the file system allows (File name too long)")
+    return None
+
+
+def input_file_problem(flag: str, value: object) -> str | None:
+    """Why the file ``value`` of ``flag`` (``--config``, ``--features``) cannot be read,
+    or None: :func:`path_problem`, then it must exist and be a regular file."""
+    problem = path_problem(flag, value)
+    if problem is not None:
+        return problem
+    path = Path(value)
+    if path.is_dir():
+        return f"{flag} {shown(value)!r}: is a folder, not a file"
+    if not path.exists():
+        return f"{flag} {shown(value)!r}: no such file"
+    kind = special_file_kind(path)
+    if kind is not None:
+        return f"{flag} {shown(value)!r}: is {kind}, not a regular file"
+    return None
+
+
 def _nearest_existing(path: Path) -> Path:
     """``path`` or its nearest ancestor that exists (the folder a mkdir -p would start in)."""
     return next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
@@ -140,22 +230,32 @@ def _folder_problem(flag: str, value: str, folder: Path, what: str) -> str | Non
     """Can ``folder`` be created (if missing) and written? (``what`` names it in the message.)"""
     start = _nearest_existing(folder)
     if not start.is_dir():
-        return f"{flag} {value}: cannot create {what}: {start} is a file, not a folder"
+        return (f"{flag} {shown(value)}: cannot create {what}: {shown(start)} is a file, "
+                "not a folder")
     reason = _cannot_write_in(start)
     if reason is not None:
-        return f"{flag} {value}: cannot write in {start} ({reason})"
+        return f"{flag} {shown(value)}: cannot write in {shown(start)} ({reason})"
     return None
 
 
 def output_file_problem(flag: str, value: str) -> str | None:
     """Why the file ``value`` of ``flag`` (``--json``) cannot be written, or None.
 
-    Checks that the path is not a folder, that its folder exists or can be created (no
-    file on the way), and that a file can be created there. Creates nothing.
+    Checks the path as such (:func:`path_problem`), that it is not a folder nor any other
+    file that is not a regular one (a device such as ``/dev/null``, a FIFO, a socket: the
+    atomic write would replace it by a plain file), that its folder exists or can be
+    created (no file on the way), and that a file can be created there. Creates nothing.
     """
+    problem = path_problem(flag, value)
+    if problem is not None:
+        return problem
     path = Path(value).absolute()
     if path.is_dir():
-        return f"{flag} {value}: is a folder, not a file"
+        return f"{flag} {shown(value)}: is a folder, not a file"
+    kind = special_file_kind(path)
+    if kind is not None:
+        return (f"{flag} {shown(value)}: is {kind}, not a regular file; refdml replaces only "
+                "a regular file or a new name")
     return _folder_problem(flag, value, path.parent, "its folder")
 
 
@@ -167,9 +267,12 @@ def output_folder_problem(flag: str, value: str) -> str | None:
     Checks that the path is not a file, and that the folder, or the nearest of its
     ancestors that exists, is a folder in which a file can be created. Creates nothing.
     """
+    problem = path_problem(flag, value)
+    if problem is not None:
+        return problem
     path = Path(value).absolute()
     if path.exists() and not path.is_dir():
-        return f"{flag} {value}: is a file, not a folder"
+        return f"{flag} {shown(value)}: is a file, not a folder"
     return _folder_problem(flag, value, path, "the folder")
 
 
@@ -182,14 +285,17 @@ def report_folder_problem(flag: str, value: str, *, recognise: Callable | None =
     before the marker existed); the working folder, its parents and the home folder are
     never replaced. Creates nothing.
     """
+    problem = path_problem(flag, value)
+    if problem is not None:
+        return problem
     path = Path(value).resolve()
     if path.exists() and not path.is_dir():
-        return f"{flag} {value}: is a file, not a folder"
+        return f"{flag} {shown(value)}: is a file, not a folder"
     if is_protected_folder(path):
-        return (f"{flag} {value}: is the working folder, one of its parents or the home folder, "
+        return (f"{flag} {shown(value)}: is the working folder, one of its parents or the home folder, "
                 "which refdml never replaces; choose a new or empty folder")
     if not is_replaceable_folder(path, recognise=recognise):
-        return (f"{flag} {value} exists and is not a refdml report folder; "
+        return (f"{flag} {shown(value)} exists and is not a refdml report folder; "
                 "choose a new or empty folder")
     return _folder_problem(flag, value, path.parent, "the folder")
 
@@ -210,7 +316,26 @@ def check_output_paths(report: str | None, json_path: str | None, *,
         if problem is not None:
             return problem
         if report is not None and Path(json_path).resolve() == Path(report).resolve():
-            return f"--json {json_path} and --report {report} name the same path"
+            return f"--json {shown(json_path)} and --report {shown(report)} name the same path"
+    return None
+
+
+def writable_folder_problem(flag: str, value: object) -> str | None:
+    """Why files cannot be kept in the folder ``value`` of ``flag`` (``reproduce
+    --cache``), or None. Unlike the other checks this one creates the folder (the command
+    would, at its first write) and writes and removes a probe file in it, so a folder that
+    a ``mkdir`` cannot make or a file system that refuses a file (``/proc``, a read-only
+    mount) is found before any work."""
+    problem = output_folder_problem(flag, value)
+    if problem is not None:
+        return problem
+    try:
+        Path(value).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"{flag} {shown(value)}: cannot be created ({exc.strerror or exc})"
+    reason = _cannot_write_in(Path(value))
+    if reason is not None:
+        return f"{flag} {shown(value)}: cannot write in it ({reason})"
     return None
 
 
@@ -259,11 +384,12 @@ def write_outputs(command: str, *, json_path: str | None = None,
             if json_inside is not None:
                 done.append(f"JSON written to {json_path}")
             done.append(f"report written to {Path(report) / main_file}")
-    except OSError as exc:
+    except (OSError, ValueError) as exc:   # ValueError: a special file appeared meanwhile
         if done:
             print("\n".join(done), flush=True)
-        print(f"refdml {command}: error: {flag} {value}: cannot be written "
-              f"({exc.strerror or exc})", file=sys.stderr)
+        reason = (exc.strerror if isinstance(exc, OSError) else None) or exc
+        print(f"refdml {command}: error: {flag} {shown(value)}: cannot be written "
+              f"({reason})", file=sys.stderr)
         return False
     if done:
         print("\n".join(done))

@@ -7,6 +7,12 @@ or a run killed at any instant (``kill -9``, a crash, an exception), finds the p
 file or the new one, never a part of one. The folder is fsynced after the rename, so the
 new name also survives a power cut.
 
+Only a regular file, or a name that does not exist yet, is replaced: a target that exists
+and is anything else (a character device such as ``/dev/null``, a FIFO, a socket, a
+folder), directly or through a symbolic link, is refused with a ValueError before any
+temporary file is created, and checked again just before the rename. Replacing such a
+file would turn a device or a pipe into a plain file (run as root, ``/dev/null``).
+
 The temporary file is named ``.<name>.<pid>.<random>.tmp`` and created exclusively
 (``O_EXCL``): two processes, or two threads, writing one target never share it, and the
 last ``os.replace`` wins with a whole file. It is removed when the write raises; a
@@ -44,6 +50,7 @@ import math
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,6 +66,7 @@ __all__ = [
     "read_lines",
     "replaced_folder",
     "save_figure",
+    "special_file_kind",
     "to_jsonable",
     "write_bytes_atomic",
     "write_json_atomic",
@@ -90,6 +98,36 @@ def to_jsonable(value: Any) -> Any:
 
 _TEMP_SUFFIX = ".tmp"
 _O_BINARY = getattr(os, "O_BINARY", 0)   # Windows: no newline translation by os.write
+
+
+def _file_kind(mode: int) -> str:
+    """What a ``st_mode`` that is not a regular file's describes, in words."""
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"  # pragma: no cover (door, whiteout, ...)
+
+
+def special_file_kind(path: Any) -> str | None:
+    """What ``path`` is when it exists and is not a regular file (``"a character
+    device"``, ``"a FIFO (named pipe)"``, ``"a folder"``, ...), following symbolic links;
+    None for a regular file or a name that does not exist. Reads no data (``os.stat``):
+    opening a FIFO would block. Other errors of ``os.stat`` (a name too long, a loop of
+    links, no permission) propagate as ``OSError``."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return None if stat.S_ISREG(mode) else _file_kind(mode)
+
+
+def _refuse_special(path: Path) -> None:
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise ValueError(f"path == {str(path)!r} is {kind}, not a regular file: refdml "
+                         "replaces only a regular file or a new name")
 
 
 def _create_temp(path: Path) -> Path:
@@ -132,15 +170,18 @@ def atomic_path(path: Any, *, durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on a normal exit move it over ``path``.
 
     Write the whole content to the yielded path (it exists, empty) inside the ``with``
-    block. An exception inside the block removes the temporary file and leaves ``path``
+    block. Raises ValueError, before anything is created, when ``path`` exists and is not
+    a regular file (a device, a FIFO, a socket, a folder; module docstring). An exception inside the block removes the temporary file and leaves ``path``
     as it was. ``durable``: fsync the file before the rename and the folder after it.
     """
     path = Path(path)
+    _refuse_special(path)   # before the temporary file: nothing is created beside a device
     temp = _create_temp(path)
     try:
         yield temp
         if durable:
             _fsync_file(temp)
+        _refuse_special(path)   # it may have appeared while the content was written
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -204,6 +245,7 @@ def append_line(path: Any, line: str, *, durable: bool = True) -> None:
     if "\n" in line or "\r" in line:
         raise ValueError(f"line must be one line without a newline, got {line[:80]!r}")
     data = (line + "\n").encode("utf-8")
+    _refuse_special(Path(path))   # opening a FIFO to write would block until a reader comes
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_BINARY, 0o666)
     try:
         written = os.write(fd, data)

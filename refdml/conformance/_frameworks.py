@@ -17,6 +17,7 @@ Arrays cross by DLPack where the framework supports it (no copy on the same devi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,8 +34,52 @@ from refdml.conformance._protocol import (
     run_pair,
 )
 
-__all__ = ["FRAMEWORKS", "Evaluation", "Framework", "NumpyFramework", "StructureError",
-           "flatten_outputs", "get_framework", "named_gradient"]
+__all__ = ["DEVICES", "FRAMEWORKS", "Evaluation", "Framework", "NumpyFramework",
+           "StructureError", "check_device", "flatten_outputs", "get_framework",
+           "named_gradient"]
+
+#: The devices a conformance check may run on, per framework, as the message names them.
+#: Only these: a device such as torch's ``"meta"`` (tensors without data) or ``"mps"``
+#: (whose float64 is missing) would run and report the implementation as failing, where
+#: the fault is the device. ``None`` is the framework's default (the CPU for NumPy and
+#: PyTorch, JAX's first device, CuPy's current one).
+DEVICES: dict[str, tuple[str, ...]] = {
+    "numpy": ("cpu",),
+    "torch": ("cpu", "cuda", "cuda:N"),
+    "jax": ("cpu", "gpu", "cuda", "tpu"),
+    "cupy": ("cuda", "cuda:N"),
+}
+_PATTERNS = {
+    "numpy": re.compile(r"cpu"),
+    "torch": re.compile(r"cpu|cuda(?::\d+)?"),
+    "jax": re.compile(r"cpu|gpu|cuda|tpu"),
+    "cupy": re.compile(r"(?:cuda|gpu)(?::\d+)?"),   # 'gpu' as well, as CuPy's docs say
+}
+
+_DEVICE_HINTS = {"cupy": " (CuPy arrays live on a GPU; 'numpy' checks a pair on the CPU)"}
+
+
+def check_device(framework: str, device: Any) -> str | None:
+    """``device`` when ``framework`` (one of :data:`FRAMEWORKS`) can run a conformance
+    check on it, as written; None for the framework's default.
+
+    Only the form is checked here, without importing the framework (whether the device is
+    present is asked of the framework by :func:`get_framework`). Raises TypeError for a
+    device that is not None or a string, ValueError naming the device and the devices the
+    framework supports (:data:`DEVICES`) otherwise, the empty string included.
+    """
+    check_choice(framework, "framework", FRAMEWORKS)
+    if device is None:
+        return None
+    if not isinstance(device, str):
+        raise TypeError(f"device must be None or a string such as 'cpu' or 'cuda', got "
+                        f"{_describe(device)}")
+    if _PATTERNS[framework].fullmatch(device) is None:
+        names = ["None", *map(repr, DEVICES[framework])]
+        supported = ", ".join(names[:-1]) + " or " + names[-1]
+        raise ValueError(f"device == {device!r}, must be {supported} for framework "
+                         f"{framework!r}{_DEVICE_HINTS.get(framework, '')}")
+    return device
 
 
 def get_framework(name: str, *, backward: Callable[..., Any] | None = None,
@@ -43,12 +88,12 @@ def get_framework(name: str, *, backward: Callable[..., Any] | None = None,
 
     ``backward`` is the pair protocol's backward (``"numpy"`` and ``"cupy"`` only; refused
     for ``"torch"``/``"jax"``, whose products come from autodiff); ``device`` is the
-    framework's device (``"cuda"``, ``"cpu"``; None: the framework's default).
+    framework's device (``"cuda"``, ``"cpu"``; None: the framework's default), one of
+    :data:`DEVICES` (:func:`check_device`), refused before any work when the framework
+    does not see it.
     """
     check_choice(name, "framework", FRAMEWORKS)
-    if device is not None and not isinstance(device, str):
-        raise TypeError(f"device must be None or a string such as 'cpu' or 'cuda', got "
-                        f"{_describe(device)}")
+    device = check_device(name, device)   # before any import: the form of the device
     if name in ("torch", "jax"):
         if backward is not None:
             raise ValueError(f"backward is given for framework == {name!r}, whose "
@@ -73,9 +118,6 @@ def get_framework(name: str, *, backward: Callable[..., Any] | None = None,
         from refdml.conformance import _cupy
 
         return _cupy.make_framework(backward=backward, device=device)
-    if device not in (None, "cpu"):
-        raise ValueError(f"device == {device!r}, must be None or 'cpu' for framework "
-                         "'numpy'")
     return NumpyFramework(backward)
 
 

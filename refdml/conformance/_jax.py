@@ -152,6 +152,8 @@ def make_framework(*, device: str | None = None) -> JaxFramework:
     :func:`refdml.conformance._frameworks.get_framework` has checked its type."""
     if device is None:
         return JaxFramework(jax.devices()[0])
+    if not device:   # jax.devices("") is the default backend's: an empty name would pass
+        raise ValueError("device == '', must be None or a platform such as 'cpu' or 'gpu'")
     platform = "gpu" if device == "cuda" else device
     try:
         devices = jax.devices(platform)

@@ -130,7 +130,8 @@ class TorchFramework:
 
 def make_framework(*, device: str | None = None) -> TorchFramework:
     """The PyTorch framework on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``; None:
-    ``"cpu"``); :func:`refdml.conformance._frameworks.get_framework` has checked its type."""
+    ``"cpu"``); :func:`refdml.conformance._frameworks.get_framework` has checked its form
+    (:func:`~refdml.conformance._frameworks.check_device`); here: that torch sees it."""
     if device is None:
         return TorchFramework(torch.device("cpu"))
     try:
@@ -139,4 +140,9 @@ def make_framework(*, device: str | None = None) -> TorchFramework:
         raise ValueError(f"device == {device!r} is not a torch device") from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device == {device!r}, but torch sees no CUDA device")
+    if parsed.type == "cuda" and parsed.index is not None:
+        count = torch.cuda.device_count()
+        if parsed.index >= count:
+            raise ValueError(f"device == {device!r}, but torch sees {count} CUDA device(s) "
+                             f"(cuda:0 .. cuda:{count - 1})")
     return TorchFramework(parsed)

@@ -8,7 +8,14 @@ import time
 
 from pathlib import Path
 
-from refdml._cli_support import at_least, check_output_paths, write_outputs
+from refdml._cli_support import (
+    at_least,
+    check_output_paths,
+    path_problem,
+    shown,
+    writable_folder_problem,
+    write_outputs,
+)
 from refdml.reproduce._experiments import SCALES
 from refdml.reproduce.stats import VERDICT_MEANINGS
 
@@ -31,8 +38,9 @@ def _epilog() -> str:
             + "\n\nexit status:\n  0  every task ran (whatever the verdicts)\n"
             "  1  a task failed (its traceback is printed; the others were kept), or an\n"
             "     output could not be written\n"
-            "  2  bad arguments (an output path that cannot be written, a --report folder\n"
-            "     that is not empty and not a refdml report, ...), found before any task runs\n\n"
+            "  2  bad arguments (an output path or --cache folder that cannot be written,\n"
+            "     a --report folder that is not empty and not a refdml report, ...), found\n"
+            "     before any task runs\n\n"
             "--report DIR is written as a whole: the previous report there is replaced (no\n"
             "stale figure survives), and a run stopped before the end leaves it as it was.\n\n"
             "examples:\n  refdml reproduce --quick --report out/\n"
@@ -114,11 +122,26 @@ def _check_outputs(args: argparse.Namespace, recognise) -> str | None:
     does not hold the cache; the problem, or None."""
     problem = check_output_paths(args.report, args.json, recognise=recognise)
     if problem is None and args.report is not None and not args.no_cache:
+        problem = path_problem("--cache", args.cache)
         cache, report = Path(args.cache).resolve(), Path(args.report).resolve()
-        if cache == report or report in cache.parents:
-            problem = (f"--cache {args.cache} lies inside --report {args.report}, which is "
+        if problem is None and (cache == report or report in cache.parents):
+            problem = (f"--cache {shown(args.cache)} lies inside --report {shown(args.report)}, which is "
                        "replaced as a whole; keep the cache elsewhere")
     return problem
+
+
+def _check_cache(args: argparse.Namespace) -> str | None:
+    """``--cache`` can be created and written (``--cached-only``: only read, so only a
+    usable path that is not a file); the problem, or None. Run before any task: a cache
+    that cannot be written would fail at the first finished task, after its work."""
+    if args.no_cache:
+        return None
+    if args.cached_only:
+        problem = path_problem("--cache", args.cache)
+        if problem is None and Path(args.cache).exists() and not Path(args.cache).is_dir():
+            problem = f"--cache {shown(args.cache)}: is a file, not a folder"
+        return problem
+    return writable_folder_problem("--cache", args.cache)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,6 +182,10 @@ def run(args: argparse.Namespace) -> int:
     if args.only and skipped:
         print(f"refdml reproduce: error: --only {' '.join(skipped)}: not run at --scale "
               f"{args.scale} (see refdml reproduce --list)", file=sys.stderr)
+        return 2
+    problem = _check_cache(args)   # last of the checks: it creates the cache folder
+    if problem is not None:
+        print(f"refdml reproduce: error: {problem}", file=sys.stderr)
         return 2
     experiments = [EXPERIMENTS[i] for i in ids if i not in skipped]
     grid = dict(scale=args.scale, device=args.device)

@@ -107,11 +107,15 @@ all ``smoke``: it checks that every experiment runs, it is not evidence.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as _scipy_stats
+
+from refdml._validation import _describe
 
 __all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "BASELINE_DID_NOT_LEARN",
            "METHOD_DID_NOT_LEARN", "STILL_RISING", "UNDERPOWERED", "SMOKE", "NOT_JUDGED",
@@ -196,23 +200,98 @@ class Effect:
     p_value: float = math.nan            # two-sided t-test of mean 0
 
 
+# ------------------------------------------------------------------ input checks
+# Every public function here checks its input once, with these: a TypeError for a wrong
+# type (None, a string, a bool, a complex number, a list where a dict of seeds is
+# expected), a ValueError for a bad value, each naming the parameter and, for a value of
+# one seed, the seed (its label in a dict, its index in a sequence).
+
+def _number(value: Any, name: str) -> float:
+    """``value`` as a float: a real number, not a bool (True is not 1 here), not complex."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {_describe(value)}")
+    return float(value)
+
+
+def _integer(value: Any, name: str, low: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {_describe(value)}")
+    if value < low:
+        raise ValueError(f"{name} == {value!r}, must be an integer >= {low}")
+    return int(value)
+
+
 def _check_level(level, name: str = "level") -> float:
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not (
-            0.0 < level < 1.0):
+    level = _number(level, name)
+    if not 0.0 < level < 1.0:
         raise ValueError(f"{name} == {level!r}, must be a number in (0, 1)")
-    return float(level)
+    return level
+
+
+def _check_direction(direction: Any) -> int:
+    """``direction``: the int 1 or -1 (a bool is refused: True is not a sign)."""
+    if isinstance(direction, (bool, np.bool_)) or not isinstance(direction, numbers.Integral):
+        raise TypeError(f"direction must be the integer 1 or -1, got {_describe(direction)}")
+    if direction not in (1, -1):
+        raise ValueError(f"direction == {direction!r}, must be 1 or -1")
+    return int(direction)
+
+
+def _values(values: Any, name: str, *, finite: bool = True) -> np.ndarray:
+    """``values`` (a 1-D sequence or array of real numbers, or a mapping seed -> number,
+    read in its order) as a float64 array. A value that is not a real number is a
+    TypeError naming it (``values[2]``, ``values[seed 7]``); with ``finite``, a NaN or an
+    infinity is a ValueError naming it."""
+    if values is None or isinstance(values, (str, bytes)) or not isinstance(
+            values, (Iterable, np.ndarray)):
+        raise TypeError(f"{name} must be a 1-D sequence of numbers, got {_describe(values)}")
+    if isinstance(values, Mapping):
+        labels = [f"seed {k!r}" for k in values]
+        items = list(values.values())
+    else:
+        labels = None
+        items = values if isinstance(values, np.ndarray) else list(values)
+    if isinstance(items, np.ndarray):
+        if items.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D sequence of numbers, got shape "
+                             f"{items.shape}")
+        if items.dtype.kind not in "fiu":   # bool, complex, strings, objects: one by one
+            items = items.tolist()
+    if not isinstance(items, np.ndarray):
+        for i, item in enumerate(items):
+            if isinstance(item, (Sequence, np.ndarray)) and not isinstance(item, (str, bytes)):
+                raise ValueError(f"{name} must be a 1-D sequence of numbers, got "
+                                 f"{_describe(values)}")
+            _number(item, f"{name}[{i if labels is None else labels[i]}]")
+    array = np.asarray(items, dtype=np.float64).reshape(-1)
+    if finite and not np.all(np.isfinite(array)):
+        i = int(np.flatnonzero(~np.isfinite(array))[0])
+        where = f"index {i}" if labels is None else labels[i]
+        raise ValueError(f"{name}[{i if labels is None else labels[i]}] == {float(array[i])}: "
+                         f"the value of {where} must be finite")
+    return array
+
+
+def _seed_values(values: Any, name: str) -> dict:
+    """``values``: a dict seed -> a finite real number (a metric of one run per seed). A
+    list is refused (it would pair nothing: read as no seeds at all)."""
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{name} must be a dict of seed -> metric, got {_describe(values)}")
+    out = {}
+    for seed, value in values.items():
+        value = _number(value, f"{name}[{seed!r}]")
+        if not math.isfinite(value):
+            raise ValueError(f"{name}[{seed!r}] == {value!r}: the metric of seed {seed!r} "
+                             "must be finite")
+        out[seed] = value
+    return out
 
 
 def _differences(differences, minimum: int) -> np.ndarray:
-    d = np.asarray(differences, dtype=np.float64) if not isinstance(differences, str) else None
-    if d is None or d.ndim != 1:
-        raise ValueError(f"differences must be a 1-D sequence of numbers, got "
-                         f"{differences!r:.80}")
+    d = _values(differences, "differences")
     if d.size < minimum:
         raise ValueError(f"differences has {d.size} value(s), needs at least {minimum} (the "
                          "spread of fewer is unknown)")
-    if not np.all(np.isfinite(d)):
-        raise ValueError(f"differences must be finite, got {d.tolist()!r:.80}")
     return d
 
 
@@ -256,7 +335,7 @@ def holm(p_values: Sequence[float]) -> list[float]:
     :math:`p^* < \\alpha` controls the family-wise error rate at :math:`\\alpha` under any
     dependence. NaN entries (comparisons without a test) stay NaN and do not count in
     :math:`k`."""
-    p = [float(x) for x in p_values]
+    p = _values(p_values, "p_values", finite=False).tolist()
     for x in p:
         if not (math.isnan(x) or 0.0 <= x <= 1.0):
             raise ValueError(f"p_values must lie in [0, 1] (or be NaN), got {x!r}")
@@ -277,6 +356,8 @@ def seeds_needed(sd: float, effect: float, *, alpha: float = ALPHA, power: float
     ``effect`` and standard deviation ``sd`` (module docstring, "Power"; the noncentral
     t). ``inf`` for ``effect == 0`` with ``sd > 0`` or beyond 100,000 seeds; ``minimum``
     for ``sd == 0``; NaN when either is NaN."""
+    sd, effect = _number(sd, "sd"), _number(effect, "effect")
+    minimum = _integer(minimum, "minimum", 2)
     if not (math.isfinite(sd) and math.isfinite(effect)):
         return math.nan
     if sd < 0:
@@ -314,6 +395,14 @@ def pooled_sd(sds: Sequence[float], counts: Sequence[int]) -> float:
     """The pooled standard deviation of groups with sample standard deviations ``sds``
     over ``counts`` values each: :math:`\\sqrt{\\sum (n_i - 1) s_i^2 / \\sum (n_i - 1)}`
     over the groups with ``n_i >= 2`` and a finite ``s_i``; NaN when there are none."""
+    sds = _values(sds, "sds", finite=False)
+    if counts is None or isinstance(counts, (str, bytes, Mapping)) or not isinstance(
+            counts, Iterable):
+        raise TypeError(f"counts must be a sequence of integers, got {_describe(counts)}")
+    counts = [_integer(n, f"counts[{i}]", 0) for i, n in enumerate(counts)]
+    if len(sds) != len(counts):
+        raise ValueError(f"sds has {len(sds)} value(s) and counts {len(counts)}: one count "
+                         "per standard deviation")
     num = den = 0.0
     for s, n in zip(sds, counts):
         if n >= 2 and math.isfinite(s):
@@ -326,6 +415,8 @@ def bound_text(effect: "Effect | dict", metric: str = "effect") -> str:
     """What a comparison's interval decides or bounds, in words: the interval when it
     excludes 0; otherwise ``|effect| < bound`` and, when the bound is above the
     resolution, the seeds that would decide the resolution."""
+    if not isinstance(effect, (Effect, dict)):
+        raise TypeError(f"effect must be an Effect or its dict, got {_describe(effect)}")
     get = effect.get if isinstance(effect, dict) else lambda k: getattr(effect, k)
     if get("n") < 2 or not math.isfinite(get("bound")):
         return "too few seeds to bound the effect"
@@ -340,7 +431,13 @@ def bound_text(effect: "Effect | dict", metric: str = "effect") -> str:
 
 
 def summarise(values) -> Summary:
-    v = np.asarray(list(values), dtype=np.float64)
+    """Mean, sample standard deviation and count of ``values`` (one metric per seed: a
+    sequence, or a dict seed -> value). Empty: NaN, NaN, 0. A value that is not a finite
+    real number is refused, naming it (a NaN mean would hide which seed failed)."""
+    if isinstance(values, Iterable) and not isinstance(values, (str, bytes, Mapping,
+                                                                np.ndarray, Sequence)):
+        values = list(values)   # a generator: read once
+    v = _values(values, "values")
     if v.size == 0:
         return Summary(math.nan, math.nan, 0, ())
     std = float(v.std(ddof=1)) if v.size > 1 else 0.0
@@ -352,16 +449,10 @@ def paired_bootstrap(differences, *, n_resamples: int = 10_000, confidence: floa
     """``(mean, low, high)``: the mean of ``differences`` and its percentile bootstrap
     interval. Kept for comparison only: no verdict uses it, because at a few seeds it
     cannot reach past the extreme seed and its coverage fails (module docstring)."""
-    d = np.asarray(differences, dtype=np.float64)
-    if d.ndim != 1 or d.size == 0:
-        raise ValueError(f"differences must be a non-empty 1-D array, got shape {d.shape}")
-    if not np.all(np.isfinite(d)):
-        raise ValueError("differences must be finite")
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
-        raise ValueError(f"n_resamples == {n_resamples!r}, must be an integer >= 1")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence == {confidence!r}, must be in (0, 1)")
-    rng = np.random.default_rng(seed)
+    d = _differences(differences, 1)
+    n_resamples = _integer(n_resamples, "n_resamples", 1)
+    confidence = _check_level(confidence, "confidence")
+    rng = np.random.default_rng(_integer(seed, "seed", 0))
     idx = rng.integers(0, d.size, size=(n_resamples, d.size))
     means = d[idx].mean(axis=1)
     alpha = 1.0 - confidence
@@ -373,8 +464,8 @@ def verdict(low: float, high: float, direction: int, n: int = 2) -> str:
     """The verdict of an interval ``[low, high]`` for a claim of sign ``direction`` (+1/-1):
     ``reproduced`` when it lies strictly on the claimed side of 0, ``not-reproduced``
     strictly on the other, else (or with fewer than 2 seeds) ``inconclusive``."""
-    if direction not in (1, -1):
-        raise ValueError(f"direction == {direction!r}, must be 1 or -1")
+    direction = _check_direction(direction)
+    low, high, n = _number(low, "low"), _number(high, "high"), _integer(n, "n", 0)
     if n < 2 or not (math.isfinite(low) and math.isfinite(high)):
         return INCONCLUSIVE
     if low > high:
@@ -388,10 +479,10 @@ def verdict(low: float, high: float, direction: int, n: int = 2) -> str:
 
 
 def _check_resolution(resolution) -> float:
-    if isinstance(resolution, bool) or not (isinstance(resolution, (int, float))
-                                            and math.isfinite(resolution) and resolution > 0):
+    resolution = _number(resolution, "resolution")
+    if not (math.isfinite(resolution) and resolution > 0):
         raise ValueError(f"resolution == {resolution!r}, must be a finite number > 0")
-    return float(resolution)
+    return resolution
 
 
 def compare(a: dict[int, float], b: dict[int, float], *, direction: int,
@@ -402,8 +493,11 @@ def compare(a: dict[int, float], b: dict[int, float], *, direction: int,
     that would detect ``resolution`` (and the observed mean) at this comparison's own
     spread and level ``alpha`` (the report resizes them to the experiment's pooled
     spread and family)."""
+    a, b = _seed_values(a, "a"), _seed_values(b, "b")
+    direction = _check_direction(direction)
     confidence = _check_level(confidence, "confidence")
     resolution = _check_resolution(resolution)
+    alpha = _check_level(alpha, "alpha")
     seeds = tuple(sorted(set(a) & set(b)))
     d = np.array([a[s] - b[s] for s in seeds], dtype=np.float64)
     if d.size == 0:
@@ -453,9 +547,13 @@ def competence(trained: dict[int, float], untrained: dict[int, float], *,
     """The gate of a run (module docstring, "Gates"): ``trained`` (seed -> its ``metric``
     after training) against ``untrained`` (seed -> the same network's ``metric`` before
     any training) over the seeds both have. Fewer than 2 paired seeds: not learned."""
-    if isinstance(min_gain, bool) or not (isinstance(min_gain, (int, float))
-                                          and math.isfinite(min_gain) and min_gain >= 0):
+    trained, untrained = _seed_values(trained, "trained"), _seed_values(untrained, "untrained")
+    if not isinstance(metric, str):
+        raise TypeError(f"metric must be a string, got {_describe(metric)}")
+    min_gain = _number(min_gain, "min_gain")
+    if not (math.isfinite(min_gain) and min_gain >= 0):
         raise ValueError(f"min_gain == {min_gain!r}, must be a finite number >= 0")
+    confidence = _check_level(confidence, "confidence")
     effect = compare(trained, untrained, direction=+1, confidence=confidence)
     seeds = effect.seeds
 
@@ -475,6 +573,8 @@ def gate_text(gate: "Gate | dict") -> str:
     """A gate in words: ``learned: test_map_at_r gain +0.0500 [+0.0400, +0.0600] (0.0650 vs
     untrained 0.0150, 4 seeds)``; a run that did not learn says why (``not significant``,
     ``below the minimum gain 0.02``)."""
+    if not isinstance(gate, (Gate, dict)):
+        raise TypeError(f"gate must be a Gate or its dict, got {_describe(gate)}")
     get = gate.get if isinstance(gate, dict) else lambda k: getattr(gate, k)
 
     def num(x, fmt):

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from refdml._cli_support import OneLineParser, output_folder_problem
+from refdml._cli_support import OneLineParser, input_file_problem, output_folder_problem
 
 __all__ = [
     "DESCRIPTION",
@@ -35,9 +36,20 @@ HELP = ("train a study (tokens, digits-collage, glyphs, glyph-collage, features)
 DESCRIPTION = ("Train one of the studies of refdml.train with hand-written backward "
                "passes: flags override the --config TOML, which overrides the study's "
                "defaults (docs/train.md, 'Running a training'). Writes config.json (the "
-               "effective config), log.jsonl, checkpoint.npz and best.npz to --out. Exit "
+               "effective config), log.jsonl, checkpoint.npz and best.npz to --out (default "
+               "runs/<study>-<UTC time>). Exit "
                "status 0 done, 1 the run diverged, 2 bad arguments, config or device.")
 EPILOG = None
+
+#: The folder of the run folders ``refdml train`` makes when ``--out`` is not given.
+DEFAULT_OUT = "runs"
+
+
+def default_out(study: str, now: float | None = None) -> str:
+    """``runs/<study>-<UTC time YYYYmmdd-HHMMSS>``: the run folder of a ``refdml train``
+    without ``--out`` (``now``: seconds since the epoch; None: the current time)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    return str(Path(DEFAULT_OUT) / f"{study}-{stamp}")
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -82,8 +94,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, *, study: str | None) -
     parser.add_argument("--config", metavar="FILE.toml",
                         help="TOML file of config keys (docs/train.md); flags override it")
     parser.add_argument("--epochs", type=_nonnegative_int, help="training epochs (after epoch 0)")
-    parser.add_argument("--out", metavar="DIR", required=True,
-                        help="output folder: config.json, log.jsonl, checkpoint.npz, best.npz")
+    parser.add_argument("--out", metavar="DIR",
+                        help="output folder: config.json, log.jsonl, checkpoint.npz, best.npz "
+                             f"(default {DEFAULT_OUT}/<study>-<UTC time YYYYmmdd-HHMMSS>)")
     parser.add_argument("--seed", type=_nonnegative_int, help="seed of data, init, batches (>= 0)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="cpu (NumPy) or cuda (CuPy)")
     parser.add_argument("--dtype", choices=("float32", "float64"), help="of parameters and data")
@@ -105,7 +118,12 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
     from refdml.train.trainer import TrainingDiverged, _check_out_dir
 
     study = study or args.study
-    try:
+    if args.out is None:
+        if args.resume:
+            return _error(prog, "--resume needs --out, the folder of the run to continue")
+        args.out = default_out(study)
+        print(f"{prog}: no --out given: writing the run to {args.out}", flush=True)
+    try:   # a name too long, a loop of links too (refdml._cli_support.path_problem)
         out = _check_out_dir(args.out, "--out")
     except (TypeError, ValueError) as exc:
         return _error(prog, str(exc))
@@ -114,9 +132,9 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
         return _error(prog, problem)
     config: dict[str, Any] = {}
     if args.config is not None:
-        if not Path(args.config).is_file():
-            what = "is a folder" if Path(args.config).is_dir() else "no such file"
-            return _error(prog, f"--config {args.config!r}: {what}")
+        problem = input_file_problem("--config", args.config)
+        if problem is not None:
+            return _error(prog, problem)
         try:
             config = load_toml(args.config)
         except OSError as exc:
@@ -127,8 +145,9 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
     if features is not None:
         if study != "features":
             return _error(prog, f"--features applies to --study features, not to {study!r}")
-        if not Path(features).is_file():
-            return _error(prog, f"--features {features!r}: no such file")
+        problem = input_file_problem("--features", features)
+        if problem is not None:
+            return _error(prog, problem)
     for flag in ("epochs", "seed", "device", "dtype", "reference", "progress", "features"):
         value = getattr(args, flag, None)
         if value is not None:

@@ -483,7 +483,41 @@ def effective_config(study: str, config: dict[str, Any] | None = None) -> dict[s
         if name in given and loss != "contrastive":
             raise ValueError(f"{name} is a hyperparameter of the contrastive loss, not of "
                              f"{loss!r}")
+    _refuse_ignored(study, config, given, out, asap=asap, loss=loss)
     return out
+
+
+def _refuse_ignored(study: str, config: dict[str, Any], given: set[str], out: dict[str, Any],
+                    *, asap: bool, loss: str) -> None:
+    """Refuse a key given a value other than its default where the run would not read it
+    (as the ASAP keys outside ASAP are): config.json would record a setting that did
+    nothing. A key given at its default is accepted (it changes nothing).
+
+    The head's own sizes (``n_prototypes``, ``mu``, ...) under another head are not
+    refused: one config compared over several heads is the studies' way of working."""
+    allowed = default_config(study)
+
+    def changed(name: str, default: Any) -> bool:
+        return name in given and config[name] != default
+
+    # the objective's parameters (proxies, GSP's class embeddings) have their own group
+    has_parameters = asap or out["zero_shot"] or loss in PROXY_LOSSES
+    if not has_parameters and changed("proxy_lr_multiplier", 1.0):
+        raise ValueError(
+            f"proxy_lr_multiplier == {config['proxy_lr_multiplier']!r} would be ignored: the "
+            f"objective (loss {loss!r}, zero_shot false) has no parameters of its own; it "
+            "applies to a proxy loss, zero_shot or objective == 'asap'")
+    if not out["zero_shot"]:
+        extra = sorted(k for k in ("lambda_", "ridge", "zero_shot_scale")
+                       if changed(k, allowed[k]))
+        if extra:
+            raise ValueError(f"{extra} would be ignored: they apply to zero_shot == true "
+                             "(GSP's zero-shot regulariser), which this run does not use")
+    if out.get("plateau_factor", 0) is None and changed("plateau_patience",
+                                                        allowed["plateau_patience"]):
+        raise ValueError(f"plateau_patience == {config['plateau_patience']!r} would be "
+                         "ignored: plateau_factor is None (no reduce-on-plateau schedule); "
+                         "set plateau_factor too")
 
 
 @dataclass(frozen=True, kw_only=True)

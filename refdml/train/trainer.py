@@ -103,6 +103,7 @@ from typing import Any
 
 import numpy as np
 
+from refdml._cli_support import path_problem
 from refdml._io import (append_line, read_lines, write_bytes_atomic, write_json_atomic,
                         write_text_atomic)
 from refdml._validation import _describe
@@ -150,6 +151,11 @@ def _check_out_dir(value: Any, name: str = "out_dir") -> Path:
     if not text:
         # Path("") is the current folder: a run would silently write its files there
         raise ValueError(f"{name} == '', must name a folder")
+    # a name too long, a folder that may not be searched: refused here, where Python
+    # 3.11's exists() would raise, and before fit() fails to make the folder
+    problem = path_problem(name, text)
+    if problem is not None:
+        raise ValueError(problem)
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{name} == {text!r} is an existing file, not a folder")

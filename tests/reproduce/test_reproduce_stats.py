@@ -75,16 +75,27 @@ def test_interval_at_extreme_magnitudes_and_identical_values():
 
 @pytest.mark.parametrize("bad, match", [
     ([1.0], "needs at least 2"), ([], "needs at least 2"), ([[1.0, 2.0]], "1-D"),
-    ([1.0, math.nan], "finite"), ([1.0, math.inf], "finite"), ("ab", "1-D"),
+    ([1.0, math.nan], "finite"), ([1.0, math.inf], "finite"),
 ])
 def test_interval_rejects_bad_differences(bad, match):
     with pytest.raises(ValueError, match=match):
         paired_interval(bad)
 
 
-@pytest.mark.parametrize("level", [0.0, 1.0, 1.5, -0.1, True, "0.95", math.nan])
+def test_interval_refuses_a_string_as_a_type_error():   # issue 48: a wrong type
+    with pytest.raises(TypeError, match="differences must be a 1-D sequence"):
+        paired_interval("ab")
+
+
+@pytest.mark.parametrize("level", [0.0, 1.0, 1.5, -0.1, math.nan])
 def test_interval_rejects_bad_level(level):
     with pytest.raises(ValueError, match="level =="):
+        paired_interval([1.0, 2.0], level=level)
+
+
+@pytest.mark.parametrize("level", [True, "0.95", None])
+def test_interval_refuses_a_level_that_is_not_a_number(level):   # issue 48: a TypeError
+    with pytest.raises(TypeError, match="level must be a real number"):
         paired_interval([1.0, 2.0], level=level)
 
 
