@@ -18,7 +18,6 @@ import inspect
 import os
 import re
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +29,12 @@ from refdml.conformance import check_implementation, describe
 from refdml.conformance._check import MAX_EXAMPLES, MAX_SEEDS
 from refdml.conformance._formats import DTYPES, unsupported
 from refdml.conformance._frameworks import FRAMEWORKS, get_framework
+from refdml.conformance._usage import (
+    did_you_mean,
+    framework_unavailable,
+    last_line,
+    unknown_operator,
+)
 
 __all__ = ["DESCRIPTION", "EPILOG", "HELP", "add_arguments", "load_callable", "run"]
 
@@ -130,10 +135,10 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
             raise UsageError(f"{flag} {spec!r}: no module named {missing!r} (looked in the "
                              f"current folder {os.getcwd()} and on sys.path)") from None
         raise UsageError(f"{flag} {spec!r}: importing {module_name!r} failed: "
-                         f"{_last_line(error)}") from None
+                         f"{last_line(error)}") from None
     except Exception as error:  # noqa: BLE001 - the user's module failed to import; say how
         raise UsageError(f"{flag} {spec!r}: importing {module_name!r} raised "
-                         f"{_last_line(error)}") from None
+                         f"{last_line(error)}") from None
     value: Any = module
     walked = module_name
     for part in attr_path.split("."):
@@ -148,25 +153,18 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
     return value
 
 
-def _last_line(error: BaseException) -> str:
-    return traceback.format_exception_only(type(error), error)[-1].strip()
-
-
 def _suggestion(name: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(name, [c for c in choices if not c.startswith("__")], n=3)
-    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+    return did_you_mean(name, [c for c in choices if not c.startswith("__")])
 
 
 def _check_operator(name: str, flag: str = "--op", listing: bool = True) -> None:
-    names = [spec.name for spec in all_operators()]
-    if name in names:
+    problem = unknown_operator(name)
+    if problem is None:
         return
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
     if not listing:
-        raise UsageError(f"{flag} {name!r} is not a catalogued operator{hint}")
-    raise UsageError(f"{flag} {name!r} is not a catalogued operator{hint}; the operators are:\n"
-                     + "\n".join(f"  {n}" for n in names))
+        raise UsageError(f"{flag} {problem}")
+    raise UsageError(f"{flag} {problem}; the operators are:\n"
+                     + "\n".join(f"  {spec.name}" for spec in all_operators()))
 
 
 def _check_choice(flag: str, value: str | None, choices: tuple[str, ...]) -> None:
@@ -245,9 +243,7 @@ def _check_framework(name: str, backward: Any, device: str | None) -> None:
     try:
         get_framework(name, backward=backward, device=device)
     except ImportError as error:
-        raise UsageError(f"--framework {name}: {error.name or name} cannot be imported "
-                         f"({_last_line(error)}); install it to check a {name} "
-                         "implementation") from None
+        raise UsageError(f"--framework {name}: {framework_unavailable(name, error)}") from None
     except (TypeError, ValueError) as error:
         flag = f"--device {device}" if device is not None else f"--framework {name}"
         raise UsageError(f"{flag}: {error}") from None
