@@ -260,7 +260,8 @@ def test_a_bad_marker_is_one_line_for_that_test_alone(pytester, marker, message)
 
 def test_a_file_mixing_good_and_bad_markers_runs_to_the_end(pytester):
     """The good markers' items pass; each bad marker, on a test with or without the
-    fixture, is one error with its one line; nothing interrupts the session."""
+    fixture, is one error with its one line; nothing interrupts the session; a test
+    skipped by its skip mark is skipped whatever its marker says."""
     pytester.makepyfile(mypairs=PAIRS, test_user=textwrap.dedent(f"""\
         import pytest
 
@@ -302,13 +303,21 @@ def test_a_file_mixing_good_and_bad_markers_runs_to_the_end(pytester):
         @pytest.mark.refdml_conform(OP, framework="numpy", {GOOD})
         def test_good_again(refdml_conform):
             refdml_conform(mypairs.forward, backward=mypairs.backward)
+
+
+        @pytest.mark.skip(reason="skipped by its skip mark")
+        @pytest.mark.refdml_conform("no.such_thing", framework="numpy")
+        def test_skip_mark_first(refdml_conform):
+            refdml_conform(mypairs.forward, backward=mypairs.backward)
     """))
-    result = pytester.runpytest("-v", "-p", "no:cacheprovider")
+    result = pytester.runpytest("-v", "-rs", "-p", "no:cacheprovider")
     outcomes = _outcomes(result)
     good = {f"test_user.py::{test}[{dtype}-seed_0]" for test in ("test_good", "test_good_again")
             for dtype in ("float64", "float32")}
     assert {name for name, outcome in outcomes.items() if outcome == "PASSED"} == good
-    result.assert_outcomes(passed=4, errors=6)
+    # A skip mark is honoured before the marker is checked.
+    result.assert_outcomes(passed=4, errors=6, skipped=1)
+    assert "skipped by its skip mark" in result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     expected = {
         "test_typo_in_op": "op 'normalize.l2norm' is not a catalogued operator (did you mean "
