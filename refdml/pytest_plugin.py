@@ -132,12 +132,8 @@ def _settings(marker: pytest.Mark) -> tuple[str, dict[str, Any]]:
     if not isinstance(op, str):
         raise TypeError(f"op must be the name of a catalogue entry (a string), got "
                         f"{_describe(op)}")
-    problem = unknown_operator(op)
+    problem = unknown_operator(op, list_if_none_close=True)
     if problem is not None:
-        if " (did you mean " not in problem:
-            from refdml.catalog import all_operators
-
-            problem += f"; the operators are: {', '.join(s.name for s in all_operators())}"
         raise ValueError(f"op {problem}")
     settings = dict(_SETTINGS, **kwargs)
     if settings["framework"] is None:

@@ -25,15 +25,18 @@ def did_you_mean(name: str, choices: Iterable[str], *, cutoff: float = 0.6,
     return f" (did you mean {', '.join(map(repr, close) if quoted else close)}?)"
 
 
-def unknown_operator(name: str) -> str | None:
+def unknown_operator(name: str, *, list_if_none_close: bool = False) -> str | None:
     """None when ``name`` is a catalogued operator; else ``'NAME' is not a catalogued
-    operator``, with the close names. Operator names share their family prefix, so a
-    looser cutoff than difflib's default still suggests only the intended ones."""
+    operator``, with the close names, or (``list_if_none_close``) all of them on the same
+    line when none is close. Operator names share their family prefix, so a looser cutoff
+    than difflib's default still suggests only the intended ones."""
     names = [spec.name for spec in all_operators()]
     if name in names:
         return None
-    return (f"{name!r} is not a catalogued operator"
-            + did_you_mean(name, names, cutoff=0.5, quoted=False))
+    hint = did_you_mean(name, names, cutoff=0.5, quoted=False)
+    if not hint and list_if_none_close:
+        hint = f"; the operators are: {', '.join(names)}"
+    return f"{name!r} is not a catalogued operator{hint}"
 
 
 def last_line(error: BaseException) -> str:
