@@ -482,10 +482,18 @@ def test_a_framework_that_cannot_be_imported_is_a_skip_with_the_clis_reason(pyte
     _no_frames(result)
 
 
+@pytest.fixture
+def jax_first():
+    """JAX, imported before ``pytester`` (the argument after this one) snapshots
+    ``sys.modules``: pytester drops what the test imported, and JAX imported a second time in
+    one process aborts it (jaxlib's "SetTimeZone() has already been called"), which killed a
+    run of this file with test_conform_cli.py."""
+    return pytest.importorskip("jax")
+
+
 @pytest.mark.skipif(not Path(__file__).with_name("impls_jax_losses.py").exists(),
                     reason="needs the JAX losses of this folder")
-def test_bfloat16_items_with_jax_fail_only_at_the_located_case(pytester):
-    pytest.importorskip("jax")
+def test_bfloat16_items_with_jax_fail_only_at_the_located_case(jax_first, pytester):
     losses = Path(__file__).with_name("impls_jax_losses.py").read_text()
     pytester.makepyfile(mylosses=losses, test_user=textwrap.dedent("""\
         import pytest
