@@ -44,7 +44,7 @@ from refdml.conformance._tolerance import (
 )
 
 __all__ = ["MAX_EXAMPLES", "MAX_SEEDS", "Conformance", "PlannedCase", "check_implementation",
-           "Settings", "check_dtype", "check_settings", "get_spec", "plan_cases",
+           "Settings", "check_dtype", "check_output_dtype", "check_settings", "get_spec", "plan_cases",
            "unrepresentable"]
 
 #: The loose solver tolerances the "not converged" hint re-runs an iterative reference at.
@@ -75,6 +75,7 @@ def check_implementation(
     search: bool = True,
     max_examples: int = 30,
     rng: Any = 0,
+    output_dtype: str | None = None,
 ) -> ConformanceReport:
     """Compare ``impl``, another implementation of the catalogue entry ``op``, with refdml.
 
@@ -103,6 +104,18 @@ def check_implementation(
     another range, is not compared and listed in ``report.skipped`` with the reason.
     ``rng`` draws the cotangents and the conditioning perturbations.
 
+    Output dtype. Asked for float16 or bfloat16, the implementation must return its
+    floating outputs (and, for a NumPy or CuPy pair, its gradients) in that dtype: one that
+    computes in float32 and never casts back would be held to the low format's wide
+    tolerance without having been exercised in it, so each case fails with a ``"dtype"``
+    line saying what it returned. An implementation that upcasts on purpose declares it,
+    ``output_dtype="float32"``, and the report's notes say so. In float32 and float64 an
+    output narrower than asked (float32 for a float64 check) fails the same way, and a
+    wider one is compared as returned with a note (a float64 loss of float32 inputs is the
+    common, deliberate accumulation; refdml's own float32 losses return one).
+    ``output_dtype`` is one of the dtypes, at least as precise as ``dtype``. A Python
+    number has no dtype and is not judged.
+
     Every argument is checked before any work (``TypeError``/``ValueError`` naming it);
     ``seeds`` is at most 1000 and ``max_examples`` at most 10000.
 
@@ -111,7 +124,8 @@ def check_implementation(
     conformance = Conformance(
         impl, op, framework=framework, dtype=dtype, adapter=adapter, backward=backward,
         device=device, seeds=seeds, reference_cases=reference_cases,
-        error_cases=error_cases, search=search, max_examples=max_examples, rng=rng)
+        error_cases=error_cases, search=search, max_examples=max_examples, rng=rng,
+        output_dtype=output_dtype)
     results = [conformance.check_case(case) for case in conformance.cases()]
     outcomes = conformance.error_outcomes() if conformance.error_cases else ()
     search_outcome = None
@@ -133,10 +147,11 @@ class Settings:
     error_cases: bool
     search: bool
     max_examples: int
+    output_dtype: str | None = None
 
 
 def check_settings(op, *, framework, dtype, seeds, reference_cases, error_cases, search,
-                   max_examples) -> Settings:
+                   max_examples, output_dtype=None) -> Settings:
     """The settings of a check that need neither the implementation nor its framework,
     checked (``TypeError``/``ValueError`` naming the argument): what
     :class:`Conformance` checks first, and the pytest plugin checks at collection."""
@@ -146,6 +161,7 @@ def check_settings(op, *, framework, dtype, seeds, reference_cases, error_cases,
     refused = unsupported(framework, dtype)
     if refused is not None:
         raise ValueError(refused)
+    output_dtype = check_output_dtype(output_dtype, dtype)
     return Settings(
         spec, dtype,
         check_scalar(seeds, "seeds", low=1, high=MAX_SEEDS, integer=True, one_sided=True),
@@ -153,7 +169,21 @@ def check_settings(op, *, framework, dtype, seeds, reference_cases, error_cases,
         check_flag(error_cases, "error_cases"),
         check_flag(search, "search"),
         check_scalar(max_examples, "max_examples", low=1, high=MAX_EXAMPLES, integer=True,
-                     one_sided=True))
+                     one_sided=True),
+        output_dtype)
+
+
+def check_output_dtype(output_dtype: Any, dtype: str) -> str | None:
+    """``output_dtype`` (None, or a dtype as :func:`check_dtype` reads it) checked against
+    the checked ``dtype``: it declares an upcast, so it is at least as precise."""
+    if output_dtype is None:
+        return None
+    output_dtype = check_dtype(output_dtype, "output_dtype")
+    if FORMATS[output_dtype].precision < FORMATS[dtype].precision:
+        raise ValueError(f"output_dtype == {output_dtype!r} is less precise than dtype == "
+                         f"{dtype!r}; it declares an upcast (outputs returned in a wider "
+                         "format than the inputs')")
+    return output_dtype
 
 
 @dataclass(frozen=True)
@@ -180,12 +210,14 @@ class Conformance:
 
     def __init__(self, impl, op, *, framework, dtype="float64", adapter=None, backward=None,
                  device=None, seeds=3, reference_cases=True, error_cases=True, search=True,
-                 max_examples=30, rng=0) -> None:
+                 max_examples=30, rng=0, output_dtype=None) -> None:
         if not callable(impl):
             raise TypeError(f"impl must be callable, got {_describe(impl)}")
         settings = check_settings(op, framework=framework, dtype=dtype, seeds=seeds,
                                   reference_cases=reference_cases, error_cases=error_cases,
-                                  search=search, max_examples=max_examples)
+                                  search=search, max_examples=max_examples,
+                                  output_dtype=output_dtype)
+        self.output_dtype = settings.output_dtype
         self.spec, self.dtype, self.seeds = settings.spec, settings.dtype, settings.seeds
         self.reference_cases, self.error_cases = settings.reference_cases, settings.error_cases
         self.search, self.max_examples = settings.search, settings.max_examples
@@ -198,7 +230,7 @@ class Conformance:
         def call(inputs: dict[str, Any]) -> Any:
             return adapter(impl, inputs) if adapter is not None else impl(**inputs)
 
-        self.checker = _CaseChecker(self.spec, self.fw, call, self.dtype)
+        self.checker = _CaseChecker(self.spec, self.fw, call, self.dtype, self.output_dtype)
         self._cases: list[PlannedCase] | None = None
 
     def cases(self) -> list[PlannedCase]:
@@ -237,6 +269,11 @@ class Conformance:
             notes += (f"{spec.name} declares no reference inputs (hard cases) yet",)
         if self.error_cases and spec.error_inputs is None:
             notes += (f"{spec.name} declares no error inputs yet",)
+        if self.output_dtype is not None and self.output_dtype != self.dtype:
+            notes += (f"output dtype declared {self.output_dtype} (output_dtype) for a "
+                      f"{self.dtype} check: the outputs are compared as returned, so the "
+                      f"steps computed in {self.output_dtype} are not held to "
+                      f"{self.dtype}",)
         compared = [r for r in results if r.skipped is None]
         return ConformanceReport(
             op=spec.name,
@@ -320,10 +357,11 @@ def get_spec(op: Any):
     return catalog.get(op)
 
 
-def check_dtype(dtype: Any) -> str:
+def check_dtype(dtype: Any, label: str = "dtype") -> str:
     """``dtype`` as one of :data:`DTYPES`: the name, or a NumPy dtype (or scalar type, or
     JAX's ``jnp.bfloat16``) with that name. None is refused: NumPy would read it as
-    float64, a default silently put in place of a missing value."""
+    float64, a default silently put in place of a missing value. ``label`` is the
+    parameter the errors name."""
     if not isinstance(dtype, str):
         name = None
         if dtype is not None:
@@ -332,10 +370,10 @@ def check_dtype(dtype: Any) -> str:
             except (TypeError, ValueError):
                 name = None
         if name is None:
-            raise TypeError(f"dtype must be one of {DTYPES} (a string or a NumPy dtype), got "
-                            f"{_describe(dtype)}")
+            raise TypeError(f"{label} must be one of {DTYPES} (a string or a NumPy dtype), "
+                            f"got {_describe(dtype)}")
         dtype = name
-    return check_choice(dtype, "dtype", DTYPES)
+    return check_choice(dtype, label, DTYPES)
 
 
 @dataclass
@@ -359,15 +397,32 @@ class _Reference:
 class _CaseChecker:
     """Runs the reference and the implementation on one case and compares them."""
 
-    def __init__(self, spec, fw: Framework, call, dtype: str) -> None:
+    def __init__(self, spec, fw: Framework, call, dtype: str,
+                 output_dtype: str | None = None) -> None:
         # Per case, set by check(): the elements where the reference jumps, and the
         # absolute floor of each quantity from the reference's rounding noise.
         self._jumps: dict[str, np.ndarray | None] = {}
         self._atol: dict[str, float] = {}
+        # The dtype of each output of the implementation's last run, read before the
+        # framework turns it into NumPy (which has no bfloat16: torch's and JAX's come
+        # back as float32); None for a Python number.
+        self._returned: tuple[str | None, ...] = ()
         self.spec = spec
         self.fw = fw
-        self.call = call
         self.dtype = dtype
+        self.output_dtype = output_dtype
+        pair = fw.name in ("numpy", "cupy")
+
+        def recording(inputs: dict[str, Any]) -> Any:
+            returned = call(inputs)
+            outputs = returned
+            if pair:  # (outputs, ctx); anything else is a structure error, found later
+                outputs = returned[0] if isinstance(returned, tuple) and len(returned) == 2 else ()
+            parts = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+            self._returned = tuple(_dtype_name(part) for part in parts)
+            return returned
+
+        self.call = recording
         self.base = base_tolerance(spec, dtype)
         self.limit = resolution_limit(dtype)
         # The base is stated at make_inputs: a case that amplifies roundoff more (an OT
@@ -475,7 +530,14 @@ class _CaseChecker:
             # either. Shape and finiteness only (rtol inf), reported as beyond the dtype.
             rtol[q] = tolerance(base, m.kappa, self.dtype) if base <= 1 else np.inf
             self._jumps[q] = m.jumps
-            self._atol[q] = rounding_floor(m.noise, self.dtype)
+            # The noise floor is for a quantity the relative error cannot measure (rtol
+            # beyond the resolution limit: zero by cancellation, ill-conditioned). On a
+            # resolved one it would only widen the relative rule: 64 samples of float64
+            # noise of an ordinary value (a unit or two in its last place) scaled to
+            # bfloat16 are 0.3 to 0.5 of the value itself, which let a ProxyNCA++ without
+            # the positive proxy in its denominator (a 25% error) pass in bfloat16.
+            self._atol[q] = (rounding_floor(m.noise, self.dtype) if rtol[q] > self.limit
+                             else 0.0)
             jumping = 0 if m.jumps is None else int(m.jumps.sum())
             result.tolerances.append(Tolerance(case, q, base, float(m.kappa), rtol[q],
                                                jumping, self._atol[q], self.limit))
@@ -483,9 +545,11 @@ class _CaseChecker:
             self._cancelling_floor(result, scale_inputs, wrt, cotangents, base)
         scales = kind_scales(quantities)
 
+        self._returned = ()
         evaluation = self._evaluate(result, inputs, wrt, cotangents, ref.outputs)
         if evaluation is None:
             return result
+        self._check_dtypes(result, evaluation)
         if len(evaluation.outputs) != len(ref.outputs):
             result.failures.append(Failure(
                 case, "outputs", "structure", None, _NAN, _NAN, _NAN, _NAN,
@@ -516,6 +580,35 @@ class _CaseChecker:
         if any(f.cause in ("value", "gradient") for f in result.failures):
             self._convergence_hint(result, rounded, wrt, cotangents, evaluation)
         return result
+
+    def _check_dtypes(self, result: CaseResult, evaluation) -> None:
+        """A ``"dtype"`` failure for each floating output (and a pair's gradient) not in
+        the dtype asked for (or declared by ``output_dtype``); see
+        :func:`check_implementation`."""
+        found = [(f"output {k}", name) for k, name in enumerate(self._returned)]
+        if self.fw.name in ("numpy", "cupy") and evaluation.grads:
+            # A pair's backward is the user's code; autodiff's products take the
+            # dtype of their input.
+            found += [(f"grad {name}", np.asarray(g).dtype.name)
+                      for name, g in evaluation.grads.items() if g is not None]
+        asked = self.output_dtype or self.dtype
+        for quantity, name in found:
+            # A declared upcast that is not taken (the dtype asked for) is no fault.
+            if name is None or name in (asked, self.dtype) or name not in FORMATS:
+                continue
+            wider = FORMATS[name].precision > FORMATS[asked].precision
+            if self.output_dtype is None and wider and self.dtype in ("float32", "float64"):
+                result.notes.append(f"{quantity} is {name}, asked for {self.dtype}: compared "
+                                    f"as returned (declare output_dtype=\"{name}\" to say "
+                                    "so)")
+                continue
+            what = "declared" if self.output_dtype is not None else "asked for"
+            advice = (f"; compute in {asked} or declare output_dtype=\"{name}\""
+                      if self.output_dtype is None and wider else
+                      f"; return it in {asked}")
+            result.failures.append(Failure(
+                result.case, quantity, "dtype", None, _NAN, _NAN, _NAN, _NAN,
+                f"{quantity} is {name}, {what} {asked}{advice}"))
 
     def _cancelling_floor(self, result, scale_inputs, wrt, cotangents, base) -> None:
         """Where the case's quantities are zero by cancellation (``Case.scale_inputs``),
@@ -698,6 +791,14 @@ class _CaseChecker:
                      for o in evaluation.outputs)
         return ErrorOutcome(case.name, "returned finite" if finite else "returned non-finite",
                             "returned without an error", expected)
+
+
+def _dtype_name(value: Any) -> str | None:
+    """The name of ``value``'s dtype as :data:`DTYPES` spells it (``torch.bfloat16`` ->
+    ``"bfloat16"``; NumPy's, CuPy's and JAX's dtypes, ml_dtypes' bfloat16 among them,
+    print their name), None for a value without one (a Python number)."""
+    dtype = getattr(value, "dtype", None)
+    return None if dtype is None else str(dtype).rsplit(".", 1)[-1]
 
 
 def _first_line(error: BaseException) -> str:

@@ -26,7 +26,7 @@ from refdml._io import write_json_atomic
 from refdml._validation import _describe
 from refdml.catalog import all_operators
 from refdml.conformance import check_implementation, describe
-from refdml.conformance._check import MAX_EXAMPLES, MAX_SEEDS
+from refdml.conformance._check import MAX_EXAMPLES, MAX_SEEDS, check_output_dtype
 from refdml.conformance._formats import DTYPES, unsupported
 from refdml.conformance._frameworks import FRAMEWORKS, get_framework
 from refdml.conformance._usage import (
@@ -96,6 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print what a check of the operator OP calls, compares and "
                              "allows (keyword arguments and their meaning, outputs, every "
                              "case with its reason, tolerances per dtype), and exit")
+    parser.add_argument("--output-dtype", choices=DTYPES, default=None,
+                        help="declare that the outputs come back in this wider dtype (a "
+                             "bfloat16 implementation that returns float32); without it an "
+                             "output not in --dtype fails, and the report notes the "
+                             "declaration")
     parser.add_argument("--backward", metavar="PACKAGE.MODULE:CALLABLE",
                         help="the backward of a numpy or cupy pair, backward(ctx, *cotangents)")
     parser.add_argument("--adapter", metavar="PACKAGE.MODULE:CALLABLE",
@@ -179,7 +184,7 @@ def _check_choice(flag: str, value: str | None, choices: tuple[str, ...]) -> Non
 _CHECK_FLAGS = {"IMPLEMENTATION": "implementation", "--op": "op", "--framework": "framework",
                 "--dtype": "dtype", "--backward": "backward", "--adapter": "adapter",
                 "--device": "device", "--seeds": "seeds", "--max-examples": "max_examples",
-                "--json": "json", "--no-search": "no_search"}
+                "--json": "json", "--no-search": "no_search", "--output-dtype": "output_dtype"}
 
 
 def _describe_text(args: argparse.Namespace) -> str:
@@ -196,7 +201,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of check_implementation that the user gave (the others keep
     its defaults, stated once, in its signature)."""
     given = {"dtype": args.dtype, "device": args.device, "seeds": args.seeds,
-             "max_examples": args.max_examples}
+             "max_examples": args.max_examples, "output_dtype": args.output_dtype}
     options = {key: value for key, value in given.items() if value is not None}
     if args.no_search:
         options["search"] = False
@@ -219,6 +224,10 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     refused = unsupported(args.framework, args.dtype or _DEFAULTS["dtype"])
     if refused is not None:
         raise UsageError(f"--dtype {args.dtype}: {refused}")
+    try:
+        check_output_dtype(args.output_dtype, args.dtype or _DEFAULTS["dtype"])
+    except ValueError as error:
+        raise UsageError(f"--output-dtype {args.output_dtype}: {error}") from None
     if args.framework in ("numpy", "cupy") and args.backward is None:
         raise UsageError(f"--framework {args.framework} needs --backward "
                          "PACKAGE.MODULE:CALLABLE, the pair's backward(ctx, *cotangents)")
