@@ -13,7 +13,7 @@ so a test file needs nothing from refdml::
 
 The marker names the catalogue entry, the framework, the dtypes and, optionally, the other
 settings of :func:`refdml.conformance.check_implementation` (``seeds``,
-``reference_cases``, ``search``, ``max_examples``, ``device``, ``rng``); the
+``reference_cases``, ``search``, ``max_examples``, ``device``, ``rng``, ``output_dtype``); the
 ``refdml_conform`` fixture is called with the implementation (and, for a NumPy or CuPy pair,
 ``backward=``; ``adapter=`` where the signature differs). The test is collected as one item
 per dtype and input case, ``test_contrastive[bfloat16-duplicate_points]``, plus one
@@ -67,7 +67,8 @@ MARKER = "refdml_conform"
 
 #: The marker's settings and check_implementation's defaults for them (one dtype: float64).
 _SETTINGS = {"framework": None, "dtypes": ("float64",), "seeds": 3, "reference_cases": True,
-             "search": True, "max_examples": 30, "device": None, "rng": 0}
+             "search": True, "max_examples": 30, "device": None, "rng": 0,
+             "output_dtype": None}
 
 
 #: The ini option that turns a framework that cannot be imported from a skip into an error.
@@ -87,8 +88,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(op, *, framework, dtypes=('float64',), seeds=3, reference_cases=True, "
-        "search=True, max_examples=30, device=None, rng=0): check the implementation passed "
-        "to the refdml_conform fixture against refdml's reference, one test item per dtype "
+        "search=True, max_examples=30, device=None, rng=0, output_dtype=None): check the "
+        "implementation passed to the refdml_conform fixture against refdml's reference, one test item per dtype "
         "and input case; the test must call the fixture (refdml.pytest_plugin)")
 
 
@@ -146,7 +147,8 @@ def _settings(marker: pytest.Mark) -> tuple[str, dict[str, Any]]:
                               seeds=settings["seeds"],
                               reference_cases=settings["reference_cases"], error_cases=True,
                               search=settings["search"],
-                              max_examples=settings["max_examples"]) for dtype in dtypes]
+                              max_examples=settings["max_examples"],
+                              output_dtype=settings["output_dtype"]) for dtype in dtypes]
     settings["dtypes"] = tuple(dict.fromkeys(c.dtype for c in checked))
     check_rng(settings["rng"])
     if not isinstance(settings["rng"], (int, type(None))):
@@ -318,7 +320,8 @@ class CaseCheck:
             adapter=adapter, backward=backward, device=settings["device"],
             seeds=settings["seeds"], reference_cases=settings["reference_cases"],
             error_cases=False, search=settings["search"],
-            max_examples=settings["max_examples"], rng=settings["rng"])
+            max_examples=settings["max_examples"], rng=settings["rng"],
+            output_dtype=settings["output_dtype"])
         head = f"{item.op} ({settings['framework']}, {item.dtype})"
         if item.case is None:
             outcome, found = conformance.run_search()

@@ -16,7 +16,7 @@ __all__ = ["CAUSES", "REASON_WIDTH", "ConformanceReport", "ErrorOutcome", "Failu
            "SearchOutcome", "search_reason", "seed_reason", "short_reason", "with_reason"]
 
 #: Why a case failed, in the order the summary lists them.
-CAUSES = ("raised", "structure", "non-finite", "missing gradient", "value", "gradient",
+CAUSES = ("raised", "structure", "dtype", "non-finite", "missing gradient", "value", "gradient",
           "constraint")
 
 #: What an implementation did with an input the reference refuses.

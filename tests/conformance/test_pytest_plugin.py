@@ -521,3 +521,39 @@ def test_bfloat16_items_with_jax_fail_only_at_the_located_case(jax_first, pytest
     compared = {name for name, outcome in outcomes.items() if outcome == "PASSED"}
     assert "test_user.py::test_correct[bfloat16-float32_range_edge]" in compared
     assert "grad embeddings: non-finite at (" in result.stdout.str()
+
+
+def test_the_marker_declares_an_upcast_with_output_dtype(pytester):
+    # A float16 check of an implementation that computes and returns float32: it fails
+    # saying what it returned, unless the marker declares the upcast.
+    pytester.makepyfile(mypairs=PAIRS + textwrap.dedent("""\
+
+
+        def upcast_forward(x):
+            return forward(np.asarray(x, dtype=np.float32))
+
+
+        def upcast_backward(ctx, d_y):
+            return backward(ctx, np.asarray(d_y, dtype=np.float32))
+    """), test_user=textwrap.dedent("""\
+        import pytest
+
+        import mypairs
+
+        SETTINGS = dict(framework="numpy", dtypes=["float16"], seeds=1,
+                        reference_cases=False, search=False)
+
+
+        @pytest.mark.refdml_conform("normalize.l2_normalize", **SETTINGS)
+        def test_undeclared(refdml_conform):
+            refdml_conform(mypairs.upcast_forward, backward=mypairs.upcast_backward)
+
+
+        @pytest.mark.refdml_conform("normalize.l2_normalize", output_dtype="float32", **SETTINGS)
+        def test_declared(refdml_conform):
+            refdml_conform(mypairs.upcast_forward, backward=mypairs.upcast_backward)
+    """))
+    result = pytester.runpytest("-v", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "test_declared[float16-seed_0] PASSED" in result.stdout.str()
+    result.stdout.fnmatch_lines(["*output 0 is float32, asked for float16*"])
