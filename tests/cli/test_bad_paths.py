@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from test_output_paths import _refused  # one wording of "refused before the work"
+
 import refdml.checks._gpu_check_cli as gpu_check_cli
 import refdml.conformance._cli as conform_cli
 import refdml.reproduce._runner as reproduce_runner
@@ -75,16 +77,6 @@ def _run(monkeypatch, capsys, tmp_path, key, value) -> tuple[int | str, str]:
     except _WorkStarted:
         status = "started"
     return status, capsys.readouterr().err
-
-
-def _refused(status, err: str, flag: str) -> str:
-    """Exit 2, one error line naming the flag, no traceback; the line."""
-    assert status == 2, f"not refused before the work (status {status!r}): {err}"
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, lines
-    assert ": error: " in lines[0] and flag in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.mark.parametrize("key", list(_FLAGS), ids=" ".join)
