@@ -129,7 +129,9 @@ def test_an_upcast_output_fails_in_bfloat16_with_one_line():
                                                      ("seed 1", "output 0")]
     assert dtype[0].message == ('output 0 is float32, asked for bfloat16; compute in '
                                 'bfloat16 or declare output_dtype="float32"')
-    assert "\n" not in dtype[0].line()
+    # The message is one line; the case's reason follows on its own line, as for every cause.
+    first, reason = dtype[0].line().splitlines()
+    assert first.endswith(dtype[0].message) and reason.strip().startswith("why this case:")
     assert report.verdict().endswith("dtype x2")
 
 
