@@ -41,8 +41,7 @@ def test_the_bfloat16_verdict_shown_is_the_one_printed(capsys):
     assert printed.startswith(shown), (printed, shown)
 
 
-def test_the_pytest_example_runs_with_the_outcome_shown(pytester):
-    pytest.importorskip("jax")
+def test_the_pytest_example_runs_with_the_outcome_shown(jax_first, pytester):
     # The user's package: the loss of the bfloat16 section (its definitions, not its checks).
     module = BFLOAT16.split("\ngood = ")[0]
     pytester.makepyfile(mylosses=module, test_mylosses=PYTEST_EXAMPLE)

@@ -345,7 +345,7 @@ def test_a_marked_test_that_does_not_run_its_check_fails(pytester):
     """The false green: a body that never calls the fixture, calls it in a branch not
     taken, or swallows its failure, does not pass; a body that calls it passes, and a skip
     or xfail raised by the body stays a skip or an xfail."""
-    pytester.makepyfile(mypairs=PAIRS, test_user=textwrap.dedent(f"""\
+    pytester.makepyfile(mypairs=PAIRS, test_user=textwrap.dedent("""\
         import pytest
 
         import mypairs
@@ -481,14 +481,6 @@ def test_a_framework_that_cannot_be_imported_is_a_skip_with_the_clis_reason(pyte
     assert "No module named" not in out   # the bare error of the test's `import jax`
     _no_frames(result)
 
-
-@pytest.fixture
-def jax_first():
-    """JAX, imported before ``pytester`` (the argument after this one) snapshots
-    ``sys.modules``: pytester drops what the test imported, and JAX imported a second time in
-    one process aborts it (jaxlib's "SetTimeZone() has already been called"), which killed a
-    run of this file with test_conform_cli.py."""
-    return pytest.importorskip("jax")
 
 
 @pytest.mark.skipif(not Path(__file__).with_name("impls_jax_losses.py").exists(),
