@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-
 from refdml._io import to_jsonable
 from refdml.conformance._tolerance import Tolerance
 
