@@ -13,9 +13,9 @@ component longer than the file system allows, or a ``stat`` that fails for anoth
 than a missing name (a loop of links, no permission), is refused in one line naming the
 flag and the value (shortened by :func:`shown` when long), where pathlib's own
 ``exists()`` would raise on Python 3.11. Output paths (``--json PATH``, ``--report DIR``)
-are checked by :func:`check_output_paths` before any work, so a path that cannot be written costs no run: the command prints
-``refdml CMD: error: <the problem>`` and exits 2. The writes then go through
-:func:`write_outputs`, which turns an ``OSError`` at write time (a full disk, a folder
+are checked by :func:`check_output_paths` before any work, so a path that cannot be
+written costs no run: the command prints ``refdml CMD: error: <the problem>`` and exits 2.
+The writes then go through :func:`write_outputs`, which turns an ``OSError`` at write time (a full disk, a folder
 removed meanwhile) into one line and ``False`` (exit status 1), and writes a report folder
 as a whole (:func:`refdml._io.replaced_folder`).
 """
@@ -38,8 +38,9 @@ from refdml._io import (
 )
 
 __all__ = ["OneLineParser", "at_least", "check_output_paths", "input_file_problem",
-           "output_file_problem", "output_folder_problem", "path_problem", "report_folder_problem", "seed", "select",
-           "shown", "text_table", "writable_folder_problem", "write_outputs"]
+           "output_file_problem", "output_folder_problem", "path_problem",
+           "report_folder_problem", "seed", "select", "shown", "text_table",
+           "writable_folder_problem", "write_outputs"]
 
 #: A value longer than this is shortened in messages (a 4,000-character path in one line
 #: of an error hides the error).

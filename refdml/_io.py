@@ -171,8 +171,9 @@ def atomic_path(path: Any, *, durable: bool = True) -> Iterator[Path]:
 
     Write the whole content to the yielded path (it exists, empty) inside the ``with``
     block. Raises ValueError, before anything is created, when ``path`` exists and is not
-    a regular file (a device, a FIFO, a socket, a folder; module docstring). An exception inside the block removes the temporary file and leaves ``path``
-    as it was. ``durable``: fsync the file before the rename and the folder after it.
+    a regular file (a device, a FIFO, a socket, a folder; module docstring). An exception
+    inside the block removes the temporary file and leaves ``path`` as it was.
+    ``durable``: fsync the file before the rename and the folder after it.
     """
     path = Path(path)
     _refuse_special(path)   # before the temporary file: nothing is created beside a device
