@@ -15,9 +15,9 @@ flag and the value (shortened by :func:`shown` when long), where pathlib's own
 ``exists()`` would raise on Python 3.11. Output paths (``--json PATH``, ``--report DIR``)
 are checked by :func:`check_output_paths` before any work, so a path that cannot be
 written costs no run: the command prints ``refdml CMD: error: <the problem>`` and exits 2.
-The writes then go through :func:`write_outputs`, which turns an ``OSError`` at write time (a full disk, a folder
-removed meanwhile) into one line and ``False`` (exit status 1), and writes a report folder
-as a whole (:func:`refdml._io.replaced_folder`).
+The writes then go through :func:`write_outputs`, which turns an ``OSError`` at write time
+(a full disk, a folder removed meanwhile) into one line and ``False`` (exit status 1), and
+writes a report folder as a whole (:func:`refdml._io.replaced_folder`).
 """
 
 from __future__ import annotations
