@@ -411,7 +411,7 @@ class _CaseChecker:
         self.fw = fw
         self.dtype = dtype
         self.output_dtype = output_dtype
-        pair = fw.name in ("numpy", "cupy")
+        pair = fw.pair
 
         def recording(inputs: dict[str, Any]) -> Any:
             returned = call(inputs)
@@ -586,7 +586,7 @@ class _CaseChecker:
         the dtype asked for (or declared by ``output_dtype``); see
         :func:`check_implementation`."""
         found = [(f"output {k}", name) for k, name in enumerate(self._returned)]
-        if self.fw.name in ("numpy", "cupy") and evaluation.grads:
+        if self.fw.pair and evaluation.grads:
             # A pair's backward is the user's code; autodiff's products take the
             # dtype of their input.
             found += [(f"grad {name}", np.asarray(g).dtype.name)

@@ -48,6 +48,7 @@ class CupyFramework:
     """:class:`refdml.conformance._frameworks.Framework` for CuPy pairs on one device."""
 
     name = "cupy"
+    pair = True
 
     def __init__(self, backward: Callable[..., Any], device_id: int) -> None:
         self.backward = backward

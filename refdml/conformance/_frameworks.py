@@ -125,6 +125,7 @@ class NumpyFramework:
     """NumPy implementations in refdml's pair protocol (see the module docstring)."""
 
     name = "numpy"
+    pair = True
 
     def __init__(self, backward: Callable[..., Any]) -> None:
         self.backward = backward

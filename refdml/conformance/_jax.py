@@ -77,6 +77,7 @@ class JaxFramework:
     """:class:`refdml.conformance._frameworks.Framework` for JAX on ``device``."""
 
     name = "jax"
+    pair = False
 
     def __init__(self, device: Any) -> None:
         self.device = device

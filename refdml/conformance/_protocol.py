@@ -41,6 +41,10 @@ class Framework(Protocol):
     """One framework's side of a conformance check."""
 
     name: str
+    #: True for refdml's pair protocol (NumPy, CuPy): the implementation returns
+    #: ``(outputs, ctx)`` and its gradients come from the user's own backward; False where
+    #: the framework's autodiff forms them (torch, JAX).
+    pair: bool
 
     def asarray(self, value: np.ndarray, dtype: str | None) -> Any:
         """``value`` as the framework's array: floating arrays cast to ``dtype`` (None:

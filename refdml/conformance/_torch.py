@@ -58,6 +58,7 @@ class TorchFramework:
     """:class:`refdml.conformance._frameworks.Framework` for PyTorch on ``device``."""
 
     name = "torch"
+    pair = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
