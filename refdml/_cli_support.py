@@ -293,8 +293,8 @@ def report_folder_problem(flag: str, value: str, *, recognise: Callable | None =
     if path.exists() and not path.is_dir():
         return f"{flag} {shown(value)}: is a file, not a folder"
     if is_protected_folder(path):
-        return (f"{flag} {shown(value)}: is the working folder, one of its parents or the home folder, "
-                "which refdml never replaces; choose a new or empty folder")
+        return (f"{flag} {shown(value)}: is the working folder, one of its parents or the "
+                "home folder, which refdml never replaces; choose a new or empty folder")
     if not is_replaceable_folder(path, recognise=recognise):
         return (f"{flag} {shown(value)} exists and is not a refdml report folder; "
                 "choose a new or empty folder")

@@ -7,8 +7,8 @@ Each subcommand is one module with the same interface: ``HELP`` (its line in ``r
 table :data:`COMMANDS`.
 
 Exit statuses: 0 success, 1 a failure of refdml's own code (a gradient check, a crashed
-claim check), 2 bad arguments (argparse's convention, in one line: :class:`refdml._cli_support.OneLineParser`)
-or a missing optional extra: a
+claim check), 2 bad arguments (argparse's convention, in one line:
+:class:`refdml._cli_support.OneLineParser`) or a missing optional extra: a
 :class:`refdml.exceptions.MissingExtraError` is one line, ``refdml COMMAND: error: needs the
 "EXTRA" extra (...): pip install "refdml[EXTRA]"``, never a traceback. The extras a command
 needs for the flags it was given are checked before it starts (:func:`_check_extras`).

@@ -89,8 +89,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{MARKER}(op, *, framework, dtypes=('float64',), seeds=3, reference_cases=True, "
         "search=True, max_examples=30, device=None, rng=0, output_dtype=None): check the "
-        "implementation passed to the refdml_conform fixture against refdml's reference, one test item per dtype "
-        "and input case; the test must call the fixture (refdml.pytest_plugin)")
+        "implementation passed to the refdml_conform fixture against refdml's reference, "
+        "one test item per dtype and input case; the test must call the fixture (refdml.pytest_plugin)")
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ from refdml.conformance._tolerance import (
 )
 
 __all__ = ["MAX_EXAMPLES", "MAX_SEEDS", "Conformance", "PlannedCase", "check_implementation",
-           "Settings", "check_dtype", "check_output_dtype", "check_settings", "get_spec", "plan_cases",
-           "unrepresentable"]
+           "Settings", "check_dtype", "check_output_dtype", "check_settings", "get_spec",
+           "plan_cases", "unrepresentable"]
 
 #: The loose solver tolerances the "not converged" hint re-runs an iterative reference at.
 LOOSE_TOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)

@@ -125,8 +125,9 @@ def _check_outputs(args: argparse.Namespace, recognise) -> str | None:
         problem = path_problem("--cache", args.cache)
         cache, report = Path(args.cache).resolve(), Path(args.report).resolve()
         if problem is None and (cache == report or report in cache.parents):
-            problem = (f"--cache {shown(args.cache)} lies inside --report {shown(args.report)}, which is "
-                       "replaced as a whole; keep the cache elsewhere")
+            problem = (f"--cache {shown(args.cache)} lies inside --report "
+                       f"{shown(args.report)}, which is replaced as a whole; keep the cache "
+                       "elsewhere")
     return problem
 
 
