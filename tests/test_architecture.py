@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "refdml.losses", "refdml.prototypes", "refdml.crossbatch", "refdml.ot",
                    "refdml.kcenter", "refdml.metrics", "refdml.coresets", "refdml._shared")),
     ("fast path", ("refdml.gpu",)),
+    ("bridges", ("refdml._interop", "refdml.torch", "refdml.jax")),
     ("harness", ("refdml.gradcheck",)),
     ("training", ("refdml.train",)),
     ("catalogue", ("refdml.catalog",)),
