@@ -67,6 +67,14 @@ class BridgedOp:
         hyperparameters.
     aliases : tuple of str
         Catalogue entries that are this operator with other inputs.
+    low_precision : str
+        The dtype float32, float16 and bfloat16 inputs are computed in: ``"float32"``, or
+        ``"float64"`` for the entropic OT operators, whose float32 fast path refuses an
+        ``eps`` above 1e3 times the largest cost (the regularised value has no correct
+        digit left in float32) and cannot form ``value="transport_cost"`` gradients at
+        small ``eps`` (docs/gpu/numerics.md). Results are rounded to the inputs' dtype, so
+        a float32 model gets float32 tensors either way, and refdml's own conformance holds
+        in every dtype.
     """
 
     name: str
@@ -77,6 +85,7 @@ class BridgedOp:
     output_shapes: Callable[[Mapping[str, Any]], tuple[tuple[int, ...], ...]]
     optional: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    low_precision: str = "float32"
 
     @property
     def symbol(self) -> str:
@@ -189,19 +198,21 @@ BRIDGED: dict[str, BridgedOp] = {op.name: op for op in (
               ("z", "prototypes"), _convex_shapes),
     BridgedOp("ot.sinkhorn_divergence", _OT.sinkhorn_divergence_forward,
               _OT.sinkhorn_divergence_backward, ("x", "y", "a", "b"), ("x", "y", "a", "b"),
-              _scalar, optional=("a", "b"), aliases=("ot.sinkhorn_divergence_transport_cost",)),
+              _scalar, optional=("a", "b"), aliases=("ot.sinkhorn_divergence_transport_cost",),
+              low_precision="float64"),
     BridgedOp("ot.pairwise_sinkhorn_divergence", _OT.pairwise_sinkhorn_divergence_forward,
               _OT.pairwise_sinkhorn_divergence_backward, ("clouds",), ("clouds",),
-              _pairwise_shapes),
+              _pairwise_shapes, low_precision="float64"),
     BridgedOp("ot.entropic_ot", _OT.entropic_ot_forward, _OT.entropic_ot_backward,
               ("a", "b", "cost"), ("a", "b", "cost"), _entropic_ot_shapes,
-              aliases=("ot.entropic_ot_batched", "ot.entropic_ot_transport_cost")),
+              aliases=("ot.entropic_ot_batched", "ot.entropic_ot_transport_cost"),
+              low_precision="float64"),
     BridgedOp("ot.wcontrastive", _OT.wcontrastive_forward, _OT.wcontrastive_backward,
               ("features", "labels", "pairs"), ("features",), _scalar, optional=("pairs",),
-              aliases=("ot.wcontrastive_p1",)),
+              aliases=("ot.wcontrastive_p1",), low_precision="float64"),
     BridgedOp("ot.wtriplet", _OT.wtriplet_forward, _OT.wtriplet_backward,
               ("features", "labels", "triplets"), ("features",), _scalar,
-              optional=("triplets",)),
+              optional=("triplets",), low_precision="float64"),
     _pair_loss("losses.contrastive", _L.contrastive_forward, _L.contrastive_backward,
                aliases=("losses.contrastive_cosine", "losses.contrastive_no_positive")),
     _pair_loss("losses.triplet", _L.triplet_forward, _L.triplet_backward,

@@ -7,7 +7,8 @@
 * float16 and bfloat16 have no fast path (NumPy has no bfloat16, and refdml's kernels are
   float32/float64): such tensors are computed in float32 (one copy in) and the results
   rounded to the tensor's dtype (one copy out), as PyTorch's own reductions accumulate
-  half precision in float32.
+  half precision in float32. The entropic OT operators compute every precision below
+  float64 in float64 (:attr:`refdml._interop.BridgedOp.low_precision` says why).
 * On a GPU the work runs on ``torch.cuda.current_stream()``: :func:`on_device` makes it
   CuPy's current stream (an external stream; refdml's Numba kernels launch on the stream
   their arrays were exported on, :mod:`refdml.gpu._support.launch`), so no event or host
@@ -23,15 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["FLOATING", "compute_dtype", "on_device", "to_array", "to_tensor"]
+__all__ = ["FLOATING", "on_device", "to_array", "to_tensor"]
 
-#: The floating dtypes the ops take, and the dtype each is computed in.
-FLOATING = {torch.float64: torch.float64, torch.float32: torch.float32,
-            torch.float16: torch.float32, torch.bfloat16: torch.float32}
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return FLOATING[dtype]
+#: The floating dtypes the ops take.
+FLOATING = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+_LOW_PRECISION = {"float32": torch.float32, "float64": torch.float64}
 
 
 def device_type(tensor: torch.Tensor) -> str:
@@ -51,14 +48,15 @@ def _cupy(name: str, tensor: torch.Tensor) -> Any:
     return cupy
 
 
-def to_array(tensor: torch.Tensor, name: str) -> Any:
+def to_array(tensor: torch.Tensor, name: str, low_precision: str = "float32") -> Any:
     """The NumPy (CPU) or CuPy (CUDA) array over ``tensor``'s memory, in its dtype.
 
-    ``tensor`` is a plain tensor (inside a custom op autograd is below us); half precision
-    is cast to float32 first (a copy).
+    ``tensor`` is a plain tensor (inside a custom op autograd is below us). A floating
+    tensor below float64 is first cast (a copy) to ``low_precision`` where it is not that
+    dtype already: float16 and bfloat16 to float32, or anything to float64.
     """
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        tensor = tensor.float()
+    if tensor.dtype in FLOATING[1:]:
+        tensor = tensor.to(torch.promote_types(tensor.dtype, _LOW_PRECISION[low_precision]))
     kind = device_type(tensor)
     if kind == "cpu":
         return tensor.resolve_conj().resolve_neg().numpy()

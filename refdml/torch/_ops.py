@@ -137,8 +137,8 @@ class TorchOp:
         def forward(*args):
             tensors, options = args[:-1], decode_options(args[-1])
             like = _floating_input(spec, tensors)
-            arrays = {name: to_array(t, name) for name, t in zip(spec.arrays, tensors)
-                      if t is not None}
+            arrays = {name: to_array(t, name, spec.low_precision)
+                      for name, t in zip(spec.arrays, tensors) if t is not None}
             taken = _storages(tensors)
             with on_device(like.device):
                 outputs, context = spec.forward(**arrays, **options)
@@ -183,7 +183,8 @@ class TorchOp:
             like = _floating_input(spec, inputs)
             taken = _storages(rest)
             with on_device(like.device):
-                d = [to_array(g, f"the upstream gradient of output {k} of {spec.name}")
+                d = [to_array(g, f"the upstream gradient of output {k} of {spec.name}",
+                              spec.low_precision)
                      for k, g in enumerate(upstream_grads)]
                 grads = named_gradients(spec.backward(context, *d), spec.differentiable)
                 result = []
