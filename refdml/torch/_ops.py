@@ -135,6 +135,7 @@ class TorchOp:
         schema = f"({self._schema_arrays()}, str options) -> ({returns})"
 
         def forward(*args):
+            spec = self.spec  # read at call time: a test may stand a spy in for the pair
             tensors, options = args[:-1], decode_options(args[-1])
             like = _floating_input(spec, tensors)
             arrays = {name: to_array(t, name, spec.low_precision)
@@ -173,6 +174,7 @@ class TorchOp:
         index = {name: k for k, name in enumerate(spec.arrays)}
 
         def backward(handle, *rest):
+            spec = self.spec
             inputs = rest[:n_arrays]
             upstream_grads = rest[n_arrays + n_outputs:]
             context = _CONTEXTS.get(int(handle))
