@@ -22,7 +22,14 @@ refdml's results come back the same way; float16 and bfloat16 are computed in fl
 (:mod:`refdml.torch._convert`). docs/torch.md is the user's guide.
 """
 
-from refdml.torch._modules import (
+from refdml.exceptions import MissingExtraError
+
+try:
+    import torch as _torch  # noqa: F401 - the extra's one check, before the modules need it
+except ImportError as error:
+    raise MissingExtraError("torch", "torch") from error
+
+from refdml.torch._modules import (  # noqa: E402
     ClipNormalize,
     ContrastiveLoss,
     GSPPool,
@@ -42,7 +49,7 @@ from refdml.torch._modules import (
     XMLLoss,
     ZeroShotLoss,
 )
-from refdml.torch._ops import TorchOp, names, op
+from refdml.torch._ops import TorchOp, names, op  # noqa: E402
 
 __all__ = [
     "ClipNormalize",
