@@ -51,10 +51,12 @@ def _cupy(name: str, tensor: torch.Tensor) -> Any:
 def to_array(tensor: torch.Tensor, name: str, low_precision: str = "float32") -> Any:
     """The NumPy (CPU) or CuPy (CUDA) array over ``tensor``'s memory, in its dtype.
 
-    ``tensor`` is a plain tensor (inside a custom op autograd is below us). A floating
+    ``tensor`` may still carry ``requires_grad`` (a custom op's forward runs below autograd
+    but gets the caller's tensors): it is detached first, a view. A floating
     tensor below float64 is first cast (a copy) to ``low_precision`` where it is not that
     dtype already: float16 and bfloat16 to float32, or anything to float64.
     """
+    tensor = tensor.detach()
     if tensor.dtype in FLOATING[1:]:
         tensor = tensor.to(torch.promote_types(tensor.dtype, _LOW_PRECISION[low_precision]))
     kind = device_type(tensor)

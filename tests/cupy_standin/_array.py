@@ -601,6 +601,15 @@ class ndarray:
 
         return _cuda.Device(0)
 
+    # DLPack (cupy.from_dlpack, torch.from_dlpack): the device memory shared, no transfer. The
+    # stand-in's device memory is host memory, so the capsule says kDLCPU where a real
+    # CuPy's says kDLCUDA; refdml.torch's tests of the CUDA route run on it.
+    def __dlpack__(self, *args, **kwargs):
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
     @property
     def __cuda_array_interface__(self) -> dict:
         """CUDA Array Interface v3. Under Numba's simulator device memory is host memory,

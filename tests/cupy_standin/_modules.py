@@ -150,6 +150,12 @@ def asarray(a, dtype=None, order=None, *, copy=None, blocking=False) -> ndarray:
     return _upload(a, "cupy.asarray", dtype=dtype, order=order or "K")
 
 
+def from_dlpack(obj) -> ndarray:
+    """CuPy's zero-copy import of another library's device array (a DLPack producer: a
+    torch CUDA tensor there, any host producer here): shared memory, no transfer counted."""
+    return ndarray._wrap(np.from_dlpack(obj))
+
+
 def asnumpy(a, stream=None, order="C", out=None, *, blocking=True) -> np.ndarray:
     if isinstance(a, ndarray):
         record_transfer("asnumpy")
@@ -227,6 +233,7 @@ def build_modules() -> dict[str, types.ModuleType]:
                        "asarray": asarray,
                        "asanyarray": asarray,
                        "asnumpy": asnumpy,
+                       "from_dlpack": from_dlpack,
                        "get_array_module": get_array_module,
                        "get_default_memory_pool": lambda: _POOL,
                        "get_default_pinned_memory_pool": lambda: _POOL,
