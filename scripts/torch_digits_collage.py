@@ -42,7 +42,6 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import refdml.torch
