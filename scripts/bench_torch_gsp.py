@@ -79,7 +79,8 @@ def inputs(batch: int, m: int, n: int, d: int, *, scale: float = 1.0, on_feature
 
     def rows(shape):
         x = rng.standard_normal(shape)
-        return x / np.linalg.norm(x, axis=-1, keepdims=True) * rng.uniform(0.5, 1.5, shape[:-1] + (1,))
+        norms = rng.uniform(0.5, 1.5, shape[:-1] + (1,))
+        return x / np.linalg.norm(x, axis=-1, keepdims=True) * norms
 
     features, prototypes = rows((batch, n, d)) * scale, rows((m, d))
     if on_feature:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
