@@ -13,7 +13,9 @@
 # smoke, compile (refdml gpu-check --compile-only), parity (refdml gpu-check), tests (the
 # GPU test files, in parallel with pytest-xdist where it is installed), crosscheck (the
 # CPU-vs-GPU training trajectory test), bench (scripts/bench_gpu.py --device cuda, with
-# its PyTorch anchor rows where torch sees the GPU), profile (scripts/gpu_profile.py:
+# its PyTorch anchor rows where torch sees the GPU), torch_bench (scripts/bench_torch_gsp.py
+# --device cuda: refdml.torch.GSPPool in a PyTorch step against the authors' layer, on CUDA
+# tensors; it skips, saying why, without torch, CUDA in torch or CuPy), profile (scripts/gpu_profile.py:
 # device time per kernel, launches and host synchronisations per call of five workloads),
 # train (refdml train --study tokens --device cuda).
 # The steps share a budget of 525 s, so that the whole call ends within 9 minutes
@@ -71,13 +73,13 @@ OUTDIR=$(cd -- "$OUTDIR" && pwd -P)
 # Step names in order; per-step limits in seconds (GPU run, dry run); the whole run's
 # budget. A step gets its own limit or what is left after keeping MIN_STEP_S for each later
 # step, whichever is smaller, so that a slow step cannot starve the rest to nothing.
-STEPS=(install smoke compile parity tests crosscheck bench profile train)
+STEPS=(install smoke compile parity tests crosscheck bench torch_bench profile train)
 # The parity step compiles every kernel into numba-cuda's on-disk cache (.gpu_cache/numba),
 # so the test step's workers and the later steps load them instead of compiling again.
 declare -A LIMIT_GPU=([install]=60 [smoke]=60 [compile]=60 [parity]=150 [tests]=150
-                      [crosscheck]=60 [bench]=170 [profile]=90 [train]=60)
+                      [crosscheck]=60 [bench]=170 [torch_bench]=60 [profile]=90 [train]=60)
 declare -A LIMIT_DRY=([install]=120 [smoke]=60 [compile]=120 [parity]=90 [tests]=180
-                      [crosscheck]=90 [bench]=170 [profile]=60 [train]=90)
+                      [crosscheck]=90 [bench]=170 [torch_bench]=60 [profile]=60 [train]=90)
 # The glyph-collage call: its step takes what install and smoke leave (they took 3 s and 8 s
 # on the H200), and hands the script its limit less 20 s as its own budget (the script's
 # default, 450 s; its dry run's 150 s), so that its guard stops it and writes the report
@@ -710,6 +712,15 @@ PYEOF
                 run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --json "$RUN/bench_gpu.json"
             fi
         fi
+        # GSPPool against the authors' layer on CUDA tensors (the dry run: torch's CPU at
+        # --quick sizes, where torch is installed; a skip with its reason where it is not).
+        if need_file torch_bench "$REPO/scripts/bench_torch_gsp.py"; then
+            if (( DRY_RUN )); then
+                run_step torch_bench "$PY" "$REPO/scripts/bench_torch_gsp.py" --quick --json "$RUN/bench_torch_gsp.json"
+            else
+                run_step torch_bench "$PY" "$REPO/scripts/bench_torch_gsp.py" --device cuda --repeats 10 --json "$RUN/bench_torch_gsp.json"
+            fi
+        fi
         if need_file profile "$REPO/scripts/gpu_profile.py"; then
             if (( DRY_RUN )); then
                 run_step profile "$PY" "$REPO/scripts/gpu_profile.py" --dry-run --json "$RUN/gpu_profile.json"
@@ -736,7 +747,7 @@ TOMLEOF
             --epochs "$TRAIN_EPOCHS" --seed 0 --out "$RUN/train_tokens" --no-progress
     else
         local s
-        for s in compile parity tests crosscheck bench profile train; do
+        for s in compile parity tests crosscheck bench torch_bench profile train; do
             skip_step "$s" "refdml is not installed (step install)"
         done
     fi
