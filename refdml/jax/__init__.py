@@ -17,9 +17,14 @@ under ``jax.jit``, ``jax.grad`` and ``jax.vmap`` (one callback per batch element
 * refdml runs on the CPU: arrays on a GPU or TPU are copied to the host and back, with a
   one-line :class:`HostRoundTripWarning` the first time each operator does so.
 
-:mod:`refdml.jax._ops` says how the functions are built and why.
+:mod:`refdml.jax._ops` says how the functions are built and why. Without JAX installed,
+``import refdml.jax`` raises :class:`refdml.exceptions.MissingExtraError` naming the extra.
 """
 
-from refdml.jax._ops import HostRoundTripWarning, JaxOp, names, op
+from refdml.exceptions import MissingExtraError
+
+MissingExtraError.require("jax", "jax")
+
+from refdml.jax._ops import HostRoundTripWarning, JaxOp, names, op  # noqa: E402
 
 __all__ = ["HostRoundTripWarning", "JaxOp", "names", "op"]

@@ -28,6 +28,7 @@ original exception where the callback ran eagerly (:func:`take_error`).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping
@@ -44,6 +45,11 @@ _LAST_ERROR: list[BaseException] = []
 _WORKER: list[ThreadPoolExecutor] = []
 
 
+if hasattr(os, "register_at_fork"):
+    # A forked child has no copy of the worker's thread: it starts its own at its first call.
+    os.register_at_fork(after_in_child=_WORKER.clear)
+
+
 def start_worker() -> None:
     """Start refdml's worker thread, once, from the calling thread (not a callback's)."""
     with _LOCK:
@@ -56,7 +62,7 @@ def start_worker() -> None:
 
 
 def _on_worker(method: Callable[..., Any], *args: Any) -> Any:
-    if not _WORKER:   # a callback whose op was never called (never the case through JaxOp)
+    if not _WORKER:   # a compiled callback run before any op was called in this process
         return method(*args)
     return _WORKER[0].submit(method, *args).result()
 

@@ -10,6 +10,7 @@ float32 tests run as a float32 model does.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import hypothesis.strategies as st
@@ -26,6 +27,7 @@ from jax.test_util import check_grads  # noqa: E402
 import refdml.jax  # noqa: E402
 from refdml._interop import BRIDGED, bridged, named_gradients  # noqa: E402
 from refdml.catalog import get  # noqa: E402
+from refdml.exceptions import MissingExtraError  # noqa: E402
 from refdml.gradcheck import strategies as rst  # noqa: E402
 from refdml.jax import _ops  # noqa: E402
 
@@ -429,3 +431,15 @@ def test_names_are_every_catalogue_name_of_the_table():
     for name in refdml.jax.names():
         assert get(name).name == name
         assert refdml.jax.op(name).spec is bridged(name)
+
+
+def test_without_jax_the_import_names_the_extra(monkeypatch):
+    # None in sys.modules is how Python marks a module as not importable; JAX itself, loaded
+    # already, is neither unloaded nor imported again (a second import aborts jaxlib).
+    monkeypatch.setitem(sys.modules, "jax", None)
+    for name in [m for m in sys.modules if m == "refdml.jax" or m.startswith("refdml.jax.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(MissingExtraError,
+                       match=r'^needs the "jax" extra \(jax is not installed\): '
+                             r'pip install "refdml\[jax\]"$'):
+        import refdml.jax  # noqa: F401
