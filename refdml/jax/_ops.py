@@ -33,15 +33,17 @@ Design.
 * float16 and bfloat16 (and float32 for the entropic OT operators) are computed in a wider
   dtype on the host and rounded back (:mod:`refdml.jax._host`), so outputs and gradients
   come back in the inputs' dtype.
+* refdml runs on a worker thread of its own, not on the thread XLA runs the callback on,
+  where denormals are flushed to zero (:mod:`refdml.jax._host` says why that matters).
 
 refdml runs on the CPU: arrays on another device are copied to the host and back by
 ``pure_callback``, and the first such call of each operator warns once
 (:class:`HostRoundTripWarning`). refdml's input errors (a NaN, ``mu`` out of range) are
 raised as refdml raises them where the callback runs eagerly; under ``jax.jit`` they
 surface when the compiled function runs, as JAX's ``JaxRuntimeError`` whose message ends
-with refdml's error. refdml's backwards are first order: a second derivative of these
-functions is not defined (JAX refuses to differentiate a ``custom_vjp`` backward's
-``pure_callback``).
+with refdml's error. refdml's backwards are first order: differentiating a backward
+(``grad`` of ``grad``) raises a ``RuntimeError`` that says so, and forward mode (``jvp``,
+``jax.hessian``) is JAX's refusal of any ``custom_vjp`` function.
 """
 
 from __future__ import annotations
@@ -145,11 +147,26 @@ def _function(name: str, options_text: str, given: tuple[str, ...]):
     def forward(*arrays):
         return function(*arrays), arrays
 
-    def backward(arrays, cotangents):
+    @jax.custom_vjp
+    def gradients(arrays, cotangents):
         types = tuple(jax.ShapeDtypeStruct(arrays[k].shape, arrays[k].dtype) for k in floating)
+        return jax.pure_callback(host.backward, types, *arrays, *cotangents,
+                                 vmap_method="sequential")
+
+    def gradients_forward(arrays, cotangents):
+        return gradients(arrays, cotangents), None
+
+    def second_order(_residuals, _cotangents):
+        raise RuntimeError(
+            f"refdml's backward of {name} is first order: second derivatives (grad of grad, "
+            "a Hessian) are not derived. Differentiate refdml's gradient by finite "
+            "differences, or use a JAX implementation")
+
+    gradients.defvjp(gradients_forward, second_order)
+
+    def backward(arrays, cotangents):
         with _refdml_errors():
-            grads = jax.pure_callback(host.backward, types, *arrays, *cotangents,
-                                      vmap_method="sequential")
+            grads = gradients(arrays, tuple(cotangents))
         by_position = dict(zip(floating, grads))
         return tuple(by_position.get(k) for k in range(len(arrays)))
 
