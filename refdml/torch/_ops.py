@@ -138,10 +138,12 @@ class TorchOp:
             spec = self.spec  # read at call time: a test may stand a spy in for the pair
             tensors, options = args[:-1], decode_options(args[-1])
             like = _floating_input(spec, tensors)
-            arrays = {name: to_array(t, name, spec.low_precision)
-                      for name, t in zip(spec.arrays, tensors) if t is not None}
             taken = _storages(tensors)
+            # Inside on_device, so that DLPack's exchange is between one stream and itself
+            # (no event between PyTorch's stream and CuPy's).
             with on_device(like.device):
+                arrays = {name: to_array(t, name, spec.low_precision)
+                          for name, t in zip(spec.arrays, tensors) if t is not None}
                 outputs, context = spec.forward(**arrays, **options)
                 out = tuple(_unaliased(to_tensor(o, dtype=like.dtype, device=like.device), taken)
                             for o in flat_outputs(outputs))
