@@ -684,6 +684,10 @@ PYEOF
             if [[ -f "$REPO/tests/conformance/test_conformance_cupy.py" ]]; then
                 gpu_tests+=("$REPO/tests/conformance/test_conformance_cupy.py")
             fi
+            # refdml.torch on CUDA tensors: DLPack without a copy, PyTorch's stream.
+            if [[ -f "$REPO/tests/interop/test_torch_gpu.py" ]]; then
+                gpu_tests+=("$REPO/tests/interop/test_torch_gpu.py")
+            fi
             # `refdml reproduce --device cuda`: a glyph task on the real CuPy against the CPU
             # (CI runs it on the stand-in, scripts/ci_cupy_standin.sh).
             if [[ -f "$REPO/tests/reproduce/test_reproduce_studies.py" ]]; then
