@@ -35,8 +35,8 @@ from refdml.gpu import normalize as fast_normalize
 from refdml.gpu import ot as fast_ot
 from refdml.gpu import prototypes as fast_prototypes
 
-__all__ = ["BRIDGED", "BridgedOp", "bridged", "broadcast", "decode_options", "encode_options",
-           "flat_outputs", "named_gradients"]
+__all__ = ["BRIDGED", "BridgedOp", "bridged", "broadcast", "catalogue_names", "decode_options",
+           "encode_options", "flat_outputs", "named_gradients", "split_arguments"]
 
 Shapes = Mapping[str, "tuple[int, ...] | None"]
 
@@ -259,6 +259,27 @@ def bridged(name: Any) -> BridgedOp:
         hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         raise ValueError(f"name == {name!r} is not an operator of refdml's bridges{hint}; "
                          f"known: {', '.join(sorted(_BY_CATALOGUE_NAME))}") from None
+
+
+def catalogue_names() -> tuple[str, ...]:
+    """Every catalogue name the bridges serve, sorted."""
+    return tuple(sorted(_BY_CATALOGUE_NAME))
+
+
+def split_arguments(spec: BridgedOp, args: tuple, kwargs: dict[str, Any], noun: str
+                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """One call's arrays (in ``spec.arrays`` order, None where not given; ``args`` bound to
+    them positionally) and its hyperparameters (the other keywords). ``noun`` names the
+    framework's arrays in the refusals (``"tensors"``, ``"arrays"``)."""
+    if len(args) > len(spec.arrays):
+        raise TypeError(f"{spec.name} takes at most {len(spec.arrays)} positional "
+                        f"{noun} ({', '.join(spec.arrays)}), got {len(args)}")
+    options = dict(kwargs)
+    for name, value in zip(spec.arrays, args):
+        if name in options:
+            raise TypeError(f"{spec.name} got {name} both positionally and by keyword")
+        options[name] = value
+    return tuple(options.pop(name, None) for name in spec.arrays), options
 
 
 def _json_value(value: Any, where: str) -> Any:

@@ -58,7 +58,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from refdml._interop import BRIDGED, BridgedOp, bridged, decode_options, encode_options
+from refdml._interop import (
+    BRIDGED,
+    BridgedOp,
+    bridged,
+    catalogue_names,
+    decode_options,
+    encode_options,
+    split_arguments,
+)
 from refdml.exceptions import RefdmlWarning
 from refdml.jax._host import HostOp, start_worker, take_error
 
@@ -195,14 +203,8 @@ class JaxOp:
 
     def __call__(self, *args: Any, **kwargs: Any):
         spec = self.spec
-        if len(args) > len(spec.arrays):
-            raise TypeError(f"{spec.name} takes at most {len(spec.arrays)} positional "
-                            f"arrays ({', '.join(spec.arrays)}), got {len(args)}")
-        for name, value in zip(spec.arrays, args):
-            if name in kwargs:
-                raise TypeError(f"{spec.name} got {name} both positionally and by keyword")
-            kwargs[name] = value
-        arrays = _check_arrays(spec, tuple(kwargs.pop(name, None) for name in spec.arrays))
+        arrays, kwargs = split_arguments(spec, args, kwargs, "arrays")
+        arrays = _check_arrays(spec, arrays)
         for key, value in kwargs.items():
             if isinstance(value, jax.Array):
                 raise TypeError(f"{key} is {_describe(value)}; refdml.jax takes hyperparameters "
@@ -272,4 +274,4 @@ def op(name: str) -> JaxOp:
 
 def names() -> tuple[str, ...]:
     """Every catalogue name :func:`op` takes, sorted."""
-    return tuple(sorted(alias for spec in BRIDGED.values() for alias in spec.catalogue_names))
+    return catalogue_names()

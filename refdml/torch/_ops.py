@@ -35,10 +35,12 @@ from refdml._interop import (
     BRIDGED,
     BridgedOp,
     bridged,
+    catalogue_names,
     decode_options,
     encode_options,
     flat_outputs,
     named_gradients,
+    split_arguments,
 )
 from refdml.torch._convert import FLOATING, on_device, to_array, to_tensor
 
@@ -239,16 +241,9 @@ class TorchOp:
     # --- the call ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any):
         spec = self.spec
-        if len(args) > len(spec.arrays):
-            raise TypeError(f"{spec.name} takes at most {len(spec.arrays)} positional "
-                            f"tensors ({', '.join(spec.arrays)}), got {len(args)}")
-        for name, value in zip(spec.arrays, args):
-            if name in kwargs:
-                raise TypeError(f"{spec.name} got {name} both positionally and by keyword")
-            kwargs[name] = value
-        tensors = tuple(kwargs.pop(name, None) for name in spec.arrays)
+        tensors, options = split_arguments(spec, args, kwargs, "tensors")
         _check_tensors(spec, tensors)
-        result = self._forward_op(*tensors, _options_text(kwargs))[:-1]
+        result = self._forward_op(*tensors, _options_text(options))[:-1]
         return result[0] if len(result) == 1 else tuple(result)
 
 
@@ -308,4 +303,4 @@ def op(name: str) -> TorchOp:
 
 def names() -> tuple[str, ...]:
     """Every catalogue name :func:`op` takes, sorted."""
-    return tuple(sorted(alias for spec in BRIDGED.values() for alias in spec.catalogue_names))
+    return catalogue_names()
