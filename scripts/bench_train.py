@@ -44,12 +44,23 @@ change each other's heap history (whether glibc hands freed memory back to the s
 be faulted in again at the next step) and thread pools (OpenMP and OpenBLAS workers
 spinning on each other's cores). The processes alternate, refdml then PyTorch,
 ``--rounds`` times, at 1 thread and at the machine's ``os.cpu_count()`` threads
-(``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` set before either starts); a round gives
+(``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` set before either starts), and a row
+``1/N`` compares each at its default: refdml at one thread (what
+:class:`refdml.train.Trainer` runs, ``blas_threads=1``) against PyTorch at all ``N``; a round gives
 each side's median over ``--repeats`` steps, wall clock and CPU time (on a shared machine
 the CPU time of a one-thread step is the steadier), and the table gives the median over
 rounds of the times and of the per-round ratios. Before timing, one float64 step of both
 is compared (every parameter to 1e-12 of its largest entry), so a twin that drifted from
 the model fails instead of timing something else.
+
+Three sides (:data:`SIDES`): ``refdml``, the ``torch`` twin above, and, for the digits-collage model, ``torch-full``: the whole model in
+PyTorch (scripts/_torch_anchors.py's ``collage_twin``: the GSP layer as its authors
+describe it, 100 fixed-point iterations of (P2) and the closed-form backward, and the
+objective in torch; what a PyTorch user of the paper would train, and the anchor of the
+GPU step in scripts/bench_gpu.py). A second table splits the refdml and twin steps into
+the pieces they share (refdml's GSP head and objective, timed on each side in a pass of
+its own) and their own layers: the ratio against the twin lies between the own layers'
+ratio and 1 whatever the shared pieces cost (:func:`_split_table`).
 
 BLAS threads: OpenBLAS's worker threads spin while they wait, and on a machine whose cores
 are busy with other work they make a matrix product many times slower, not faster; the
@@ -188,16 +199,49 @@ def check_torch_twin(which: str) -> float:
     return worst
 
 
+#: The sides of the PyTorch rows: refdml's fast path, its PyTorch twin (refdml's GSP head
+#: and objective inside autograd: the pieces both sides share) and, for the digits-collage
+#: model, the whole model in PyTorch (the GSP layer as its authors describe it).
+SIDES = ("refdml", "torch", "torch-full")
+
+
+def _shared_ms(model, objective, run_step, repeats: int) -> float:
+    """Median milliseconds per step spent in the pieces the PyTorch twin takes from refdml
+    (the GSP heads' and the objective's forward and backward), over ``repeats`` steps of
+    ``run_step``; the timers wrap the refdml objects, so they time the same calls on both
+    sides. A pass of its own, after the timed one: the step timing carries no timer."""
+    record: dict = defaultdict(float)
+    for layer in model.layers:
+        if type(layer).__name__ == "GSPHead":
+            _wrap(layer, "forward", "shared", record, lambda: None)
+            _wrap(layer, "backward", "shared", record, lambda: None)
+    _wrap(objective, "forward", "shared", record, lambda: None)
+    _wrap(objective, "backward", "shared", record, lambda: None)
+    times = []
+    for _ in range(repeats):
+        record.clear()
+        run_step()
+        times.append(record["shared"])
+    return 1e3 * statistics.median(times)
+
+
 def _time_alone(side: str, which: str, repeats: int) -> dict:
     """Median wall and CPU (process) milliseconds of ``repeats`` float32 steps of one side
-    (``refdml`` fast path or its ``torch`` twin), after two untimed steps."""
+    (:data:`SIDES`), after two untimed steps; and, except for ``torch-full`` (which shares
+    nothing), ``shared``: the median milliseconds per step in the shared pieces
+    (:func:`_shared_ms`)."""
     if side == "refdml":
         step = Step(which, "fast", "float32", "cpu")
+        model, objective = step.model, step.objective
     else:
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        step = _torch_twin_of(which, "float32")[1].step
+        if side == "torch":
+            ours, twin = _torch_twin_of(which, "float32")
+        else:
+            ours, twin = _full_torch_of(which)
+        model, objective, step = ours.model, ours.objective, twin.step
     for _ in range(2):
         step()
     wall, cpu = [], []
@@ -206,7 +250,23 @@ def _time_alone(side: str, which: str, repeats: int) -> dict:
         step()
         wall.append(time.perf_counter() - start_wall)
         cpu.append(time.process_time() - start_cpu)
-    return {"wall": 1e3 * statistics.median(wall), "cpu": 1e3 * statistics.median(cpu)}
+    times = {"wall": 1e3 * statistics.median(wall), "cpu": 1e3 * statistics.median(cpu)}
+    if side != "torch-full":
+        times["shared"] = _shared_ms(model, objective, step, repeats)
+    return times
+
+
+def _full_torch_of(which: str):
+    """The digits-collage model wholly in PyTorch (scripts/_torch_anchors.py's
+    ``collage_twin``: the GSP layer with the authors' fixed-point (P2) and closed-form
+    backward, the objective in torch), from a freshly built fast-path ``Step``'s values."""
+    import _torch_anchors
+
+    if which != "collage":
+        raise ValueError(f"no whole-PyTorch model of {which!r}: the digits-collage model only")
+    step = Step(which, "fast", "float32", "cpu")
+    return step, _torch_anchors.collage_twin(step.model, step.objective, step.optimizer,
+                                             step.x, step.labels)
 
 
 def _run_alone(side: str, which: str, threads: int, repeats: int) -> dict:
@@ -223,42 +283,104 @@ def _run_alone(side: str, which: str, threads: int, repeats: int) -> dict:
 
 
 def bench_torch(which: str, repeats: int, rounds: int, tables: list) -> dict | None:
-    """refdml ``fast f32`` against its PyTorch twin, each alone in its own process,
-    alternating, at 1 and at ``os.cpu_count()`` threads; None (and a note) without torch."""
+    """refdml ``fast f32`` against its PyTorch twin and (digits-collage) against the model
+    wholly in PyTorch, each alone in its own process, alternating, at 1 and at
+    ``os.cpu_count()`` threads; then where the twin's ratio can go (:func:`_split_table`).
+    None (and a note) without torch."""
     try:
         import torch
     except ImportError:
         print(f"\n(PyTorch is not installed: no PyTorch rows for {which})")
         return None
     agreement = check_torch_twin(which)
+    sides = SIDES if which == "collage" else SIDES[:2]
     table = {}
     for threads in sorted({1, os.cpu_count() or 1}):
-        runs = {"refdml": [], "torch": []}
+        runs = {side: [] for side in sides}
         for _ in range(rounds):
-            for side in runs:
+            for side in sides:
                 runs[side].append(_run_alone(side, which, threads, repeats))
         table[str(threads)] = {
-            clock: {"refdml_ms": statistics.median(r[clock] for r in runs["refdml"]),
-                    "torch_ms": statistics.median(r[clock] for r in runs["torch"]),
-                    "ratio": statistics.median(a[clock] / b[clock]
-                                               for a, b in zip(runs["refdml"], runs["torch"]))}
+            clock: {f"{side}_ms": statistics.median(r[clock] for r in runs[side])
+                    for side in sides}
+            | {f"ratio_{side}": statistics.median(a[clock] / b[clock] for a, b in
+                                                  zip(runs["refdml"], runs[side]))
+               for side in sides[1:]}
+            for clock in ("wall", "cpu")}
+        table[str(threads)]["shared"] = {
+            side: statistics.median(r["shared"] for r in runs[side]) for side in sides[:2]}
+    most = str(max(1, os.cpu_count() or 1))
+    if most != "1":
+        # Each at its own default: refdml.train pins BLAS to one thread (Trainer's
+        # blas_threads=1), PyTorch uses every core. A ratio of medians (other processes).
+        table[f"1/{most}"] = {
+            clock: {f"{side}_ms": table["1" if side == "refdml" else most][clock][f"{side}_ms"]
+                    for side in sides}
+            | {f"ratio_{side}": table["1"][clock]["refdml_ms"] / table[most][clock][f"{side}_ms"]
+               for side in sides[1:]}
             for clock in ("wall", "cpu")}
     title = (f"{which}: refdml fast f32 vs PyTorch {torch.__version__} f32 (same model, "
              f"batch, initial parameters; float64 twin check {agreement:.1e}); each alone in "
              f"its own process, {rounds} alternating rounds of {repeats} steps")
     print(f"\n== {title} ==")
-    printed = Table(f"Time per training step, {title}; medians over the rounds, ratio "
-                    "refdml / PyTorch", ["threads", "clock", "refdml ms", "torch ms",
-                                         "refdml/torch"])
+    columns = ["threads", "clock", "refdml ms", "twin ms", "refdml/twin"]
+    if "torch-full" in sides:
+        columns += ["PyTorch-only ms", "refdml/PyTorch-only"]
+    printed = Table(f"Time per training step, {title}; medians over the rounds, ratios "
+                    "refdml / PyTorch (twin: refdml's GSP head and objective inside autograd; "
+                    "PyTorch-only: the whole model in PyTorch, the GSP layer as its authors "
+                    "describe it)", columns)
     tables.append(printed)
-    print(f"{'threads':<9}{'clock':<6}{'refdml ms':>11}{'torch ms':>10}{'refdml/torch':>14}")
+    widths = [9, 6, 11, 10, 13, 17, 21]
+    print("".join(f"{c:>{w}}" if i > 1 else f"{c:<{w}}" for i, (c, w) in
+                  enumerate(zip(columns, widths))))
     for threads, clocks in table.items():
-        for clock, row in clocks.items():
-            c = printed.add(int(threads), clock, f"{row['refdml_ms']:.2f}",
-                            f"{row['torch_ms']:.2f}", f"{row['ratio']:.2f}x")
-            print(f"{c[0]:<9}{c[1]:<6}{c[2]:>11}{c[3]:>10}{c[4]:>14}")
+        for clock in ("wall", "cpu"):
+            row = clocks[clock]
+            cells = [threads, clock, f"{row['refdml_ms']:.2f}", f"{row['torch_ms']:.2f}",
+                     f"{row['ratio_torch']:.2f}x"]
+            if "torch-full" in sides:
+                cells += [f"{row['torch-full_ms']:.2f}", f"{row['ratio_torch-full']:.2f}x"]
+            c = printed.add(*cells)
+            print("".join(f"{cell:>{w}}" if i > 1 else f"{cell:<{w}}" for i, (cell, w) in
+                          enumerate(zip(c, widths))))
+    tables.append(_split_table(which, table))
     return {"torch_version": torch.__version__, "float64_agreement": agreement,
             "rounds": rounds, "threads": table}
+
+
+def _split_table(which: str, table: dict) -> Table:
+    r"""Where the ratio against the twin can go: each side's step split into the pieces the
+    two share (``S``: refdml's GSP head and objective, timed on each side) and its own
+    (``C``: convolutions, dense layers, Adam, the per-layer overhead), wall clock.
+
+    With ``R = S + C_r`` and ``T = S + C_t``, ``R / T`` lies between ``C_r / C_t`` and 1
+    whatever ``S`` is (a mediant), so speeding up the shared pieces moves it towards
+    ``C_r / C_t``, never past it; and ``R / T <= q`` needs ``C_r <= q T - S``: the column
+    "own ms for 0.6x" (negative: no speed of refdml's own layers reaches 0.6x while the
+    shared pieces cost what they do).
+    """
+    columns = ["threads", "shared ms (refdml / twin)", "own ms refdml", "own ms twin",
+               "own refdml/twin", "own ms for 0.6x"]
+    split = Table(f"{which}: the step split into the shared pieces (refdml's GSP head and "
+                  "objective, on both sides) and each side's own layers, wall clock; "
+                  "R / T lies between own refdml/twin and 1 (scripts/bench_train.py, "
+                  "_split_table)", columns)
+    print(f"\n{which}: shared pieces and own layers (wall; see _split_table)")
+    print("  ".join(columns))
+    for threads, clocks in table.items():
+        if "shared" not in clocks:      # the defaults row (bench_torch)
+            continue
+        shared = clocks["shared"]
+        wall = clocks["wall"]
+        own_refdml = wall["refdml_ms"] - shared["refdml"]
+        own_torch = wall["torch_ms"] - shared["torch"]
+        c = split.add(threads, f"{shared['refdml']:.2f} / {shared['torch']:.2f}",
+                      f"{own_refdml:.2f}", f"{own_torch:.2f}",
+                      f"{own_refdml / own_torch:.2f}x",
+                      f"{0.6 * wall['torch_ms'] - shared['refdml']:.2f}")
+        print("  ".join(str(cell) for cell in c))
+    return split
 
 
 def bench(which: str, device: str, repeats: int, tables: list) -> dict:

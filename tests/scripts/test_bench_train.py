@@ -1,0 +1,65 @@
+"""scripts/bench_train.py's comparison with PyTorch: the split of a step into the pieces the
+twin shares with refdml and each side's own layers (the arithmetic, on made-up times worked
+out by hand), and the sides themselves (one step each, with torch; skipped without)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _load():
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location("bench_train_under_test",
+                                                  SCRIPTS / "bench_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_split_table_by_hand():
+    bench = _load()
+    # refdml R = 22 = S 12 + C_r 10; twin T = 20 = S 11 + C_t 9 (per thread count).
+    table = {"1": {"wall": {"refdml_ms": 22.0, "torch_ms": 20.0},
+                   "shared": {"refdml": 12.0, "torch": 11.0}},
+             "1/2": {"wall": {"refdml_ms": 22.0, "torch_ms": 30.0}}}   # no split: skipped
+    split = bench._split_table("collage", table)
+    assert len(split.rows) == 1
+    threads, shared, own_refdml, own_torch, own_ratio, needed = split.rows[0]
+    assert threads == "1" and shared == "12.00 / 11.00"
+    assert (own_refdml, own_torch, own_ratio) == ("10.00", "9.00", "1.11x")
+    assert needed == "0.00"        # 0.6 * 20 - 12: no time left for refdml's own layers
+
+
+def test_the_ratio_to_the_twin_lies_between_the_own_ratio_and_one():
+    # The claim of _split_table's docstring, on a grid: (S + C_r) / (S + C_t) is a mediant.
+    for c_r, c_t in ((10.0, 9.0), (5.0, 9.0)):
+        low, high = sorted((c_r / c_t, 1.0))
+        for shared in (0.0, 1.0, 12.0, 1e3):
+            ratio = (shared + c_r) / (shared + c_t)
+            assert low - 1e-12 <= ratio <= high + 1e-12
+
+
+@pytest.mark.parametrize("side", ["refdml", "torch", "torch-full"])
+def test_each_side_times_a_step(side, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    bench = _load()
+    times = bench._time_alone(side, "collage", 1)
+    assert times["wall"] > 0 and times["cpu"] > 0
+    if side == "torch-full":
+        assert "shared" not in times      # it shares nothing with refdml
+    else:
+        assert 0 < times["shared"] < 10 * times["wall"]
+
+
+def test_only_the_collage_model_has_a_whole_pytorch_form():
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="digits-collage model only"):
+        _load()._full_torch_of("tokens")
