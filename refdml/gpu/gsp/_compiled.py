@@ -71,7 +71,11 @@ dataclasses at the end of this module (:class:`SolverConstants`, :class:`ImageOu
 
 Where results must reach Python: nothing here synchronises; the caller reads
 ``n_iter`` / ``converged`` from the per-image ``counts`` (evaluations, ``max_iter`` hit,
-residual within ``tol``: one (B, 3) array) and checks the backward's ``d_cost`` for overflow.
+residual within ``tol``, and the pooling layer's check of its points: one (B, 4) array) and
+the pooling backward's ``status`` (its upstream gradients and its result not finite), and
+checks the transport backward's ``d_cost`` for overflow. The data checks are written by the
+kernels that read the data anyway (:func:`points_status`, :func:`nonfinite`), so that the
+host reads each call's once, with what it reads regardless.
 """
 
 from __future__ import annotations

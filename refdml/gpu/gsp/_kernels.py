@@ -13,12 +13,13 @@ tolerance rule (:func:`~refdml.gpu.gsp._transport.residual_floor`), same
 is the reference's count: the most evaluations of ``g`` (pivot search and Newton steps) any
 image took (the array path counts its vectorised steps). The layer's forward is two launches:
 :func:`~refdml.gpu.gsp._compiled.normalise_cpu` / ``refdml_gsp_normalise`` (the clipped
-points, their norms and each block's largest norm; the array path's checks of them, with the
-data checks on, in one read) and the forward kernel (the common power of two ``s`` from those
-norms, then the cost map, (P2), weights, pooled, z); its backward three: the backward kernel
-(``W = d_cost / c'``, the features' gradient and each image's column sums of ``W``), the
-prototypes' sum over the batch ``W^T fbar`` as one GEMM, and
-``refdml_gsp_prototypes_backward`` (the rest of the prototypes' gradient and its clip).
+points, their norms and each block's largest norm, NaN where a norm is not finite) and the
+forward kernel (the common power of two ``s`` from those norms, then the cost map, (P2),
+weights, pooled, z, and the points' check in the summary's fourth column); its backward
+three: the backward kernel (``W = d_cost / c'``, the features' gradient, each image's column
+sums of ``W`` and its status), the prototypes' sum over the batch ``W^T fbar`` as one GEMM,
+and ``refdml_gsp_prototypes_backward`` (the rest of the prototypes' gradient and its clip,
+and each row's status).
 
 Each kernel is one :class:`GspKernel` (its function and the parameter groups it takes:
 frozen dataclasses of :mod:`refdml.gpu.gsp._compiled` whose fields, in order, are its
@@ -36,10 +37,12 @@ use (``.cpu`` / ``.cuda``).
 ``mu = 1`` (Thm 4.1's boundary, no solve) is left to the array path by the caller.
 
 Outputs are allocated with the input's module (NumPy or CuPy) with ``empty``; nothing is
-copied between host and device. What reaches Python: ``n_iter``, "max_iter hit?" and
-``converged``, read together in one transfer through :func:`refdml._deferred.read_later`
-(:func:`_result`; later, inside a training step), and the data checks (the points', the
-backward's overflow check), as on the array path.
+copied between host and device. What reaches Python: ``n_iter``, "max_iter hit?",
+``converged`` and the points' check, read together in one transfer through
+:func:`refdml._deferred.read_later` (:func:`_result`; later, inside a training step), and,
+from :meth:`KernelPath.pool_backward_status`, the backward's status (read by the caller,
+:func:`refdml.gpu.gsp._mirrors.gsp_pool_backward`, once). Where a check failed the host
+names it with the array path's checks (:func:`_name_bad_points`).
 """
 
 from __future__ import annotations

@@ -108,10 +108,11 @@ def _data_checks_later(later: bool):
 
 
 def _points_finite(backend, features, prototypes) -> None:
-    """The inputs' finiteness checks (:func:`refdml._validation.as_fast_array`'s), where
-    :func:`_features_prototypes` left them for later."""
-    as_fast_array(features, "features", ndim=3, dtype=features.dtype, ns=backend)
-    as_fast_array(prototypes, "prototypes", ndim=2, dtype=features.dtype, ns=backend)
+    """The inputs' finiteness checks (:func:`refdml._validation.as_fast_array`'s) where
+    :func:`_features_prototypes` left them for later: on a device (NumPy ran them)."""
+    if not backend.free_host_reads:
+        as_fast_array(features, "features", ndim=3, dtype=features.dtype, ns=backend)
+        as_fast_array(prototypes, "prototypes", ndim=2, dtype=features.dtype, ns=backend)
 
 
 def _upstream(value, name: str, shape, like, *, allow_none: bool = True, finite: bool = True):
@@ -271,14 +272,8 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     # The kernels check the upstream gradients and their result in one status array: one
     # read, which also decides the retries below (on NumPy the upstreams are checked here).
     folded = isinstance(path, KernelPath) and backend.data_checks
-
-    def upstreams(finite):
-        return (_upstream(given_d_pooled, "d_pooled", ctx.pooled.shape, ctx.pooled,
-                          finite=finite),
-                _upstream(given_d_z, "d_z", result.pi.shape[:2], ctx.pooled, finite=finite))
-
-    given_d_pooled, given_d_z = d_pooled, d_z
-    d_pooled, d_z = upstreams(not folded)
+    upstreams = functools.partial(_pool_upstreams, ctx, d_pooled, d_z)
+    d_pooled, d_z = upstreams(finite=not folded)
     xp = backend.xp
     d_pooled = xp.zeros_like(ctx.pooled) if d_pooled is None else d_pooled
     d_z = xp.zeros(result.pi.shape[:2], dtype=ctx.pooled.dtype) if d_z is None else d_z
@@ -304,7 +299,7 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     if folded:
         bits = _status_bits(status)
         if bits & path.compiled.UPSTREAM_NOT_FINITE:
-            upstreams(True)                       # raises the check's error, naming the entry
+            upstreams(finite=True)                # raises the check's error, naming the entry
         finite = not bits & path.compiled.GRADIENT_NOT_FINITE
     else:
         finite = bool(xp.all(xp.isfinite(grads.features)) & xp.all(xp.isfinite(grads.prototypes)))
@@ -320,6 +315,12 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
         prototypes=cast_checked(wide.prototypes, np.float32, "the gradient of prototypes",
                                 backend),
     )
+
+
+def _pool_upstreams(ctx: PoolContext, d_pooled, d_z, *, finite: bool):
+    """The pooling backward's upstream gradients, checked (:func:`_upstream`)."""
+    return (_upstream(d_pooled, "d_pooled", ctx.pooled.shape, ctx.pooled, finite=finite),
+            _upstream(d_z, "d_z", ctx.transport.pi.shape[:2], ctx.pooled, finite=finite))
 
 
 def _status_bits(status) -> int:
