@@ -409,10 +409,10 @@ def test_launches_and_syncs_on_the_standin_within_ceilings(name, mode, data_chec
 @pytest.mark.parametrize(("name", "mode", "calls"), sorted(CHECKS_ON_CEILINGS),
                          ids=lambda v: str(v))
 def test_the_gsp_layer_with_data_checks_on_within_ceilings(name, mode, calls):
+    import cupy
+
     from refdml._backend import get_backend
     from refdml._deferred import DeferredReads, deferring
-
-    import cupy
 
     assert get_backend(cupy.zeros(1)).data_checks, "the default settings: data checks on"
     reads = DeferredReads()
