@@ -20,6 +20,9 @@ Two entry points for code below the loop:
 - :func:`read_later` (values, on_read): inside a :func:`deferring` scope on a device
   backend, record; anywhere else (NumPy, or no scope), read now and call ``on_read`` at
   once: a standalone call behaves as it did before deferral existed.
+- :func:`read_now` (values, on_read): for a value the caller must decide on before it
+  returns (the GSP layer's backward: whether to redo float32 in float64); inside a scope on a
+  device it reads the scope's pending values with it, in the same transfer.
 - :func:`step_checks_deferred`: whether the operators' own data checks are handed to the
   enclosing step (:attr:`refdml._backend.Backend.data_checks` is False then, on CuPy).
   Inside a training step the values the operators would check are the step's own
@@ -50,7 +53,8 @@ import numpy as np
 from refdml._backend import get_backend, hand_operator_checks_to_step, to_numpy
 from refdml.exceptions import NonFiniteGradient
 
-__all__ = ["DeferredReads", "check_finite_later", "current", "deferring", "read_later"]
+__all__ = ["DeferredReads", "check_finite_later", "current", "deferring", "read_later",
+           "read_now"]
 
 #: ``on_read(values, where)``: the host copy (1-d NumPy) and the label of when it was recorded.
 OnRead = Callable[[np.ndarray, str], None]
@@ -167,6 +171,22 @@ def read_later(values: Any, on_read: OnRead) -> None:
         now.read()
         return
     reads.add(values, on_read)
+
+
+def read_now(values: Any, on_read: OnRead) -> None:
+    """Read ``values`` (as :func:`read_later`) now, for a caller that decides on them before
+    it returns, and call ``on_read(values, where)``. Inside a :func:`deferring` scope on a
+    device the scope's pending values come along in the same transfer (their callbacks run
+    first, in the order recorded; the first failure is raised once all have run, as
+    :meth:`DeferredReads.read`): the read the caller must pay anyway settles what waits.
+    Anywhere else (NumPy, or no scope) it reads ``values`` alone, at once."""
+    reads = _CURRENT.get()
+    arrays = values if isinstance(values, tuple) else (values,)
+    if reads is None or get_backend(*arrays).free_host_reads:
+        read_later(values, on_read)
+        return
+    reads.add(values, on_read)
+    reads.read()
 
 
 def check_finite_later(array: Any, name: str) -> Any:

@@ -101,3 +101,33 @@ def test_operator_checks_stay_on_when_asked():
     x = xp.ones(2)
     with _deferred.deferring(_deferred.DeferredReads(), operator_checks=True):
         assert get_backend(x).data_checks
+
+
+def test_read_now_takes_the_scopes_pending_values_along_in_one_read():
+    # A caller that must decide on a value now (the GSP layer's backward) pays one read, and
+    # what waits in the scope comes with it: its callbacks run first, and a failure among them
+    # is raised after every callback, the caller's included, has run.
+    xp = _xp()
+    seen = []
+    reads = _deferred.DeferredReads()
+    with _deferred.deferring(reads, operator_checks=True):
+        reads.where = "forward"
+        _deferred.read_later(xp.asarray([3.0]), lambda v, w: seen.append(("later", v.tolist(), w)))
+        reads.where = "backward"
+        _deferred.read_now(xp.asarray([4.0, 5.0]), lambda v, w: seen.append(("now", v.tolist(), w)))
+        device = not get_backend(xp.ones(1)).free_host_reads
+        # NumPy reads each at once (the "later" one at its call); a device reads both at the
+        # second call, in one transfer
+        assert seen == [("later", [3.0], "" if not device else "forward"),
+                        ("now", [4.0, 5.0], "" if not device else "backward")], seen
+        assert len(reads) == 0 and reads.reads == (1 if device else 0)
+        del seen[:]
+
+        def refuse(values, where):
+            raise ValueError(f"refused at {where}")
+
+        with pytest.raises(ValueError, match="refused at"):
+            _deferred.read_later(xp.asarray([1.0]), refuse)   # NumPy: refused here, at once
+            _deferred.read_now(xp.asarray([6.0]), lambda v, w: seen.append(v.tolist()))
+        assert seen == ([[6.0]] if device else [])
+    assert len(reads) == 0

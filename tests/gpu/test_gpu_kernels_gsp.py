@@ -232,7 +232,7 @@ def test_kernels_match_array_path_and_reference_at_huge_inverse_temperature(
 # The column maths the pool backward's CPU twin calls (compiled functions): their Python
 # source runs instead where the twin runs on Contracting floats.
 _POOL_BACKWARD_HELPERS = ("pool_backward_column", "_marginal_centre", "cost_gradient",
-                          "distance_weight", "clip_coefficient")
+                          "distance_weight", "clip_coefficient", "nonfinite")
 
 
 def _with_cpu_twin(monkeypatch, **twins):
@@ -273,14 +273,14 @@ def _contracting_pool_backward(monkeypatch):
     calls = []
 
     def twin(*args):
-        *inputs, distance_weights, d_features = args
+        *inputs, distance_weights, d_features, column_sums, status = args
         inputs = [contracting(a) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
                   for a in inputs]
-        out_w = np.empty(distance_weights.shape, dtype=object)
-        out_f = np.empty(d_features.shape, dtype=object)
-        source(*inputs, out_w, out_f)
-        distance_weights[...] = rounded(out_w)
-        d_features[...] = rounded(out_f)
+        outputs = (distance_weights, d_features, column_sums)
+        written = [np.empty(a.shape, dtype=object) for a in outputs]
+        source(*inputs, *written, status)         # status: the twin's int64 checks, as given
+        for output, values in zip(outputs, written):
+            output[...] = rounded(values)
         calls.append(len(args))
 
     _with_cpu_twin(monkeypatch, pool_backward=twin)
@@ -457,7 +457,7 @@ def test_convergence_warning_and_tol_zero_as_the_array_path():
 
 @pytest.mark.parametrize("max_iter", [1, 100])
 def test_the_solve_summary_is_read_when_the_deferral_hook_reads_it(max_iter, monkeypatch):
-    # The kernels hand their (B, 3) counts to read_later (refdml._deferred): inside a training
+    # The kernels hand their (B, 4) counts to read_later (refdml._deferred): inside a training
     # step the read comes later, and until then the result holds the per-image columns; the
     # read then gives what an immediate one gives (the n_iter, converged and warning of a
     # call outside a step), and nothing warns before it.
@@ -476,7 +476,8 @@ def test_the_solve_summary_is_read_when_the_deferral_hook_reads_it(max_iter, mon
         _, deferred = fast.gsp_pool_forward(features, prototypes, **args)
     (values, on_read), = pending
     result = deferred.transport
-    assert values.shape == (features.shape[0], 3) and values.dtype == np.int64
+    assert values.shape == (features.shape[0], 4) and values.dtype == np.int64
+    assert not np.any(values[:, 3])             # the points' check: these points are fine
     host = to_numpy(values).astype(np.float64).ravel()   # as refdml._deferred hands them
     assert_allclose(result.n_iter, values[:, 0])
     assert_allclose(result.converged, values[:, 2])

@@ -27,6 +27,7 @@ include their loop iterations on these inputs.
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 import tempfile
 import warnings
@@ -120,6 +121,22 @@ CEILINGS: dict[tuple[str, str], tuple[int, int]] = {
     ("train.linear",                           "array"): (5, 0),
     ("train.local_linear",                     "array"): (7, 0),
     ("train.relu",                             "array"): (3, 0),
+}
+
+# The GSP layer with the default settings (data checks on) on the catalogue's inputs, forward
+# + backward in float32 (issue 46: was (26, 7), each check an isfinite / all / read of its
+# own). On the kernels the checks ride on what the layer reads anyway: the forward's (the
+# inputs' finiteness, the points' norms) on its solve summary, the backward's (the upstream
+# gradients' finiteness, and the result's, which decides the float32 / float64 retries) on
+# one status array the two backward kernels write. "standalone": two calls, one read each
+# (a standalone forward must warn and refuse before it returns, and so must a standalone
+# backward: refdml/gpu/gsp/__init__.py, "Synchronisation on CuPy"); "one scope": both inside
+# refdml._deferred.deferring(reads, operator_checks=True), where the backward's read takes
+# the forward's along (one concatenate more, one read for the pair).
+#   (catalogue name, kernel mode, calls): (launches, host syncs)
+CHECKS_ON_CEILINGS: dict[tuple[str, str, str], tuple[int, int]] = {
+    ("gsp.pool", "cuda", "one scope"): (6, 1),
+    ("gsp.pool", "cuda", "standalone"): (5, 2),
 }
 
 # One digits-collage training step as the training loop runs it on a GPU (issue 46):
@@ -299,9 +316,10 @@ def test_standin_launch_counter_counts_each_simulated_cuda_launch(monkeypatch):
 
 
 # ------------------------------------------------------------------ ceilings on the stand-in
-def _catalogue_counts(name, mode):
+def _catalogue_counts(name, mode, scope=contextlib.nullcontext):
     """``{"forward": (launches, transfers), "backward": (...)}``: the counters of catalogue
-    entry ``name``'s mirror in float32 under ``use_kernels(mode)`` on the installed stand-in."""
+    entry ``name``'s mirror in float32 under ``use_kernels(mode)`` on the installed stand-in;
+    the two calls inside one ``scope()``."""
     import cupy
 
     from refdml.catalog import get
@@ -313,7 +331,7 @@ def _catalogue_counts(name, mode):
     inputs = {k: (cupy.asarray(v.astype(np.float32) if v.dtype.kind == "f" else v)
                   if isinstance(v, np.ndarray) else v)
               for k, v in spec.make_inputs(rng).items()}
-    with use_kernels(mode):
+    with use_kernels(mode), scope():
         with count_launches() as fwd, count_transfers() as fwd_syncs:
             out, ctx = forward(**inputs)
         outs = out if isinstance(out, tuple) else (out,)
@@ -385,6 +403,26 @@ def test_launches_and_syncs_on_the_standin_within_ceilings(name, mode, data_chec
     # the CUDA rows run at least one of the family's kernels (else they test nothing new);
     # the array rows none
     assert (kernels > 0) == (mode == "cuda"), (name, mode, parts)
+
+
+@standin
+@pytest.mark.parametrize(("name", "mode", "calls"), sorted(CHECKS_ON_CEILINGS),
+                         ids=lambda v: str(v))
+def test_the_gsp_layer_with_data_checks_on_within_ceilings(name, mode, calls):
+    import cupy
+
+    from refdml._backend import get_backend
+    from refdml._deferred import DeferredReads, deferring
+
+    assert get_backend(cupy.zeros(1)).data_checks, "the default settings: data checks on"
+    reads = DeferredReads()
+    scope = ((lambda: deferring(reads, operator_checks=True)) if calls == "one scope"
+             else contextlib.nullcontext)
+    parts = _catalogue_counts(name, mode, scope)
+    assert len(reads) == 0, "a check was left unread"
+    assert reads.reads == (1 if calls == "one scope" else 0), reads.reads
+    _check_ceiling(f"{name} [{mode}, data checks on, {calls}]", parts,
+                   CHECKS_ON_CEILINGS[name, mode, calls])
 
 
 @standin

@@ -313,9 +313,10 @@ def test_gsp_synchronisations(kernels):
     # refdml/gpu/gsp/_array.py: the rows outside the plain norm range (one nonzero per input), the cost
     # map's refinement (one nonzero, two when a pair is refined: array path), the solver's
     # convergence test once per _SWEEPS sweeps (array path) and ``converged``. The kernels
-    # (refdml/gpu/gsp/_kernels.py): their (B, 3) counts alone, in one transfer handed to
+    # (refdml/gpu/gsp/_kernels.py): their (B, 4) counts alone, in one transfer handed to
     # refdml._deferred.read_later (read at once outside a training step), with the data
-    # checks off; with them on, one more read of the points' checks.
+    # checks off; with them on, the same one read (the points' checks are its fourth column)
+    # and one in the backward (tests/gpu/test_gpu_launch_counts.py, CHECKS_ON_CEILINGS).
     from refdml.gpu.gsp import _transport as _gsp_transport
 
     _, ctx, fwd, bwd = _catalogue_call("gsp.pool", kernels=kernels)

@@ -71,13 +71,43 @@ float32 / float64 retries); switched off by
 norm leaves the plain range (one ``nonzero`` for the features, one for the prototypes),
 the refinement of the cost map (one ``nonzero``, two when a pair is refined), the
 solver's "every image converged?" test once per few sweeps and
-``WeightTransportResult.converged`` (a Python bool, like the reference's). The kernels read
-nothing but their solve summary (``n_iter``, ``converged`` and whether ``max_iter`` was hit,
-one (B, 3) array), handed to :func:`refdml._deferred.read_later`: read at once outside a
-training step, with the step's other deferred reads inside one (until then the result holds
-the per-image columns: :func:`refdml.gpu.gsp._kernels._result`). The layer on the kernels is
-five launches, forward and backward: the clip and norms, the forward (scale, cost map, (P2),
-weights, pooled, z), the backward, one GEMM and the prototypes' gradient.
+``WeightTransportResult.converged`` (a Python bool, like the reference's), and each data
+check is a read of its own. The layer on the kernels (``p = 1``) is five launches, forward
+and backward: the clip and norms, the forward (scale, cost map, (P2), weights, pooled, z),
+the backward, one GEMM and the prototypes' gradient; and its checks ride on what it reads
+anyway, so it reads once per call, data checks on or off:
+
+* forward: the solve summary (``n_iter``, ``converged``, whether ``max_iter`` was hit) and
+  the points' check, one (B, 4) array (:func:`refdml.gpu.gsp._kernels._result`): the
+  normalise kernel marks a block with a norm that is not finite (a non-finite input, or a
+  norm beyond the dtype), the forward kernel adds a largest norm below the dtype's normal
+  range. Handed to :func:`refdml._deferred.read_later`: read at once outside a training
+  step, with the scope's other reads inside one (until then the result holds the
+  per-image columns).
+* backward: one (B + m,) status array the two backward kernels write (an upstream gradient
+  not finite; a gradient entry not finite, which decides the retries), read by
+  :func:`refdml._deferred.read_now`.
+
+Where a flag is set, the host runs the array path's checks (reading as it likes: only a
+refused or retried call pays), so a refusal names the parameter and the entry in the same
+words; a bad scalar argument given with non-finite data still gets the data's error, as
+before. With the data checks on, a standalone forward + backward is 5 launches and 2 reads
+(26 and 7 when each check read on its own); checks off, 5 and 1 (the backward reads
+nothing). Two reads is the least for two standalone calls: the forward returns ``n_iter``
+as an int and ``converged`` as a bool, and refuses bad points or warns of a solve that did
+not converge, before it returns, so it must read; the backward must refuse a non-finite
+upstream gradient before it returns, and whether to redo a float32 backward in float64 is
+known only from the device's values, so it must read too, after the forward has returned.
+One read for the pair: run both inside ``refdml._deferred.deferring(reads,
+operator_checks=True)``; the forward records its read, and the backward's read takes it
+along in the same transfer (6 launches, one a concatenate; a forward's refusal or warning
+then comes at that read). Inside a training step (the data checks handed to the step) the
+layer reads nothing: its summary waits for the step's read. The counts are asserted on the
+CuPy stand-in (tests/gpu/test_gpu_launch_counts.py, ``CEILINGS`` and
+``CHECKS_ON_CEILINGS``). The kernels meet non-finite data before the host has read their
+checks: every index they compute from the data stays in range
+(:func:`~refdml.gpu.gsp._compiled.column_rank` orders NaN last, a permutation), so a bad
+input costs a wasted solve, never a bad access.
 """
 
 from refdml.gpu.gsp._kernels import IMPLEMENTATIONS

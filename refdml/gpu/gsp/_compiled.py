@@ -71,7 +71,11 @@ dataclasses at the end of this module (:class:`SolverConstants`, :class:`ImageOu
 
 Where results must reach Python: nothing here synchronises; the caller reads
 ``n_iter`` / ``converged`` from the per-image ``counts`` (evaluations, ``max_iter`` hit,
-residual within ``tol``: one (B, 3) array) and checks the backward's ``d_cost`` for overflow.
+residual within ``tol``, and the pooling layer's check of its points: one (B, 4) array) and
+the pooling backward's ``status`` (its upstream gradients and its result not finite), and
+checks the transport backward's ``d_cost`` for overflow. The data checks are written by the
+kernels that read the data anyway (:func:`points_status`, :func:`nonfinite`), so that the
+host reads each call's once, with what it reads regardless.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ __all__ = [
     "PrototypesGradient",
     "PrototypesSaved",
     "PrototypesUpstream",
+    "GRADIENT_NOT_FINITE",
     "SATURATION",
     "Scratch",
     "SolverConstants",
@@ -105,6 +110,7 @@ __all__ = [
     "TransportInput",
     "TransportSaved",
     "TransportUpstream",
+    "UPSTREAM_NOT_FINITE",
     "bracket",
     "clip_coefficient",
     "clip_row",
@@ -121,9 +127,11 @@ __all__ = [
     "newton_phi",
     "newton_start",
     "newton_step",
+    "nonfinite",
     "normalise_cpu",
     "pool_backward_column",
     "pool_backward_cpu",
+    "points_status",
     "pool_forward_cpu",
     "power_of_two_scale",
     "prototype_backward_row",
@@ -321,7 +329,8 @@ def prototype_backward_row(prototypes_bar, prototypes_norm, scale, column_sums, 
     """Row ``i`` of the prototypes' gradient: ``d wbar_i = ((sum_bj W_bji) wbar_i - (W^T
     fbar)_i) / s`` (``column_sums`` (B, m): each image's ``sum_j W_ji``; ``product`` (m, d):
     ``W^T fbar`` over the batch), then the clip's backward, ``(I - wbar wbar^T) d wbar /
-    ||w||`` where ``||w|| > 1`` (:func:`refdml.normalize._clip_backward`)."""
+    ||w||`` where ``||w|| > 1`` (:func:`refdml.normalize._clip_backward`). Returns the row's
+    status: :data:`GRADIENT_NOT_FINITE` where an entry is not finite, else 0."""
     d = prototypes_bar.shape[1]
     s = float(scale[0])
     column = 0.0
@@ -333,11 +342,48 @@ def prototype_backward_row(prototypes_bar, prototypes_norm, scale, column_sums, 
         for k in range(d):
             radial += prototypes_bar[i, k] * ((prototypes_bar[i, k] * column - product[i, k])
                                               / s)
+    bad = 0.0
     for k in range(d):
         gradient = (prototypes_bar[i, k] * column - product[i, k]) / s
         if norm > 1.0:
             gradient = (gradient - prototypes_bar[i, k] * radial) / norm
         d_prototypes[i, k] = gradient
+        bad += nonfinite(d_prototypes[i, k])
+    return GRADIENT_NOT_FINITE if bad > 0.0 else 0
+
+
+#: The pooling backward's status of image ``b`` (``PoolGradients.status``) and of prototype
+#: ``i`` (``PrototypesGradient.status``), bits the host ORs after its one read: an upstream
+#: gradient not finite (``d_pooled[b]`` or ``d_z[b]``: refused, named by the host's checks),
+#: and a gradient entry not finite (the float32 / float64 retries).
+UPSTREAM_NOT_FINITE = 1
+GRADIENT_NOT_FINITE = 2
+
+
+@njit(cache=True, inline="always")
+def nonfinite(x):
+    """1.0 where ``x`` is NaN or inf, else 0.0 (a count the block reductions can sum)."""
+    return 0.0 if math.isfinite(x) else 1.0
+
+
+@njit(cache=True, inline="always")
+def points_status(peaks, tiny):
+    """``(peak, status)``: the largest of ``peaks`` that is not NaN, and 1 where a peak is
+    NaN (a norm of its block is not finite: a non-finite input, or a norm beyond the dtype)
+    or ``peak`` is below the dtype's normal range ``tiny`` (``1 / s`` would overflow), else
+    0. The array path's checks of the points (:func:`refdml.gpu.gsp._array.normalised` and
+    the inputs' finiteness), as one flag per image that the host reads with the solve
+    summary (``counts[:, 3]``) and, where it is 1, names by running those checks."""
+    peak, status = 0.0, 0
+    for k in range(peaks.shape[0]):
+        value = float(peaks[k])
+        if value != value:
+            status = 1
+        else:
+            peak = max(peak, value)
+    if peak < tiny:
+        status = 1
+    return peak, status
 
 
 @njit(cache=True, inline="always")
@@ -345,24 +391,36 @@ def image_report(b, tau, column_residual, mass, mu, tol, evaluations, steps, exh
                  log_t, t, residual, counts):
     """Image ``b``'s solve summary: ``tau`` (``log_t``), ``t = exp(tau)``, the residual as
     stored, and ``counts[b] = (evaluations of g, max_iter hit, residual <= tol)`` (the stored
-    residual against ``tol`` as the dtype holds it: the array path's comparison)."""
+    residual against ``tol`` as the dtype holds it: the array path's comparison, then 0:
+    the points' check, which the pooling layer's forward kernel writes over after the
+    solve)."""
     log_t[b] = tau
     t[b] = exp_or_inf(log_t[b])
     residual[b] = max(column_residual, abs(mass - mu))
     counts[b, 0] = evaluations + steps
     counts[b, 1] = 1 if exhausted else 0
     counts[b, 2] = 1 if residual[b] <= tol else 0
+    counts[b, 3] = 0
 
 
 @njit(cache=True, inline="always")
 def column_rank(column_min, b, j):
-    """Position of column ``j`` in the stable sort of the image's column minima."""
+    """Position of column ``j`` in the stable sort of the image's column minima, NaN last
+    (NumPy's ``argsort(kind="mergesort")``, the CPU twin's): a permutation whatever the
+    data, so that the search never reads ``order`` where no column was written. A NaN
+    minimum comes from a non-finite input, which the kernels meet before the host has read
+    their data checks (the layer's checks ride on its one read: :mod:`refdml.gpu.gsp`)."""
     n = column_min.shape[1]
     value = column_min[b, j]
+    value_nan = value != value
     rank = 0
     for k in range(n):
         other = column_min[b, k]
-        if other < value or (other == value and k < j):
+        if other != other:
+            before = value_nan and k < j
+        else:
+            before = value_nan or other < value or (other == value and k < j)
+        if before:
             rank += 1
     return rank
 
@@ -633,22 +691,24 @@ def normalise_cpu(features, prototypes, features_bar, features_norm, prototypes_
                   prototypes_norm, peaks):
     """``refdml_gsp_normalise`` CPU twin: the clipped points and their norms
     (:func:`clip_row`), and ``peaks`` (B + 1,): each image's largest ``||fbar||``, then the
-    prototypes' largest ``||wbar||`` (``prototypes`` and theirs as (1, m, ·) views)."""
+    prototypes' largest ``||wbar||`` (``prototypes`` and theirs as (1, m, ·) views); NaN
+    where a norm of the block is not finite (:func:`points_status`)."""
     batch = features.shape[0]
     for b in prange(batch + 1):
+        peak, bad = 0.0, 0.0
         if b < batch:
-            peak = 0.0
             for j in range(features.shape[1]):
                 peak = max(peak, clip_row(features, features_bar, features_norm, b, j))
+                bad += nonfinite(features_norm[b, j])
         else:
-            peak = 0.0
             for j in range(prototypes.shape[1]):
                 peak = max(peak, clip_row(prototypes, prototypes_bar, prototypes_norm, 0, j))
-        peaks[b] = peak
+                bad += nonfinite(prototypes_norm[0, j])
+        peaks[b] = peak if bad == 0.0 else math.nan
 
 
 @njit(parallel=True, cache=True)
-def pool_forward_cpu(features, features_bar, prototypes_bar, peaks, p_one,
+def pool_forward_cpu(features, features_bar, prototypes_bar, peaks, p_one, tiny,
                      inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor, tol,
                      assignment, lam, log_s, rho, transported, pi, order, log_t, t, residual,
                      counts, scale, cost_t, weights, pooled, z):
@@ -656,15 +716,14 @@ def pool_forward_cpu(features, features_bar, prototypes_bar, peaks, p_one,
     (p = 1) and z.
 
     ``s`` is the power of two of the largest of ``peaks`` (:func:`power_of_two_scale`),
-    written to ``scale`` (1,). The cost's inner loop runs over the prototypes, contiguous in
+    written to ``scale`` (1,); each image's ``counts[b, 3]`` is the points' check
+    (:func:`points_status`). The cost's inner loop runs over the prototypes, contiguous in
     ``wbar / s`` transposed (d, m), formed here once (vectorised, no reduction in the inner
     loop); the squares are summed in float64 (the CUDA kernel's sums).
     """
     batch, n, d = features_bar.shape
     m = prototypes_bar.shape[0]
-    peak = 0.0
-    for k in range(peaks.shape[0]):
-        peak = max(peak, peaks[k])
+    peak, status = points_status(peaks, tiny)
     s = power_of_two_scale(peak)
     scale[0] = s
     prototypes_scaled_t = np.empty((d, m))
@@ -685,6 +744,7 @@ def pool_forward_cpu(features, features_bar, prototypes_bar, peaks, p_one,
         _transport_image(b, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
                          phi_floor, tol, assignment, lam, log_s, rho, transported, pi, order,
                          log_t, t, residual, counts)
+        counts[b, 3] = status
         inv_mu = 1.0 / mu
         for j in range(n):
             weights[b, j] = transported[b, j] * inv_mu
@@ -742,10 +802,12 @@ def _marginal_centre(rho, transported, b_values, b):
 @njit(parallel=True, cache=True)
 def pool_backward_cpu(features, features_bar, features_norm, prototypes_bar, scale, assignment,
                       cost_t, rho, transported, weights, inverse_temperature, mu, d_pooled, d_z,
-                      d_weights, direct, p_one, distance_weights, d_features, column_sums):
-    """``refdml_gsp_pool_backward`` CPU twin: ``W = d_cost / c'`` (B, n, m), d features and
+                      d_weights, direct, p_one, distance_weights, d_features, column_sums,
+                      status):
+    """``refdml_gsp_pool_backward`` CPU twin: ``W = d_cost / c'`` (B, n, m), d features,
     each image's ``sum_j W_ji`` (B, m; float64) for the prototypes' gradient
-    (:func:`prototypes_backward_cpu`).
+    (:func:`prototypes_backward_cpu`) and its ``status`` (B,) (:data:`UPSTREAM_NOT_FINITE`,
+    :data:`GRADIENT_NOT_FINITE`).
 
     ``p_one``: the direct path is ``w_j d_pooled / n`` (computed here); otherwise
     ``d_weights`` (B, n) and ``direct`` (B, n, d) come from the caller (GeMean).
@@ -769,6 +831,7 @@ def pool_backward_cpu(features, features_bar, features_norm, prototypes_bar, sca
         b_top, mean_offset = _marginal_centre(rho, transported, b_values, b)
         acc = np.zeros(d)
         column_sums[b, :] = 0.0
+        bad_gradient = 0.0
         for j in range(n):
             marginal = rho[b, j] * transported[b, j] * ((b_values[j] - b_top) + mean_offset)
             p = transported[b, j] * inv_n
@@ -799,17 +862,26 @@ def pool_backward_cpu(features, features_bar, features_norm, prototypes_bar, sca
                     along = direct[b, j, k]
                 d_features[b, j, k] = (acc[k] * inverse + features_bar[b, j, k] * coefficient
                                        + along)
+                bad_gradient += nonfinite(d_features[b, j, k])
+        bad_upstream = 0.0
+        for k in range(d):
+            bad_upstream += nonfinite(d_pooled[b, k])
+        for i in range(m):
+            bad_upstream += nonfinite(d_z[b, i])
+        status[b] = ((UPSTREAM_NOT_FINITE if bad_upstream > 0.0 else 0)
+                     | (GRADIENT_NOT_FINITE if bad_gradient > 0.0 else 0))
 
 
 @njit(parallel=True, cache=True)
 def prototypes_backward_cpu(prototypes_bar, prototypes_norm, scale, column_sums, product,
-                            d_prototypes):
+                            d_prototypes, status):
     """``refdml_gsp_prototypes_backward`` CPU twin: the prototypes' gradient, row by row
     (:func:`prototype_backward_row`), from the batch's ``W^T fbar`` (``product``, one GEMM
-    by the caller) and the images' column sums of ``W``."""
+    by the caller) and the images' column sums of ``W``; ``status`` (m,)
+    :data:`GRADIENT_NOT_FINITE` where a row is not finite."""
     for i in prange(prototypes_bar.shape[0]):
-        prototype_backward_row(prototypes_bar, prototypes_norm, scale, column_sums, product,
-                               d_prototypes, i)
+        status[i] = prototype_backward_row(prototypes_bar, prototypes_norm, scale, column_sums,
+                                           product, d_prototypes, i)
 
 
 @njit(parallel=True, cache=True)
@@ -899,9 +971,10 @@ class ImageOutputs(Buffers):
     (B, n) ``sigma(x_j)``, ``pi`` (B, n, m), ``order`` (B, n) int64 the stable order of the
     column minima, ``log_t`` (B,) ``tau`` for the cost as given, ``t`` (B,) ``exp(tau)``,
     ``residual`` (B,) of the arrays as stored (all those in the input's dtype) and
-    ``counts`` (B, 3) int64: the evaluations of ``g`` (pivot search and Newton steps), 1
-    where ``max_iter`` was hit, 1 where the residual is within ``tol`` (what the host reads
-    of the solve, in one transfer: :func:`refdml.gpu.gsp._kernels._result`)."""
+    ``counts`` (B, 4) int64: the evaluations of ``g`` (pivot search and Newton steps), 1
+    where ``max_iter`` was hit, 1 where the residual is within ``tol``, and the points'
+    check (:func:`points_status`; 0 from the solve alone): what the host reads of the
+    solve, in one transfer (:func:`refdml.gpu.gsp._kernels._result`)."""
 
     assignment: Any
     lam: Any
@@ -924,7 +997,7 @@ class ImageOutputs(Buffers):
             transported=xp.empty((batch, n), dtype=dtype), pi=xp.empty((batch, n, m), dtype=dtype),
             order=xp.empty((batch, n), dtype=np.int64), log_t=xp.empty(batch, dtype=dtype),
             t=xp.empty(batch, dtype=dtype), residual=xp.empty(batch, dtype=dtype),
-            counts=xp.empty((batch, 3), dtype=np.int64))
+            counts=xp.empty((batch, 4), dtype=np.int64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -939,8 +1012,9 @@ class NormaliseInputs(Buffers):
 class NormaliseOutputs(Buffers):
     """The clipped points and their norms: ``features_bar`` (B, n, d), ``features_norm``
     (B, n), ``prototypes_bar`` (1, m, d), ``prototypes_norm`` (1, m), and ``peaks`` (B + 1,)
-    the largest ``||fbar||`` of each image and, last, the largest ``||wbar||``: the
-    reduction the forward kernel finishes into the common power of two ``s``."""
+    the largest ``||fbar||`` of each image and, last, the largest ``||wbar||`` (NaN where a
+    norm of that block is not finite): the reduction the forward kernel finishes into the
+    common power of two ``s`` and the points' check (:func:`points_status`)."""
 
     features_bar: Any
     features_norm: Any
@@ -961,13 +1035,15 @@ class NormaliseOutputs(Buffers):
 class PoolInputs(Buffers):
     """The pooling layer's forward: ``features`` (B, n, d) as given, ``features_bar`` (B, n, d)
     and ``prototypes_bar`` (m, d) the clipped points, ``peaks`` (B + 1,) their largest
-    norms (:class:`NormaliseOutputs`), ``p_one`` (pooled formed here: p = 1)."""
+    norms (:class:`NormaliseOutputs`), ``p_one`` (pooled formed here: p = 1), ``tiny`` the
+    dtype's smallest normal number (:func:`points_status`)."""
 
     features: Any
     features_bar: Any
     prototypes_bar: Any
     peaks: Any
     p_one: bool
+    tiny: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1017,12 +1093,14 @@ class PoolUpstream(Buffers):
 
 @dataclasses.dataclass(frozen=True)
 class PoolGradients(Buffers):
-    """``distance_weights`` (B, n, m) ``W = d_cost / c'``, ``d_features`` (B, n, d) and
-    ``column_sums`` (B, m) float64, each image's ``sum_j W_ji``."""
+    """``distance_weights`` (B, n, m) ``W = d_cost / c'``, ``d_features`` (B, n, d),
+    ``column_sums`` (B, m) float64, each image's ``sum_j W_ji``, and ``status`` (B,) int64,
+    each image's :data:`UPSTREAM_NOT_FINITE` | :data:`GRADIENT_NOT_FINITE`."""
 
     distance_weights: Any
     d_features: Any
     column_sums: Any
+    status: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1045,9 +1123,11 @@ class PrototypesUpstream(Buffers):
 
 @dataclasses.dataclass(frozen=True)
 class PrototypesGradient(Buffers):
-    """``d_prototypes`` (m, d)."""
+    """``d_prototypes`` (m, d) and ``status`` (m,) int64, :data:`GRADIENT_NOT_FINITE` where
+    a row is not finite."""
 
     d_prototypes: Any
+    status: Any
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,8 @@ from refdml.gpu.gsp._compiled import (
     SEARCH_BOUNDS,
     SEARCH_DONE,
     clip_coefficient,
+    GRADIENT_NOT_FINITE,
+    UPSTREAM_NOT_FINITE,
     clip_row,
     column_plan,
     column_rank,
@@ -40,6 +42,8 @@ from refdml.gpu.gsp._compiled import (
     newton_phi,
     newton_start,
     newton_step,
+    nonfinite,
+    points_status,
     pool_backward_column,
     power_of_two_scale,
     prototype_backward_row,
@@ -63,6 +67,7 @@ def _launch_signatures(dt):
     (tests/conftest.py checks every simulated launch against these)."""
     a1, a2, a3 = f"{dt}[::1]", f"{dt}[:, ::1]", f"{dt}[:, :, ::1]"
     count = "int64[:, ::1]"
+    status = "int64[::1]"
     scratch = "float64[:, ::1]"
     # SolverConstants: inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor, tol
     solver = "float64, float64, float64, int64, float64, float64, float64, float64"
@@ -76,15 +81,18 @@ def _launch_signatures(dt):
         # NormaliseInputs, NormaliseOutputs
         "refdml_gsp_normalise": f"void({a3}, {a3}, {a3}, {a2}, {a3}, {a2}, {a1})",
         "refdml_gsp_transport": f"void({a3}, {solver}, {outputs})",
-        # PoolInputs, SolverConstants, ImageOutputs, PoolOutputs (scale, cost_t, weights,
+        # PoolInputs (features, features_bar, prototypes_bar, peaks, p_one, tiny),
+    # SolverConstants, ImageOutputs, PoolOutputs (scale, cost_t, weights,
         # pooled, z)
-        "refdml_gsp_pool_forward": (f"void({a3}, {a3}, {a2}, {a1}, boolean, {solver}, "
-                                    f"{outputs}, {a1}, {a3}, {a2}, {a2}, {a2})"),
+        "refdml_gsp_pool_forward": (f"void({a3}, {a3}, {a2}, {a1}, boolean, float64, "
+                                    f"{solver}, {outputs}, {a1}, {a3}, {a2}, {a2}, {a2})"),
         # PoolSaved, PoolUpstream (d_pooled, d_z, d_weights, direct, p_one), PoolGradients
+        # (distance_weights, d_features, column_sums, status), the scratch
         "refdml_gsp_pool_backward": (f"void({saved}, {a2}, {a2}, {a2}, {a3}, boolean, "
-                                     f"{a3}, {a3}, {scratch}, {scratch})"),
-        # PrototypesSaved, PrototypesUpstream, PrototypesGradient
-        "refdml_gsp_prototypes_backward": f"void({a2}, {a1}, {a1}, {scratch}, {a2}, {a2})",
+                                     f"{a3}, {a3}, {scratch}, {status}, {scratch})"),
+        # PrototypesSaved, PrototypesUpstream, PrototypesGradient (d_prototypes, status)
+        "refdml_gsp_prototypes_backward": (f"void({a2}, {a1}, {a1}, {scratch}, {a2}, {a2}, "
+                                           f"{status})"),
         # TransportSaved, TransportUpstream, TransportGradient
         "refdml_gsp_transport_backward": (f"void({a3}, {a2}, {a2}, float64, {a2}, {a3}, "
                                           f"{a3}, {scratch})"),
@@ -114,6 +122,8 @@ transport_backward_dev = cuda.jit(device=True)(transport_backward_column.py_func
 clip_row_dev = cuda.jit(device=True)(clip_row.py_func)
 prototype_backward_dev = cuda.jit(device=True)(prototype_backward_row.py_func)
 image_report_dev = cuda.jit(device=True)(image_report.py_func)
+nonfinite_dev = cuda.jit(device=True)(nonfinite.py_func)
+points_status_dev = cuda.jit(device=True)(points_status.py_func)
 
 
 @cuda.jit(device=True)
@@ -334,33 +344,37 @@ def refdml_gsp_normalise(features, prototypes, features_bar, features_norm, prot
                          prototypes_norm, peaks):
     """Blocks ``0..B-1`` clip image ``b``'s features, block ``B`` the prototypes ((1, m, ·)
     views), one row per thread (:func:`clip_row`); each block's largest ``||bar||`` goes to
-    ``peaks[block]``, which the forward kernel reduces into ``s``."""
+    ``peaks[block]`` (NaN where a norm of the block is not finite: the count of those rides
+    in the reduction's free slot), which the forward kernel reduces into ``s`` and the
+    points' check."""
     block = cuda.blockIdx.x
     batch = features.shape[0]
     if block > batch:
         return
     tid = cuda.threadIdx.x
     sm = cuda.shared.array((6, BLOCK), float64)
-    peak = 0.0
+    peak, bad = 0.0, 0.0
     if block < batch:
         rows = features.shape[1]
         j = tid
         while j < rows:
             peak = max(peak, clip_row_dev(features, features_bar, features_norm, block, j))
+            bad += nonfinite_dev(features_norm[block, j])
             j += BLOCK
     else:
         rows = prototypes.shape[1]
         j = tid
         while j < rows:
             peak = max(peak, clip_row_dev(prototypes, prototypes_bar, prototypes_norm, 0, j))
+            bad += nonfinite_dev(prototypes_norm[0, j])
             j += BLOCK
-    peak, _, _, _ = block_reduce4(sm, peak, 0.0, 0.0, 0.0, tid, tree_width(rows))
+    peak, _, bad, _ = block_reduce4(sm, peak, 0.0, bad, 0.0, tid, tree_width(rows))
     if tid == 0:
-        peaks[block] = peak
+        peaks[block] = peak if bad == 0.0 else math.nan
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_pool_forward"))
-def refdml_gsp_pool_forward(features, features_bar, prototypes_bar, peaks, p_one,
+def refdml_gsp_pool_forward(features, features_bar, prototypes_bar, peaks, p_one, tiny,
                             inverse_temperature, mu, logit_mu, max_iter, ulp, cap, phi_floor,
                             tol, assignment, lam, log_s, rho, transported, pi, order, log_t, t,
                             residual, counts, scale, cost_t, weights, pooled, z):
@@ -371,9 +385,7 @@ def refdml_gsp_pool_forward(features, features_bar, prototypes_bar, peaks, p_one
     n, d = features_bar.shape[1], features_bar.shape[2]
     m = prototypes_bar.shape[0]
     # Every block reduces the B + 1 peaks itself (a few hundred reads): no launch between.
-    peak = 0.0
-    for k in range(peaks.shape[0]):
-        peak = max(peak, float(peaks[k]))
+    peak, status = points_status_dev(peaks, tiny)
     s = power_of_two_scale(peak)
     if b == 0 and tid == 0:
         scale[0] = s
@@ -394,6 +406,8 @@ def refdml_gsp_pool_forward(features, features_bar, prototypes_bar, peaks, p_one
     transport_block(sm, b, tid, cost_t, inverse_temperature, mu, logit_mu, max_iter, ulp, cap,
                     phi_floor, tol, assignment, lam, log_s, rho, transported, pi, order, log_t,
                     t, residual, counts)
+    if tid == 0:  # the thread that wrote the summary (program order: no barrier needed)
+        counts[b, 3] = status
     inv_mu = 1.0 / mu
     j = tid
     while j < n:
@@ -422,11 +436,12 @@ def refdml_gsp_pool_forward(features, features_bar, prototypes_bar, peaks, p_one
 def refdml_gsp_pool_backward(features, features_bar, features_norm, prototypes_bar, scale,
                              assignment, cost_t, rho, transported, weights, inverse_temperature,
                              mu, d_pooled, d_z, d_weights, direct, p_one, distance_weights,
-                             d_features, column_sums, scratch):
+                             d_features, column_sums, status, scratch):
     """``scratch`` (B, 3n) float64: ``mu r_j`` (:func:`pool_backward_column`),
     ``offset_j``, ``b_j`` then ``w_j (b_j - bbar)`` (docs/gsp.md Sec. 3); the first n
     slots then hold the clip coefficient. ``column_sums`` (B, m) float64: ``sum_j W_ji``
-    (for :func:`refdml_gsp_prototypes_backward`)."""
+    (for :func:`refdml_gsp_prototypes_backward`); ``status`` (B,): the image's upstream
+    and gradient checks (the CPU twin's), two counts summed over the block."""
     b = cuda.blockIdx.x
     if b >= features.shape[0]:
         return
@@ -485,6 +500,7 @@ def refdml_gsp_pool_backward(features, features_bar, features_norm, prototypes_b
         _, scratch[b, j] = clip_coefficient(row, norm, radial)
         j += BLOCK
     cuda.syncthreads()
+    bad_gradient = 0.0
     pair = tid
     while pair < n * d:
         j, k = pair // d, pair % d
@@ -495,17 +511,34 @@ def refdml_gsp_pool_backward(features, features_bar, features_norm, prototypes_b
             along = direct[b, j, k]
         d_features[b, j, k] = (d_features[b, j, k] * inverse
                                + features_bar[b, j, k] * scratch[b, j] + along)
+        bad_gradient += nonfinite_dev(d_features[b, j, k])
         pair += BLOCK
+    bad_upstream = 0.0
+    k = tid
+    while k < d:
+        bad_upstream += nonfinite_dev(d_pooled[b, k])
+        k += BLOCK
+    i = tid
+    while i < m:
+        bad_upstream += nonfinite_dev(d_z[b, i])
+        i += BLOCK
+    # every thread holding a count is below BLOCK: the tree over the whole block
+    _, _, bad_upstream, bad_gradient = block_reduce4(sm, 0.0, 0.0, bad_upstream, bad_gradient,
+                                                     tid, BLOCK)
+    if tid == 0:
+        status[b] = ((UPSTREAM_NOT_FINITE if bad_upstream > 0.0 else 0)
+                     | (GRADIENT_NOT_FINITE if bad_gradient > 0.0 else 0))
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_prototypes_backward"))
 def refdml_gsp_prototypes_backward(prototypes_bar, prototypes_norm, scale, column_sums, product,
-                                   d_prototypes):
-    """One prototype per thread (:func:`prototype_backward_row`): ``ceil(m / BLOCK)`` blocks."""
+                                   d_prototypes, status):
+    """One prototype per thread (:func:`prototype_backward_row`): ``ceil(m / BLOCK)`` blocks;
+    ``status[i]`` the row's check."""
     i = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     if i < prototypes_bar.shape[0]:
-        prototype_backward_dev(prototypes_bar, prototypes_norm, scale, column_sums, product,
-                               d_prototypes, i)
+        status[i] = prototype_backward_dev(prototypes_bar, prototypes_norm, scale, column_sums,
+                                           product, d_prototypes, i)
 
 
 @cuda_kernel(cache=True, signatures=_signatures("refdml_gsp_transport_backward"))

@@ -13,12 +13,13 @@ tolerance rule (:func:`~refdml.gpu.gsp._transport.residual_floor`), same
 is the reference's count: the most evaluations of ``g`` (pivot search and Newton steps) any
 image took (the array path counts its vectorised steps). The layer's forward is two launches:
 :func:`~refdml.gpu.gsp._compiled.normalise_cpu` / ``refdml_gsp_normalise`` (the clipped
-points, their norms and each block's largest norm; the array path's checks of them, with the
-data checks on, in one read) and the forward kernel (the common power of two ``s`` from those
-norms, then the cost map, (P2), weights, pooled, z); its backward three: the backward kernel
-(``W = d_cost / c'``, the features' gradient and each image's column sums of ``W``), the
-prototypes' sum over the batch ``W^T fbar`` as one GEMM, and
-``refdml_gsp_prototypes_backward`` (the rest of the prototypes' gradient and its clip).
+points, their norms and each block's largest norm, NaN where a norm is not finite) and the
+forward kernel (the common power of two ``s`` from those norms, then the cost map, (P2),
+weights, pooled, z, and the points' check in the summary's fourth column); its backward
+three: the backward kernel (``W = d_cost / c'``, the features' gradient, each image's column
+sums of ``W`` and its status), the prototypes' sum over the batch ``W^T fbar`` as one GEMM,
+and ``refdml_gsp_prototypes_backward`` (the rest of the prototypes' gradient and its clip,
+and each row's status).
 
 Each kernel is one :class:`GspKernel` (its function and the parameter groups it takes:
 frozen dataclasses of :mod:`refdml.gpu.gsp._compiled` whose fields, in order, are its
@@ -36,14 +37,17 @@ use (``.cpu`` / ``.cuda``).
 ``mu = 1`` (Thm 4.1's boundary, no solve) is left to the array path by the caller.
 
 Outputs are allocated with the input's module (NumPy or CuPy) with ``empty``; nothing is
-copied between host and device. What reaches Python: ``n_iter``, "max_iter hit?" and
-``converged``, read together in one transfer through :func:`refdml._deferred.read_later`
-(:func:`_result`; later, inside a training step), and the data checks (the points', the
-backward's overflow check), as on the array path.
+copied between host and device. What reaches Python: ``n_iter``, "max_iter hit?",
+``converged`` and the points' check, read together in one transfer through
+:func:`refdml._deferred.read_later` (:func:`_result`; later, inside a training step), and,
+from :meth:`KernelPath.pool_backward_status`, the backward's status (read by the caller,
+:func:`refdml.gpu.gsp._mirrors.gsp_pool_backward`, once). Where a check failed the host
+names it with the array path's checks (:func:`_name_bad_points`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -53,6 +57,7 @@ import numpy as np
 
 from refdml._backend import Backend
 from refdml._deferred import read_later
+from refdml._validation import as_fast_array
 from refdml.gpu._support.launch import BLOCK, cuda_launch
 from refdml.gpu._support.modes import Implementations
 from refdml.gpu._support.threading_layer import parallel_launch
@@ -139,24 +144,30 @@ def applied_tol(tol: float, dtype, m: int, n: int) -> float:
     return max(tol, _wt.residual_floor(dtype, m, n)) if tol > 0.0 else tol
 
 
-def _result(xp, cost_t, out: ImageOutputs, constants: SolverConstants, tol):
+def _result(xp, cost_t, out: ImageOutputs, constants: SolverConstants, tol,
+            name_bad_points: Callable[[], None] | None = None):
     """The reference's result from the kernel's outputs; its summary read without a wait.
 
     What must reach the host (``n_iter``, the most evaluations of ``g``; whether an image hit
-    ``max_iter``; ``converged``, every residual within ``tol``) is the kernel's ``counts``
-    (B, 3), read in one transfer by :func:`refdml._deferred.read_later`: at once outside a
-    training step (``n_iter`` an int and ``converged`` a bool, as the reference's, and the
-    ``ConvergenceWarning`` now), or with the step's other deferred reads inside one. Until
-    then the result holds the per-image device columns instead (``n_iter``: each image's
-    evaluations, ``converged``: 1 where its residual is within ``tol``), and the warning
-    comes at the read.
+    ``max_iter``; ``converged``, every residual within ``tol``; the pooling layer's check of
+    its points) is the kernel's ``counts`` (B, 4), read in one transfer by
+    :func:`refdml._deferred.read_later`: at once outside a training step (``n_iter`` an int
+    and ``converged`` a bool, as the reference's, and the ``ConvergenceWarning`` now), or
+    with the scope's other deferred reads inside one. Until then the result holds the
+    per-image device columns instead (``n_iter``: each image's evaluations, ``converged``: 1
+    where its residual is within ``tol``), and the warning comes at the read.
+    ``name_bad_points``: where the points' check (column 3) failed, called at the read,
+    before the convergence report, to raise the array path's error that names the input
+    (None: not checked, the data checks off).
     """
     batch, n, m = cost_t.shape
     max_iter = constants.max_iter
     summary = {}
 
     def on_read(values, where):
-        counts = np.reshape(values, (-1, 3))    # read_later hands them raveled, as float64
+        counts = np.reshape(values, (-1, 4))    # read_later hands them raveled, as float64
+        if name_bad_points is not None and counts[:, 3].any():
+            name_bad_points()
         if counts.shape[0]:
             sweeps, exhausted = int(counts[:, 0].max()), bool(counts[:, 1].any())
             converged = bool(counts[:, 2].all())
@@ -185,6 +196,18 @@ def _scale_1(xp, scale, dtype):
     """The 0-d power of two ``s`` as the (1,) array the kernels read (a view, no copy, where
     it has the dtype already, as the cost map makes it)."""
     return xp.reshape(scale, (1,)).astype(dtype, copy=False)
+
+
+def _name_bad_points(backend: Backend, features, prototypes) -> None:
+    """Raise the error of the array path's checks of the points, where the kernels' check
+    (``counts[:, 3]``) failed: first the inputs' finiteness, as the public function words
+    it (:func:`refdml._validation.as_fast_array`), then a norm beyond the dtype or a largest
+    norm below its normal range (:func:`~refdml.gpu.gsp._array.normalised`). Reads freely:
+    it runs only where a check failed."""
+    dtype = features.dtype
+    as_fast_array(features, "features", ndim=3, dtype=dtype, ns=backend)
+    as_fast_array(prototypes, "prototypes", ndim=2, dtype=dtype, ns=backend)
+    _array.normalised(backend, features, prototypes)
 
 
 # --------------------------------------------------------------------------- the members
@@ -254,12 +277,10 @@ class KernelPath:
                     c.NormaliseInputs(features=features,
                                       prototypes=xp.ascontiguousarray(prototypes)[None]),
                     points)
-        if backend.data_checks:
-            self._check_points(backend, features, prototypes, points)
         prototypes_bar = points.prototypes_bar[0]
         inputs = c.PoolInputs(features=features, features_bar=points.features_bar,
                               prototypes_bar=prototypes_bar, peaks=points.peaks,
-                              p_one=bool(p_one))
+                              p_one=bool(p_one), tiny=float(np.finfo(dtype).tiny))
         tol = applied_tol(args.tol, dtype, m, n)
         constants = self._constants(dtype, args, tol)
         out = c.ImageOutputs.empty(xp, batch, n, m, dtype)
@@ -274,24 +295,24 @@ class KernelPath:
             prototypes_bar=prototypes_bar, prototypes_norm=points.prototypes_norm[0][:, None],
             cost=pool.cost_t.transpose(0, 2, 1), scale=pool.scale.reshape(()),
         )
+        # The points' checks ride on the summary's read (counts[:, 3]): no read of their own.
+        name_bad_points = (functools.partial(_name_bad_points, backend, features, prototypes)
+                           if backend.data_checks else None)
         return PoolForward(cost=cost_ctx, transport=_result(xp, pool.cost_t, out, constants,
-                                                            tol),
+                                                            tol, name_bad_points),
                            weights=pool.weights, pooled=pool.pooled if p_one else None, z=pool.z)
-
-    @staticmethod
-    def _check_points(backend: Backend, features, prototypes, points) -> None:
-        """The array path's checks of the points (one read on CuPy, a data check): a norm
-        beyond the dtype (stored as inf) and a largest norm below its normal range. Where
-        either fails, the array path's :func:`~refdml.gpu.gsp._array.normalised` names it."""
-        xp = backend.xp
-        tiny = np.finfo(features.dtype).tiny
-        fine = (xp.all(xp.isfinite(points.features_norm))
-                & xp.all(xp.isfinite(points.prototypes_norm)) & (xp.max(points.peaks) >= tiny))
-        if not bool(fine):
-            _array.normalised(backend, features, prototypes)
 
     def pool_backward(self, backend: Backend, ctx: PoolContext, d_pooled, d_z, d_y, *,
                       check: bool) -> PoolGrads:
+        return self.pool_backward_status(backend, ctx, d_pooled, d_z, d_y, check=check)[0]
+
+    def pool_backward_status(self, backend: Backend, ctx: PoolContext, d_pooled, d_z, d_y, *,
+                             check: bool):
+        """:meth:`pool_backward` and its ``status`` (B + m,) int64 on the device: each image's
+        and each prototype's bits :data:`~refdml.gpu.gsp._compiled.UPSTREAM_NOT_FINITE` and
+        :data:`~refdml.gpu.gsp._compiled.GRADIENT_NOT_FINITE`, written by the two kernels (no
+        launch of its own): the checks of the upstream gradients and of the result, for one
+        read by the caller."""
         # The kernel writes W = d_cost / c' (B, n, m) and the features' gradient through the
         # cost map and the clip plus the direct path; at p = 1 it forms d_weights and the
         # direct path itself (placeholders of the right types are passed).
@@ -324,9 +345,11 @@ class KernelPath:
                                   d_z=xp.ascontiguousarray(d_z),
                                   d_weights=xp.ascontiguousarray(d_weights),
                                   direct=xp.ascontiguousarray(direct), p_one=p_one)
+        status = xp.empty(batch + m, dtype=np.int64)   # two views: no concatenate to read it
         grads = c.PoolGradients(distance_weights=xp.empty((batch, n, m), dtype=dtype),
                                 d_features=xp.empty((batch, n, d), dtype=dtype),
-                                column_sums=xp.empty((batch, m), dtype=np.float64))
+                                column_sums=xp.empty((batch, m), dtype=np.float64),
+                                status=status[:batch])
         self.launch(xp, self.table.pool_backward, batch, saved, upstream, grads,
                     scratch_columns=3 * n)
         if check:
@@ -335,7 +358,8 @@ class KernelPath:
         # prototypes' gradient, with its clip, one more launch.
         product = grads.distance_weights.reshape(batch * n, m).T @ saved.features_bar.reshape(
             batch * n, d)
-        gradient = c.PrototypesGradient(d_prototypes=xp.empty((m, d), dtype=dtype))
+        gradient = c.PrototypesGradient(d_prototypes=xp.empty((m, d), dtype=dtype),
+                                        status=status[batch:])
         self.launch(xp, self.table.prototypes_backward, -(-m // BLOCK),
                     c.PrototypesSaved(
                         prototypes_bar=saved.prototypes_bar,
@@ -344,7 +368,7 @@ class KernelPath:
                     c.PrototypesUpstream(column_sums=grads.column_sums,
                                          product=xp.ascontiguousarray(product)),
                     gradient)
-        return PoolGrads(features=grads.d_features, prototypes=gradient.d_prototypes)
+        return PoolGrads(features=grads.d_features, prototypes=gradient.d_prototypes), status
 
 
 class CpuPath(KernelPath):

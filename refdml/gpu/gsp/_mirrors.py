@@ -13,13 +13,15 @@ the array path only (:mod:`refdml.gpu.gsp._array`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
 
 import numpy as np
 
-from refdml._backend import get_backend
+from refdml._backend import get_backend, hand_operator_checks_to_step
+from refdml._deferred import read_now
 from refdml._shared.gsp import (
     check_pool_mu,
     check_transport_args,
@@ -30,7 +32,7 @@ from refdml._validation import (
     as_fast_array, cast_checked, check_choice, check_context, check_scalar, result_dtype,
 )
 from refdml.gpu.gsp import _array
-from refdml.gpu.gsp._kernels import IMPLEMENTATIONS
+from refdml.gpu.gsp._kernels import IMPLEMENTATIONS, KernelPath
 from refdml.gpu.gsp._transport import TransportArgs
 from refdml.gsp import (
     CostMapContext,
@@ -79,14 +81,17 @@ _VALIDATION_ONLY = "is validation only and has no fast path; use refdml.gsp"
 
 
 # --------------------------------------------------------------------------- checks
-def _features_prototypes(features, prototypes):
+def _features_prototypes(features, prototypes, *, finite: bool = True):
+    """The checked inputs; ``finite=False``: their finiteness not yet checked on a device
+    (:func:`_points_finite` or the kernels' own check does it), on NumPy at once as ever."""
     backend = get_backend(features, prototypes)
     # The common dtype from the inputs' own (host data as NumPy makes it), so that each
     # input is converted and checked once: a finiteness check is a synchronisation on CuPy.
     dtype = result_dtype(*(value if hasattr(value, "dtype") else np.asarray(value)
                            for value in (features, prototypes)))
-    features = as_fast_array(features, "features", ndim=3, dtype=dtype, ns=backend)
-    prototypes = as_fast_array(prototypes, "prototypes", ndim=2, dtype=dtype, ns=backend)
+    with _data_checks_later(not finite):
+        features = as_fast_array(features, "features", ndim=3, dtype=dtype, ns=backend)
+        prototypes = as_fast_array(prototypes, "prototypes", ndim=2, dtype=dtype, ns=backend)
     if features.shape[2] != prototypes.shape[1]:
         raise ValueError(
             "features and prototypes must have the same last dimension, got "
@@ -95,13 +100,31 @@ def _features_prototypes(features, prototypes):
     return backend, features, prototypes
 
 
-def _upstream(value, name: str, shape, like, *, allow_none: bool = True):
-    """An upstream gradient: real, exactly ``shape``, finite, cast to ``like``'s dtype."""
+def _data_checks_later(later: bool):
+    """Within the block, no data check of CuPy input where ``later`` (the caller has them run
+    later, by the kernels, for one read): a check the block skips is one the caller owns.
+    NumPy's checks read nothing and run as ever."""
+    return hand_operator_checks_to_step() if later else contextlib.nullcontext()
+
+
+def _points_finite(backend, features, prototypes) -> None:
+    """The inputs' finiteness checks (:func:`refdml._validation.as_fast_array`'s) where
+    :func:`_features_prototypes` left them for later: on a device (NumPy ran them)."""
+    if not backend.free_host_reads:
+        as_fast_array(features, "features", ndim=3, dtype=features.dtype, ns=backend)
+        as_fast_array(prototypes, "prototypes", ndim=2, dtype=features.dtype, ns=backend)
+
+
+def _upstream(value, name: str, shape, like, *, allow_none: bool = True, finite: bool = True):
+    """An upstream gradient: real, exactly ``shape``, finite, cast to ``like``'s dtype
+    (``finite=False``: its data checks left to the caller on a device, as
+    :func:`_features_prototypes`)."""
     if value is None:
         if allow_none:
             return None
         raise TypeError(f"{name} must be an array of shape {tuple(shape)}, got None")
-    array = as_fast_array(value, name, dtype=like.dtype, ns=get_backend(value, like))
+    with _data_checks_later(not finite):
+        array = as_fast_array(value, name, dtype=like.dtype, ns=get_backend(value, like))
     if tuple(array.shape) != tuple(shape):
         raise ValueError(
             f"{name} has shape {tuple(array.shape)}, must be {tuple(shape)} (the shape of the "
@@ -198,15 +221,24 @@ def gsp_pool_forward(
     only; the others are validation only and raise ``ValueError``). Outputs in the
     input's dtype and module.
     """
-    backend, features, prototypes = _features_prototypes(features, prototypes)
+    # The kernels (p = 1) check the points themselves, read with their solve summary: on
+    # CuPy the inputs' finiteness is theirs too, and the forward reads once.
+    backend, features, prototypes = _features_prototypes(features, prototypes, finite=False)
     xp = backend.xp
-    mu, inverse_temperature, method, max_iter, tol = check_transport_args(
-        mu, inverse_temperature, method, max_iter, tol
-    )
-    p = check_scalar(p, "p", low=1.0)
-    backward = check_choice(backward, "backward", ("closed_form", "unrolled"))
-    _method_backward(method, backward)
-    check_pool_mu(mu)
+    try:
+        mu, inverse_temperature, method, max_iter, tol = check_transport_args(
+            mu, inverse_temperature, method, max_iter, tol
+        )
+        p = check_scalar(p, "p", low=1.0)
+        backward = check_choice(backward, "backward", ("closed_form", "unrolled"))
+        _method_backward(method, backward)
+        check_pool_mu(mu)
+        path = _path(features, mu)
+    except (TypeError, ValueError):
+        _points_finite(backend, features, prototypes)  # the data's error first, as ever
+        raise
+    if not (isinstance(path, KernelPath) and p == 1.0):
+        _points_finite(backend, features, prototypes)
     if p > 1.0 and backend.data_checks and bool(xp.any(features < 0)):
         bad = tuple(int(i) for i in xp.argwhere(features < 0)[0])
         raise ValueError(
@@ -215,8 +247,7 @@ def gsp_pool_forward(
         )
     args = TransportArgs(mu=mu, inverse_temperature=inverse_temperature, max_iter=max_iter,
                          tol=tol)
-    forward = _path(features, mu).pool_forward(backend, features, prototypes, args,
-                                               p_one=p == 1.0)
+    forward = path.pool_forward(backend, features, prototypes, args, p_one=p == 1.0)
     pooled, power_ctx = forward.pooled, None
     if p != 1.0:
         pooled, power_ctx = power_mean(xp, forward.weights, features, p, backend.data_checks)
@@ -236,16 +267,19 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     """
     check_context(ctx, "ctx", PoolContext)
     result = ctx.transport
-    d_pooled = _upstream(d_pooled, "d_pooled", ctx.pooled.shape, ctx.pooled)
-    d_z = _upstream(d_z, "d_z", result.pi.shape[:2], ctx.pooled)
     backend = get_backend(ctx.pooled)
+    path = _path(ctx.pooled, result.mu)
+    # The kernels check the upstream gradients and their result in one status array: one
+    # read, which also decides the retries below (on NumPy the upstreams are checked here).
+    folded = isinstance(path, KernelPath) and backend.data_checks
+    upstreams = functools.partial(_pool_upstreams, ctx, d_pooled, d_z)
+    d_pooled, d_z = upstreams(finite=not folded)
     xp = backend.xp
     d_pooled = xp.zeros_like(ctx.pooled) if d_pooled is None else d_pooled
     d_z = xp.zeros(result.pi.shape[:2], dtype=ctx.pooled.dtype) if d_z is None else d_z
     # GeMean's d y = d pooled / d (w f) (bounded by |d_pooled|), from the forward's context.
     d_y = None if ctx.p == 1.0 else power_mean_backward(
         xp, ctx.weights, ctx.features, ctx.p, ctx.power_mean, d_pooled)
-    path = _path(ctx.pooled, result.mu)
     if not backend.data_checks:
         return path.pool_backward(backend, ctx, d_pooled, d_z, d_y, check=True)
     # d_weights ~ |f| |d_pooled| and W = d_cost / c' can leave the dtype where the gradients
@@ -253,10 +287,23 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
     # map is O(ε |d_pooled|)). float32: such a backward is redone in float64 and cast back
     # (cast_checked names a gradient truly beyond float32); float64: redone on upstreams
     # divided by powers of two, as the reference (a gradient beyond float64 named). The
-    # finiteness test is the synchronisation the overflow check of W made before.
+    # finiteness test is the synchronisation the overflow check of W made before; on the
+    # kernels it is their status, read with the upstreams' checks (and, in a deferring scope,
+    # with the scope's pending reads: refdml._deferred.read_now).
     with np.errstate(over="ignore", invalid="ignore"):
-        grads = path.pool_backward(backend, ctx, d_pooled, d_z, d_y, check=False)
-    if bool(xp.all(xp.isfinite(grads.features)) & xp.all(xp.isfinite(grads.prototypes))):
+        if folded:
+            grads, status = path.pool_backward_status(backend, ctx, d_pooled, d_z, d_y,
+                                                      check=False)
+        else:
+            grads = path.pool_backward(backend, ctx, d_pooled, d_z, d_y, check=False)
+    if folded:
+        bits = _status_bits(status)
+        if bits & path.compiled.UPSTREAM_NOT_FINITE:
+            upstreams(finite=True)                # raises the check's error, naming the entry
+        finite = not bits & path.compiled.GRADIENT_NOT_FINITE
+    else:
+        finite = bool(xp.all(xp.isfinite(grads.features)) & xp.all(xp.isfinite(grads.prototypes)))
+    if finite:
         return grads
     if ctx.pooled.dtype == np.float64:
         return _array.pool_backward_rescaled(xp, ctx, d_pooled, d_z, d_y)
@@ -268,6 +315,20 @@ def gsp_pool_backward(ctx: PoolContext, d_pooled, d_z) -> PoolGrads:
         prototypes=cast_checked(wide.prototypes, np.float32, "the gradient of prototypes",
                                 backend),
     )
+
+
+def _pool_upstreams(ctx: PoolContext, d_pooled, d_z, *, finite: bool):
+    """The pooling backward's upstream gradients, checked (:func:`_upstream`)."""
+    return (_upstream(d_pooled, "d_pooled", ctx.pooled.shape, ctx.pooled, finite=finite),
+            _upstream(d_z, "d_z", ctx.transport.pi.shape[:2], ctx.pooled, finite=finite))
+
+
+def _status_bits(status) -> int:
+    """The OR of the kernels' ``status`` (one read: :func:`refdml._deferred.read_now`)."""
+    seen = []
+    read_now(status, lambda values, where: seen.append(
+        int(np.bitwise_or.reduce(values.astype(np.int64), initial=0))))
+    return seen[0]
 
 
 def _widened(value):
