@@ -1,4 +1,4 @@
-r"""A training step recorded once as a CUDA graph and replayed (issue 46, lever 5).
+r"""A training step recorded once as a CUDA graph and replayed.
 
 :class:`StepCapture` runs the device step of :class:`~refdml.train.TrainingLoop` with
 ``capture=True``. A replayed graph runs the device work of the recorded step with the
@@ -37,6 +37,11 @@ times (the epoch's last, shorter batch) runs uncaptured, and so does every step 
 parameter is frozen (a frozen parameter's step offset moves every step). At most
 ``max_graphs`` graphs are kept (the oldest dropped).
 
+Numba's kernels: refdml's ``cuda_launch`` launches each on the stream its arguments were
+exported on (``__cuda_array_interface__``'s ``stream``: CuPy's current stream), so they go
+to the capture stream the step runs on; ``REFDML_CUDA_LAUNCH_SYNC=1`` (numba-cuda's own
+launch, on the legacy stream) is refused.
+
 Keeping memory alive: the graph keeps its private memory pool (the capture run's
 temporaries stay there, so nothing else is ever given those addresses), its ring and
 counter, the staged buffers and the device constants the step read (the backend's kept
@@ -56,6 +61,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -94,6 +100,12 @@ class StepCapture:
     graphs kept at most."""
 
     def __init__(self, loop: Any, *, warmup: int = 2, max_graphs: int = 4) -> None:
+        if os.environ.get("REFDML_CUDA_LAUNCH_SYNC", "0") == "1":
+            # refdml.gpu._support.launch then launches Numba's kernels as numba-cuda does by
+            # default, on the legacy stream: outside the capture stream, not in the graph
+            raise CaptureUnsafe("REFDML_CUDA_LAUNCH_SYNC=1 launches the CUDA kernels on the "
+                                "legacy default stream, which a captured step cannot record; "
+                                "unset it to capture the step")
         self.loop = loop
         xp = loop._xp
         self.xp = xp

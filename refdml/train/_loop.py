@@ -58,7 +58,10 @@ read: a failure is raised then, as :class:`TrainingDiverged` naming the epoch an
 where it happened, the tensor and its first bad entry; the device made no update from that
 step on (the optimiser's status is sticky) and the optimiser's step count is put back, so
 the parameters are still those of the last good step. Nothing is dropped, only read
-later. The progress bar's loss changes at those reads. The loop also says once per
+later. The progress bar's loss changes at those reads. With ``capture=True`` the device
+step is recorded once per shape as a CUDA graph and replayed (:mod:`refdml.train._capture`:
+what is staged before the captured region, how replayed steps' checks are read and named).
+The loop also says once per
 process, on stderr (with ``progress``), that the first epoch compiles the kernels (or
 loads them from their caches); ``REFDML_QUIET=1`` silences it.
 """
