@@ -53,14 +53,21 @@ import numpy as np
 from refdml._backend import get_backend, hand_operator_checks_to_step, to_numpy
 from refdml.exceptions import NonFiniteGradient
 
-__all__ = ["DeferredReads", "check_finite_later", "current", "deferring", "read_later",
-           "read_now"]
+__all__ = ["CaptureUnsafe", "DeferredReads", "StagedUploads", "check_finite_later", "current",
+           "deferring", "read_later", "read_now", "staged_upload", "staging"]
 
 #: ``on_read(values, where)``: the host copy (1-d NumPy) and the label of when it was recorded.
 OnRead = Callable[[np.ndarray, str], None]
 
 _CURRENT: contextvars.ContextVar[DeferredReads | None] = contextvars.ContextVar(
     "refdml_deferred_reads", default=None)
+_STAGE: contextvars.ContextVar[Any] = contextvars.ContextVar("refdml_staged_uploads",
+                                                              default=None)
+
+
+class CaptureUnsafe(RuntimeError):
+    """Something a captured step (a CUDA graph) cannot replay: an upload inside the captured
+    region of a host value that was not staged before it (:func:`staged_upload`)."""
 
 
 class DeferredReads:
@@ -98,6 +105,13 @@ class DeferredReads:
                 raise TypeError(f"values must be an array or a tuple of arrays, got "
                                 f"{type(array).__name__}")
         self._pending.append((arrays, on_read, self.where))
+
+    def take(self) -> list[tuple[tuple[Any, ...], OnRead, str]]:
+        """The pending records ``(arrays, on_read, where)``, in order, removed unread: a
+        captured step keeps them as the templates of what each replay writes into its ring
+        of device rows (:mod:`refdml.train._capture`)."""
+        pending, self._pending = self._pending, []
+        return pending
 
     def read(self) -> None:
         """Read every pending value in one transfer and call the callbacks in order.
@@ -217,3 +231,90 @@ def check_finite_later(array: Any, name: str) -> Any:
 
     read_later((finite, first), on_read)
     return finite
+
+
+# ------------------------------------------------------------------ staged uploads
+class StagedUploads:
+    """Fixed device buffers for what the host draws anew for each step (the batch, its
+    labels, a random split's order), filled *before* the step so that the step itself
+    copies nothing from the host.
+
+    Why: a CUDA graph replays the device work of one recorded step, with the addresses it
+    was recorded with, and runs no Python. A copy from host memory inside the step would be
+    replayed from the same host address (or refused while capturing), so every step would
+    see the recorded step's labels. Instead the loop :meth:`put` s each step's host data
+    into the same device buffers (one per ``key``, shape and dtype: the same pointer every
+    step) before the captured region, and the step's own uploads, made through
+    :func:`staged_upload`, find their values there. Nothing is allocated per step.
+
+    ``capturing``: while True (the captured region), an upload that finds no staged buffer
+    holding its value raises :class:`CaptureUnsafe` instead of copying; while False it
+    copies as before (an uncaptured step behaves as without staging).
+    """
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+        self.capturing = False
+        self._buffers: dict[tuple[str, tuple[int, ...], str], list[Any]] = {}
+
+    def put(self, key: str, host: np.ndarray) -> Any:
+        """Copy ``host`` (a NumPy array) into the device buffer kept for ``key`` and its
+        shape and dtype (allocated at its first use: a warm-up step, never while
+        capturing) and return that buffer."""
+        host = np.ascontiguousarray(host)
+        slot = (key, tuple(host.shape), host.dtype.str)
+        entry = self._buffers.get(slot)
+        if entry is None:
+            if self.capturing:
+                raise CaptureUnsafe(f"staged buffer {key!r} {host.shape} {host.dtype} is "
+                                    "allocated while capturing; stage it in a warm-up step")
+            entry = self._buffers[slot] = [None, self.xp.empty(host.shape, dtype=host.dtype)]
+        entry[1].set(host)                       # an upload, before the captured region
+        entry[0] = host.copy()
+        return entry[1]
+
+    def find(self, key: str, host: np.ndarray) -> Any:
+        """The buffer staged under ``key`` holding exactly ``host`` (None if there is none):
+        compared on the host, so that a step whose own upload differs from what was staged
+        (another split, another dtype) never reads a stale buffer."""
+        host = np.asarray(host)
+        entry = self._buffers.get((key, tuple(host.shape), host.dtype.str))
+        if entry is None or entry[0] is None or not np.array_equal(entry[0], host):
+            return None
+        return entry[1]
+
+    def buffers(self) -> list[Any]:
+        """Every device buffer (a captured graph keeps them alive: it reads their pointers)."""
+        return [entry[1] for entry in self._buffers.values()]
+
+
+@contextlib.contextmanager
+def staging(stage: StagedUploads | None) -> Iterator[StagedUploads | None]:
+    """Within the block, :func:`staged_upload` looks in ``stage`` first (None: no staging)."""
+    if stage is not None and not isinstance(stage, StagedUploads):
+        raise TypeError(f"stage must be a StagedUploads or None, got {type(stage).__name__}")
+    token = _STAGE.set(stage)
+    try:
+        yield stage
+    finally:
+        _STAGE.reset(token)
+
+
+def staged_upload(xp: Any, host: np.ndarray, key: str) -> Any:
+    """``xp.asarray(host)``, unless an enclosing :func:`staging` scope staged ``host``
+    under ``key`` before the step: then that fixed device buffer, with no copy. While the
+    stage is capturing, an unstaged value is :class:`CaptureUnsafe` (a graph cannot replay
+    a copy from the host: it would replay the recorded step's values). Callers never write
+    into the returned array."""
+    stage = _STAGE.get()
+    if stage is not None and stage.xp is xp:
+        found = stage.find(key, host)
+        if found is not None:
+            return found
+        if stage.capturing:
+            shape = tuple(np.shape(host))
+            raise CaptureUnsafe(
+                f"the step uploads {key!r} (shape {shape}) inside the captured region, but no "
+                "staged buffer holds that value: a replay would reuse the recorded step's "
+                "copy. Stage it before the step (the objective's staged_uploads)")
+    return xp.asarray(host)

@@ -640,6 +640,7 @@ class _Run:
     sync: Any                     # waits for the device
     json_path: str | None = None
     argv: list | None = None      # the script's arguments, for the document's command
+    capture: bool = False         # --capture: the train section times the captured step too
     header: dict = dataclasses.field(default_factory=dict)
     rows: list = dataclasses.field(default_factory=list)
 
@@ -1149,6 +1150,47 @@ class _TrainStep:
         return loss
 
 
+class _CapturedTrainStep(_TrainStep):
+    """:class:`_TrainStep` on the device as ``TrainingLoop(capture=True)`` runs it
+    (:class:`refdml.train._capture.StepCapture`): each call stages the batch, its labels and
+    the drawn ZSR split into fixed device buffers, then runs the step uncaptured (the first
+    two calls), captures it (the third) or replays the graph; the deferred checks and the
+    losses are read every ``LOG_EVERY`` calls, as the loop reads them. Each call also orders
+    the capture stream after the caller's and back (two events), as the loop does once per
+    epoch, since the other rows of a round run on the default stream in between."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from refdml.train._capture import StepCapture
+
+        trainer = self.trainer
+        batch = next(iter(trainer.train_sampler))
+        self.host_inputs = trainer.train_x[batch].astype(trainer.dtype)
+        self.host_labels = trainer.train_y[batch]
+        trainer.log_every = self.LOG_EVERY
+        self.steps = StepCapture(trainer)
+        self.losses: list[float] = []
+
+    def __call__(self):
+        from refdml._deferred import deferring
+        from refdml.gpu import use_kernels
+
+        with use_kernels(self.kernels), deferring(self.reads):
+            outer = self.steps.enter()
+            try:
+                self.steps.step(self.host_inputs, self.host_labels, self.reads,
+                                self.losses.append)
+                self.calls += 1
+                if self.calls % self.LOG_EVERY == 0:
+                    try:
+                        self.reads.read()         # the loop's read: raises what failed
+                    finally:
+                        self.steps.after_read()
+                        self.losses.clear()
+            finally:
+                self.steps.leave(outer)
+
+
 #: The digits-collage anchor's gradients (float32, on the GPU) against refdml's float64
 #: ones (CPU fast path, held to the reference at 1e-10) at the same parameters, batch and
 #: ZSR split, relative to each parameter's largest gradient entry (and the loss value's
@@ -1211,6 +1253,14 @@ def cuda_train(run: _Run) -> None:
                                                  os.path.join(out_dir, f"{device}-{dtype}"),
                                                  kernels)
                  for device, dtype in paths}
+        if run.capture and not run.dry_run:
+            steps["cuda float32 captured"] = _CapturedTrainStep(
+                "cuda", "float32", overrides, os.path.join(out_dir, "captured"), kernels)
+        elif run.capture:
+            run.add(section, "digits-collage step, cuda float32 captured", dtype="float32",
+                    note="not run in the dry run: it takes the array path, which reads sizes "
+                         "back (not capture-safe), and the simulated kernels are too slow; "
+                         "tests/train/test_train_capture.py checks the captured step")
         torch_name = "digits-collage step, torch float32 (autograd)"
         anchor = _torch_setup(run)
         functions, parity = dict(steps), {}
@@ -1239,16 +1289,18 @@ def cuda_train(run: _Run) -> None:
         times = run.time(functions)
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name, step in steps.items():
-        device, dtype = name.split()
+        device, dtype = name.split()[:2]
         goal = {}
-        if name == "cuda float32":
+        if name in ("cuda float32", "cuda float32 captured"):
             goal = dict(goal=f"< {_TRAIN_GOAL_S * 1e3:g} ms per step",
                         goal_met=medians[name] < _TRAIN_GOAL_S)
         run.add(section, f"digits-collage step, {name}", dtype=dtype,
                 device=run.device if device == "cuda" else "cpu",
                 size=f"batch {step.batch_size}", times=times[name], first_call_s=first[name],
                 rate=1.0 / medians[name], rate_unit="steps/s",
-                ratios=_ratios(medians, name, ["cpu float32", torch_name]), **goal,
+                ratios=_ratios(medians, name, ["cpu float32", torch_name]
+                               + (["cuda float32"] if name.endswith("captured") else [])),
+                **goal,
                 note="" if kernels == "auto" else f'use_kernels("{kernels}")',
                 roofline=roofline if dtype == "float32" else None)
     if torch_name in functions:
@@ -1722,7 +1774,7 @@ def _free_device_memory(xp) -> None:
 
 
 def run_cuda(sections: list[str], *, dry_run: bool, repeats: int, max_seconds: float,
-             json_path: str | None, argv: list | None = None) -> int:
+             json_path: str | None, argv: list | None = None, capture: bool = False) -> int:
     """The CUDA sections in order, each failure a row (the others still run); the JSON
     document is rewritten after every section. Exit status: 0, 1 if a row has an error,
     2 if ``--device cuda`` cannot run here."""
@@ -1740,7 +1792,7 @@ def run_cuda(sections: list[str], *, dry_run: bool, repeats: int, max_seconds: f
     warnings.filterwarnings("ignore", message="Grid size .* under-utilization")
     device = cupy.cuda.Device()
     run = _Run(xp=cupy, dry_run=dry_run, repeats=repeats, max_seconds=max_seconds,
-               sync=device.synchronize, json_path=json_path, argv=argv)
+               sync=device.synchronize, json_path=json_path, argv=argv, capture=capture)
     eager = _eager_imports()
     run.header = _header(run, eager)
     print(f"bench_gpu.py --device cuda{' --dry-run' if dry_run else ''}: "
@@ -1782,6 +1834,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=10.0,
                         help="--device cuda: a group's timed rounds stop once they have taken "
                              "this long, after at least one (default 10)")
+    parser.add_argument("--capture", action="store_true",
+                        help="train section (--device cuda): also time the step recorded as a "
+                             "CUDA graph and replayed (TrainingLoop(capture=True)'s), beside the "
+                             "uncaptured step and the PyTorch anchor")
     parser.add_argument("--dry-run", action="store_true",
                         help="--device cuda at tiny sizes on the CuPy stand-in under Numba's "
                              "CUDA simulator (no GPU; CI): checks the script, measures nothing")
@@ -1819,7 +1875,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.dry_run else 3 if args.quick else 9)
     return run_cuda(list(dict.fromkeys(args.only or CUDA_SECTIONS)), dry_run=args.dry_run,
                     repeats=repeats, max_seconds=args.max_seconds, json_path=args.json,
-                    argv=argv)
+                    argv=argv, capture=args.capture)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@
 #   standin    the stand-in's own tests, the synchronisation counts of the operators, their
 #              launch and synchronisation ceilings (tests/gpu/test_gpu_launch_counts.py), and
 #              the CuPy rows of the parity suite, the kernel tests' CUDA rows, the fast
-#              checks, the optimiser and `refdml gpu-check` (in-process: tests/cli/test_cli.py)
+#              checks, the optimiser, the captured training step's capture-safety
+#              (tests/train/test_train_capture.py) and `refdml gpu-check` (in-process:
+#              tests/cli/test_cli.py)
 #   crosscheck the CPU vs "GPU" training trajectories (tests/train/test_train_crosscheck.py) on the
 #              stand-in, array path (REFDML_GPU_KERNELS=array: the simulated kernels would
 #              take minutes; the kernels' own rows run in "standin")
@@ -46,7 +48,7 @@ step standin "$pytest" -q -p no:cacheprovider \
     tests/gpu/test_gpu_parity.py tests/gpu/test_gpu_parity_api.py tests/gpu/test_gpu_kernels_gsp.py \
     tests/gpu/test_gpu_kernels_kcenter.py tests/gpu/test_gpu_kernels_losses.py \
     tests/gpu/test_gpu_kernels_ot.py tests/gpu/test_gpu_kernels_retrieval.py tests/train/test_train_optim.py \
-    tests/cli/test_cli.py \
+    tests/train/test_train_capture.py tests/cli/test_cli.py \
     -k "standin or sync or cupy or cuda or gpu_check or parity_api" "$@"
 
 step crosscheck env REFDML_GPU_KERNELS=array "$pytest" -q -p no:cacheprovider \

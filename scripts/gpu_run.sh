@@ -713,7 +713,9 @@ PYEOF
             if (( DRY_RUN )); then
                 run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --dry-run --json "$RUN/bench_gpu.json"
             else
-                run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --json "$RUN/bench_gpu.json"
+                # --capture: the train section also times the step replayed as a CUDA graph
+                # (TrainingLoop(capture=True)) beside the uncaptured step and PyTorch's
+                run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --capture --json "$RUN/bench_gpu.json"
             fi
         fi
         # GSPPool against the authors' layer on CUDA tensors (the dry run: torch's CPU at

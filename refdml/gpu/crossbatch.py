@@ -36,6 +36,7 @@ from refdml._validation import (
     data_checks, fast_labels, result_dtype,
 )
 from refdml._backend import Backend, as_input_array, get_backend, to_numpy
+from refdml._deferred import staged_upload
 from refdml._shared.crossbatch import draw_split
 from refdml.crossbatch import (
     DEFAULT_ZERO_SHOT_SCALE,
@@ -130,6 +131,31 @@ class _CrossFit(CrossFitContext):
     joint: Any = None       # both halves' kernel systems' one factor (None: two systems)
 
 
+#: :func:`refdml._deferred.staged_upload`'s key of the split's index (:func:`split_index`).
+SPLIT_INDEX_KEY = "refdml.gpu.crossbatch.split_index"
+
+
+def split_index(mask: np.ndarray, target_rows: np.ndarray | None = None) -> np.ndarray:
+    """The host index the cross fit uploads for a split ``mask`` (bool (b,)): ``order``
+    (half 1's rows, then half 2's), its inverse and, with ``target_rows``, the target rows
+    in that order, concatenated: what a step stages before a captured region
+    (:func:`zero_shot_staged_uploads`)."""
+    order = np.concatenate([np.flatnonzero(mask), np.flatnonzero(~mask)])
+    parts = [order, np.argsort(order)]
+    if target_rows is not None:
+        parts.append(np.asarray(target_rows, dtype=order.dtype)[order])
+    return np.concatenate(parts)
+
+
+def zero_shot_staged_uploads(labels: np.ndarray, split: np.ndarray) -> dict[str, np.ndarray]:
+    """``{key: host array}`` of what :func:`zero_shot_loss_forward` uploads for host
+    ``labels`` and a given ``split``: the labels (int64) and the split's index. A captured
+    training step puts these into its staged buffers before the captured region."""
+    labels = np.asarray(labels).astype(np.int64, copy=False)
+    return {"labels": labels, SPLIT_INDEX_KEY: split_index(np.asarray(split, dtype=bool),
+                                                           labels)}
+
+
 def _cross_fit_kernel(ns: Backend, Z, targets, mask: np.ndarray, ridge: float,
                       Z_name: str = "Z", target_rows: np.ndarray | None = None):
     """Both halves' fits on the rows gathered once in ``order`` (each half a slice), from
@@ -141,12 +167,8 @@ def _cross_fit_kernel(ns: Backend, Z, targets, mask: np.ndarray, ridge: float,
     if first.size == 0 or second.size == 0:
         raise ValueError("split leaves one half empty; both halves need samples")
     b, n1 = mask.shape[0], first.size
-    order_host = np.concatenate([first, second])
-    # One upload: the order, its inverse (and the target rows in that order).
-    parts = [order_host, np.argsort(order_host)]
-    if target_rows is not None:
-        parts.append(np.asarray(target_rows, dtype=order_host.dtype)[order_host])
-    index = xp.asarray(np.concatenate(parts))
+    # One upload (or none: a captured step staged it before the step, staged_upload)
+    index = staged_upload(xp, split_index(mask, target_rows), SPLIT_INDEX_KEY)
     order, inverse = index[:b], index[b:2 * b]
     ordered_targets = targets[order] if target_rows is None else targets[index[2 * b:]]
     # max|targets| is that of their rows in any order
@@ -367,7 +389,13 @@ def zero_shot_loss_forward(Z, labels, class_embeddings, *, ridge: float = 0.05,
     ns, Z, class_embeddings = _pair(Z, class_embeddings, "Z", "class_embeddings")
     xp = ns.xp
     given = labels
-    labels = fast_labels(labels, "labels", ns, length=Z.shape[0])
+    if isinstance(given, np.ndarray) and not ns.free_host_reads:
+        # host labels: checked on the host (free), then uploaded, or found where a captured
+        # step staged them (no copy inside the step)
+        labels = fast_labels(given, "labels", get_backend(given), length=Z.shape[0])
+        labels = staged_upload(xp, labels, "labels")
+    else:
+        labels = fast_labels(labels, "labels", ns, length=Z.shape[0])
     host_labels = _host_labels(given, labels)
     n_classes = class_embeddings.shape[0]
     if data_checks(ns):

@@ -58,7 +58,10 @@ read: a failure is raised then, as :class:`TrainingDiverged` naming the epoch an
 where it happened, the tensor and its first bad entry; the device made no update from that
 step on (the optimiser's status is sticky) and the optimiser's step count is put back, so
 the parameters are still those of the last good step. Nothing is dropped, only read
-later. The progress bar's loss changes at those reads. The loop also says once per
+later. The progress bar's loss changes at those reads. With ``capture=True`` the device
+step is recorded once per shape as a CUDA graph and replayed (:mod:`refdml.train._capture`:
+what is staged before the captured region, how replayed steps' checks are read and named).
+The loop also says once per
 process, on stderr (with ``progress``), that the first epoch compiles the kernels (or
 loads them from their caches); ``REFDML_QUIET=1`` silences it.
 """
@@ -83,6 +86,7 @@ from refdml._validation import (_describe, as_label_array, check_choice, check_f
                                 check_float_dtype, check_scalar)
 from refdml._backend import to_numpy
 from refdml.exceptions import NonFiniteGradient
+from refdml.train._capture import StepCapture
 from refdml.train._parameter import Parameter
 from refdml.train.data import PKBatchSampler
 from refdml.train.optim import Optimizer
@@ -303,6 +307,14 @@ class TrainingLoop:
         On a GPU, the steps between two host reads of the steps' deferred checks and
         losses (module docstring, "On a GPU"); also how often the progress bar's loss
         changes there. On the CPU every step is read (reads are free).
+    capture : bool, default False
+        On a GPU (``device="cuda"``), record the step once per shape as a CUDA graph and
+        replay it (:mod:`refdml.train._capture`): each key of shapes runs uncaptured twice
+        first, a batch of another shape (the epoch's last) and every step while a
+        parameter is frozen run uncaptured, and the checks and losses of replayed steps
+        are read every ``log_every`` steps, as the uncaptured ones are. The trajectory is
+        the uncaptured loop's. The objective draws its host randomness before the step
+        (its ``host_draws``) and lists what it uploads (its ``staged_uploads``).
     """
 
     def __init__(
@@ -318,7 +330,7 @@ class TrainingLoop:
         evaluate: Callable[[], dict[str, Any]] | None = None,
         select: str | None = "val_map_at_r", select_from: int = 0,
         sink: TrainingSink | None = None, warmup_epochs: int = 0,
-        warmup_params: Any = None, log_every: int = 20,
+        warmup_params: Any = None, log_every: int = 20, capture: bool = False,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an Optimizer, got {_describe(optimizer)}")
@@ -372,6 +384,11 @@ class TrainingLoop:
         self.device = check_choice(device, "device", ("cpu", "cuda"))
         self.progress = check_flag(progress, "progress")
         self.log_every = check_scalar(log_every, "log_every", low=1, integer=True)
+        self.capture = check_flag(capture, "capture")
+        if self.capture and self.device != "cuda":
+            raise ValueError(f"capture == True records the step as a CUDA graph: it needs "
+                             f"device == 'cuda', got {self.device!r}")
+        self._step_capture: StepCapture | None = None
         self._slots: dict[int, Any] = {}
         self.eval_batch_size = check_scalar(eval_batch_size, "eval_batch_size", low=1,
                                             integer=True)
@@ -661,14 +678,20 @@ class TrainingLoop:
         on_device = self.device == "cuda"
         reads = DeferredReads()
         scope = deferring(reads) if on_device else contextlib.nullcontext()
+        capture = None
+        if self.capture:
+            if self._step_capture is None:
+                self._step_capture = StepCapture(self)
+            capture = self._step_capture
         losses: list[Any] = []             # the losses not yet read (on the device)
+        values: list[float] = []           # the losses read (a captured step's as its row's)
         total, n_steps = 0.0, 0
         bar = tqdm(total=len(self.train_sampler), desc=f"epoch {epoch}", unit="batch",
                    leave=False, disable=None if self.progress else True)
 
         def read() -> None:
             nonlocal total
-            values: list[float] = []
+            values.clear()
             if losses:
                 reads.add(self._xp.stack(losses), lambda v, where: values.extend(v.tolist()))
             try:
@@ -676,11 +699,15 @@ class TrainingLoop:
             except NonFiniteGradient as error:
                 where = reads.failed_where or f"epoch {epoch}"
                 raise TrainingDiverged(self._diverged_at(where, str(error))) from error
+            finally:
+                if capture is not None:
+                    capture.after_read()
             losses.clear()
             total += math.fsum(values)
             if values:
                 bar.set_postfix(loss=f"{values[-1]:.4g}")
 
+        outer = capture.enter() if capture is not None else None
         try:
             with scope:
                 for step, batch in enumerate(self.train_sampler, start=1):
@@ -688,10 +715,19 @@ class TrainingLoop:
                     reads.where = where
                     inputs = self.train_x[batch]
                     _check_finite_inputs(inputs, where)
+                    labels = self.train_y[batch]
+                    if capture is not None:
+                        if np.issubdtype(inputs.dtype, np.floating):
+                            inputs = inputs.astype(self.dtype, copy=False)
+                        capture.step(inputs, labels, reads, values.append)
+                        self._after_step(bar)
+                        n_steps += 1
+                        if step % self.log_every == 0:
+                            read()
+                        continue
                     # the labels stay on the host: the objectives upload them themselves,
                     # and one that needs them there (GSP's split) reads nothing back
                     x, _ = self._to_device(inputs, np.zeros(0))
-                    labels = self.train_y[batch]
                     outputs, ctx = self.model.forward(x)
                     value, objective_ctx = self.objective.forward(outputs, labels)
                     if on_device and _is_array(value):
@@ -699,19 +735,25 @@ class TrainingLoop:
                         losses.append(value)
                     else:     # the loss is on the host already (the CPU, or a host float)
                         total += self._host_step(value, objective_ctx, ctx, where)
-                    if self.after_step is not None:
-                        self.after_step()
-                    self.optimizer.zero_grad()
+                    self._after_step(bar)
                     n_steps += 1
-                    bar.update(1)
                     if on_device and step % self.log_every == 0:
                         read()
                 read()
         finally:
+            if capture is not None:
+                capture.leave(outer)
             bar.close()
         if n_steps == 0:
             raise ValueError(f"train_sampler gave no batch in epoch {epoch}")
         return total / n_steps
+
+    def _after_step(self, bar: Any) -> None:
+        """The hook, the cleared gradients and the progress bar after each step."""
+        if self.after_step is not None:
+            self.after_step()
+        self.optimizer.zero_grad()
+        bar.update(1)
 
     def _host_step(self, value: Any, objective_ctx: Any, ctx: Any, where: str) -> float:
         """The rest of a step whose loss is read at once (the CPU: reads are free): the loss

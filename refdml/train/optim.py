@@ -457,10 +457,7 @@ class Optimizer:
         rule = self._rule
         for flat in self._flats:
             flat.bind()
-            plan = np.zeros((len(flat.params), N_PLAN))
-            for row, param in enumerate(flat.params):
-                if param.name not in self._frozen:
-                    plan[row] = self._plan(param)
+            plan = self._flat_plan(flat)
             constants = self._constants(flat.dtype)
             # a failed check closes the gate, sticky: no later step of this status commits
             fused_step(rule, constants, flat.values, flat.grads, flat.b1, flat.b2,
@@ -470,9 +467,38 @@ class Optimizer:
         for name in self._frozen:
             self._step_offsets[name] += 1      # its own step count stays where it was
         self.n_steps = n_steps
-        statuses = tuple(flat.status.copy() for flat in self._flats)
+        # each status with the device's step count after it (one launch each, as a copy):
+        # the step a status belongs to is read from the device, so that a replayed
+        # (captured) step, whose Python does not run, is named by its own count
+        statuses = tuple(self._xp.concatenate([flat.status, flat.clock]) for flat in self._flats)
         _deferred.read_later(statuses, lambda values, where: self._settle(
-            values, where, n_steps, offsets, hyper))
+            values, where, offsets, hyper))
+
+    def _flat_plan(self, flat: _FlatBuffers) -> np.ndarray:
+        """The host ``plan`` of one flat buffer (a row per parameter; zeros when frozen)."""
+        plan = np.zeros((len(flat.params), N_PLAN))
+        for row, param in enumerate(flat.params):
+            if param.name not in self._frozen:
+                plan[row] = self._plan(param)
+        return plan
+
+    def capture_key(self) -> tuple:
+        """What a captured step bakes in from the host besides its device buffers: every
+        flat buffer's plan and constants (learning rates, offsets, the frozen set) and the
+        rule's settings. A training loop replays a graph only while this is unchanged (a
+        new rate uploads a new plan, which a graph recorded before would not read), and
+        captures no step while a parameter is frozen (its step offset moves every step)."""
+        return (type(self).__name__, tuple(sorted(self._frozen)),
+                tuple((self._flat_plan(flat).tobytes(),
+                       tuple(self._constants(flat.dtype).values())) for flat in self._flats))
+
+    def replayed_step(self) -> None:
+        """Count on the host a step the device ran from a replayed graph (the Python of
+        :meth:`step` did not run; the device's ``clock`` counted it)."""
+        if self._frozen:
+            raise RuntimeError("a step with frozen parameters is never replayed (their step "
+                               "offsets move every step)")
+        self.n_steps += 1
 
     def _gate_checks(self, gate: Any) -> Any:
         """``gate`` as :func:`refdml.gpu.optim.fused_step`'s ``checks``: an int64 array of
@@ -488,15 +514,17 @@ class Optimizer:
             return gate
         return xp.where(gate, -1, 0).astype(np.int64).reshape(1)
 
-    def _settle(self, values: np.ndarray, where: str, n_steps: int, offsets: dict[str, int],
+    def _settle(self, values: np.ndarray, where: str, offsets: dict[str, int],
                 hyper: dict[str, Any]) -> None:
-        """The read statuses of step ``n_steps``: nothing to do when clean; else the step
-        counts go back to before it, the statuses are cleared and
-        :class:`NonFiniteStepError` names the first bad entry."""
+        """The read statuses of one step, each followed by the device's step count after
+        it (the step's number ``n_steps``): nothing to do when clean; else the step counts
+        go back to before it, the statuses are cleared and :class:`NonFiniteStepError`
+        names the first bad entry."""
         start, failure = 0, None
+        n_steps = int(values[3])
         for flat in self._flats:
             status = values[start:start + 3].astype(np.int64)
-            start += 3
+            start += 4
             n = flat.values.shape[0]
             if failure is None and (status[BAD_GRAD] < n or status[BAD_UPDATE] < n
                                     or status[GATE] != 0):

@@ -46,12 +46,20 @@ the model and where it departs from CuPy)::
     with count_launches() as launches:
         grads = fast.gsp_pool_backward(ctx, d_pooled, d_z)
     print(launches.total, launches.top(5))
+
+Stream capture: ``Stream(non_blocking=True).begin_capture()`` ... ``end_capture()`` as in
+CuPy; in between the stand-in refuses (:class:`CaptureError`, naming what happened) what a
+CUDA graph cannot hold: a host read or synchronisation, an upload, an allocation outside
+CuPy's pool (Numba's ``device_array``, ``to_device``) and work on another stream. It runs
+the work at once and records none of it, so its ``Graph.launch`` raises: a caller replays
+by running the work again inside a capture.
 """
 
 from __future__ import annotations
 
 from cupy_standin._array import (
     DEVICE_TO_HOST,
+    CaptureError,
     IMPLICIT_CONVERSION,
     HostTransferError,
     LaunchCounter,
@@ -65,6 +73,7 @@ from cupy_standin._array import (
 from cupy_standin._modules import build_modules, install
 
 __all__ = [
+    "CaptureError",
     "DEVICE_TO_HOST",
     "IMPLICIT_CONVERSION",
     "HostTransferError",

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "CaptureError",
     "DEVICE_TO_HOST",
     "IMPLICIT_CONVERSION",
     "HostTransferError",
@@ -88,11 +89,54 @@ _COUNTERS_LOCK = threading.Lock()
 _STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("cupy_standin_strict", default=False)
 
 
+# ------------------------------------------------------------------ stream capture
+class CaptureError(RuntimeError):
+    """Something a CUDA graph cannot hold, done while a stand-in stream captures
+    (``Stream.begin_capture``): a host read or synchronisation, a host-to-device copy, an
+    allocation outside CuPy's memory pool (Numba's ``device_array``, ``to_device``, ...), or
+    work on a stream other than the capturing one (it would run at once, outside the graph:
+    a Numba kernel whose arguments were exported on another stream, say)."""
+
+
+#: The capturing stand-in stream and its launch counter, or None (one capture at a time).
+_CAPTURE: list = [None]
+
+
+def capturing_stream() -> Any:
+    """The stand-in stream that is capturing, or None."""
+    state = _CAPTURE[0]
+    return None if state is None else state[0]
+
+
+def _refuse_while_capturing(what: str) -> None:
+    stream = capturing_stream()
+    if stream is not None:
+        raise CaptureError(f"{what} while {stream!r} is capturing a CUDA graph: a graph "
+                           "cannot hold it (a replay would not repeat it, or the capture "
+                           "fails on a GPU)")
+
+
+def check_capture_stream(what: str) -> None:
+    """While a stream captures, ``what`` must be queued on that stream (CuPy's current one):
+    work on another stream runs at once, outside the graph."""
+    stream = capturing_stream()
+    if stream is None:
+        return
+    from cupy_standin import _cuda
+
+    current = _cuda.get_current_stream()
+    if current is not stream:
+        raise CaptureError(f"{what} on {current!r} while {stream!r} is capturing: it would "
+                           "run at once, outside the graph (make the capturing stream current)")
+
+
 def record_transfer(kind: str) -> None:
-    """Count one host transfer of ``kind`` (raises inside :func:`strict_transfers`)."""
+    """Count one host transfer of ``kind`` (raises inside :func:`strict_transfers`, and
+    while a stream captures: :class:`CaptureError`)."""
     with _COUNTERS_LOCK:
         for counter in _COUNTERS:
             counter.by_kind[kind] += 1
+    _refuse_while_capturing(f"a host read or synchronisation ({kind})")
     if _STRICT.get():
         raise HostTransferError(
             f"host transfer ({kind}) inside strict_transfers(): on a GPU this copies to the "
@@ -103,6 +147,7 @@ def record_upload() -> None:
     with _COUNTERS_LOCK:
         for counter in _COUNTERS:
             counter.uploads += 1
+    _refuse_while_capturing("a host-to-device copy (an upload)")
 
 
 @contextlib.contextmanager
@@ -180,9 +225,11 @@ _LAUNCH_COUNTERS: list[LaunchCounter] = []
 
 
 def record_launch(name: str, *, kernel: bool = False) -> None:
-    """Count one device operation under ``name`` (``kernel``: a Numba CUDA kernel)."""
+    """Count one device operation under ``name`` (``kernel``: a Numba CUDA kernel); while
+    a stream captures (which keeps a counter open), it must be the current stream."""
     if not _LAUNCH_COUNTERS:
         return
+    check_capture_stream(f"a launch ({name})")
     with _COUNTERS_LOCK:
         for counter in _LAUNCH_COUNTERS:
             counter.by_name[name] += 1
@@ -618,6 +665,8 @@ class ndarray:
         from cupy_standin import _cuda
 
         a = self._a
+        # refdml's cuda_launch launches on the stream an argument was exported on
+        check_capture_stream("a CUDA kernel argument exported")
         stream = _cuda.get_current_stream().ptr
         return {
             "version": 3,

@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import time
 from types import SimpleNamespace
 
-from cupy_standin._array import record_transfer
+import sys
 
-__all__ = ["Device", "Event", "MemoryPool", "Stream", "get_current_stream", "get_elapsed_time",
-           "runtime"]
+from cupy_standin import _array
+from cupy_standin._array import CaptureError, record_transfer
+
+__all__ = ["Device", "Event", "Graph", "MemoryPool", "Stream", "get_current_stream",
+           "get_elapsed_time", "runtime", "using_allocator"]
 
 #: What ``runtime.getDeviceProperties`` reports (an H100-like part; only the fields a
 #: caller may read, none of them measured).
@@ -103,7 +107,45 @@ class Stream:
     def __init__(self, null: bool = False, non_blocking: bool = False,
                  ptr: int | None = None) -> None:
         self.ptr = 0 if null else (next(_POINTERS) if ptr is None else int(ptr))
+        self.non_blocking = bool(non_blocking) and not null
         self._tokens: list = []
+
+    # -- stream capture (CuPy's Stream.begin_capture / end_capture / is_capturing) --------
+    def begin_capture(self, mode=None) -> None:
+        """Start capturing, as CuPy's (relaxed mode by default) on a stream that is neither
+        the legacy default one nor blocking. The stand-in records no kernels (it runs them
+        at once, on NumPy): it enforces what a graph needs instead. Until
+        :meth:`end_capture`, a host read or synchronisation, an upload, an allocation by
+        Numba (``cuda.device_array``, ``to_device``, ... : outside CuPy's pool) or work
+        queued on another stream raises :class:`CaptureError` naming it; every launch is
+        counted in the returned graph's ``launches``."""
+        if self.ptr == 0:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if not self.non_blocking:
+            raise RuntimeError("the CuPy stand-in captures on a non-blocking stream only "
+                               "(Stream(non_blocking=True)): a blocking one would order "
+                               "itself after work on the legacy stream")
+        if _array._CAPTURE[0] is not None:
+            raise RuntimeError(f"{_array._CAPTURE[0][0]!r} is capturing already (the "
+                               "stand-in captures one stream at a time)")
+        counting = _array.count_launches()
+        launches = counting.__enter__()
+        _array._CAPTURE[0] = (self, counting, launches, _refuse_numba_allocations())
+
+    def end_capture(self) -> Graph:
+        """End the capture; a :class:`Graph` with the capture's launch count."""
+        state = _array._CAPTURE[0]
+        if state is None or state[0] is not self:
+            raise RuntimeError(f"{self!r} is not capturing")
+        _array._CAPTURE[0] = None
+        _, counting, launches, restore = state
+        restore()
+        counting.__exit__(None, None, None)
+        return Graph(launches)
+
+    def is_capturing(self) -> bool:
+        state = _array._CAPTURE[0]
+        return state is not None and state[0] is self
 
     done = property(lambda self: True)
     device_id = 0
@@ -135,6 +177,55 @@ class Stream:
 
 
 Stream.null = Stream(null=True)
+
+
+#: Numba's allocators of device (and pinned or mapped host) memory: outside CuPy's pool,
+#: so a graph cannot hold them (and a replay would not allocate).
+_NUMBA_ALLOCATORS = ("device_array", "device_array_like", "to_device", "pinned_array",
+                     "pinned_array_like", "mapped_array", "mapped_array_like",
+                     "managed_array")
+
+
+def _refuse_numba_allocations():
+    """Make Numba's allocators raise :class:`CaptureError` (where ``numba.cuda`` is
+    imported); returns what puts them back."""
+    module = sys.modules.get("numba.cuda")
+    saved = {}
+    if module is not None:
+        for name in _NUMBA_ALLOCATORS:
+            if hasattr(module, name):
+                saved[name] = getattr(module, name)
+
+                def refuse(*args, _name=name, **kwargs):
+                    raise CaptureError(
+                        f"numba.cuda.{_name} while a stream is capturing: an allocation "
+                        "outside CuPy's memory pool, which a CUDA graph cannot hold")
+
+                setattr(module, name, refuse)
+
+    def restore() -> None:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+    return restore
+
+
+class Graph:
+    """What ``Stream.end_capture`` returns. The stand-in ran the captured work at once and
+    recorded none of it, so there is nothing to replay: :meth:`launch` raises. A caller
+    that cannot replay here runs its step again inside a capture instead (refdml's
+    captured training step does, so that every "replay" is checked as the capture was).
+    ``launches``: the launches counted while capturing (a ``LaunchCounter``)."""
+
+    def __init__(self, launches) -> None:
+        self.launches = launches
+
+    def launch(self, stream: Stream | None = None) -> None:
+        raise NotImplementedError("the CuPy stand-in records no kernels: a captured graph "
+                                  "cannot be replayed; run the captured work again instead")
+
+    def upload(self, stream: Stream | None = None) -> None:
+        pass
 
 
 def get_current_stream(device_id: int | None = None) -> Stream:
@@ -174,8 +265,20 @@ def get_device_id() -> int:
     return 0
 
 
+@contextlib.contextmanager
+def using_allocator(allocator=None):
+    """``cupy.cuda.using_allocator``: NumPy allocates the stand-in's arrays whatever the
+    allocator (a captured step's private pool is accepted and never called)."""
+    yield
+
+
 class MemoryPool:
-    """``cupy.get_default_memory_pool()``: NumPy owns the memory; nothing is pooled."""
+    """``cupy.get_default_memory_pool()`` and ``cupy.cuda.MemoryPool()``: NumPy owns the
+    memory; nothing is pooled."""
+
+    def malloc(self, size: int):
+        raise NotImplementedError("the CuPy stand-in's arrays are NumPy's: its pools "
+                                  "allocate nothing")
 
     def used_bytes(self) -> int:
         return 0

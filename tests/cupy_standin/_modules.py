@@ -221,8 +221,8 @@ def build_modules() -> dict[str, types.ModuleType]:
     """The stand-in modules by import name (fresh objects; nothing is installed)."""
     cuda = _module("cupy.cuda", "cupy.cuda of the CuPy stand-in (tests/cupy_standin).", {
         name: getattr(_cuda, name) for name in (
-            "Device", "Event", "Stream", "get_current_stream", "get_elapsed_time", "runtime",
-            "is_available", "get_device_id")
+            "Device", "Event", "Graph", "MemoryPool", "Stream", "get_current_stream",
+            "get_elapsed_time", "runtime", "is_available", "get_device_id", "using_allocator")
     } | {"MemoryPointer": _array._MemoryPointer})
     cupy = _module("cupy", "The CuPy stand-in (tests/cupy_standin): NumPy arrays behind CuPy's "
                    "rules; see tests/cupy_standin/__init__.py.", {

@@ -156,7 +156,9 @@ TRAIN_STEP_CEILING: dict[tuple[str, int], tuple[int, int]] = {
 }
 #: Host-to-device copies of one step (not host reads): the batch's labels, twice (the base
 #: loss's copy, and the zero-shot operator's, which takes them on the host for the split),
-#: and the order of the split's halves.
+#: and the order of the split's halves. The captured step (TrainingLoop(capture=True))
+#: copies these into fixed buffers before its captured region and none inside it
+#: (tests/train/test_train_capture.py); this counts the uncaptured step.
 STEP_UPLOADS = 3
 #: The narrow model of the small rows (the study's own widths at batch 64).
 SMALL_STEP = dict(n_classes_per_batch=2, n_samples_per_class=2, conv_channels=[4, 4, 4],

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from refdml._deferred import staged_upload
 from refdml._validation import _describe, check_context
 from refdml._backend import get_backend, is_array, to_numpy
 from refdml.train._dense import _positive_int
@@ -80,9 +81,11 @@ def check_d_value(d_value) -> float:
 
 def labels_on_device(labels, like):
     """``labels`` on the module of ``like`` (the outputs): host labels with device outputs
-    are uploaded (no synchronisation); anything else is left to the operators' checks."""
+    are uploaded (no synchronisation), or taken from the buffer a captured step staged them
+    in before the step (:func:`refdml._deferred.staged_upload`, key ``"labels"``); anything
+    else is left to the operators' checks."""
     if isinstance(labels, np.ndarray):      # an upload on CuPy, itself on NumPy
-        return get_backend(like).xp.asarray(labels)
+        return staged_upload(get_backend(like).xp, labels, "labels")
     return labels
 
 

@@ -44,6 +44,7 @@ from refdml._backend import get_backend
 from refdml.train._layer import init_array
 from refdml.train._operators import check_reference, operators
 from refdml.crossbatch import class_disjoint_split
+from refdml.gpu.crossbatch import zero_shot_staged_uploads
 from refdml.train.objectives._base import (
     Objective,
     check_d_value,
@@ -135,6 +136,26 @@ class GSPObjective(Objective):
 
     def load_state_dict(self, state: dict) -> None:
         load_rng_state(self.rng, state, self.name)
+
+    def host_draws(self, labels) -> dict:
+        """What :meth:`forward` would draw on the host for these (host) ``labels``, drawn now
+        from the same generator in the same way: ``{"split": mask}`` (nothing with
+        ``lambda_ == 0``). A captured training step draws it before the step and passes it
+        to :meth:`forward` (a replayed graph runs no Python, so nothing may be drawn inside
+        the step); an uncaptured step that passes it trains exactly as one that does not."""
+        if self.lambda_ == 0.0:
+            return {}
+        return {"split": class_disjoint_split(host_labels(labels), rng=self.rng)}
+
+    def staged_uploads(self, labels, *, split=None) -> dict:
+        """``{key: host array}`` of what :meth:`forward` uploads for host ``labels`` and the
+        drawn ``split`` (:meth:`host_draws`): the zero-shot operator's labels and split
+        index (the base loss's labels are the loop's own ``"labels"``). A captured step puts
+        them into fixed device buffers before its captured region
+        (:func:`refdml._deferred.staged_upload`)."""
+        if self.lambda_ == 0.0 or split is None or self.reference:
+            return {}
+        return zero_shot_staged_uploads(host_labels(labels), split)
 
     def forward(self, outputs, labels, *, split=None):
         """``(value, ctx)``; ``split`` (bool (B,), class-disjoint) fixes the ZSR halves."""
