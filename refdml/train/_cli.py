@@ -106,6 +106,9 @@ def add_train_arguments(parser: argparse.ArgumentParser, *, study: str | None) -
                         help="continue the run in --out from its checkpoint.npz (bit-for-bit)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no tqdm bar")
+    parser.add_argument("--capture", action="store_true", default=None,
+                        help="--device cuda: record the step once per shape as a CUDA graph and "
+                             "replay it (config key capture)")
     if study in (None, "features"):
         parser.add_argument("--features", metavar="PATH",
                             help="features study: .npz with 'features' (N, n, d) and 'labels' (N,)")
@@ -148,7 +151,8 @@ def run_from_args(args: argparse.Namespace, *, study: str | None = None,
         problem = input_file_problem("--features", features)
         if problem is not None:
             return _error(prog, problem)
-    for flag in ("epochs", "seed", "device", "dtype", "reference", "progress", "features"):
+    for flag in ("epochs", "seed", "device", "dtype", "reference", "progress", "capture",
+                 "features"):
         value = getattr(args, flag, None)
         if value is not None:
             if flag in config:   # overridden by the flag, but a bad value is still refused

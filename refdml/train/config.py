@@ -106,6 +106,10 @@ KEYS: dict[str, Key] = {
                         optional=True),
     "eval_batch_size": Key(_same(1024), "ours", "int", low=1),
     "progress": Key(_same(True), "ours", "bool"),
+    "log_every": Key(_same(20), "ours (device \"cuda\" only: steps between two host reads "
+                     "of the steps' deferred checks and losses)", "int", low=1),
+    "capture": Key(_same(False), "ours (device \"cuda\" only: record the step once per shape "
+                   "as a CUDA graph and replay it; opt-in until measured on a GPU)", "bool"),
     # -- optimiser and schedule
     "lr": Key({"tokens": 1e-4, "digits-collage": 1e-3, "features": 1e-3, **_glyphs(3e-3)},
               "tokens: paper (GSP supp. 2.1, Adam 1e-4); digits-collage: paper (supp. 2.2, "
@@ -513,6 +517,12 @@ def _refuse_ignored(study: str, config: dict[str, Any], given: set[str], out: di
         if extra:
             raise ValueError(f"{extra} would be ignored: they apply to zero_shot == true "
                              "(GSP's zero-shot regulariser), which this run does not use")
+    if out["device"] != "cuda":
+        extra = sorted(k for k in ("log_every", "capture") if changed(k, allowed[k]))
+        if extra:
+            raise ValueError(f"{extra} would be ignored: they apply to device == 'cuda' "
+                             f"(where the steps' checks are read later), not to device == "
+                             f"{out['device']!r}")
     if out.get("plateau_factor", 0) is None and changed("plateau_patience",
                                                         allowed["plateau_patience"]):
         raise ValueError(f"plateau_patience == {config['plateau_patience']!r} would be "
@@ -541,6 +551,8 @@ class RunConfig:
     blas_threads: int | None
     eval_batch_size: int
     progress: bool
+    log_every: int
+    capture: bool
     # -- optimiser and schedule
     lr: float
     weight_decay: float

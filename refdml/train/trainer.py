@@ -127,6 +127,10 @@ _CHECKPOINT_META = frozenset({"epoch", "best_val_map_at_r", "best_epoch", "stopp
                               "rng", "sampler", "schedule", "objective"})
 
 
+#: Keys of the ``"run"`` entry a resume may change: how long, and how the steps are read and
+#: launched (``log_every``, ``capture``: the trajectory is the same either way).
+_RESUME_MAY_CHANGE = ("epochs", "progress", "log_every", "capture")
+
 #: Keys of the ``"run"`` entry added after run folders were written; None (their default,
 #: the behaviour before them) compares equal to absent, so such a folder still resumes.
 _LATER_RUN_KEYS = ("instance_patience",)
@@ -137,7 +141,7 @@ def _without_run_epochs(value: Any, key: str) -> Any:
     keys at their default: :data:`_LATER_RUN_KEYS`)."""
     if key != "run" or not isinstance(value, dict):
         return value
-    return {k: v for k, v in value.items() if k not in ("epochs", "progress")
+    return {k: v for k, v in value.items() if k not in _RESUME_MAY_CHANGE
             and not (k in _LATER_RUN_KEYS and v is None)}
 
 
@@ -294,6 +298,12 @@ class Trainer(TrainingLoop):
         Required iff ``warmup_epochs > 0``; a non-empty subset of the optimiser's
         parameters (e.g. :func:`~refdml.train.models.embedding_layer_parameters` of the
         model plus the objective's parameters).
+    log_every : int >= 1, default 20
+        On a GPU, steps between two host reads of the steps' deferred checks and losses
+        (:class:`~refdml.train._loop.TrainingLoop`).
+    capture : bool, default False
+        On a GPU, record the step once per shape as a CUDA graph and replay it
+        (:class:`~refdml.train._loop.TrainingLoop`, :mod:`refdml.train._capture`).
     """
 
     def __init__(
@@ -307,6 +317,7 @@ class Trainer(TrainingLoop):
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
         run_config: dict[str, Any] | None = None, instance_every: int | None = None,
         instance_patience: int | None = None, warmup_epochs: int = 0, warmup_params: Any = None,
+        log_every: int = 20, capture: bool = False,
     ) -> None:
         super().__init__(
             model, objective, optimizer, schedule=schedule, train_sampler=train_sampler,
@@ -317,7 +328,8 @@ class Trainer(TrainingLoop):
             seed=seed, dtype=dtype, device=device, progress=progress, after_step=after_step,
             eval_batch_size=eval_batch_size, instance_every=instance_every,
             instance_patience=instance_patience, select="val_map_at_r", select_from=0,
-            warmup_epochs=warmup_epochs, warmup_params=warmup_params)
+            warmup_epochs=warmup_epochs, warmup_params=warmup_params, log_every=log_every,
+            capture=capture)
         self.sink = DiskSink(out_dir)
         self.out_dir = self.sink.out_dir
         if run_config is not None and not isinstance(run_config, dict):

@@ -25,6 +25,9 @@ _IGNORED = [
     # no reduce-on-plateau schedule
     ("glyphs", {"plateau_patience": 2}, "plateau_patience"),
     ("digits-collage", {"plateau_factor": None, "plateau_patience": 9}, "plateau_patience"),
+    # read only on a GPU: the steps' deferred checks and the captured step
+    ("digits-collage", {"log_every": 5}, "log_every"),
+    ("tokens", {"device": "cpu", "capture": True}, "capture"),
 ]
 
 _READ = [
@@ -39,6 +42,8 @@ _READ = [
     ("tokens", {"head": "gap", "proxy_lr_multiplier": 1.0, "lambda_": 0.1, "mu": 0.3,
                 "inverse_temperature": 5.0}),
     ("glyphs", {"head": "gap", "plateau_patience": 5}),
+    ("digits-collage", {"device": "cuda", "log_every": 5, "capture": True}),
+    ("tokens", {"log_every": 20, "capture": False}),
 ]
 
 

@@ -218,6 +218,9 @@ def test_cli_named_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["train", "--study", "tokens", "--out", out, "--epochs", "-1"])
     assert exc.value.code == 2
+    # --capture records a CUDA graph: on the CPU it would do nothing, so it is refused
+    assert main(["train", "--study", "tokens", "--out", out, "--capture"]) == 2
+    assert "['capture'] would be ignored" in capsys.readouterr().err
 
 
 def test_cuda_without_cupy_is_a_clear_message(tmp_path, capsys):

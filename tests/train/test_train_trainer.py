@@ -412,3 +412,21 @@ def test_trainer_runs_the_package_objectives_and_resumes_them(tmp_path, objectiv
         assert_array_equal(_values(again)[name], value)
     for p, q in zip(straight.objective.parameters(), again.objective.parameters()):
         assert_array_equal(p.value, q.value)
+
+
+def test_log_every_and_capture_reach_the_loop(tmp_path):
+    trainer = _trainer(tmp_path, epochs=1, log_every=7)
+    assert (trainer.log_every, trainer.capture) == (7, False)
+    with pytest.raises(ValueError, match=r"capture == True .*device == 'cuda', got 'cpu'"):
+        _trainer(tmp_path / "b", capture=True)
+
+
+def test_a_resume_may_change_how_steps_are_read_and_launched():
+    # log_every and capture leave the trajectory as it is: a resumed run may change them,
+    # and a run folder written before they existed (no such keys) still resumes.
+    from refdml.train.trainer import _without_run_epochs
+
+    before = {"study": "tokens", "lr": 1e-3, "epochs": 3}
+    after = {**before, "epochs": 9, "log_every": 5, "capture": True}
+    assert _without_run_epochs(after, "run") == _without_run_epochs(before, "run")
+    assert _without_run_epochs({**before, "lr": 2e-3}, "run") != _without_run_epochs(before, "run")
