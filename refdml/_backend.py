@@ -268,6 +268,13 @@ class Backend:
                 self._cache[key] = value
         return value
 
+    def kept_arrays(self) -> list[Any]:
+        """The arrays :meth:`kept` (and :meth:`cached`) hold now, a snapshot: what a
+        captured step keeps alive beside its graph, whose kernels read them by address
+        (the backend may drop its oldest later)."""
+        with _KEPT_LOCK:
+            return list(self._cache.values())
+
     def is_cached(self, key: Hashable, value: Any) -> bool:
         """True when ``value`` is the very array :meth:`cached` keeps under ``key`` (an
         identity test: no data read); always False on CuPy, which keeps none. A caller that

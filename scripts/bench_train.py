@@ -96,6 +96,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench import Table, interleaved, write_json  # noqa: E402
 
+from refdml.train.layers import GSPHead  # noqa: E402
 from refdml.train.runs import build_run  # noqa: E402
 
 PATHS = (("fast", "float32"), ("fast", "float64"), ("ref", "float64"))
@@ -212,7 +213,7 @@ def _shared_ms(model, objective, run_step, repeats: int) -> float:
     sides. A pass of its own, after the timed one: the step timing carries no timer."""
     record: dict = defaultdict(float)
     for layer in model.layers:
-        if type(layer).__name__ == "GSPHead":
+        if isinstance(layer, GSPHead):
             _wrap(layer, "forward", "shared", record, lambda: None)
             _wrap(layer, "backward", "shared", record, lambda: None)
     _wrap(objective, "forward", "shared", record, lambda: None)

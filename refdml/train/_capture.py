@@ -240,7 +240,7 @@ class StepCapture:
         # What the recorded kernels read by address, kept as long as the graph: the
         # staged buffers, the backend's kept constants (Backend.kept may drop its oldest),
         # the loop's check slots and the optimiser's plans and constants.
-        graph.keep = [self.stage.buffers(), list(getattr(backend, "_cache", {}).values()),
+        graph.keep = [self.stage.buffers(), backend.kept_arrays(),
                       dict(self.loop._slots),
                       [(flat._plan, flat._scalars) for flat in optimizer._flats]]
         self.graphs[key] = graph
