@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml._backend import Backend
+from refdml._backend import Backend, get_backend
 from refdml._shared.normalize import clip_backward_xp
 from refdml._shared.gsp import exponent_of, pool_gradient_overflow, upstream_exponent, \
     weight_gradient_shift
@@ -248,12 +248,12 @@ def _pool_transport(backend: Backend, cost_t, args: TransportArgs):
     """
     dtype, mu = cost_t.dtype, args.mu
     if dtype == np.float64 or mu >= SMALL_MU[np.dtype(dtype)]:
-        result = _wt.transport(backend, cost_t, args)
+        result = _wt.transport(backend, cost_t, args, bounded=True)
         return result, result.transported * (1.0 / mu)
     if args.tol > 0.0:
         args = dataclasses.replace(args, tol=max(args.tol, _wt.residual_floor(
             dtype, cost_t.shape[2], cost_t.shape[1])))
-    wide = _wt.transport(backend, cost_t.astype(np.float64), args)
+    wide = _wt.transport(backend, cost_t.astype(np.float64), args, bounded=True)
     weights = (wide.transported * (1.0 / mu)).astype(dtype)
     with np.errstate(over="ignore", under="ignore"):  # t, tau: inf beyond float32, as documented
         narrow = {
@@ -288,16 +288,19 @@ def _distance_weights_of_pool(xp, ctx: PoolContext, d_weights, d_z, check: bool)
     """
     result, weights, n = ctx.transport, ctx.weights, ctx.features.shape[1]
     assignment_t = result.assignment.transpose(0, 2, 1)
-    weights_t, column = _wt.softmax_centred(xp, assignment_t, d_z[:, None, :])
+    weights_t, column = _wt.softmax_centred_rows(xp, assignment_t, d_z)
     weights_t *= (weights * (1.0 / n))[:, :, None]
     per_weight = dataclasses.replace(result, transported=weights)
     weights_t += _wt.marginal_factors(xp, per_weight, d_weights * (-n), column)[:, :, None]
     weights_t *= assignment_t
     # W = d_cost_t / c' = d_cost_t s / c: 0 where c = 0 (the subgradient).
-    weights_t *= ctx.cost.scale
+    if not get_backend(weights_t).known_equal(ctx.cost.scale, 1.0):
+        weights_t *= ctx.cost.scale
     _wt.scale_gradient(xp, weights_t, -result.inverse_temperature, check=check)
     cost_t = ctx.cost.cost.transpose(0, 2, 1)
-    weights_t /= xp.where(cost_t > 0, cost_t, np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xp.divide(weights_t, cost_t, out=weights_t)
+    xp.copyto(weights_t, 0, where=~(cost_t > 0))   # c = 0 (and a NaN cost): 0
     return weights_t
 
 

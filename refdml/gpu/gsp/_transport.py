@@ -145,11 +145,11 @@ def _phi(xp, y, relative, logit_mu: float):
     return _lse(xp, log_sig, 1) - _lse(xp, log_one_minus, 1) - logit_mu
 
 
-def _relative(xp, column_min, lam, inverse_temperature: float, pivot):
-    """``l_j - l_p`` (B, n) for the pivot ``p`` (B,) of each image, from cost differences."""
-    at = pivot[:, None]
-    return (lam - xp.take_along_axis(lam, at, axis=1)) - _scaled_gap(
-        xp, column_min, xp.take_along_axis(column_min, at, axis=1), inverse_temperature
+def _relative(xp, column_min, lam, inverse_temperature: float, pivot, rows):
+    """``l_j - l_p`` (B, n) for the pivot ``p`` (B,) of each image, from cost differences
+    (``rows``: ``arange(B)``, to pick each image's entry)."""
+    return (lam - lam[rows, pivot][:, None]) - _scaled_gap(
+        xp, column_min, column_min[rows, pivot][:, None], inverse_temperature
     )
 
 
@@ -200,17 +200,28 @@ def _newton(xp, relative, logit_mu: float, max_iter: int, y, lo, hi, *, check_ev
 _SATURATION = 1024.0
 
 
-def log_kernel(xp, cost_t, inverse_temperature: float):
+def log_kernel(xp, cost_t, inverse_temperature: float, *, bounded: bool = False):
     """From the cost ``(B, n, m)`` in memory: ``cmin``, ``lam`` (B, n), softmax ``A`` (B, n, m).
 
     ``cmin_j = min_i c_ij``, ``lam_j = log sum_i exp(-ε (c_ij - cmin_j))`` in ``[0, log m]``
     (so ``l_j = lam_j - ε cmin_j``): ``exp`` sees only numbers ``<= 0``, ``-inf`` where
-    ``ε (c - cmin)`` overflows (a weight of exactly 0). Four passes over the cost.
+    ``ε (c - cmin)`` overflows (a weight of exactly 0). ``bounded``: the cost is the pooling
+    layer's own (``s`` times a distance of points of norm <= 1: finite, >= 0 and small), so
+    ``c - cmin`` cannot overflow and is scaled as it is (six passes over the cost: argmin,
+    difference, product, exp, sum, scaling); a cost given by the caller may span more than
+    the dtype's range, and its difference is halved first (:func:`_scaled_gap`).
     """
-    column_min = xp.min(cost_t, axis=2)                          # (B, n)
-    kernel = _scaled_gap(xp, cost_t, column_min[:, :, None], inverse_temperature)
-    xp.negative(kernel, out=kernel)
+    # The minimum as the entry at argmin: the same number (NaN where a column has one), in
+    # a pass along the contiguous axis that NumPy runs faster than min's.
+    column_min = xp.take_along_axis(cost_t, xp.argmin(cost_t, axis=2)[:, :, None], axis=2)
+    if bounded:
+        kernel = xp.subtract(cost_t, column_min)
+        _times(xp, kernel, -inverse_temperature, out=kernel)
+    else:
+        kernel = _scaled_gap(xp, cost_t, column_min, inverse_temperature)
+        xp.negative(kernel, out=kernel)
     xp.exp(kernel, out=kernel)
+    column_min = column_min[:, :, 0]                             # (B, n)
     total = xp.sum(kernel, axis=2, keepdims=True)                # >= 1: the minimum gives 1
     kernel *= 1.0 / total
     return column_min, xp.log(total[:, :, 0]), kernel
@@ -228,6 +239,7 @@ def solve(xp, column_min, lam, args: TransportArgs, *, check_every: int):
     batch, n = column_min.shape
     logit_mu = math.log(mu) - math.log1p(-mu)
     order = xp.argsort(column_min, axis=1, kind="stable")
+    rows = xp.arange(batch)
     below = xp.full(batch, -1, dtype=np.int64)
     above = xp.full(batch, n, dtype=np.int64)
     zero = xp.zeros(batch, dtype=column_min.dtype)
@@ -235,17 +247,17 @@ def solve(xp, column_min, lam, args: TransportArgs, *, check_every: int):
     for _ in range(search):
         active = above - below > 1
         middle = (below + above) // 2
-        candidate = xp.take_along_axis(order, xp.clip(middle, 0, n - 1)[:, None], axis=1)[:, 0]
-        relative = _relative(xp, column_min, lam, inverse_temperature, candidate)
+        candidate = order[rows, xp.clip(middle, 0, n - 1)]
+        relative = _relative(xp, column_min, lam, inverse_temperature, candidate, rows)
         nonnegative = _phi(xp, zero, relative, logit_mu) >= 0
         above = xp.where(active & nonnegative, middle, above)
         below = xp.where(active & ~nonnegative, middle, below)
-    minus = xp.take_along_axis(order, xp.minimum(above, n - 1)[:, None], axis=1)[:, 0]
-    plus = xp.take_along_axis(order, xp.maximum(below, 0)[:, None], axis=1)[:, 0]
-    relative_minus = _relative(xp, column_min, lam, inverse_temperature, minus)
-    relative_plus = _relative(xp, column_min, lam, inverse_temperature, plus)
+    minus = order[rows, xp.minimum(above, n - 1)]
+    plus = order[rows, xp.maximum(below, 0)]
+    relative_minus = _relative(xp, column_min, lam, inverse_temperature, minus, rows)
+    relative_plus = _relative(xp, column_min, lam, inverse_temperature, plus, rows)
     interior = (below >= 0) & (above < n)
-    gap = xp.maximum(xp.take_along_axis(relative_minus, plus[:, None], axis=1)[:, 0], 0)
+    gap = xp.maximum(relative_minus[rows, plus], 0)
     half = xp.minimum(0.5 * gap, _SATURATION)
     use_plus = (below >= 0) & ((above == n) | (_phi(xp, -half, relative_minus, logit_mu) >= 0))
     relative = xp.where(use_plus[:, None], relative_plus, relative_minus)
@@ -260,23 +272,24 @@ def solve(xp, column_min, lam, args: TransportArgs, *, check_every: int):
     hi = xp.maximum(xp.minimum(hi, logit_mu - xp.min(relative, axis=1)), lo)
     y, sweeps, exhausted = _newton(xp, relative, logit_mu, args.max_iter, xp.zeros_like(lo),
                                    lo, hi, check_every=check_every)
-    pivot = xp.where(use_plus, plus, minus)[:, None]
+    pivot = xp.where(use_plus, plus, minus)
     with np.errstate(over="ignore", invalid="ignore"):
-        log_pivot = xp.take_along_axis(lam, pivot, axis=1)[:, 0] - _times(
-            xp, xp.take_along_axis(column_min, pivot, axis=1)[:, 0], inverse_temperature
-        )
+        log_pivot = lam[rows, pivot] - _times(xp, column_min[rows, pivot], inverse_temperature)
         log_t = y - log_pivot
     return y[:, None] + relative, log_t, search + 2 + sweeps, exhausted
 
 
-def transport(backend: Backend, cost_t, args: TransportArgs) -> WeightTransportResult:
-    """(P2) for every image from the cost ``(B, n, m)`` in memory (see the module docstring)."""
+def transport(backend: Backend, cost_t, args: TransportArgs, *,
+              bounded: bool = False) -> WeightTransportResult:
+    """(P2) for every image from the cost ``(B, n, m)`` in memory (see the module docstring);
+    ``bounded``: the pooling layer's own cost (:func:`log_kernel`)."""
     xp = backend.xp
     mu, inverse_temperature, max_iter, tol = (args.mu, args.inverse_temperature, args.max_iter,
                                               args.tol)
     batch, n, m = cost_t.shape
     dtype = cost_t.dtype
-    column_min, lam, assignment_t = log_kernel(xp, cost_t, inverse_temperature)
+    column_min, lam, assignment_t = log_kernel(xp, cost_t, inverse_temperature,
+                                               bounded=bounded)
     if tol > 0.0:
         tol = max(tol, residual_floor(dtype, m, n))
     with np.errstate(over="ignore", invalid="ignore"):
@@ -395,6 +408,19 @@ def softmax_centred(xp, assignment_t, d_pi_t):
     offset = -xp.sum(assignment_t * centred, axis=2, keepdims=True)
     centred += offset
     return centred, xp.sum(assignment_t * d_pi_t, axis=2)
+
+
+def softmax_centred_rows(xp, assignment_t, d_z):
+    """:func:`softmax_centred` for ``d_pi_ji = d_z_i`` (the pooling layer's: one row ``d_z``
+    (B, m) for every column), computed in fewer passes over (B, n, m): the dominant row's
+    ``d_z`` is picked from (B, m), ``sum_k A_jk (d_z_k - d_z_r)`` is one contraction with no
+    temporary product, and ``a_j = sum_k A_jk d_z_k`` a batched matrix-vector product. The
+    same numbers as :func:`softmax_centred` but for the order of each sum's terms.
+    """
+    top = xp.argmax(assignment_t, axis=2)                                  # (B, n)
+    centred = xp.subtract(d_z[:, None, :], xp.take_along_axis(d_z, top, axis=1)[:, :, None])
+    centred -= xp.einsum("bnm,bnm->bn", assignment_t, centred)[:, :, None]
+    return centred, (assignment_t @ d_z[:, :, None])[:, :, 0]
 
 
 def scale_gradient(xp, inner, factor: float, check: bool = True):
