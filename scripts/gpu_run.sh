@@ -710,11 +710,12 @@ PYEOF
             check_junit crosscheck "$RUN/junit_train_crosscheck.xml" '*'
         fi
         if need_file bench "$REPO/scripts/bench_gpu.py"; then
+            # --capture: the train section also times the step replayed as a CUDA graph
+            # (TrainingLoop(capture=True)) beside the uncaptured step and PyTorch's; the dry
+            # run takes the flag too (its captured row says why it is not run there).
             if (( DRY_RUN )); then
-                run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --dry-run --json "$RUN/bench_gpu.json"
+                run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --capture --dry-run --json "$RUN/bench_gpu.json"
             else
-                # --capture: the train section also times the step replayed as a CUDA graph
-                # (TrainingLoop(capture=True)) beside the uncaptured step and PyTorch's
                 run_step bench "$PY" "$REPO/scripts/bench_gpu.py" --device cuda --capture --json "$RUN/bench_gpu.json"
             fi
         fi
