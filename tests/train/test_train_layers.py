@@ -101,6 +101,34 @@ def test_col2im_is_the_adjoint_of_im2col(seed, stride, padding, kernel_size):
     np.testing.assert_allclose(np.sum(cols * c), np.sum(x * back), rtol=1e-12)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), stride=st.integers(1, 3), padding=st.integers(0, 2),
+       kernel_size=st.sampled_from([1, 2, 3]), height=st.integers(3, 7), width=st.integers(3, 7))
+def test_the_input_gradient_of_conv2d_is_the_adjoint_of_the_convolution(
+        seed, stride, padding, kernel_size, height, width):
+    # <conv(x) - b, g> = <x, d_x> for every x and g (the backward's d_x is col2im(g W),
+    # formed one kernel offset at a time: refdml/train/_conv.py), and three entries of d_x
+    # against the loop convolution's response to a unit input there.
+    rng = np.random.default_rng(seed)
+    if (height + 2 * padding - kernel_size) < 0 or (width + 2 * padding - kernel_size) < 0:
+        return
+    x = rng.standard_normal((2, 3, height, width))
+    weight = rng.standard_normal((4, 3, kernel_size, kernel_size))
+    bias = np.zeros(4)
+    y, ctx = conv2d_forward(x, weight, bias, stride=stride, padding=padding)
+    g = rng.standard_normal(y.shape)
+    d_x = conv2d_backward(ctx, g).x
+    assert d_x.shape == x.shape
+    np.testing.assert_allclose(np.sum(x * d_x), np.sum(y * g), rtol=1e-12)
+    # and entry by entry against the loop convolution's gradient, column by column
+    eye = np.zeros_like(x)
+    for index in [(0, 0, 0, 0), (1, 2, height - 1, width - 1), (0, 1, height // 2, width // 2)]:
+        eye[...] = 0
+        eye[index] = 1.0
+        expected = np.sum(loop_conv2d(eye, weight, bias, stride, padding) * g)
+        np.testing.assert_allclose(d_x[index], expected, rtol=1e-12, atol=1e-12)
+
+
 def test_col2im_counts_the_patches_covering_each_pixel():
     # col2im of all-ones = how many patches contain each pixel (a closed form per axis).
     x_shape = (1, 1, 5, 5)
