@@ -417,6 +417,83 @@ def bench(which: str, device: str, repeats: int, tables: list) -> dict:
             "shares": shares}
 
 
+def _thread_pools() -> list:
+    """``(label, get, set)`` of every thread pool a CPU step can use: each BLAS and OpenMP
+    library threadpoolctl finds loaded (NumPy and SciPy ship one OpenBLAS each; the label
+    names the package folder it came from), and Numba's threading layer where Numba is
+    loaded (the fused optimiser's CPU twin is a parallel kernel)."""
+    from threadpoolctl import ThreadpoolController
+
+    pools = []
+    for lib in ThreadpoolController().lib_controllers:
+        folder = os.path.basename(os.path.dirname(lib.filepath))
+        pools.append((f"{lib.internal_api} ({folder})", lambda lib=lib: lib.num_threads,
+                      lambda n, lib=lib: lib.set_num_threads(n)))
+    if "numba" in sys.modules:
+        import numba
+
+        pools.append(("numba", numba.get_num_threads, numba.set_num_threads))
+    return pools
+
+
+def bench_thread_pools(which: str, repeats: int, rounds: int, tables: list) -> dict:
+    """The refdml ``fast f32`` step in this process with each thread pool alone at
+    ``os.cpu_count()`` threads (the others at 1), every copy of one library (two
+    OpenBLAS), none, and all: where more threads help the step and where pools' idle
+    workers, spinning beside it, hurt. The settings
+    alternate, ``rounds`` times, each timed over ``repeats`` steps after two untimed ones
+    (so that a pool's workers have started); medians over rounds."""
+    wide = os.cpu_count() or 1
+    if wide < 2:
+        print(f"\n(one CPU: no thread pool of the {which} step to widen)")
+        return {}
+    step = Step(which, "fast", "float32", "cpu")
+    step()                                   # loads every library the step calls
+    pools = _thread_pools()
+    settings = {"all at 1": {}}
+    settings.update({f"{label} at {wide}": {label: wide} for label, _, _ in pools})
+    for api in sorted({label.split(" ")[0] for label, _, _ in pools}):
+        copies = [label for label, _, _ in pools if label.split(" ")[0] == api]
+        if len(copies) > 1:          # NumPy's and SciPy's OpenBLAS: each copy its own workers
+            settings[f"every {api} at {wide}"] = dict.fromkeys(copies, wide)
+    settings[f"all at {wide}"] = {label: wide for label, _, _ in pools}
+    before = {label: get() for label, get, _ in pools}
+    times: dict = {name: [] for name in settings}
+    try:
+        for _ in range(rounds):
+            for name, wanted in settings.items():
+                for label, _, set_threads in pools:
+                    set_threads(wanted.get(label, 1))
+                for _ in range(2):
+                    step()
+                times[name].append(statistics.median(
+                    _clock(step) for _ in range(repeats)))
+    finally:
+        for label, _, set_threads in pools:
+            set_threads(before[label])
+    base = statistics.median(times["all at 1"])
+    table = Table(f"{which}: the refdml fast f32 step with one thread pool at a time widened "
+                  f"to {wide} threads (the others at 1), in one process, {rounds} alternating "
+                  f"rounds of {repeats} steps (medians); vs all at 1 = that time / the row's",
+                  ["thread pools", "ms/step", "vs all at 1"])
+    tables.append(table)
+    print(f"\n== {which}: thread pools of the refdml step, {rounds} rounds of {repeats} steps ==")
+    print(f"{'thread pools':<44}{'ms/step':>10}{'vs all at 1':>13}")
+    out = {}
+    for name, values in times.items():
+        median = statistics.median(values)
+        out[name] = 1e3 * median
+        c = table.add(name, f"{1e3 * median:.2f}", f"{base / median:.2f}x")
+        print(f"{c[0]:<44}{c[1]:>10}{c[2]:>13}")
+    return out
+
+
+def _clock(step) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
 def _device_name(device: str) -> str:
     if device != "cuda":
         return device
@@ -442,6 +519,9 @@ def main(argv=None) -> None:
                         help="only the comparison with PyTorch (no paths table, no shares)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating refdml/PyTorch processes per thread count (3)")
+    parser.add_argument("--thread-pools", action="store_true",
+                        help="only the step with each BLAS / OpenMP / Numba thread pool "
+                             "widened in turn (CPU)")
     parser.add_argument("--time-alone", nargs=2, metavar=("SIDE", "MODEL"),
                         help=argparse.SUPPRESS)   # the child process of the PyTorch rows
     args = parser.parse_args(argv)
@@ -457,7 +537,14 @@ def main(argv=None) -> None:
     results = {"numpy": np.__version__, "cpu_count": os.cpu_count(), "load_average": load,
                "repeats": repeats, "device": args.device, "models": {}}
     tables: list = []
-    for which in args.only or ("collage", "tokens"):
+    if args.thread_pools:
+        if args.device != "cpu":
+            parser.error("--thread-pools times the CPU step (--device cpu)")
+        for which in args.only or ("collage", "tokens"):
+            results["models"][which] = {
+                "thread_pools": bench_thread_pools(which, repeats, args.rounds, tables)}
+        args.only = ()
+    for which in args.only if args.only is not None else ("collage", "tokens"):
         entry = {} if args.torch_only else bench(which, args.device, repeats, tables)
         if args.device == "cpu":
             entry["torch"] = bench_torch(which, repeats, args.rounds, tables)

@@ -63,3 +63,22 @@ def test_only_the_collage_model_has_a_whole_pytorch_form():
     pytest.importorskip("torch")
     with pytest.raises(ValueError, match="digits-collage model only"):
         _load()._full_torch_of("tokens")
+
+
+def test_the_thread_pools_rows_widen_one_pool_at_a_time_and_restore_them(monkeypatch):
+    bench = _load()
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    before = {label: get() for label, get, _ in bench._thread_pools()}
+    tables = []
+    times = bench.bench_thread_pools("collage", 1, 1, tables)
+    pools = [label for label, _, _ in bench._thread_pools()]
+    assert any(label.startswith("openblas") for label in pools), pools
+    names = list(times)
+    assert names[0] == "all at 1" and names[-1] == "all at 2"
+    assert {f"{label} at 2" for label in pools} <= set(names)
+    assert all(ms > 0 for ms in times.values())
+    [table] = tables
+    assert [row[0] for row in table.rows] == names and table.rows[0][2] == "1.00x"
+    # every pool is back at the thread count it had
+    assert {label: get() for label, get, _ in bench._thread_pools()
+            if label in before} == before
