@@ -7,6 +7,7 @@
     python scripts/bench_train.py --json out.json    # the tables also as JSON (see below)
     python scripts/bench_train.py --torch-only       # only the rows against PyTorch
     python scripts/bench_train.py --torch-only --rounds 5   # more alternating processes
+    python scripts/bench_train.py --thread-pools     # the step with each thread pool widened
 
 A step is what :class:`refdml.train.Trainer` does per batch: ``zero_grad``, model forward,
 objective forward and backward, model backward, Adam step. Per model, three paths:
@@ -67,6 +68,13 @@ are busy with other work they make a matrix product many times slower, not faste
 script therefore pins BLAS (OpenBLAS, MKL, OpenMP) to ``REFDML_BENCH_BLAS_THREADS`` threads
 (default 1, as scripts/bench_gpu.py does) unless those variables are already set. Single-
 thread numbers are also the fair basis of the issue's "2 CPU cores" goals.
+
+Thread pools (``--thread-pools``, CPU, this process): the refdml ``fast f32`` step with each
+thread pool threadpoolctl finds (NumPy's and SciPy's OpenBLAS, each its own copy; OpenMP)
+and Numba's threading layer widened to ``os.cpu_count()`` threads in turn (the others at
+one), every copy of one library together, none and all, alternating ``--rounds`` times
+(:func:`bench_thread_pools`): which pools a second thread helps and which slow the step
+(docs/train.md, "Against PyTorch").
 
 ``--json PATH`` writes the printed tables as a document of schema ``refdml-bench/1``
 (scripts/_bench.py: ``schema``, ``script``, ``command``, ``date``, ``machine``,
