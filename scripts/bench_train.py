@@ -526,7 +526,8 @@ def main(argv=None) -> None:
     parser.add_argument("--torch-only", action="store_true",
                         help="only the comparison with PyTorch (no paths table, no shares)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating refdml/PyTorch processes per thread count (3)")
+                        help="alternating rounds (3): refdml/PyTorch processes per thread "
+                             "count, or --thread-pools' settings")
     parser.add_argument("--thread-pools", action="store_true",
                         help="only the step with each BLAS / OpenMP / Numba thread pool "
                              "widened in turn (CPU)")
