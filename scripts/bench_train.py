@@ -102,7 +102,7 @@ from collections import defaultdict  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench import Table, interleaved, write_json  # noqa: E402
+from _bench import Table, clocked, interleaved, write_json  # noqa: E402
 
 from refdml.train.layers import GSPHead  # noqa: E402
 from refdml.train.runs import build_run  # noqa: E402
@@ -475,7 +475,7 @@ def bench_thread_pools(which: str, repeats: int, rounds: int, tables: list) -> d
                 for _ in range(2):
                     step()
                 times[name].append(statistics.median(
-                    _clock(step) for _ in range(repeats)))
+                    clocked(step)[0] for _ in range(repeats)))
     finally:
         for label, _, set_threads in pools:
             set_threads(before[label])
@@ -494,12 +494,6 @@ def bench_thread_pools(which: str, repeats: int, rounds: int, tables: list) -> d
         c = table.add(name, f"{1e3 * median:.2f}", f"{base / median:.2f}x")
         print(f"{c[0]:<44}{c[1]:>10}{c[2]:>13}")
     return out
-
-
-def _clock(step) -> float:
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
 
 
 def _device_name(device: str) -> str:
@@ -546,14 +540,13 @@ def main(argv=None) -> None:
     results = {"numpy": np.__version__, "cpu_count": os.cpu_count(), "load_average": load,
                "repeats": repeats, "device": args.device, "models": {}}
     tables: list = []
-    if args.thread_pools:
-        if args.device != "cpu":
-            parser.error("--thread-pools times the CPU step (--device cpu)")
-        for which in args.only or ("collage", "tokens"):
+    if args.thread_pools and args.device != "cpu":
+        parser.error("--thread-pools times the CPU step (--device cpu)")
+    for which in args.only or ("collage", "tokens"):
+        if args.thread_pools:
             results["models"][which] = {
                 "thread_pools": bench_thread_pools(which, repeats, args.rounds, tables)}
-        args.only = ()
-    for which in args.only if args.only is not None else ("collage", "tokens"):
+            continue
         entry = {} if args.torch_only else bench(which, args.device, repeats, tables)
         if args.device == "cpu":
             entry["torch"] = bench_torch(which, repeats, args.rounds, tables)
