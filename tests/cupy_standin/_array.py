@@ -224,12 +224,40 @@ class LaunchCounter:
 _LAUNCH_COUNTERS: list[LaunchCounter] = []
 
 
+#: Names (as :func:`record_launch` gets them) of the operations that CuPy runs through a
+#: CUDA library it refuses to call while a stream captures: cuBLAS (products), cuSOLVER
+#: (``linalg``) and cuRAND (``random``). CuPy 14 raises ``NotImplementedError`` ("calling
+#: cuBLAS API during stream capture is currently unsupported", cupy_backends/cuda/libs/
+#: cublas.pyx's ``setStream``; cusolver.pyx and curand.pyx likewise) at the call, before
+#: anything is queued; only cuFFT, cuTENSOR, cuSPARSELt and NCCL calls may be captured
+#: (cupy/cupy#6290). Seen on an H200 with CuPy 14.2 (2026-11-30), where the stand-in had
+#: let a captured step's products through.
+_LIBRARY_PREFIXES = {"matmul": "cuBLAS", "dot": "cuBLAS", "ndarray.dot": "cuBLAS",
+                     "tensordot": "cuBLAS", "inner": "cuBLAS", "vdot": "cuBLAS",
+                     "einsum": "cuBLAS", "linalg.": "cuSOLVER",
+                     "cupyx.scipy.linalg.": "cuSOLVER", "random.": "cuRAND"}
+
+
+def library_of(name: str) -> str | None:
+    """The CUDA library CuPy calls for the operation ``name`` (a :func:`record_launch`
+    name), where it is one CuPy refuses to call during stream capture; else None."""
+    for prefix, library in _LIBRARY_PREFIXES.items():
+        if name == prefix or (prefix.endswith(".") and name.startswith(prefix)):
+            return library
+    return None
+
+
 def record_launch(name: str, *, kernel: bool = False) -> None:
     """Count one device operation under ``name`` (``kernel``: a Numba CUDA kernel); while
-    a stream captures (which keeps a counter open), it must be the current stream."""
+    a stream captures (which keeps a counter open), it must be the current stream, and it
+    must not be a call of a CUDA library CuPy refuses to capture (:func:`library_of`)."""
     if not _LAUNCH_COUNTERS:
         return
     check_capture_stream(f"a launch ({name})")
+    library = library_of(name) if not kernel and capturing_stream() is not None else None
+    if library is not None:
+        raise NotImplementedError(f"calling {library} API during stream capture is currently "
+                                  f"unsupported (CuPy, at {name})")
     with _COUNTERS_LOCK:
         for counter in _LAUNCH_COUNTERS:
             counter.by_name[name] += 1
