@@ -149,6 +149,18 @@ class Backend:
             return np.errstate(**kwargs)
         return contextlib.nullcontext()
 
+    def capturing(self) -> bool:
+        """Whether CuPy's current stream is capturing a CUDA graph (always False on NumPy):
+        work queued now is recorded, not run, and CuPy refuses to call cuBLAS, cuSOLVER or
+        cuRAND (:mod:`refdml.gpu.linalg` runs its kernels instead). A query of the stream's
+        state (``cudaStreamIsCapturing``): no synchronisation. The legacy default stream
+        (``ptr`` 0) never captures, and is not asked: CUDA refuses that query while another
+        stream captures."""
+        if self.free_host_reads:
+            return False
+        stream = self.xp.cuda.get_current_stream()
+        return stream.ptr != 0 and stream.is_capturing()
+
     def synchronize(self) -> None:
         """Wait until the device has done its queued work (timing only; no-op on NumPy)."""
         if not self.free_host_reads:

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from refdml.gpu import gsp, kcenter, losses, metrics, normalize, optim, ot
+from refdml.gpu import gsp, kcenter, linalg, losses, metrics, normalize, optim, ot
 from refdml.gpu._support.modes import Implementations
 
 if TYPE_CHECKING:       # importing it imports numba.cuda: cuda_kernels() does, when asked
@@ -82,6 +82,7 @@ class KernelFamilies(Mapping[str, Implementations]):
 
 #: The kernel families of refdml.gpu.
 KERNEL_FAMILIES = KernelFamilies((gsp.IMPLEMENTATIONS, kcenter.IMPLEMENTATIONS,
-                                 losses.IMPLEMENTATIONS, metrics.IMPLEMENTATIONS,
+                                 linalg.IMPLEMENTATIONS, losses.IMPLEMENTATIONS,
+                                 metrics.IMPLEMENTATIONS,
                                  normalize.IMPLEMENTATIONS, optim.IMPLEMENTATIONS,
                                  ot.IMPLEMENTATIONS))

@@ -146,17 +146,21 @@ def test_every_family_package_is_registered_under_its_name():
 def test_the_catalogue_takes_its_kernel_variants_from_registered_families_only():
     # Every entry with kernel variants names a registered family (the same object). The
     # families that serve no entry are the two whose operators are not differentiable
-    # (retrieval metrics, greedy k-center) and the optimiser's update (a step, not an
-    # operator with a backward): the catalogue holds differentiable operators, and
-    # tests/gpu/test_gpu_kernels_retrieval.py, test_gpu_kernels_kcenter.py and
-    # tests/train/test_optim_fused.py hold their kernels to the reference instead. A new
-    # family lands in one of the two groups.
+    # (retrieval metrics, greedy k-center), the optimiser's update (a step, not an
+    # operator with a backward) and the products and Cholesky solves a captured step runs
+    # (linalg: building blocks of other operators, chosen by the capture, not the mode):
+    # the catalogue holds differentiable operators, and
+    # tests/gpu/test_gpu_kernels_retrieval.py, test_gpu_kernels_kcenter.py,
+    # tests/train/test_optim_fused.py and tests/gpu/test_gpu_kernels_linalg.py hold their
+    # kernels to the reference or to NumPy instead. A new family lands in one of the two
+    # groups.
     from refdml.catalog import all_operators
 
     assert kernel_family_problems() == []
     served = {spec.kernel_family.family for spec in all_operators()
               if spec.kernel_family is not None}
-    assert served == set(KERNEL_FAMILIES) - {"metrics", "kcenter", "optim"}, sorted(served)
+    assert served == set(KERNEL_FAMILIES) - {"metrics", "kcenter", "optim", "linalg"}, \
+        sorted(served)
 
 
 def test_every_family_names_its_members_alike():
