@@ -48,6 +48,7 @@ from refdml.crossbatch import (
     ZeroShotGrads,
 )
 from refdml.gpu import losses as _losses
+from refdml.gpu.linalg import matmul
 from refdml.gpu.prototypes import (
     _fit_backward,
     _fit_kernel_pair,
@@ -190,8 +191,8 @@ def _cross_fit_kernel(ns: Backend, Z, targets, mask: np.ndarray, ridge: float,
         fit_second = _fit_normalised(ns, Zs[n1:], Ts[n1:], sc, "auto", names[1], ridge, peak,
                                      dtype=Z.dtype)
     scaled = xp.empty((b, targets.shape[1]), dtype=np.float64)
-    xp.matmul(fit_first.Zs, fit_second.W, out=scaled[:n1])
-    xp.matmul(fit_second.Zs, fit_first.W, out=scaled[n1:])
+    matmul(ns, fit_first.Zs, fit_second.W, out=scaled[:n1])
+    matmul(ns, fit_second.Zs, fit_first.W, out=scaled[n1:])
     predictions = _times_pow2(ns, scaled[inverse], sc.omega_mantissa,
                               sc.omega_exponent - sc.neg_log2_s, "the cross predictions",
                               dtype=Z.dtype)
@@ -218,7 +219,7 @@ def _cross_fit_backward(ns: Backend, ctx: _CrossFit, d_pred) -> CrossFitGrads:
                  neg_log2_g)
     D1, D2 = D[:n1], D[n1:]
     f1, f2 = ctx.fit_first, ctx.fit_second
-    d_W1, d_W2 = f2.Zs.T @ D2, f1.Zs.T @ D1
+    d_W1, d_W2 = matmul(ns, f2.Zs.T, D2), matmul(ns, f1.Zs.T, D1)
     if ctx.joint is not None:
         ((d_Zs1, _), (d_Zs2, _)), d_Ts = _kernel_pair_backward(ns, (f1, f2), ctx.joint,
                                                               (d_W1, d_W2))
@@ -227,8 +228,8 @@ def _cross_fit_backward(ns: Backend, ctx: _CrossFit, d_pred) -> CrossFitGrads:
         d_Zs2, d_Ts2 = _fit_backward(ns, f2, d_W2)
         d_Ts = xp.concatenate([d_Ts1, d_Ts2])
     d_Zs = xp.empty((D.shape[0], f1.Zs.shape[1]), dtype=np.float64)
-    xp.matmul(D1, f2.W.T, out=d_Zs[:n1])
-    xp.matmul(D2, f1.W.T, out=d_Zs[n1:])
+    matmul(ns, D1, f2.W.T, out=d_Zs[:n1])
+    matmul(ns, D2, f1.W.T, out=d_Zs[n1:])
     # in place through out=: no copy back through __setitem__
     xp.add(d_Zs[:n1], d_Zs1, out=d_Zs[:n1])
     xp.add(d_Zs[n1:], d_Zs2, out=d_Zs[n1:])
@@ -410,7 +411,7 @@ def zero_shot_loss_forward(Z, labels, class_embeddings, *, ridge: float = 0.05,
     predictions, cross = _cross_fit_kernel(ns, Z, class_embeddings, mask, ridge,
                                            target_rows=host_labels)
     with ns.errstate(over="ignore", divide="ignore"):
-        scores = (predictions @ class_embeddings.T) * Z.dtype.type(scale)
+        scores = matmul(ns, predictions, class_embeddings.T) * Z.dtype.type(scale)
     if data_checks(ns) and not bool(xp.all(xp.isfinite(scores))):
         raise ValueError(
             "the scores scale * Upsilon_hat Upsilon^T overflow "
@@ -439,14 +440,15 @@ def zero_shot_loss_backward(ctx: ZeroShotContext, d_value=1.0) -> ZeroShotGrads:
     factor = ctx.scale * d_value
     d_scores = ctx.d_scores * (ctx.d_scores.dtype.type(factor) if isinstance(factor, float)
                                else factor)
-    d_pred = d_scores @ ctx.class_embeddings
-    d_classes = d_scores.T @ ctx.predictions
+    d_pred = matmul(ns, d_scores, ctx.class_embeddings)
+    d_classes = matmul(ns, d_scores.T, ctx.predictions)
     cross = _cross_fit_backward(ns, ctx.cross, d_pred)
     onehot = getattr(ctx, "onehot", None)
     if onehot is None:
         onehot = (ctx.labels[:, None] == ns.xp.arange(d_classes.shape[0])[None, :]).astype(
             d_classes.dtype)
-    return ZeroShotGrads(Z=cross.Z, class_embeddings=d_classes + onehot.T @ cross.targets)
+    return ZeroShotGrads(Z=cross.Z, class_embeddings=d_classes + matmul(ns, onehot.T,
+                                                                        cross.targets))
 
 
 def zero_shot_loss(Z, labels, class_embeddings, *, ridge: float = 0.05,

@@ -60,6 +60,7 @@ from refdml._shared.distances import (
     sq_euclidean_backward_xp,
 )
 from refdml.distances import CosineContext, DistanceGrads, EuclideanContext, SqEuclideanContext
+from refdml.gpu.linalg import matmul
 
 __all__ = [
     "CosineContext",
@@ -129,7 +130,7 @@ def scaled_sq(ns: Backend, x: Any, y: Any, self_pairs: bool) -> Any:
     x_sq = xp.sum(x * x, axis=-1)
     # ``x is y`` (a set with itself): one norm pass, and ``x @ x.T`` lets BLAS use syrk.
     y_sq = x_sq if y is x else xp.sum(y * y, axis=-1)
-    sq = x @ xp.swapaxes(y, -1, -2)
+    sq = matmul(ns, x, xp.swapaxes(y, -1, -2))
     sq *= sq.dtype.type(-2)
     sq += x_sq[..., :, None]
     sq += y_sq[..., None, :]

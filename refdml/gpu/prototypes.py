@@ -39,6 +39,8 @@ from refdml._validation import (
     result_dtype,
 )
 from refdml._backend import Backend, get_backend
+from refdml.gpu import linalg
+from refdml.gpu.linalg import matmul
 from refdml.prototypes import RidgeContext, RidgeGrads
 from refdml._shared.prototypes import DEFINITE
 
@@ -48,10 +50,9 @@ _FORMS = ("auto", "primal", "kernel")
 
 
 def _cho_solve(ns: Backend, lower: Any, rhs: Any) -> Any:
-    """``(L L^T)^{-1} rhs`` from the lower Cholesky factor ``L`` (NumPy or CuPy)."""
-    solve = ns.linalg.solve_triangular
-    half = solve(lower, rhs, lower=True)
-    return solve(lower, half, lower=True, trans="T")
+    """``(L L^T)^{-1} rhs`` from the lower Cholesky factor ``L`` (NumPy or CuPy; inside a
+    captured graph, :mod:`refdml.gpu.linalg`'s kernel)."""
+    return linalg.cho_solve(ns, lower, rhs)
 
 
 @dataclass(frozen=True)
@@ -244,27 +245,26 @@ def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: f
     in float64 whatever the data's dtype (module docstring), and the fit stays float64 for
     the backward; ``dtype`` is the data's. ``peak`` (``max|Z|``, or a callable giving it)
     only names the scale in the error."""
-    xp = ns.xp
     b, m = Zs.shape
     if form == "auto":
         form = "primal" if m <= b else "kernel"
-    gram = Zs.T @ Zs if form == "primal" else Zs @ Zs.T
+    gram = matmul(ns, Zs.T, Zs) if form == "primal" else matmul(ns, Zs, Zs.T)
     matrix = _system(ns, gram, scaling.omega, scaling.rho)
     singular = data_checks(ns) and not _definite(ns, matrix, scaling.rho)
     if not singular:
         try:
-            factor = xp.linalg.cholesky(matrix)
+            factor = linalg.cholesky(ns, matrix)
         except np.linalg.LinAlgError:       # NumPy only: CuPy returns NaN and does not raise,
             singular = True                 # so there only _definite (data checks) refuses;
                                             # with checks off a singular system gives NaN W
     if singular:
         _refuse_singular(form, name, ridge, peak)
     if form == "primal":
-        W = _cho_solve(ns, factor, Zs.T @ Ys)
+        W = _cho_solve(ns, factor, matmul(ns, Zs.T, Ys))
         kernel_solution = None
     else:
         kernel_solution = _cho_solve(ns, factor, Ys)
-        W = Zs.T @ kernel_solution
+        W = matmul(ns, Zs.T, kernel_solution)
     return Fit(Zs=Zs, Ys=Ys, W=W, form=form, cholesky=factor,
                kernel_solution=kernel_solution, omega=scaling.omega,
                dtype=np.dtype(dtype if dtype is not None else Zs.dtype))
@@ -288,7 +288,7 @@ def _fit_kernel_pair(ns: Backend, Zs, Ys, n1: int, scaling, names: tuple[str, st
 
     # The cross blocks zeroed in one where by a kept mask (a constant per (b, n1)).
     gram = xp.where(ns.kept(("refdml.gpu.prototypes.block_diagonal", b, n1), block_diagonal),
-                    Zs @ Zs.T, 0.0)
+                    matmul(ns, Zs, Zs.T), 0.0)
     matrix = _system(ns, gram, scaling.omega, scaling.rho)
     blocks = (slice(0, n1), slice(n1, None))
     if data_checks(ns):
@@ -296,7 +296,7 @@ def _fit_kernel_pair(ns: Backend, Zs, Ys, n1: int, scaling, names: tuple[str, st
             if not _definite(ns, matrix[block, block], scaling.rho):
                 _refuse_singular("kernel", name, ridge, peak)
     try:
-        factor = xp.linalg.cholesky(matrix)
+        factor = linalg.cholesky(ns, matrix)
     except np.linalg.LinAlgError:           # NumPy only (see _fit_normalised): name the half
         for block, name in zip(blocks, names):
             try:
@@ -305,17 +305,18 @@ def _fit_kernel_pair(ns: Backend, Zs, Ys, n1: int, scaling, names: tuple[str, st
                 _refuse_singular("kernel", name, ridge, peak)
         raise
     solution = _cho_solve(ns, factor, Ys)
-    fits = tuple(Fit(Zs=Zs[block], Ys=Ys[block], W=Zs[block].T @ solution[block],
+    fits = tuple(Fit(Zs=Zs[block], Ys=Ys[block], W=matmul(ns, Zs[block].T, solution[block]),
                      form="kernel", cholesky=factor[block, block],
                      kernel_solution=solution[block], omega=scaling.omega,
                      dtype=np.dtype(dtype)) for block in blocks)
     return fits, factor
 
 
-def _kernel_grads(fit: Fit, d_W: Any, T: Any) -> tuple[Any, Any]:
+def _kernel_grads(ns: Backend, fit: Fit, d_W: Any, T: Any) -> tuple[Any, Any]:
     """The kernel form's gradients given ``T = K_n^{-1} Zs d_W`` (reference formulas)."""
     U, Zs = fit.kernel_solution, fit.Zs
-    return U @ d_W.T - fit.omega * (T @ (U.T @ Zs) + U @ (T.T @ Zs)), T
+    return (matmul(ns, U, d_W.T) - fit.omega * (matmul(ns, T, matmul(ns, U.T, Zs))
+                                               + matmul(ns, U, matmul(ns, T.T, Zs))), T)
 
 
 def _kernel_pair_backward(ns: Backend, fits: tuple[Fit, Fit], factor: Any,
@@ -326,10 +327,11 @@ def _kernel_pair_backward(ns: Backend, fits: tuple[Fit, Fit], factor: Any,
     xp = ns.xp
     n1 = fits[0].Zs.shape[0]
     rhs = xp.empty((n1 + fits[1].Zs.shape[0], d_Ws[0].shape[1]), dtype=np.float64)
-    xp.matmul(fits[0].Zs, d_Ws[0], out=rhs[:n1])
-    xp.matmul(fits[1].Zs, d_Ws[1], out=rhs[n1:])
+    matmul(ns, fits[0].Zs, d_Ws[0], out=rhs[:n1])
+    matmul(ns, fits[1].Zs, d_Ws[1], out=rhs[n1:])
     T = _cho_solve(ns, factor, rhs)
-    return (_kernel_grads(fits[0], d_Ws[0], T[:n1]), _kernel_grads(fits[1], d_Ws[1], T[n1:])), T
+    return (_kernel_grads(ns, fits[0], d_Ws[0], T[:n1]),
+            _kernel_grads(ns, fits[1], d_Ws[1], T[n1:])), T
 
 
 def _ridge_forward(ns: Backend, Z, Y, ridge: float, form: str, name: str = "Z"):
@@ -353,8 +355,9 @@ def _fit_backward(ns: Backend, fit: Fit, d_W: Any) -> tuple[Any, Any]:
     omega = fit.omega
     if fit.form == "primal":
         S = _cho_solve(ns, fit.cholesky, d_W)
-        return (Ys - omega * (Zs @ W)) @ S.T - omega * (Zs @ (S @ W.T)), Zs @ S
-    return _kernel_grads(fit, d_W, _cho_solve(ns, fit.cholesky, Zs @ d_W))
+        return (matmul(ns, Ys - omega * matmul(ns, Zs, W), S.T)
+                - omega * matmul(ns, Zs, matmul(ns, S, W.T)), matmul(ns, Zs, S))
+    return _kernel_grads(ns, fit, d_W, _cho_solve(ns, fit.cholesky, matmul(ns, Zs, d_W)))
 
 
 def _ridge_backward(ns: Backend, ctx: RidgeContext, d_V: Any) -> RidgeGrads:

@@ -269,12 +269,19 @@ class StepCapture:
                                      dtype=np.float64)
                 graph.ring[graph.counter] = row[None]
                 graph.counter += 1
-        except BaseException:
+        except BaseException as error:
             self.stage.capturing = False
             try:
                 self.stream.end_capture()
             except Exception:      # noqa: BLE001 - a failed capture may not end cleanly
                 pass
+            if isinstance(error, NotImplementedError) and "stream capture" in str(error):
+                # CuPy's refusal of a cuBLAS, cuSOLVER or cuRAND call while capturing
+                raise CaptureUnsafe(
+                    f"the step calls a CUDA library that CuPy cannot capture ({error}): "
+                    "the products and Cholesky solves of refdml.gpu.linalg can be captured, "
+                    "other library calls cannot; train this model and objective with "
+                    "capture=False") from error
             raise
         executable = self.stream.end_capture()
         self.stage.capturing = False

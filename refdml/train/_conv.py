@@ -78,6 +78,7 @@ from refdml._validation import (
     check_upstream_like,
 )
 from refdml._backend import get_backend
+from refdml.gpu.linalg import matmul
 from refdml.train._constants import constant, filled
 from refdml.train._dense import _bounded_int, _positive_int, dense_init
 from refdml.train._layer import Layer, init_array
@@ -281,7 +282,8 @@ def _conv_input_grad(g, weight_matrix, x_shape: tuple[int, int, int, int], kerne
     (B H_o W_o, k k C) product is never held in memory.
     """
     if not channels_last:
-        return _scatter_by_index(g @ weight_matrix, x_shape, kernel_size, stride, padding)
+        return _scatter_by_index(matmul(get_backend(g), g, weight_matrix), x_shape,
+                                 kernel_size, stride, padding)
     batch, channels, height, width = x_shape
     k, s, p = kernel_size, stride, padding
     h_out = _output_size(height, k, s, p)
@@ -369,7 +371,7 @@ def conv2d_forward(x, weight, bias, *, stride: int = 1, padding: int = 1):
     w_out = _output_size(width, k, stride, padding)
     cols, channels_last = _im2col(x, k, stride, padding)
     weight_matrix = _weight_matrix(weight, channels_last)   # kept: the backward's g W uses it
-    y = cols @ weight_matrix.T
+    y = matmul(get_backend(cols), cols, weight_matrix.T)
     y += bias
     y = y.reshape(batch, h_out, w_out, c_out).transpose(0, 3, 1, 2)
     return y, Conv2dContext(
@@ -395,7 +397,8 @@ def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv
     c_in = ctx.weight.shape[1]
     # A free view when d_y is channels-last in memory, as the layers above give it.
     g = d_y.transpose(0, 2, 3, 1).reshape(-1, c_out)
-    d_weight = g.T @ ctx.cols
+    ns = get_backend(g)
+    d_weight = matmul(ns, g.T, ctx.cols)
     if ctx.channels_last:
         d_weight = d_weight.reshape(c_out, k, k, c_in).transpose(0, 3, 1, 2)
     else:
@@ -405,7 +408,7 @@ def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv
                             ctx.channels_last) if input_grad else None),
         weight=d_weight,
         # 1^T g: a matrix-vector product, much faster than a reduction over g's long axis.
-        bias=filled(g, 1.0, (g.shape[0],)) @ g,
+        bias=matmul(ns, filled(g, 1.0, (g.shape[0],)), g),
     )
 
 
@@ -453,7 +456,8 @@ def local_linear_forward(x, weight, bias):
     # Channels-last (B, n, C): a free view of a convolution's output (see the module doc).
     features = x.transpose(0, 2, 3, 1).reshape(batch, height * width, channels)
     # One (B n, C) x (C, d) product, not B small ones.
-    y = (features.reshape(-1, channels) @ weight.T).reshape(batch, height * width, -1)
+    y = matmul(get_backend(features), features.reshape(-1, channels),
+               weight.T).reshape(batch, height * width, -1)
     y += bias
     return y, LocalLinearContext(
         features=features, weight=weight, x_shape=tuple(x.shape), y_shape=tuple(y.shape)
@@ -467,10 +471,11 @@ def local_linear_backward(ctx: LocalLinearContext, d_y) -> LocalLinearGrads:
     d, channels = ctx.weight.shape
     batch, _, height, width = ctx.x_shape
     flat = d_y.reshape(-1, d)
-    d_features = flat @ ctx.weight  # (B n, C), channels-last
+    ns = get_backend(flat)
+    d_features = matmul(ns, flat, ctx.weight)  # (B n, C), channels-last
     return LocalLinearGrads(
         x=d_features.reshape(batch, height, width, channels).transpose(0, 3, 1, 2),
-        weight=flat.T @ ctx.features.reshape(-1, channels),
+        weight=matmul(ns, flat.T, ctx.features.reshape(-1, channels)),
         bias=flat.sum(axis=0),
     )
 

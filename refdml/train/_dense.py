@@ -29,6 +29,7 @@ from refdml._validation import (
     _describe, as_inputs, check_context, check_rng, check_scalar, check_upstream_like, data_checks,
 )
 from refdml._backend import as_input_array, get_backend
+from refdml.gpu.linalg import matmul
 from refdml.train._layer import Layer, init_array
 
 __all__ = [
@@ -88,7 +89,7 @@ def linear_forward(x, weight, bias) -> tuple[Any, LinearContext]:
         )
     if bias.shape[0] != weight.shape[0]:
         raise ValueError(f"bias has shape {tuple(bias.shape)}, must be ({weight.shape[0]},)")
-    y = x @ weight.T + bias
+    y = matmul(get_backend(x), x, weight.T) + bias
     return y, LinearContext(x=x, weight=weight, y_shape=tuple(y.shape))
 
 
@@ -98,9 +99,10 @@ def linear_backward(ctx: LinearContext, d_y) -> LinearGrads:
     d_y = check_upstream_like(d_y, "d_y", ctx.y_shape, ctx.x)
     d_out, d_in = ctx.weight.shape
     flat_d_y = d_y.reshape(-1, d_out)
+    ns = get_backend(d_y)
     return LinearGrads(
-        x=d_y @ ctx.weight,
-        weight=flat_d_y.T @ ctx.x.reshape(-1, d_in),
+        x=matmul(ns, d_y, ctx.weight),
+        weight=matmul(ns, flat_d_y.T, ctx.x.reshape(-1, d_in)),
         bias=flat_d_y.sum(axis=0),
     )
 

@@ -65,6 +65,7 @@ from refdml.gpu.gsp import _array
 from refdml.gpu.gsp import _transport as _wt
 from refdml.gpu.gsp._array import ArrayPath, PoolForward
 from refdml.gpu.gsp._transport import TransportArgs
+from refdml.gpu.linalg import matmul
 from refdml.gsp import CostMapContext, PoolContext, PoolGrads, WeightTransportResult
 
 if TYPE_CHECKING:  # the compiled module imports Numba: the members import it when built
@@ -356,8 +357,8 @@ class KernelPath:
             _wt.check_gradient(xp, grads.distance_weights, result.inverse_temperature)
         # The sum over the whole batch, W^T fbar: one GEMM (cuBLAS / BLAS); the rest of the
         # prototypes' gradient, with its clip, one more launch.
-        product = grads.distance_weights.reshape(batch * n, m).T @ saved.features_bar.reshape(
-            batch * n, d)
+        product = matmul(backend, grads.distance_weights.reshape(batch * n, m).T,
+                         saved.features_bar.reshape(batch * n, d))
         gradient = c.PrototypesGradient(d_prototypes=xp.empty((m, d), dtype=dtype),
                                         status=status[batch:])
         self.launch(xp, self.table.prototypes_backward, -(-m // BLOCK),

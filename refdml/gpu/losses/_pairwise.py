@@ -29,6 +29,7 @@ from refdml._shared.losses import COSINE_WHY
 from refdml._validation import data_checks
 from refdml.distances import CosineContext, EuclideanContext
 from refdml.gpu.distances import common_scale, scaled_sq
+from refdml.gpu.linalg import matmul
 from refdml.gpu.normalize import _l2_backward, _l2_forward, is_ones_column, ones_column
 from refdml.normalize import L2NormalizeContext
 
@@ -61,9 +62,8 @@ def self_euclidean(ns: Backend, x: Any) -> tuple[Any, EuclideanContext, Any]:
 
 def self_cosine(ns: Backend, x: Any) -> tuple[Any, CosineContext, Any]:
     """``S_ij = cos(x_i, x_j)``, one normalisation; ``(S, ctx, ones((n, 1)))``."""
-    xp = ns.xp
     unit, norm_ctx = _l2_forward(ns, x, "embeddings", COSINE_WHY)
-    similarity = unit @ unit.T
+    similarity = matmul(ns, unit, unit.T)
     ctx = CosineContext(x_unit=unit, y_unit=unit, x_norm_ctx=norm_ctx, y_norm_ctx=norm_ctx,
                         shape=tuple(similarity.shape))
     return similarity, ctx, ones_column(ns, x.shape[0], x.dtype)
@@ -73,7 +73,7 @@ def self_pairwise_backward(ns: Backend, metric_ctx: Any, g: Any) -> Any:
     """Gradient with respect to ``x`` of ``<g, M(x, x)>`` (both arguments), one matmul."""
     sym = g + g.T
     if isinstance(metric_ctx, CosineContext):
-        return _l2_backward(ns, metric_ctx.x_norm_ctx, sym @ metric_ctx.x_unit)
+        return _l2_backward(ns, metric_ctx.x_norm_ctx, matmul(ns, sym, metric_ctx.x_unit))
     distance = metric_ctx.distance
     # Subgradient 0 at coincident points: w = sym / D where D > 0, else 0. Arithmetic masks
     # (``sym`` is finite, the denominator never 0) instead of ``where`` (several times slower
@@ -86,7 +86,7 @@ def self_pairwise_backward(ns: Backend, metric_ctx: Any, g: Any) -> Any:
     else:
         w = sym / (distance + coincident)
         w *= ~coincident
-    grad = w @ metric_ctx.x
+    grad = matmul(ns, w, metric_ctx.x)
     return ns.xp.subtract(w.sum(axis=1)[:, None] * metric_ctx.x, grad, out=grad)
 
 
@@ -101,7 +101,7 @@ def cosine_backward_sum(ns: Backend, ctx: CosineContext, g: Any) -> tuple[Any, A
     for norm_ctx, other, upstream in ((ctx.x_norm_ctx, ctx.y_unit, g),
                                       (ctx.y_norm_ctx, ctx.x_unit, g.T)):
         unit = norm_ctx.y
-        grad = upstream @ other
+        grad = matmul(ns, upstream, other)
         grad -= unit * ns.xp.einsum("ij,ij->i", unit, grad)[:, None]
         grad /= norm_ctx.scaled_norm
         if not is_ones_column(ns, norm_ctx.scale):
@@ -143,11 +143,11 @@ def cross_cosine(ns: Backend, x: Any, p: Any) -> tuple[Any, CosineContext]:
                                        scaled_norm=norm[:n])
             p_ctx = L2NormalizeContext(y=p_unit, scale=ones_column(ns, p.shape[0], x.dtype),
                                        scaled_norm=norm[n:])
-            similarity = x_unit @ p_unit.T
+            similarity = matmul(ns, x_unit, p_unit.T)
             return similarity, CosineContext(x_unit=x_unit, y_unit=p_unit, x_norm_ctx=x_ctx,
                                              y_norm_ctx=p_ctx, shape=tuple(similarity.shape))
     x_unit, x_ctx = _l2_forward(ns, x, "embeddings", COSINE_WHY)
     p_unit, p_ctx = _l2_forward(ns, p, "proxies", COSINE_WHY)
-    similarity = x_unit @ p_unit.T
+    similarity = matmul(ns, x_unit, p_unit.T)
     return similarity, CosineContext(x_unit=x_unit, y_unit=p_unit, x_norm_ctx=x_ctx,
                                      y_norm_ctx=p_ctx, shape=tuple(similarity.shape))
