@@ -186,21 +186,25 @@ def test_unrefined_near_pairs_are_within_the_stated_tolerance(monkeypatch, dtype
 
 @pytest.mark.parametrize("mode", ["cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_compiled_l2_members_keep_zero_rows_and_the_power_of_two_scale(mode, dtype):
+def test_compiled_l2_members_keep_zero_rows_and_the_power_of_two_scale(mode, dtype,
+                                                                       cuda_device_array):
     # The family's compiled members (no data check: they see zero rows) against the array
     # path, member to member: a zero row is y = 0, s = 1/2, ||x / s|| = 0 exactly (the
     # reference's frexp(0) = (0, 0)); the other rows' s is a power of two with max|x| / s in
-    # [1, 2), at scales whose squares overflow or underflow the dtype.
-    from refdml._backend import get_backend
+    # [1, 2), at scales whose squares overflow or underflow the dtype. The CUDA member takes
+    # the input where its kernels run (a CuPy array on a GPU: a NumPy one there is refused,
+    # as the H200 run of 2026-11-30 found this test doing).
+    from refdml._backend import get_backend, to_numpy
     from refdml.gpu import use_kernels
 
     big, tiny = (1e30, 1e-30) if dtype == np.float32 else (1e300, 1e-300)
     x = np.array([[0.0, 0.0, 0.0], [3.0, -4.0, 0.0], [big, -big, big / 2],
                   [tiny, 0.0, -tiny / 4]], dtype=dtype)
-    ns = get_backend(x)
-    array = normalize.IMPLEMENTATIONS.array.l2_forward(ns, x)
+    array = normalize.IMPLEMENTATIONS.array.l2_forward(get_backend(x), x)
+    moved = cuda_device_array(x) if mode == "cuda" else x
     with use_kernels(mode):
-        y, scale, scaled_norm = normalize.IMPLEMENTATIONS.choose(x).l2_forward(ns, x)
+        y, scale, scaled_norm = (to_numpy(a) for a in normalize.IMPLEMENTATIONS.choose(
+            moved).l2_forward(get_backend(moved), moved))
     assert y.dtype == scale.dtype == scaled_norm.dtype == dtype
     assert scale.shape == scaled_norm.shape == (4, 1)
     assert np.all(y[0] == 0) and scale[0, 0] == 0.5 and scaled_norm[0, 0] == 0

@@ -206,9 +206,12 @@ def test_glyph_collage_cell_weights_compare_the_class_cell_with_the_distractors(
 def test_a_glyph_task_on_the_device_matches_the_cpu():
     """``device == "cuda"`` (CuPy; the stand-in in CI) trains the same model.
 
-    Before training, the two evaluate the same model: every metric agrees to within one
-    rank flip of a near tie (float32 embeddings computed in another order; one hit of about
-    120 queries is 0.008). After one epoch they agree as two float32 runs of Adam can: Adam steps each
+    Before training, the two evaluate the same model: every metric agrees to within a few
+    rank flips of near ties (float32 embeddings computed in another order). A recall is a
+    hit count of about 120 queries (one hit is 0.008), held to three hits: the H200 run of
+    2026-11-30 flipped two (recall@1 0.172 on the CPU, 0.156 on the GPU, where cuBLAS sums
+    in another order than the stand-in's NumPy); the averaged metrics (MAP@R) move less
+    and are held to 0.01. After one epoch they agree as two float32 runs of Adam can: Adam steps each
     weight by about its learning rate whatever the size of its gradient, so a gradient
     component near 0 whose sign two summation orders round apart takes a full step either
     way, and the runs drift apart from there. The loss and the MAP@R metrics stay within the
@@ -226,7 +229,8 @@ def test_a_glyph_task_on_the_device_matches_the_cpu():
     assert set(cpu["curves"]) == set(gpu["curves"])
     for key, values in cpu["curves"].items():       # epoch 0: the untrained model
         if not math.isnan(values[0]):
-            assert gpu["curves"][key][0] == pytest.approx(values[0], abs=0.01), key
+            within = 0.025 if "recall" in key else 0.01     # three hits of ~120; see above
+            assert gpu["curves"][key][0] == pytest.approx(values[0], abs=within), key
     bounds = {"final_train_loss": dict(rel=0.05), "test_recall_at_1": dict(abs=0.1),
               "selected_epoch": dict(abs=0)}
     for key, value in cpu["metrics"].items():
