@@ -1121,7 +1121,11 @@ class _TrainStep:
         trainer = run.trainer
         batch = next(iter(trainer.train_sampler))
         self.batch_size = len(batch)
-        self.x, self.labels = trainer._to_device(trainer.train_x[batch], trainer.train_y[batch])
+        # The labels stay on the host, as TrainingLoop keeps them: the objectives upload them
+        # themselves, and GSP's split is drawn from them without a read back (device labels
+        # cost a copy to the host and a synchronisation per step, which the loop never makes).
+        self.x, _ = trainer._to_device(trainer.train_x[batch], np.zeros(0))
+        self.labels = trainer.train_y[batch]
         self.model, self.objective, self.optimizer = run.model, run.objective, trainer.optimizer
         self.trainer, self.on_device, self.calls = trainer, device == "cuda", 0
         from refdml._deferred import DeferredReads
@@ -1258,8 +1262,8 @@ def cuda_train(run: _Run) -> None:
                 "cuda", "float32", overrides, os.path.join(out_dir, "captured"), kernels)
         elif run.capture:
             run.add(section, "digits-collage step, cuda float32 captured", dtype="float32",
-                    note="not run in the dry run: it takes the array path, which reads sizes "
-                         "back (not capture-safe), and the simulated kernels are too slow; "
+                    note="not run in the dry run: it takes the array path, which calls "
+                         "cuBLAS and reads sizes back (not capture-safe), and the simulated kernels are too slow; "
                          "tests/train/test_train_capture.py checks the captured step")
         torch_name = "digits-collage step, torch float32 (autograd)"
         anchor = _torch_setup(run)
