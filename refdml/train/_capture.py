@@ -40,7 +40,11 @@ parameter is frozen (a frozen parameter's step offset moves every step). At most
 Numba's kernels: refdml's ``cuda_launch`` launches each on the stream its arguments were
 exported on (``__cuda_array_interface__``'s ``stream``: CuPy's current stream), so they go
 to the capture stream the step runs on; ``REFDML_CUDA_LAUNCH_SYNC=1`` (numba-cuda's own
-launch, on the legacy stream) is refused.
+launch, on the legacy stream) is refused. The products and Cholesky solves run
+:mod:`refdml.gpu.linalg`'s kernels inside the capture (CuPy refuses cuBLAS and cuSOLVER
+there) and its array path outside, so their kernels' first use would be the capture: they
+are compiled and loaded beforehand (:func:`refdml.gpu.linalg.warm_up`, before the first
+capture).
 
 Keeping memory alive: the graph keeps its private memory pool (the capture run's
 temporaries stay there, so nothing else is ever given those addresses), its ring and
@@ -70,6 +74,7 @@ import numpy as np
 from refdml._backend import device_memory_on_host, get_backend
 from refdml._deferred import (CaptureUnsafe, DeferredReads, StagedUploads, deferring,
                               staging)
+from refdml.gpu import linalg
 
 __all__ = ["StepCapture"]
 
@@ -114,6 +119,7 @@ class StepCapture:
         self.replays = not device_memory_on_host()
         self.warmup, self.max_graphs = warmup, max_graphs
         self.graphs: dict[Any, _Graph] = {}
+        self._warmed = False
         self._seen: collections.Counter = collections.Counter()
         self._widths: dict[Any, list[int]] = {}
         #: steps run: "uncaptured", "captured" (the capture runs), "replayed"
@@ -223,6 +229,9 @@ class StepCapture:
 
     def _capture(self, key, x, labels, draws) -> _Graph:
         xp = self.xp
+        if not self._warmed:       # the products' kernels: compiled and loaded uncaptured
+            linalg.warm_up(get_backend(x))
+            self._warmed = True
         sizes = self._widths[key]
         graph = _Graph(xp.zeros((self.loop.log_every, 1 + sum(sizes)), dtype=np.float64),
                        xp.zeros(1, dtype=np.int64))

@@ -199,3 +199,16 @@ def test_inside_a_standin_capture_the_kernels_run_and_cublas_is_refused():
     _assert_product(to_numpy(product), matrix, rhs)
     lu = scipy.linalg.solve(matrix, rhs)
     assert np.max(np.abs(to_numpy(solution) - lu)) <= 1e-12 * np.max(np.abs(lu))
+
+
+def test_warm_up_launches_each_kernel_once_per_dtype_outside_a_capture_and_nothing_on_numpy():
+    linalg.warm_up(get_backend(np.ones(1)))                  # NumPy: nothing to compile
+    cupy = sys.modules.get("cupy")
+    if not getattr(cupy, "__refdml_standin__", False):
+        pytest.skip("counts launches on the CuPy stand-in (REFDML_CUPY_STANDIN=1)")
+    from cupy_standin import count_launches
+
+    with count_launches() as counted:
+        linalg.warm_up(get_backend(cupy.ones(1)))
+    assert dict(counted.kernels) == {"refdml_linalg_matmul": 2, "refdml_linalg_cholesky": 2,
+                                     "refdml_linalg_cho_solve": 2}, counted.kernels

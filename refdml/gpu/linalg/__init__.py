@@ -37,7 +37,7 @@ from refdml.exceptions import MissingExtraError
 from refdml.gpu._support.modes import numba_installed
 from refdml.gpu.linalg._kernels import IMPLEMENTATIONS
 
-__all__ = ["cho_solve", "cholesky", "matmul", "member"]
+__all__ = ["cho_solve", "cholesky", "matmul", "member", "warm_up"]
 
 
 def member(backend: Backend) -> Any:
@@ -63,3 +63,18 @@ def cholesky(backend: Backend, a: Any) -> Any:
 def cho_solve(backend: Backend, lower: Any, rhs: Any) -> Any:
     """``(L L^T)^{-1} rhs`` from the lower Cholesky factor ``L`` (n, n); ``rhs`` (n, r)."""
     return member(backend).cho_solve(backend, lower, rhs)
+
+
+def warm_up(backend: Backend) -> None:
+    """Compile and load the CUDA kernels outside any capture: one launch of each, for both
+    dtypes, on 1 x 1 arrays. A captured step's first products are its first use of them
+    (outside a capture the array path runs), and a kernel's compilation and module load are
+    host work that a capture should not contain. Nothing on NumPy, or without numba-cuda
+    (a capture then raises :class:`~refdml.exceptions.MissingExtraError`)."""
+    if backend.free_host_reads or not numba_installed():
+        return
+    kernels = IMPLEMENTATIONS.cuda
+    for dtype in ("float32", "float64"):
+        one = backend.xp.ones((1, 1), dtype=dtype)
+        product = kernels.matmul(backend, one, one)
+        kernels.cho_solve(backend, kernels.cholesky(backend, one), product)
