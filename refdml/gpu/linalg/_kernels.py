@@ -93,8 +93,8 @@ class _Compiled:
     def cho_solve(self, backend: Backend, lower: Any, rhs: Any) -> Any:
         xp = backend.xp
         dtype = _float_dtype(lower, rhs)
-        n = lower.shape[0]
-        if lower.ndim != 2 or lower.shape[1] != n or rhs.ndim != 2 or rhs.shape[0] != n:
+        if (lower.ndim != 2 or rhs.ndim != 2 or lower.shape[0] != lower.shape[1]
+                or rhs.shape[0] != lower.shape[0]):
             raise ValueError(f"cho_solve takes a square factor and a right-hand side of as "
                              f"many rows, got shapes {lower.shape} and {rhs.shape}")
         out = xp.empty(rhs.shape, dtype=dtype)
