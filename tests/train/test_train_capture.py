@@ -324,10 +324,12 @@ def _run_steps(loop, n_steps, capture, count_transfers):
 def test_the_array_path_is_not_capture_safe():
     # The array path (use_kernels("array")) calls cuBLAS in GSP's normalisation (the rows'
     # norms by einsum), then reads sizes back (nonzero): the stand-in refuses the first at
-    # the capture, as CuPy does, so only "auto" (the CUDA kernels) is captured. (What the
-    # capture opt-in needs on CuPy: docs/gpu/cost-model.md.)
-    from cupy_standin import CaptureError, count_transfers
+    # the capture, as CuPy does, and the capture names it (CaptureUnsafe), so only "auto"
+    # (the CUDA kernels) is captured. (What the capture opt-in needs on CuPy:
+    # docs/gpu/cost-model.md.)
+    from cupy_standin import count_transfers
 
+    from refdml._deferred import CaptureUnsafe
     from refdml.gpu import use_kernels
     from refdml.train._capture import StepCapture
 
@@ -335,7 +337,7 @@ def test_the_array_path_is_not_capture_safe():
         loop = _collage(out_dir)
     loop.log_every = 4
     loop._step_capture = StepCapture(loop)
-    with use_kernels("array"), pytest.raises((CaptureError, NotImplementedError),
+    with use_kernels("array"), pytest.raises(CaptureUnsafe,
                                              match=r"cuBLAS API during stream capture"):
         _run_steps(loop, 3, True, count_transfers)
     assert loop._step_capture.counts == {"uncaptured": 2}
