@@ -6,9 +6,10 @@ The same exact power-of-two rescaling as the reference (``refdml/prototypes/_rid
 kernel forms and backward formulas, and the reference's ``RidgeContext``, holding the
 fast path's own :class:`Fit` (the reference's ``NormalisedFit`` kept in float64, with the
 data's dtype) and :class:`DeviceScaling` (the reference's ``Scaling`` with its powers of
-two as 0-d device arrays). The systems are solved by Cholesky through :func:`_cho_solve`,
-with the backend's ``solve_triangular`` (:attr:`refdml._backend.Backend.linalg`: SciPy's
-or ``cupyx.scipy.linalg``'s); the same computation on NumPy and on CuPy.
+two as 0-d device arrays). The systems are solved by Cholesky through
+:func:`refdml.gpu.linalg.cho_solve`, with the backend's ``solve_triangular``
+(:attr:`refdml._backend.Backend.linalg`: SciPy's or ``cupyx.scipy.linalg``'s; its own
+kernel inside a captured graph); the same computation on NumPy and on CuPy.
 
 Synchronisations: none. The scaling's exponents come from ``max|Z|`` and ``max|Y|`` on
 the device (``frexp``), and index a table of the scalings of the ridge for every exponent,
@@ -47,12 +48,6 @@ from refdml._shared.prototypes import DEFINITE
 __all__ = ["RidgeContext", "RidgeGrads", "ridge_fit", "ridge_fit_backward", "ridge_fit_forward"]
 
 _FORMS = ("auto", "primal", "kernel")
-
-
-def _cho_solve(ns: Backend, lower: Any, rhs: Any) -> Any:
-    """``(L L^T)^{-1} rhs`` from the lower Cholesky factor ``L`` (NumPy or CuPy; inside a
-    captured graph, :mod:`refdml.gpu.linalg`'s kernel)."""
-    return linalg.cho_solve(ns, lower, rhs)
 
 
 @dataclass(frozen=True)
@@ -260,10 +255,10 @@ def _fit_normalised(ns: Backend, Zs, Ys, scaling, form: str, name: str, ridge: f
     if singular:
         _refuse_singular(form, name, ridge, peak)
     if form == "primal":
-        W = _cho_solve(ns, factor, matmul(ns, Zs.T, Ys))
+        W = linalg.cho_solve(ns, factor, matmul(ns, Zs.T, Ys))
         kernel_solution = None
     else:
-        kernel_solution = _cho_solve(ns, factor, Ys)
+        kernel_solution = linalg.cho_solve(ns, factor, Ys)
         W = matmul(ns, Zs.T, kernel_solution)
     return Fit(Zs=Zs, Ys=Ys, W=W, form=form, cholesky=factor,
                kernel_solution=kernel_solution, omega=scaling.omega,
@@ -304,7 +299,7 @@ def _fit_kernel_pair(ns: Backend, Zs, Ys, n1: int, scaling, names: tuple[str, st
             except np.linalg.LinAlgError:
                 _refuse_singular("kernel", name, ridge, peak)
         raise
-    solution = _cho_solve(ns, factor, Ys)
+    solution = linalg.cho_solve(ns, factor, Ys)
     fits = tuple(Fit(Zs=Zs[block], Ys=Ys[block], W=matmul(ns, Zs[block].T, solution[block]),
                      form="kernel", cholesky=factor[block, block],
                      kernel_solution=solution[block], omega=scaling.omega,
@@ -329,7 +324,7 @@ def _kernel_pair_backward(ns: Backend, fits: tuple[Fit, Fit], factor: Any,
     rhs = xp.empty((n1 + fits[1].Zs.shape[0], d_Ws[0].shape[1]), dtype=np.float64)
     matmul(ns, fits[0].Zs, d_Ws[0], out=rhs[:n1])
     matmul(ns, fits[1].Zs, d_Ws[1], out=rhs[n1:])
-    T = _cho_solve(ns, factor, rhs)
+    T = linalg.cho_solve(ns, factor, rhs)
     return (_kernel_grads(ns, fits[0], d_Ws[0], T[:n1]),
             _kernel_grads(ns, fits[1], d_Ws[1], T[n1:])), T
 
@@ -354,10 +349,10 @@ def _fit_backward(ns: Backend, fit: Fit, d_W: Any) -> tuple[Any, Any]:
     d_W = d_W.astype(np.float64, copy=False)
     omega = fit.omega
     if fit.form == "primal":
-        S = _cho_solve(ns, fit.cholesky, d_W)
+        S = linalg.cho_solve(ns, fit.cholesky, d_W)
         return (matmul(ns, Ys - omega * matmul(ns, Zs, W), S.T)
                 - omega * matmul(ns, Zs, matmul(ns, S, W.T)), matmul(ns, Zs, S))
-    return _kernel_grads(ns, fit, d_W, _cho_solve(ns, fit.cholesky, matmul(ns, Zs, d_W)))
+    return _kernel_grads(ns, fit, d_W, linalg.cho_solve(ns, fit.cholesky, matmul(ns, Zs, d_W)))
 
 
 def _ridge_backward(ns: Backend, ctx: RidgeContext, d_V: Any) -> RidgeGrads:
