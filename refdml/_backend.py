@@ -32,7 +32,13 @@ What differs, and where it lives here:
   data-dependent subset of rows (:attr:`Backend.gathers_rows`: gathered on NumPy, all rows
   and ``where`` on CuPy), and results known for free (:meth:`Backend.known_true`: a host
   read on NumPy only);
-* a wait for the device (:meth:`Backend.synchronize`, for timing only).
+* a wait for the device (:meth:`Backend.synchronize`, for timing only);
+* work that may run beside the caller's (:meth:`Backend.alongside`): on NumPy, inside
+  :func:`side_thread`, on one worker thread of this module while the caller goes on (a
+  matrix product releases the GIL, so the two use two cores); on CuPy always at once, in
+  order, on the caller's stream (CuPy's current stream is per thread, and a captured step
+  must record every launch on its own); and work split between the two
+  (:meth:`Backend.halves`: two halves of a batch on NumPy, the whole at once on CuPy).
 
 >>> import numpy as np
 >>> backend = get_backend(np.zeros(3))
@@ -52,6 +58,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -69,6 +76,7 @@ __all__ = [
     "is_device_array",
     "as_input_array",
     "set_finite_checks",
+    "side_thread",
     "to_numpy",
 ]
 
@@ -108,6 +116,62 @@ def hand_operator_checks_to_step() -> Iterator[None]:
         yield
     finally:
         _CHECKS_HANDED_TO_STEP.reset(token)
+
+
+#: Whether :meth:`Backend.alongside` hands NumPy work to the side thread (:func:`side_thread`).
+_SIDE_THREAD: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "refdml_side_thread", default=False)
+_SIDE_LOCK = threading.Lock()
+_SIDE_EXECUTOR: ThreadPoolExecutor | None = None
+
+
+@contextlib.contextmanager
+def side_thread(enabled: bool = True) -> Iterator[None]:
+    """Within the block (in this thread), :meth:`Backend.alongside` runs NumPy work on one
+    worker thread beside the caller (``enabled=False``: at once, in the caller's thread,
+    which is also what happens outside every block).
+
+    ``refdml.train.side_thread`` is this function; :meth:`refdml.train.Trainer.fit` enters
+    it on the CPU (``Trainer(side_thread=True)``, the default, where the process may run on
+    two CPUs or more). What runs beside is chosen where the maths has two independent
+    products (a layer's weight gradient and its input's), each computed exactly as it is
+    computed at once (one single-threaded BLAS call each), so the numbers do not depend on
+    the setting; only when they are ready does.
+    """
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise TypeError(f"enabled must be a bool, got {enabled!r}")
+    token = _SIDE_THREAD.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _SIDE_THREAD.reset(token)
+
+
+def _side_executor() -> ThreadPoolExecutor:
+    global _SIDE_EXECUTOR
+    with _SIDE_LOCK:
+        if _SIDE_EXECUTOR is None:
+            _SIDE_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refdml-side")
+        return _SIDE_EXECUTOR
+
+
+def _forget_side_executor() -> None:
+    """In a forked child: the worker thread was not copied (only the forking thread is), so
+    a fresh executor and lock are made on first use instead of queueing to a dead one."""
+    global _SIDE_EXECUTOR, _SIDE_LOCK
+    _SIDE_EXECUTOR = None
+    _SIDE_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_side_executor)
+
+
+def _run_alone(function: Callable[..., Any], args: tuple) -> Any:
+    """``function(*args)`` with the side thread off: work it hands on runs at once (the one
+    worker waiting on a job queued behind itself would wait for ever)."""
+    _SIDE_THREAD.set(False)
+    return function(*args)
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,6 +224,48 @@ class Backend:
             return False
         stream = self.xp.cuda.get_current_stream()
         return stream.ptr != 0 and stream.is_capturing()
+
+    def alongside(self, function: Callable[..., Any], *args: Any) -> Future:
+        """``function(*args)`` as a :class:`concurrent.futures.Future`: on NumPy inside
+        :func:`side_thread`, queued to the side thread, and the caller goes on until it
+        asks for ``.result()`` (which re-raises what ``function`` raised); otherwise run at
+        once (CuPy always: module docstring). ``function`` must not write into an array the
+        caller reads or writes before that ``.result()``, nor read one the caller writes;
+        it runs in a copy of the caller's context (its settings), with the side thread off.
+        """
+        if self.free_host_reads and _SIDE_THREAD.get():
+            context = contextvars.copy_context()
+            return _side_executor().submit(context.run, _run_alone, function, args)
+        done: Future = Future()
+        try:
+            done.set_result(function(*args))
+        except Exception as error:  # raised at .result(), as from the side thread
+            done.set_exception(error)
+        return done
+
+    def halves(self, function: Callable[[slice], Any], size: int) -> list[Any]:
+        """``[function(part), ...]`` for the two halves ``part`` of ``range(size)`` (slices
+        of a leading axis), in order: the second :meth:`alongside`, the first here, then
+        both done. On NumPy always in two halves, with the side thread or without (so the
+        numbers do not depend on it); on CuPy once, for the whole (two halves would double
+        its launches), and for ``size < 2``. ``function`` writes its part of a large
+        result into an array the caller made (or returns small ones, which
+        :meth:`joined` puts together), and neither half reads what the other writes.
+        An error is raised after both halves ran."""
+        if not self.free_host_reads or size < 2:
+            return [function(slice(0, size))]
+        middle = (size + 1) // 2
+        second = self.alongside(function, slice(middle, size))
+        try:
+            first = function(slice(0, middle))
+        finally:
+            second.exception()      # wait: the second half writes into the caller's arrays
+        return [first, second.result()]
+
+    def joined(self, parts: list[Any]) -> Any:
+        """The arrays ``parts`` (from :meth:`halves`) as one, along the leading axis: the
+        one part itself where there is one (no copy)."""
+        return parts[0] if len(parts) == 1 else self.xp.concatenate(parts)
 
     def synchronize(self) -> None:
         """Wait until the device has done its queued work (timing only; no-op on NumPy)."""

@@ -45,9 +45,11 @@ change each other's heap history (whether glibc hands freed memory back to the s
 be faulted in again at the next step) and thread pools (OpenMP and OpenBLAS workers
 spinning on each other's cores). The processes alternate, refdml then PyTorch,
 ``--rounds`` times, at 1 thread and at the machine's ``os.cpu_count()`` threads
-(``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` set before either starts), and a row
-``1/N`` compares each at its default: refdml at one thread (what
-:class:`refdml.train.Trainer` runs, ``blas_threads=1``) against PyTorch at all ``N``; a round gives
+(``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` set before either starts; refdml's side
+thread, :func:`refdml.train.side_thread`, off at one thread and on at ``N``), and a row
+``1/N`` compares each at its default: refdml at one BLAS thread with its side thread (what
+:class:`refdml.train.Trainer` runs: ``blas_threads=1``, ``side_thread=True``; a process of
+its own in each round) against PyTorch at all ``N``; a round gives
 each side's median over ``--repeats`` steps, wall clock and CPU time (on a shared machine
 the CPU time of a one-thread step is the steadier), and the table gives the median over
 rounds of the times and of the per-round ratios. Before timing, one float64 step of both
@@ -104,6 +106,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench import Table, clocked, interleaved, write_json  # noqa: E402
 
+from refdml.train import side_thread as side_thread_of_refdml  # noqa: E402
 from refdml.train.layers import GSPHead  # noqa: E402
 from refdml.train.runs import build_run  # noqa: E402
 
@@ -234,14 +237,18 @@ def _shared_ms(model, objective, run_step, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def _time_alone(side: str, which: str, repeats: int) -> dict:
+def _time_alone(side: str, which: str, repeats: int, side_thread: bool = False) -> dict:
     """Median wall and CPU (process) milliseconds of ``repeats`` float32 steps of one side
     (:data:`SIDES`), after two untimed steps; and, except for ``torch-full`` (which shares
     nothing), ``shared``: the median milliseconds per step in the shared pieces
-    (:func:`_shared_ms`)."""
+    (:func:`_shared_ms`). ``side_thread``: refdml's steps run inside
+    :func:`refdml.train.side_thread`, as :meth:`refdml.train.Trainer.fit` runs them where
+    the process has two CPUs or more."""
     if side == "refdml":
         step = Step(which, "fast", "float32", "cpu")
         model, objective = step.model, step.objective
+        if side_thread:
+            step = _inside(side_thread_of_refdml, step)
     else:
         import torch
 
@@ -265,6 +272,14 @@ def _time_alone(side: str, which: str, repeats: int) -> dict:
     return times
 
 
+def _inside(context, function):
+    """``function`` run inside a fresh ``context()`` at every call."""
+    def run():
+        with context():
+            return function()
+    return run
+
+
 def _full_torch_of(which: str):
     """The digits-collage model wholly in PyTorch (scripts/_torch_anchors.py's
     ``collage_twin``: the GSP layer with the authors' fixed-point (P2) and closed-form
@@ -278,13 +293,14 @@ def _full_torch_of(which: str):
                                              step.x, step.labels)
 
 
-def _run_alone(side: str, which: str, threads: int, repeats: int) -> dict:
+def _run_alone(side: str, which: str, threads: int, repeats: int,
+               side_thread: bool = False) -> dict:
     """:func:`_time_alone` in a child process with ``threads`` BLAS/OpenMP threads."""
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
         env[var] = str(threads)
     command = [sys.executable, os.path.abspath(__file__), "--time-alone", side, which,
-               "--repeats", str(repeats)]
+               "--repeats", str(repeats)] + (["--side-thread"] if side_thread else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"timing {side} {which} at {threads} threads failed:\n{done.stderr}")
@@ -304,11 +320,18 @@ def bench_torch(which: str, repeats: int, rounds: int, tables: list) -> dict | N
     agreement = check_torch_twin(which)
     sides = SIDES if which == "collage" else SIDES[:2]
     table = {}
+    most = str(max(1, os.cpu_count() or 1))
+    default_runs = []
     for threads in sorted({1, os.cpu_count() or 1}):
         runs = {side: [] for side in sides}
         for _ in range(rounds):
             for side in sides:
-                runs[side].append(_run_alone(side, which, threads, repeats))
+                # refdml's side thread is a second core: on at N threads, off at one.
+                runs[side].append(_run_alone(side, which, threads, repeats,
+                                             side_thread=side == "refdml" and threads > 1))
+            if threads > 1:
+                # refdml at its default (Trainer: one BLAS thread, the side thread on).
+                default_runs.append(_run_alone("refdml", which, 1, repeats, side_thread=True))
         table[str(threads)] = {
             clock: {f"{side}_ms": statistics.median(r[clock] for r in runs[side])
                     for side in sides}
@@ -318,16 +341,17 @@ def bench_torch(which: str, repeats: int, rounds: int, tables: list) -> dict | N
             for clock in ("wall", "cpu")}
         table[str(threads)]["shared"] = {
             side: statistics.median(r["shared"] for r in runs[side]) for side in sides[:2]}
-    most = str(max(1, os.cpu_count() or 1))
-    if most != "1":
-        # Each at its own default: refdml.train pins BLAS to one thread (Trainer's
-        # blas_threads=1), PyTorch uses every core. A ratio of medians (other processes).
-        table[f"1/{most}"] = {
-            clock: {f"{side}_ms": table["1" if side == "refdml" else most][clock][f"{side}_ms"]
-                    for side in sides}
-            | {f"ratio_{side}": table["1"][clock]["refdml_ms"] / table[most][clock][f"{side}_ms"]
-               for side in sides[1:]}
-            for clock in ("wall", "cpu")}
+        if threads > 1:
+            # Each at its own default: refdml.train pins BLAS to one thread (Trainer's
+            # blas_threads=1) and runs its side thread, PyTorch uses every core. Per-round
+            # ratios, as in the other rows (the processes of one round ran side by side).
+            table[f"1/{most}"] = {
+                clock: {"refdml_ms": statistics.median(r[clock] for r in default_runs)}
+                | {f"{side}_ms": table[most][clock][f"{side}_ms"] for side in sides[1:]}
+                | {f"ratio_{side}": statistics.median(a[clock] / b[clock] for a, b in
+                                                      zip(default_runs, runs[side]))
+                   for side in sides[1:]}
+                for clock in ("wall", "cpu")}
     title = (f"{which}: refdml fast f32 vs PyTorch {torch.__version__} f32 (same model, "
              f"batch, initial parameters; float64 twin check {agreement:.1e}); each alone in "
              f"its own process, {rounds} alternating rounds of {repeats} steps")
@@ -527,10 +551,12 @@ def main(argv=None) -> None:
                              "widened in turn (CPU)")
     parser.add_argument("--time-alone", nargs=2, metavar=("SIDE", "MODEL"),
                         help=argparse.SUPPRESS)   # the child process of the PyTorch rows
+    parser.add_argument("--side-thread", action="store_true",
+                        help=argparse.SUPPRESS)   # its refdml side inside side_thread
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else args.repeats
     if args.time_alone:
-        print(json.dumps(_time_alone(*args.time_alone, repeats)))
+        print(json.dumps(_time_alone(*args.time_alone, repeats, args.side_thread)))
         return
     load = list(os.getloadavg())   # a busy machine slows every row (module docstring)
     notes = [f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "

@@ -215,9 +215,11 @@ def fit(model, objective, train_x: np.ndarray, train_y: np.ndarray, *, epochs: i
     sampler = PKBatchSampler(train_y, n_classes_per_batch=n_classes_per_batch,
                              n_samples_per_class=n_samples_per_class, rng=seed + 2)
     sink = MemorySink(restore_best=True)
-    # blas_threads=None: a task runs under whatever BLAS setting its worker has.
+    # blas_threads=None: a task runs under whatever BLAS setting its worker has; no side
+    # thread: the workers already use every core, one task each.
     loop = TrainingLoop(model, objective, optimizer, train_sampler=sampler,
                         train_data=(train_x, train_y), epochs=epochs, blas_threads=None,
+                        side_thread=False,
                         seed=seed + 3, dtype=dtype, device=device, progress=False,
                         after_step=after_step, schedule=schedule,
                         instance_every=instance_every, instance_patience=instance_patience,

@@ -14,6 +14,7 @@ data sets, splits and the P x K sampler (:mod:`refdml.train.data`), objectives
 and the figures of a run (:mod:`refdml.train.plots`).
 """
 
+from refdml._backend import side_thread
 from refdml.train import layers
 from refdml.train._parameter import Parameter
 from refdml.train.layers import (
@@ -76,4 +77,5 @@ __all__ = [
     "XMLHistogramHead",
     "build_run",
     "layers",
+    "side_thread",
 ]

@@ -139,10 +139,11 @@ def im2col(x, kernel_size: int, *, stride: int = 1, padding: int = 0):
     return cols.reshape(-1, k, k, channels).transpose(0, 3, 1, 2).reshape(-1, channels * k * k)
 
 
-def _im2col(x, kernel_size: int, stride: int, padding: int):
+def _im2col(x, kernel_size: int, stride: int, padding: int, out=None):
     """``(cols, channels_last)``: the patches of ``x`` (B, C, H, W) as (B H_o W_o, k k C),
-    columns ``(i, j, c)`` (``channels_last``: NumPy's window copy), or as (B H_o W_o, C k k),
-    columns ``(c, i, j)`` (a device's gather by index); module doc."""
+    columns ``(i, j, c)`` (``channels_last``: NumPy's window copy, into ``out`` if given),
+    or as (B H_o W_o, C k k), columns ``(c, i, j)`` (a device's gather by index); module
+    doc."""
     if get_backend(x).launch_bound:
         return _gather_by_index(x, kernel_size, stride, padding), False
     batch, channels, height, width = x.shape
@@ -155,7 +156,8 @@ def _im2col(x, kernel_size: int, stride: int, padding: int):
         padded[:, p:p + height, p:p + width, :] = rows
     else:
         padded = rows
-    cols = np.empty((batch, h_out, w_out, k, k, channels), dtype=x.dtype)
+    shape = (batch, h_out, w_out, k, k, channels)
+    cols = np.empty(shape, dtype=x.dtype) if out is None else out.reshape(shape)
     # One copy from the window view: its (j, c) block of k C numbers is contiguous in
     # the source, where a loop over the offsets would copy runs of C numbers.
     windows = np.lib.stride_tricks.sliding_window_view(padded, (k, k), axis=(1, 2))
@@ -285,11 +287,20 @@ def _conv_input_grad(g, weight_matrix, x_shape: tuple[int, int, int, int], kerne
         return _scatter_by_index(matmul(get_backend(g), g, weight_matrix), x_shape,
                                  kernel_size, stride, padding)
     batch, channels, height, width = x_shape
-    k, s, p = kernel_size, stride, padding
-    h_out = _output_size(height, k, s, p)
-    w_out = _output_size(width, k, s, p)
-    per_offset = weight_matrix.reshape(-1, k, k, channels)   # (C_out, k, k, C)
+    p = padding
     padded = np.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=g.dtype)
+    _add_input_grad(g, weight_matrix, padded, kernel_size, stride)
+    return padded[:, p:p + height, p:p + width, :].transpose(0, 3, 1, 2)
+
+
+def _add_input_grad(g, weight_matrix, padded, kernel_size: int, stride: int) -> None:
+    """NumPy's ``col2im(g W)`` added into ``padded`` (B, H + 2p, W + 2p, C), channels-last
+    (:func:`_conv_input_grad`), for the images whose rows ``g`` (B H_o W_o, C_out) holds."""
+    batch, _, _, channels = padded.shape
+    k, s = kernel_size, stride
+    h_out = (padded.shape[1] - k) // s + 1
+    w_out = (padded.shape[2] - k) // s + 1
+    per_offset = weight_matrix.reshape(-1, k, k, channels)   # (C_out, k, k, C)
     block = np.empty((g.shape[0], channels), dtype=g.dtype)
     for i in range(k):
         for j in range(k):
@@ -298,7 +309,6 @@ def _conv_input_grad(g, weight_matrix, x_shape: tuple[int, int, int, int], kerne
             padded[:, i:i + s * (h_out - 1) + 1:s, j:j + s * (w_out - 1) + 1:s, :] += (
                 block.reshape(batch, h_out, w_out, channels)
             )
-    return padded[:, p:p + height, p:p + width, :].transpose(0, 3, 1, 2)
 
 
 def _weight_matrix(weight, channels_last: bool):
@@ -369,16 +379,41 @@ def conv2d_forward(x, weight, bias, *, stride: int = 1, padding: int = 1):
     batch, _, height, width = x.shape
     h_out = _output_size(height, k, stride, padding)
     w_out = _output_size(width, k, stride, padding)
-    cols, channels_last = _im2col(x, k, stride, padding)
-    weight_matrix = _weight_matrix(weight, channels_last)   # kept: the backward's g W uses it
-    y = matmul(get_backend(cols), cols, weight_matrix.T)
-    y += bias
+    ns = get_backend(x)
+    if ns.launch_bound:
+        cols, channels_last = _im2col(x, k, stride, padding)
+        weight_matrix = _weight_matrix(weight, channels_last)   # the backward's g W uses it
+        y = matmul(ns, cols, weight_matrix.T)
+        y += bias
+    else:
+        cols, y, weight_matrix, channels_last = _conv_by_halves(ns, x, weight, bias, stride,
+                                                                padding, h_out * w_out)
     y = y.reshape(batch, h_out, w_out, c_out).transpose(0, 3, 1, 2)
     return y, Conv2dContext(
         cols=cols, channels_last=channels_last, weight=weight, weight_matrix=weight_matrix,
         x_shape=tuple(x.shape),
         stride=stride, padding=padding, y_shape=tuple(y.shape),
     )
+
+
+def _conv_by_halves(ns, x, weight, bias, stride: int, padding: int, per_image: int):
+    """NumPy's forward: ``(cols, y (B H_o W_o, C_out), weight_matrix, channels_last)``, the
+    patches and the product of each half of the batch (:meth:`Backend.halves`: on two
+    cores inside ``side_thread``) written into their rows of ``cols`` and ``y``. An
+    image's rows of the product are its own: only which thread computes them changes."""
+    c_out, c_in, k, _ = weight.shape
+    weight_matrix = _weight_matrix(weight, True)
+    cols = np.empty((x.shape[0] * per_image, k * k * c_in), dtype=x.dtype)
+    y = np.empty((x.shape[0] * per_image, c_out), dtype=x.dtype)
+
+    def images(part):
+        rows = slice(part.start * per_image, part.stop * per_image)
+        _im2col(x[part], k, stride, padding, out=cols[rows])
+        matmul(ns, cols[rows], weight_matrix.T, out=y[rows])
+        y[rows] += bias
+
+    ns.halves(images, x.shape[0])
+    return cols, y, weight_matrix, True
 
 
 def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv2dGrads:
@@ -398,18 +433,57 @@ def conv2d_backward(ctx: Conv2dContext, d_y, *, input_grad: bool = True) -> Conv
     # A free view when d_y is channels-last in memory, as the layers above give it.
     g = d_y.transpose(0, 2, 3, 1).reshape(-1, c_out)
     ns = get_backend(g)
-    d_weight = matmul(ns, g.T, ctx.cols)
+    if ctx.channels_last:
+        x, d_weight, d_bias = _conv_backward_by_halves(ns, g, ctx, input_grad)
+    else:
+        # The parameters' products read g and the patches and nothing of the input's
+        # gradient: beside it (Backend.alongside; at once on a device).
+        parameters = ns.alongside(_conv_parameter_grads, ns, g, ctx.cols)
+        x = (_conv_input_grad(g, ctx.weight_matrix, ctx.x_shape, k, ctx.stride, ctx.padding,
+                              ctx.channels_last) if input_grad else None)
+        d_weight, d_bias = parameters.result()
     if ctx.channels_last:
         d_weight = d_weight.reshape(c_out, k, k, c_in).transpose(0, 3, 1, 2)
     else:
         d_weight = d_weight.reshape(c_out, c_in, k, k)
-    return Conv2dGrads(
-        x=(_conv_input_grad(g, ctx.weight_matrix, ctx.x_shape, k, ctx.stride, ctx.padding,
-                            ctx.channels_last) if input_grad else None),
-        weight=d_weight,
-        # 1^T g: a matrix-vector product, much faster than a reduction over g's long axis.
-        bias=matmul(ns, filled(g, 1.0, (g.shape[0],)), g),
-    )
+    return Conv2dGrads(x=x, weight=d_weight, bias=d_bias)
+
+
+def _conv_backward_by_halves(ns, g, ctx: Conv2dContext, input_grad: bool):
+    """NumPy's backward: ``(d_x or None, g^T cols, 1^T g)``, each half of the batch
+    (:meth:`Backend.halves`: on two cores inside ``side_thread``) adding its images' input
+    gradient into their own rows of one padded buffer and forming its own parameter
+    products, the two summed after: always two halves, so the sums' order does not depend
+    on the setting."""
+    batch, channels, height, width = ctx.x_shape
+    per_image = g.shape[0] // batch
+    p = ctx.padding
+    padded = (np.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=g.dtype)
+              if input_grad else None)
+    parts = {}
+
+    def images(part):
+        rows = slice(part.start * per_image, part.stop * per_image)
+        parts[part.start] = _conv_parameter_grads(ns, g[rows], ctx.cols[rows])
+        if input_grad:
+            _add_input_grad(g[rows], ctx.weight_matrix, padded[part], ctx.weight.shape[-1],
+                            ctx.stride)
+
+    ns.halves(images, batch)
+    (d_weight, d_bias), *rest = (parts[start] for start in sorted(parts))
+    for weight_part, bias_part in rest:
+        d_weight = d_weight + weight_part
+        d_bias = d_bias + bias_part
+    x = (padded[:, p:p + height, p:p + width, :].transpose(0, 3, 1, 2) if input_grad
+         else None)
+    return x, d_weight, d_bias
+
+
+def _conv_parameter_grads(ns, g, cols):
+    """``(g^T cols, 1^T g)``: the weight's gradient as the matrix of the patches' columns,
+    and the bias's (a matrix-vector product, much faster than a reduction over g's long
+    axis)."""
+    return matmul(ns, g.T, cols), matmul(ns, filled(g, 1.0, (g.shape[0],)), g)
 
 
 # --------------------------------------------------------------------------- 1x1 conv
@@ -472,10 +546,11 @@ def local_linear_backward(ctx: LocalLinearContext, d_y) -> LocalLinearGrads:
     batch, _, height, width = ctx.x_shape
     flat = d_y.reshape(-1, d)
     ns = get_backend(flat)
+    d_weight = ns.alongside(matmul, ns, flat.T, ctx.features.reshape(-1, channels))
     d_features = matmul(ns, flat, ctx.weight)  # (B n, C), channels-last
     return LocalLinearGrads(
         x=d_features.reshape(batch, height, width, channels).transpose(0, 3, 1, 2),
-        weight=matmul(ns, flat.T, ctx.features.reshape(-1, channels)),
+        weight=d_weight.result(),
         bias=flat.sum(axis=0),
     )
 

@@ -84,7 +84,7 @@ from refdml.gpu.optim import first_nonfinite
 from refdml.gpu._support.notice import silenced
 from refdml._validation import (_describe, as_label_array, check_choice, check_flag,
                                 check_float_dtype, check_scalar)
-from refdml._backend import to_numpy
+from refdml._backend import side_thread, to_numpy
 from refdml.exceptions import NonFiniteGradient
 from refdml.train._capture import StepCapture
 from refdml.train._parameter import Parameter
@@ -258,6 +258,14 @@ def _as_dataset(data: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     return inputs, labels
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform tells it, else
+    ``os.cpu_count()``): with one, :class:`TrainingLoop`'s side thread is left off."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class TrainingLoop:
     """Train ``model`` with ``objective`` and ``optimizer``, reporting to ``sink``.
 
@@ -323,6 +331,7 @@ class TrainingLoop:
         val_data: Any = None, test_data: Any = None, epochs: int,
         early_stopping_patience: int | None = None, early_stopping_min_delta: float = 0.0,
         early_stopping_target: float | None = None, blas_threads: int | None = 1,
+        side_thread: bool = True,
         seed: int, dtype: Any, device: str = "cpu", progress: bool = True,
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
         instance_every: int | None = None, instance_patience: int | None = None,
@@ -379,6 +388,7 @@ class TrainingLoop:
                          low_inclusive=False))
         self.blas_threads = None if blas_threads is None else check_scalar(
             blas_threads, "blas_threads", low=1, integer=True)
+        self.side_thread = check_flag(side_thread, "side_thread")
         self.seed = check_scalar(seed, "seed", low=0, integer=True)
         self.dtype = check_float_dtype(dtype)
         self.device = check_choice(device, "device", ("cpu", "cuda"))
@@ -832,12 +842,15 @@ class TrainingLoop:
     # -- the run -------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
         """Train to ``epochs`` (or the early stop); return the rows of this call's epochs."""
-        if self.device == "cpu" and self.blas_threads is not None:
-            from threadpoolctl import threadpool_limits
+        with contextlib.ExitStack() as stack:
+            if self.device == "cpu" and self.blas_threads is not None:
+                from threadpoolctl import threadpool_limits
 
-            with threadpool_limits(limits=self.blas_threads, user_api="blas"):
-                return self._fit()
-        return self._fit()
+                stack.enter_context(threadpool_limits(limits=self.blas_threads,
+                                                      user_api="blas"))
+            stack.enter_context(side_thread(self.side_thread and self.device == "cpu"
+                                            and usable_cpus() >= 2))
+            return self._fit()
 
     def _fit(self) -> list[dict[str, Any]]:
         rows = []

@@ -104,6 +104,8 @@ KEYS: dict[str, Key] = {
     "blas_threads": Key(_same(1), "ours (measured: NumPy's and SciPy's OpenBLAS spin against "
                         "each other with 2 threads each; docs/train.md)", "int", low=1,
                         optional=True),
+    "side_thread": Key(_same(True), "ours (measured: the weight gradients' products on the "
+                       "second core, beside the input gradients'; docs/train.md)", "bool"),
     "eval_batch_size": Key(_same(1024), "ours", "int", low=1),
     "progress": Key(_same(True), "ours", "bool"),
     "log_every": Key(_same(20), "ours (device \"cuda\" only: steps between two host reads "
@@ -549,6 +551,7 @@ class RunConfig:
     early_stopping_min_delta: float
     early_stopping_target: float | None
     blas_threads: int | None
+    side_thread: bool
     eval_batch_size: int
     progress: bool
     log_every: int

@@ -40,6 +40,12 @@ blas_threads, "blas")`` (default 1). NumPy and SciPy each ship their own OpenBLA
 two threads each, one library's threads spin while the other's work, and the small
 matrix products of these models (at most (B n) x 144 by 144 x 32) gain nothing from a
 second thread (docs/train.md has the measurement). ``blas_threads=None`` leaves the process's setting alone.
+The second core goes to the side thread instead (``side_thread=True``, the default, where the
+process may run on two CPUs or more): :meth:`fit` runs inside
+:func:`refdml.train.side_thread`, and each layer's backward computes its weight's gradient
+(one product) on a worker thread while it computes its input's (the convolutions,
+the 1x1 layer, the GSP layer's prototypes): the same products, the same numbers, ready
+sooner.
 
 Resuming (:meth:`Trainer.resume`): a trainer built exactly as the interrupted one (same
 model architecture, objective, optimiser, schedule, sampler and data; ``epochs`` may grow)
@@ -265,6 +271,10 @@ class Trainer(TrainingLoop):
         Stop as soon as the validation MAP@R reaches it.
     blas_threads : int >= 1 or None, default 1
         BLAS threads during :meth:`fit` on the CPU (``None``: unchanged).
+    side_thread : bool, default True
+        On the CPU, where the process may use two CPUs or more: :meth:`fit` computes the
+        layers' weight gradients on a worker thread beside their input gradients (module
+        docstring); the numbers are the same either way. False: one thread.
     seed : int >= 0
         Seeds :attr:`rng`.
     dtype : "float32" or "float64"
@@ -312,7 +322,7 @@ class Trainer(TrainingLoop):
         val_data: Any, test_data: Any = None, out_dir: Any, epochs: int,
         early_stopping_patience: int | None = None, early_stopping_min_delta: float = 0.0,
         early_stopping_target: float | None = None, blas_threads: int | None = 1,
-        seed: int, dtype: Any,
+        side_thread: bool = True, seed: int, dtype: Any,
         device: str = "cpu", progress: bool = True,
         after_step: Callable[[], None] | None = None, eval_batch_size: int = 1024,
         run_config: dict[str, Any] | None = None, instance_every: int | None = None,
@@ -325,7 +335,7 @@ class Trainer(TrainingLoop):
             early_stopping_patience=early_stopping_patience,
             early_stopping_min_delta=early_stopping_min_delta,
             early_stopping_target=early_stopping_target, blas_threads=blas_threads,
-            seed=seed, dtype=dtype, device=device, progress=progress, after_step=after_step,
+            side_thread=side_thread, seed=seed, dtype=dtype, device=device, progress=progress, after_step=after_step,
             eval_batch_size=eval_batch_size, instance_every=instance_every,
             instance_patience=instance_patience, select="val_map_at_r", select_from=0,
             warmup_epochs=warmup_epochs, warmup_params=warmup_params, log_every=log_every,

@@ -161,22 +161,31 @@ def cost_map_forward(backend: Backend, features, prototypes):
     w_len = xp.minimum(prototypes_norm, 1.0)[:, 0]
     f_sq = (f_len / scale) ** 2
     w_sq = (w_len / scale) ** 2
-    sq = features_bar.reshape(batch * n, d) @ (prototypes_bar * (-2.0 / scale) / scale).T
-    sq = sq.reshape(batch, n, m)
-    sq += f_sq[:, :, None]
-    sq += w_sq
-    # Pairs to refine: a superset of sq < r (|x|^2 + |y|^2) (every negative sq among
-    # them), found row by row: one compare pass, then nonzero on (B, n) and (K, m).
-    small = sq < (_REFINE[np.dtype(dtype)] * (f_sq + xp.max(w_sq)))[:, :, None]
-    b, j = xp.nonzero(xp.any(small, axis=2))
-    if b.size:
-        k, i = xp.nonzero(small[b, j])
-        b, j = b[k], j[k]
-        diff = (features_bar[b, j] - prototypes_bar[i]) / scale
-        sq[b, j, i] = xp.einsum("kd,kd->k", diff, diff)
-    cost_t = xp.sqrt(sq, out=sq)  # >= 0: every sq below the threshold was recomputed
-    if not backend.known_equal(scale, 1.0):  # a pass saved where the test is free
-        cost_t *= scale
+    gram = (prototypes_bar * (-2.0 / scale) / scale).T
+    # Pairs to refine: a superset of sq < r (|x|^2 + |y|^2) (every negative sq among them).
+    threshold = _REFINE[np.dtype(dtype)] * (f_sq + xp.max(w_sq))
+    unit_scale = backend.known_equal(scale, 1.0)   # a pass saved where the test is free
+    cost_t = xp.empty((batch, n, m), dtype=dtype)
+
+    def images(part):
+        """The cost of the images ``part``, into ``cost_t[part]``: each image's is its own."""
+        sq = cost_t[part]
+        xp.matmul(features_bar[part].reshape(-1, d), gram, out=sq.reshape(-1, m))
+        sq += f_sq[part][:, :, None]
+        sq += w_sq
+        # The pairs to refine, row by row: one compare pass, then nonzero on (b, n), (K, m).
+        small = sq < threshold[part][:, :, None]
+        b, j = xp.nonzero(xp.any(small, axis=2))
+        if b.size:
+            k, i = xp.nonzero(small[b, j])
+            b, j = b[k], j[k]
+            diff = (features_bar[part][b, j] - prototypes_bar[i]) / scale
+            sq[b, j, i] = xp.einsum("kd,kd->k", diff, diff)
+        xp.sqrt(sq, out=sq)  # >= 0: every sq below the threshold was recomputed
+        if not unit_scale:
+            sq *= scale
+
+    backend.halves(images, batch)
     ctx = CostMapContext(
         features_bar=features_bar, features_norm=features_norm,
         prototypes_bar=prototypes_bar, prototypes_norm=prototypes_norm,
@@ -209,6 +218,8 @@ def cost_map_backward(xp, ctx: CostMapContext, weights_t, d_features_extra=None)
     d = ctx.features_bar.shape[2]
     scale = ctx.scale
     flat = weights_t.reshape(batch * n, m)
+    # Reads W and the context only: beside the features' gradient (Backend.alongside).
+    d_prototypes = get_backend(flat).alongside(prototypes_backward, xp, ctx, flat)
     features_bar = ctx.features_bar
     # -(W x) with x = wbar / s, as one (B n, m) x (m, d) product.
     d_features = (flat @ (ctx.prototypes_bar * (-1.0 / scale))).reshape(batch, n, d)
@@ -222,7 +233,7 @@ def cost_map_backward(xp, ctx: CostMapContext, weights_t, d_features_extra=None)
     d_features += features_bar * coefficient[:, :, None]
     if d_features_extra is not None:
         d_features += d_features_extra
-    return CostMapGrads(features=d_features, prototypes=prototypes_backward(xp, ctx, flat))
+    return CostMapGrads(features=d_features, prototypes=d_prototypes.result())
 
 
 def prototypes_backward(xp, ctx: CostMapContext, flat):
@@ -288,19 +299,29 @@ def _distance_weights_of_pool(xp, ctx: PoolContext, d_weights, d_z, check: bool)
     """
     result, weights, n = ctx.transport, ctx.weights, ctx.features.shape[1]
     assignment_t = result.assignment.transpose(0, 2, 1)
-    weights_t, column = _wt.softmax_centred_rows(xp, assignment_t, d_z)
-    weights_t *= (weights * (1.0 / n))[:, :, None]
-    per_weight = dataclasses.replace(result, transported=weights)
-    weights_t += _wt.marginal_factors(xp, per_weight, d_weights * (-n), column)[:, :, None]
-    weights_t *= assignment_t
-    # W = d_cost_t / c' = d_cost_t s / c: 0 where c = 0 (the subgradient).
-    if not get_backend(weights_t).known_equal(ctx.cost.scale, 1.0):
-        weights_t *= ctx.cost.scale
-    _wt.scale_gradient(xp, weights_t, -result.inverse_temperature, check=check)
     cost_t = ctx.cost.cost.transpose(0, 2, 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        xp.divide(weights_t, cost_t, out=weights_t)
-    xp.copyto(weights_t, 0, where=~(cost_t > 0))   # c = 0 (and a NaN cost): 0
+    backend = get_backend(assignment_t)
+    unit_scale = backend.known_equal(ctx.cost.scale, 1.0)
+    weights_t = xp.empty(assignment_t.shape, dtype=assignment_t.dtype)
+
+    def images(part):
+        """``W`` of the images ``part``, into ``weights_t[part]``: each image's is its own."""
+        w_t, a_t = weights_t[part], assignment_t[part]
+        _, column = _wt.softmax_centred_rows(xp, a_t, d_z[part], out=w_t)
+        w_t *= (weights[part] * (1.0 / n))[:, :, None]
+        w_t += _wt.marginal_factors(xp, result.rho[part], weights[part], d_weights[part] * (-n),
+                                    column)[:, :, None]
+        w_t *= a_t
+        # W = d_cost_t / c' = d_cost_t s / c: 0 where c = 0 (the subgradient).
+        if not unit_scale:
+            w_t *= ctx.cost.scale
+        _wt.scale_gradient(xp, w_t, -result.inverse_temperature, check=check)
+        c_t = cost_t[part]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            xp.divide(w_t, c_t, out=w_t)
+        xp.copyto(w_t, 0, where=~(c_t > 0))   # c = 0 (and a NaN cost): 0
+
+    backend.halves(images, weights_t.shape[0])
     return weights_t
 
 

@@ -200,7 +200,7 @@ def _newton(xp, relative, logit_mu: float, max_iter: int, y, lo, hi, *, check_ev
 _SATURATION = 1024.0
 
 
-def log_kernel(xp, cost_t, inverse_temperature: float, *, bounded: bool = False):
+def log_kernel(xp, cost_t, inverse_temperature: float, *, bounded: bool = False, out=None):
     """From the cost ``(B, n, m)`` in memory: ``cmin``, ``lam`` (B, n), softmax ``A`` (B, n, m).
 
     ``cmin_j = min_i c_ij``, ``lam_j = log sum_i exp(-ε (c_ij - cmin_j))`` in ``[0, log m]``
@@ -209,22 +209,36 @@ def log_kernel(xp, cost_t, inverse_temperature: float, *, bounded: bool = False)
     layer's own (``s`` times a distance of points of norm <= 1: finite, >= 0 and small), so
     ``c - cmin`` cannot overflow and is scaled as it is (six passes over the cost: argmin,
     difference, product, exp, sum, scaling); a cost given by the caller may span more than
-    the dtype's range, and its difference is halved first (:func:`_scaled_gap`).
+    the dtype's range, and its difference is halved first (:func:`_scaled_gap`). ``out``:
+    an array of the cost's shape for ``A`` (else a new one).
     """
     # The minimum as the entry at argmin: the same number (NaN where a column has one), in
     # a pass along the contiguous axis that NumPy runs faster than min's.
     column_min = xp.take_along_axis(cost_t, xp.argmin(cost_t, axis=2)[:, :, None], axis=2)
     if bounded:
-        kernel = xp.subtract(cost_t, column_min)
+        kernel = xp.subtract(cost_t, column_min, out=out)
         _times(xp, kernel, -inverse_temperature, out=kernel)
     else:
-        kernel = _scaled_gap(xp, cost_t, column_min, inverse_temperature)
-        xp.negative(kernel, out=kernel)
+        gap = _scaled_gap(xp, cost_t, column_min, inverse_temperature)
+        kernel = xp.negative(gap, out=gap if out is None else out)
     xp.exp(kernel, out=kernel)
     column_min = column_min[:, :, 0]                             # (B, n)
     total = xp.sum(kernel, axis=2, keepdims=True)                # >= 1: the minimum gives 1
     kernel *= 1.0 / total
     return column_min, xp.log(total[:, :, 0]), kernel
+
+
+def halves_of_log_kernel(backend: Backend, cost_t, inverse_temperature: float, *,
+                         bounded: bool = False):
+    """:func:`log_kernel` of each half of the batch (:meth:`Backend.halves`; each image's
+    is its own, so the result is the whole batch's)."""
+    xp = backend.xp
+    assignment_t = xp.empty_like(cost_t)
+    parts = backend.halves(lambda part: log_kernel(xp, cost_t[part], inverse_temperature,
+                                                   bounded=bounded, out=assignment_t[part]),
+                           cost_t.shape[0])
+    return (backend.joined([column_min for column_min, _, _ in parts]),
+            backend.joined([lam for _, lam, _ in parts]), assignment_t)
 
 
 def solve(xp, column_min, lam, args: TransportArgs, *, check_every: int):
@@ -288,8 +302,8 @@ def transport(backend: Backend, cost_t, args: TransportArgs, *,
                                               args.tol)
     batch, n, m = cost_t.shape
     dtype = cost_t.dtype
-    column_min, lam, assignment_t = log_kernel(xp, cost_t, inverse_temperature,
-                                               bounded=bounded)
+    column_min, lam, assignment_t = halves_of_log_kernel(backend, cost_t, inverse_temperature,
+                                                         bounded=bounded)
     if tol > 0.0:
         tol = max(tol, residual_floor(dtype, m, n))
     with np.errstate(over="ignore", invalid="ignore"):
@@ -312,8 +326,16 @@ def transport(backend: Backend, cost_t, args: TransportArgs, *,
                                         check_every=backend.check_every(_SWEEPS))
     transported = _expit(xp, x)
     rho = _expit(xp, -x) * (1.0 / n)
-    pi_t = assignment_t * (transported * (1.0 / n))[:, :, None]
-    residual = _residual(xp, rho, pi_t, mu)
+    pi_t = xp.empty_like(assignment_t)
+
+    def images(part):
+        """``pi`` (into ``pi_t``) and the residual of the images ``part``: each image's are
+        its own."""
+        xp.multiply(assignment_t[part], (transported[part] * (1.0 / n))[:, :, None],
+                    out=pi_t[part])
+        return _residual(xp, rho[part], pi_t[part], mu)
+
+    residual = backend.joined(backend.halves(images, batch))
     converged = report_convergence(xp, residual, tol, max_iter, sweeps, exhausted)
     with np.errstate(over="ignore"):
         t = xp.exp(log_t)
@@ -370,16 +392,17 @@ def _residual(xp, rho, pi_t, mu):
     return xp.maximum(column, mass)
 
 
-def marginal_factors(xp, result: WeightTransportResult, d_rho, column):
+def marginal_factors(xp, rho, transported, d_rho, column):
     """``w_j (b_j - bbar)`` (B, n) of Prop. 4.3 as the reference evaluates it (docs/gsp.md Sec. 3).
 
     ``column`` is ``a_j = sum_i A_ij d_pi_ij`` (B, n), ``b = a - d_rho``, ``w_j = rho_j
-    sigma_j`` (``sigma = result.transported``) and ``bbar = sum w b / sum w``, the
+    sigma_j`` (``rho``, ``sigma = transported``: the result's, (B, n)) and
+    ``bbar = sum w b / sum w``, the
     difference taken against the image's largest ``w`` (nothing cancels as ε grows or
     as mu -> 0 or 1; 0 where ``sum w = 0``, i.e. mu = 1), on ``b / 2`` (so that no
     difference of two finite ``b`` overflows).
     """
-    weight = result.rho * result.transported
+    weight = rho * transported
     kappa = xp.sum(weight, axis=1)
     # Halved first (exact): b and b_top may each lie near the dtype's largest number
     # (features near 1e38 in float32 make d_rho ~ n |f| |d_pooled|), where their difference
@@ -410,15 +433,17 @@ def softmax_centred(xp, assignment_t, d_pi_t):
     return centred, xp.sum(assignment_t * d_pi_t, axis=2)
 
 
-def softmax_centred_rows(xp, assignment_t, d_z):
+def softmax_centred_rows(xp, assignment_t, d_z, out=None):
     """:func:`softmax_centred` for ``d_pi_ji = d_z_i`` (the pooling layer's: one row ``d_z``
     (B, m) for every column), computed in fewer passes over (B, n, m): the dominant row's
     ``d_z`` is picked from (B, m), ``sum_k A_jk (d_z_k - d_z_r)`` is one contraction with no
     temporary product, and ``a_j = sum_k A_jk d_z_k`` a batched matrix-vector product. The
-    same numbers as :func:`softmax_centred` but for the order of each sum's terms.
+    same numbers as :func:`softmax_centred` but for the order of each sum's terms. ``out``:
+    an array of ``assignment_t``'s shape for the difference (else a new one).
     """
     top = xp.argmax(assignment_t, axis=2)                                  # (B, n)
-    centred = xp.subtract(d_z[:, None, :], xp.take_along_axis(d_z, top, axis=1)[:, :, None])
+    centred = xp.subtract(d_z[:, None, :], xp.take_along_axis(d_z, top, axis=1)[:, :, None],
+                          out=out)
     centred -= xp.einsum("bnm,bnm->bn", assignment_t, centred)[:, :, None]
     return centred, (assignment_t @ d_z[:, :, None])[:, :, 0]
 
@@ -452,6 +477,6 @@ def closed_form_backward(xp, result: WeightTransportResult, d_rho, d_pi):
     assignment_t = result.assignment.transpose(0, 2, 1)
     inner, column = softmax_centred(xp, assignment_t, d_pi.transpose(0, 2, 1))
     inner *= (result.transported * (1.0 / n))[:, :, None]  # pi = A P, P_j = sigma_j / n
-    inner += marginal_factors(xp, result, d_rho, column)[:, :, None]
+    inner += marginal_factors(xp, result.rho, result.transported, d_rho, column)[:, :, None]
     inner *= assignment_t
     return scale_gradient(xp, inner, -result.inverse_temperature).transpose(0, 2, 1)
