@@ -59,6 +59,30 @@ def test_each_side_times_a_step(side, monkeypatch):
         assert 0 < times["shared"] < 10 * times["wall"]
 
 
+def test_the_refdml_side_times_its_step_inside_the_side_thread(monkeypatch):
+    # The defaults row's refdml side (no torch needed): its steps run inside side_thread,
+    # seen by the thread that runs the convolutions' halves.
+    import threading
+
+    from refdml.train import _conv
+
+    bench = _load()
+    seen = set()
+    original = _conv._conv_parameter_grads
+
+    def recording(*args):
+        seen.add(threading.current_thread().name)
+        return original(*args)
+
+    monkeypatch.setattr(_conv, "_conv_parameter_grads", recording)
+    times = bench._time_alone("refdml", "collage", 1, side_thread=True)
+    assert times["wall"] > 0 and 0 < times["shared"] < 10 * times["wall"]
+    assert any(name.startswith("refdml-side") for name in seen), seen
+    seen.clear()
+    bench._time_alone("refdml", "collage", 1)
+    assert seen and not any(name.startswith("refdml-side") for name in seen), seen
+
+
 def test_only_the_collage_model_has_a_whole_pytorch_form():
     pytest.importorskip("torch")
     with pytest.raises(ValueError, match="digits-collage model only"):
