@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml._backend import device_memory_on_host, get_backend
+from refdml._backend import device_memory_on_host, get_backend, is_device_array
 from refdml._deferred import (CaptureUnsafe, DeferredReads, StagedUploads, deferring,
                               staging)
 from refdml.gpu import linalg
@@ -211,6 +211,14 @@ class StepCapture:
         loop.optimizer.zero_grad()
         outputs, ctx = loop.model.forward(x)
         value, objective_ctx = loop.objective.forward(outputs, labels, **draws)
+        if not is_device_array(value):
+            # Checked before the update: the first (uncaptured) step stops unapplied.
+            name = getattr(loop.objective, "name", type(loop.objective).__name__)
+            raise CaptureUnsafe(
+                f"the objective {name!r} "
+                f"returned its loss as a host number ({type(value).__name__}), read from "
+                "the device inside the step, which a captured step cannot do (it reads "
+                "nothing back); train this objective with capture=False")
         loop._device_step(value, objective_ctx, ctx)
         return value
 

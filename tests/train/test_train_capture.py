@@ -139,6 +139,24 @@ def test_the_captured_loop_follows_the_uncaptured_trajectory(log_every):
         assert_allclose(captured[0][name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+def test_an_objective_that_reads_its_loss_back_is_refused_before_its_first_update():
+    # The triplet loss reads its value to the host inside the step (a Python float): a
+    # captured step cannot, and the loop says so at the first (uncaptured) step, before
+    # the optimiser has moved anything, instead of failing later on the float.
+    from refdml._deferred import CaptureUnsafe
+    from refdml.train.objectives import LossObjective
+
+    loop = _loop(None, epochs=1, capture=True,
+                 **dict(_device_pieces(), objective=LossObjective("triplet")))
+    before = _host(loop)
+    with pytest.raises(CaptureUnsafe, match=r"objective 'triplet' returned its loss as a host "
+                                            r"number \(float\).*capture=False"):
+        loop.fit()
+    for name, value in before.items():
+        assert_array_equal(_host(loop)[name], value, err_msg=name)
+    assert loop.optimizer.n_steps == 0
+
+
 def test_capture_needs_a_device():
     pieces = _device_pieces()
     pieces.update(device="cpu", dtype="float32")
