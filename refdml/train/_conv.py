@@ -460,18 +460,16 @@ def _conv_backward_by_halves(ns, g, ctx: Conv2dContext, input_grad: bool):
     p = ctx.padding
     padded = (np.zeros((batch, height + 2 * p, width + 2 * p, channels), dtype=g.dtype)
               if input_grad else None)
-    parts = {}
 
     def images(part):
         rows = slice(part.start * per_image, part.stop * per_image)
-        parts[part.start] = _conv_parameter_grads(ns, g[rows], ctx.cols[rows])
         if input_grad:
             _add_input_grad(g[rows], ctx.weight_matrix, padded[part], ctx.weight.shape[-1],
                             ctx.stride)
+        return _conv_parameter_grads(ns, g[rows], ctx.cols[rows])
 
-    ns.halves(images, batch)
-    (d_weight, d_bias), *rest = (parts[start] for start in sorted(parts))
-    for weight_part, bias_part in rest:
+    (d_weight, d_bias), *rest = ns.halves(images, batch)
+    for weight_part, bias_part in rest:      # the second half's, where there are two
         d_weight = d_weight + weight_part
         d_bias = d_bias + bias_part
     x = (padded[:, p:p + height, p:p + width, :].transpose(0, 3, 1, 2) if input_grad
