@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from refdml._backend import device_memory_on_host, get_backend, is_device_array
+from refdml._backend import device_memory_on_host, get_backend
 from refdml._deferred import (CaptureUnsafe, DeferredReads, StagedUploads, deferring,
                               staging)
 from refdml.gpu import linalg
@@ -211,7 +211,7 @@ class StepCapture:
         loop.optimizer.zero_grad()
         outputs, ctx = loop.model.forward(x)
         value, objective_ctx = loop.objective.forward(outputs, labels, **draws)
-        if not is_device_array(value):
+        if not get_backend(x).is_own_array(value):
             # Checked before the update: the first (uncaptured) step stops unapplied.
             name = getattr(loop.objective, "name", type(loop.objective).__name__)
             raise CaptureUnsafe(
