@@ -133,10 +133,11 @@ def side_thread(enabled: bool = True) -> Iterator[None]:
 
     ``refdml.train.side_thread`` is this function; :meth:`refdml.train.Trainer.fit` enters
     it on the CPU (``Trainer(side_thread=True)``, the default, where the process may run on
-    two CPUs or more). What runs beside is chosen where the maths has two independent
-    products (a layer's weight gradient and its input's), each computed exactly as it is
-    computed at once (one single-threaded BLAS call each), so the numbers do not depend on
-    the setting; only when they are ready does.
+    two CPUs or more). What runs beside is chosen where the maths has two independent parts
+    that release the GIL (a layer's weight gradient and its input's; the two halves of a
+    batch, :meth:`Backend.halves`), each computed exactly as it is computed at once (the
+    same single-threaded calls), so the numbers do not depend on the setting; only when
+    they are ready does.
     """
     if not isinstance(enabled, (bool, np.bool_)):
         raise TypeError(f"enabled must be a bool, got {enabled!r}")

@@ -42,10 +42,11 @@ matrix products of these models (at most (B n) x 144 by 144 x 32) gain nothing f
 second thread (docs/train.md has the measurement). ``blas_threads=None`` leaves the process's setting alone.
 The second core goes to the side thread instead (``side_thread=True``, the default, where the
 process may run on two CPUs or more): :meth:`fit` runs inside
-:func:`refdml.train.side_thread`, and each layer's backward computes its weight's gradient
-(one product) on a worker thread while it computes its input's (the convolutions,
-the 1x1 layer, the GSP layer's prototypes): the same products, the same numbers, ready
-sooner.
+:func:`refdml.train.side_thread`, where the layers hand a worker thread the work that
+releases the GIL: the convolutions' forward and backward and the GSP layer's large passes
+for half of the batch, the 1x1 layer's and the GSP prototypes' weight gradients beside the
+input gradients. The same computations, the same numbers, ready sooner (docs/train.md,
+"The side thread").
 
 Resuming (:meth:`Trainer.resume`): a trainer built exactly as the interrupted one (same
 model architecture, objective, optimiser, schedule, sampler and data; ``epochs`` may grow)
@@ -272,9 +273,9 @@ class Trainer(TrainingLoop):
     blas_threads : int >= 1 or None, default 1
         BLAS threads during :meth:`fit` on the CPU (``None``: unchanged).
     side_thread : bool, default True
-        On the CPU, where the process may use two CPUs or more: :meth:`fit` computes the
-        layers' weight gradients on a worker thread beside their input gradients (module
-        docstring); the numbers are the same either way. False: one thread.
+        On the CPU, where the process may use two CPUs or more: :meth:`fit` runs part of
+        the layers' work on a worker thread (module docstring); the numbers are the same
+        either way. False: one thread.
     seed : int >= 0
         Seeds :attr:`rng`.
     dtype : "float32" or "float64"
@@ -335,7 +336,8 @@ class Trainer(TrainingLoop):
             early_stopping_patience=early_stopping_patience,
             early_stopping_min_delta=early_stopping_min_delta,
             early_stopping_target=early_stopping_target, blas_threads=blas_threads,
-            side_thread=side_thread, seed=seed, dtype=dtype, device=device, progress=progress, after_step=after_step,
+            side_thread=side_thread, seed=seed, dtype=dtype, device=device, progress=progress,
+            after_step=after_step,
             eval_batch_size=eval_batch_size, instance_every=instance_every,
             instance_patience=instance_patience, select="val_map_at_r", select_from=0,
             warmup_epochs=warmup_epochs, warmup_params=warmup_params, log_every=log_every,
