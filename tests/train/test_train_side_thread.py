@@ -31,6 +31,8 @@ from refdml.train.layers import (
     local_linear_backward,
     local_linear_forward,
 )
+import test_train_runs
+from test_train_runs import _steps
 
 TIGHT = 1e-13
 
@@ -134,8 +136,7 @@ def _where_alongside_runs() -> str:
 TOKENS = dict(n_classes=4, n_classes_per_batch=4, n_train_per_class=16, n_val_per_class=4,
               n_test_per_class=4, head="gsp", n_prototypes=4, dim=8, embedding_dim=8,
               dtype="float64", epochs=1, progress=False)
-DIGITS = dict(conv_channels=[2, 3], local_dim=4, n_prototypes=3, embedding_dim=4,
-              n_samples_per_class=4, lr=1e-2, progress=False, head="gsp", dtype="float64")
+DIGITS = dict(test_train_runs.DIGITS, dtype="float64")
 
 
 def _token_trainer(out_dir, **kwargs):
@@ -165,18 +166,9 @@ def test_the_trajectory_does_not_depend_on_the_side_thread(tmp_path):
     for enabled in (False, True):
         run = build_run("digits-collage", DIGITS, out_dir=tmp_path / str(enabled))
         start = {p.name: p.value.copy() for p in run.trainer.optimizer.params}
-        t = run.trainer
         with side_thread(enabled):
-            for step, batch in enumerate(t.train_sampler, start=1):
-                x, labels = t._to_device(t.train_x[batch], t.train_y[batch])
-                outputs, ctx = run.model.forward(x)
-                _, octx = run.objective.forward(outputs, labels)
-                run.model.backward(ctx, run.objective.backward(octx, 1.0))
-                t.optimizer.step()
-                t.optimizer.zero_grad()
-                if step == 5:
-                    break
-        values[enabled] = {p.name: p.value.copy() for p in t.optimizer.params}
+            _steps(run, 5)
+        values[enabled] = {p.name: p.value.copy() for p in run.trainer.optimizer.params}
     moved = max(float(np.abs(values[False][k] - start[k]).max()) for k in start)
     assert moved > 1e-3, "the parameters barely moved: the comparison would be vacuous"
     for name in values[False]:
