@@ -63,7 +63,12 @@ objective in torch; what a PyTorch user of the paper would train, and the anchor
 GPU step in scripts/bench_gpu.py). A second table splits the refdml and twin steps into
 the pieces they share (refdml's GSP head and objective, timed on each side in a pass of
 its own) and their own layers: the ratio against the twin lies between the own layers'
-ratio and 1 whatever the shared pieces cost (:func:`_split_table`).
+ratio and 1 whatever the shared pieces cost (:func:`_split_table`). A third (digits-collage)
+gives the bound the matrix products set: the step's products (:func:`model_products`: every
+layer's forward and backward products, from the shapes the layers see) timed alone in
+refdml's one-thread process (:func:`products_ms`), against the whole-PyTorch step of the
+same rounds, and what a step at 0.6x of PyTorch would leave for everything else
+(:func:`_products_table`).
 
 BLAS threads: OpenBLAS's worker threads spin while they wait, and on a machine whose cores
 are busy with other work they make a matrix product many times slower, not faster; the
@@ -107,7 +112,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench import Table, clocked, interleaved, write_json  # noqa: E402
 
 from refdml.train import side_thread as side_thread_of_refdml  # noqa: E402
-from refdml.train.layers import GSPHead  # noqa: E402
+from refdml.train.layers import (Conv2d, GSPHead, L2Normalize, Linear, LocalLinear,  # noqa: E402
+                                 ReLU)
 from refdml.train.runs import build_run  # noqa: E402
 
 PATHS = (("fast", "float32"), ("fast", "float64"), ("ref", "float64"))
@@ -269,7 +275,69 @@ def _time_alone(side: str, which: str, repeats: int, side_thread: bool = False) 
     times = {"wall": 1e3 * statistics.median(wall), "cpu": 1e3 * statistics.median(cpu)}
     if side != "torch-full":
         times["shared"] = _shared_ms(model, objective, step, repeats)
+    if side == "refdml" and not side_thread:
+        built = Step(which, "fast", "float32", "cpu")
+        products = model_products(built)
+        times["products"] = products_ms(products, np.float32, repeats)
+        times["products_gflop"] = 2e-9 * sum(m * k * n for m, k, n in products)
     return times
+
+
+#: Layers with no matrix product (:func:`model_products`).
+_NO_PRODUCTS = (ReLU, L2Normalize)
+
+
+def model_products(step: Step) -> list[tuple[int, int, int]]:
+    """The matrix products of one step of ``step``'s model, as ``(M, K, N)``: an (M, K) by
+    (K, N) product each (forward and backward), from the shapes its layers see on the
+    step's batch. Convolutions count their im2col product and its two backward products
+    (none for the input of a layer with ``input_grad=False``); ``LocalLinear`` and
+    ``Linear`` likewise; the GSP head its cost map and the two products of the cost map's
+    backward (the pooled feature's and ``z``'s matrix-vector products, and the objective's
+    B x B products, are left out: under 1% of the step's FLOPs here). A layer of another
+    kind is a ``TypeError``, so that the bound never silently omits one."""
+    products = []
+    x = step.x
+    for layer in step.model.layers:
+        out, ctx = layer.forward(x)
+        if isinstance(layer, Conv2d):
+            (rows, inner), n_out = ctx.cols.shape, ctx.weight.shape[0]
+            products += [(rows, inner, n_out), (n_out, rows, inner)]
+            if layer.input_grad:
+                products.append((rows, n_out, inner))
+        elif isinstance(layer, (LocalLinear, Linear)):
+            n_out, n_in = layer.weight.value.shape
+            rows = int(np.prod(x.shape)) // n_in
+            products += [(rows, n_in, n_out), (n_out, rows, n_in), (rows, n_out, n_in)]
+        elif isinstance(layer, GSPHead):
+            batch, n, d = x.shape
+            m = layer.prototypes.value.shape[0]
+            products += [(batch * n, d, m), (batch * n, m, d), (m, batch * n, d)]
+        elif not isinstance(layer, _NO_PRODUCTS):
+            raise TypeError(f"model_products: no product count for {type(layer).__name__}")
+        x = out[0] if layer.n_outputs == 2 else out
+    return products
+
+
+def products_ms(products, dtype, repeats: int) -> float:
+    """The sum over ``products`` of each one's median milliseconds, timed alone ``repeats``
+    times after one untimed run with fresh contiguous operands of its shape (NumPy's
+    ``matmul``: this process's BLAS at its thread count). Each product's operands stay in
+    the cache over its repeats, so this is a lower bound of what the step's products cost
+    (run back to back on operands fresh from memory they took about 1.5x as long here)."""
+    rng = np.random.default_rng(0)
+    total = 0.0
+    for m, k, n in products:
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(dtype)
+        out = np.empty((m, n), dtype=dtype)
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            np.matmul(a, b, out=out)
+            times.append(time.perf_counter() - start)
+        total += statistics.median(times[1:])
+    return 1e3 * total
 
 
 def _inside(context, function):
@@ -341,6 +409,10 @@ def bench_torch(which: str, repeats: int, rounds: int, tables: list) -> dict | N
             for clock in ("wall", "cpu")}
         table[str(threads)]["shared"] = {
             side: statistics.median(r["shared"] for r in runs[side]) for side in sides[:2]}
+        if all("products" in r for r in runs["refdml"]):
+            table[str(threads)]["products"] = {
+                key: statistics.median(r[key] for r in runs["refdml"])
+                for key in ("products", "products_gflop")}
         if threads > 1:
             # Each at its own default: refdml.train pins BLAS to one thread (Trainer's
             # blas_threads=1) and runs its side thread, PyTorch uses every core. Per-round
@@ -378,6 +450,8 @@ def bench_torch(which: str, repeats: int, rounds: int, tables: list) -> dict | N
             print("".join(f"{cell:>{w}}" if i > 1 else f"{cell:<{w}}" for i, (cell, w) in
                           enumerate(zip(c, widths))))
     tables.append(_split_table(which, table))
+    if "torch-full" in sides:
+        tables.append(_products_table(which, table))
     return {"torch_version": torch.__version__, "float64_agreement": agreement,
             "rounds": rounds, "threads": table}
 
@@ -414,6 +488,33 @@ def _split_table(which: str, table: dict) -> Table:
                       f"{0.6 * wall['torch_ms'] - shared['refdml']:.2f}")
         print("  ".join(str(cell) for cell in c))
     return split
+
+
+def _products_table(which: str, table: dict) -> Table:
+    """The bound the matrix products set (:func:`model_products`, :func:`products_ms`): the
+    step's products alone, at refdml's one-thread rows, against the whole-PyTorch step of
+    the same rounds; "left for the rest at 0.6x" is what a step at 0.6x of PyTorch would
+    leave for everything that is not a product (negative: no speed of the rest reaches
+    it while OpenBLAS runs the products at this rate)."""
+    columns = ["threads", "refdml ms", "products ms", "GFLOP", "GFLOP/s",
+               "products/PyTorch-only", "rest ms refdml", "rest ms left at 0.6x"]
+    bound = Table(f"{which}: the step's matrix products alone (the same shapes, fresh "
+                  "operands, NumPy's OpenBLAS in refdml's process), against the whole-PyTorch "
+                  "step; wall clock, medians over the rounds (scripts/bench_train.py, "
+                  "_products_table)", columns)
+    print(f"\n{which}: the products' bound (wall; see _products_table)")
+    print("  ".join(columns))
+    for threads, clocks in table.items():
+        if "products" not in clocks:
+            continue
+        wall, products = clocks["wall"], clocks["products"]
+        ms, gflop = products["products"], products["products_gflop"]
+        c = bound.add(threads, f"{wall['refdml_ms']:.2f}", f"{ms:.2f}", f"{gflop:.3f}",
+                      f"{gflop / ms * 1e3:.0f}", f"{ms / wall['torch-full_ms']:.2f}x",
+                      f"{wall['refdml_ms'] - ms:.2f}",
+                      f"{0.6 * wall['torch-full_ms'] - ms:.2f}")
+        print("  ".join(str(cell) for cell in c))
+    return bound
 
 
 def bench(which: str, device: str, repeats: int, tables: list) -> dict:

@@ -106,3 +106,61 @@ def test_the_thread_pools_rows_widen_one_pool_at_a_time_and_restore_them(monkeyp
     # every pool is back at the thread count it had
     assert {label: get() for label, get, _ in bench._thread_pools()
             if label in before} == before
+
+
+def test_the_products_of_the_collage_step_worked_out_by_hand():
+    # docs/train.md's digits-collage model at batch 64: 16 x 16 collages of 1 channel ->
+    # Conv 3x3 (16, stride 1) -> Conv 3x3 (32, stride 2) -> Conv 3x3 (32, stride 1), all
+    # padding 1 -> LocalLinear 32 -> 64 on the 8 x 8 grid -> GSP (n = 64, d = 64, m = 128)
+    # -> Linear 64 -> 64. (M, K, N) per product; the first convolution has no input gradient.
+    bench = _load()
+    step = bench.Step("collage", "fast", "float32", "cpu")
+    rows1, rows2 = 64 * 16 * 16, 64 * 8 * 8
+    expected = [(rows1, 9, 16), (16, rows1, 9),                                   # conv1
+                (rows2, 144, 32), (32, rows2, 144), (rows2, 32, 144),             # conv2
+                (rows2, 288, 32), (32, rows2, 288), (rows2, 32, 288),             # conv3
+                (rows2, 32, 64), (64, rows2, 32), (rows2, 64, 32),                # local
+                (rows2, 64, 128), (rows2, 128, 64), (128, rows2, 64),             # gsp
+                (64, 64, 64), (64, 64, 64), (64, 64, 64)]                         # linear
+    assert bench.model_products(step) == expected
+
+
+def test_a_layer_without_a_product_count_is_refused():
+    bench = _load()
+    step = bench.Step("collage", "fast", "float32", "cpu")
+
+    class Unknown:
+        n_outputs = 1
+
+        def forward(self, x):
+            return x, None
+
+    step.model.layers = [Unknown()]
+    with pytest.raises(TypeError, match="no product count for Unknown"):
+        bench.model_products(step)
+
+
+def test_products_ms_times_each_product():
+    bench = _load()
+    one = bench.products_ms([(64, 32, 16)], bench.np.float32, 3)
+    two = bench.products_ms([(64, 32, 16), (256, 256, 256)], bench.np.float32, 3)
+    assert 0 < one < two
+    assert bench.products_ms([], bench.np.float32, 3) == 0.0
+
+
+def test_the_products_table_by_hand():
+    bench = _load()
+    # refdml 22 ms, of which the products 7; PyTorch-only 20: 7 / 20 = 0.35x, 15 ms of the
+    # rest; at 0.6x the step has 12 ms, 5 after the products.
+    table = {"1": {"wall": {"refdml_ms": 22.0, "torch-full_ms": 20.0},
+                   "products": {"products": 7.0, "products_gflop": 0.7}},
+             "2": {"wall": {"refdml_ms": 15.0, "torch-full_ms": 18.0}}}   # none: skipped
+    [row] = bench._products_table("collage", table).rows
+    assert row == ["1", "22.00", "7.00", "0.700", "100", "0.35x", "15.00", "5.00"]
+
+
+def test_the_refdml_side_without_the_side_thread_times_its_products():
+    bench = _load()
+    times = bench._time_alone("refdml", "collage", 1)
+    assert 0 < times["products"] and abs(times["products_gflop"] - 0.6024) < 1e-4
+    assert "products" not in bench._time_alone("refdml", "collage", 1, side_thread=True)
