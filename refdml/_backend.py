@@ -226,6 +226,15 @@ class Backend:
         stream = self.xp.cuda.get_current_stream()
         return stream.ptr != 0 and stream.is_capturing()
 
+    def row_dot(self, a: Any, b: Any) -> Any:
+        """``<a, b>`` over the last axis, keepdims (``sum(a * b, axis=-1, keepdims=True)``):
+        one batched matrix product of (1, d) by (d, 1), one kernel on a device; while CuPy
+        captures (:meth:`capturing`), where CuPy refuses cuBLAS, the product and a sum (two
+        kernels). The same sum either way, in another order of its terms."""
+        if self.capturing():
+            return self.xp.sum(a * b, axis=-1, keepdims=True)
+        return (a[..., None, :] @ b[..., :, None])[..., 0]
+
     def alongside(self, function: Callable[..., Any], *args: Any) -> Future:
         """``function(*args)`` as a :class:`concurrent.futures.Future`: on NumPy inside
         :func:`side_thread`, queued to the side thread, and the caller goes on until it

@@ -106,8 +106,10 @@ def _scaled_direction(xp: Any, x: Any) -> tuple[Any, Any, Any]:
 
 def _row_dot(a: Any, b: Any) -> Any:
     """``<a, b>`` per row (keepdims): ``sum(a * b, axis=-1, keepdims=True)``, as one batched
-    matrix product of (1, d) by (d, 1) (one kernel on a device, not a product and a sum)."""
-    return (a[..., None, :] @ b[..., :, None])[..., 0]
+    matrix product of (1, d) by (d, 1) (one kernel on a device, not a product and a sum;
+    :meth:`refdml._backend.Backend.row_dot`, which takes the product and the sum while CuPy
+    captures a CUDA graph)."""
+    return get_backend(a).row_dot(a, b)
 
 
 def _tangent(xp: Any, y: Any, d_y: Any) -> Any:

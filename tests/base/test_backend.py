@@ -236,3 +236,53 @@ def test_the_cupy_backend_reads_cupy_tf32(monkeypatch):
     assert backend.matmul_input_roundoff() == _TF32_ROUNDOFF
     monkeypatch.setenv("CUPY_TF32", "0")
     assert backend.matmul_input_roundoff() == _FLOAT32_ROUNDOFF
+
+
+# ------------------------------------------------------------------ row_dot
+def _row_dots_by_loop(a, b):
+    """``<a_i, b_i>`` row by row with math.fsum (correctly rounded), keepdims."""
+    import math
+
+    flat_a, flat_b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    dots = [math.fsum(float(x) * float(y) for x, y in zip(ra, rb))
+            for ra, rb in zip(flat_a, flat_b)]
+    return np.array(dots).reshape(a.shape[:-1] + (1,))
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (3, 4, 6), (1, 1)])
+def test_row_dot_is_the_dot_of_each_row_keepdims(shape):
+    rng = np.random.default_rng(len(shape))
+    a, b = rng.standard_normal(shape), rng.standard_normal(shape)
+    got = get_backend(a).row_dot(a, b)
+    assert got.shape == shape[:-1] + (1,)
+    np.testing.assert_allclose(got, _row_dots_by_loop(a, b), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.requires_cupy
+def test_row_dot_takes_no_library_call_while_the_standin_captures():
+    # CuPy refuses cuBLAS inside a capture (as the stand-in does): the batched product of
+    # row_dot outside one is refused there, and row_dot takes the product and a sum instead.
+    import cupy
+
+    if not getattr(cupy, "__refdml_standin__", False):
+        pytest.skip("the capture checks are the CuPy stand-in's (REFDML_CUPY_STANDIN=1)")
+    rng = np.random.default_rng(0)
+    host_a = rng.standard_normal((6, 5)).astype(np.float32)
+    host_b = rng.standard_normal((6, 5)).astype(np.float32)
+    a, b = cupy.asarray(host_a), cupy.asarray(host_b)
+    ns = get_backend(a)
+    outside = ns.row_dot(a, b)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            assert ns.capturing()
+            with pytest.raises(NotImplementedError, match="during stream capture"):
+                a[..., None, :] @ b[..., :, None]
+            inside = ns.row_dot(a, b)
+        finally:
+            stream.end_capture()
+    expected = _row_dots_by_loop(host_a, host_b)
+    for got in (outside, inside):
+        assert got.shape == (6, 1)
+        np.testing.assert_allclose(ns.to_numpy(got), expected, rtol=1e-5, atol=1e-6)

@@ -157,6 +157,38 @@ def test_an_objective_that_reads_its_loss_back_is_refused_before_its_first_updat
     assert loop.optimizer.n_steps == 0
 
 
+# The losses whose cosine normalisation and backward take row dots (Backend.row_dot): a
+# batched product outside a capture, a product and a sum inside one (CuPy refuses cuBLAS;
+# the batched product stopped each of them at the capture before). On the array path, and
+# one on the CUDA kernels ("auto", simulated: slow, so one loss).
+_COSINE_LOSSES = [(loss, "array") for loss in ("multi_similarity", "proxy_nca", "proxy_anchor",
+                                               "proxy_contrastive", "proxy_multi_similarity")]
+
+
+@pytest.mark.parametrize("loss, mode", _COSINE_LOSSES + [("proxy_nca", "auto")])
+def test_a_loss_that_normalises_its_embeddings_is_captured(loss, mode):
+    from refdml.gpu import use_kernels
+    from refdml.train.objectives import LossObjective
+    from _token_loop import DIM
+
+    results = {}
+    for capture in (False, True):
+        extra = (dict(n_classes=4, dim=DIM, rng=np.random.default_rng(0))
+                 if loss.startswith("proxy") else {})
+        objective = LossObjective(loss, dtype=np.float32, device="cuda", **extra)
+        loop = _loop(None, epochs=1, log_every=2, capture=capture,
+                     **dict(_device_pieces(), objective=objective))
+        with use_kernels(mode):
+            rows = loop.fit()
+        results[capture] = (_host(loop), [row["train_loss"] for row in rows], loop)
+    plain, captured = results[False], results[True]
+    counts = captured[2]._step_capture.counts
+    assert counts == {"uncaptured": 2, "captured": 1, "replayed": 1}, counts
+    assert_allclose(captured[1][1:], plain[1][1:], rtol=1e-6)
+    for name, value in plain[0].items():
+        assert_allclose(captured[0][name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 def test_capture_needs_a_device():
     pieces = _device_pieces()
     pieces.update(device="cpu", dtype="float32")

@@ -94,7 +94,8 @@ def cosine_backward_sum(ns: Backend, ctx: CosineContext, g: Any) -> tuple[Any, A
     """``(d_x, d_y)`` of ``<g, cos(x, y)>`` for 2-d ``x``, ``y`` (the proxy losses' kernel).
 
     Per set one matrix product ``d_u`` and the tangent projection
-    ``(d_u - u (u . d_u)) / ||row||`` in place, the row dot an ``einsum``; the division by
+    ``(d_u - u (u . d_u)) / ||row||`` in place (the row dot :meth:`Backend.row_dot`,
+    capture-safe); the division by
     the power-of-two ``scale`` is skipped where it is the fast path's kept ones.
     """
     grads = []
@@ -102,7 +103,7 @@ def cosine_backward_sum(ns: Backend, ctx: CosineContext, g: Any) -> tuple[Any, A
                                       (ctx.y_norm_ctx, ctx.x_unit, g.T)):
         unit = norm_ctx.y
         grad = matmul(ns, upstream, other)
-        grad -= unit * ns.xp.einsum("ij,ij->i", unit, grad)[:, None]
+        grad -= unit * ns.row_dot(unit, grad)
         grad /= norm_ctx.scaled_norm
         if not is_ones_column(ns, norm_ctx.scale):
             grad /= norm_ctx.scale
@@ -133,7 +134,8 @@ def cross_cosine(ns: Backend, x: Any, p: Any) -> tuple[Any, CosineContext]:
     n = x.shape[0]
     if data_checks(ns):
         joint = xp.concatenate([x, p])
-        sumsq = xp.einsum("ij,ij->i", joint, joint)[:, None]
+        with ns.errstate(over="ignore"):    # beyond the range: the scaled path below
+            sumsq = ns.row_dot(joint, joint)
         low, high = _PLAIN_NORM_RANGE[np.dtype(x.dtype)]
         if bool(xp.all((sumsq >= low) & (sumsq <= high))):
             norm = xp.sqrt(sumsq)
