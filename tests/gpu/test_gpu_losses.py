@@ -69,6 +69,27 @@ def test_float32_finite_at_extreme_hyperparameters(name, hyper):
         assert_allclose(got, want, rtol=0, atol=1e-3 * np.max(np.abs(want)))
 
 
+@pytest.mark.parametrize("gamma", [0.01, 0.1])     # the (n, m, m) block; the shared shift
+@pytest.mark.parametrize("tau", [0.0, 0.2])
+def test_soft_triple_with_the_centres_of_a_class_apart_matches_the_reference(gamma, tau):
+    # The fast path groups the centres by the first centre of each class (no unique), in
+    # the order of those first centres: here 2, 0, 1, unsorted and interleaved, with a
+    # class of three centres and one of one; the reference by its sorted unique classes.
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((9, 5))
+    y = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    centres, centre_labels = rng.standard_normal((6, 5)), np.array([2, 0, 2, 1, 0, 2])
+    hyper = dict(proxy_labels=centre_labels, lambda_=20.0, gamma=gamma, tau=tau)
+    value, ctx = fast.soft_triple_forward(x, y, proxies=centres, **hyper)
+    expected, ref_ctx = ref.soft_triple_forward(x, y, proxies=centres, **hyper)
+    assert isinstance(value, float)
+    assert_allclose(value, expected, rtol=1e-12)
+    grads, ref_grads = fast.soft_triple_backward(ctx, 0.7), ref.soft_triple_backward(ref_ctx, 0.7)
+    for got, want in ((grads.embeddings, ref_grads.embeddings),
+                      (grads.proxies, ref_grads.proxies)):
+        assert_allclose(got, want, rtol=1e-10, atol=1e-13 * np.max(np.abs(want)))
+
+
 def test_multi_similarity_float32_at_large_beta():
     x = _x(np.float32, 3)
     value, ctx = fast.multi_similarity_forward(x, LABELS, alpha=50.0, beta=200.0)

@@ -72,10 +72,10 @@ LOSSES = ["contrastive", "contrastive_cosine", "contrastive_no_positive",
           "proxy_contrastive_cosine", "proxy_multi_similarity", "proxy_nca",
           "soft_triple", "triplet", "triplet_batch_hard"]
 # refdml/gpu/losses/__init__.py: the value stays on the device (a 0-d float64 array, no
-# synchronisation), except triplet's and soft_triple's, read in the forward (one each); "The
-# label bookkeeping of triplet(mining="all") (P) and soft_triple (the classes of the centres)
-# costs one more each".
-READ = {"triplet": 2, "triplet_batch_hard": 1, "soft_triple": 2}
+# synchronisation), except triplet's, read in the forward (one); "its label bookkeeping
+# (P of triplet(mining="all")) costs one more". soft_triple read its value and took its
+# classes by unique (two) until its classes became the centres that come first in them.
+READ = {"triplet": 2, "triplet_batch_hard": 1}
 
 
 @standin

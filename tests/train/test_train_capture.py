@@ -159,10 +159,12 @@ def test_an_objective_that_reads_its_loss_back_is_refused_before_its_first_updat
 
 # The losses whose cosine normalisation and backward take row dots (Backend.row_dot): a
 # batched product outside a capture, a product and a sum inside one (CuPy refuses cuBLAS;
-# the batched product stopped each of them at the capture before). On the array path, and
-# one on the CUDA kernels ("auto", simulated: slow, so one loss).
+# the batched product stopped each of them at the capture before); and soft_triple, whose
+# classes of centres (unique) and value were read back. On the array path, and one on the
+# CUDA kernels ("auto", simulated: slow, so one loss).
 _COSINE_LOSSES = [(loss, "array") for loss in ("multi_similarity", "proxy_nca", "proxy_anchor",
-                                               "proxy_contrastive", "proxy_multi_similarity")]
+                                               "proxy_contrastive", "proxy_multi_similarity",
+                                               "soft_triple")]
 
 
 @pytest.mark.parametrize("loss, mode", _COSINE_LOSSES + [("proxy_nca", "auto")])
@@ -175,6 +177,8 @@ def test_a_loss_that_normalises_its_embeddings_is_captured(loss, mode):
     for capture in (False, True):
         extra = (dict(n_classes=4, dim=DIM, rng=np.random.default_rng(0))
                  if loss.startswith("proxy") else {})
+        if loss == "soft_triple":   # two centres a class: its classes are groups of centres
+            extra = dict(n_classes=4, dim=DIM, proxies_per_class=2, rng=np.random.default_rng(0))
         objective = LossObjective(loss, dtype=np.float32, device="cuda", **extra)
         loop = _loop(None, epochs=1, log_every=2, capture=capture,
                      **dict(_device_pieces(), objective=objective))

@@ -41,11 +41,12 @@ Differences of implementation, not of result:
 
 Synchronisation on CuPy: the value is accumulated in float64 and returned as a 0-d
 float64 device array, not read (on NumPy a Python float, like the reference); triplet's
-and soft_triple's forwards read theirs (one synchronisation: triplet retries a float32
-term beyond range in float64), and their label bookkeeping (``P`` of
-``triplet(mining="all")``, the classes of soft_triple's centres) costs one more each; the
-data checks (zero rows, classes without a proxy, distances beyond the range, a value
-beyond float64) one each while enabled (:mod:`refdml._validation`). The backwards none.
+forward reads its value (one synchronisation: it retries a float32 term beyond range in
+float64), and its label bookkeeping (``P`` of ``triplet(mining="all")``) costs one more;
+soft_triple reads its value only with the data checks (one transfer for both of its
+checks); the data checks (zero rows, classes without a proxy, distances beyond the range,
+a value beyond float64) one each while enabled (:mod:`refdml._validation`). The backwards
+none.
 The CUDA kernel adds none.
 """
 

@@ -50,6 +50,7 @@ from refdml.gpu.losses._array import (
     upper_pairs,
     upper_weights,
 )
+from refdml.gpu.linalg import matmul
 from refdml.gpu.losses._kernels import IMPLEMENTATIONS
 from refdml.gpu.distances import scaled_sq
 from refdml.gpu.losses._pairwise import (
@@ -677,8 +678,11 @@ def soft_triple_forward(embeddings, labels, *, proxies, proxy_labels=None, lambd
                         gamma=0.1, tau=0.2, delta=0.01, reduction="mean"):
     """SoftTriple loss with its regulariser (Qian et al. 2019); see
     :func:`refdml.losses.soft_triple_forward`. The per-class softmax over the centres is
-    one masked log-sum-exp over an ``(n, C, m)`` block; the classes of the centres
-    (``unique``) cost one synchronisation on CuPy."""
+    one masked log-sum-exp over an ``(n, m, m)`` block (:func:`_centre_classes`: no
+    ``unique``, whose size a device cannot know without a synchronisation). On CuPy the
+    value is a 0-d device array, read (one synchronisation, both checks) only while the
+    data checks are on; inside a training step they are the step's, and the forward reads
+    nothing (a captured step can hold it)."""
     ns, x, y, p, p_labels, same = _proxy_inputs(embeddings, labels, proxies, proxy_labels)
     lambda_ = check_scalar(lambda_, "lambda_", low=0.0, low_inclusive=False)
     gamma = check_scalar(gamma, "gamma", low=0.0, low_inclusive=False)
@@ -690,14 +694,33 @@ def soft_triple_forward(embeddings, labels, *, proxies, proxy_labels=None, lambd
     with ns.errstate(over="ignore", divide="ignore", invalid="ignore"):
         result = _soft_triple_terms(ns, IMPLEMENTATIONS.choose(x), x, y, p, p_labels, lambda_,
                                     gamma, tau, delta, reduction)
-    # As the reference: the reduction of the terms first, then the regulariser's share;
-    # both reach the host in one transfer (the forward's one synchronisation).
-    value_terms, value = ns.xp.stack([result.value_terms, result.value]).tolist()
-    _loss_value(value_terms, reduction, hyperparameter_cause("soft_triple", **hyperparameters))
-    if not np.isfinite(value):
-        raise ValueError(finite_loss_message("soft_triple", hyperparameters, x.dtype))
+    value = result.value
+    if data_checks(ns):
+        # As the reference: the reduction of the terms first, then the regulariser's share;
+        # both reach the host in one transfer (the forward's one synchronisation).
+        value_terms, value = ns.xp.stack([result.value_terms, result.value]).tolist()
+        _loss_value(value_terms, reduction,
+                    hyperparameter_cause("soft_triple", **hyperparameters))
+        if not np.isfinite(value):
+            raise ValueError(finite_loss_message("soft_triple", hyperparameters, x.dtype))
     _check_finite_loss(ns, result.derivatives, "soft_triple", hyperparameters, x.dtype)
     return value, result.ctx
+
+
+def _centre_classes(ns: Backend, p_labels: Any) -> tuple[Any, Any]:
+    """``(member, first)`` of the centres' classes without ``unique``: ``first`` (m,) bool,
+    centre ``r`` is the first of its class; ``member`` (m, m), ``member[r, i] = 1`` where
+    centre ``i``'s class has its first centre at ``r``. A first centre's row is its class's
+    row of the reference's (C, m) membership (the classes in the order of their first
+    centre, not sorted; the sums over classes take their terms in that order); every other
+    row is 0. Fixed shapes, no synchronisation."""
+    xp = ns.xp
+    m = p_labels.shape[0]
+    centres = xp.arange(m)
+    leader = xp.argmax(p_labels[:, None] == p_labels[None, :], axis=1)   # the class's first
+    first = leader == centres
+    member = leader[None, :] == centres[:, None]
+    return member, first
 
 
 @dataclass(frozen=True)
@@ -717,28 +740,31 @@ def _soft_triple_terms(ns, lse_impl, x, y, p, p_labels, lambda_, gamma, tau, del
     """The SoftTriple terms, their value and the context (:class:`_SoftTripleTerms`)."""
     xp = ns.xp
     s, cosine_ctx = cross_cosine(ns, x, p)
-    classes = xp.unique(p_labels)
-    member = (classes[:, None] == p_labels[None, :]).astype(x.dtype)   # (C, m)
+    # The classes as the centres that come first in them: the rows of a class are those
+    # of ``first``; the others are empty and masked out of every sum over classes.
+    member, first = _centre_classes(ns, p_labels)
+    member = member.astype(x.dtype)                                       # (m, m)
     if 2 / gamma <= _SHIFT_LIMIT[np.dtype(x.dtype).name]:
         # s in [-1, 1]: one shift 1 / gamma for every class keeps exp(s / gamma - 1 / gamma)
         # in [exp(-2 / gamma), 1], normal numbers; class sums are one matrix product.
         with ns.errstate(over="ignore", divide="ignore"):
             weights = xp.exp((s - 1) / gamma)
-        total = weights @ member.T                                        # (n, C)
-        relaxed = ((weights * s) @ member.T) / total
-        weight = weights / (total @ member)                               # q_ik, (n, m)
+        total = matmul(ns, weights, member.T)                             # (n, m): 0 off first
+        relaxed = matmul(ns, weights * s, member.T) / xp.where(first, total, 1)
+        weight = weights / matmul(ns, total, member)                      # q_ik, (n, m)
     else:
-        # Small gamma: the per-class shift of the masked log-sum-exp, an (n, C, m) block.
+        # Small gamma: the per-class shift of the masked log-sum-exp, an (n, m, m) block.
         _, q = lse_impl.masked_logsumexp((s / gamma)[:, None, :], member[None, :, :] > 0)
         weight = xp.sum(q, axis=1)
         relaxed = xp.sum(q * s[:, None, :], axis=2)
-    own = y[:, None] == classes[None, :]
+    own = (y[:, None] == p_labels[None, :]) & first                      # (n, m)
     logits = lambda_ * (relaxed - delta * own)
-    lse, softmax = lse_impl.masked_logsumexp(logits)
+    lse, softmax = lse_impl.masked_logsumexp(logits, xp.broadcast_to(first, logits.shape))
     terms = xp.maximum(lse - xp.sum(xp.where(own, logits, 0), axis=1), 0)
     value, d_terms = reduce_terms(ns, terms, reduction)
     d_relaxed = lambda_ * d_terms[:, None] * (softmax - own)
-    d_similarity = (d_relaxed @ member) * weight * (1 + (s - relaxed @ member) / gamma)
+    d_similarity = (matmul(ns, d_relaxed, member) * weight
+                    * (1 + (s - matmul(ns, relaxed, member)) / gamma))
     if tau == 0.0:
         ctx = _proxy_ctx(ns, "soft_triple", x, p, cosine_ctx, d_similarity)
         return _SoftTripleTerms(value_terms=value, value=value, ctx=ctx,
@@ -748,7 +774,7 @@ def _soft_triple_terms(ns, lse_impl, x, y, p, p_labels, lambda_, gamma, tau, del
     denominator = xp.sum(counts * (counts - 1))
     safe = xp.maximum(denominator, 1)
     p_unit, p_norm_ctx = cosine_ctx.y_unit, cosine_ctx.y_norm_ctx
-    center_sim = p_unit @ p_unit.T
+    center_sim = matmul(ns, p_unit, p_unit.T)
     center_ctx = CosineContext(x_unit=p_unit, y_unit=p_unit, x_norm_ctx=p_norm_ctx,
                                y_norm_ctx=p_norm_ctx, shape=tuple(center_sim.shape))
     pairs = (p_labels[:, None] == p_labels[None, :]) & upper_pairs(ns, p.shape[0])
