@@ -275,9 +275,8 @@ def _time_alone(side: str, which: str, repeats: int, side_thread: bool = False) 
     times = {"wall": 1e3 * statistics.median(wall), "cpu": 1e3 * statistics.median(cpu)}
     if side != "torch-full":
         times["shared"] = _shared_ms(model, objective, step, repeats)
-    if side == "refdml" and not side_thread:
-        built = Step(which, "fast", "float32", "cpu")
-        products = model_products(built)
+    if side == "refdml" and not side_thread:      # step is the Step itself here
+        products = model_products(step)
         times["products"] = products_ms(products, np.float32, repeats)
         times["products_gflop"] = 2e-9 * sum(m * k * n for m, k, n in products)
     return times
@@ -324,7 +323,7 @@ def products_ms(products, dtype, repeats: int) -> float:
     times after one untimed run with fresh contiguous operands of its shape (NumPy's
     ``matmul``: this process's BLAS at its thread count). Each product's operands stay in
     the cache over its repeats, so this is a lower bound of what the step's products cost
-    (run back to back on operands fresh from memory they took about 1.5x as long here)."""
+    (run back to back on operands fresh from memory they take longer)."""
     rng = np.random.default_rng(0)
     total = 0.0
     for m, k, n in products:

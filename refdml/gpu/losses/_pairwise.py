@@ -95,8 +95,8 @@ def cosine_backward_sum(ns: Backend, ctx: CosineContext, g: Any) -> tuple[Any, A
 
     Per set one matrix product ``d_u`` and the tangent projection
     ``(d_u - u (u . d_u)) / ||row||`` in place (the row dot :meth:`Backend.row_dot`,
-    capture-safe); the division by
-    the power-of-two ``scale`` is skipped where it is the fast path's kept ones.
+    capture-safe); the division by the power-of-two ``scale`` is skipped where it is the
+    fast path's kept ones.
     """
     grads = []
     for norm_ctx, other, upstream in ((ctx.x_norm_ctx, ctx.y_unit, g),
